@@ -1,0 +1,1 @@
+"""Pure domain layer: dataclasses and functions, no I/O, no clock, no environment."""

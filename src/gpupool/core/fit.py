@@ -1,0 +1,100 @@
+"""Feasibility: which nodes (and which GPUs on them) can host a pod, and why the others cannot.
+
+Everything is computed for many nodes at once on the arrays of `ClusterState`; reasons are short codes
+turned into text only for the nodes that fail.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool.core.model import MILLI_PER_GPU, PodRequest
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+
+OK = 0
+BAD_REQUEST = 1
+NO_CPU = 2
+NO_MEMORY = 3
+NO_MODEL = 4
+NO_GPU_SHARE = 5
+NO_GPU_COUNT = 6
+
+_TEXT = {
+    NO_CPU: "insufficient CPU",
+    NO_MEMORY: "insufficient memory",
+    NO_MODEL: "no GPU of an allowed model",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Result of a feasibility check over `nodes` (indices into the cluster state)."""
+
+    nodes: IntArray
+    code: IntArray  # per node: OK or the first failing check
+    gpu_fit: BoolArray  # [len(nodes), width]: GPU slot can take the pod's per-GPU share
+
+    @property
+    def feasible(self) -> IntArray:
+        return self.nodes[self.code == OK]
+
+    def reason(self, k: int, pod: PodRequest, problems: list[str] | None = None) -> str:
+        """Human text for the k-th checked node."""
+        code = int(self.code[k])
+        if code == BAD_REQUEST:
+            return "invalid request: " + "; ".join(problems or pod.problems())
+        if code == NO_GPU_SHARE:
+            g = pod.gpu
+            share = "a whole free GPU" if g.whole else f"a GPU with {g.cores_percent:g}% compute"
+            if not g.whole:
+                share += " and " + (f"{g.memory_mib} MiB" if g.memory_mib is not None else "matching memory")
+                share += " free"
+            n = int(self.gpu_fit[k].sum())
+            return f"needs {g.count} x {share}; {n} available"
+        if code == NO_GPU_COUNT:
+            return f"needs {pod.gpu.count} healthy GPU(s); the node has fewer"
+        return _TEXT.get(code, "fits")
+
+
+def _allowed_gpus(state: ClusterState, pod: PodRequest, nodes: IntArray) -> BoolArray:
+    ok = state.gpu_present[nodes] & state.gpu_healthy[nodes]
+    g = pod.gpu
+    if g.models:
+        ids = [state.model_id(m) for m in g.models]
+        ok &= np.isin(state.gpu_model[nodes], ids)
+    if g.include_uuids or g.exclude_uuids:
+        uu = np.array(
+            [[gpu.uuid for gpu in state.nodes[i].gpus] + [""] * (state.width - len(state.nodes[i].gpus))
+             for i in nodes],
+            dtype=object,
+        ).reshape(len(nodes), state.width)
+        if g.include_uuids:
+            ok &= np.isin(uu, list(g.include_uuids))
+        if g.exclude_uuids:
+            ok &= ~np.isin(uu, list(g.exclude_uuids))
+    return ok
+
+
+def check(state: ClusterState, pod: PodRequest, nodes: IntArray | None = None) -> Fit:
+    """Which of `nodes` (default: all) can host `pod`; per GPU, which slots can take its share."""
+    idx = np.arange(len(state), dtype=np.int64) if nodes is None else np.asarray(nodes, dtype=np.int64)
+    code = np.zeros(len(idx), dtype=np.int64)
+    g = pod.gpu
+    if pod.problems():
+        return Fit(idx, np.full(len(idx), BAD_REQUEST, dtype=np.int64), np.zeros((len(idx), state.width), bool))
+    if g.count == 0:
+        gpu_fit = np.zeros((len(idx), state.width), dtype=bool)
+    else:
+        allowed = _allowed_gpus(state, pod, idx)
+        mem_total = state.gpu_mem_total[idx]
+        need_mem = mem_total * g.milli // MILLI_PER_GPU if g.memory_mib is None else g.memory_mib
+        gpu_fit = allowed & (state.gpu_milli_free[idx] >= g.milli) & (state.gpu_mem_free[idx] >= need_mem)
+        code[gpu_fit.sum(axis=1) < g.count] = NO_GPU_SHARE
+        too_few = allowed.sum(axis=1) < g.count
+        constrained = bool(g.models or g.include_uuids or g.exclude_uuids)
+        code[too_few] = NO_MODEL if constrained else NO_GPU_COUNT
+    code[state.mem_free[idx] < pod.memory_mib] = NO_MEMORY
+    code[state.cpu_free[idx] < pod.cpu_milli] = NO_CPU
+    return Fit(idx, code, gpu_fit)

@@ -1,0 +1,30 @@
+"""The one registry of placement policies: a new policy is one module plus one line here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from gpupool.core.policies.simple import FirstFit, RandomFit
+from gpupool.core.policy import Policy
+
+REGISTRY: dict[str, Callable[[], Policy]] = {
+    "random": RandomFit,
+    "firstfit": FirstFit,
+}
+
+DEFAULT_POLICY = "firstfit"
+
+
+class UnknownPolicy(ValueError):
+    pass
+
+
+def get_policy(name: str) -> Policy:
+    try:
+        return REGISTRY[name]()
+    except KeyError:
+        raise UnknownPolicy(f"unknown policy {name!r}; valid policies: {', '.join(REGISTRY)}") from None
+
+
+def policy_names() -> list[str]:
+    return list(REGISTRY)
