@@ -1,0 +1,1 @@
+"""Entry-layer click commands, one module per `gpupool` subcommand (loaded lazily by gpupool.cli)."""
