@@ -1,0 +1,120 @@
+"""The node annotation `gpupool.io/inventory`: the GPUs a node has, written by the node agent.
+
+Example (version 1):
+{"version": 1, "node": "gpu-7", "split": 10, "driver": "570.86", "cuda": "12.8", "time": "…",
+ "gpus": [{"uuid": "GPU-…", "index": 0, "model": "H100-80GB", "memory_mib": 81559, "sm_count": 132,
+           "numa_node": 0, "nvlink_peers": [1, 2], "vendor": "nvidia", "healthy": true, "mig": false,
+           "pci_bus_id": "0000:3b:00.0"}]}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from gpupool.api.names import ANN_INVENTORY
+from gpupool.core.model import GPU, Node
+from gpupool.core.quantity import QuantityError, parse_memory_mib
+
+INVENTORY_VERSION = 1
+
+
+class InventoryError(ValueError):
+    pass
+
+
+class GPUDoc(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # newer agents may add fields; old schedulers ignore them
+    uuid: str = Field(min_length=1)
+    index: int = Field(ge=0)
+    model: str = Field(min_length=1)
+    memory_mib: int = Field(gt=0)
+    sm_count: int = Field(default=0, ge=0)
+    numa_node: int = 0
+    nvlink_peers: list[int] = Field(default_factory=list)
+    vendor: str = "nvidia"
+    healthy: bool = True
+    mig: bool = False
+    pci_bus_id: str = ""
+
+    def gpu(self) -> GPU:
+        return GPU(
+            uuid=self.uuid,
+            index=self.index,
+            model=self.model,
+            memory_mib=self.memory_mib,
+            sm_count=self.sm_count,
+            numa_node=self.numa_node,
+            nvlink_peers=tuple(self.nvlink_peers),
+            vendor=self.vendor,
+            healthy=self.healthy,
+        )
+
+
+class InventoryDoc(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    version: Literal[1] = INVENTORY_VERSION
+    node: str = Field(min_length=1)
+    split: int = Field(default=10, ge=1)  # device-plugin slots per GPU
+    driver: str = ""
+    cuda: str = ""
+    time: str = ""
+    gpus: list[GPUDoc]
+
+
+def encode_inventory(
+    node: str, gpus: list[GPU], split: int, driver: str = "", cuda: str = "", time: str = "",
+    extra: Mapping[int, Mapping[str, Any]] | None = None,
+) -> str:
+    """`extra` adds per-GPU fields by index (e.g. mig, pci_bus_id)."""
+    docs = []
+    for g in sorted(gpus, key=lambda g: g.index):
+        fields: dict[str, Any] = {
+            "uuid": g.uuid, "index": g.index, "model": g.model, "memory_mib": g.memory_mib,
+            "sm_count": g.sm_count, "numa_node": g.numa_node, "nvlink_peers": list(g.nvlink_peers),
+            "vendor": g.vendor, "healthy": g.healthy,
+        }
+        fields.update((extra or {}).get(g.index, {}))
+        docs.append(GPUDoc(**fields))
+    return InventoryDoc(node=node, split=split, driver=driver, cuda=cuda, time=time, gpus=docs).model_dump_json()
+
+
+def decode_inventory(text: str) -> InventoryDoc:
+    try:
+        doc = InventoryDoc.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "document"
+        raise InventoryError(f"invalid {ANN_INVENTORY} at {where}: {first['msg']}") from None
+    indices = [g.index for g in doc.gpus]
+    if sorted(indices) != list(range(len(indices))):
+        raise InventoryError(f"invalid {ANN_INVENTORY}: GPU indices {indices} must be 0..{len(indices) - 1}")
+    return doc
+
+
+def node_from_object(obj: Mapping[str, Any]) -> Node | None:
+    """Build a core Node from a Kubernetes Node object (JSON shape): allocatable CPU/memory from its
+    status, GPUs from its inventory annotation. None when the node has no inventory (not a gpupool
+    node); raises InventoryError for a malformed one."""
+    from gpupool.api.pod import parse_cpu_milli  # local: pod.py is the one CPU parser
+
+    meta = obj.get("metadata") or {}
+    text = (meta.get("annotations") or {}).get(ANN_INVENTORY)
+    if not text:
+        return None
+    doc = decode_inventory(text)
+    alloc = (obj.get("status") or {}).get("allocatable") or {}
+    try:
+        cpu = parse_cpu_milli(alloc.get("cpu", "0"))
+        mem = parse_memory_mib(str(alloc.get("memory", "0")))
+    except QuantityError as e:
+        raise InventoryError(f"node {meta.get('name')}: {e}") from None
+    return Node(
+        name=str(meta.get("name", doc.node)),
+        cpu_milli=cpu,
+        memory_mib=mem,
+        gpus=tuple(g.gpu() for g in sorted(doc.gpus, key=lambda g: g.index)),
+        labels=dict(meta.get("labels") or {}),
+    )

@@ -1,0 +1,20 @@
+"""Resource and annotation names: the contract between pods, webhook, scheduler and agent."""
+
+from __future__ import annotations
+
+DOMAIN = "gpupool.io"
+
+RESOURCE_GPU = f"{DOMAIN}/gpu"  # number of GPUs (advertised by the agent as slots)
+RESOURCE_MEMORY = f"{DOMAIN}/gpu-memory"  # MiB per GPU (extender-accounted, ignored by kube-scheduler)
+RESOURCE_CORES = f"{DOMAIN}/gpu-cores"  # percent of one GPU's compute per GPU
+
+ANN_MODEL = f"{DOMAIN}/gpu-model"  # comma-separated allowed models
+ANN_UUID = f"{DOMAIN}/gpu-uuid"  # comma-separated GPU UUIDs the pod may use
+ANN_EXCLUDE = f"{DOMAIN}/gpu-exclude"  # comma-separated GPU UUIDs the pod must not use
+ANN_POLICY = f"{DOMAIN}/policy"
+ANN_ISOLATION = f"{DOMAIN}/isolation"
+ANN_ALLOCATION = f"{DOMAIN}/allocation"  # written by the scheduler only
+ANN_INVENTORY = f"{DOMAIN}/inventory"  # node annotation written by the agent
+
+ISOLATION_MODES = ("mps", "hook", "mig", "none")
+DEFAULT_ISOLATION = "hook"
