@@ -71,6 +71,7 @@ class ClusterState:
         self.gpu_count = self.gpu_present.sum(axis=1).astype(np.int64)
         self.total_gpus = int(self.gpu_count.sum())
         self.held: dict[str, Held] = {}
+        self.node_pods: list[set[str]] = [set() for _ in self.nodes]  # pod keys holding capacity per node
         # Bumped on every change of a node; policies key their per-node caches on it.
         self.node_version: IntArray = np.zeros(n_nodes, dtype=np.int64)
 
@@ -114,6 +115,7 @@ class ClusterState:
         self.mem_free[i] -= pod.memory_mib
         self.node_version[i] += 1
         self.held[pod.key] = Held(allocation, i, pod.cpu_milli, pod.memory_mib)
+        self.node_pods[i].add(pod.key)
         return None
 
     def release(self, pod_key: str) -> Allocation | None:
@@ -122,6 +124,7 @@ class ClusterState:
         if held is None:
             return None
         i = held.node_index
+        self.node_pods[i].discard(pod_key)
         for g in held.allocation.grants:
             self.gpu_milli_free[i, g.index] += g.milli
             self.gpu_mem_free[i, g.index] += g.memory_mib

@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from gpupool.core.policies.clustering import Clustering
+from gpupool.core.policies.fgd import FGD
+from gpupool.core.policies.packing import BestFit, DotProd, Packing
 from gpupool.core.policies.simple import FirstFit, RandomFit
 from gpupool.core.policy import Policy
 
 REGISTRY: dict[str, Callable[[], Policy]] = {
     "random": RandomFit,
     "firstfit": FirstFit,
+    "bestfit": BestFit,
+    "dotprod": DotProd,
+    "packing": Packing,
+    "clustering": Clustering,
+    "fgd": FGD,
 }
 
 DEFAULT_POLICY = "firstfit"

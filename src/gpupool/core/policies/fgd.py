@@ -1,0 +1,162 @@
+"""Fragmentation Gradient Descent (Weng et al., ATC '23): place a pod where the node's expected
+fragmentation (gpupool.core.frag) grows least.
+
+Scores are cached per pod shape and per node, keyed on `ClusterState.node_version`: a placement changes
+one node, so a pod of a shape seen recently needs only the nodes changed since then to be re-scored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from gpupool.core.frag import WorkloadArrays, node_fragmentation, usable_free
+from gpupool.core.model import PodRequest
+from gpupool.core.policy import FloatArray, PolicyContext
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+
+MAX_NODE_SCORE = 100
+
+
+@dataclass(slots=True)
+class _ShapeCache:
+    score: FloatArray
+    gpu: IntArray  # best GPU index for a share, -1 otherwise
+    version: IntArray
+
+
+@dataclass(slots=True)
+class FragCache:
+    """Per-cluster derived data shared by the fragmentation-aware policies."""
+
+    state: ClusterState
+    workload: WorkloadArrays
+    frag: FloatArray
+    frag_version: IntArray
+    shapes: dict[Any, _ShapeCache] = field(default_factory=dict)
+
+    @staticmethod
+    def of(state: ClusterState, ctx: PolicyContext) -> FragCache:
+        cache = ctx.cache.get("frag")
+        if not isinstance(cache, FragCache) or cache.state is not state:
+            n = len(state)
+            cache = FragCache(
+                state=state,
+                workload=WorkloadArrays.build(state, ctx.workload),
+                frag=np.zeros(n),
+                frag_version=np.full(n, -1, dtype=np.int64),
+            )
+            ctx.cache["frag"] = cache
+        return cache
+
+    def current(self, nodes: IntArray) -> FloatArray:
+        """Expected fragmentation of `nodes` now, recomputing only nodes that changed."""
+        st = self.state
+        stale = nodes[self.frag_version[nodes] != st.node_version[nodes]]
+        if len(stale):
+            self.frag[stale] = node_fragmentation(
+                usable_free(st, stale), st.cpu_free[stale], self.workload.model_ok[stale], self.workload
+            )
+            self.frag_version[stale] = st.node_version[stale]
+        result: FloatArray = self.frag[nodes]
+        return result
+
+
+def _after_share(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> tuple[FloatArray, IntArray]:
+    """Fragmentation after putting a one-GPU share on each fitting GPU: [K, G] (inf where it does not fit)."""
+    st = cache.state
+    free = usable_free(st, nodes)  # [K, G]
+    width = free.shape[1]
+    eye = np.eye(width, dtype=np.int64) * pod.gpu.milli  # candidate c takes the share from GPU c
+    after = free[:, None, :] - eye[None, :, :]  # [K, C, G]
+    cpu_after = (st.cpu_free[nodes] - pod.cpu_milli)[:, None]  # [K, 1]
+    model_ok = cache.workload.model_ok[nodes][:, None, :]  # [K, 1, M]
+    frag = node_fragmentation(np.maximum(after, 0), cpu_after, model_ok, cache.workload)
+    frag = np.where(gpu_fit, frag, np.inf)
+    return frag, free
+
+
+def _after_whole(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> FloatArray:
+    """Fragmentation after taking the first `count` fitting GPUs (device order) and the CPU."""
+    st = cache.state
+    free = usable_free(st, nodes)
+    if pod.gpu.count:
+        taken = gpu_fit & (np.cumsum(gpu_fit, axis=1) <= pod.gpu.count)
+        free = np.where(taken, free - pod.gpu.milli, free)
+    cpu_after = st.cpu_free[nodes] - pod.cpu_milli
+    return node_fragmentation(free, cpu_after, cache.workload.model_ok[nodes], cache.workload)
+
+
+def fragmentation_delta(
+    state: ClusterState,
+    pod: PodRequest,
+    nodes: IntArray,
+    gpu_fit: BoolArray,
+    ctx: PolicyContext,
+    quantize: bool = False,
+) -> tuple[FloatArray, IntArray]:
+    """For each node: (fragmentation before − after) for the best GPU choice, and that GPU (-1 when
+    the pod takes whole GPUs or none). Higher is better. Cached per shape and node version.
+
+    With `quantize`, the value is the artifact's integer score and the GPU is the first one reaching
+    it (FGD as published); otherwise the exact decrease and the GPU achieving it."""
+    cache = FragCache.of(state, ctx)
+    key = (pod.cpu_milli, pod.gpu, quantize)
+    sc = cache.shapes.get(key)
+    if sc is None:
+        n = len(state)
+        sc = _ShapeCache(np.zeros(n), np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+        cache.shapes[key] = sc
+    stale_pos = np.flatnonzero(sc.version[nodes] != state.node_version[nodes])
+    if len(stale_pos):
+        stale = nodes[stale_pos]
+        before = cache.current(stale)
+        fit = gpu_fit[stale_pos]
+        if pod.gpu.count == 1 and not pod.gpu.whole:
+            after, _ = _after_share(cache, pod, stale, fit)
+            value = before[:, None] - after  # -inf where the GPU does not fit
+            if quantize:
+                value = np.where(fit, sigmoid_score(np.where(fit, value, 0.0)), -1.0)
+            best = np.argmax(value, axis=1)  # ties go to the lower GPU index
+            sc.score[stale] = value[np.arange(len(stale)), best]
+            sc.gpu[stale] = best
+        else:
+            value = before - _after_whole(cache, pod, stale, fit)
+            sc.score[stale] = sigmoid_score(value) if quantize else value
+        sc.version[stale] = state.node_version[stale]
+    return sc.score[nodes], sc.gpu[nodes]
+
+
+def sigmoid_score(delta: FloatArray) -> FloatArray:
+    """The artifact's node score: 100·sigmoid(Δ/1000) truncated to an integer."""
+    result: FloatArray = np.floor(MAX_NODE_SCORE / (1.0 + np.exp(-delta / 1000.0)))
+    return result
+
+
+@dataclass(frozen=True, slots=True)
+class FGD:
+    name: str = "fgd"
+
+    def score(
+        self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
+    ) -> FloatArray:
+        score, _ = fragmentation_delta(state, pod, nodes, gpu_fit, ctx, quantize=True)
+        return score
+
+    def choose(
+        self, state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext
+    ) -> tuple[int, ...]:
+        return choose_by_fragmentation(state, pod, node, gpu_fit, ctx, quantize=True)
+
+
+def choose_by_fragmentation(
+    state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext, quantize: bool
+) -> tuple[int, ...]:
+    """The GPU whose use grows fragmentation least (a share), or the first free GPUs (whole GPUs)."""
+    nodes = np.array([node], dtype=np.int64)
+    _, gpu = fragmentation_delta(state, pod, nodes, gpu_fit[None, :], ctx, quantize)
+    if gpu[0] >= 0:
+        return (int(gpu[0]),)
+    return tuple(int(j) for j in np.flatnonzero(gpu_fit)[: pod.gpu.count])
