@@ -1,0 +1,233 @@
+"""The pool snapshot: one JSON document that says who uses which GPU, what is free, and what waits.
+
+It is the contract between the scheduler (which owns the `ClusterState`) and every view of the pool:
+the Prometheus exporter, the web dashboard and `gpupool top`. The scheduler builds it with
+`build_snapshot` (pure: no clock, no I/O; time is passed in) and serves it as JSON at `GET /pool`;
+readers parse it with `Snapshot.model_validate_json`.
+
+Units: memory in MiB, compute in percent of one GPU (milli-GPU / 10), shares of the pool in 0..1.
+
+Fragmentation ("fragmented_share") follows the FGD idea (Weng et al., ATC'23): free GPU compute is a
+fragment for a task when that task cannot use it. For each task shape in the expected workload, the free
+compute of a healthy GPU counts as fragmented when the GPU cannot take one GPU's share of that task
+(too little free compute, or too little free memory for that share); for a multi-GPU task, all free
+compute of a node that has fewer such GPUs than the task needs counts as fragmented. The result is the
+popularity-weighted average over task shapes, divided by the pool's total compute. Without a workload
+the default is one whole-GPU task, so the measure reads "free compute stranded on partly used GPUs".
+CPU and host memory are ignored here (the placement engine's FGD policy accounts for them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpupool.core.model import MILLI_PER_GPU
+from gpupool.core.policy import TaskShape
+from gpupool.core.state import ClusterState
+
+SNAPSHOT_VERSION = "gpupool.io/snapshot/v1"
+
+# The default workload for the fragmentation measure: one whole GPU.
+WHOLE_GPU_TASK = TaskShape(cpu_milli=0, gpu_milli=MILLI_PER_GPU, gpu_count=1)
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class GrantView(_Wire):
+    """One pod's share of one GPU."""
+
+    namespace: str
+    pod: str
+    container: str = ""
+    node: str
+    gpu_uuid: str
+    gpu_index: int
+    memory_mib: int = Field(ge=0)
+    cores_percent: float = Field(ge=0, le=100)
+
+
+class GPUView(_Wire):
+    uuid: str
+    index: int = Field(ge=0)
+    model: str
+    memory_mib: int = Field(ge=0)
+    healthy: bool
+    allocated_memory_mib: int = Field(ge=0)
+    allocated_cores_percent: float = Field(ge=0, le=100)
+    sharers: int = Field(ge=0)
+    grants: list[GrantView] = Field(default_factory=list)
+
+
+class NodeView(_Wire):
+    name: str
+    gpus: list[GPUView] = Field(default_factory=list)
+
+
+class PendingPod(_Wire):
+    namespace: str
+    pod: str
+    reason: str
+    since: float | None = None  # unix seconds the pod started waiting, when the scheduler knows it
+
+
+class Totals(_Wire):
+    nodes: int = Field(ge=0)
+    gpus: int = Field(ge=0)
+    healthy_gpus: int = Field(ge=0)
+    memory_mib: int = Field(ge=0)
+    allocated_memory_mib: int = Field(ge=0)
+    allocated_share: float = Field(ge=0, le=1)  # compute handed out / total compute
+    allocated_memory_share: float = Field(ge=0, le=1)
+    fragmented_share: float = Field(ge=0, le=1)  # see the module docstring
+    grants: int = Field(ge=0)
+    gpu_pods: int = Field(ge=0)
+    pending: int = Field(ge=0)
+    oldest_pending_seconds: float | None = None
+
+
+class Snapshot(_Wire):
+    version: str = SNAPSHOT_VERSION
+    taken_at: float | None = None  # unix seconds, as passed to build_snapshot
+    nodes: list[NodeView]
+    pending: list[PendingPod]
+    totals: Totals
+
+    def gpu_count(self) -> int:
+        return sum(len(n.gpus) for n in self.nodes)
+
+    def grants(self) -> list[GrantView]:
+        return [g for n in self.nodes for gpu in n.gpus for g in gpu.grants]
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """Pod key "namespace/name" -> (namespace, name); a key without "/" (trace pods) has no namespace."""
+    ns, sep, name = key.partition("/")
+    return (ns, name) if sep else ("", key)
+
+
+def fragmented_milli(state: ClusterState, workload: Sequence[TaskShape] = ()) -> float:
+    """Expected free compute (milli-GPU) that a task drawn from `workload` could not use."""
+    tasks = [t for t in workload if t.gpu_count > 0 and t.weight > 0] or [WHOLE_GPU_TASK]
+    usable = state.gpu_present & state.gpu_healthy
+    free = np.where(usable, state.gpu_milli_free, 0)
+    mem_total = np.maximum(state.gpu_mem_total, 1)
+    total_weight = sum(t.weight for t in tasks)
+    expected = 0.0
+    for t in tasks:
+        share = min(t.gpu_milli, MILLI_PER_GPU)
+        # Memory a share of the card needs, in the trace's convention (same fraction as compute).
+        mem_ok = state.gpu_mem_free * MILLI_PER_GPU >= share * mem_total
+        takes = usable & (state.gpu_milli_free >= share) & mem_ok
+        frag = np.where(takes, 0, free).sum(axis=1)
+        node_short = takes.sum(axis=1) < t.gpu_count
+        frag = np.where(node_short, free.sum(axis=1), frag)
+        expected += t.weight / total_weight * float(frag.sum())
+    return expected
+
+
+def build_snapshot(
+    state: ClusterState,
+    pending: Mapping[str, str],
+    *,
+    containers: Mapping[str, str] | None = None,
+    pending_since: Mapping[str, float] | None = None,
+    now: float | None = None,
+    workload: Sequence[TaskShape] = (),
+) -> Snapshot:
+    """Describe `state` for the views. `pending` maps pod key -> why it waits; `containers` maps pod key ->
+    the container holding the GPU (blank when unknown); `pending_since` maps pod key -> unix seconds it
+    started waiting (with `now`, gives the oldest wait); `workload` drives the fragmentation measure."""
+    containers = containers or {}
+    grants_by_gpu: dict[tuple[int, int], list[GrantView]] = {}
+    gpu_pods = 0
+    for key, held in state.held.items():
+        if not held.allocation.grants:
+            continue
+        gpu_pods += 1
+        ns, name = split_key(key)
+        node = held.allocation.node
+        for g in held.allocation.grants:
+            grants_by_gpu.setdefault((held.node_index, g.index), []).append(
+                GrantView(
+                    namespace=ns,
+                    pod=name,
+                    container=containers.get(key, ""),
+                    node=node,
+                    gpu_uuid=g.uuid,
+                    gpu_index=g.index,
+                    memory_mib=g.memory_mib,
+                    cores_percent=g.milli / 10,
+                )
+            )
+    nodes = [_node_view(state, i, grants_by_gpu) for i in range(len(state.nodes))]
+    waiting = [_pending_view(k, r, pending_since) for k, r in sorted(pending.items())]
+    return Snapshot(
+        taken_at=now,
+        nodes=nodes,
+        pending=waiting,
+        totals=_totals(state, waiting, sum(map(len, grants_by_gpu.values())), gpu_pods, now, workload),
+    )
+
+
+def _node_view(state: ClusterState, i: int, grants_by_gpu: Mapping[tuple[int, int], list[GrantView]]) -> NodeView:
+    node = state.nodes[i]
+    gpus = []
+    for j, gpu in enumerate(node.gpus):
+        grants = sorted(grants_by_gpu.get((i, j), ()), key=lambda g: (g.namespace, g.pod))
+        gpus.append(
+            GPUView(
+                uuid=gpu.uuid,
+                index=gpu.index,
+                model=gpu.model,
+                memory_mib=gpu.memory_mib,
+                healthy=bool(state.gpu_healthy[i, j]),
+                allocated_memory_mib=int(state.gpu_mem_total[i, j] - state.gpu_mem_free[i, j]),
+                allocated_cores_percent=int(MILLI_PER_GPU - state.gpu_milli_free[i, j]) / 10,
+                sharers=int(state.gpu_sharers[i, j]),
+                grants=grants,
+            )
+        )
+    return NodeView(name=node.name, gpus=gpus)
+
+
+def _pending_view(key: str, reason: str, since: Mapping[str, float] | None) -> PendingPod:
+    ns, name = split_key(key)
+    return PendingPod(namespace=ns, pod=name, reason=reason, since=(since or {}).get(key))
+
+
+def _totals(
+    state: ClusterState,
+    pending: Sequence[PendingPod],
+    grants: int,
+    gpu_pods: int,
+    now: float | None,
+    workload: Sequence[TaskShape],
+) -> Totals:
+    present = state.gpu_present
+    total_milli = MILLI_PER_GPU * state.total_gpus
+    mem_total = int(state.gpu_mem_total.sum())
+    mem_alloc = int((state.gpu_mem_total - state.gpu_mem_free)[present].sum())
+    waits = [now - p.since for p in pending if p.since is not None and now is not None]
+    return Totals(
+        nodes=len(state.nodes),
+        gpus=state.total_gpus,
+        healthy_gpus=int((present & state.gpu_healthy).sum()),
+        memory_mib=mem_total,
+        allocated_memory_mib=mem_alloc,
+        allocated_share=_ratio(state.allocated_milli(), total_milli),
+        allocated_memory_share=_ratio(mem_alloc, mem_total),
+        fragmented_share=_ratio(fragmented_milli(state, workload), total_milli),
+        grants=grants,
+        gpu_pods=gpu_pods,
+        pending=len(pending),
+        oldest_pending_seconds=max(0.0, max(waits)) if waits else None,
+    )
+
+
+def _ratio(part: float, whole: float) -> float:
+    return min(1.0, part / whole) if whole > 0 else 0.0
