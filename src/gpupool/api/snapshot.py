@@ -7,23 +7,21 @@ readers parse it with `Snapshot.model_validate_json`.
 
 Units: memory in MiB, compute in percent of one GPU (milli-GPU / 10), shares of the pool in 0..1.
 
-Fragmentation ("fragmented_share") follows the FGD idea (Weng et al., ATC'23): free GPU compute is a
-fragment for a task when that task cannot use it. For each task shape in the expected workload, the free
-compute of a healthy GPU counts as fragmented when the GPU cannot take one GPU's share of that task
-(too little free compute, or too little free memory for that share); for a multi-GPU task, all free
-compute of a node that has fewer such GPUs than the task needs counts as fragmented. The result is the
-popularity-weighted average over task shapes, divided by the pool's total compute. Without a workload
-the default is one whole-GPU task, so the measure reads "free compute stranded on partly used GPUs".
-CPU and host memory are ignored here (the placement engine's FGD policy accounts for them).
+Fragmentation ("fragmented_share") is the FGD measure of `gpupool.core.frag` (Weng et al., ATC'23):
+the free compute of healthy GPUs that a task drawn from the expected workload could not use, weighted
+by task popularity, divided by the pool's total compute. The scheduler passes its workload (the typical
+task shapes it has seen); without one, the default is a single whole-GPU task, and the measure then
+reads "free compute stranded on partly used GPUs" (a GPU with 30 % handed out strands its other 70 %).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpupool.core.frag import WorkloadArrays, cluster_fragmentation
 from gpupool.core.model import MILLI_PER_GPU
 from gpupool.core.policy import TaskShape
 from gpupool.core.state import ClusterState
@@ -111,23 +109,12 @@ def split_key(key: str) -> tuple[str, str]:
 
 
 def fragmented_milli(state: ClusterState, workload: Sequence[TaskShape] = ()) -> float:
-    """Expected free compute (milli-GPU) that a task drawn from `workload` could not use."""
-    tasks = [t for t in workload if t.gpu_count > 0 and t.weight > 0] or [WHOLE_GPU_TASK]
-    usable = state.gpu_present & state.gpu_healthy
-    free = np.where(usable, state.gpu_milli_free, 0)
-    mem_total = np.maximum(state.gpu_mem_total, 1)
-    total_weight = sum(t.weight for t in tasks)
-    expected = 0.0
-    for t in tasks:
-        share = min(t.gpu_milli, MILLI_PER_GPU)
-        # Memory a share of the card needs, in the trace's convention (same fraction as compute).
-        mem_ok = state.gpu_mem_free * MILLI_PER_GPU >= share * mem_total
-        takes = usable & (state.gpu_milli_free >= share) & mem_ok
-        frag = np.where(takes, 0, free).sum(axis=1)
-        node_short = takes.sum(axis=1) < t.gpu_count
-        frag = np.where(node_short, free.sum(axis=1), frag)
-        expected += t.weight / total_weight * float(frag.sum())
-    return expected
+    """Expected free compute (milli-GPU) that a task drawn from `workload` could not use (core FGD measure)."""
+    tasks = tuple(t for t in workload if t.weight > 0) or (WHOLE_GPU_TASK,)
+    # The core measure sums weight x fragment; weights are popularities, so make them sum to 1.
+    total = sum(t.weight for t in tasks)
+    tasks = tuple(dataclasses.replace(t, weight=t.weight / total) for t in tasks)
+    return float(cluster_fragmentation(state, WorkloadArrays.build(state, tasks)).sum())
 
 
 def build_snapshot(
