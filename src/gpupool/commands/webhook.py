@@ -1,0 +1,94 @@
+"""`gpupool webhook`: serve the admission webhook over TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+
+import click
+
+
+@click.command("webhook")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML file with settings (overridden by GPUPOOL_WEBHOOK_* variables and flags).",
+)
+@click.option("--host", default=None, help="Address to listen on [0.0.0.0].")
+@click.option("--port", type=int, default=None, help="HTTPS port [8443].")
+@click.option("--cert-file", type=click.Path(path_type=Path), default=None, help="PEM serving certificate.")
+@click.option("--key-file", type=click.Path(path_type=Path), default=None, help="PEM private key.")
+@click.option("--scheduler-name", default=None, help="schedulerName given to GPU pods [gpupool-scheduler].")
+@click.option("--default-isolation", default=None, help="Isolation written into pods without one [hook].")
+@click.option(
+    "--trusted-user",
+    "trusted_users",
+    multiple=True,
+    help="User allowed to write gpupool.io/allocation (the scheduler's service account).",
+)
+@click.option(
+    "--allow-privileged/--refuse-privileged",
+    default=None,
+    help="Whether privileged containers may ask for GPU shares [refuse].",
+)
+@click.option("--max-body-bytes", type=int, default=None, help="Largest AdmissionReview accepted [3 MiB].")
+@click.option(
+    "--watch-inventory/--no-watch-inventory",
+    default=None,
+    help="Read node GPU inventories from the cluster to refuse oversize requests [on].",
+)
+@click.option("--log-level", default=None, help="critical, error, warning, info or debug [info].")
+def webhook(config_file: Path | None, **flags: object) -> None:
+    """Serve the admission webhook (mutating /mutate, validating /validate) over TLS."""
+    from gpupool.webhook.config import ConfigError, load_config
+
+    try:
+        config = load_config(flags, os.environ, config_file)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    if config.cert_file is None or config.key_file is None:
+        raise click.UsageError("the webhook serves HTTPS only: give --cert-file and --key-file")
+    for path in (config.cert_file, config.key_file):
+        if not path.is_file():
+            raise click.UsageError(f"certificate file {path} does not exist")
+    logging.basicConfig(
+        level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("gpupool.webhook").info("gpupool webhook starting: %s", config.summary())
+    asyncio.run(_run(config))
+
+
+async def _run(config: object) -> None:
+    from gpupool.webhook.admission import Settings
+    from gpupool.webhook.app import create_app
+    from gpupool.webhook.config import WebhookConfig
+    from gpupool.webhook.inventory import InventoryView, follow
+    from gpupool.webhook.server import build_server, serve
+
+    assert isinstance(config, WebhookConfig)
+    assert config.cert_file is not None and config.key_file is not None
+    settings = Settings(
+        scheduler_name=config.scheduler_name,
+        default_isolation=config.default_isolation,
+        trusted_users=frozenset(config.trusted_users),
+        allow_privileged=config.allow_privileged,
+    )
+    inventory = InventoryView()
+    background: list[asyncio.Task[None]] = []
+    if config.watch_inventory:
+        port = _cluster_port()
+        background.append(asyncio.create_task(follow(port, inventory)))
+    app = create_app(settings, inventory, config.max_body_bytes)
+    server = build_server(app, config.host, config.port, config.cert_file, config.key_file, config.log_level)
+    await serve(server, config.cert_reload_s, background)
+
+
+def _cluster_port():  # type: ignore[no-untyped-def]
+    """The Kubernetes adapter (in-cluster service account or kubeconfig)."""
+    from gpupool.cluster.kube import KubeCluster
+
+    return KubeCluster()
