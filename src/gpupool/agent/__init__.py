@@ -1,0 +1,1 @@
+"""The gpupool node agent: GPU discovery, health, inventory publishing and the kubelet device plugin."""

@@ -1,0 +1,111 @@
+"""The node agent's one configuration object: defaults < file (YAML) < environment < flags.
+
+Environment variables are `GPUPOOL_AGENT_<FIELD>` (e.g. GPUPOOL_AGENT_SPLIT=4), plus `NODE_NAME` for the
+node name, which is how a DaemonSet passes it (fieldRef spec.nodeName). This is the only module of the
+agent that reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpupool.api.names import RESOURCE_GPU
+
+ENV_PREFIX = "GPUPOOL_AGENT_"
+# Xids caused by applications, not by the GPU (nvidia-facts.md section 4.6): they never mark a GPU unhealthy.
+APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = 1
+    node_name: str = Field(min_length=1, max_length=253)
+    backend: Literal["nvml", "fake"] = "nvml"
+    fake_file: Path | None = None  # the GPU description for backend=fake
+    split: int = Field(default=10, ge=1, le=100)  # device-plugin slots per GPU (pods per GPU at most)
+    # Isolation used when a pod's allocation does not name one: mps, hook (interception shim) or none.
+    isolation: Literal["mps", "hook", "none"] = "hook"
+    device_plugin_dir: Path = Path("/var/lib/kubelet/device-plugins")
+    kubelet_socket: str = "kubelet.sock"  # file name inside device_plugin_dir
+    socket_name: str = Field(default="gpupool.sock", pattern=r"^[A-Za-z0-9._-]+\.sock$")
+    resource_name: str = RESOURCE_GPU
+    cdi: bool = False  # hand GPUs to the runtime as CDI devices instead of NVIDIA_VISIBLE_DEVICES
+    cdi_kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$")
+    mps_root: Path = Path("/run/gpupool/mps")  # host dir; <mps_root>/<GPU UUID> is that GPU's pipe dir
+    mps_container_dir: str = "/run/gpupool/mps"  # where the pipe dir appears in the container
+    watch_interval_s: float = Field(default=0.2, gt=0, le=1.0)  # how often kubelet.sock is checked
+    reprobe_interval_s: float = Field(default=30.0, gt=0)  # unhealthy GPUs are re-probed this often
+    inventory_interval_s: float = Field(default=30.0, gt=0)  # rediscovery and inventory refresh
+    event_wait_s: float = Field(default=1.0, gt=0, le=10.0)  # one NVML event wait (bounds shutdown time)
+    ignored_xids: tuple[int, ...] = APPLICATION_XIDS
+    kubeconfig: str | None = None  # None = in-cluster credentials
+    context: str | None = None
+
+    @model_validator(mode="after")
+    def _fake_needs_file(self) -> AgentConfig:
+        if self.backend == "fake" and self.fake_file is None:
+            raise ValueError("backend fake needs fake_file (a YAML/JSON GPU description)")
+        return self
+
+    @property
+    def kubelet_socket_path(self) -> Path:
+        return self.device_plugin_dir / self.kubelet_socket
+
+    @property
+    def plugin_socket_path(self) -> Path:
+        return self.device_plugin_dir / self.socket_name
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.model_dump().items())
+
+
+def _from_env(name: str, text: str) -> Any:
+    if name == "ignored_xids":
+        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
+    return text
+
+
+def load_config(
+    file: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> AgentConfig:
+    """Merge the sources (flag > env > file > defaults) and validate once; errors name the field."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        try:
+            loaded = yaml.safe_load(Path(file).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"agent config file {file}: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"agent config file {file}: expected a mapping at the top level")
+        values.update(loaded)
+    environ = os.environ if env is None else env
+    if environ.get("NODE_NAME"):
+        values["node_name"] = environ["NODE_NAME"]
+    for name in AgentConfig.model_fields:
+        key = ENV_PREFIX + name.upper()
+        if key in environ:
+            try:
+                values[name] = _from_env(name, environ[key])
+            except ValueError:
+                raise ConfigError(f"{key}={environ[key]!r}: expected comma-separated integers") from None
+    values.update({k: v for k, v in (flags or {}).items() if v is not None})
+    try:
+        return AgentConfig(**values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "config"
+        hint = " (set NODE_NAME or --node-name)" if where == "node_name" else ""
+        raise ConfigError(f"agent config {where}: {first['msg']}{hint}") from None

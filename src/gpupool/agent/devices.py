@@ -1,0 +1,93 @@
+"""What discovery reports about a node's GPUs, independent of the vendor library that found them.
+
+Backends (NVML, the fake file) produce `DeviceInfo`; the rest of the agent only sees these dataclasses and
+converts them to `gpupool.core.model.GPU` at the edge (`to_gpu`). A new vendor is one new backend that
+fills the same fields and sets `vendor`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from gpupool.core.model import GPU
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceInfo:
+    uuid: str
+    index: int
+    model: str
+    memory_mib: int
+    pci_bus_id: str = ""
+    numa_node: int = -1  # -1: unknown (single-socket machines often report it so)
+    sm_count: int = 0
+    nvlink_peers: tuple[int, ...] = ()  # indices of GPUs joined to this one by NVLink
+    mig_enabled: bool = False
+    vendor: str = "nvidia"
+
+    def to_gpu(self, healthy: bool = True) -> GPU:
+        return GPU(
+            uuid=self.uuid,
+            index=self.index,
+            model=self.model,
+            memory_mib=self.memory_mib,
+            sm_count=self.sm_count,
+            numa_node=max(self.numa_node, 0),
+            nvlink_peers=self.nvlink_peers,
+            vendor=self.vendor,
+            healthy=healthy,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Discovered:
+    """One discovery pass: the devices in index order plus the software versions next to them."""
+
+    vendor: str
+    driver_version: str
+    cuda_version: str
+    devices: tuple[DeviceInfo, ...]
+
+    def nvlink_matrix(self) -> list[list[bool]]:
+        """Pairwise NVLink connectivity by index (symmetric)."""
+        n = len(self.devices)
+        matrix = [[False] * n for _ in range(n)]
+        for d in self.devices:
+            for peer in d.nvlink_peers:
+                if 0 <= peer < n:
+                    matrix[d.index][peer] = matrix[peer][d.index] = True
+        return matrix
+
+
+@dataclass(frozen=True, slots=True)
+class HealthEvent:
+    """A device error reported by the driver. `uuid` None means it could not be tied to one device."""
+
+    uuid: str | None
+    xid: int
+    detail: str = ""
+
+
+class DiscoveryBackend(Protocol):
+    """A source of GPUs. Calls may block (NVML is synchronous); the agent runs them off the event loop."""
+
+    name: str
+
+    def discover(self) -> Discovered:
+        """Enumerate the GPUs now. Raises DiscoveryError when the library cannot be used at all."""
+        ...
+
+    def probe(self, uuid: str) -> str | None:
+        """Check one GPU: None when it answers normally, else why not."""
+        ...
+
+    def wait_event(self, timeout_s: float) -> HealthEvent | None:
+        """Block up to `timeout_s` for the next device error; None when none came."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class DiscoveryError(RuntimeError):
+    """Discovery cannot run (no driver, unreadable fake file); the message says what and where."""

@@ -1,0 +1,209 @@
+"""The fake discovery backend: GPUs described in a YAML or JSON file, with faults injected by tests.
+
+Used by the tests, `gpupool demo` and scale tests, so every code path above discovery runs without a GPU.
+
+File format (YAML or JSON; every field checked, errors name the field):
+
+    vendor: nvidia              # optional, default nvidia
+    driver_version: "570.86"    # optional
+    cuda_version: "12.8"        # optional
+    gpus:                       # required, at least one entry
+      - uuid: GPU-0b6f...       # required unless `count` is given
+        model: H100-80GB        # required
+        memory_mib: 81559       # required, > 0
+        pci_bus_id: "0000:3b:00.0"
+        numa_node: 0
+        sm_count: 132
+        nvlink_peers: [1]       # indices of the other GPUs joined by NVLink
+        mig: false
+        healthy: true           # false: probes fail until `heal` is called
+      - count: 4                # shorthand: four identical GPUs, UUIDs derived from uuid_prefix
+        uuid_prefix: GPU-fake-node1
+        model: A10
+        memory_mib: 23028
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from gpupool.agent.devices import DeviceInfo, Discovered, DiscoveryError, HealthEvent
+
+MAX_UUID_LEN = 58  # device IDs are "<uuid>::<slot>" and kubelet allows 63 characters
+
+
+class FakeGPUFileError(DiscoveryError):
+    """A malformed fake GPU description; the message names the file and the field."""
+
+
+class _GPUEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    uuid: str | None = Field(default=None, min_length=1, max_length=MAX_UUID_LEN, pattern=r"^[A-Za-z0-9._-]+$")
+    count: int | None = Field(default=None, ge=1, le=64)
+    uuid_prefix: str = Field(default="GPU-fake", max_length=48, pattern=r"^[A-Za-z0-9._-]+$")
+    model: str = Field(min_length=1)
+    memory_mib: int = Field(gt=0)
+    pci_bus_id: str = ""
+    numa_node: int = Field(default=-1, ge=-1)
+    sm_count: int = Field(default=0, ge=0)
+    nvlink_peers: list[int] = Field(default_factory=list)
+    mig: bool = False
+    healthy: bool = True
+
+    @model_validator(mode="after")
+    def _uuid_or_count(self) -> _GPUEntry:
+        if self.uuid is None and self.count is None:
+            raise ValueError("give either uuid (one GPU) or count (several identical GPUs)")
+        if self.uuid is not None and self.count is not None:
+            raise ValueError("give uuid or count, not both")
+        return self
+
+
+class _FakeFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    vendor: str = Field(default="nvidia", min_length=1)
+    driver_version: str = "fake"
+    cuda_version: str = "fake"
+    gpus: list[_GPUEntry] = Field(min_length=1)
+
+
+def _where(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "document"
+
+
+def parse_fake_description(data: Any, source: str) -> Discovered:
+    """Validate a parsed description into devices; raises FakeGPUFileError naming `source` and the field."""
+    try:
+        doc = _FakeFile.model_validate(data)
+    except ValidationError as e:
+        problems = "; ".join(f"{_where(err['loc'])}: {err['msg']}" for err in e.errors())
+        raise FakeGPUFileError(f"fake GPU file {source}: {problems}") from None
+    devices: list[DeviceInfo] = []
+    for entry in doc.gpus:
+        uuids = [entry.uuid] if entry.uuid else [f"{entry.uuid_prefix}-{i}" for i in range(entry.count or 0)]
+        for uuid in uuids:
+            assert uuid is not None
+            devices.append(
+                DeviceInfo(
+                    uuid=uuid,
+                    index=len(devices),
+                    model=entry.model,
+                    memory_mib=entry.memory_mib,
+                    pci_bus_id=entry.pci_bus_id,
+                    numa_node=entry.numa_node,
+                    sm_count=entry.sm_count,
+                    nvlink_peers=tuple(entry.nvlink_peers),
+                    mig_enabled=entry.mig,
+                    vendor=doc.vendor,
+                )
+            )
+    seen: set[str] = set()
+    for d in devices:
+        if d.uuid in seen:
+            raise FakeGPUFileError(f"fake GPU file {source}: gpus: UUID {d.uuid!r} appears twice")
+        seen.add(d.uuid)
+        bad = [p for p in d.nvlink_peers if not 0 <= p < len(devices) or p == d.index]
+        if bad:
+            raise FakeGPUFileError(
+                f"fake GPU file {source}: gpus[{d.index}].nvlink_peers: {bad} are not other GPU indices "
+                f"(0..{len(devices) - 1})"
+            )
+    return Discovered(doc.vendor, doc.driver_version, doc.cuda_version, tuple(devices))
+
+
+def load_fake_file(path: Path) -> tuple[Discovered, set[str]]:
+    """Read and validate the file; returns the devices and the UUIDs declared unhealthy."""
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise FakeGPUFileError(f"fake GPU file {path}: cannot read: {e.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as e:
+        raise FakeGPUFileError(f"fake GPU file {path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {e}") from None
+    discovered = parse_fake_description(data, str(path))
+    unhealthy = _declared_unhealthy(data, discovered)
+    return discovered, unhealthy
+
+
+def _declared_unhealthy(data: Mapping[str, Any], discovered: Discovered) -> set[str]:
+    out: set[str] = set()
+    position = 0
+    for entry in data.get("gpus", []):
+        n = int(entry.get("count") or 1)
+        if entry.get("healthy") is False:
+            out.update(d.uuid for d in discovered.devices[position : position + n])
+        position += n
+    return out
+
+
+class FakeBackend:
+    """Discovery from a description, plus fault injection: Xids, failing probes, vanished GPUs."""
+
+    name = "fake"
+
+    def __init__(self, discovered: Discovered, unhealthy: set[str] | None = None) -> None:
+        self._discovered = discovered
+        self._lock = threading.Lock()
+        self._broken: dict[str, str] = {u: "declared unhealthy in the fake GPU file" for u in unhealthy or set()}
+        self._missing: set[str] = set()
+        self._events: queue.Queue[HealthEvent] = queue.Queue()
+        self.discover_calls = 0
+
+    @classmethod
+    def from_file(cls, path: Path) -> FakeBackend:
+        discovered, unhealthy = load_fake_file(path)
+        return cls(discovered, unhealthy)
+
+    # --- DiscoveryBackend ---------------------------------------------------------------------------------
+    def discover(self) -> Discovered:
+        with self._lock:
+            self.discover_calls += 1
+            devices = tuple(d for d in self._discovered.devices if d.uuid not in self._missing)
+        d = self._discovered
+        return Discovered(d.vendor, d.driver_version, d.cuda_version, devices)
+
+    def probe(self, uuid: str) -> str | None:
+        with self._lock:
+            if uuid in self._missing:
+                return "GPU is not present"
+            return self._broken.get(uuid)
+
+    def wait_event(self, timeout_s: float) -> HealthEvent | None:
+        try:
+            return self._events.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        pass
+
+    # --- fault injection ----------------------------------------------------------------------------------
+    def inject_xid(self, uuid: str | None, xid: int, *, breaks: bool = True) -> None:
+        """Report Xid `xid` on a GPU; with `breaks`, probes of that GPU fail until `heal`."""
+        if breaks and uuid is not None:
+            with self._lock:
+                self._broken[uuid] = f"Xid {xid}"
+        self._events.put(HealthEvent(uuid, xid, "injected"))
+
+    def heal(self, uuid: str) -> None:
+        """The GPU answers probes again (as after a reset)."""
+        with self._lock:
+            self._broken.pop(uuid, None)
+            self._missing.discard(uuid)
+
+    def remove(self, uuid: str) -> None:
+        """The GPU disappears from discovery without an Xid (fell off the bus silently)."""
+        with self._lock:
+            self._missing.add(uuid)

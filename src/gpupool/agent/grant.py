@@ -1,0 +1,101 @@
+"""What a container gets for its allocation: visible GPUs, limits as environment, MPS pipe mount.
+
+Pure: takes the decoded allocation and the node's devices, returns a `ContainerGrant` (or the reason it
+cannot be served); the gRPC servicer turns it into a ContainerAllocateResponse.
+
+Environment contract (read by the interception shim and by users):
+- NVIDIA_VISIBLE_DEVICES: the granted GPU UUIDs, comma-separated (`void` when CDI devices are used, so an
+  image default of `all` cannot widen the grant);
+- GPUPOOL_MEMORY_LIMIT_MIB / GPUPOOL_CORES_PERCENT: one value per visible GPU, comma-separated, in the
+  order of NVIDIA_VISIBLE_DEVICES (a single number for the usual one-GPU share);
+- isolation `mps` on a shared GPU: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+  (`0=<MiB>M`) and CUDA_MPS_PIPE_DIRECTORY, with the GPU's pipe directory (<mps_root>/<UUID>, one MPS
+  control daemon per GPU, so one tenant's fault cannot stall other GPUs) mounted there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.devices import DeviceInfo
+from gpupool.api.allocation import AllocationDoc
+
+
+@dataclass(frozen=True, slots=True)
+class MountSpec:
+    container_path: str
+    host_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerGrant:
+    envs: dict[str, str]
+    mounts: list[MountSpec] = field(default_factory=list)
+    cdi_devices: list[str] = field(default_factory=list)
+    annotations: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    reason: str
+
+
+def _num(value: float) -> str:
+    return f"{value:g}"
+
+
+def build_grant(
+    doc: AllocationDoc,
+    devices: Mapping[str, DeviceInfo],
+    unhealthy: Mapping[str, str],
+    config: AgentConfig,
+    pod_label: str,
+) -> ContainerGrant | Refused:
+    if not doc.gpus:
+        return Refused(f"pod {pod_label}: its allocation grants no GPUs")
+    for g in doc.gpus:
+        if g.uuid not in devices:
+            return Refused(
+                f"pod {pod_label} was granted GPU {g.uuid}, which this node ({config.node_name}) does not have"
+            )
+        if g.uuid in unhealthy:
+            return Refused(f"pod {pod_label} was granted GPU {g.uuid}, which is unhealthy ({unhealthy[g.uuid]})")
+        if g.memory_mib > devices[g.uuid].memory_mib:
+            return Refused(
+                f"pod {pod_label} was granted {g.memory_mib} MiB on GPU {g.uuid}, which has "
+                f"{devices[g.uuid].memory_mib} MiB"
+            )
+    isolation = doc.isolation or config.isolation
+    if isolation == "mig":
+        return Refused(f"pod {pod_label} asks for isolation mig, which this agent does not provide yet")
+    if isolation not in ("mps", "hook", "none"):
+        return Refused(f"pod {pod_label}: unknown isolation {isolation!r} (use mps, hook or none)")
+    uuids = [g.uuid for g in doc.gpus]
+    envs = {
+        "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(g.memory_mib) for g in doc.gpus),
+        "GPUPOOL_CORES_PERCENT": ",".join(_num(g.cores) for g in doc.gpus),
+        "GPUPOOL_ISOLATION": isolation,
+    }
+    cdi: list[str] = []
+    if config.cdi:
+        cdi = [f"{config.cdi_kind}={u}" for u in uuids]
+        envs["NVIDIA_VISIBLE_DEVICES"] = "void"
+    else:
+        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
+    mounts: list[MountSpec] = []
+    shared = [g for g in doc.gpus if g.cores < 100 or g.memory_mib < devices[g.uuid].memory_mib]
+    if isolation == "mps" and shared:
+        if len(doc.gpus) != 1:
+            return Refused(
+                f"pod {pod_label}: MPS sharing serves one GPU per pod (one MPS daemon per GPU), "
+                f"but {len(doc.gpus)} shared GPUs were granted"
+            )
+        g = doc.gpus[0]
+        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = _num(g.cores)
+        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={g.memory_mib}M"
+        envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_container_dir
+        mounts.append(MountSpec(config.mps_container_dir, str(config.mps_root / g.uuid)))
+    return ContainerGrant(envs=envs, mounts=mounts, cdi_devices=cdi)

@@ -1,0 +1,174 @@
+"""Which pod is kubelet's Allocate call for? Decided from API objects only, and never by guessing.
+
+Kubelet's Allocate carries device IDs but no pod identity. The scheduler takes the node's bind lock
+(`gpupool.io/bind-lock`, gpupool.api.lock) naming the pod before it binds it here, and writes the pod's
+`gpupool.io/allocation`. The agent accepts the lock holder only when every check below holds; otherwise
+the Allocate fails with the reason (the pod fails admission and its controller recreates it, which is
+better than a container running with another pod's limits):
+
+1. the node carries a readable bind lock;
+2. the pod it names exists on this node with the same UID, is not finished, and has not already been
+   served (no `gpupool.io/allocated` marker);
+3. its allocation annotation is readable, is for this node and for this pod UID;
+4. exactly one of its containers asks for gpupool.io/gpu, and kubelet asks for as many devices as the
+   allocation grants;
+5. no *other* pod on this node is also waiting for an Allocate of the same size: that happens only when a
+   lock was taken over after its timeout while the earlier pod's Allocate was still pending, and then
+   kubelet's call could be for either pod.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.api.allocation import AllocationDoc, AllocationError, decode_allocation
+from gpupool.api.lock import ANN_BIND_LOCK, BindLock, LockError, decode_lock
+from gpupool.api.names import ANN_ALLOCATION, RESOURCE_GPU
+
+# Pod annotation the agent writes once it served the pod's Allocate (JSON: node, time, devices).
+# It tells a restarted agent, and check 5, which pods are no longer waiting.
+ANN_ALLOCATED = "gpupool.io/allocated"
+
+Obj = Mapping[str, Any]
+# A Running pod has had all its Allocate calls; a finished one needs none.
+_NOT_WAITING = {"Running", "Succeeded", "Failed"}
+
+
+@dataclass(frozen=True, slots=True)
+class Identified:
+    namespace: str
+    name: str
+    uid: str
+    allocation: AllocationDoc
+    lock: BindLock
+
+
+@dataclass(frozen=True, slots=True)
+class Unidentified:
+    reason: str
+
+
+def _meta(obj: Obj) -> Mapping[str, Any]:
+    return obj.get("metadata") or {}
+
+
+def _annotations(obj: Obj) -> Mapping[str, str]:
+    return _meta(obj).get("annotations") or {}
+
+
+def _label(pod: Obj) -> str:
+    m = _meta(pod)
+    return f"{m.get('namespace', 'default')}/{m.get('name', '?')}"
+
+
+def gpu_containers(pod: Obj) -> list[tuple[str, int]]:
+    """(container name, gpupool.io/gpu limit) of every container, init ones included, that asks for GPUs."""
+    spec = pod.get("spec") or {}
+    out: list[tuple[str, int]] = []
+    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+        res = c.get("resources") or {}
+        value = (res.get("limits") or {}).get(RESOURCE_GPU, (res.get("requests") or {}).get(RESOURCE_GPU))
+        if value is None:
+            continue
+        try:
+            count = int(str(value))
+        except ValueError:
+            count = -1
+        if count != 0:
+            out.append((str(c.get("name", "?")), count))
+    return out
+
+
+def waiting_for_allocate(pod: Obj, node_name: str) -> AllocationDoc | None:
+    """The allocation of a pod bound to this node whose Allocate has not been served yet, else None."""
+    if (pod.get("spec") or {}).get("nodeName") != node_name:
+        return None
+    if (pod.get("status") or {}).get("phase") in _NOT_WAITING or _meta(pod).get("deletionTimestamp"):
+        return None
+    annotations = _annotations(pod)
+    if ANN_ALLOCATED in annotations or ANN_ALLOCATION not in annotations:
+        return None
+    try:
+        doc = decode_allocation(annotations[ANN_ALLOCATION])
+    except AllocationError:
+        return None
+    return doc if doc.node == node_name else None
+
+
+def read_lock(node: Obj) -> BindLock | Unidentified:
+    text = _annotations(node).get(ANN_BIND_LOCK)
+    name = _meta(node).get("name", "?")
+    if not text:
+        return Unidentified(
+            f"node {name} has no {ANN_BIND_LOCK}: the scheduler writes it when it binds a GPU pod here, so this "
+            "Allocate is for a pod gpupool did not schedule (check the pod's schedulerName) or whose lock was "
+            "already used; not guessing which pod it is"
+        )
+    try:
+        return decode_lock(text)
+    except LockError as e:
+        return Unidentified(f"node {name}: {e}")
+
+
+def identify(node: Obj, pods: Iterable[Obj], node_name: str, device_count: int) -> Identified | Unidentified:
+    lock = read_lock(node)
+    if isinstance(lock, Unidentified):
+        return lock
+    pods = list(pods)
+    holder_label = f"{lock.namespace}/{lock.name} (uid {lock.pod_uid})"
+    holder = next((p for p in pods if _meta(p).get("uid") == lock.pod_uid), None)
+    if holder is None:
+        return Unidentified(f"the bind lock names pod {holder_label}, which is not on node {node_name}")
+    if (_meta(holder).get("namespace"), _meta(holder).get("name")) != (lock.namespace, lock.name):
+        return Unidentified(f"the bind lock names {holder_label} but that UID belongs to {_label(holder)}")
+    annotations = _annotations(holder)
+    if ANN_ALLOCATED in annotations:
+        return Unidentified(
+            f"pod {holder_label} named by the bind lock was already served ({ANN_ALLOCATED} is set); "
+            "this Allocate is for a pod whose lock is missing"
+        )
+    if ANN_ALLOCATION not in annotations:
+        return Unidentified(f"pod {holder_label} has no {ANN_ALLOCATION} annotation")
+    try:
+        doc = decode_allocation(annotations[ANN_ALLOCATION])
+    except AllocationError as e:
+        return Unidentified(f"pod {holder_label}: {e}")
+    if waiting_for_allocate(holder, node_name) is None:
+        return Unidentified(
+            f"pod {holder_label} is not waiting for an Allocate on {node_name} "
+            f"(allocation for node {doc.node!r}, phase {(holder.get('status') or {}).get('phase')!r})"
+        )
+    if doc.pod_uid and doc.pod_uid != lock.pod_uid:
+        return Unidentified(f"pod {holder_label}: its allocation was written for pod uid {doc.pod_uid}")
+    containers = gpu_containers(holder)
+    if len(containers) != 1:
+        names = ", ".join(n for n, _ in containers) or "none"
+        return Unidentified(
+            f"pod {holder_label} has {len(containers)} containers asking for {RESOURCE_GPU} ({names}); "
+            "the agent supports exactly one GPU container per pod"
+        )
+    if device_count != len(doc.gpus):
+        return Unidentified(
+            f"kubelet asks for {device_count} device(s) but pod {holder_label} was granted {len(doc.gpus)} GPU(s): "
+            "the call is not for the pod holding the bind lock"
+        )
+    rivals = [
+        _label(p)
+        for p in pods
+        if _meta(p).get("uid") != lock.pod_uid
+        and (other := waiting_for_allocate(p, node_name)) is not None
+        and len(other.gpus) == device_count
+    ]
+    if rivals:
+        return Unidentified(
+            f"ambiguous: pod {holder_label} holds the bind lock, but {', '.join(sorted(rivals))} also wait(s) for an "
+            f"Allocate of {device_count} device(s) on {node_name}; refusing to guess which pod this call is for"
+        )
+    return Identified(lock.namespace, lock.name, lock.pod_uid, doc, lock)
+
+
+def allocated_marker(node_name: str, devices: list[str], time: str) -> str:
+    return json.dumps({"node": node_name, "time": time, "devices": devices}, separators=(",", ":"))

@@ -1,0 +1,251 @@
+"""The kubelet device plugin (v1beta1) servicer for resource gpupool.io/gpu, and its registration.
+
+All handlers are `async def` on grpc.aio (mixing sync handlers with streaming in the aio server has
+known hang reports). Allocate is served one call at a time: identification reads and then clears the
+node's bind lock, and two interleaved calls must not see the same lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.grant import ContainerGrant, Refused, build_grant
+from gpupool.agent.identify import ANN_ALLOCATED, Identified, Unidentified, allocated_marker, identify, read_lock
+from gpupool.agent.port import AgentCluster
+from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
+from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from gpupool.agent.slots import preferred, slot_gpu
+from gpupool.agent.table import DeviceTable
+from gpupool.api.allocation import AllocationError, decode_allocation
+from gpupool.api.lock import ANN_BIND_LOCK, format_time
+from gpupool.api.names import ANN_ALLOCATION
+from gpupool.cluster.port import ApiError, Conflict, NotFound
+
+log = logging.getLogger("gpupool.agent.plugin")
+
+API_VERSION = "v1beta1"
+HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+
+
+class AllocateStats:
+    def __init__(self) -> None:
+        self.served = 0
+        self.refused = 0
+        self.last_refusal = ""
+
+
+class DevicePluginService(pb_grpc.DevicePluginServicer):
+    def __init__(
+        self,
+        config: AgentConfig,
+        table: DeviceTable,
+        cluster: AgentCluster,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.table = table
+        self.cluster = cluster
+        self.wall_clock = wall_clock
+        self.stats = AllocateStats()
+        self._allocate_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+
+    def stop_streams(self) -> None:
+        self._stopping.set()
+
+    # --- options and device list --------------------------------------------------------------------------
+    async def GetDevicePluginOptions(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> pb.DevicePluginOptions:
+        return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    def device_list(self) -> pb.ListAndWatchResponse:
+        devices = []
+        for s in self.table.slots():
+            topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=s.numa_node)]) if s.numa_node >= 0 else None
+            devices.append(pb.Device(ID=s.id, health=HEALTHY if s.healthy else UNHEALTHY, topology=topology))
+        return pb.ListAndWatchResponse(devices=devices)
+
+    async def ListAndWatch(
+        self, request: pb.Empty, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[pb.ListAndWatchResponse]:
+        seen = self.table.version
+        yield self.device_list()
+        while not self._stopping.is_set():
+            version = await self.table.wait_changed(seen, timeout=1.0)
+            if version != seen:
+                seen = version
+                yield self.device_list()
+
+    async def PreStartContainer(
+        self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreStartContainerResponse:
+        return pb.PreStartContainerResponse()
+
+    # --- preferred allocation -----------------------------------------------------------------------------
+    async def GetPreferredAllocation(
+        self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
+    ) -> pb.PreferredAllocationResponse:
+        """Prefer slots on the GPUs the scheduler granted to the lock holder. Never fails: an error here
+        would fail the pod's admission, and the preference is only cosmetic (kubelet's records)."""
+        gpu_order = await self._granted_gpus()
+        responses = []
+        for req in request.container_requests:
+            ids = preferred(
+                list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size, gpu_order
+            )
+            responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return pb.PreferredAllocationResponse(container_responses=responses)
+
+    async def _granted_gpus(self) -> list[str]:
+        try:
+            node = await self.cluster.get_node(self.config.node_name)
+            lock = read_lock(node)
+            if isinstance(lock, Unidentified):
+                return []
+            pods = await self.cluster.list_pods_on_node(self.config.node_name)
+            holder = next((p for p in pods if (p.get("metadata") or {}).get("uid") == lock.pod_uid), None)
+            text = ((holder or {}).get("metadata") or {}).get("annotations", {}).get(ANN_ALLOCATION)
+            return [g.uuid for g in decode_allocation(text).gpus] if text else []
+        except (ApiError, AllocationError) as e:
+            log.info("no preference (cannot read the lock holder's allocation): %s", e)
+            return []
+
+    # --- allocate -----------------------------------------------------------------------------------------
+    async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
+        if len(request.container_requests) != 1:
+            await self._refuse(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "expected one container request per Allocate (kubelet sends one), "
+                f"got {len(request.container_requests)}",
+            )
+        ids = list(request.container_requests[0].devices_ids)
+        unknown = [d for d in ids if slot_gpu(d) not in self.table.known]
+        if unknown or not ids:
+            what = f"unknown device IDs {unknown}" if unknown else "no device IDs"
+            await self._refuse(
+                context,
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"{what}: this plugin serves {self.config.resource_name} slots named <GPU UUID>::<n> "
+                f"for the GPUs of node {self.config.node_name}",
+            )
+        async with self._allocate_lock:
+            outcome = await self._allocate(ids)
+        if isinstance(outcome, tuple):
+            code, reason = outcome
+            await self._refuse(context, code, reason)
+            raise AssertionError("unreachable")  # _refuse aborts
+        self.stats.served += 1
+        return pb.AllocateResponse(container_responses=[_to_proto(outcome)])
+
+    async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str) -> None:
+        self.stats.refused += 1
+        self.stats.last_refusal = reason
+        log.warning("Allocate refused: %s", reason)
+        await context.abort(code, f"gpupool agent on {self.config.node_name}: {reason}")
+
+    async def _allocate(self, ids: list[str]) -> ContainerGrant | tuple[grpc.StatusCode, str]:
+        node_name = self.config.node_name
+        try:
+            node = await self.cluster.get_node(node_name)
+            pods = await self.cluster.list_pods_on_node(node_name)
+        except ApiError as e:
+            return grpc.StatusCode.UNAVAILABLE, f"cannot read node {node_name} or its pods: {e}"
+        who = identify(node, pods, node_name, len(ids))
+        if isinstance(who, Unidentified):
+            return grpc.StatusCode.FAILED_PRECONDITION, who.reason
+        label = f"{who.namespace}/{who.name}"
+        grant = build_grant(who.allocation, self.table.known, self.table.unhealthy(), self.config, label)
+        if isinstance(grant, Refused):
+            return grpc.StatusCode.FAILED_PRECONDITION, grant.reason
+        marker = allocated_marker(node_name, ids, format_time(self.wall_clock()))
+        try:
+            await self.cluster.patch_pod_annotations(who.namespace, who.name, {ANN_ALLOCATED: marker})
+        except ApiError as e:
+            return grpc.StatusCode.UNAVAILABLE, f"cannot record the allocation on pod {label}: {e}"
+        await self._release_lock(who, node)
+        log.info("allocated %s to pod %s: %s", ",".join(ids), label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
+        return grant
+
+    async def _release_lock(self, who: Identified, node: dict) -> None:
+        """Remove the bind lock if it still names the pod we served (a 409 means: re-read, decide again).
+        A failure here is logged, not returned: the pod is served correctly and the scheduler takes over
+        a lock whose holder is running or past its timeout."""
+        for _ in range(5):
+            lock = read_lock(node)
+            if isinstance(lock, Unidentified) or lock.pod_uid != who.uid:
+                return
+            rv = (node.get("metadata") or {}).get("resourceVersion")
+            try:
+                await self.cluster.patch_node_annotations(self.config.node_name, {ANN_BIND_LOCK: None}, rv)
+                return
+            except Conflict:
+                node = await self.cluster.get_node(self.config.node_name)
+            except (NotFound, ApiError) as e:
+                log.warning("could not release the bind lock of %s/%s: %s", who.namespace, who.name, e)
+                return
+        log.warning("gave up releasing the bind lock of %s/%s after repeated conflicts", who.namespace, who.name)
+
+
+def _to_proto(grant: ContainerGrant) -> pb.ContainerAllocateResponse:
+    return pb.ContainerAllocateResponse(
+        envs=grant.envs,
+        mounts=[
+            pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
+            for m in grant.mounts
+        ],
+        annotations=grant.annotations,
+        cdi_devices=[pb.CDIDevice(name=n) for n in grant.cdi_devices],
+    )
+
+
+class PluginServer:
+    """The grpc.aio server on the plugin's unix socket; restartable (kubelet deletes the socket)."""
+
+    def __init__(self, service: DevicePluginService, socket_path: Path) -> None:
+        self.service = service
+        self.socket_path = socket_path
+        self._server: grpc.aio.Server | None = None
+        self.starts = 0
+
+    async def start(self) -> None:
+        await self.stop()
+        self.socket_path.unlink(missing_ok=True)  # a stale socket from a previous run blocks the bind
+        server = grpc.aio.server()
+        pb_grpc.add_DevicePluginServicer_to_server(self.service, server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        self._server = server
+        self.starts += 1
+
+    async def stop(self, grace: float | None = 0.2) -> None:
+        if self._server is not None:
+            server, self._server = self._server, None
+            await server.stop(grace)
+
+    def socket_ok(self) -> bool:
+        return self._server is not None and self.socket_path.exists()
+
+
+async def register(config: AgentConfig, timeout_s: float = 5.0) -> None:
+    """Call kubelet's Registration.Register; raises grpc.aio.AioRpcError when kubelet refuses."""
+    target = f"unix://{config.kubelet_socket_path}"
+    async with grpc.aio.insecure_channel(target) as channel:
+        stub = pb_grpc.RegistrationStub(channel)
+        await stub.Register(
+            pb.RegisterRequest(
+                version=API_VERSION,
+                endpoint=config.socket_name,
+                resource_name=config.resource_name,
+                options=pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+            ),
+            timeout=timeout_s,
+        )

@@ -1,0 +1,70 @@
+"""The few cluster operations the agent needs, and the adapter onto gpupool.cluster's ClusterPort.
+
+Kept narrow on purpose: the agent reads its own node and the pods bound to it, and writes only
+annotations and labels on its node and one annotation on pods it served (least privilege for the
+DaemonSet's RBAC).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from gpupool.cluster.port import ClusterPort
+
+Obj = dict[str, Any]
+
+
+class AgentCluster(Protocol):
+    async def get_node(self, name: str) -> Obj: ...
+
+    async def list_pods_on_node(self, node: str) -> list[Obj]: ...
+
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
+    ) -> Obj: ...
+
+    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj: ...
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
+    ) -> Obj: ...
+
+
+class LabelsUnsupported(RuntimeError):
+    pass
+
+
+class ClusterPortAgent:
+    """AgentCluster over a ClusterPort (memory or kube adapter)."""
+
+    def __init__(self, port: ClusterPort) -> None:
+        self.port = port
+
+    async def get_node(self, name: str) -> Obj:
+        return await self.port.get_node(name)
+
+    async def list_pods_on_node(self, node: str) -> list[Obj]:
+        lister = getattr(self.port, "list_pods_on_node", None)
+        if lister is not None:  # a field-selector list, where the adapter offers one
+            pods: list[Obj] = await lister(node)
+            return pods
+        everything, _ = await self.port.list_pods()
+        return [p for p in everything if (p.get("spec") or {}).get("nodeName") == node]
+
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
+    ) -> Obj:
+        return await self.port.patch_node_annotations(name, annotations, resource_version)
+
+    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
+        patch = getattr(self.port, "patch_node_labels", None)
+        if patch is None:
+            raise LabelsUnsupported("the cluster adapter has no patch_node_labels; node labels not published")
+        result: Obj = await patch(name, labels)
+        return result
+
+    async def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
+    ) -> Obj:
+        return await self.port.patch_pod_annotations(namespace, name, annotations, resource_version)

@@ -1,0 +1,215 @@
+"""The node agent: discovery, health, inventory and the device plugin, kept alive across kubelet restarts.
+
+Start-up never touches pods: everything the agent must know about running pods (their allocations, the
+`gpupool.io/allocated` markers, the bind lock) lives in the API and is read when needed, so a restarted
+agent re-adopts the node as it finds it. Slot IDs depend only on GPU UUIDs, so kubelet's checkpoint stays
+valid across agent restarts.
+
+Kubelet restarts are detected by polling (every `watch_interval_s`) the identity of kubelet.sock (inode
+and change time) and the presence of our own socket: when kubelet re-creates its socket, or deletes ours,
+the plugin server is restarted and registers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
+from gpupool.agent.health import HealthTracker
+from gpupool.agent.inventory import InventoryPublisher
+from gpupool.agent.plugin import DevicePluginService, PluginServer, register
+from gpupool.agent.port import AgentCluster
+from gpupool.agent.table import DeviceTable
+from gpupool.cluster.port import ApiError
+
+log = logging.getLogger("gpupool.agent")
+
+
+def _socket_identity(path: os.PathLike[str] | str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_ino, st.st_ctime_ns
+
+
+class Agent:
+    def __init__(
+        self,
+        config: AgentConfig,
+        backend: DiscoveryBackend,
+        cluster: AgentCluster,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.config = config
+        self.backend = backend
+        self.cluster = cluster
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.table: DeviceTable | None = None
+        self.service: DevicePluginService | None = None
+        self.server: PluginServer | None = None
+        self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
+        self.registrations = 0
+        self.registered_at: float | None = None
+        self._registered_identity: tuple[int, int] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+        self._probe_all = asyncio.Event()
+        self._inventory_dirty = asyncio.Event()
+        self._event_thread: threading.Thread | None = None
+        self._thread_stop = threading.Event()
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        discovered = await asyncio.to_thread(self.backend.discover)
+        tracker = HealthTracker(self.config.ignored_xids, quarantine_s=self.config.reprobe_interval_s)
+        self.table = DeviceTable(discovered, self.config.split, tracker)
+        for d in discovered.devices:  # GPUs that are already broken start unhealthy
+            problem = await asyncio.to_thread(self.backend.probe, d.uuid)
+            if problem is not None:
+                tracker.mark(d.uuid, problem, self.clock())
+        log.info(
+            "discovered %d GPU(s) via %s (driver %s, CUDA %s): %s",
+            len(discovered.devices),
+            self.backend.name,
+            discovered.driver_version,
+            discovered.cuda_version,
+            ", ".join(f"{d.index}:{d.model}:{d.uuid}" for d in discovered.devices) or "none",
+        )
+        await self._publish()
+        self.service = DevicePluginService(self.config, self.table, self.cluster, self.wall_clock)
+        self.server = PluginServer(self.service, self.config.plugin_socket_path)
+        self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
+        await self.server.start()
+        loop = asyncio.get_running_loop()
+        self._event_thread = threading.Thread(target=self._watch_events, args=(loop,), name="gpupool-xid", daemon=True)
+        self._event_thread.start()
+        self._tasks = [
+            asyncio.create_task(self._kubelet_loop(), name="kubelet-watch"),
+            asyncio.create_task(self._probe_loop(), name="health-probe"),
+            asyncio.create_task(self._inventory_loop(), name="inventory"),
+        ]
+
+    def request_stop(self) -> None:
+        self._stop.set()
+
+    async def wait(self) -> None:
+        await self._stop.wait()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        if self.service is not None:
+            self.service.stop_streams()
+        if self.server is not None:
+            await self.server.stop(grace=0.2)
+            self.config.plugin_socket_path.unlink(missing_ok=True)
+        self._thread_stop.set()
+        if self._event_thread is not None:
+            await asyncio.to_thread(self._event_thread.join)
+        self.backend.close()
+
+    # --- kubelet registration -----------------------------------------------------------------------------
+    async def _kubelet_loop(self) -> None:
+        assert self.server is not None
+        while not self._stop.is_set():
+            identity = _socket_identity(self.config.kubelet_socket_path)
+            if identity is not None and (identity != self._registered_identity or not self.server.socket_ok()):
+                await self._register(identity)
+            await asyncio.sleep(self.config.watch_interval_s)
+
+    async def _register(self, identity: tuple[int, int]) -> None:
+        assert self.server is not None
+        if self._registered_identity is not None or not self.server.socket_ok():
+            await self.server.start()  # kubelet restarted: it removed our socket, or will not trust it
+        try:
+            await register(self.config)
+        except Exception as e:  # any failure: retry on the next tick (the plugin must not die)
+            log.warning("registration with kubelet at %s failed: %s", self.config.kubelet_socket_path, e)
+            self._registered_identity = None
+            return
+        self._registered_identity = identity
+        self.registrations += 1
+        self.registered_at = self.clock()
+        log.info("registered %s with kubelet (registration %d)", self.config.resource_name, self.registrations)
+
+    # --- health -------------------------------------------------------------------------------------------
+    def _watch_events(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Blocking event waits run on this thread; events are handed to the event loop."""
+        while not self._thread_stop.is_set():
+            try:
+                event = self.backend.wait_event(self.config.event_wait_s)
+            except Exception as e:  # keep watching: a broken wait must not end health checking
+                log.warning("health event wait failed: %s", e)
+                self._thread_stop.wait(self.config.event_wait_s)
+                continue
+            if event is not None:
+                with contextlib.suppress(RuntimeError):  # loop closed during shutdown
+                    asyncio.run_coroutine_threadsafe(self._on_event(event), loop)
+
+    async def _on_event(self, event: HealthEvent) -> None:
+        assert self.table is not None
+        changed, reprobe_all = await self.table.apply_event(event, self.clock())
+        if event.xid in self.config.ignored_xids:
+            log.info("ignoring application Xid %d on %s", event.xid, event.uuid)
+        elif changed:
+            log.warning("GPU %s unhealthy: Xid %d (%s)", event.uuid, event.xid, event.detail)
+            self._inventory_dirty.set()
+        if reprobe_all:
+            log.warning("device event not tied to one GPU (%s): re-probing all GPUs", event.detail or event.xid)
+            self._probe_all.set()
+
+    async def _probe_loop(self) -> None:
+        assert self.table is not None
+        interval = self.config.reprobe_interval_s
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._probe_all.wait(), timeout=max(interval / 2, 0.01))
+            everything = self._probe_all.is_set()
+            self._probe_all.clear()
+            now = self.clock()
+            uuids = list(self.table.uuids()) if everything else self.table.tracker.due_for_probe(now)
+            for uuid in uuids:
+                problem = await asyncio.to_thread(self.backend.probe, uuid)
+                # a probe-everything pass only marks failures; recoveries wait for their quarantine
+                relevant = not everything or problem is not None
+                if relevant and await self.table.probe_result(uuid, problem, self.clock()):
+                    log.info("GPU %s: %s", uuid, "healthy again" if problem is None else f"unhealthy: {problem}")
+                    self._inventory_dirty.set()
+
+    # --- inventory ----------------------------------------------------------------------------------------
+    async def _inventory_loop(self) -> None:
+        assert self.table is not None
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._inventory_dirty.wait(), timeout=self.config.inventory_interval_s)
+            self._inventory_dirty.clear()
+            try:
+                discovered = await asyncio.to_thread(self.backend.discover)
+                if await self.table.rediscovered(discovered, self.clock()):
+                    log.warning("GPU set changed: %d present", len(discovered.devices))
+            except DiscoveryError as e:
+                log.warning("rediscovery failed: %s", e)
+            await self._publish()
+
+    async def _publish(self) -> None:
+        if self.table is None:
+            return
+        try:
+            await self.publisher.publish(self.table.inventory_view(), self.table.unhealthy(), self.wall_clock())
+        except ApiError as e:  # the API being down must not stop the device plugin; retried next round
+            log.warning("could not publish the inventory of node %s: %s", self.config.node_name, e)

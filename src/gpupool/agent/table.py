@@ -1,0 +1,104 @@
+"""The agent's view of its GPUs: every GPU seen since start, which are present, which are unhealthy.
+
+ListAndWatch streams wait on `changed()`; every change bumps `version` and wakes them. A GPU that
+vanishes keeps its slots (reported Unhealthy, so kubelet keeps the capacity but stops allocating them)
+until the agent restarts; a new GPU adds slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Iterable
+from dataclasses import replace
+
+from gpupool.agent.devices import DeviceInfo, Discovered, HealthEvent
+from gpupool.agent.health import HealthTracker
+from gpupool.agent.slots import Slot, slot_id
+
+NOT_PRESENT = "GPU is no longer reported by discovery"
+
+
+class DeviceTable:
+    def __init__(self, discovered: Discovered, split: int, tracker: HealthTracker) -> None:
+        self.split = split
+        self.tracker = tracker
+        self.discovered = discovered
+        self.known: dict[str, DeviceInfo] = {d.uuid: d for d in discovered.devices}
+        self.version = 0
+        self._cond = asyncio.Condition()
+
+    # --- reading ------------------------------------------------------------------------------------------
+    def slots(self) -> list[Slot]:
+        return [
+            Slot(slot_id(d.uuid, n), d.uuid, self.tracker.healthy(d.uuid), d.numa_node)
+            for d in self.known.values()
+            for n in range(self.split)
+        ]
+
+    def unhealthy(self) -> dict[str, str]:
+        return {u: f.reason for u, f in self.tracker.faults.items()}
+
+    def inventory_view(self) -> Discovered:
+        """Every known GPU (vanished ones too, reported unhealthy), indices 0..n-1 as the schema wants."""
+        devices = sorted(self.known.values(), key=lambda d: d.index)
+        if [d.index for d in devices] != list(range(len(devices))):
+            devices = [replace(d, index=i) for i, d in enumerate(devices)]
+        d = self.discovered
+        return Discovered(d.vendor, d.driver_version, d.cuda_version, tuple(devices))
+
+    # --- changes ------------------------------------------------------------------------------------------
+    async def _bump(self) -> None:
+        async with self._cond:
+            self.version += 1
+            self._cond.notify_all()
+
+    async def wait_changed(self, seen: int, timeout: float | None = None) -> int:
+        """Wait until `version` differs from `seen` (or the timeout passes); returns the version."""
+        async with self._cond:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._cond.wait_for(lambda: self.version != seen), timeout)
+            return self.version
+
+    async def apply_event(self, event: HealthEvent, now: float) -> tuple[bool, bool]:
+        changed, reprobe_all = self.tracker.on_event(event, self.known, now)
+        if changed:
+            await self._bump()
+        return changed, reprobe_all
+
+    async def mark(self, uuid: str, reason: str, now: float) -> bool:
+        if uuid in self.known and self.tracker.mark(uuid, reason, now):
+            await self._bump()
+            return True
+        return False
+
+    async def probe_result(self, uuid: str, problem: str | None, now: float) -> bool:
+        if uuid not in {d.uuid for d in self.discovered.devices}:
+            problem = problem or NOT_PRESENT  # a vanished GPU cannot recover until discovery sees it again
+        if problem is not None:
+            return await self.mark(uuid, problem, now)
+        if self.tracker.probe_result(uuid, None, now):
+            await self._bump()
+            return True
+        return False
+
+    async def rediscovered(self, discovered: Discovered, now: float) -> bool:
+        """Apply a new discovery pass; returns True when the slot list or health changed."""
+        changed = False
+        present = {d.uuid for d in discovered.devices}
+        for d in discovered.devices:
+            if d.uuid not in self.known:
+                self.known[d.uuid] = d
+                changed = True
+        self.discovered = Discovered(
+            discovered.vendor, discovered.driver_version, discovered.cuda_version, discovered.devices
+        )
+        for uuid in self.known:
+            if uuid not in present:
+                changed |= self.tracker.mark(uuid, NOT_PRESENT, now)
+        if changed:
+            await self._bump()
+        return changed
+
+    def uuids(self) -> Iterable[str]:
+        return self.known.keys()

@@ -1,0 +1,144 @@
+"""Helpers for the agent tests: a fake GPU description, what the scheduler writes at bind, and an agent
+wired to a stand-in kubelet over real unix sockets in a short temporary directory."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.devices import Discovered
+from gpupool.agent.fake import FakeBackend, parse_fake_description
+from gpupool.agent.kubelet_standin import StandInKubelet
+from gpupool.agent.port import ClusterPortAgent
+from gpupool.agent.service import Agent
+from gpupool.api.allocation import GrantDoc, AllocationDoc
+from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
+from gpupool.api.names import ANN_ALLOCATION, RESOURCE_GPU
+from gpupool.cluster.memory import MemoryCluster
+
+NODE = "gpu-node-1"
+RESOURCE = RESOURCE_GPU
+_uid = itertools.count(1)
+
+
+def four_gpus() -> Discovered:
+    return parse_fake_description(
+        {
+            "driver_version": "570.86",
+            "cuda_version": "12.8",
+            "gpus": [
+                {"uuid": "GPU-aaaa-0", "model": "A100-80GB", "memory_mib": 81920, "numa_node": 0, "nvlink_peers": [1]},
+                {"uuid": "GPU-aaaa-1", "model": "A100-80GB", "memory_mib": 81920, "numa_node": 0, "nvlink_peers": [0]},
+                {"uuid": "GPU-aaaa-2", "model": "A100-80GB", "memory_mib": 81920, "numa_node": 1},
+                {"uuid": "GPU-aaaa-3", "model": "A100-80GB", "memory_mib": 81920, "numa_node": 1},
+            ],
+        },
+        "test",
+    )
+
+
+def pod_object(name: str, gpus: int, namespace: str = "default") -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}-{next(_uid)}", "annotations": {}},
+        "spec": {
+            "schedulerName": "gpupool-scheduler",
+            "containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU: str(gpus)}}}],
+        },
+        "status": {"phase": "Pending"},
+    }
+
+
+async def scheduler_binds(
+    cluster: MemoryCluster,
+    pod: dict[str, Any],
+    grants: list[tuple[str, int, int, float]],
+    isolation: str = "hook",
+    node: str = NODE,
+    take_lock: bool = True,
+) -> dict[str, Any]:
+    """What the gpupool scheduler does at bind: lock the node naming the pod, write the allocation, bind.
+    `grants` are (uuid, index, memory MiB, cores percent)."""
+    created = await cluster.create_pod(pod)
+    meta = created["metadata"]
+    if take_lock:
+        await cluster.patch_node_annotations(node, {ANN_BIND_LOCK: encode_lock(meta["uid"], meta["namespace"],
+                                                                                meta["name"], 1_700_000_000.0)})
+    doc = AllocationDoc(
+        pod_uid=meta["uid"], node=node, isolation=isolation, time="2026-11-21T06:00:00Z",
+        gpus=[GrantDoc(uuid=u, index=i, memory_mib=m, cores=c) for u, i, m, c in grants],
+    )
+    await cluster.patch_pod_annotations(meta["namespace"], meta["name"], {ANN_ALLOCATION: doc.model_dump_json()})
+    await cluster.create_binding(meta["namespace"], meta["name"], meta["uid"], node)
+    return await cluster.get_pod(meta["namespace"], meta["name"])
+
+
+@dataclass
+class Rig:
+    cluster: MemoryCluster
+    backend: FakeBackend
+    kubelet: StandInKubelet
+    agent: Agent
+    config: AgentConfig
+
+    async def restart_agent(self) -> None:
+        """Stop the agent and start a new one on the same node, backend state and kubelet."""
+        await self.agent.stop()
+        self.agent = Agent(self.config, self.backend, ClusterPortAgent(self.cluster))
+        await self.agent.start()
+
+
+def agent_config(directory: Path, **overrides: Any) -> AgentConfig:
+    values: dict[str, Any] = {
+        "node_name": NODE,
+        "backend": "fake",
+        "fake_file": directory / "gpus.yaml",
+        "split": 4,
+        "device_plugin_dir": directory,
+        "watch_interval_s": 0.05,
+        "reprobe_interval_s": 0.05,
+        "inventory_interval_s": 0.2,
+        "event_wait_s": 0.05,
+    }
+    values.update(overrides)
+    return AgentConfig(**values)
+
+
+@asynccontextmanager
+async def rig(discovered: Discovered | None = None, **overrides: Any) -> AsyncIterator[Rig]:
+    # unix socket paths are limited to ~107 bytes: keep the directory short
+    directory = Path(tempfile.mkdtemp(prefix="gpa-", dir="/tmp"))
+    cluster = MemoryCluster()
+    await cluster.create_node({"metadata": {"name": NODE, "annotations": {"keep/me": "yes"}, "labels": {"zone": "a"}},
+                               "status": {"allocatable": {"cpu": "32", "memory": "256Gi"}}})
+    backend = FakeBackend(discovered or four_gpus())
+    config = agent_config(directory, **overrides)
+    kubelet = StandInKubelet(directory)
+    await kubelet.start()
+    agent = Agent(config, backend, ClusterPortAgent(cluster))
+    await agent.start()
+    r = Rig(cluster, backend, kubelet, agent, config)
+    try:
+        await kubelet.wait_for(lambda k: RESOURCE in k.plugins and k.plugins[RESOURCE].updates > 0)
+        yield r
+    finally:
+        await r.agent.stop()
+        await kubelet.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def eventually(predicate, timeout: float = 10.0, step: float = 0.01) -> None:  # type: ignore[no-untyped-def]
+    """Poll until predicate() is true; the timeout only prevents a hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached before the timeout")
+        await asyncio.sleep(step)
