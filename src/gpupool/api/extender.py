@@ -1,0 +1,93 @@
+"""kube-scheduler extender v1 JSON (k8s.io/kube-scheduler extender/v1 types).
+
+The Go structs have no json tags, so the keys on the wire are the Go field names (`Pod`, `NodeNames`,
+`FailedNodes`, ...). The models below use exactly those spellings as field names. Embedded Pod/Node
+objects stay plain Kubernetes JSON dicts. Constants: scores are 0..MAX_EXTENDER_PRIORITY.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+MIN_EXTENDER_PRIORITY = 0
+MAX_EXTENDER_PRIORITY = 10
+
+
+class ExtenderRequestError(ValueError):
+    """A request body that is not valid extender JSON; the message says where."""
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class NodeList(_Wire):
+    items: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ExtenderArgs(_Wire):
+    """Body of /filter and /prioritize. `NodeNames` when nodeCacheCapable, else `Nodes`."""
+
+    Pod: dict[str, Any]
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+
+    def node_names(self) -> list[str]:
+        if self.NodeNames is not None:
+            return self.NodeNames
+        if self.Nodes is not None:
+            return [str((n.get("metadata") or {}).get("name", "")) for n in self.Nodes.items]
+        return []
+
+
+class ExtenderFilterResult(_Wire):
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
+    FailedNodes: dict[str, str] = Field(default_factory=dict)
+    FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
+    Error: str = ""
+
+
+class HostPriority(_Wire):
+    Host: str
+    Score: int = Field(ge=MIN_EXTENDER_PRIORITY, le=MAX_EXTENDER_PRIORITY)
+
+
+class ExtenderBindingArgs(_Wire):
+    PodName: str = Field(min_length=1)
+    PodNamespace: str = Field(min_length=1)
+    PodUID: str = Field(min_length=1)
+    Node: str = Field(min_length=1)
+
+
+class ExtenderBindingResult(_Wire):
+    Error: str = ""
+
+
+HostPriorityList = TypeAdapter(list[HostPriority])
+
+
+def _explain(e: ValidationError, what: str) -> ExtenderRequestError:
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "body"
+    return ExtenderRequestError(f"invalid {what} at {where}: {first['msg']}")
+
+
+def parse_args(body: bytes) -> ExtenderArgs:
+    try:
+        return ExtenderArgs.model_validate_json(body)
+    except ValidationError as e:
+        raise _explain(e, "ExtenderArgs") from None
+
+
+def parse_binding_args(body: bytes) -> ExtenderBindingArgs:
+    try:
+        return ExtenderBindingArgs.model_validate_json(body)
+    except ValidationError as e:
+        raise _explain(e, "ExtenderBindingArgs") from None
+
+
+def dump_priorities(priorities: list[HostPriority]) -> bytes:
+    return HostPriorityList.dump_json(priorities)

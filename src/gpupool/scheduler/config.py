@@ -1,0 +1,85 @@
+"""The scheduler service's one configuration object: defaults < file (YAML) < environment < flags."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from gpupool.core.policies import DEFAULT_POLICY, policy_names
+
+ENV_PREFIX = "GPUPOOL_SCHEDULER_"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+class SchedulerConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    version: int = 1
+    host: str = "127.0.0.1"  # kube-scheduler calls the extender over loopback (same pod) by default
+    port: int = Field(default=8888, ge=0, le=65535)  # 0 = any free port
+    default_policy: str = DEFAULT_POLICY
+    assume_timeout_s: float = Field(default=30.0, gt=0)  # assumed entry forgotten if not confirmed
+    lock_timeout_s: float = Field(default=300.0, gt=0)  # a bind lock older than this may be taken over
+    lock_wait_s: float = Field(default=5.0, ge=0)  # how long a bind waits for a busy node lock
+    expire_interval_s: float = Field(default=1.0, gt=0)
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # larger request bodies get 413
+    scheduler_name: str = "gpupool-scheduler"  # reported as the source of Events
+    # Cluster access (the `gpupool scheduler` command).
+    kubeconfig: str | None = None  # None = in-cluster config, else this file
+    context: str | None = None
+    # Leader election through a coordination.k8s.io Lease.
+    leader_elect: bool = True
+    lease_namespace: str = "kube-system"
+    lease_name: str = "gpupool-scheduler"
+    identity: str = Field(default_factory=lambda: os.uname().nodename + f"-{os.getpid()}")
+    lease_duration_s: float = Field(default=15.0, gt=0)
+    renew_deadline_s: float = Field(default=10.0, gt=0)
+    retry_period_s: float = Field(default=2.0, gt=0)
+
+    @field_validator("default_policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        if v not in policy_names():
+            raise ValueError(f"unknown policy {v!r}; valid: {', '.join(policy_names())}")
+        return v
+
+    def describe(self) -> str:
+        return " ".join(f"{k}={v}" for k, v in self.model_dump().items())
+
+
+def load_config(
+    file: str | Path | None = None,
+    flags: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> SchedulerConfig:
+    """Merge the sources (flag > env > file > defaults) and validate once; errors name the source."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        try:
+            loaded = yaml.safe_load(Path(file).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise ConfigError(f"config file {file}: {e}") from None
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {file}: expected a mapping at the top level")
+        values.update(loaded)
+    environ = os.environ if env is None else env
+    fields = SchedulerConfig.model_fields
+    for name in fields:
+        key = ENV_PREFIX + name.upper()
+        if key in environ:
+            values[name] = environ[key]
+    values.update({k: v for k, v in (flags or {}).items() if v is not None})
+    try:
+        return SchedulerConfig(**values)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ConfigError(f"scheduler config {where}: {first['msg']}") from None

@@ -1,0 +1,521 @@
+"""The extender's decisions: filter, prioritize and bind, over the ledger, plus the watch loops that keep
+the ledger in step with the API server.
+
+Filter and prioritize are synchronous and read only the ledger (no API calls), so they stay in the low
+milliseconds. Bind re-validates against the ledger and then writes, in this order:
+  assume (ledger) -> node bind lock -> pod annotation gpupool.io/allocation -> Binding.
+Each write carries a precondition (resourceVersion or UID); a 409 leads to a re-read and a new decision.
+A replayed bind for the same pod UID and node finds the pod bound with its allocation and succeeds without
+writing anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import numpy as np
+
+from gpupool.api.allocation import encode_allocation
+from gpupool.api.extender import (
+    MAX_EXTENDER_PRIORITY,
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+    NodeList,
+)
+from gpupool.api.lock import ANN_BIND_LOCK, BindLock, LockError, decode_lock, encode_lock, format_time
+from gpupool.api.names import ANN_ALLOCATION
+from gpupool.api.pod import ParsedPod, parse_pod, pod_key, wants_gpu
+from gpupool.cluster.port import ApiError, ClusterPort, Conflict, Gone, NotFound, Obj
+from gpupool.core.fit import check
+from gpupool.core.model import Allocation, PodRequest
+from gpupool.core.placement import Placement, best, place, score_nodes
+from gpupool.core.policies import UnknownPolicy, get_policy
+from gpupool.core.policy import Policy, PolicyContext
+from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.ledger import Ledger, counted_allocation, grants_signature, recompute
+from gpupool.scheduler.metrics import SchedulerMetrics
+
+log = logging.getLogger(__name__)
+
+StepHook = Callable[[str], None]  # called after "assumed", "locked", "annotated", "bound" (fault injection)
+
+
+class BindFailed(Exception):
+    """A bind that cannot go ahead; the message is returned to kube-scheduler."""
+
+
+class ExtenderService:
+    def __init__(
+        self,
+        cluster: ClusterPort,
+        config: SchedulerConfig,
+        metrics: SchedulerMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+        step_hook: StepHook | None = None,
+    ) -> None:
+        self.cluster = cluster
+        self.config = config
+        self.metrics = metrics or SchedulerMetrics()
+        self.clock = clock
+        self.step_hook = step_hook
+        self.ledger = Ledger()
+        self.synced = False
+        self.leading = not config.leader_elect
+        self._ctx = PolicyContext()
+        self._ctx_generation = -1
+        self._policies: dict[str, Policy] = {}
+        self._node_mutex: dict[str, asyncio.Lock] = {}
+        self._node_waiters: dict[str, asyncio.Event] = {}  # binds waiting for a node's lock to change
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+        self.metrics.track_ledger(
+            lambda: len(self.ledger.assumed()),
+            lambda: len(self.ledger.confirmed()),
+            lambda: self.ledger.state.total_gpus,
+        )
+        self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self.synced and self.leading
+
+    async def start(self) -> None:
+        """List nodes and pods into the ledger, then follow their watch streams."""
+        self._stopping = False
+        nodes, node_rv = await self.cluster.list_nodes()
+        pods, pod_rv = await self.cluster.list_pods()
+        self.ledger.replace_nodes(nodes)
+        self.ledger.replace_pods(pods)
+        self.synced = True
+        log.info("ledger synced: %d gpupool nodes, %d GPUs, %d allocations",
+                 len(self.ledger.state), self.ledger.state.total_gpus, len(self.ledger.entries))
+        self._tasks = [
+            asyncio.create_task(self._reflect("node", node_rv)),
+            asyncio.create_task(self._reflect("pod", pod_rv)),
+            asyncio.create_task(self._expire_loop()),
+        ]
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self.synced = False
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+
+    async def resync(self) -> None:
+        """Start over from a fresh list (a new leadership term must not trust an old cache)."""
+        await self.stop()
+        await self.start()
+
+    async def _reflect(self, kind: str, resource_version: str) -> None:
+        if kind == "node":
+            watch, lister, apply, replace = (
+                self.cluster.watch_nodes, self.cluster.list_nodes, self.ledger.apply_node, self.ledger.replace_nodes
+            )
+        else:
+            watch, lister, apply, replace = (
+                self.cluster.watch_pods, self.cluster.list_pods, self.ledger.apply_pod, self.ledger.replace_pods
+            )
+        rv = resource_version
+        backoff = 0.1
+        while not self._stopping:
+            try:
+                async for event in watch(rv):
+                    apply(event.type, event.object)
+                    if kind == "node" and self._node_waiters:
+                        waiter = self._node_waiters.pop(str(event.object["metadata"]["name"]), None)
+                        if waiter is not None:
+                            waiter.set()
+                    rv = str(event.object["metadata"]["resourceVersion"])
+                    backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Gone:
+                log.info("%s watch expired; listing again", kind)
+                objs, rv = await lister()
+                replace(objs)  # type: ignore[operator]
+            except Exception as e:  # keep following: a broken watch must not stop the service
+                log.warning("%s watch failed (%s); retrying in %.1fs", kind, e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _expire_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.expire_interval_s)
+            forgotten = self.ledger.expire(self.clock())
+            if forgotten:
+                self.metrics.forgotten.inc(len(forgotten))
+
+    # --- helpers --------------------------------------------------------------------------------------
+
+    def _context(self) -> PolicyContext:
+        if self._ctx_generation != self.ledger.generation:
+            # Node set changed: per-node policy caches and the tie-break rank are stale.
+            self._ctx = PolicyContext(rng=np.random.default_rng(0), rank=self.ledger.rank)
+            self._ctx_generation = self.ledger.generation
+        return self._ctx
+
+    def _policy(self, request: PodRequest) -> Policy:
+        name = request.policy or self.config.default_policy
+        policy = self._policies.get(name)
+        if policy is None:
+            policy = self._policies[name] = get_policy(name)
+        return policy
+
+    def _parse(self, pod: Mapping[str, Any]) -> tuple[ParsedPod, str | None]:
+        """The parsed pod and, if it cannot be placed anywhere, why."""
+        parsed = parse_pod(pod)
+        if parsed.errors or parsed.request is None:
+            return parsed, "invalid request: " + "; ".join(parsed.errors)
+        problems = parsed.request.problems()
+        if problems:
+            return parsed, "invalid request: " + "; ".join(problems)
+        try:
+            self._policy(parsed.request)
+        except UnknownPolicy as e:
+            return parsed, f"invalid request: {e}"
+        return parsed, None
+
+    def _known(self, names: list[str]) -> tuple[list[int], list[str], dict[str, str]]:
+        """Indices of gpupool nodes among `names` (with their names), and reasons for the others."""
+        index = self.ledger.state.index
+        idx: list[int] = []
+        known: list[str] = []
+        unknown: dict[str, str] = {}
+        for name in names:
+            i = index.get(name)
+            if i is None:
+                err = self.ledger.node_errors.get(name)
+                unknown[name] = err or "node has no gpupool inventory (no gpupool agent on it)"
+            else:
+                idx.append(i)
+                known.append(name)
+        return idx, known, unknown
+
+    # --- filter ---------------------------------------------------------------------------------------
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        names = args.node_names()
+        if not wants_gpu(args.Pod):
+            return self._filter_result(args, names, {}, {})
+        if not self.ready:
+            empty = [] if args.Nodes is None else None
+            return ExtenderFilterResult(NodeNames=empty, Error="gpupool scheduler not ready")
+        parsed, invalid = self._parse(args.Pod)
+        if invalid is not None or parsed.request is None:
+            return self._filter_result(args, [], {}, {n: invalid or "invalid request" for n in names})
+        idx, known, unresolvable = self._known(names)
+        request = parsed.request
+        fit = check(self.ledger.state, request, np.asarray(idx, dtype=np.int64))
+        feasible: list[str] = []
+        failed: dict[str, str] = {}
+        texts: dict[tuple[int, int], str] = {}
+        fitting_gpus = fit.gpu_fit.sum(axis=1)
+        for k, name in enumerate(known):
+            code = int(fit.code[k])
+            if code == 0:
+                feasible.append(name)
+                continue
+            key = (code, int(fitting_gpus[k]))
+            text = texts.get(key)
+            if text is None:
+                text = texts[key] = fit.reason(k, request)
+            failed[name] = text
+        return self._filter_result(args, feasible, failed, unresolvable)
+
+    @staticmethod
+    def _filter_result(
+        args: ExtenderArgs, feasible: list[str], failed: dict[str, str], unresolvable: dict[str, str]
+    ) -> ExtenderFilterResult:
+        if args.Nodes is not None and args.NodeNames is None:
+            keep = set(feasible)
+            items = [n for n in args.Nodes.items if (n.get("metadata") or {}).get("name") in keep]
+            return ExtenderFilterResult(
+                Nodes=NodeList(items=items), FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable
+            )
+        return ExtenderFilterResult(NodeNames=feasible, FailedNodes=failed, FailedAndUnresolvableNodes=unresolvable)
+
+    # --- prioritize -----------------------------------------------------------------------------------
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        """Scores 0..10: the node the policy would pick gets 10, the others the policy's score scaled to
+        0..9 (so kube-scheduler, summing weighted scores, follows the policy including its tie-break)."""
+        names = args.node_names()
+        scores = dict.fromkeys(names, 0)
+        if not wants_gpu(args.Pod) or not self.ready:
+            return [HostPriority(Host=n, Score=0) for n in names]
+        parsed, invalid = self._parse(args.Pod)
+        if invalid is not None or parsed.request is None:
+            return [HostPriority(Host=n, Score=0) for n in names]
+        idx, _, _ = self._known(names)
+        ctx = self._context()
+        scored = score_nodes(
+            self.ledger.state, parsed.request, self._policy(parsed.request), ctx, np.asarray(idx, dtype=np.int64)
+        )
+        if len(scored.feasible):
+            s = scored.scores.astype(np.float64)
+            lo, hi = float(s.min()), float(s.max())
+            scaled = np.floor((s - lo) / (hi - lo) * (MAX_EXTENDER_PRIORITY - 1)) if hi > lo else np.zeros(len(s))
+            node_names = self.ledger.state.nodes
+            for i, v in zip(scored.feasible, scaled, strict=True):
+                scores[node_names[int(i)].name] = int(v)
+            winner = node_names[int(scored.feasible[best(scored, ctx)])].name
+            scores[winner] = MAX_EXTENDER_PRIORITY
+        return [HostPriority(Host=n, Score=v) for n, v in scores.items()]
+
+    # --- bind -----------------------------------------------------------------------------------------
+
+    def _step(self, name: str) -> None:
+        if self.step_hook is not None:
+            self.step_hook(name)
+
+    async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        try:
+            await self._bind(args)
+        except BindFailed as e:
+            self.metrics.binds.labels("failed").inc()
+            await self._event(args, "FailedBinding", str(e), "Warning")
+            return ExtenderBindingResult(Error=str(e))
+        except ApiError as e:
+            self.metrics.binds.labels("error").inc()
+            return ExtenderBindingResult(Error=f"API error while binding: {e}")
+        self.metrics.binds.labels("bound").inc()
+        return ExtenderBindingResult()
+
+    async def _event(self, args: ExtenderBindingArgs, reason: str, message: str, type_: str) -> None:
+        now = format_time(self.clock())
+        event: Obj = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{args.PodName}.", "namespace": args.PodNamespace},
+            "involvedObject": {"kind": "Pod", "namespace": args.PodNamespace, "name": args.PodName, "uid": args.PodUID},
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": self.config.scheduler_name},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        with contextlib.suppress(Exception):  # events are best effort
+            await self.cluster.create_event(event)
+
+    async def _read_pod(self, args: ExtenderBindingArgs) -> Obj:
+        where = f"{args.PodNamespace}/{args.PodName}"
+        try:
+            pod = await self.cluster.get_pod(args.PodNamespace, args.PodName)
+        except NotFound:
+            raise BindFailed(f"pod {where} no longer exists") from None
+        uid = pod["metadata"].get("uid")
+        if uid != args.PodUID:
+            raise BindFailed(f"pod {where} was re-created (UID {uid}, bind is for {args.PodUID}); not binding")
+        if pod["metadata"].get("deletionTimestamp"):
+            raise BindFailed(f"pod {where} is being deleted")
+        return pod
+
+    def _already_bound(self, pod: Obj, node: str) -> bool:
+        """True for a replayed bind that already took effect; raises if the pod went elsewhere."""
+        bound = (pod.get("spec") or {}).get("nodeName")
+        if not bound:
+            return False
+        counted = counted_allocation(pod)
+        if bound == node and (counted is not None or not wants_gpu(pod)):
+            if counted is not None:
+                self.ledger.apply_pod("MODIFIED", pod)
+            return True
+        raise BindFailed(f"pod {pod_key(pod)} is already bound to {bound}")
+
+    async def _bind(self, args: ExtenderBindingArgs) -> None:
+        if not self.ready:
+            raise BindFailed("gpupool scheduler not ready (cache not synced or not the leader)")
+        pod = await self._read_pod(args)
+        if self._already_bound(pod, args.Node):
+            return
+        if not wants_gpu(pod):
+            await self._create_binding(args)
+            return
+        mutex = self._node_mutex.setdefault(args.Node, asyncio.Lock())
+        async with mutex:  # our own binds to one node go one at a time (they share its lock)
+            for _attempt in range(3):
+                allocation = self._decide(pod, args)
+                self._step("assumed")
+                try:
+                    await self._write(pod, args, allocation)
+                    return
+                except Conflict:
+                    # The pod changed under us: re-read it and decide again.
+                    self.metrics.conflicts.labels("pod").inc()
+                    self.ledger.forget(args.PodUID)
+                    pod = await self._read_pod(args)
+                    if self._already_bound(pod, args.Node):
+                        return
+                except Exception:
+                    # (A BaseException, e.g. a simulated crash, skips this: like a killed process.)
+                    self.ledger.forget(args.PodUID)
+                    raise
+            raise BindFailed(f"pod {pod_key(pod)} kept changing during bind; giving up for now")
+
+    def _decide(self, pod: Obj, args: ExtenderBindingArgs) -> Allocation:
+        parsed, invalid = self._parse(pod)
+        if invalid is not None or parsed.request is None:
+            raise BindFailed(f"pod {pod_key(pod)}: {invalid}")
+        request = parsed.request
+        entry = self.ledger.entries.get(args.PodUID)
+        if entry is not None and entry.allocation.node == args.Node:
+            # A retried bind finds its own reservation: keep it, with a fresh deadline.
+            entry.deadline = self.clock() + self.config.assume_timeout_s
+            return entry.allocation
+        if entry is not None:
+            self.ledger.forget(args.PodUID)
+        i = self.ledger.state.index.get(args.Node)
+        if i is None:
+            reason = self.ledger.node_errors.get(args.Node) or "node has no gpupool inventory"
+            raise BindFailed(f"cannot bind {pod_key(pod)} to {args.Node}: {reason}")
+        result = place(
+            self.ledger.state, request, self._policy(request), self._context(), np.asarray([i], dtype=np.int64)
+        )
+        if not isinstance(result, Placement):
+            raise BindFailed(f"pod {pod_key(pod)} no longer fits on {args.Node}: {result.summary()}")
+        refused = self.ledger.assume(
+            args.PodUID, pod_key(pod), request, result.allocation, self.clock() + self.config.assume_timeout_s
+        )
+        if refused is not None:
+            raise BindFailed(f"pod {pod_key(pod)} cannot be reserved on {args.Node}: {refused}")
+        return self.ledger.entries[args.PodUID].allocation
+
+    async def _write(self, pod: Obj, args: ExtenderBindingArgs, allocation: Allocation) -> None:
+        """Lock, annotate, bind. On failure (not a crash) undo what was written, best effort."""
+        await self._acquire_lock(args)
+        self._step("locked")
+        annotated = False
+        try:
+            text = encode_allocation(
+                allocation, args.PodUID, parse_pod(pod).isolation, format_time(self.clock())
+            )
+            current = (pod["metadata"].get("annotations") or {}).get(ANN_ALLOCATION)
+            if current != text:
+                pod = await self.cluster.patch_pod_annotations(
+                    args.PodNamespace,
+                    args.PodName,
+                    {ANN_ALLOCATION: text},
+                    resource_version=pod["metadata"]["resourceVersion"],
+                )
+            annotated = True
+            self._step("annotated")
+            try:
+                await self._create_binding(args)
+            except Conflict:
+                fresh = await self._read_pod(args)
+                counted = counted_allocation(fresh)
+                ok = (fresh.get("spec") or {}).get("nodeName") == args.Node and counted is not None
+                if not (ok and grants_signature(counted.allocation) == grants_signature(allocation)):  # type: ignore[union-attr]
+                    raise BindFailed(f"pod {pod_key(fresh)} was bound elsewhere meanwhile") from None
+            self._step("bound")
+        except Exception:
+            await self._undo(args, annotated)
+            raise
+
+    async def _undo(self, args: ExtenderBindingArgs, annotated: bool) -> None:
+        with contextlib.suppress(Exception):
+            await self._release_lock(args.Node, args.PodUID)
+        if annotated:
+            with contextlib.suppress(Exception):
+                pod = await self.cluster.get_pod(args.PodNamespace, args.PodName)
+                if pod["metadata"].get("uid") == args.PodUID and not (pod.get("spec") or {}).get("nodeName"):
+                    await self.cluster.patch_pod_annotations(
+                        args.PodNamespace, args.PodName, {ANN_ALLOCATION: None},
+                        resource_version=pod["metadata"]["resourceVersion"],
+                    )
+
+    async def _create_binding(self, args: ExtenderBindingArgs) -> None:
+        try:
+            await self.cluster.create_binding(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+        except NotFound:
+            raise BindFailed(f"pod {args.PodNamespace}/{args.PodName} no longer exists") from None
+
+    # --- node bind lock (format and rules: gpupool.api.lock) ------------------------------------------
+
+    async def _may_take_over(self, held: BindLock) -> bool:
+        if self.clock() - held.taken_at() > self.config.lock_timeout_s:
+            return True
+        try:
+            holder = await self.cluster.get_pod(held.namespace, held.name)
+        except NotFound:
+            return True
+        if holder["metadata"].get("uid") != held.pod_uid or holder["metadata"].get("deletionTimestamp"):
+            return True
+        return (holder.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")
+
+    async def _acquire_lock(self, args: ExtenderBindingArgs) -> None:
+        deadline = self.clock() + self.config.lock_wait_s
+        delay = 0.05
+        while True:
+            node = await self.cluster.get_node(args.Node)
+            text = (node["metadata"].get("annotations") or {}).get(ANN_BIND_LOCK)
+            if text:
+                try:
+                    held: BindLock | None = decode_lock(text)
+                except LockError as e:
+                    log.warning("node %s: replacing unreadable bind lock: %s", args.Node, e)
+                    held = None
+                if held is not None and held.pod_uid == args.PodUID:
+                    return
+                if held is not None and not await self._may_take_over(held):
+                    if self.clock() >= deadline:
+                        raise BindFailed(
+                            f"node {args.Node} is locked by pod {held.namespace}/{held.name} since {held.time} "
+                            "(waiting for its device allocation); retry later"
+                        )
+                    # Wake up when the watch shows the node changed (or poll, should the watch lag).
+                    waiter = self._node_waiters.setdefault(args.Node, asyncio.Event())
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(waiter.wait(), timeout=delay)
+                    delay = min(delay * 2, 0.2)
+                    continue
+            lock = encode_lock(args.PodUID, args.PodNamespace, args.PodName, self.clock())
+            try:
+                await self.cluster.patch_node_annotations(
+                    args.Node, {ANN_BIND_LOCK: lock}, resource_version=node["metadata"]["resourceVersion"]
+                )
+                return
+            except Conflict:
+                self.metrics.conflicts.labels("node").inc()  # re-read and decide again
+
+    async def _release_lock(self, node_name: str, uid: str) -> None:
+        for _ in range(5):
+            node = await self.cluster.get_node(node_name)
+            text = (node["metadata"].get("annotations") or {}).get(ANN_BIND_LOCK)
+            try:
+                if not text or decode_lock(text).pod_uid != uid:
+                    return
+            except LockError:
+                return
+            try:
+                await self.cluster.patch_node_annotations(
+                    node_name, {ANN_BIND_LOCK: None}, resource_version=node["metadata"]["resourceVersion"]
+                )
+                return
+            except Conflict:
+                self.metrics.conflicts.labels("node").inc()
+
+    # --- debug ----------------------------------------------------------------------------------------
+
+    async def debug_ledger(self) -> dict[str, Any]:
+        nodes, _ = await self.cluster.list_nodes()
+        pods, _ = await self.cluster.list_pods()
+        truth = recompute(nodes, pods)
+        return {"ready": self.ready, "ledger": self.ledger.dump(), "diff": self.ledger.diff(truth)}
+
