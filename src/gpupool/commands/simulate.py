@@ -1,0 +1,94 @@
+"""`gpupool simulate`: replay a trace against placement policies and report unallocated GPUs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,gpupool"
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: expected comma-separated integers such as 42,43") from None
+
+
+@click.command("simulate")
+@click.option("--trace", default="default", show_default=True,
+              help="Bundled trace (default, gpushare100, multigpu50) or a pod CSV path in the same format.")
+@click.option("--nodes", "nodes_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Node CSV (sn,cpu_milli,memory_mib,gpu,model). Default: the trace's 1,213 GPU nodes.")
+@click.option("--policies", default=DEFAULT_POLICIES, show_default=True, help="Comma-separated policy names.")
+@click.option("--seeds", default=None, help="Comma-separated seeds (default 42 and up, see --num-seeds).")
+@click.option("--num-seeds", type=click.IntRange(1, 100), default=3, show_default=True,
+              help="Number of seeds starting at 42, when --seeds is not given.")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("sim-out"),
+              show_default=True, help="Directory for results.json and allocation.png.")
+def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | None, num_seeds: int,
+             out: Path) -> None:
+    """Replay a GPU cluster trace on a simulated cluster and compare placement policies.
+
+    Follows the FGD (ATC '23) protocol: pods shuffled per seed, topped up to 130 % of the cluster's GPU
+    capacity, placed one at a time, dropped when they fit nowhere. Prints unallocated GPU % at arrived
+    demand = 100 % (mean ± std over seeds) and writes results.json and allocation.png.
+    """
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.table import Table
+
+    from gpupool.core.policies import REGISTRY, policy_names
+    from gpupool.sim.replay import replay
+    from gpupool.sim.report import plot, summarise, write_results
+    from gpupool.sim.trace import NODES_FILE, TRACE_DIR, TraceError, load_nodes, load_pods, resolve_trace
+
+    console = Console()
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    unknown = [p for p in names if p not in REGISTRY]
+    if unknown or not names:
+        raise click.UsageError(
+            f"unknown policy {', '.join(unknown) or '(none given)'}; valid policies: {', '.join(policy_names())}"
+        )
+    seed_list = _int_list(seeds) if seeds else list(range(42, 42 + num_seeds))
+    if not seed_list:
+        raise click.BadParameter("no seeds given", param_hint="--seeds")
+    try:
+        node_list = load_nodes(nodes_path or TRACE_DIR / NODES_FILE)
+        pods = load_pods(resolve_trace(trace))
+    except TraceError as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise SystemExit(2) from None
+    gpus = sum(len(n.gpus) for n in node_list)
+    if gpus == 0:
+        console.print("[red]error:[/red] the node list has no GPUs")
+        raise SystemExit(2)
+    console.print(f"trace [bold]{trace}[/bold]: {len(pods):,} pods on {len(node_list):,} nodes with {gpus:,} GPUs; "
+                  f"seeds {seed_list}; policies {', '.join(names)}")
+    results = {}
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+                  TimeRemainingColumn(), console=console, transient=True) as bar:
+        for name in names:
+            logs = []
+            for seed in seed_list:
+                task = bar.add_task(f"{name} seed {seed}", total=None)
+
+                def tick(done: int, total: int, task: int = task) -> None:
+                    if done % 250 == 0 or done == total:
+                        bar.update(task, completed=done, total=total)
+
+                logs.append(replay(node_list, pods, name, seed, progress=tick))
+                bar.remove_task(task)
+            results[name] = summarise(logs)
+    table = Table(title=f"Unallocated GPU % at arrived demand = 100 % ({trace}, {len(seed_list)} seeds)")
+    for col in ("policy", "unallocated @100 %", "± std", "unallocated @130 %", "frag @100 %", "s/seed"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for name, r in sorted(results.items(), key=lambda kv: kv[1]["unallocated_pct_at_100"]):
+        table.add_row(name, f"{r['unallocated_pct_at_100']:.2f}", f"{r['std_pct_at_100']:.2f}",
+                      f"{r['unallocated_pct_at_130']:.2f}", f"{r['fragmented_pct_at_100']:.2f}",
+                      f"{r['seconds_per_seed']:.1f}")
+    console.print(table)
+    path = write_results(out, trace, seed_list, results)
+    png = plot(out, trace, results)
+    console.print(f"wrote {path} and {png}")

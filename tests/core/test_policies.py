@@ -1,0 +1,97 @@
+"""Each policy's node score and GPU choice on hand-computed cases."""
+
+import numpy as np
+import pytest
+
+from gpupool.core.fit import check
+from gpupool.core.model import GPURequest, PodRequest
+from gpupool.core.placement import Placement, Unschedulable, place
+from gpupool.core.policies import UnknownPolicy, get_policy
+from gpupool.core.policy import PolicyContext, TaskShape
+from gpupool.core.state import ClusterState
+
+from .helpers import node, set_free, share, whole
+
+
+def scores(state: ClusterState, pod: PodRequest, policy: str, ctx: PolicyContext | None = None) -> list[float]:
+    fit = check(state, pod)
+    ok = fit.code == 0
+    return get_policy(policy).score(state, pod, fit.nodes[ok], fit.gpu_fit[ok], ctx or PolicyContext()).tolist()
+
+
+def test_bestfit_score() -> None:
+    state = ClusterState([node("a", gpus=2, cpu=64_000)])
+    # leftover = 0.5*(64000-8000)/128000 + 0.5*(2000-500)/8000 = 0.21875 + 0.09375 = 0.3125
+    # score = trunc((1 - 0.3125) * 100) = 68
+    assert scores(state, share("p", 500, cpu=8000), "bestfit") == [68]
+
+
+def test_dotprod_score() -> None:
+    state = ClusterState([node("a", gpus=2, cpu=64_000)])
+    # dot = (64000/128000)(8000/128000) + (2000/8000)(500/8000) = 0.03125 + 0.015625 = 0.046875
+    # score = trunc(100 * (1 - 0.046875/2)) = trunc(97.65625) = 97
+    assert scores(state, share("p", 500, cpu=8000), "dotprod") == [97]
+
+
+def test_packing_bands() -> None:
+    state = ClusterState([node("idle", gpus=2), node("used", gpus=2)])
+    set_free(state, "used", [300, 1000])
+    # idle node: max(33 - 2 free GPUs, 2) = 31; share 200 on the 300-free GPU:
+    # 100 - (300*100//1000)//10 = 97; share 500 must open a free GPU of a used node: 50 - 1 = 49
+    assert scores(state, share("p", 200), "packing") == [31, 97]
+    assert scores(state, share("p", 500), "packing") == [31, 49]
+    assert scores(state, whole("w", 1), "packing") == [31, 49]
+    assert scores(state, PodRequest("cpu", 1000, 0, GPURequest(0)), "packing") == [0, 0]
+
+
+def test_clustering_bands() -> None:
+    state = ClusterState([node("idle", gpus=8), node("shares", gpus=8), node("wholes", gpus=8)])
+    set_free(state, "shares", [500] + [1000] * 7)  # hosts one share pod: left 7500 milli
+    state.allocate(whole("w1", 1), place(state, whole("w1", 1), get_policy("firstfit"),
+                                          PolicyContext(), np.array([2])).allocation)  # type: ignore[union-attr]
+    # share pod: idle 0 + 25 = 25; only-share node: 25*(8000-7500)//8000 + 75 = 1 + 75 = 76;
+    # node with only 1-GPU pods (left 7000): 25*1000//8000 + 0 = 3
+    assert scores(state, share("p", 300), "clustering") == [25, 76, 3]
+
+
+def test_fgd_prefers_the_placement_that_fragments_least() -> None:
+    # Workload: only 500-milli shares. Node a has a GPU with exactly 500 free, node b is empty.
+    # On a: before, the 500 GPU is usable (frag 0+0); after a 500 share it is full: frag stays 0 -> delta 0
+    #   -> floor(100*sigmoid(0)) = 50.
+    # On b: before 0; after, one GPU has 500 free (still usable for 500): frag 0 -> also 50.
+    # A 600 share instead: on b it leaves 400 < 500, fragment 400 -> floor(100*sigmoid(-0.4)) = 40; on a,
+    # it cannot use the 500 GPU, takes the free one: 400 left -> 40 as well.
+    state = ClusterState([node("a", gpus=2), node("b", gpus=2)])
+    set_free(state, "a", [500, 1000])
+    ctx = PolicyContext(workload=(TaskShape(0, 500, 1),))
+    assert scores(state, share("p", 500, cpu=0), "fgd", ctx) == [50, 50]
+    assert scores(state, share("q", 600, cpu=0), "fgd", ctx) == [40, 40]
+    decision = place(state, share("p", 500, cpu=0), get_policy("fgd"), ctx)
+    assert isinstance(decision, Placement)
+    assert decision.allocation.node == "a" and decision.allocation.grants[0].index == 0
+
+
+def test_share_goes_to_tightest_gpu_for_bestfit() -> None:
+    state = ClusterState([node("a", gpus=3)])
+    set_free(state, "a", [900, 400, 1000])
+    decision = place(state, share("p", 300), get_policy("bestfit"), PolicyContext())
+    assert isinstance(decision, Placement) and decision.allocation.grants[0].index == 1
+
+
+def test_ties_go_to_the_lowest_rank() -> None:
+    state = ClusterState([node("a"), node("b"), node("c")])
+    ctx = PolicyContext(rank=np.array([2, 0, 1]))
+    decision = place(state, share("p", 100), get_policy("firstfit"), ctx)
+    assert isinstance(decision, Placement) and decision.allocation.node == "b"
+
+
+def test_unschedulable_lists_reason_per_node() -> None:
+    state = ClusterState([node("a", gpus=1), node("b", gpus=1)])
+    decision = place(state, whole("p", 2), get_policy("fgd"), PolicyContext())
+    assert isinstance(decision, Unschedulable)
+    assert set(decision.reasons) == {"a", "b"} and "2 node(s)" in decision.summary()
+
+
+def test_unknown_policy_lists_valid_names() -> None:
+    with pytest.raises(UnknownPolicy, match="valid policies: random, firstfit"):
+        get_policy("magic")
