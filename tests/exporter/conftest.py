@@ -73,3 +73,24 @@ def give_pod() -> Any:
 @pytest.fixture
 def cluster_factory() -> Any:
     return make_cluster
+
+
+class SharedPool:
+    """A cluster state read by a server thread while the test changes it: both sides take the lock (as
+    the scheduler's single event loop guarantees in production)."""
+
+    def __init__(self, state: ClusterState, pending: dict[str, str] | None = None) -> None:
+        self.state = state
+        self.pending = pending if pending is not None else {}
+        self.lock = threading.Lock()
+
+    def snapshot(self) -> Any:
+        from gpupool.api.snapshot import build_snapshot
+
+        with self.lock:
+            return build_snapshot(self.state, dict(self.pending))
+
+
+@pytest.fixture
+def shared_pool() -> Any:
+    return SharedPool

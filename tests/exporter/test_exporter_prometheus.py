@@ -88,8 +88,8 @@ def eventually(fn: Any, what: str, timeout: float = 90.0) -> Any:
     while True:
         try:
             got = fn()
-        except httpx.TransportError:
-            got = None
+        except (httpx.TransportError, httpx.HTTPStatusError):
+            got = None  # not listening yet, or 503 while Prometheus starts up
         if got:
             return got
         if time.monotonic() > deadline:
@@ -98,15 +98,16 @@ def eventually(fn: Any, what: str, timeout: float = 90.0) -> Any:
 
 
 def test_prometheus_scrapes_pool_and_evaluates_alerts(
-    cluster: ClusterState, serve_app: Any, give_pod: Any, prometheus: Any
+    cluster: ClusterState, serve_app: Any, give_pod: Any, shared_pool: Any, prometheus: Any
 ) -> None:
     give_pod(cluster, "team-a/train", "n0", 0, 1000, 40960)
     give_pod(cluster, "team-a/tune", "n0", 1, 900, 20480)
     give_pod(cluster, "team-b/infer", "n1", 0, 1000, 40960)
     give_pod(cluster, "team-b/batch", "n1", 1, 900, 20480)
     cluster.set_gpu_health("n1", 1, False)
+    pool = shared_pool(cluster)
     registry = CollectorRegistry()
-    PoolCollector(lambda: build_snapshot(cluster, {}), registry)
+    PoolCollector(pool.snapshot, registry)
     with serve_app(create_metrics_app(registry)) as url:
         prom = prometheus(url.removeprefix("http://"))
         # (1000 + 900 + 1000 + 900) / 4000 = 0.95
@@ -127,7 +128,8 @@ def test_prometheus_scrapes_pool_and_evaluates_alerts(
         assert "GPUPoolPodsPendingTooLong" not in states
 
         # a change in the pool shows up in the next scrapes: 3100 / 4000
-        cluster.release("team-b/batch")
+        with pool.lock:
+            cluster.release("team-b/batch")
         eventually(lambda: float(query(prom, "gpupool_pool_allocated_ratio")[0]["value"][1]) == pytest.approx(0.725),
                    "the release to be scraped")
         assert query(prom, 'gpupool_grant_cores_ratio{pod="batch"}') == []

@@ -1,0 +1,96 @@
+"""Helpers for the dashboard tests: a real uvicorn server on 127.0.0.1, and a small pool."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+import uvicorn
+
+from gpupool.core.model import GPU, Allocation, GPUGrant, GPURequest, Node, PodRequest
+from gpupool.core.state import ClusterState
+
+MEM = 40960
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    """Run `app` on a free 127.0.0.1 port in a thread; yields the base URL."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("test server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def make_cluster(nodes: int = 2, gpus: int = 2) -> ClusterState:
+    return ClusterState(
+        Node(f"n{i}", 64000, 256000, tuple(GPU(f"GPU-{i}-{j}", j, "A100", MEM) for j in range(gpus)))
+        for i in range(nodes)
+    )
+
+
+def give(state: ClusterState, key: str, node: str, gpu: int, milli: int, mem: int) -> None:
+    i = state.index[node]
+    grant = GPUGrant(state.nodes[i].gpus[gpu].uuid, gpu, milli, mem)
+    assert state.allocate(PodRequest(key, gpu=GPURequest(1, milli, mem)), Allocation(key, node, (grant,))) is None
+
+
+@pytest.fixture
+def cluster() -> ClusterState:
+    return make_cluster()
+
+
+@pytest.fixture
+def serve_app() -> Any:
+    """The `serve` context manager, as a fixture (test modules must not import conftest by name)."""
+    return serve
+
+
+@pytest.fixture
+def give_pod() -> Any:
+    return give
+
+
+@pytest.fixture
+def cluster_factory() -> Any:
+    return make_cluster
+
+
+class SharedPool:
+    """A cluster state read by a server thread while the test changes it: both sides take the lock (as
+    the scheduler's single event loop guarantees in production)."""
+
+    def __init__(self, state: ClusterState, pending: dict[str, str] | None = None) -> None:
+        self.state = state
+        self.pending = pending if pending is not None else {}
+        self.lock = threading.Lock()
+
+    def snapshot(self) -> Any:
+        from gpupool.api.snapshot import build_snapshot
+
+        with self.lock:
+            return build_snapshot(self.state, dict(self.pending))
+
+
+@pytest.fixture
+def shared_pool() -> Any:
+    return SharedPool

@@ -1,0 +1,118 @@
+"""The dashboard in headless Chromium (Debian's chromium + chromium-driver, driven by selenium).
+
+The page must load, show every GPU and a known pod on its GPU, follow changes in the pool without a
+reload (htmx polling), and filter by pod. Screenshots are kept under a temporary directory whose path
+is printed (`pytest -s` shows it). Missing browser binaries fail the test: .ci/run installs them.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
+from starlette.applications import Starlette
+
+from gpupool.core.state import ClusterState
+from gpupool.dashboard import create_dashboard
+
+WAIT_S = 60  # generous: only there so that a broken page fails instead of hanging
+
+
+@pytest.fixture(scope="module")
+def shots() -> Path:
+    path = Path(tempfile.mkdtemp(prefix="gpupool-dashboard-shots-"))
+    print(f"\ndashboard screenshots: {path}")
+    return path
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver_bin = shutil.which("chromedriver")
+    if chromium is None or driver_bin is None:
+        pytest.fail("chromium and chromedriver are needed: apt-get install chromium chromium-driver (.ci/run does)")
+    opts = webdriver.ChromeOptions()
+    opts.binary_location = chromium
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'profile'}"):
+        opts.add_argument(flag)
+    driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_bin))
+    driver.set_page_load_timeout(WAIT_S)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def shares_on(driver: webdriver.Chrome, uuid: str) -> list[str]:
+    cells = driver.find_elements(By.CSS_SELECTOR, f'.gpu[data-gpu-uuid="{uuid}"] .share')
+    return [c.get_attribute("data-pod") or "" for c in cells]
+
+
+def test_pool_page_live_and_searchable(
+    cluster_factory: Any, give_pod: Any, serve_app: Any, shared_pool: Any, browser: webdriver.Chrome, shots: Path
+) -> None:
+    state: ClusterState = cluster_factory(nodes=3, gpus=4)
+    give_pod(state, "team-a/train-0", "n1", 2, 600, 20480)
+    give_pod(state, "team-b/infer-3", "n1", 2, 300, 8192)
+    give_pod(state, "team-a/whole", "n2", 0, 1000, 40960)
+    pool = shared_pool(state, {"team-c/big": "needs 2 x a whole free GPU; 1 available"})
+    app = Starlette()
+    app.mount("/ui", create_dashboard(pool.snapshot, refresh_s=0.5))
+    wait = WebDriverWait(browser, WAIT_S)
+    with serve_app(app) as url:
+        browser.get(f"{url}/ui/")
+        wait.until(lambda d: d.execute_script("return window.htmx && htmx.version"))
+        assert browser.execute_script("return htmx.version") == "2.0.11"  # the vendored copy, not a CDN
+        assert len(browser.find_elements(By.CSS_SELECTOR, ".gpu")) == 12
+        assert browser.find_element(By.ID, "total-gpus").text == "12"
+        assert shares_on(browser, "GPU-1-2") == ["team-a/train-0", "team-b/infer-3"]
+        share = browser.find_element(By.CSS_SELECTOR, '.share[data-pod="team-a/train-0"]')
+        assert share.get_attribute("textContent").strip() == "team-a/train-0"
+        # the share's bar is 60 % of its GPU bar (allow for borders and rounding)
+        bar = browser.find_element(By.CSS_SELECTOR, '.gpu[data-gpu-uuid="GPU-1-2"] .bar')
+        assert share.size["width"] / bar.size["width"] == pytest.approx(0.6, abs=0.03)
+        assert browser.find_element(By.CSS_SELECTOR, '#pending tr[data-pod="team-c/big"]').text.endswith(
+            "needs 2 x a whole free GPU; 1 available")
+        # (600 + 300 + 1000) / 12000
+        assert browser.find_element(By.ID, "allocated").text == "15.8 %"
+        browser.save_screenshot(str(shots / "1-loaded.png"))
+
+        # the pool changes; the open page follows without a reload
+        marker = browser.execute_script("window.__same_page = 1; return 1")
+        with pool.lock:
+            state.release("team-a/train-0")
+            give_pod(state, "team-d/new-7", "n0", 3, 500, 4096)
+            state.set_gpu_health("n2", 3, False)
+            pool.pending.clear()
+        wait.until(lambda d: shares_on(d, "GPU-0-3") == ["team-d/new-7"])
+        wait.until(lambda d: shares_on(d, "GPU-1-2") == ["team-b/infer-3"])
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, '.gpu.unhealthy[data-gpu-uuid="GPU-2-3"]'))
+        wait.until(lambda d: d.find_element(By.ID, "pending-count").text == "0")
+        assert browser.execute_script("return window.__same_page") == marker
+        browser.save_screenshot(str(shots / "2-updated.png"))
+
+        # search: only the node holding the pod remains, and the pod is highlighted
+        box = browser.find_element(By.ID, "q")
+        box.send_keys("new-7")
+        wait.until(lambda d: d.find_elements(By.ID, "matches") and d.find_element(By.ID, "matches").text.startswith(
+            "1 match"))
+        nodes = [n.get_attribute("data-node") for n in browser.find_elements(By.CSS_SELECTOR, ".node")]
+        assert nodes == ["n0"]
+        assert browser.find_elements(By.CSS_SELECTOR, '.share.match[data-pod="team-d/new-7"]')
+        # polling keeps the search applied
+        with pool.lock:
+            give_pod(state, "team-d/new-7b", "n1", 0, 100, 1024)
+        wait.until(lambda d: d.find_element(By.ID, "matches").text.startswith("2 matches"))
+        assert [n.get_attribute("data-node") for n in browser.find_elements(By.CSS_SELECTOR, ".node")] == ["n0", "n1"]
+        browser.save_screenshot(str(shots / "3-search.png"))
+    assert all((shots / f).stat().st_size > 0 for f in ("1-loaded.png", "2-updated.png", "3-search.png"))
