@@ -248,7 +248,7 @@ async def test_user_supplied_allocation_is_refused(served: Served) -> None:
         resp = await admit(served, path, review(obj))
         assert not resp["allowed"]
         assert resp["status"]["code"] == 403
-        assert f"annotation {ANN_ALLOCATION} is written by the gpupool scheduler only" in resp["status"]["message"]
+        assert f"annotation {ANN_ALLOCATION} is written by gpupool itself" in resp["status"]["message"]
     # Even on a pod that asks for no GPU: the ledger is rebuilt from these annotations.
     plain = pod({"cpu": "1"}, annotations={ANN_ALLOCATION: allocation})
     resp = await admit(served, "/validate", review(plain))
@@ -264,6 +264,11 @@ async def test_only_the_scheduler_may_change_the_allocation_later(served: Served
     by_scheduler = await admit(served, "/validate", review(new, "UPDATE", old, user=SCHEDULER_SA))
     assert by_scheduler["allowed"]
     # A label change by a user that leaves the allocation alone is fine.
+    # The node agent's mark is just as protected.
+    marked = json.loads(json.dumps(new))
+    marked["metadata"]["annotations"]["gpupool.io/allocated"] = "true"
+    resp = await admit(served, "/validate", review(marked, "UPDATE", new, user="alice"))
+    assert not resp["allowed"] and "gpupool.io/allocated" in resp["status"]["message"]
     relabelled = json.loads(json.dumps(new))
     relabelled["metadata"]["labels"] = {"team": "vision"}
     resp = await admit(served, "/validate", review(relabelled, "UPDATE", new, user="alice"))

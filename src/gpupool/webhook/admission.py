@@ -37,6 +37,10 @@ from gpupool.webhook.inventory import Limits
 from gpupool.webhook.patch import Patcher
 
 API_VERSION = "admission.k8s.io/v1"
+# Annotations only gpupool components write: the scheduler's grant and the agent's "devices handed out"
+# mark. A user who sets or edits them could make the ledger or the node agent act on a forged record.
+# (`gpupool.io/allocated` is the agent's name; it belongs in gpupool.api.names.)
+RESERVED_ANNOTATIONS = (ANN_ALLOCATION, f"{DOMAIN}/allocated")
 KIND = "AdmissionReview"
 DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -188,8 +192,10 @@ def _capacity_problems(limits: Limits, request_gpu: GPURequest, warnings: list[s
 def _annotation_problems(pod: Mapping[str, Any], user: str, settings: Settings) -> list[str]:
     annotations = _annotations(pod)
     out: list[str] = []
-    if ANN_ALLOCATION in annotations and user not in settings.trusted_users:
-        out.append(f"annotation {ANN_ALLOCATION} is written by the gpupool scheduler only; remove it")
+    if user not in settings.trusted_users:
+        for key in RESERVED_ANNOTATIONS:
+            if key in annotations:
+                out.append(f"annotation {key} is written by gpupool itself (scheduler or node agent) only; remove it")
     policy = annotations.get(ANN_POLICY)
     if policy is not None and policy not in policy_names():
         out.append(f"annotation {ANN_POLICY}={policy!r}: unknown policy (use one of {', '.join(policy_names())})")
@@ -241,16 +247,25 @@ def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | No
                 errors.extend(_capacity_problems(limits, parsed.request.gpu, warnings))
     if errors:
         # 403 when the pod tries to write what only the scheduler may; 422 for an impossible request.
-        return _deny(pod, errors, 403 if ANN_ALLOCATION in _annotations(pod) else 422)
+        forbidden = any(k in _annotations(pod) for k in RESERVED_ANNOTATIONS) and user not in settings.trusted_users
+        return _deny(pod, errors, 403 if forbidden else 422)
     return Decision(True, warnings=warnings)
 
 
 def check_update(pod: Mapping[str, Any], old: Mapping[str, Any], settings: Settings, user: str) -> Decision:
     """Pod specs are (nearly) immutable; what a user could still break is the allocation record."""
-    new_alloc = _annotations(pod).get(ANN_ALLOCATION)
-    if new_alloc != _annotations(old).get(ANN_ALLOCATION) and user not in settings.trusted_users:
+    if user in settings.trusted_users:
+        return Decision(True)
+    new, before = _annotations(pod), _annotations(old)
+    changed = [k for k in RESERVED_ANNOTATIONS if new.get(k) != before.get(k)]
+    if changed:
         return _deny(
-            pod, [f"annotation {ANN_ALLOCATION} is written by the gpupool scheduler only; leave it unchanged"], 403
+            pod,
+            [
+                f"annotation {k} is written by gpupool itself (scheduler or node agent) only; leave it unchanged"
+                for k in changed
+            ],
+            403,
         )
     return Decision(True)
 

@@ -1,0 +1,35 @@
+# One image for every gpupool role; the first argument picks it:
+#   docker run gpupool/gpupool scheduler | agent | webhook | simulate | demo
+# Build: docker build -t gpupool/gpupool:0.1.0 .
+
+# Keep the Python minor version in step with the data path below.
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY src ./src
+COPY data ./data
+# Build a wheel and install it (not editable) into a self-contained virtual environment.
+RUN python -m venv /opt/gpupool \
+ && /opt/gpupool/bin/pip install --upgrade pip \
+ && /opt/gpupool/bin/pip wheel --no-deps -w /tmp/wheels . \
+ && /opt/gpupool/bin/pip install /tmp/wheels/*.whl
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="gpupool" \
+      org.opencontainers.image.description="Share the GPUs of a Kubernetes cluster as one pool" \
+      org.opencontainers.image.licenses="Apache-2.0"
+COPY --from=build /opt/gpupool /opt/gpupool
+# The bundled traces (for `gpupool simulate`): the simulator looks for data/traces three levels above
+# its own package directory, which in this venv is lib/python3.11/.
+COPY --from=build /src/data /opt/gpupool/lib/python3.11/data
+ENV PATH=/opt/gpupool/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+# Non-root by default (scheduler, webhook). The chart runs only the node agent as uid 0, because the
+# kubelet's device-plugin directory is root-owned.
+USER 65532:65532
+ENTRYPOINT ["gpupool"]
+CMD ["--help"]

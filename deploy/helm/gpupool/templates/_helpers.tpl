@@ -1,0 +1,85 @@
+{{/* Names and labels shared by every object of the chart. */}}
+
+{{- define "gpupool.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpupool.labels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of one component: (dict "ctx" $ "component" "webhook") */}}
+{{- define "gpupool.selector" -}}
+app.kubernetes.io/name: {{ .ctx.Chart.Name }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "gpupool.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{/* kube-scheduler must match the cluster's minor version; managed clusters report e.g. v1.31.4-eks-1a2b. */}}
+{{- define "gpupool.kubeSchedulerImage" -}}
+{{- $tag := .Values.scheduler.kubeScheduler.image.tag -}}
+{{- if not $tag -}}
+{{- $tag = regexFind "^v[0-9]+\\.[0-9]+\\.[0-9]+" .Capabilities.KubeVersion.Version -}}
+{{- end -}}
+{{ .Values.scheduler.kubeScheduler.image.repository }}:{{ $tag }}
+{{- end -}}
+
+{{- define "gpupool.schedulerSA" -}}{{ include "gpupool.fullname" . }}-scheduler{{- end -}}
+{{- define "gpupool.agentSA" -}}{{ include "gpupool.fullname" . }}-agent{{- end -}}
+{{- define "gpupool.webhookSA" -}}{{ include "gpupool.fullname" . }}-webhook{{- end -}}
+{{- define "gpupool.webhookService" -}}{{ include "gpupool.fullname" . }}-webhook{{- end -}}
+{{- define "gpupool.webhookSecret" -}}{{ include "gpupool.fullname" . }}-webhook-tls{{- end -}}
+
+{{/* The users whose writes of gpupool's own pod annotations are legitimate. */}}
+{{- define "gpupool.trustedUsers" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpupool.schedulerSA" . }},system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpupool.agentSA" . }}
+{{- end -}}
+
+{{/* Hardened container defaults (non-root unless a role says otherwise). */}}
+{{- define "gpupool.containerSecurity" -}}
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop: [ALL]
+{{- end -}}
+
+{{- define "gpupool.certMode" -}}
+{{- $mode := .Values.webhook.certs.mode -}}
+{{- if eq $mode "auto" -}}
+{{- if .Capabilities.APIVersions.Has "cert-manager.io/v1" -}}certManager{{- else -}}helm{{- end -}}
+{{- else -}}{{ $mode }}{{- end -}}
+{{- end -}}
+
+{{/* CEL (matchConditions): the pod asks for a gpupool resource in any container or init container. */}}
+{{- define "gpupool.celAsksGpupool" -}}
+{{- $c := "has(c.resources) && ((has(c.resources.limits) && c.resources.limits.exists(r, r.startsWith('gpupool.io/'))) || (has(c.resources.requests) && c.resources.requests.exists(r, r.startsWith('gpupool.io/'))))" -}}
+object.spec.containers.exists(c, {{ $c }}) || (has(object.spec.initContainers) && object.spec.initContainers.exists(c, {{ $c }})) || (has(object.metadata.annotations) && object.metadata.annotations.exists(k, k.startsWith('gpupool.io/')))
+{{- end -}}
+
+{{/* CEL: an update changes one of the annotations only gpupool writes. */}}
+{{- define "gpupool.celReservedChanged" -}}
+['gpupool.io/allocation', 'gpupool.io/allocated'].exists(k, (has(object.metadata.annotations) && k in object.metadata.annotations ? object.metadata.annotations[k] : '') != (has(oldObject.metadata.annotations) && k in oldObject.metadata.annotations ? oldObject.metadata.annotations[k] : ''))
+{{- end -}}
+
+{{/* Where webhooks never apply: kube-system, the release namespace (the webhook must not gate its own
+pods) and any namespaces the values add. */}}
+{{- define "gpupool.webhookScope" -}}
+namespaceSelector:
+  matchExpressions:
+    - key: kubernetes.io/metadata.name
+      operator: NotIn
+      values:
+        {{- toYaml (concat (list "kube-system" .Release.Namespace) .Values.webhook.excludeNamespaces | uniq) | nindent 8 }}
+{{- end -}}
