@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -45,7 +46,9 @@ from gpupool.scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
 
-StepHook = Callable[[str], None]  # called after "assumed", "locked", "annotated", "bound" (fault injection)
+# Called after each bind step: "assumed", "locked", "annotated", "bound" (fault injection in tests; may be
+# a coroutine function).
+StepHook = Callable[[str], Any]
 
 
 class BindFailed(Exception):
@@ -278,9 +281,11 @@ class ExtenderService:
 
     # --- bind -----------------------------------------------------------------------------------------
 
-    def _step(self, name: str) -> None:
+    async def _step(self, name: str) -> None:
         if self.step_hook is not None:
-            self.step_hook(name)
+            result = self.step_hook(name)
+            if inspect.isawaitable(result):
+                await result
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         try:
@@ -351,7 +356,7 @@ class ExtenderService:
         async with mutex:  # our own binds to one node go one at a time (they share its lock)
             for _attempt in range(3):
                 allocation = self._decide(pod, args)
-                self._step("assumed")
+                await self._step("assumed")
                 try:
                     await self._write(pod, args, allocation)
                     return
@@ -399,7 +404,7 @@ class ExtenderService:
     async def _write(self, pod: Obj, args: ExtenderBindingArgs, allocation: Allocation) -> None:
         """Lock, annotate, bind. On failure (not a crash) undo what was written, best effort."""
         await self._acquire_lock(args)
-        self._step("locked")
+        await self._step("locked")
         annotated = False
         try:
             text = encode_allocation(
@@ -414,7 +419,7 @@ class ExtenderService:
                     resource_version=pod["metadata"]["resourceVersion"],
                 )
             annotated = True
-            self._step("annotated")
+            await self._step("annotated")
             try:
                 await self._create_binding(args)
             except Conflict:
@@ -423,7 +428,7 @@ class ExtenderService:
                 ok = (fresh.get("spec") or {}).get("nodeName") == args.Node and counted is not None
                 if not (ok and grants_signature(counted.allocation) == grants_signature(allocation)):  # type: ignore[union-attr]
                     raise BindFailed(f"pod {pod_key(fresh)} was bound elsewhere meanwhile") from None
-            self._step("bound")
+            await self._step("bound")
         except Exception:
             await self._undo(args, annotated)
             raise

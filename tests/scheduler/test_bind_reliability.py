@@ -1,0 +1,311 @@
+"""Reliability of bind: storms, replays, re-created pods, crashes at every step, deletion in every phase,
+and 409 handling. The invariant checker recomputes allocations from API objects only."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import numpy as np
+import pytest
+
+from gpupool.api.allocation import decode_allocation
+from gpupool.api.extender import ExtenderBindingArgs
+from gpupool.api.lock import ANN_BIND_LOCK
+from gpupool.api.names import ANN_ALLOCATION
+from gpupool.cluster.memory import MemoryCluster
+from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.embedded import node_objects
+from gpupool.scheduler.ledger import nodes_from_objects, recompute
+from gpupool.scheduler.service import ExtenderService
+from tests.scheduler.conftest import gpu_pod, small_scenario
+
+
+async def settle(svc: ExtenderService, timeout: float = 10.0) -> dict:
+    """Wait until the ledger equals the recomputation from the API (watch caught up); return the diff."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        dbg = await svc.debug_ledger()
+        if not any(dbg["diff"].values()) and not svc.ledger.assumed() or loop.time() > deadline:
+            return dbg["diff"]
+        await asyncio.sleep(0.02)
+
+
+def per_gpu_usage(nodes: list[dict], pods: list[dict]) -> tuple[dict, dict]:
+    """(usage, capacity) per GPU uuid from API objects: cores %, memory MiB."""
+    gpu_nodes, _ = nodes_from_objects(nodes)
+    cap = {g.uuid: (100.0, g.memory_mib) for n in gpu_nodes for g in n.gpus}
+    used: dict[str, list[float]] = {u: [0.0, 0] for u in cap}
+    for c in recompute(nodes, pods).allocations.values():
+        for g in c.allocation.grants:
+            used[g.uuid][0] += g.milli / 10
+            used[g.uuid][1] += g.memory_mib
+    return used, cap
+
+
+def assert_within_capacity(nodes: list[dict], pods: list[dict]) -> None:
+    used, cap = per_gpu_usage(nodes, pods)
+    for uuid, (cores, mem) in used.items():
+        assert cores <= cap[uuid][0] + 1e-9, f"GPU {uuid} compute over capacity: {cores}%"
+        assert mem <= cap[uuid][1], f"GPU {uuid} memory over capacity: {mem} MiB"
+
+
+async def test_bind_storm_never_overcommits(embedded, client):
+    """500 share pods, 8 concurrent kube-scheduler workers, 16 GPUs (2 nodes x 8, 16 GiB each)."""
+    rng = random.Random(42)
+    shapes = [(rng.randint(1, 9) * 10, rng.choice([None, 1024, 2048, 4096, 8192])) for _ in range(500)]
+    queue: asyncio.Queue = asyncio.Queue()
+    for i, (cores, mem) in enumerate(shapes):
+        queue.put_nowait(await embedded.cluster.create_pod(gpu_pod(f"s{i:03d}", cores=cores, memory=mem)))
+    url = embedded.url
+    violations: list[str] = []
+    stop = asyncio.Event()
+
+    async def checker() -> None:
+        while not stop.is_set():
+            nodes, _ = await embedded.cluster.list_nodes()
+            pods, _ = await embedded.cluster.list_pods()
+            try:
+                assert_within_capacity(nodes, pods)
+            except AssertionError as e:
+                violations.append(str(e))
+            await asyncio.sleep(0.05)
+
+    async def worker() -> None:
+        while not queue.empty():
+            pod = queue.get_nowait()
+            body = {"Pod": pod, "NodeNames": embedded.node_names}
+            feasible = (await client.post(f"{url}/filter", json=body)).json()["NodeNames"]
+            if not feasible:
+                continue
+            body["NodeNames"] = feasible
+            scores = (await client.post(f"{url}/prioritize", json=body)).json()
+            node = max(scores, key=lambda h: h["Score"])["Host"]
+            meta = pod["metadata"]
+            args = {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": node}
+            await client.post(f"{url}/bind", json=args)
+
+    check = asyncio.create_task(checker())
+    await asyncio.gather(*(worker() for _ in range(8)))
+    stop.set()
+    await check
+    assert violations == []
+    assert await settle(embedded.service) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    nodes, _ = await embedded.cluster.list_nodes()
+    pods, _ = await embedded.cluster.list_pods()
+    assert_within_capacity(nodes, pods)
+    counted = recompute(nodes, pods).allocations
+    bound = 0
+    for p in pods:
+        ann = (p["metadata"].get("annotations") or {}).get(ANN_ALLOCATION)
+        if p["spec"].get("nodeName"):
+            bound += 1
+            assert p["metadata"]["uid"] in counted, f"{p['metadata']['name']} bound without an allocation"
+            assert decode_allocation(ann).node == p["spec"]["nodeName"]
+        else:
+            assert ann is None, f"{p['metadata']['name']} unbound but annotated"
+    assert bound == len(counted) == len(embedded.service.ledger.entries)
+    assert bound > 16  # shares really were packed several to a GPU
+
+
+async def test_replayed_bind_changes_nothing(embedded, client):
+    pod = await embedded.cluster.create_pod(gpu_pod("p", cores=30))
+    args = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"],
+            "Node": embedded.node_names[0]}
+    assert (await client.post(f"{embedded.url}/bind", json=args)).json()["Error"] == ""
+    await settle(embedded.service)
+    before = await embedded.cluster.get_pod("default", "p")
+    ledger_before = embedded.service.ledger.dump()
+    bindings = embedded.cluster.bindings
+    results = await asyncio.gather(*(client.post(f"{embedded.url}/bind", json=args) for _ in range(3)))
+    assert [r.json()["Error"] for r in results] == ["", "", ""]
+    after = await embedded.cluster.get_pod("default", "p")
+    assert after["metadata"]["annotations"][ANN_ALLOCATION] == before["metadata"]["annotations"][ANN_ALLOCATION]
+    assert embedded.cluster.bindings == bindings
+    assert embedded.service.ledger.dump() == ledger_before
+    # A replay naming another node is refused and changes nothing either.
+    other = dict(args, Node=embedded.node_names[1])
+    assert "already bound" in (await client.post(f"{embedded.url}/bind", json=other)).json()["Error"]
+    assert embedded.service.ledger.dump() == ledger_before
+
+
+async def test_recreated_pod_never_gets_the_old_allocation(embedded, client):
+    old = await embedded.cluster.create_pod(gpu_pod("same", cores=60))
+    body = {"Pod": old, "NodeNames": embedded.node_names}
+    assert (await client.post(f"{embedded.url}/filter", json=body)).json()["NodeNames"]
+    await embedded.cluster.delete_pod("default", "same")
+    new = await embedded.cluster.create_pod(gpu_pod("same", cores=60))
+    args = {"PodName": "same", "PodNamespace": "default", "PodUID": old["metadata"]["uid"],
+            "Node": embedded.node_names[0]}
+    error = (await client.post(f"{embedded.url}/bind", json=args)).json()["Error"]
+    assert "re-created" in error
+    current = await embedded.cluster.get_pod("default", "same")
+    assert current["metadata"]["uid"] == new["metadata"]["uid"]
+    assert not current["spec"].get("nodeName")
+    assert ANN_ALLOCATION not in current["metadata"].get("annotations", {})
+    assert embedded.service.ledger.entries == {}
+
+
+class Crash(BaseException):
+    """Stands for kill -9: not an Exception, so no cleanup code runs."""
+
+
+async def _cluster_with_nodes(nodes: int = 1) -> MemoryCluster:
+    cluster = MemoryCluster()
+    for obj in node_objects(small_scenario(nodes=nodes)):
+        await cluster.create_node(obj)
+    return cluster
+
+
+def _args(pod: dict, node: str = "gpu-0000") -> ExtenderBindingArgs:
+    m = pod["metadata"]
+    return ExtenderBindingArgs(PodName=m["name"], PodNamespace=m["namespace"], PodUID=m["uid"], Node=node)
+
+
+CONFIG = SchedulerConfig(leader_elect=False, lock_wait_s=0.5)
+
+
+@pytest.mark.parametrize("step", ["assumed", "locked", "annotated", "bound"])
+async def test_crash_after_each_step_converges_after_restart(step):
+    cluster = await _cluster_with_nodes()
+
+    def crash_at(name: str) -> None:
+        if name == step:
+            raise Crash(name)
+
+    svc = ExtenderService(cluster, CONFIG, step_hook=crash_at)
+    await svc.start()
+    pod = await cluster.create_pod(gpu_pod("victim", cores=50, memory=4096))
+    with pytest.raises(Crash):
+        await svc.bind(_args(pod))
+    await svc.stop()  # the process is gone; its memory with it
+
+    restarted = ExtenderService(cluster, CONFIG)
+    await restarted.start()
+    diff = await settle(restarted)
+    assert diff == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    assert restarted.ledger.assumed() == {}  # no orphan reservation
+    held = {e.key for e in restarted.ledger.entries.values()}
+    assert held == ({"default/victim"} if step == "bound" else set())
+    # kube-scheduler retries the bind: it completes, or finds it already done, without double counting.
+    assert (await restarted.bind(_args(pod))).Error == ""
+    await settle(restarted)
+    assert [e.key for e in restarted.ledger.entries.values()] == ["default/victim"]
+    state = restarted.ledger.state
+    assert int(state.gpu_sharers.sum()) == 1 and state.allocated_milli() == 500
+    await restarted.stop()
+
+
+async def _wait(predicate, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize("step", ["assumed", "locked", "annotated"])
+async def test_delete_during_bind_returns_capacity(step):
+    cluster = await _cluster_with_nodes()
+    pod = await cluster.create_pod(gpu_pod("gone", cores=50))
+
+    async def delete_at(name: str) -> None:
+        if name == step:
+            await cluster.delete_pod("default", "gone")
+
+    svc = ExtenderService(cluster, CONFIG, step_hook=delete_at)
+    await svc.start()
+    result = await svc.bind(_args(pod))
+    assert result.Error != ""
+    assert await settle(svc) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    assert svc.ledger.entries == {} and svc.ledger.state.allocated_milli() == 0
+    node = await cluster.get_node("gpu-0000")
+    assert ANN_BIND_LOCK not in node["metadata"].get("annotations", {})  # the failed bind let go of it
+    await svc.stop()
+
+
+@pytest.mark.parametrize("phase", ["bound", "running", "terminating", "force", "succeeded"])
+async def test_delete_after_bind_returns_capacity(phase):
+    cluster = await _cluster_with_nodes()
+    svc = ExtenderService(cluster, CONFIG)
+    await svc.start()
+    spec = gpu_pod("p", cores=70)
+    if phase == "terminating":
+        spec["metadata"]["finalizers"] = ["example.com/cleanup"]
+    pod = await cluster.create_pod(spec)
+    assert (await svc.bind(_args(pod))).Error == ""
+    await _wait(lambda: svc.ledger.confirmed())
+    if phase in ("running", "succeeded"):
+        await cluster.patch_pod_status("default", "p", {"phase": "Running"})
+    if phase == "succeeded":
+        await cluster.patch_pod_status("default", "p", {"phase": "Succeeded"})
+    else:
+        await cluster.delete_pod("default", "p")
+    if phase == "terminating":
+        await asyncio.sleep(0.05)
+        assert svc.ledger.state.allocated_milli() == 700  # still running its shutdown: still holds the GPU
+        await cluster.remove_finalizers("default", "p")
+    await _wait(lambda: svc.ledger.state.allocated_milli() == 0)
+    assert await settle(svc) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    await svc.stop()
+
+
+async def test_conflict_on_annotation_leads_to_reread_and_new_decision():
+    cluster = await _cluster_with_nodes()
+    pod = await cluster.create_pod(gpu_pod("p", cores=40))
+    touched = []
+
+    async def meddle(name: str) -> None:
+        if name == "locked" and not touched:
+            touched.append(name)  # someone else writes the pod between our read and our patch
+            await cluster.patch_pod_annotations("default", "p", {"team": "x"})
+
+    svc = ExtenderService(cluster, CONFIG, step_hook=meddle)
+    await svc.start()
+    assert (await svc.bind(_args(pod))).Error == ""
+    conflicts = svc.metrics.registry.get_sample_value("gpupool_api_conflicts_total", {"object": "pod"})
+    assert conflicts == 1
+    final = await cluster.get_pod("default", "p")
+    assert final["metadata"]["annotations"]["team"] == "x"
+    assert decode_allocation(final["metadata"]["annotations"][ANN_ALLOCATION]).pod_uid == pod["metadata"]["uid"]
+    assert await settle(svc) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    await svc.stop()
+
+
+async def test_busy_node_lock_fails_the_bind_then_expiry_allows_takeover():
+    cluster = await _cluster_with_nodes()
+    now = [1_000_000.0]
+    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False, lock_wait_s=0.0, lock_timeout_s=60),
+                          clock=lambda: now[0])
+    await svc.start()
+    first = await cluster.create_pod(gpu_pod("first", cores=10))
+    second = await cluster.create_pod(gpu_pod("second", cores=10))
+    assert (await svc.bind(_args(first))).Error == ""  # no agent here: the lock stays with "first"
+    error = (await svc.bind(_args(second))).Error
+    assert "locked by pod default/first" in error
+    assert set(svc.ledger.entries) == {first["metadata"]["uid"]}  # the failed bind reserved nothing
+    now[0] += 61  # the lock is now older than lock_timeout_s
+    assert (await svc.bind(_args(second))).Error == ""
+    await svc.stop()
+
+
+async def test_assumed_entry_is_forgotten_after_timeout():
+    cluster = await _cluster_with_nodes()
+    now = [1000.0]
+    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False, assume_timeout_s=5), clock=lambda: now[0])
+    await svc.start()
+    pod = await cluster.create_pod(gpu_pod("p", cores=10))
+
+    def crash(name: str) -> None:
+        if name == "assumed":
+            raise Crash(name)
+
+    svc.step_hook = crash
+    with pytest.raises(Crash):
+        await svc.bind(_args(pod))
+    assert len(svc.ledger.assumed()) == 1
+    now[0] += 6
+    assert len(svc.ledger.expire(now[0])) == 1
+    assert svc.ledger.entries == {} and int(np.sum(svc.ledger.state.gpu_sharers)) == 0
+    await svc.stop()

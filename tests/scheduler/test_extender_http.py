@@ -1,0 +1,130 @@
+"""The extender over real HTTP (uvicorn on 127.0.0.1, httpx client): protocol shapes and bad input."""
+
+from __future__ import annotations
+
+import json
+
+from gpupool.api.names import ANN_ALLOCATION
+from tests.scheduler.conftest import gpu_pod, plain_pod
+
+
+async def _create(emb, pod):
+    return await emb.cluster.create_pod(pod)
+
+
+async def test_filter_node_cache_capable_returns_feasible_names_and_reasons(embedded, client):
+    pod = await _create(embedded, gpu_pod("p", cores=50, memory=4096))
+    names = embedded.node_names + ["cpu-only-node"]
+    r = await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": names, "Nodes": None})
+    assert r.status_code == 200
+    body = r.json()
+    assert set(body) >= {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert body["NodeNames"] == embedded.node_names
+    assert "no gpupool inventory" in body["FailedAndUnresolvableNodes"]["cpu-only-node"]
+    assert body["Error"] == ""
+
+
+async def test_filter_full_node_objects_mode(embedded, client):
+    pod = await _create(embedded, gpu_pod("p", cores=50))
+    nodes, _ = await embedded.cluster.list_nodes()
+    r = await client.post(f"{embedded.url}/filter", json={"Pod": pod, "Nodes": {"items": nodes}, "NodeNames": None})
+    body = r.json()
+    assert body["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == sorted(n["metadata"]["name"] for n in nodes)
+
+
+async def test_pod_without_gpupool_resources_passes_through(embedded, client):
+    pod = await _create(embedded, plain_pod("web"))
+    names = embedded.node_names + ["cpu-only-node"]
+    body = (await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": names})).json()
+    assert body["NodeNames"] == names and body["FailedNodes"] == {}
+    bind = {"PodName": "web", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "cpu-only-node"}
+    assert (await client.post(f"{embedded.url}/bind", json=bind)).json()["Error"] == ""
+    bound = await embedded.cluster.get_pod("default", "web")
+    assert bound["spec"]["nodeName"] == "cpu-only-node"
+    assert ANN_ALLOCATION not in bound["metadata"].get("annotations", {})
+
+
+async def test_filter_rejects_a_full_node_with_a_reason(embedded, client):
+    # Fill gpu-0000 (8 GPUs) with whole-GPU pods, then ask for one more on it.
+    node = embedded.node_names[0]
+    for i in range(8):
+        pod = await _create(embedded, gpu_pod(f"w{i}", cores=None))
+        args = {"PodName": f"w{i}", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": node}
+        assert (await client.post(f"{embedded.url}/bind", json=args)).json()["Error"] == ""
+    pod = await _create(embedded, gpu_pod("extra", cores=10))
+    body = (await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": embedded.node_names})).json()
+    assert body["NodeNames"] == embedded.node_names[1:]
+    assert "0 available" in body["FailedNodes"][node]
+
+
+async def test_prioritize_scores_are_in_extender_range_and_follow_the_policy(embedded, client):
+    # Half-fill GPU 0 of the second node; bestfit-like policies prefer it, firstfit prefers rank order.
+    pod = await _create(embedded, gpu_pod("p", cores=30))
+    r = await client.post(f"{embedded.url}/prioritize", json={"Pod": pod, "NodeNames": embedded.node_names})
+    scores = r.json()
+    assert isinstance(scores, list) and {h["Host"] for h in scores} == set(embedded.node_names)
+    assert all(0 <= h["Score"] <= 10 for h in scores)
+    # firstfit (default): the first node by name wins with the maximum score
+    assert max(scores, key=lambda h: h["Score"]) == {"Host": embedded.node_names[0], "Score": 10}
+
+
+async def test_bad_input_gets_clear_errors_and_the_service_keeps_serving(embedded, client):
+    url = embedded.url
+    r = await client.post(f"{url}/filter", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "invalid ExtenderArgs" in r.json()["Error"]
+    r = await client.post(f"{url}/filter", json={"NodeNames": []})
+    assert r.status_code == 400 and "Pod" in r.json()["Error"]
+    r = await client.post(f"{url}/bind", json={"PodName": "x"})
+    assert r.status_code == 400 and "ExtenderBindingArgs" in r.json()["Error"]
+    big = b"{" + b" " * (embedded.service.config.max_body_bytes + 10) + b"}"
+    r = await client.post(f"{url}/filter", content=big)
+    assert r.status_code == 413 and "limit" in r.json()["Error"]
+    for name, cores, memory, expect in [
+        ("too-much", 150, None, "between 1 and 100"),
+        ("negative", 50, -100, "positive number of MiB"),
+    ]:
+        pod = await _create(embedded, gpu_pod(name, cores=cores, memory=memory))
+        body = (await client.post(f"{url}/filter", json={"Pod": pod, "NodeNames": embedded.node_names})).json()
+        assert body["NodeNames"] == []
+        reasons = body["FailedAndUnresolvableNodes"]
+        assert set(reasons) == set(embedded.node_names)
+        assert all(expect in why for why in reasons.values()), reasons
+    pod = await _create(embedded, gpu_pod("ok", cores=20))
+    body = (await client.post(f"{url}/filter", json={"Pod": pod, "NodeNames": embedded.node_names})).json()
+    assert body["NodeNames"] == embedded.node_names
+    assert (await client.get(f"{url}/healthz")).status_code == 200
+
+
+async def test_unknown_policy_is_rejected_everywhere(embedded, client):
+    pod = await _create(embedded, gpu_pod("p", annotations={"gpupool.io/policy": "nonsense"}))
+    body = (await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": embedded.node_names})).json()
+    assert all("unknown policy" in why for why in body["FailedAndUnresolvableNodes"].values())
+
+
+async def test_readyz_metrics_and_debug_ledger(embedded, client):
+    assert (await client.get(f"{embedded.url}/readyz")).status_code == 200
+    pod = await _create(embedded, gpu_pod("p", cores=40, memory=2048))
+    args = {"PodName": "p", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"],
+            "Node": embedded.node_names[1]}
+    assert (await client.post(f"{embedded.url}/bind", json=args)).json() == {"Error": ""}
+    text = (await client.get(f"{embedded.url}/metrics")).text
+    assert 'gpupool_binds_total{result="bound"} 1.0' in text
+    assert 'gpupool_extender_requests_total{code="200",verb="bind"} 1.0' in text
+    dump = json.loads((await client.get(f"{embedded.url}/debug/ledger")).text)
+    assert dump["diff"] == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    [entry] = dump["ledger"]["entries"]
+    assert entry["pod"] == "default/p" and entry["node"] == embedded.node_names[1]
+    assert entry["gpus"][0]["cores"] == 40 and entry["gpus"][0]["memory_mib"] == 2048
+
+
+async def test_not_ready_before_sync():
+    from gpupool.api.extender import ExtenderArgs
+    from gpupool.cluster.memory import MemoryCluster
+    from gpupool.scheduler.config import SchedulerConfig
+    from gpupool.scheduler.service import ExtenderService
+
+    svc = ExtenderService(MemoryCluster(), SchedulerConfig(leader_elect=False))
+    assert not svc.ready
+    result = svc.filter(ExtenderArgs(Pod=gpu_pod("p"), NodeNames=["a"]))
+    assert result.NodeNames == [] and "not ready" in result.Error
