@@ -95,3 +95,18 @@ def test_unschedulable_lists_reason_per_node() -> None:
 def test_unknown_policy_lists_valid_names() -> None:
     with pytest.raises(UnknownPolicy, match="valid policies: random, firstfit"):
         get_policy("magic")
+
+
+def test_gpupool_takes_nvlinked_gpus_for_multi_gpu_pods() -> None:
+    from gpupool.core.model import GPU, Node
+
+    # GPUs 0-1 and 2-3 are NVLink pairs; GPU 0 is partly used, so a 2-GPU pod should get the intact
+    # pair (2, 3), not the first two free GPUs (1, 2).
+    gpus = tuple(GPU(f"g{j}", j, "H100", 81_920, nvlink_peers=((j ^ 1),)) for j in range(4))
+    state = ClusterState([Node("n", 64_000, 256_000, gpus)])
+    set_free(state, "n", [900, 1000, 1000, 1000])
+    decision = place(state, whole("p", 2), get_policy("gpupool"), PolicyContext())
+    assert isinstance(decision, Placement)
+    assert [g.index for g in decision.allocation.grants] == [2, 3]
+    first = place(state, whole("p", 2), get_policy("firstfit"), PolicyContext())
+    assert isinstance(first, Placement) and [g.index for g in first.allocation.grants] == [1, 2]

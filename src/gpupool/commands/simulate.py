@@ -58,16 +58,16 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
         node_list = load_nodes(nodes_path or TRACE_DIR / NODES_FILE)
         pods = load_pods(resolve_trace(trace))
     except TraceError as e:
-        console.print(f"[red]error:[/red] {e}")
+        click.echo(f"error: {e}", err=True)  # plain echo: rich would wrap the file:line:column text
         raise SystemExit(2) from None
     gpus = sum(len(n.gpus) for n in node_list)
     if gpus == 0:
-        console.print("[red]error:[/red] the node list has no GPUs")
+        click.echo("error: the node list has no GPUs", err=True)
         raise SystemExit(2)
     console.print(f"trace [bold]{trace}[/bold]: {len(pods):,} pods on {len(node_list):,} nodes with {gpus:,} GPUs; "
                   f"seeds {seed_list}; policies {', '.join(names)}")
     results = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,}"),
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeRemainingColumn(), console=console, transient=True) as bar:
         for name in names:
             logs = []

@@ -26,6 +26,15 @@ POPULARITY_THRESHOLD = 0.95
 SHAPE_STEP = 10
 
 
+# Used when nothing is known about the workload (a scheduler that has not seen pods yet): whole GPUs,
+# halves and quarters, equally likely.
+DEFAULT_WORKLOAD = (
+    TaskShape(cpu_milli=0, gpu_milli=1000, gpu_count=1, weight=1 / 3),
+    TaskShape(cpu_milli=0, gpu_milli=500, gpu_count=1, weight=1 / 3),
+    TaskShape(cpu_milli=0, gpu_milli=250, gpu_count=1, weight=1 / 3),
+)
+
+
 def shape_of(pod: PodRequest) -> tuple[int, int, int, frozenset[str]]:
     g = pod.gpu
     return (pod.cpu_milli, g.milli if g.count else 0, g.count, g.models)

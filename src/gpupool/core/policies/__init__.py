@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 from gpupool.core.policies.clustering import Clustering
 from gpupool.core.policies.fgd import FGD
+from gpupool.core.policies.gpupool import GpupoolPolicy
 from gpupool.core.policies.packing import BestFit, DotProd, Packing
 from gpupool.core.policies.simple import FirstFit, RandomFit
 from gpupool.core.policy import Policy
@@ -18,9 +19,10 @@ REGISTRY: dict[str, Callable[[], Policy]] = {
     "packing": Packing,
     "clustering": Clustering,
     "fgd": FGD,
+    "gpupool": GpupoolPolicy,
 }
 
-DEFAULT_POLICY = "firstfit"
+DEFAULT_POLICY = "gpupool"
 
 
 class UnknownPolicy(ValueError):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from gpupool.core.frag import WorkloadArrays, node_fragmentation, usable_free
+from gpupool.core.frag import DEFAULT_WORKLOAD, WorkloadArrays, node_fragmentation, usable_free
 from gpupool.core.model import PodRequest
 from gpupool.core.policy import FloatArray, PolicyContext
 from gpupool.core.state import BoolArray, ClusterState, IntArray
@@ -44,7 +44,7 @@ class FragCache:
             n = len(state)
             cache = FragCache(
                 state=state,
-                workload=WorkloadArrays.build(state, ctx.workload),
+                workload=WorkloadArrays.build(state, ctx.workload or DEFAULT_WORKLOAD),
                 frag=np.zeros(n),
                 frag_version=np.full(n, -1, dtype=np.int64),
             )

@@ -1,0 +1,58 @@
+"""gpupool's default policy: FGD's node choice, with GPU choice that also sees topology and memory.
+
+Node: the fragmentation-gradient score of FGD (integer score, ties to the fixed node order, which
+consolidates pods on fewer nodes; replays show both parts matter, see docs/placement.md).
+GPUs: a share goes to the GPU whose use fragments least; k whole GPUs go to the set with the most
+NVLink links among them, then the fewest NUMA nodes, then the lowest indices — what a multi-GPU
+training job needs and the trace protocol cannot see.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpupool.core.model import PodRequest
+from gpupool.core.policies.fgd import choose_by_fragmentation, fragmentation_delta
+from gpupool.core.policy import FloatArray, PolicyContext
+from gpupool.core.state import BoolArray, ClusterState, IntArray
+
+
+def linked_gpus(state: ClusterState, node: int, candidates: list[int], count: int) -> tuple[int, ...]:
+    """Greedy: from each start GPU, add the candidate with most NVLink links to the chosen set (ties:
+    same NUMA node, then lower index); keep the set with the most links, then fewest NUMA nodes."""
+    gpus = state.nodes[node].gpus
+    best: tuple[int, int, tuple[int, ...]] | None = None
+    for start in candidates:
+        chosen = [start]
+        while len(chosen) < count:
+            rest = [c for c in candidates if c not in chosen]
+            links = [sum(c in gpus[x].nvlink_peers for x in chosen) for c in rest]
+            same_numa = [sum(gpus[c].numa_node == gpus[x].numa_node for x in chosen) for c in rest]
+            pick = max(range(len(rest)), key=lambda r: (links[r], same_numa[r], -rest[r]))
+            chosen.append(rest[pick])
+        total_links = sum(b in gpus[a].nvlink_peers for a in chosen for b in chosen if a < b)
+        numa = len({gpus[c].numa_node for c in chosen})
+        key = (total_links, -numa, tuple(sorted(chosen)))
+        if best is None or (key[0], key[1]) > (best[0], best[1]):
+            best = key
+    return best[2] if best else ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpupoolPolicy:
+    name: str = "gpupool"
+
+    def score(
+        self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
+    ) -> FloatArray:
+        score, _ = fragmentation_delta(state, pod, nodes, gpu_fit, ctx, quantize=True)
+        return score
+
+    def choose(
+        self, state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext
+    ) -> tuple[int, ...]:
+        if pod.gpu.count > 1:
+            return linked_gpus(state, node, [int(j) for j in np.flatnonzero(gpu_fit)], pod.gpu.count)
+        return choose_by_fragmentation(state, pod, node, gpu_fit, ctx, quantize=False)

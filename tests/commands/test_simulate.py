@@ -1,0 +1,42 @@
+import json
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from gpupool.cli import main
+
+NODES = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},32000,131072,2,T4\n" for i in range(5))
+PODS = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(
+    f"p{i},4000,8192,1,{(250, 500, 1000)[i % 3]}\n" for i in range(12)
+)
+
+
+def test_simulate_end_to_end_on_a_small_trace(tmp_path: Path) -> None:
+    (tmp_path / "nodes.csv").write_text(NODES)
+    (tmp_path / "pods.csv").write_text(PODS)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                       str(tmp_path / "nodes.csv"), "--policies", "bestfit,fgd,gpupool",
+                                       "--seeds", "42,43", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["seeds"] == [42, 43] and set(doc["policies"]) == {"bestfit", "fgd", "gpupool"}
+    for res in doc["policies"].values():
+        assert 0 <= res["unallocated_pct_at_100"] <= 100
+        assert res["curve"][0][0] >= 0 and res["curve"][-1][0] >= 125
+    assert (out / "allocation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Unallocated GPU %" in result.output
+
+
+def test_unknown_policy_lists_valid_ones(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["simulate", "--policies", "fgd,magic", "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "unknown policy magic" in result.output and "gpupool" in result.output
+
+
+def test_malformed_csv_exits_2_with_location(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,100,oops,1,500\n")
+    result = CliRunner().invoke(main, ["simulate", "--trace", str(bad), "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "bad.csv:2: column memory_mib: 'oops' is not a whole number" in result.output
