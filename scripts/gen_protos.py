@@ -61,6 +61,10 @@ def generate(out_root: Path) -> list[Path]:
     return [out_root / PACKAGE_DIR / name for name in OUTPUTS]
 
 
+def _show(path: Path) -> str:
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+
+
 def _normalise(text: str) -> list[str]:
     return [line for line in text.splitlines() if not _VERSION_LINE.search(line)]
 
@@ -73,13 +77,13 @@ def check(committed_root: Path) -> int:
         for path in fresh:
             committed = committed_root / PACKAGE_DIR / path.name
             if not committed.exists():
-                print(f"missing: {committed.relative_to(ROOT)}; run python scripts/gen_protos.py")
+                print(f"missing: {_show(committed)}; run python scripts/gen_protos.py")
                 stale += 1
                 continue
             old, new = _normalise(committed.read_text()), _normalise(path.read_text())
             if old != new:
                 stale += 1
-                print(f"stale: {committed.relative_to(ROOT)} differs from {PROTO_SOURCE.relative_to(ROOT)}:")
+                print(f"stale: {_show(committed)} differs from {_show(PROTO_SOURCE)}:")
                 sys.stdout.writelines(line + "\n" for line in difflib.unified_diff(old, new, lineterm="", n=1))
         return 1 if stale else 0
 

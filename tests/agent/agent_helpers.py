@@ -19,7 +19,7 @@ from gpupool.agent.fake import FakeBackend, parse_fake_description
 from gpupool.agent.kubelet_standin import StandInKubelet
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
-from gpupool.api.allocation import GrantDoc, AllocationDoc
+from gpupool.api.allocation import AllocationDoc, GrantDoc
 from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
 from gpupool.api.names import ANN_ALLOCATION, RESOURCE_GPU
 from gpupool.cluster.memory import MemoryCluster
@@ -69,10 +69,14 @@ async def scheduler_binds(
     created = await cluster.create_pod(pod)
     meta = created["metadata"]
     if take_lock:
-        await cluster.patch_node_annotations(node, {ANN_BIND_LOCK: encode_lock(meta["uid"], meta["namespace"],
-                                                                                meta["name"], 1_700_000_000.0)})
+        await cluster.patch_node_annotations(
+            node, {ANN_BIND_LOCK: encode_lock(meta["uid"], meta["namespace"], meta["name"], 1_700_000_000.0)}
+        )
     doc = AllocationDoc(
-        pod_uid=meta["uid"], node=node, isolation=isolation, time="2026-11-21T06:00:00Z",
+        pod_uid=meta["uid"],
+        node=node,
+        isolation=isolation,
+        time="2026-11-21T06:00:00Z",
         gpus=[GrantDoc(uuid=u, index=i, memory_mib=m, cores=c) for u, i, m, c in grants],
     )
     await cluster.patch_pod_annotations(meta["namespace"], meta["name"], {ANN_ALLOCATION: doc.model_dump_json()})
@@ -116,8 +120,12 @@ async def rig(discovered: Discovered | None = None, **overrides: Any) -> AsyncIt
     # unix socket paths are limited to ~107 bytes: keep the directory short
     directory = Path(tempfile.mkdtemp(prefix="gpa-", dir="/tmp"))
     cluster = MemoryCluster()
-    await cluster.create_node({"metadata": {"name": NODE, "annotations": {"keep/me": "yes"}, "labels": {"zone": "a"}},
-                               "status": {"allocatable": {"cpu": "32", "memory": "256Gi"}}})
+    await cluster.create_node(
+        {
+            "metadata": {"name": NODE, "annotations": {"keep/me": "yes"}, "labels": {"zone": "a"}},
+            "status": {"allocatable": {"cpu": "32", "memory": "256Gi"}},
+        }
+    )
     backend = FakeBackend(discovered or four_gpus())
     config = agent_config(directory, **overrides)
     kubelet = StandInKubelet(directory)

@@ -131,7 +131,8 @@ def load_fake_file(path: Path) -> tuple[Discovered, set[str]]:
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as e:
-        raise FakeGPUFileError(f"fake GPU file {path}: not valid {path.suffix.lstrip('.') or 'YAML'}: {e}") from None
+        kind = "JSON" if path.suffix == ".json" else "YAML"
+        raise FakeGPUFileError(f"fake GPU file {path}: not valid {kind}: {e}") from None
     discovered = parse_fake_description(data, str(path))
     unhealthy = _declared_unhealthy(data, discovered)
     return discovered, unhealthy

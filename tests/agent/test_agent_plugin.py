@@ -1,0 +1,175 @@
+"""The real agent driven by a stand-in kubelet over unix sockets: registration, device list updates,
+Allocate identity and limits, bad input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import grpc
+import pytest
+
+from gpupool.agent.identify import ANN_ALLOCATED
+from gpupool.agent.kubelet_standin import StandInKubelet
+from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
+from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
+from gpupool.api.lock import ANN_BIND_LOCK
+from tests.agent.agent_helpers import NODE, RESOURCE, eventually, pod_object, rig, scheduler_binds
+
+
+def slots_of(kubelet: StandInKubelet, uuid: str) -> dict[str, str]:
+    return {d: h for d, h in kubelet.plugins[RESOURCE].devices.items() if d.startswith(uuid + "::")}
+
+
+async def test_registration_and_options() -> None:
+    async with rig() as r:
+        assert r.kubelet.registrations == [(RESOURCE, "gpupool.sock")]
+        options = r.kubelet.plugins[RESOURCE].options
+        assert options.get_preferred_allocation_available is True
+        assert options.pre_start_required is False
+        devices = r.kubelet.plugins[RESOURCE].devices
+        # 4 GPUs x split 4 = 16 slots, all healthy, named <uuid>::<n>
+        assert len(devices) == 16
+        assert set(devices.values()) == {"Healthy"}
+        assert "GPU-aaaa-3::3" in devices
+
+
+async def test_list_and_watch_reports_numa_topology() -> None:
+    async with rig() as r:
+        async with grpc.aio.insecure_channel(f"unix://{r.config.plugin_socket_path}") as channel:
+            stream = pb_grpc.DevicePluginStub(channel).ListAndWatch(pb.Empty())
+            first = await stream.read()
+            stream.cancel()
+        numa = {d.ID: [n.ID for n in d.topology.nodes] for d in first.devices}
+        assert numa["GPU-aaaa-0::0"] == [0]
+        assert numa["GPU-aaaa-3::1"] == [1]
+
+
+async def test_xid_marks_only_that_gpu_and_it_recovers_after_probe() -> None:
+    async with rig() as r:
+        k = r.kubelet
+        r.backend.inject_xid("GPU-aaaa-1", 79)  # fell off the bus
+        await k.wait_for(lambda k: set(slots_of(k, "GPU-aaaa-1").values()) == {"Unhealthy"})
+        assert len(k.healthy(RESOURCE)) == 12  # the other three GPUs keep their 12 slots
+        # still broken: re-probes fail, so it stays unhealthy over several probe intervals
+        updates = k.plugins[RESOURCE].updates
+        calls = r.backend.discover_calls
+        await eventually(lambda: r.backend.discover_calls >= calls + 2)
+        assert set(slots_of(k, "GPU-aaaa-1").values()) == {"Unhealthy"}
+        assert k.plugins[RESOURCE].updates == updates
+        r.backend.heal("GPU-aaaa-1")
+        await k.wait_for(lambda k: len(k.healthy(RESOURCE)) == 16)
+
+
+async def test_application_xids_are_ignored() -> None:
+    async with rig() as r:
+        for xid in (13, 31, 43, 45, 68, 109):
+            r.backend.inject_xid("GPU-aaaa-0", xid, breaks=False)
+        r.backend.inject_xid("GPU-aaaa-2", 48, breaks=True)  # double-bit ECC: a real fault, sent last
+        await r.kubelet.wait_for(lambda k: set(slots_of(k, "GPU-aaaa-2").values()) == {"Unhealthy"})
+        assert set(slots_of(r.kubelet, "GPU-aaaa-0").values()) == {"Healthy"}
+
+
+async def test_unattributed_event_reprobes_and_marks_only_failing_gpu() -> None:
+    async with rig() as r:
+        r.backend.remove("GPU-aaaa-3")  # vanished silently
+        r.backend.inject_xid(None, 79, breaks=False)  # an event NVML could not tie to a device
+        await r.kubelet.wait_for(lambda k: set(slots_of(k, "GPU-aaaa-3").values()) == {"Unhealthy"})
+        assert len(r.kubelet.healthy(RESOURCE)) == 12
+
+
+async def test_vanished_gpu_turns_unhealthy_and_inventory_says_so() -> None:
+    async with rig() as r:
+        r.backend.remove("GPU-aaaa-0")
+        await r.kubelet.wait_for(lambda k: set(slots_of(k, "GPU-aaaa-0").values()) == {"Unhealthy"})
+
+        async def inventory_healthy() -> dict[str, bool]:
+            node = await r.cluster.get_node(NODE)
+            doc = json.loads(node["metadata"]["annotations"]["gpupool.io/inventory"])
+            return {g["uuid"]: g["healthy"] for g in doc["gpus"]}
+
+        for _ in range(500):  # the inventory loop publishes within a few intervals; this only bounds the wait
+            if (await inventory_healthy())["GPU-aaaa-0"] is False:
+                break
+            await asyncio.sleep(0.02)
+        assert await inventory_healthy() == {
+            "GPU-aaaa-0": False,
+            "GPU-aaaa-1": True,
+            "GPU-aaaa-2": True,
+            "GPU-aaaa-3": True,
+        }
+
+
+async def test_allocate_unknown_device_ids_is_invalid_argument() -> None:
+    async with rig() as r:
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate_ids(RESOURCE, ["GPU-nope::0"])
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "unknown device IDs ['GPU-nope::0']" in err.value.details()
+        # the plugin keeps serving
+        await scheduler_binds(r.cluster, pod_object("ok", 1), [("GPU-aaaa-0", 0, 4096, 25.0)])
+        resp = await r.kubelet.allocate(RESOURCE, "default/ok", 1)
+        assert resp.envs["GPUPOOL_MEMORY_LIMIT_MIB"] == "4096"
+
+
+async def test_allocate_without_lock_fails_and_never_guesses() -> None:
+    async with rig() as r:
+        await scheduler_binds(r.cluster, pod_object("nolock", 1), [("GPU-aaaa-0", 0, 4096, 25.0)], take_lock=False)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate(RESOURCE, "default/nolock", 1)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "has no gpupool.io/bind-lock" in err.value.details()
+        assert "not guessing" in err.value.details()
+
+
+async def test_allocate_count_mismatch_is_refused() -> None:
+    async with rig() as r:
+        await scheduler_binds(
+            r.cluster, pod_object("two", 2), [("GPU-aaaa-0", 0, 81920, 100.0), ("GPU-aaaa-1", 1, 81920, 100.0)]
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate(RESOURCE, "default/other", 1)
+        assert "kubelet asks for 1 device(s) but pod default/two" in err.value.details()
+        # the lock is still there for the right call
+        resp = await r.kubelet.allocate(RESOURCE, "default/two", 2)
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa-0,GPU-aaaa-1"
+
+
+async def test_allocate_records_marker_releases_lock_and_prefers_granted_gpu() -> None:
+    async with rig() as r:
+        pod = await scheduler_binds(r.cluster, pod_object("p", 1), [("GPU-aaaa-3", 3, 20000, 50.0)], isolation="mps")
+        resp = await r.kubelet.allocate(RESOURCE, "default/p", 1)
+        assert r.kubelet.assigned["default/p"][0].startswith("GPU-aaaa-3::")
+        assert resp.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+        assert resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20000M"
+        assert [(m.container_path, m.host_path) for m in resp.mounts] == [
+            ("/run/gpupool/mps", "/run/gpupool/mps/GPU-aaaa-3")
+        ]
+        node = await r.cluster.get_node(NODE)
+        assert ANN_BIND_LOCK not in node["metadata"]["annotations"]
+        assert node["metadata"]["annotations"]["keep/me"] == "yes"
+        after = await r.cluster.get_pod("default", "p")
+        marker = json.loads(after["metadata"]["annotations"][ANN_ALLOCATED])
+        assert marker["node"] == NODE and marker["devices"] == r.kubelet.assigned["default/p"]
+        assert pod["metadata"]["uid"] == after["metadata"]["uid"]
+        # a second Allocate for an already-served pod finds no lock and is refused
+        with pytest.raises(grpc.aio.AioRpcError):
+            await r.kubelet.allocate(RESOURCE, "default/p-again", 1)
+
+
+async def test_cdi_mode_returns_cdi_devices() -> None:
+    async with rig(cdi=True, cdi_kind="nvidia.com/gpu") as r:
+        await scheduler_binds(r.cluster, pod_object("c", 1), [("GPU-aaaa-1", 1, 1024, 10.0)])
+        resp = await r.kubelet.allocate(RESOURCE, "default/c", 1)
+        assert [d.name for d in resp.cdi_devices] == ["nvidia.com/gpu=GPU-aaaa-1"]
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
+async def test_allocate_to_unhealthy_gpu_is_refused() -> None:
+    async with rig() as r:
+        r.backend.inject_xid("GPU-aaaa-2", 79)
+        await r.kubelet.wait_for(lambda k: len(k.healthy(RESOURCE)) == 12)
+        await scheduler_binds(r.cluster, pod_object("late", 1), [("GPU-aaaa-2", 2, 1024, 10.0)])
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate(RESOURCE, "default/late", 1)
+        assert "GPU-aaaa-2, which is unhealthy (Xid 79)" in err.value.details()

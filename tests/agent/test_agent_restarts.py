@@ -1,0 +1,61 @@
+"""R11/R12: kubelet restarts (socket directory wiped, new kubelet.sock) and agent restarts with pods."""
+
+from __future__ import annotations
+
+import copy
+
+from gpupool.agent.identify import ANN_ALLOCATED
+from gpupool.api.lock import ANN_BIND_LOCK
+from tests.agent.agent_helpers import NODE, RESOURCE, pod_object, rig, scheduler_binds
+
+
+async def test_kubelet_restart_twenty_times_reregisters_every_time() -> None:
+    async with rig() as r:
+        k = r.kubelet
+        ids_before = set(k.plugins[RESOURCE].devices)
+        await scheduler_binds(r.cluster, pod_object("running", 1), [("GPU-aaaa-0", 0, 8192, 20.0)])
+        await k.allocate(RESOURCE, "default/running", 1)
+        for i in range(20):
+            await k.restart()
+            assert RESOURCE not in k.plugins  # the new kubelet knows nothing until the plugin registers
+            await k.wait_for(
+                lambda k, n=i + 2: (
+                    len(k.registrations) == n and RESOURCE in k.plugins and len(k.healthy(RESOURCE)) == 16
+                )
+            )
+            # same device IDs every time (the checkpoint stays valid) and none flips to unhealthy
+            assert set(k.plugins[RESOURCE].devices) == ids_before
+        assert r.agent.registrations == 21
+        # after all that, Allocate still works through the re-created socket
+        await scheduler_binds(r.cluster, pod_object("after", 1), [("GPU-aaaa-1", 1, 4096, 10.0)])
+        resp = await k.allocate(RESOURCE, "default/after", 1)
+        assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa-1"
+
+
+async def test_agent_restart_leaves_pods_alone_and_readopts_state() -> None:
+    async with rig() as r:
+        k = r.kubelet
+        await scheduler_binds(r.cluster, pod_object("running", 1), [("GPU-aaaa-0", 0, 8192, 20.0)])
+        await k.allocate(RESOURCE, "default/running", 1)
+        await r.cluster.patch_pod_status("default", "running", {"phase": "Running"})
+        # a second pod is bound (lock held) but kubelet has not admitted it yet when the agent restarts
+        await scheduler_binds(r.cluster, pod_object("inflight", 1), [("GPU-aaaa-2", 2, 30000, 40.0)])
+        pods_before = {p["metadata"]["name"]: copy.deepcopy(p) for p in (await r.cluster.list_pods())[0]}
+        lock_before = (await r.cluster.get_node(NODE))["metadata"]["annotations"][ANN_BIND_LOCK]
+        ids_before = set(k.plugins[RESOURCE].devices)
+
+        await r.restart_agent()
+        await k.wait_for(lambda k: len(k.registrations) == 2 and len(k.healthy(RESOURCE)) == 16)
+
+        pods_after = {p["metadata"]["name"]: p for p in (await r.cluster.list_pods())[0]}
+        assert pods_after == pods_before  # not one write to any pod
+        assert (await r.cluster.get_node(NODE))["metadata"]["annotations"][ANN_BIND_LOCK] == lock_before
+        assert set(k.plugins[RESOURCE].devices) == ids_before
+        # the restarted agent serves the in-flight pod from the API state, and only that pod
+        resp = await k.allocate(RESOURCE, "default/inflight", 1)
+        assert resp.envs["GPUPOOL_MEMORY_LIMIT_MIB"] == "30000" and resp.envs["GPUPOOL_CORES_PERCENT"] == "40"
+        running = await r.cluster.get_pod("default", "running")
+        assert (
+            running["metadata"]["annotations"][ANN_ALLOCATED]
+            == pods_before["running"]["metadata"]["annotations"][ANN_ALLOCATED]
+        )
