@@ -31,8 +31,8 @@ def test_replay_accounts_every_pod_and_never_overallocates() -> None:
     assert len(log.allocated) == len(log.arrived)
     assert (np.diff(log.arrived) >= 0).all() and (np.diff(log.allocated) >= 0).all()
     assert log.allocated[-1] <= log.capacity_milli == 8000
-    # Arrived demand reaches ~130 %, the cluster holds at most 100 %: some pods must have failed.
-    assert log.failed > 0 and log.arrived[-1] >= 1.25 * 8000
+    # Arrived demand reaches 130 % less at most one GPU; the cluster holds at most 100 %: pods failed.
+    assert log.failed > 0 and log.arrived[-1] > 1.3 * 8000 - 1000
     curve = dict(log.curve())
     assert all(y <= min(x, 100) + 1e-9 for x, y in curve.items())
 
