@@ -34,7 +34,7 @@ def test_replay_accounts_every_pod_and_never_overallocates() -> None:
     # Arrived demand reaches 130 % less at most one GPU; the cluster holds at most 100 %: pods failed.
     assert log.failed > 0 and log.arrived[-1] > 1.3 * 8000 - 1000
     curve = dict(log.curve())
-    assert all(y <= min(x, 100) + 1e-9 for x, y in curve.items())
+    assert all(y <= min(x + 0.5, 100) for x, y in curve.items())  # a bucket spans x ± 0.5 %
 
 
 def test_same_seed_same_result() -> None:
