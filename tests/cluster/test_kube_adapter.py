@@ -1,0 +1,119 @@
+"""The lightkube adapter, offline: conversion functions, and the exact requests it sends, checked against a
+small recording HTTP server on 127.0.0.1 that answers like the API server would for these calls."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from gpupool.cluster.kube import KubeCluster, annotation_patch, binding_for, to_obj
+from gpupool.cluster.port import Conflict, NotFound
+from gpupool.scheduler.server import serve_in_background
+
+
+def _status(code: int, reason: str, message: str) -> JSONResponse:
+    body = {"apiVersion": "v1", "kind": "Status", "status": "Failure", "code": code, "reason": reason,
+            "message": message}
+    return JSONResponse(body, status_code=code)
+
+
+POD = {"apiVersion": "v1", "kind": "Pod",
+       "metadata": {"name": "p", "namespace": "default", "uid": "u1", "resourceVersion": "1"},
+       "spec": {"containers": [{"name": "c", "image": "i"}]}}
+
+
+class FakeApiServer:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, str, dict | None]] = []
+        self.bound = False
+
+    async def handle(self, request: Request) -> JSONResponse:
+        raw = await request.body()
+        body = json.loads(raw) if raw else None
+        path = request.url.path
+        self.requests.append((request.method, path, request.headers.get("content-type", ""), body))
+        if request.method == "GET" and path == "/api/v1/nodes":
+            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "7"}}
+            return JSONResponse({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "42"},
+                                 "items": [node]})
+        if request.method == "GET" and path == "/api/v1/namespaces/default/pods/missing":
+            return _status(404, "NotFound", 'pods "missing" not found')
+        if request.method == "PATCH" and path == "/api/v1/namespaces/default/pods/p":
+            if body["metadata"].get("resourceVersion") not in (None, "1"):
+                return _status(409, "Conflict", "the object has been modified")
+            pod = json.loads(json.dumps(POD))
+            pod["metadata"]["annotations"] = {k: v for k, v in body["metadata"]["annotations"].items() if v}
+            pod["metadata"]["resourceVersion"] = "2"
+            return JSONResponse(pod)
+        if request.method == "POST" and path == "/api/v1/namespaces/default/pods/p/binding":
+            if self.bound:
+                return _status(409, "Conflict", 'pod p is already assigned to node "n1"')
+            self.bound = True
+            return JSONResponse(body, status_code=201)
+        if request.method == "DELETE":
+            return JSONResponse({"apiVersion": "v1", "kind": "Status", "status": "Success"})
+        return _status(404, "NotFound", f"no fake for {request.method} {path}")
+
+
+@pytest.fixture
+async def fake():
+    server = FakeApiServer()
+    app = Starlette(routes=[Route("/{path:path}", server.handle, methods=["GET", "POST", "PATCH", "DELETE", "PUT"])])
+    handle = await serve_in_background(app)
+    cluster = KubeCluster.from_server(handle.url)
+    yield server, cluster
+    await cluster.close()
+    await handle.stop()
+
+
+def test_conversions_keep_kubernetes_json_shape():
+    binding = to_obj(binding_for("ns", "p", "uid-1", "node-a"))
+    assert binding["metadata"] == {"name": "p", "namespace": "ns", "uid": "uid-1"}
+    assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "node-a"}
+    assert annotation_patch({"a": "1", "b": None}, "9") == {
+        "metadata": {"annotations": {"a": "1", "b": None}, "resourceVersion": "9"}
+    }
+    assert annotation_patch({"a": "1"}, None) == {"metadata": {"annotations": {"a": "1"}}}
+
+
+async def test_list_returns_dicts_and_the_list_resource_version(fake):
+    server, cluster = fake
+    nodes, rv = await cluster.list_nodes()
+    assert rv == "42"
+    assert nodes == [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "7"}}]
+
+
+async def test_annotation_patch_is_a_merge_patch_with_precondition(fake):
+    server, cluster = fake
+    pod = await cluster.patch_pod_annotations("default", "p", {"gpupool.io/allocation": "{}"}, resource_version="1")
+    assert pod["metadata"]["annotations"] == {"gpupool.io/allocation": "{}"}
+    method, path, ctype, body = server.requests[-1]
+    assert (method, path, ctype) == ("PATCH", "/api/v1/namespaces/default/pods/p", "application/merge-patch+json")
+    assert body == {"metadata": {"annotations": {"gpupool.io/allocation": "{}"}, "resourceVersion": "1"}}
+    with pytest.raises(Conflict):
+        await cluster.patch_pod_annotations("default", "p", {"x": "y"}, resource_version="0")
+
+
+async def test_binding_posts_the_subresource_with_uid_and_maps_409(fake):
+    server, cluster = fake
+    await cluster.create_binding("default", "p", "u1", "n1")
+    method, path, _, body = server.requests[-1]
+    assert (method, path) == ("POST", "/api/v1/namespaces/default/pods/p/binding")
+    assert body["metadata"]["uid"] == "u1" and body["target"]["name"] == "n1" and body["kind"] == "Binding"
+    with pytest.raises(Conflict, match="already assigned"):
+        await cluster.create_binding("default", "p", "u1", "n1")
+
+
+async def test_not_found_and_delete_preconditions(fake):
+    server, cluster = fake
+    with pytest.raises(NotFound):
+        await cluster.get_pod("default", "missing")
+    await cluster.delete_pod("default", "p", uid="u1")
+    method, path, _, body = server.requests[-1]
+    assert (method, path) == ("DELETE", "/api/v1/namespaces/default/pods/p")
+    assert body["preconditions"] == {"uid": "u1"}
