@@ -1,0 +1,161 @@
+"""`gpupool top`: the pool in the terminal: who holds which share of which GPU, and what waits.
+
+Reads the pool snapshot JSON that the scheduler (or `gpupool demo --serve`) serves at GET /pool.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import click
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
+
+    from gpupool.api.snapshot import GPUView, Snapshot
+
+DEFAULT_URL = "http://127.0.0.1:8888/pool"
+COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
+BAR = 20  # characters for one GPU's compute
+
+
+class FetchError(Exception):
+    """The snapshot could not be had; the message says from where and why."""
+
+
+def fetch(url: str, timeout: float) -> Snapshot:
+    import httpx
+    from pydantic import ValidationError
+
+    from gpupool.api.snapshot import Snapshot
+
+    try:
+        r = httpx.get(url, timeout=timeout, follow_redirects=True)
+    except httpx.HTTPError as e:
+        raise FetchError(f"cannot reach {url}: {e or type(e).__name__}") from None
+    if r.status_code != 200:
+        raise FetchError(f"{url} answered HTTP {r.status_code}: {r.text[:200].strip()}")
+    try:
+        return Snapshot.model_validate_json(r.content)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(map(str, first["loc"])) or "document"
+        raise FetchError(f"{url} did not return a pool snapshot ({where}: {first['msg']})") from None
+
+
+def _bar(gpu: GPUView, colour_of: dict[str, str]) -> RenderableType:
+    from rich.text import Text
+
+    text = Text()
+    used = 0
+    for g in gpu.grants:
+        n = max(1, round(g.cores_percent / 100 * BAR))
+        n = min(n, BAR - used)
+        text.append("█" * n, style=colour_of[f"{g.namespace}/{g.pod}"])
+        used += n
+    text.append("·" * (BAR - used), style="dim")
+    return text
+
+
+def render(snap: Snapshot, query: str = "", max_gpus: int = 0) -> RenderableType:
+    """One frame: summary, GPU table (only GPUs holding a matching pod when `query` is given), pending."""
+    from rich import box
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    t = snap.totals
+    summary = Text.assemble(
+        ("gpupool  ", "bold"),
+        f"nodes {t.nodes}  GPUs {t.gpus} ({t.healthy_gpus} healthy)  ",
+        ("compute ", "dim"), f"{100 * t.allocated_share:.1f} %  ",
+        ("memory ", "dim"), f"{100 * t.allocated_memory_share:.1f} %  ",
+        ("fragmented ", "dim"), f"{100 * t.fragmented_share:.1f} %  ",
+        f"GPU pods {t.gpu_pods}  ",
+        (f"pending {t.pending}", "bold yellow" if t.pending else ""),
+    )
+    q = query.lower()
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
+    for col in ("node", "gpu", "model", "compute", "used", "memory", "pods"):
+        table.add_column(col, no_wrap=col != "pods", justify="right" if col in ("gpu", "used") else "left")
+    colour_of: dict[str, str] = {}
+    shown = hidden = 0
+    for node in snap.nodes:
+        for gpu in node.gpus:
+            names = [f"{g.namespace}/{g.pod}" if g.namespace else g.pod for g in gpu.grants]
+            if q and not any(q in n.lower() for n in names):
+                continue
+            if max_gpus and shown >= max_gpus:
+                hidden += 1
+                continue
+            shown += 1
+            pods = Text()
+            for g, name in zip(gpu.grants, names, strict=True):
+                key = f"{g.namespace}/{g.pod}"
+                colour_of.setdefault(key, COLOURS[len(colour_of) % len(COLOURS)])
+                pods.append(f"{name} ", style=colour_of[key])
+                pods.append(f"{g.cores_percent:g}% {g.memory_mib}Mi  ", style="dim")
+            health = "" if gpu.healthy else " [bold red]unhealthy[/]"
+            table.add_row(
+                node.name, str(gpu.index), gpu.model + health, _bar(gpu, colour_of),
+                f"{gpu.allocated_cores_percent:g}%", f"{gpu.allocated_memory_mib}/{gpu.memory_mib} Mi", pods,
+            )
+    parts: list[RenderableType] = [summary, table]
+    if hidden:
+        parts.append(Text(f"... {hidden} more GPU(s) not shown (use --query or --max-gpus)", style="dim"))
+    if q and not shown:
+        parts.append(Text(f"no GPU holds a pod matching {query!r}", style="dim"))
+    pending = [p for p in snap.pending if not q or q in f"{p.namespace}/{p.pod}".lower()]
+    if pending:
+        waiting = Table(title="pending GPU pods", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                        pad_edge=False)
+        waiting.add_column("pod", no_wrap=True)
+        waiting.add_column("why it waits")
+        for p in pending:
+            waiting.add_row(f"{p.namespace}/{p.pod}" if p.namespace else p.pod, p.reason)
+        parts.append(waiting)
+    return Group(*parts)
+
+
+@click.command("top")
+@click.option("--url", envvar="GPUPOOL_URL", default=DEFAULT_URL, show_default=True,
+              help="Pool snapshot URL (the scheduler's GET /pool). Env: GPUPOOL_URL.")
+@click.option("--once", is_flag=True, help="Print one frame and exit.")
+@click.option("--interval", type=click.FloatRange(min=0.2), default=2.0, show_default=True,
+              help="Seconds between refreshes.")
+@click.option("--query", "-q", default="", help="Only GPUs holding pods (and pending pods) matching this text.")
+@click.option("--max-gpus", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Show at most this many GPU rows (0 = all).")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="HTTP timeout in seconds.")
+def top(url: str, once: bool, interval: float, query: str, max_gpus: int, timeout: float) -> None:
+    """Show the GPU pool in the terminal: each GPU's shares with pod names, totals, pending pods.
+    Refreshes until Ctrl-C; exits 2 when the snapshot cannot be fetched or is not a pool snapshot."""
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.text import Text
+
+    console = Console()
+    try:
+        snap = fetch(url, timeout)
+    except FetchError as e:
+        click.echo(f"gpupool top: {e}", err=True)
+        raise SystemExit(2) from None
+    if once:
+        console.print(render(snap, query, max_gpus))
+        return
+    frame = render(snap, query, max_gpus)
+    try:
+        with Live(frame, console=console, auto_refresh=False, screen=False) as live:
+            while True:
+                time.sleep(interval)
+                try:
+                    snap = fetch(url, timeout)
+                    frame = render(snap, query, max_gpus)
+                except FetchError as e:
+                    # Keep the last frame and retry: the scheduler may be restarting.
+                    frame = Group(render(snap, query, max_gpus), Text(f"refresh failed: {e}", style="bold red"))
+                live.update(frame, refresh=True)
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,121 @@
+"""`gpupool top` against a real HTTP server serving the pool snapshot (as the scheduler's GET /pool)."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import uvicorn
+from click.testing import CliRunner
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from gpupool.api.snapshot import build_snapshot
+from gpupool.cli import main
+from gpupool.core.model import GPU, Allocation, GPUGrant, GPURequest, Node, PodRequest
+from gpupool.core.state import ClusterState
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[str]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "test server did not start"
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def pool_app(body: Any, status: int = 200) -> Starlette:
+    async def pool(request: Request) -> Response:
+        content = body() if callable(body) else body
+        return Response(content, status_code=status, media_type="application/json")
+
+    return Starlette(routes=[Route("/pool", pool)])
+
+
+def snapshot_json() -> str:
+    state = ClusterState(
+        Node(f"gpu-{i}", 32000, 128000, tuple(GPU(f"GPU-{i}-{j}", j, "A100", 40960) for j in range(2)))
+        for i in range(2)
+    )
+    for key, node, j, milli, mem in [("team-a/train", "gpu-1", 0, 300, 10240), ("team-b/infer", "gpu-1", 0, 200, 4096),
+                                     ("team-a/whole", "gpu-0", 1, 1000, 40960)]:
+        grant = GPUGrant(f"GPU-{node[-1]}-{j}", j, milli, mem)
+        assert state.allocate(PodRequest(key, gpu=GPURequest(1, milli, mem)), Allocation(key, node, (grant,))) is None
+    state.set_gpu_health("gpu-0", 0, False)
+    return build_snapshot(state, {"team-c/big": "needs 2 x a whole free GPU; 1 available"}).model_dump_json()
+
+
+def run_top(*args: str, env: dict[str, str] | None = None) -> Any:
+    return CliRunner().invoke(main, ["top", *args], env={"COLUMNS": "200", **(env or {})})
+
+
+def test_once_prints_the_pool() -> None:
+    with serve(pool_app(snapshot_json())) as url:
+        result = run_top("--once", "--url", f"{url}/pool")
+    assert result.exit_code == 0, result.output
+    out = result.output
+    # (300 + 200 + 1000) / 4000 = 37.5 %; GPU-0-1 idle with 100 % strands nothing; GPU-1-0 strands 500
+    assert "GPUs 4 (3 healthy)" in out
+    assert "compute 37.5 %" in out and "fragmented 12.5 %" in out
+    assert "pending 1" in out
+    row = next(line for line in out.splitlines() if "team-a/train" in line)
+    assert row.split()[:3] == ["gpu-1", "0", "A100"]
+    assert "team-b/infer" in row and "50%" in row  # both sharers of GPU 0 on gpu-1, 30 % + 20 % in use
+    assert "unhealthy" in next(line for line in out.splitlines() if line.split()[:2] == ["gpu-0", "0"])
+    assert "team-c/big" in out and "needs 2 x a whole free GPU" in out
+
+
+def test_query_and_env_url() -> None:
+    with serve(pool_app(snapshot_json())) as url:
+        result = run_top("--once", "-q", "WHOLE", env={"GPUPOOL_URL": f"{url}/pool"})
+    assert result.exit_code == 0, result.output
+    gpu_rows = [line for line in result.output.splitlines() if line.startswith("gpu-")]
+    assert len(gpu_rows) == 1 and "team-a/whole" in gpu_rows[0]
+    assert "team-c/big" not in result.output
+
+
+def test_max_gpus_limits_rows() -> None:
+    with serve(pool_app(snapshot_json())) as url:
+        result = run_top("--once", "--max-gpus", "1", "--url", f"{url}/pool")
+    assert result.exit_code == 0
+    assert len([line for line in result.output.splitlines() if line.startswith("gpu-")]) == 1
+    assert "3 more GPU(s) not shown" in result.output
+
+
+def test_unreachable_url_exits_2() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound but not listening: connections are refused
+        result = run_top("--once", "--url", f"http://127.0.0.1:{port}/pool", "--timeout", "2")
+    assert result.exit_code == 2
+    assert f"gpupool top: cannot reach http://127.0.0.1:{port}/pool" in result.output
+
+
+def test_bad_json_and_http_errors_exit_2() -> None:
+    with serve(pool_app("{not json")) as url:
+        bad = run_top("--once", "--url", f"{url}/pool")
+    assert bad.exit_code == 2
+    assert "did not return a pool snapshot" in bad.output
+    with serve(pool_app('{"nodes": []}')) as url:
+        wrong = run_top("--once", "--url", f"{url}/pool")
+    assert wrong.exit_code == 2 and "(pending: Field required)" in wrong.output
+    with serve(pool_app('{"error": "ledger not synced"}', status=503)) as url:
+        down = run_top("--once", "--url", f"{url}/pool")
+    assert down.exit_code == 2 and "answered HTTP 503: {\"error\": \"ledger not synced\"}" in down.output
