@@ -49,6 +49,7 @@ class AgentConfig(BaseModel):
     inventory_interval_s: float = Field(default=30.0, gt=0)  # rediscovery and inventory refresh
     event_wait_s: float = Field(default=1.0, gt=0, le=10.0)  # one NVML event wait (bounds shutdown time)
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
     kubeconfig: str | None = None  # None = in-cluster credentials
     context: str | None = None
 

@@ -1,0 +1,133 @@
+"""`gpupool agent`: the node agent (kubelet device plugin, GPU discovery, health, inventory)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+
+@click.command("agent")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="YAML file with settings (overridden by NODE_NAME / GPUPOOL_AGENT_* variables and flags).",
+)
+@click.option("--node-name", default=None, help="This node's name [env NODE_NAME].")
+@click.option("--backend", type=click.Choice(["nvml", "fake"]), default=None, help="GPU discovery [nvml].")
+@click.option("--fake-file", type=click.Path(path_type=Path), default=None, help="GPU description for --backend fake.")
+@click.option("--split", type=int, default=None, help="Device-plugin slots per GPU (most pods per GPU) [10].")
+@click.option(
+    "--isolation",
+    type=click.Choice(["mps", "hook", "none"]),
+    default=None,
+    help="Isolation for pods whose allocation names none [hook].",
+)
+@click.option(
+    "--device-plugin-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Kubelet's device-plugin directory [/var/lib/kubelet/device-plugins].",
+)
+@click.option("--socket-name", default=None, help="The plugin's socket file name [gpupool.sock].")
+@click.option("--cdi/--no-cdi", default=None, help="Hand GPUs over as CDI devices [off].")
+@click.option("--cdi-kind", default=None, help="CDI kind of the GPU devices [nvidia.com/gpu].")
+@click.option(
+    "--mps-root",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Host directory with one MPS pipe directory per GPU UUID [/run/gpupool/mps].",
+)
+@click.option("--reprobe-interval-s", type=float, default=None, help="Re-probe unhealthy GPUs this often [30].")
+@click.option("--inventory-interval-s", type=float, default=None, help="Rediscover and refresh inventory [30].")
+@click.option("--kubeconfig", default=None, help="Kubeconfig file (default: in-cluster credentials).")
+@click.option("--context", default=None, help="Kubeconfig context.")
+@click.option("--log-level", default=None, help="critical, error, warning, info or debug [info].")
+@click.option("--dry-run", is_flag=True, help="Discover the GPUs, print what would be advertised, and exit.")
+def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
+    """Run the node agent: discover GPUs, publish the node inventory, serve the kubelet device plugin."""
+    from gpupool.agent.config import ConfigError, load_config
+
+    try:
+        config = load_config(config_file, flags, os.environ)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    logging.basicConfig(
+        level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    log = logging.getLogger("gpupool.agent")
+    log.info("gpupool agent starting: %s", config.describe())
+    backend = _backend(config)
+    if dry_run:
+        _print_plan(config, backend)
+        return
+    asyncio.run(_run(config, backend))
+
+
+def _backend(config: Any) -> Any:
+    from gpupool.agent.devices import DiscoveryError
+
+    try:
+        if config.backend == "fake":
+            from gpupool.agent.fake import FakeBackend
+
+            return FakeBackend.from_file(config.fake_file)
+        from gpupool.agent.nvml import NvmlBackend
+
+        return NvmlBackend()
+    except DiscoveryError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _print_plan(config: Any, backend: Any) -> None:
+    from gpupool.agent.inventory import inventory_text, labels_for
+    from gpupool.agent.slots import slot_id
+
+    discovered = backend.discover()
+    unhealthy = {d.uuid: p for d in discovered.devices if (p := backend.probe(d.uuid)) is not None}
+    plan = {
+        "node": config.node_name,
+        "resource": config.resource_name,
+        "slots": [slot_id(d.uuid, n) for d in discovered.devices for n in range(config.split)],
+        "unhealthy": unhealthy,
+        "labels": labels_for(discovered),
+        "inventory": json.loads(inventory_text(config.node_name, discovered, unhealthy, config.split, time="")),
+    }
+    click.echo(json.dumps(plan, indent=2))
+    backend.close()
+
+
+async def _run(config: Any, backend: Any) -> None:
+    from gpupool.agent.port import ClusterPortAgent
+    from gpupool.agent.service import Agent
+
+    port = _cluster_port(config)
+    node_agent = Agent(config, backend, ClusterPortAgent(port))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, node_agent.request_stop)
+    await node_agent.start()
+    try:
+        await node_agent.wait()
+    finally:
+        await node_agent.stop()
+        await port.close()
+
+
+def _cluster_port(config: Any) -> Any:
+    """The Kubernetes adapter (in-cluster service account, or the given kubeconfig)."""
+    try:
+        from gpupool.cluster.kube import KubeCluster
+    except ImportError as e:
+        raise click.ClickException(f"the Kubernetes adapter is not available: {e}") from None
+    if config.kubeconfig or config.context:
+        return KubeCluster(kubeconfig=config.kubeconfig, context=config.context)
+    return KubeCluster()
