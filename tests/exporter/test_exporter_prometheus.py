@@ -6,6 +6,7 @@ they are missing these tests fail rather than skip, so CI cannot pass without ha
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import socket
@@ -23,11 +24,32 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api.snapshot import build_snapshot
 from gpupool.core.state import ClusterState
-from gpupool.exporter import POOL_METRICS, PoolCollector, SchedulingLatency, create_metrics_app
+from gpupool.exporter import (
+    POOL_METRICS,
+    DeviceCollector,
+    DeviceSample,
+    PoolCollector,
+    SchedulingLatency,
+    create_metrics_app,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
 ALERT_TESTS = ROOT / "deploy" / "prometheus" / "alerts-test.yaml"
+GRAFANA = ROOT / "deploy" / "grafana" / "gpupool-dashboard.json"
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the Grafana dashboard, with Grafana's variables filled in."""
+    doc = json.loads(GRAFANA.read_text())
+    exprs = [t["expr"] for p in doc["panels"] for t in p.get("targets", [])]
+    subst = {"$namespace": ".*", "$node": ".*", "$__rate_interval": "1m"}
+    out = []
+    for e in exprs:
+        for k, v in subst.items():
+            e = e.replace(k, v)
+        out.append(e)
+    return out
 
 
 def binary(name: str) -> str:
@@ -127,6 +149,12 @@ def test_prometheus_scrapes_pool_and_evaluates_alerts(
         assert states["GPUPoolNearlyFull"] == "pending"
         assert "GPUPoolPodsPendingTooLong" not in states
 
+        # every query of the Grafana dashboard is valid PromQL for this Prometheus
+        for expr in dashboard_queries():
+            r = httpx.get(f"{prom}/api/v1/query", params={"query": expr}, timeout=10)
+            assert r.status_code == 200 and r.json()["status"] == "success", (expr, r.text)
+        assert query(prom, 'gpupool_gpu_cores_allocated_ratio{node=~".*"}')  # the node variable's label exists
+
         # a change in the pool shows up in the next scrapes: 3100 / 4000
         with pool.lock:
             cluster.release("team-b/batch")
@@ -167,10 +195,14 @@ def metric_names(expr: str) -> set[str]:
 
 
 def produced_names(state: ClusterState) -> set[str]:
-    """Every sample name the scheduler's registry exposes for a pool with a grant and a pending pod."""
+    """Every sample name gpupool exposes: the scheduler's registry for a pool with a grant and a pending
+    pod, and an agent's device registry."""
     registry = CollectorRegistry()
     PoolCollector(lambda: build_snapshot(state, {"ns/a": "x"}, pending_since={"ns/a": 0.0}, now=1.0), registry)
     SchedulingLatency(registry).observe("filter", 0.01)
+    sample = DeviceSample(index=0, uuid="GPU-x", model="A100", hostname="h", gpu_util=1.0, fb_used_mib=1.0,
+                          fb_total_mib=2.0, temperature_c=30.0, power_w=50.0)
+    DeviceCollector(lambda: [sample], registry=registry)
     return {s.name for fam in text_string_to_metric_families(generate_latest(registry).decode()) for s in fam.samples}
 
 
@@ -189,3 +221,26 @@ def test_every_metric_in_the_alerts_is_exported(cluster: ClusterState, give_pod:
         used = metric_names(rule["expr"])
         assert used, rule["alert"]
         assert used <= exported, (rule["alert"], used - exported)
+
+
+def test_grafana_dashboard_uses_only_exported_metrics(cluster: ClusterState, give_pod: Any) -> None:
+    give_pod(cluster, "ns/b", "n0", 0, 500, 1024)
+    exported = produced_names(cluster)
+    doc = json.loads(GRAFANA.read_text())
+    ids = [p["id"] for p in doc["panels"]]
+    assert len(ids) == len(set(ids)), "panel ids must be unique"
+    queries = dashboard_queries()
+    assert len(queries) >= 15
+    used: set[str] = set()
+    for expr in queries:
+        names = metric_names(expr)
+        assert names, expr
+        used |= names
+    assert used <= exported, used - exported
+    # the dashboard covers the pool, the grants, the scheduler and the devices
+    assert {"gpupool_pool_allocated_ratio", "gpupool_grant_cores_ratio", "gpupool_scheduling_latency_seconds_bucket",
+            "DCGM_FI_DEV_GPU_UTIL", "gpupool_pending_gpu_pods"} <= used
+    for var in doc["templating"]["list"]:
+        if var["type"] == "query":
+            metric = re.match(r"label_values\((\w+), (\w+)\)", var["definition"])
+            assert metric is not None and metric.group(1) in exported, var["definition"]
