@@ -1,0 +1,104 @@
+"""RBAC allowlist: the rules and bindings the chart renders must equal this reviewed list exactly.
+
+A change to the chart's RBAC fails here until this list is updated in the same review, so no right is
+added by accident. The reason for each right is in the chart (comments next to each rule).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.deploy.conftest import NAMESPACE, Render
+
+SA = f"{NAMESPACE}/gp-gpupool"
+
+# (kind, name, namespace or "") -> sorted (apiGroups, resources, resourceNames, verbs) tuples
+REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = {
+    ("ClusterRole", "gp-gpupool-scheduler", ""): [
+        (("",), ("nodes",), (), ("get", "list", "watch", "patch")),
+        (("",), ("pods",), (), ("patch",)),
+    ],
+    ("Role", "gp-gpupool-scheduler-leases", NAMESPACE): [
+        (("coordination.k8s.io",), ("leases",), (), ("create",)),
+        (
+            ("coordination.k8s.io",),
+            ("leases",),
+            ("gp-gpupool-scheduler-kube", "gp-gpupool-scheduler-extender"),
+            ("get", "update"),
+        ),
+    ],
+    ("ClusterRole", "gp-gpupool-agent", ""): [
+        (("",), ("nodes",), (), ("get", "patch")),
+        (("",), ("pods",), (), ("get", "list", "patch")),
+    ],
+    ("ClusterRole", "gp-gpupool-webhook", ""): [
+        (("",), ("nodes",), (), ("list", "watch")),
+    ],
+}
+
+# (binding kind, namespace or "", role kind, role name, subject "namespace/name")
+REVIEWED_BINDINGS = sorted(
+    [
+        ("ClusterRoleBinding", "", "ClusterRole", "system:kube-scheduler", f"{SA}-scheduler"),
+        ("ClusterRoleBinding", "", "ClusterRole", "system:volume-scheduler", f"{SA}-scheduler"),
+        ("RoleBinding", "kube-system", "Role", "extension-apiserver-authentication-reader", f"{SA}-scheduler"),
+        ("ClusterRoleBinding", "", "ClusterRole", "gp-gpupool-scheduler", f"{SA}-scheduler"),
+        ("RoleBinding", NAMESPACE, "Role", "gp-gpupool-scheduler-leases", f"{SA}-scheduler"),
+        ("ClusterRoleBinding", "", "ClusterRole", "gp-gpupool-agent", f"{SA}-agent"),
+        ("ClusterRoleBinding", "", "ClusterRole", "gp-gpupool-webhook", f"{SA}-webhook"),
+    ]
+)
+
+
+def _rule(rule: dict[str, Any]) -> tuple[tuple[str, ...], ...]:
+    return (
+        tuple(rule.get("apiGroups", [])),
+        tuple(rule["resources"]),
+        tuple(rule.get("resourceNames", [])),
+        tuple(rule["verbs"]),
+    )
+
+
+@pytest.mark.parametrize(
+    "values", [None, {"webhook": {"certs": {"mode": "certManager"}}, "agent": {"backend": "fake"}}]
+)
+def test_rbac_equals_the_reviewed_allowlist(render: Render, values: dict[str, Any] | None) -> None:
+    objs = render(values)
+    rules = {
+        (o["kind"], o["metadata"]["name"], o["metadata"].get("namespace", "")): sorted(map(_rule, o["rules"]))
+        for o in objs
+        if o["kind"] in ("ClusterRole", "Role")
+    }
+    assert rules == {k: sorted(v) for k, v in REVIEWED_RULES.items()}
+    bindings = sorted(
+        (
+            o["kind"],
+            o["metadata"].get("namespace", ""),
+            o["roleRef"]["kind"],
+            o["roleRef"]["name"],
+            *[f"{s['namespace']}/{s['name']}" for s in o["subjects"]],
+        )
+        for o in objs
+        if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+    )
+    assert bindings == REVIEWED_BINDINGS
+
+
+def test_no_wildcards_and_no_secrets(render: Render) -> None:
+    for obj in render(None):
+        for rule in obj.get("rules", []):
+            for key in ("apiGroups", "resources", "verbs"):
+                assert "*" not in rule.get(key, []), (obj["metadata"]["name"], rule)
+            assert "secrets" not in rule["resources"], obj["metadata"]["name"]
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), obj["metadata"]["name"]
+
+
+def test_every_service_account_is_used_by_one_workload(render: Render) -> None:
+    objs = render(None)
+    accounts = sorted(o["metadata"]["name"] for o in objs if o["kind"] == "ServiceAccount")
+    used = sorted(
+        o["spec"]["template"]["spec"]["serviceAccountName"] for o in objs if o["kind"] in ("Deployment", "DaemonSet")
+    )
+    assert accounts == used == ["gp-gpupool-agent", "gp-gpupool-scheduler", "gp-gpupool-webhook"]
