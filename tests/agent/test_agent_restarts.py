@@ -45,6 +45,7 @@ async def test_agent_restart_leaves_pods_alone_and_readopts_state() -> None:
         ids_before = set(k.plugins[RESOURCE].devices)
 
         await r.restart_agent()
+        assert r.agent.adopted == {"served": 1, "waiting": 1}
         await k.wait_for(lambda k: len(k.registrations) == 2 and len(k.healthy(RESOURCE)) == 16)
 
         pods_after = {p["metadata"]["name"]: p for p in (await r.cluster.list_pods())[0]}

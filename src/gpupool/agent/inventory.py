@@ -72,6 +72,7 @@ class InventoryPublisher:
         self.split = split
         self.last: Snapshot | None = None
         self.writes = 0
+        self.labels_warned = False
 
     async def publish(self, discovered: Discovered, unhealthy: Mapping[str, str], now: float) -> bool:
         """Write the inventory if it differs from what the node carries; True when written."""
@@ -97,7 +98,9 @@ class InventoryPublisher:
                 await self.cluster.patch_node_labels(self.node, label_changes)
                 wrote = True
             except LabelsUnsupported as e:
-                log.warning("%s", e)
+                if not self.labels_warned:
+                    log.warning("%s", e)
+                    self.labels_warned = True
         if wrote:
             self.writes += 1
         self.last = snapshot

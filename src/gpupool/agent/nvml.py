@@ -55,10 +55,11 @@ class NvmlBackend:
     def __init__(self, nvml: ModuleType | Any | None = None, numa_reader: Callable[[str], int] = _sysfs_numa) -> None:
         if nvml is None:
             try:
-                import pynvml as nvml  # the one import of pynvml in gpupool
+                import pynvml  # the one import of pynvml in gpupool
             except ImportError as e:  # pragma: no cover - nvidia-ml-py is a dependency
                 raise DiscoveryError(f"NVML backend needs nvidia-ml-py: {e}") from None
-        self._nvml = nvml
+            nvml = pynvml
+        self._nvml: Any = nvml
         self._numa_reader = numa_reader
         self._error: type[BaseException] = getattr(nvml, "NVMLError", Exception)
         self._timeout_error: type[BaseException] | None = getattr(nvml, "NVMLError_Timeout", None)
@@ -66,7 +67,7 @@ class NvmlBackend:
         self._events: Any = None
         self._events_lock = threading.Lock()
         try:
-            nvml.nvmlInit()
+            self._nvml.nvmlInit()
         except self._error as e:
             raise DiscoveryError(f"NVML cannot start (is the NVIDIA driver loaded and visible?): {e}") from None
         self._initialised = True
@@ -121,13 +122,14 @@ class NvmlBackend:
         peers: list[list[int]] = [[] for _ in handles]
         for i in range(len(handles)):
             for j in range(i + 1, len(handles)):
-                linked = self._optional(
-                    lambda i=i, j=j: n.nvmlDeviceGetP2PStatus(handles[i], handles[j], index) == ok, False
-                )
+                linked = self._optional(self._p2p_check(handles[i], handles[j], index, ok), False)
                 if linked:
                     peers[i].append(j)
                     peers[j].append(i)
         return [tuple(p) for p in peers]
+
+    def _p2p_check(self, a: Any, b: Any, index: int, ok: int) -> Callable[[], bool]:
+        return lambda: bool(self._nvml.nvmlDeviceGetP2PStatus(a, b, index) == ok)
 
     def _optional(self, call: Callable[[], Any], default: Any) -> Any:
         """Fields that some drivers or library versions lack (NotSupported, FunctionNotFound, missing)."""

@@ -117,6 +117,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         except (ApiError, AllocationError) as e:
             log.info("no preference (cannot read the lock holder's allocation): %s", e)
             return []
+        except Exception:  # a preference must never fail the pod's admission
+            log.exception("no preference: unexpected error")
+            return []
 
     # --- allocate -----------------------------------------------------------------------------------------
     async def Allocate(self, request: pb.AllocateRequest, context: grpc.aio.ServicerContext) -> pb.AllocateResponse:
@@ -138,7 +141,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 f"for the GPUs of node {self.config.node_name}",
             )
         async with self._allocate_lock:
-            outcome = await self._allocate(ids)
+            try:
+                outcome = await self._allocate(ids)
+            except Exception as e:  # a bug must still answer kubelet with a reason, and keep serving
+                log.exception("Allocate failed unexpectedly")
+                outcome = grpc.StatusCode.INTERNAL, f"internal error while allocating {ids}: {e!r}"
         if isinstance(outcome, tuple):
             code, reason = outcome
             await self._refuse(context, code, reason)
@@ -217,7 +224,7 @@ class PluginServer:
         self.starts = 0
 
     async def start(self) -> None:
-        await self.stop()
+        await self.stop(grace=None)  # a restart follows a kubelet restart: its calls are dead already
         self.socket_path.unlink(missing_ok=True)  # a stale socket from a previous run blocks the bind
         server = grpc.aio.server()
         pb_grpc.add_DevicePluginServicer_to_server(self.service, server)

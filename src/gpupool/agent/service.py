@@ -23,6 +23,7 @@ from collections.abc import Callable
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
 from gpupool.agent.health import HealthTracker
+from gpupool.agent.identify import ANN_ALLOCATED, Unidentified, read_lock, waiting_for_allocate
 from gpupool.agent.inventory import InventoryPublisher
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
@@ -59,6 +60,7 @@ class Agent:
         self.server: PluginServer | None = None
         self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
         self.registrations = 0
+        self.adopted: dict[str, int] = {}
         self.registered_at: float | None = None
         self._registered_identity: tuple[int, int] | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -86,6 +88,7 @@ class Agent:
             ", ".join(f"{d.index}:{d.model}:{d.uuid}" for d in discovered.devices) or "none",
         )
         await self._publish()
+        await self._adopt()
         self.service = DevicePluginService(self.config, self.table, self.cluster, self.wall_clock)
         self.server = PluginServer(self.service, self.config.plugin_socket_path)
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -98,6 +101,28 @@ class Agent:
             asyncio.create_task(self._probe_loop(), name="health-probe"),
             asyncio.create_task(self._inventory_loop(), name="inventory"),
         ]
+
+    async def _adopt(self) -> None:
+        """Read (never write) what the API says about this node's pods, so a restarted agent knows where it
+        stands: pods already served keep running untouched; a pod waiting for Allocate is served from its
+        annotations and the bind lock when kubelet calls."""
+        try:
+            pods = await self.cluster.list_pods_on_node(self.config.node_name)
+            node = await self.cluster.get_node(self.config.node_name)
+        except ApiError as e:
+            log.warning("could not read the pods of node %s at start: %s", self.config.node_name, e)
+            return
+        served = [p for p in pods if ANN_ALLOCATED in ((p.get("metadata") or {}).get("annotations") or {})]
+        waiting = [p for p in pods if waiting_for_allocate(p, self.config.node_name) is not None]
+        lock = read_lock(node)
+        self.adopted = {"served": len(served), "waiting": len(waiting)}
+        log.info(
+            "node %s: %d pod(s) already served, %d waiting for Allocate, bind lock %s",
+            self.config.node_name,
+            len(served),
+            len(waiting),
+            "none" if isinstance(lock, Unidentified) else f"held by {lock.namespace}/{lock.name}",
+        )
 
     def request_stop(self) -> None:
         self._stop.set()
@@ -160,6 +185,8 @@ class Agent:
             if event is not None:
                 with contextlib.suppress(RuntimeError):  # loop closed during shutdown
                     asyncio.run_coroutine_threadsafe(self._on_event(event), loop)
+                if event.uuid is None:  # a failing wait returns at once: do not spin on it
+                    self._thread_stop.wait(self.config.event_wait_s)
 
     async def _on_event(self, event: HealthEvent) -> None:
         assert self.table is not None

@@ -128,6 +128,4 @@ def _cluster_port(config: Any) -> Any:
         from gpupool.cluster.kube import KubeCluster
     except ImportError as e:
         raise click.ClickException(f"the Kubernetes adapter is not available: {e}") from None
-    if config.kubeconfig or config.context:
-        return KubeCluster(kubeconfig=config.kubeconfig, context=config.context)
-    return KubeCluster()
+    return KubeCluster.from_config(config.kubeconfig, config.context)
