@@ -1,0 +1,94 @@
+"""`gpupool scheduler`: serve the kube-scheduler extender against a real cluster, with leader election."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import click
+
+from gpupool.core.policies import policy_names
+
+if TYPE_CHECKING:
+    from gpupool.scheduler.config import SchedulerConfig
+
+
+@click.command("scheduler")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="YAML file with SchedulerConfig fields (flags and GPUPOOL_SCHEDULER_* env vars override it).")
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False),
+              help="Kubeconfig file (default: the in-cluster service account).")
+@click.option("--context", help="Kubeconfig context.")
+@click.option("--host", help="Listen address (default 127.0.0.1: kube-scheduler in the same pod).")
+@click.option("--port", type=click.IntRange(0, 65535), help="Listen port (default 8888).")
+@click.option("--default-policy", type=click.Choice(policy_names()), help="Policy for pods that name none.")
+@click.option("--leader-elect/--no-leader-elect", default=None, help="Lease-based leader election (default on).")
+@click.option("--lease-namespace", help="Namespace of the leader-election Lease.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True)
+def scheduler(
+    config_file: Path | None, kubeconfig: str | None, context: str | None, host: str | None, port: int | None,
+    default_policy: str | None, leader_elect: bool | None, lease_namespace: str | None, log_level: str,
+) -> None:
+    """Serve /filter, /prioritize and /bind for kube-scheduler (see docs/scheduler.md for its config)."""
+    from gpupool.scheduler.config import ConfigError, load_config
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    flags = {
+        "kubeconfig": kubeconfig, "context": context, "host": host, "port": port, "default_policy": default_policy,
+        "leader_elect": leader_elect, "lease_namespace": lease_namespace,
+    }
+    try:
+        config = load_config(config_file, flags)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
+    click.echo(f"gpupool scheduler config: {config.describe()}")
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(config))
+
+
+async def _serve(config: SchedulerConfig) -> None:
+    from gpupool.cluster.kube import KubeCluster
+    from gpupool.scheduler.app import create_app
+    from gpupool.scheduler.leader import LeaderElector
+    from gpupool.scheduler.server import serve_in_background
+    from gpupool.scheduler.service import ExtenderService
+
+    cluster = KubeCluster.from_config(config.kubeconfig, config.context)
+    service = ExtenderService(cluster, config)
+    await service.start()
+    server = await serve_in_background(create_app(service), config.host, config.port)
+    click.echo(f"extender listening on {server.url} (ready after sync and leader election)")
+    elector_task = None
+    if config.leader_elect:
+        async def started() -> None:
+            await service.resync()  # a new term starts from a fresh list, never from an old cache
+            service.leading = True
+
+        async def stopped() -> None:
+            service.leading = False
+
+        elector = LeaderElector(
+            cluster, config.lease_namespace, config.lease_name, config.identity, config.lease_duration_s,
+            config.renew_deadline_s, config.retry_period_s, on_started=started, on_stopped=stopped,
+        )
+        elector_task = asyncio.create_task(elector.run())
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        if elector_task is not None:
+            elector_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await elector_task
+        await server.stop()
+        await service.stop()
+        await cluster.close()
