@@ -7,8 +7,12 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from gpupool.webhook.config import WebhookConfig
 
 
 @click.command("webhook")
@@ -41,6 +45,8 @@ import click
     default=None,
     help="Read node GPU inventories from the cluster to refuse oversize requests [on].",
 )
+@click.option("--kubeconfig", default=None, help="Kubeconfig file [in-cluster service account].")
+@click.option("--context", default=None, help="Kubeconfig context.")
 @click.option("--log-level", default=None, help="critical, error, warning, info or debug [info].")
 def webhook(config_file: Path | None, **flags: object) -> None:
     """Serve the admission webhook (mutating /mutate, validating /validate) over TLS."""
@@ -62,15 +68,13 @@ def webhook(config_file: Path | None, **flags: object) -> None:
     asyncio.run(_run(config))
 
 
-async def _run(config: object) -> None:
+async def _run(config: WebhookConfig) -> None:
     from gpupool.webhook.admission import Settings
     from gpupool.webhook.app import create_app
-    from gpupool.webhook.config import WebhookConfig
     from gpupool.webhook.inventory import InventoryView, follow
     from gpupool.webhook.server import build_server, serve
 
-    assert isinstance(config, WebhookConfig)
-    assert config.cert_file is not None and config.key_file is not None
+    assert config.cert_file is not None and config.key_file is not None  # checked by the command
     settings = Settings(
         scheduler_name=config.scheduler_name,
         default_isolation=config.default_isolation,
@@ -79,16 +83,16 @@ async def _run(config: object) -> None:
     )
     inventory = InventoryView()
     background: list[asyncio.Task[None]] = []
+    port = None
     if config.watch_inventory:
-        port = _cluster_port()
+        from gpupool.cluster.kube import KubeCluster
+
+        port = KubeCluster.from_config(config.kubeconfig, config.context)
         background.append(asyncio.create_task(follow(port, inventory)))
     app = create_app(settings, inventory, config.max_body_bytes)
     server = build_server(app, config.host, config.port, config.cert_file, config.key_file, config.log_level)
-    await serve(server, config.cert_reload_s, background)
-
-
-def _cluster_port():  # type: ignore[no-untyped-def]
-    """The Kubernetes adapter (in-cluster service account or kubeconfig)."""
-    from gpupool.cluster.kube import KubeCluster
-
-    return KubeCluster()
+    try:
+        await serve(server, config.cert_reload_s, background)
+    finally:
+        if port is not None:
+            await port.close()

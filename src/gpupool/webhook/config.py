@@ -44,6 +44,8 @@ class WebhookConfig(BaseModel):
     max_body_bytes: int = Field(default=3 * 1024 * 1024, ge=1024)
     # Read node inventories from the cluster (to refuse memory larger than any GPU); off for local runs.
     watch_inventory: bool = True
+    kubeconfig: str | None = None  # None = in-cluster service account
+    context: str | None = None
     log_level: str = "info"
 
     @field_validator("default_isolation")

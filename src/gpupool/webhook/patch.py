@@ -35,7 +35,7 @@ class Patcher:
     def set(self, path: tuple[str | int, ...], value: Any) -> None:
         parent: Any = self.doc
         for depth, token in enumerate(path[:-1]):
-            child = parent[token] if isinstance(parent, list) else parent.get(token)
+            child = parent[int(token)] if isinstance(parent, list) else parent.get(token)
             if child is None:
                 # Create the rest of the path in one `add` of a nested object.
                 nested: Any = value
