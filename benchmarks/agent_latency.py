@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: keep its info lines off the output
+
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.fake import FakeBackend, parse_fake_description
 from gpupool.agent.kubelet_standin import StandInKubelet

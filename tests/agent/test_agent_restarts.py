@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import shutil
+import tempfile
+from pathlib import Path
 
+from gpupool.agent.fake import FakeBackend
 from gpupool.agent.identify import ANN_ALLOCATED
+from gpupool.agent.kubelet_standin import StandInKubelet
+from gpupool.agent.port import ClusterPortAgent
+from gpupool.agent.service import Agent
 from gpupool.api.lock import ANN_BIND_LOCK
-from tests.agent.agent_helpers import NODE, RESOURCE, pod_object, rig, scheduler_binds
+from gpupool.cluster.memory import MemoryCluster
+from tests.agent.agent_helpers import NODE, RESOURCE, agent_config, four_gpus, pod_object, rig, scheduler_binds
 
 
 async def test_kubelet_restart_twenty_times_reregisters_every_time() -> None:
@@ -60,3 +69,36 @@ async def test_agent_restart_leaves_pods_alone_and_readopts_state() -> None:
             running["metadata"]["annotations"][ANN_ALLOCATED]
             == pods_before["running"]["metadata"]["annotations"][ANN_ALLOCATED]
         )
+
+
+async def test_agent_started_before_kubelet_registers_when_kubelet_appears() -> None:
+    directory = Path(tempfile.mkdtemp(prefix="gpa-", dir="/tmp"))
+    cluster = MemoryCluster()
+    await cluster.create_node({"metadata": {"name": NODE}})
+    agent = Agent(agent_config(directory), FakeBackend(four_gpus()), ClusterPortAgent(cluster))
+    await agent.start()
+    kubelet = StandInKubelet(directory)
+    try:
+        assert agent.registrations == 0 and agent.config.plugin_socket_path.exists()
+        await kubelet.start()
+        await kubelet.wait_for(lambda k: RESOURCE in k.plugins and len(k.healthy(RESOURCE)) == 16)
+        assert agent.registrations == 1
+    finally:
+        await agent.stop()
+        await kubelet.stop()
+        shutil.rmtree(directory, ignore_errors=True)
+    assert not agent.config.plugin_socket_path.exists()  # the agent removes its socket on the way out
+
+
+async def test_refused_registration_is_retried_and_the_agent_keeps_running() -> None:
+    async with rig() as r:
+        bad = r.config.model_copy(update={"resource_name": "kubernetes.io/gpu"})
+        await r.agent.stop()
+        r.agent = Agent(bad, r.backend, ClusterPortAgent(r.cluster))
+        await r.agent.start()
+        await r.kubelet.restart()
+        calls = r.backend.discover_calls
+        # several watch rounds later: still not registered (kubelet refuses the name), still alive and probing
+        while r.backend.discover_calls < calls + 2:
+            await asyncio.sleep(0.02)
+        assert r.agent.registrations == 0 and len(r.kubelet.registrations) == 1
