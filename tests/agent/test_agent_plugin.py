@@ -106,6 +106,9 @@ async def test_allocate_unknown_device_ids_is_invalid_argument() -> None:
             await r.kubelet.allocate_ids(RESOURCE, ["GPU-nope::0"])
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert "unknown device IDs ['GPU-nope::0']" in err.value.details()
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::4"])  # split is 4: slots 0..3 only
+        assert "unknown device IDs ['GPU-aaaa-0::4']" in err.value.details()
         # the plugin keeps serving
         await scheduler_binds(r.cluster, pod_object("ok", 1), [("GPU-aaaa-0", 0, 4096, 25.0)])
         resp = await r.kubelet.allocate(RESOURCE, "default/ok", 1)

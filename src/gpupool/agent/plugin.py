@@ -131,7 +131,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 f"got {len(request.container_requests)}",
             )
         ids = list(request.container_requests[0].devices_ids)
-        unknown = [d for d in ids if slot_gpu(d) not in self.table.known]
+        unknown = [d for d in ids if not self._is_slot(d)]
         if unknown or not ids:
             what = f"unknown device IDs {unknown}" if unknown else "no device IDs"
             await self._refuse(
@@ -152,6 +152,10 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             raise AssertionError("unreachable")  # _refuse aborts
         self.stats.served += 1
         return pb.AllocateResponse(container_responses=[_to_proto(outcome)])
+
+    def _is_slot(self, device_id: str) -> bool:
+        uuid = slot_gpu(device_id)
+        return uuid in self.table.known and int(device_id.rpartition("::")[2]) < self.config.split
 
     async def _refuse(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, reason: str) -> None:
         self.stats.refused += 1
