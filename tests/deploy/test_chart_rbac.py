@@ -31,7 +31,7 @@ REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = 
     ],
     ("ClusterRole", "gp-gpupool-agent", ""): [
         (("",), ("nodes",), (), ("get", "patch")),
-        (("",), ("pods",), (), ("get", "list", "patch")),
+        (("",), ("pods",), (), ("list", "patch")),
     ],
     ("ClusterRole", "gp-gpupool-webhook", ""): [
         (("",), ("nodes",), (), ("list", "watch")),
