@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
 from gpupool.agent.identify import ANN_ALLOCATED, Identified, Unidentified, identify
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
@@ -78,3 +81,29 @@ def test_a_rival_of_the_same_size_makes_it_ambiguous() -> None:
     assert isinstance(identify(node("b"), [pod("a", count=2), pod("b")], N, 1), Identified)
     assert isinstance(identify(node("b"), [pod("a", phase="Failed"), pod("b")], N, 1), Identified)
     assert isinstance(identify(node("b"), [pod("a", allocated=True), pod("b")], N, 1), Identified)
+
+
+STATES = {
+    "waiting": {},
+    "served": {"allocated": True},
+    "running": {"phase": "Running", "allocated": True},
+    "failed": {"phase": "Failed"},
+}
+
+
+@given(
+    st.lists(st.tuples(st.integers(1, 3), st.sampled_from(sorted(STATES))), min_size=1, max_size=6),
+    st.data(),
+)
+def test_a_served_call_is_always_for_the_pod_kubelet_admits(specs: list[tuple[int, str]], data: st.DataObject) -> None:
+    """Safety (R3): kubelet calls Allocate for some waiting pod S. Whatever the lock says, if identify names
+    a pod, it is S."""
+    pods = [pod(f"p{i}", count=c, **STATES[state]) for i, (c, state) in enumerate(specs)]
+    waiting = [p for p, (_, state) in zip(pods, specs, strict=True) if state == "waiting"]
+    assume(waiting)
+    subject = data.draw(st.sampled_from(waiting))
+    holder = data.draw(st.sampled_from([None] + [p["metadata"]["name"] for p in pods]))
+    count = int(subject["spec"]["containers"][0]["resources"]["limits"][RESOURCE_GPU])  # kubelet asks this many
+    result = identify(node(holder), pods, N, count)
+    if isinstance(result, Identified):
+        assert result.uid == subject["metadata"]["uid"]
