@@ -81,7 +81,7 @@ async def test_bind_storm_never_overcommits(embedded, client):
                 continue
             body["NodeNames"] = feasible
             scores = (await client.post(f"{url}/prioritize", json=body)).json()
-            node = max(scores, key=lambda h: h["Score"])["Host"]
+            node = max(scores, key=lambda h: h["Score"])["Host"] if scores else feasible[0]
             meta = pod["metadata"]
             args = {"PodName": meta["name"], "PodNamespace": "default", "PodUID": meta["uid"], "Node": node}
             await client.post(f"{url}/bind", json=args)

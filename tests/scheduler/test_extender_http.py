@@ -59,14 +59,17 @@ async def test_filter_rejects_a_full_node_with_a_reason(embedded, client):
 
 
 async def test_prioritize_scores_are_in_extender_range_and_follow_the_policy(embedded, client):
-    # Half-fill GPU 0 of the second node; bestfit-like policies prefer it, firstfit prefers rank order.
     pod = await _create(embedded, gpu_pod("p", cores=30))
     r = await client.post(f"{embedded.url}/prioritize", json={"Pod": pod, "NodeNames": embedded.node_names})
     scores = r.json()
-    assert isinstance(scores, list) and {h["Host"] for h in scores} == set(embedded.node_names)
-    assert all(0 <= h["Score"] <= 10 for h in scores)
-    # firstfit (default): the first node by name wins with the maximum score
-    assert max(scores, key=lambda h: h["Score"]) == {"Host": embedded.node_names[0], "Score": 10}
+    # firstfit (default) scores every node alike; its tie-break (rank = name order) picks the first node,
+    # which gets the maximum; nodes scoring 0 are omitted (kube-scheduler counts a missing host as 0).
+    assert scores == [{"Host": embedded.node_names[0], "Score": 10}]
+    random_pod = await _create(embedded, gpu_pod("r", cores=30, annotations={"gpupool.io/policy": "random"}))
+    r = await client.post(f"{embedded.url}/prioritize", json={"Pod": random_pod, "NodeNames": embedded.node_names})
+    scores = r.json()
+    assert {h["Host"] for h in scores} <= set(embedded.node_names)
+    assert all(0 < h["Score"] <= 10 for h in scores) and max(h["Score"] for h in scores) == 10
 
 
 async def test_bad_input_gets_clear_errors_and_the_service_keeps_serving(embedded, client):

@@ -7,6 +7,7 @@ objects stay plain Kubernetes JSON dicts. Constants: scores are 0..MAX_EXTENDER_
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -89,5 +90,14 @@ def parse_binding_args(body: bytes) -> ExtenderBindingArgs:
         raise _explain(e, "ExtenderBindingArgs") from None
 
 
-def dump_priorities(priorities: list[HostPriority]) -> bytes:
-    return HostPriorityList.dump_json(priorities)
+def dump_priorities(priorities: list[tuple[str, int]]) -> bytes:
+    """HostPriorityList JSON from (host, score) pairs with scores already in 0..MAX_EXTENDER_PRIORITY,
+    written without building one model per node (thousands of nodes per request)."""
+    return json.dumps([{"Host": h, "Score": s} for h, s in priorities], separators=(",", ":")).encode()
+
+
+def parse_priorities(body: bytes) -> list[HostPriority]:
+    try:
+        return HostPriorityList.validate_json(body)
+    except ValidationError as e:
+        raise _explain(e, "HostPriorityList") from None

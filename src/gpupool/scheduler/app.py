@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -57,6 +57,8 @@ def create_app(service: ExtenderService) -> Starlette:
             try:
                 body = await _body(request, limit)
                 response = Response(await handle(body), media_type=_JSON)
+            except ClientDisconnect:
+                response = Response(status_code=499)  # nobody is listening any more
             except BodyTooLarge as e:
                 response = _error(413, str(e))
             except ExtenderRequestError as e:

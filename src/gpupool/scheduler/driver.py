@@ -83,9 +83,12 @@ class KubeSchedulerDriver:
         if len(feasible) == 1:
             return feasible[0], ""
         scores = await self._post("prioritize", {"Pod": pod, "NodeNames": feasible, "Nodes": None})
-        by_host = {h["Host"]: h["Score"] * self.weight for h in scores}
-        top = max(by_host.get(n, 0) for n in feasible)
-        return self._rng.choice([n for n in feasible if by_host.get(n, 0) == top]), ""
+        # kube-scheduler adds score x weight x 10 to its own plugin scores; with no plugins here, the
+        # highest weighted score wins and ties are broken at random, as kube-scheduler does.
+        if not scores:  # every node scored 0
+            return self._rng.choice(feasible), ""
+        top = max(h["Score"] * self.weight for h in scores)
+        return self._rng.choice([h["Host"] for h in scores if h["Score"] * self.weight == top]), ""
 
     async def bind(self, pod: Obj, node: str) -> str:
         meta = pod["metadata"]

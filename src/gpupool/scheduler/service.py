@@ -28,7 +28,6 @@ from gpupool.api.extender import (
     ExtenderBindingArgs,
     ExtenderBindingResult,
     ExtenderFilterResult,
-    HostPriority,
     NodeList,
 )
 from gpupool.api.lock import ANN_BIND_LOCK, BindLock, LockError, decode_lock, encode_lock, format_time
@@ -195,12 +194,14 @@ class ExtenderService:
     def _known(self, names: list[str]) -> tuple[list[int], list[str], dict[str, str]]:
         """Indices of gpupool nodes among `names` (with their names), and reasons for the others."""
         index = self.ledger.state.index
+        found = [index.get(n, -1) for n in names]
+        if -1 not in found:
+            return found, names, {}
         idx: list[int] = []
         known: list[str] = []
         unknown: dict[str, str] = {}
-        for name in names:
-            i = index.get(name)
-            if i is None:
+        for name, i in zip(names, found, strict=True):
+            if i < 0:
                 err = self.ledger.node_errors.get(name)
                 unknown[name] = err or "node has no gpupool inventory (no gpupool agent on it)"
             else:
@@ -253,16 +254,18 @@ class ExtenderService:
 
     # --- prioritize -----------------------------------------------------------------------------------
 
-    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+    def prioritize(self, args: ExtenderArgs) -> list[tuple[str, int]]:
         """Scores 0..10: the node the policy would pick gets 10, the others the policy's score scaled to
-        0..9 (so kube-scheduler, summing weighted scores, follows the policy including its tie-break)."""
+        0..9 (so kube-scheduler, summing weighted scores, follows the policy including its tie-break).
+        Nodes scoring 0 are left out of the answer: kube-scheduler adds nothing for a host the extender
+        does not list, and the answer stays small on large clusters. Returns (host, score) pairs."""
         names = args.node_names()
-        scores = dict.fromkeys(names, 0)
+        scores: dict[str, int] = {}
         if not wants_gpu(args.Pod) or not self.ready:
-            return [HostPriority(Host=n, Score=0) for n in names]
+            return []
         parsed, invalid = self._parse(args.Pod)
         if invalid is not None or parsed.request is None:
-            return [HostPriority(Host=n, Score=0) for n in names]
+            return []
         idx, _, _ = self._known(names)
         ctx = self._context()
         scored = score_nodes(
@@ -273,11 +276,11 @@ class ExtenderService:
             lo, hi = float(s.min()), float(s.max())
             scaled = np.floor((s - lo) / (hi - lo) * (MAX_EXTENDER_PRIORITY - 1)) if hi > lo else np.zeros(len(s))
             node_names = self.ledger.state.nodes
-            for i, v in zip(scored.feasible, scaled, strict=True):
-                scores[node_names[int(i)].name] = int(v)
+            for k in np.flatnonzero(scaled > 0):
+                scores[node_names[int(scored.feasible[k])].name] = int(scaled[k])
             winner = node_names[int(scored.feasible[best(scored, ctx)])].name
             scores[winner] = MAX_EXTENDER_PRIORITY
-        return [HostPriority(Host=n, Score=v) for n, v in scores.items()]
+        return list(scores.items())
 
     # --- bind -----------------------------------------------------------------------------------------
 
