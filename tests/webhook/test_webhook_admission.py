@@ -241,6 +241,16 @@ async def test_privileged_gpu_container_is_refused(served: Served) -> None:
     assert not resp["allowed"] and "privileged containers see every GPU" in resp["status"]["message"]
 
 
+@pytest.mark.parametrize("path", ["/dev", "/dev/", "/dev/nvidia0", "/dev/nvidiactl"])
+async def test_gpu_device_host_paths_are_refused(served: Served, path: str) -> None:
+    obj = pod({RESOURCE_GPU: "1", RESOURCE_CORES: "20"})
+    obj["spec"]["volumes"] = [{"name": "devs", "hostPath": {"path": path}}]
+    resp = await admit(served, "/mutate", review(obj))
+    assert not resp["allowed"] and f"hostPath {path} exposes GPU devices" in resp["status"]["message"]
+    obj["spec"]["volumes"] = [{"name": "logs", "hostPath": {"path": "/var/log/devices"}}]
+    assert (await admit(served, "/mutate", review(obj)))["allowed"]
+
+
 async def test_user_supplied_allocation_is_refused(served: Served) -> None:
     allocation = json.dumps({"version": 1, "node": "node-b", "gpus": []})
     obj = pod({RESOURCE_GPU: "1"}, annotations={ANN_ALLOCATION: allocation})

@@ -220,6 +220,10 @@ def _spec_problems(pod: Mapping[str, Any], settings: Settings) -> list[str]:
             f"spec.nodeName={spec['nodeName']!r}: a GPU pod must go through the gpupool scheduler, "
             "which picks the node and the GPU share; use a nodeSelector instead"
         )
+    for volume in spec.get("volumes") or []:
+        path = str((volume.get("hostPath") or {}).get("path", ""))
+        if path.rstrip("/") == "/dev" or path.startswith("/dev/nvidia"):
+            out.append(f"volume {volume.get('name')}: hostPath {path} exposes GPU devices outside the pool's grant")
     if not settings.allow_privileged:
         for kind, i, c in _containers(pod):
             if (c.get("securityContext") or {}).get("privileged") is True:
