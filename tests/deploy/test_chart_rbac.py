@@ -25,7 +25,7 @@ REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = 
         (
             ("coordination.k8s.io",),
             ("leases",),
-            ("gp-gpupool-scheduler-kube", "gp-gpupool-scheduler-extender"),
+            ("gp-gpupool-scheduler-kube",),
             ("get", "update"),
         ),
     ],
