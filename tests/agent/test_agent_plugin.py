@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Awaitable, Callable
 
 import grpc
 import pytest
 
 from gpupool.agent.identify import ANN_ALLOCATED
 from gpupool.agent.kubelet_standin import StandInKubelet
+from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpupool.api.lock import ANN_BIND_LOCK
+from gpupool.cluster.memory import MemoryCluster
 from tests.agent.agent_helpers import NODE, RESOURCE, eventually, pod_object, rig, scheduler_binds
 
 
@@ -176,3 +179,46 @@ async def test_allocate_to_unhealthy_gpu_is_refused() -> None:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await r.kubelet.allocate(RESOURCE, "default/late", 1)
         assert "GPU-aaaa-2, which is unhealthy (Xid 79)" in err.value.details()
+
+
+class RacingCluster(ClusterPortAgent):
+    """Runs `before` once, right before the agent's first pod annotation write (a concurrent update)."""
+
+    def __init__(self, port: MemoryCluster, before: Callable[[], Awaitable[None]]) -> None:
+        super().__init__(port)
+        self.before: Callable[[], Awaitable[None]] | None = before
+
+    async def patch_pod_annotations(self, namespace, name, annotations, resource_version=None):  # type: ignore[no-untyped-def]
+        if self.before is not None:
+            before, self.before = self.before, None
+            await before()
+        return await super().patch_pod_annotations(namespace, name, annotations, resource_version)
+
+
+async def test_marker_write_survives_a_concurrent_status_update() -> None:
+    async with rig() as r:
+        await scheduler_binds(r.cluster, pod_object("busy", 1), [("GPU-aaaa-0", 0, 2048, 20.0)])
+        assert r.agent.service is not None
+        r.agent.service.cluster = RacingCluster(
+            r.cluster, lambda: r.cluster.patch_pod_status("default", "busy", {"conditions": [{"type": "X"}]})
+        )
+        resp = await r.kubelet.allocate(RESOURCE, "default/busy", 1)
+        assert resp.envs["GPUPOOL_MEMORY_LIMIT_MIB"] == "2048"
+        assert ANN_ALLOCATED in (await r.cluster.get_pod("default", "busy"))["metadata"]["annotations"]
+
+
+async def test_a_pod_replaced_under_the_same_name_is_never_marked() -> None:
+    async with rig() as r:
+        await scheduler_binds(r.cluster, pod_object("twin", 1), [("GPU-aaaa-0", 0, 2048, 20.0)])
+
+        async def replace() -> None:
+            await r.cluster.delete_pod("default", "twin")
+            await r.cluster.create_pod(pod_object("twin", 1))
+
+        assert r.agent.service is not None
+        r.agent.service.cluster = RacingCluster(r.cluster, replace)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate(RESOURCE, "default/twin", 1)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "the pod was replaced by another with uid" in err.value.details()
+        assert ANN_ALLOCATED not in (await r.cluster.get_pod("default", "twin"))["metadata"]["annotations"]

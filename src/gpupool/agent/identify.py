@@ -44,6 +44,7 @@ class Identified:
     uid: str
     allocation: AllocationDoc
     lock: BindLock
+    resource_version: str | None = None  # of the pod as read: the marker write is conditional on it
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,7 +168,7 @@ def identify(node: Obj, pods: Iterable[Obj], node_name: str, device_count: int) 
             f"ambiguous: pod {holder_label} holds the bind lock, but {', '.join(sorted(rivals))} also wait(s) for an "
             f"Allocate of {device_count} device(s) on {node_name}; refusing to guess which pod this call is for"
         )
-    return Identified(lock.namespace, lock.name, lock.pod_uid, doc, lock)
+    return Identified(lock.namespace, lock.name, lock.pod_uid, doc, lock, _meta(holder).get("resourceVersion"))
 
 
 def allocated_marker(node_name: str, devices: list[str], time: str) -> str:

@@ -178,13 +178,36 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         if isinstance(grant, Refused):
             return grpc.StatusCode.FAILED_PRECONDITION, grant.reason
         marker = allocated_marker(node_name, ids, format_time(self.wall_clock()))
-        try:
-            await self.cluster.patch_pod_annotations(who.namespace, who.name, {ANN_ALLOCATED: marker})
-        except ApiError as e:
-            return grpc.StatusCode.UNAVAILABLE, f"cannot record the allocation on pod {label}: {e}"
+        problem = await self._mark_served(who, marker)
+        if problem is not None:
+            return grpc.StatusCode.UNAVAILABLE, f"cannot record the allocation on pod {label}: {problem}"
         await self._release_lock(who, node)
         log.info("allocated %s to pod %s: %s", ",".join(ids), label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
         return grant
+
+    async def _mark_served(self, who: Identified, marker: str) -> str | None:
+        """Write `gpupool.io/allocated` on the pod we identified, conditional on its resourceVersion, so a
+        pod deleted and re-created under the same name in between is never marked. A 409 from an unrelated
+        update (status) is re-read and retried while it is still the same, unserved pod."""
+        rv = who.resource_version
+        for _ in range(5):
+            try:
+                await self.cluster.patch_pod_annotations(who.namespace, who.name, {ANN_ALLOCATED: marker}, rv)
+                return None
+            except Conflict:
+                try:
+                    pod = await self.cluster.get_pod(who.namespace, who.name)
+                except ApiError as e:
+                    return str(e)
+                meta = pod.get("metadata") or {}
+                if meta.get("uid") != who.uid:
+                    return f"the pod was replaced by another with uid {meta.get('uid')}"
+                if ANN_ALLOCATED in (meta.get("annotations") or {}):
+                    return "the pod was already served by another Allocate"
+                rv = meta.get("resourceVersion")
+            except ApiError as e:
+                return str(e)
+        return "the pod kept changing (repeated conflicts)"
 
     async def _release_lock(self, who: Identified, node: dict) -> None:
         """Remove the bind lock if it still names the pod we served (a 409 means: re-read, decide again).

@@ -18,6 +18,8 @@ Obj = dict[str, Any]
 class AgentCluster(Protocol):
     async def get_node(self, name: str) -> Obj: ...
 
+    async def get_pod(self, namespace: str, name: str) -> Obj: ...
+
     async def list_pods_on_node(self, node: str) -> list[Obj]: ...
 
     async def patch_node_annotations(
@@ -43,6 +45,9 @@ class ClusterPortAgent:
 
     async def get_node(self, name: str) -> Obj:
         return await self.port.get_node(name)
+
+    async def get_pod(self, namespace: str, name: str) -> Obj:
+        return await self.port.get_pod(namespace, name)
 
     async def list_pods_on_node(self, node: str) -> list[Obj]:
         lister = getattr(self.port, "list_pods_on_node", None)
