@@ -47,9 +47,28 @@ def test_search_filters_nodes_and_pending(cluster: ClusterState, give_pod: Any, 
         assert 'data-node="n0"' in frag and 'data-node="n1"' not in frag
         assert 'data-pod="team-a/train-2"' in frag and 'data-pod="team-c/x"' not in frag
         none = httpx.get(f"{url}/ui/fragment", params={"q": "nobody"}).text
-        assert "0 matches" in none and "No GPU holds a pod matching" in none
+        assert "0 matches" in none and "No node or GPU pod matches" in none
         full = httpx.get(f"{url}/ui/fragment").text
         assert 'data-node="n0"' in full and 'data-node="n1"' in full and "match" not in full.split("</section>")[0]
+
+
+def test_large_pools_are_cut_to_max_nodes(cluster_factory: Any, give_pod: Any, serve_app: Any) -> None:
+    state = cluster_factory(nodes=12, gpus=1)
+    give_pod(state, "ns/late", "n11", 0, 500, 1024)
+    app = Starlette()
+    app.mount("/ui", create_dashboard(lambda: build_snapshot(state, {}), max_nodes=5))
+    with serve_app(app) as url:
+        page = httpx.get(f"{url}/ui/").text
+        assert page.count("data-node=") == 5 and "7 more nodes not shown" in page
+        assert 'href="/ui/?all=1"' in page
+        every = httpx.get(f"{url}/ui/", params={"all": "1"}).text
+        assert every.count("data-node=") == 12 and "more node" not in every
+        assert 'id="all"' in every  # so that the polling keeps showing everything
+        # a search reaches past the cut: by pod, and by node name
+        assert 'data-node="n11"' in httpx.get(f"{url}/ui/fragment", params={"q": "late"}).text
+        by_node = httpx.get(f"{url}/ui/fragment", params={"q": "n1"}).text
+        assert [n for n in ("n1", "n10", "n11") if f'data-node="{n}"' in by_node] == ["n1", "n10", "n11"]
+        assert "3 matches" in by_node  # the nodes n1, n10 and n11 (no pod name contains "n1")
 
 
 def test_user_text_is_escaped(cluster: ClusterState, give_pod: Any, serve_app: Any) -> None:

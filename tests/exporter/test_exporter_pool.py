@@ -8,11 +8,13 @@ from typing import Any
 import httpx
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api.snapshot import Snapshot, build_snapshot
 from gpupool.core.state import ClusterState
 from gpupool.exporter import POOL_METRICS, PoolCollector, SchedulingLatency, create_metrics_app
+from gpupool.exporter.http import render
 
 MIB = 1024 * 1024
 
@@ -43,9 +45,8 @@ def test_pool_metrics_over_http(cluster: ClusterState, serve_app: Any, give_pod:
     give_pod(cluster, "team-b/infer", "n0", 0, 200, 8192)
     give_pod(cluster, "team-a/whole", "n1", 1, 1000, 40960)
     pending = {"team-c/wait": "no fit"}
-    registry = CollectorRegistry()
-    PoolCollector(lambda: build_snapshot(cluster, pending, containers={"team-a/train": "main"}), registry)
-    with serve_app(create_metrics_app(registry)) as url:
+    pool = PoolCollector(lambda: build_snapshot(cluster, pending, containers={"team-a/train": "main"}))
+    with serve_app(create_metrics_app(CollectorRegistry(), pool)) as url:
         m = scrape(url)
         assert value(m, "gpupool_snapshot_up") == 1
         assert value(m, "gpupool_gpu_sharers", node="n0", gpu="0", uuid="GPU-0-0") == 2
@@ -93,9 +94,7 @@ def test_a_failing_provider_does_not_break_the_endpoint(cluster: ClusterState, s
             raise RuntimeError("scheduler not ready")
         return build_snapshot(cluster, {})
 
-    registry = CollectorRegistry()
-    PoolCollector(provider, registry)
-    with serve_app(create_metrics_app(registry)) as url:
+    with serve_app(create_metrics_app(CollectorRegistry(), PoolCollector(provider))) as url:
         m = scrape(url)
         assert value(m, "gpupool_snapshot_up") == 0
         assert value(m, "gpupool_snapshot_errors_total") == 1
@@ -107,13 +106,39 @@ def test_a_failing_provider_does_not_break_the_endpoint(cluster: ClusterState, s
         assert len(m["gpupool_gpu_info"]) == 4
 
 
+def test_fast_text_equals_the_generic_encoder(cluster: ClusterState, give_pod: Any) -> None:
+    """The route's direct text writer and prometheus_client's encoder give the same samples, escaping
+    included (label values with quotes, backslashes and newlines)."""
+    give_pod(cluster, "team-a/train", "n0", 0, 300, 10240)
+    give_pod(cluster, "team-b/infer", "n1", 1, 1000, 40960)
+    snap = build_snapshot(cluster, {"ns/x": "waiting"}, containers={"team-a/train": 'we"ird\\name\nx'})
+    generic = CollectorRegistry()
+    PoolCollector(lambda: snap, generic)
+    via_route, _ = render(CollectorRegistry(), PoolCollector(lambda: snap).take(), "")
+
+    def sample_set(text: str) -> set[tuple[str, tuple[tuple[str, str], ...], float]]:
+        return {(s.name, tuple(sorted(s.labels.items())), s.value)
+                for f in text_string_to_metric_families(text) for s in f.samples}
+
+    fast = sample_set(via_route.decode())
+    assert fast == sample_set(generate_latest(generic).decode())
+    assert ("gpupool_grant_cores_ratio", (("container", 'we"ird\\name\nx'), ("gpu", "0"), ("namespace", "team-a"),
+            ("node", "n0"), ("pod", "train"), ("uuid", "GPU-0-0")), 0.3) in fast
+
+
 def test_openmetrics_on_request(cluster: ClusterState, serve_app: Any) -> None:
     registry = CollectorRegistry()
-    PoolCollector(lambda: build_snapshot(cluster, {}), registry)
-    with serve_app(create_metrics_app(registry)) as url:
+    SchedulingLatency(registry).observe("bind", 0.02)
+    pool = PoolCollector(lambda: build_snapshot(cluster, {}))
+    with serve_app(create_metrics_app(registry, pool)) as url:
         r = httpx.get(f"{url}/metrics", headers={"accept": "application/openmetrics-text; version=1.0.0"})
         assert r.headers["content-type"].startswith("application/openmetrics-text")
-        assert r.text.rstrip().endswith("# EOF")
+        assert r.text.endswith("\n# EOF\n") and r.text.count("# EOF") == 1
+        # the strict OpenMetrics parser accepts the whole document (registry + pool parts)
+        fams = {f.name: f for f in openmetrics_families(r.text)}
+        assert fams["gpupool_snapshot_errors"].type == "counter"
+        assert fams["gpupool_scheduling_latency_seconds"].type == "histogram"
+        assert len(fams["gpupool_gpu_info"].samples) == 4
 
 
 def test_scheduling_latency_histogram() -> None:
@@ -137,9 +162,9 @@ def test_churn_of_10000_pods_leaves_no_stale_series(cluster_factory: Any, serve_
     state = cluster_factory(nodes=50, gpus=8)
     rng = random.Random(7)
     registry = CollectorRegistry()
-    PoolCollector(lambda: build_snapshot(state, {}), registry)
+    PoolCollector(lambda: build_snapshot(state, {}), registry)  # the generic path, for the in-process scrapes
     arrived = 0
-    with serve_app(create_metrics_app(registry)) as url:
+    with serve_app(create_metrics_app(CollectorRegistry(), PoolCollector(lambda: build_snapshot(state, {})))) as url:
         for wave in range(20):
             for _ in range(500):
                 key = f"ns{arrived % 7}/pod-{arrived}"

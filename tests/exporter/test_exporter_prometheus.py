@@ -128,9 +128,7 @@ def test_prometheus_scrapes_pool_and_evaluates_alerts(
     give_pod(cluster, "team-b/batch", "n1", 1, 900, 20480)
     cluster.set_gpu_health("n1", 1, False)
     pool = shared_pool(cluster)
-    registry = CollectorRegistry()
-    PoolCollector(pool.snapshot, registry)
-    with serve_app(create_metrics_app(registry)) as url:
+    with serve_app(create_metrics_app(CollectorRegistry(), PoolCollector(pool.snapshot))) as url:
         prom = prometheus(url.removeprefix("http://"))
         # (1000 + 900 + 1000 + 900) / 4000 = 0.95
         got = eventually(lambda: query(prom, "gpupool_pool_allocated_ratio"), "the first scrape")

@@ -52,9 +52,12 @@ def create_dashboard(
     snapshot_provider: Callable[[], Snapshot],
     sim_results_dir: Path | str | None = None,
     refresh_s: float = 2.0,
+    max_nodes: int = 100,
 ) -> Starlette:
     """The dashboard app. `snapshot_provider` is called on the event loop for every page, fragment and
-    JSON request (it must be quick and must not block on I/O); rendering then runs in a worker thread."""
+    JSON request (it must be quick and must not block on I/O); rendering then runs in a worker thread.
+    The pool map lists at most `max_nodes` nodes unless the page is opened with `?all=1` (a search
+    narrows it first), so that a 1,000-node pool does not ship megabytes every refresh."""
     env = _environment()
     sim_dir = Path(sim_results_dir) if sim_results_dir is not None else None
     refresh = max(0.5, float(refresh_s))
@@ -74,21 +77,22 @@ def create_dashboard(
             log.exception("pool snapshot provider failed")
             return None
 
-    def query(request: Request) -> str:
-        return request.query_params.get("q", "").strip()[:MAX_QUERY]
+    def query(request: Request) -> tuple[str, bool]:
+        return request.query_params.get("q", "").strip()[:MAX_QUERY], request.query_params.get("all") == "1"
 
     async def page(request: Request) -> Response:
-        q = query(request)
+        q, show_all = query(request)
         snap = snapshot()
-        view = pool_view(snap, q) if snap is not None else None
+        view = pool_view(snap, q, 0 if show_all else max_nodes) if snap is not None else None
         return await render("pool.html", status=200 if snap else 503, base=base(request), q=q, view=view,
-                            refresh=refresh, page="pool")
+                            refresh=refresh, page="pool", show_all=show_all)
 
     async def fragment(request: Request) -> Response:
-        q = query(request)
+        q, show_all = query(request)
         snap = snapshot()
-        view = pool_view(snap, q) if snap is not None else None
-        return await render("_pool.html", status=200 if snap else 503, base=base(request), q=q, view=view)
+        view = pool_view(snap, q, 0 if show_all else max_nodes) if snap is not None else None
+        return await render("_pool.html", status=200 if snap else 503, base=base(request), q=q, view=view,
+                            show_all=show_all)
 
     async def api_snapshot(request: Request) -> Response:
         snap = snapshot()

@@ -39,8 +39,9 @@ class PoolView:
     rows: tuple[NodeRow, ...]
     pending: tuple[PendingPod, ...]
     query: str
-    matches: int  # grants + pending pods matching the search (0 without a search)
+    matches: int  # nodes, grants and pending pods matching the search (0 without a search)
     taken_at: float | None
+    hidden_nodes: int = 0  # nodes left out to keep the page small (see `max_nodes`)
 
 
 def pod_name(namespace: str, pod: str) -> str:
@@ -64,14 +65,26 @@ def _row(node: NodeView, q: str) -> NodeRow:
     return NodeRow(node.name, tuple(_cell(g, q) for g in node.gpus))
 
 
-def pool_view(snap: Snapshot, q: str = "") -> PoolView:
-    """The page for `snap`; with a search `q` (case-insensitive substring of namespace/pod), only nodes
-    holding a matching pod and matching pending pods are listed."""
-    rows = tuple(_row(n, q) for n in snap.nodes)
-    pending = tuple(snap.pending)
-    matches = 0
+def pool_view(snap: Snapshot, q: str = "", max_nodes: int = 0) -> PoolView:
+    """The page for `snap`. With a search `q` (case-insensitive substring of namespace/pod or of a node
+    name) only matching nodes, nodes holding a matching pod, and matching pending pods are listed. At most
+    `max_nodes` nodes are listed (0 = all); the rest are counted in `hidden_nodes`."""
+    needle = q.lower()
+    rows: list[NodeRow] = []
+    hidden = matches = 0
+    for node in snap.nodes:
+        row = _row(node, q)
+        if q:
+            pods = sum(s.match for c in row.cells for s in c.shares)
+            by_name = needle in node.name.lower()
+            if not pods and not by_name:
+                continue
+            matches += pods + by_name
+        if max_nodes and len(rows) >= max_nodes:
+            hidden += 1
+            continue
+        rows.append(row)
+    pending = tuple(p for p in snap.pending if not q or _matches(q, p.namespace, p.pod))
     if q:
-        rows = tuple(r for r in rows if any(c.match for c in r.cells))
-        pending = tuple(p for p in pending if _matches(q, p.namespace, p.pod))
-        matches = sum(s.match for r in rows for c in r.cells for s in c.shares) + len(pending)
-    return PoolView(snap.totals, rows, pending, q, matches, snap.taken_at)
+        matches += len(pending)
+    return PoolView(snap.totals, tuple(rows), pending, q, matches, snap.taken_at, hidden)

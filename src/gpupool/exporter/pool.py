@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -51,8 +52,57 @@ SCRAPE_ERRORS = "gpupool_snapshot_errors"  # counter, exposed as gpupool_snapsho
 LATENCY = "gpupool_scheduling_latency_seconds"  # histogram
 
 
+@dataclass(frozen=True, slots=True)
+class PoolFrame:
+    """One scrape's pool data: the snapshot (None when the provider failed) and the failures so far.
+
+    Taking a frame calls the provider; rendering it touches only the immutable snapshot, so a service can
+    take the frame where its state is consistent (its event loop) and render it in a worker thread."""
+
+    snapshot: Snapshot | None
+    errors: int
+
+    def small_families(self) -> list[Metric]:
+        """Errors, up, and the unlabelled pool totals."""
+        errors = CounterMetricFamily(SCRAPE_ERRORS, "Scrapes for which the pool snapshot could not be read.",
+                                     value=self.errors)
+        up = GaugeMetricFamily("gpupool_snapshot_up", POOL_METRICS["gpupool_snapshot_up"],
+                               value=0 if self.snapshot is None else 1)
+        if self.snapshot is None:
+            return [errors, up]
+        return [errors, up, *(GaugeMetricFamily(n, POOL_METRICS[n], value=v) for n, v in _scalars(self.snapshot))]
+
+    def labelled_families(self) -> list[GaugeMetricFamily]:
+        """The per-GPU and per-grant gauges as prometheus_client families."""
+        families = {name: GaugeMetricFamily(name, POOL_METRICS[name], labels=labels) for name, labels in LABELLED}
+        if self.snapshot is not None:
+            for name, labels, value in _labelled_samples(self.snapshot):
+                families[name].add_metric(labels, value)
+        return list(families.values())
+
+    def labelled_text(self) -> str:
+        """The same gauges in the text exposition format (also valid OpenMetrics for gauges), written
+        directly: at 100,000 series this is several times faster than the generic encoder."""
+        lines: dict[str, list[str]] = {name: [] for name, _ in LABELLED}
+        label_names = dict(LABELLED)
+        if self.snapshot is not None:
+            for name, labels, value in _labelled_samples(self.snapshot):
+                pairs = ",".join(f'{k}="{_escape(v)}"' for k, v in zip(label_names[name], labels, strict=True))
+                lines[name].append(f"{name}{{{pairs}}} {float(value)!r}")
+        out = []
+        for name, samples in lines.items():
+            out.append(f"# HELP {name} {POOL_METRICS[name]}\n# TYPE {name} gauge\n")
+            if samples:
+                out.append("\n".join(samples))
+                out.append("\n")
+        return "".join(out)
+
+
 class PoolCollector(Collector):
-    """A prometheus_client collector over a snapshot provider (called once per scrape)."""
+    """A prometheus_client collector over a snapshot provider (called once per scrape).
+
+    Register it in a registry for the generic path, or give it to `metrics_route(registry, pool=...)`
+    (not registered) for the fast path that also calls the provider on the event loop."""
 
     def __init__(self, provider: Callable[[], Snapshot], registry: CollectorRegistry | None = None) -> None:
         self._provider = provider
@@ -62,72 +112,77 @@ class PoolCollector(Collector):
 
     def describe(self) -> list[Metric]:
         # Returning families lets the registry check for name clashes without calling the provider.
-        gauges = [GaugeMetricFamily(name, help_, labels=()) for name, help_ in POOL_METRICS.items()]
-        return [self._errors_family(), *gauges]
+        return [
+            CounterMetricFamily(SCRAPE_ERRORS, "", value=0),
+            *(GaugeMetricFamily(name, help_, labels=()) for name, help_ in POOL_METRICS.items()),
+        ]
 
-    def _errors_family(self) -> CounterMetricFamily:
-        return CounterMetricFamily(SCRAPE_ERRORS, "Scrapes for which the pool snapshot could not be read.",
-                                   value=self._errors)
-
-    def collect(self) -> Iterator[Metric]:
+    def take(self) -> PoolFrame:
         try:
             snap = self._provider()
         except Exception:
             # A broken provider must not break /metrics: report it and keep serving.
             log.exception("pool snapshot provider failed")
             self._errors += 1
-            yield self._errors_family()
-            yield GaugeMetricFamily("gpupool_snapshot_up", POOL_METRICS["gpupool_snapshot_up"], value=0)
-            return
-        yield self._errors_family()
-        yield GaugeMetricFamily("gpupool_snapshot_up", POOL_METRICS["gpupool_snapshot_up"], value=1)
-        yield from snapshot_families(snap)
+            return PoolFrame(None, self._errors)
+        return PoolFrame(snap, self._errors)
+
+    def collect(self) -> Iterator[Metric]:
+        frame = self.take()
+        yield from frame.small_families()
+        if frame.snapshot is not None:
+            yield from frame.labelled_families()
 
 
-def _family(name: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
-    return GaugeMetricFamily(name, POOL_METRICS[name], labels=labels)
+LABELLED: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gpupool_gpu_info", (*GPU_LABELS, "model")),
+    ("gpupool_gpu_healthy", GPU_LABELS),
+    ("gpupool_gpu_memory_bytes", GPU_LABELS),
+    ("gpupool_gpu_memory_allocated_bytes", GPU_LABELS),
+    ("gpupool_gpu_cores_allocated_ratio", GPU_LABELS),
+    ("gpupool_gpu_sharers", GPU_LABELS),
+    ("gpupool_grant_memory_bytes", GRANT_LABELS),
+    ("gpupool_grant_cores_ratio", GRANT_LABELS),
+)
 
 
-def snapshot_families(snap: Snapshot) -> list[GaugeMetricFamily]:
-    """The gauge families for one snapshot (everything but `gpupool_snapshot_up`)."""
-    info = _family("gpupool_gpu_info", (*GPU_LABELS, "model"))
-    healthy = _family("gpupool_gpu_healthy", GPU_LABELS)
-    memory = _family("gpupool_gpu_memory_bytes", GPU_LABELS)
-    mem_alloc = _family("gpupool_gpu_memory_allocated_bytes", GPU_LABELS)
-    cores = _family("gpupool_gpu_cores_allocated_ratio", GPU_LABELS)
-    sharers = _family("gpupool_gpu_sharers", GPU_LABELS)
-    grant_mem = _family("gpupool_grant_memory_bytes", GRANT_LABELS)
-    grant_cores = _family("gpupool_grant_cores_ratio", GRANT_LABELS)
+def _labelled_samples(snap: Snapshot) -> Iterator[tuple[str, list[str], float]]:
     for node in snap.nodes:
         for gpu in node.gpus:
             lv = [node.name, str(gpu.index), gpu.uuid]
-            info.add_metric([*lv, gpu.model], 1)
-            healthy.add_metric(lv, 1 if gpu.healthy else 0)
-            memory.add_metric(lv, gpu.memory_mib * MIB)
-            mem_alloc.add_metric(lv, gpu.allocated_memory_mib * MIB)
-            cores.add_metric(lv, gpu.allocated_cores_percent / 100)
-            sharers.add_metric(lv, gpu.sharers)
+            yield "gpupool_gpu_info", [*lv, gpu.model], 1
+            yield "gpupool_gpu_healthy", lv, 1 if gpu.healthy else 0
+            yield "gpupool_gpu_memory_bytes", lv, gpu.memory_mib * MIB
+            yield "gpupool_gpu_memory_allocated_bytes", lv, gpu.allocated_memory_mib * MIB
+            yield "gpupool_gpu_cores_allocated_ratio", lv, gpu.allocated_cores_percent / 100
+            yield "gpupool_gpu_sharers", lv, gpu.sharers
             for g in gpu.grants:
                 glv = [g.namespace, g.pod, g.container, g.node, str(g.gpu_index), g.gpu_uuid]
-                grant_mem.add_metric(glv, g.memory_mib * MIB)
-                grant_cores.add_metric(glv, g.cores_percent / 100)
+                yield "gpupool_grant_memory_bytes", glv, g.memory_mib * MIB
+                yield "gpupool_grant_cores_ratio", glv, g.cores_percent / 100
+
+
+def _scalars(snap: Snapshot) -> list[tuple[str, float]]:
     t = snap.totals
-    families = [info, healthy, memory, mem_alloc, cores, sharers, grant_mem, grant_cores]
-    scalars = {
-        "gpupool_pool_nodes": t.nodes,
-        "gpupool_pool_gpus": t.gpus,
-        "gpupool_pool_healthy_gpus": t.healthy_gpus,
-        "gpupool_pool_allocated_ratio": t.allocated_share,
-        "gpupool_pool_memory_allocated_ratio": t.allocated_memory_share,
-        "gpupool_pool_fragmented_ratio": t.fragmented_share,
-        "gpupool_pool_gpu_pods": t.gpu_pods,
-        "gpupool_pending_gpu_pods": t.pending,
-    }
+    out: list[tuple[str, float]] = [
+        ("gpupool_pool_nodes", t.nodes),
+        ("gpupool_pool_gpus", t.gpus),
+        ("gpupool_pool_healthy_gpus", t.healthy_gpus),
+        ("gpupool_pool_allocated_ratio", t.allocated_share),
+        ("gpupool_pool_memory_allocated_ratio", t.allocated_memory_share),
+        ("gpupool_pool_fragmented_ratio", t.fragmented_share),
+        ("gpupool_pool_gpu_pods", t.gpu_pods),
+        ("gpupool_pending_gpu_pods", t.pending),
+    ]
     if t.oldest_pending_seconds is not None:
-        scalars["gpupool_pending_gpu_pod_oldest_seconds"] = t.oldest_pending_seconds
-    for name, value in scalars.items():
-        families.append(GaugeMetricFamily(name, POOL_METRICS[name], value=value))
-    return families
+        out.append(("gpupool_pending_gpu_pod_oldest_seconds", t.oldest_pending_seconds))
+    return out
+
+
+def _escape(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+    return value
 
 
 # Extender verbs answer in well under a second; binds wait on the API server, hence the long tail.
