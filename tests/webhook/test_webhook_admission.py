@@ -165,6 +165,7 @@ BAD_CASES = [
         "isolation='vfio': use one of mps, hook, mig, none",
         id="unknown-isolation",
     ),
+    pytest.param({RESOURCE_GPU: "1"}, {ANN_ISOLATION: "mig"}, "MIG isolation is not implemented", id="mig-not-yet"),
     pytest.param(
         {RESOURCE_GPU: "1"}, {"gpupool.io/policy": "fastest"}, "policy='fastest': unknown policy", id="unknown-policy"
     ),

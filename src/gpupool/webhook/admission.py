@@ -41,6 +41,10 @@ API_VERSION = "admission.k8s.io/v1"
 # mark. A user who sets or edits them could make the ledger or the node agent act on a forged record.
 # (`gpupool.io/allocated` is the agent's name; it belongs in gpupool.api.names.)
 RESERVED_ANNOTATIONS = (ANN_ALLOCATION, f"{DOMAIN}/allocated")
+# Valid names the node agent cannot serve yet: refusing at admission beats a pod that fails on its node.
+UNSUPPORTED_ISOLATION = {
+    "mig": "MIG isolation is not implemented by the gpupool node agent yet (use mps, hook or none)"
+}
 KIND = "AdmissionReview"
 DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -196,6 +200,9 @@ def _annotation_problems(pod: Mapping[str, Any], user: str, settings: Settings) 
         for key in RESERVED_ANNOTATIONS:
             if key in annotations:
                 out.append(f"annotation {key} is written by gpupool itself (scheduler or node agent) only; remove it")
+    if str(annotations.get(ANN_ISOLATION, "")).strip() in UNSUPPORTED_ISOLATION:
+        mode = str(annotations[ANN_ISOLATION]).strip()
+        out.append(f"annotation {ANN_ISOLATION}={mode!r}: {UNSUPPORTED_ISOLATION[mode]}")
     policy = annotations.get(ANN_POLICY)
     if policy is not None and policy not in policy_names():
         out.append(f"annotation {ANN_POLICY}={policy!r}: unknown policy (use one of {', '.join(policy_names())})")
