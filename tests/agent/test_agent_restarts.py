@@ -8,6 +8,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import grpc
+import pytest
+
 from gpupool.agent.fake import FakeBackend
 from gpupool.agent.identify import ANN_ALLOCATED
 from gpupool.agent.kubelet_standin import StandInKubelet
@@ -102,3 +105,48 @@ async def test_refused_registration_is_retried_and_the_agent_keeps_running() -> 
         while r.backend.discover_calls < calls + 2:
             await asyncio.sleep(0.02)
         assert r.agent.registrations == 0 and len(r.kubelet.registrations) == 1
+
+
+class FlakyCluster(ClusterPortAgent):
+    """The API server is unreachable while `down` (transport errors, not API answers)."""
+
+    def __init__(self, port: MemoryCluster) -> None:
+        super().__init__(port)
+        self.down = True
+
+    async def get_node(self, name: str) -> dict[str, object]:
+        if self.down:
+            raise ConnectionError("connection refused")
+        return await super().get_node(name)
+
+    async def list_pods_on_node(self, node: str) -> list[dict[str, object]]:
+        if self.down:
+            raise ConnectionError("connection refused")
+        return await super().list_pods_on_node(node)
+
+
+async def test_api_outage_does_not_stop_the_device_plugin() -> None:
+    directory = Path(tempfile.mkdtemp(prefix="gpa-", dir="/tmp"))
+    cluster = MemoryCluster()
+    await cluster.create_node({"metadata": {"name": NODE}})
+    flaky = FlakyCluster(cluster)
+    kubelet = StandInKubelet(directory)
+    await kubelet.start()
+    agent = Agent(agent_config(directory), FakeBackend(four_gpus()), flaky)
+    await agent.start()
+    try:
+        await kubelet.wait_for(lambda k: RESOURCE in k.plugins and len(k.healthy(RESOURCE)) == 16)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::0"])
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "connection refused" in err.value.details()
+        assert "gpupool.io/inventory" not in (await cluster.get_node(NODE))["metadata"].get("annotations", {})
+        flaky.down = False
+        for _ in range(500):  # the inventory loop retries every inventory_interval_s; this only bounds the wait
+            if "gpupool.io/inventory" in (await cluster.get_node(NODE))["metadata"].get("annotations", {}):
+                break
+            await asyncio.sleep(0.02)
+        assert "gpupool.io/inventory" in (await cluster.get_node(NODE))["metadata"]["annotations"]
+    finally:
+        await agent.stop()
+        await kubelet.stop()
+        shutil.rmtree(directory, ignore_errors=True)

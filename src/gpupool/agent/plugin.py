@@ -168,8 +168,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         try:
             node = await self.cluster.get_node(node_name)
             pods = await self.cluster.list_pods_on_node(node_name)
-        except ApiError as e:
-            return grpc.StatusCode.UNAVAILABLE, f"cannot read node {node_name} or its pods: {e}"
+        except Exception as e:  # API error or transport failure: the same answer for kubelet
+            return grpc.StatusCode.UNAVAILABLE, f"cannot read node {node_name} or its pods: {e!r}"
         who = identify(node, pods, node_name, len(ids))
         if isinstance(who, Unidentified):
             return grpc.StatusCode.FAILED_PRECONDITION, who.reason

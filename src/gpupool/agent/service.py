@@ -28,7 +28,6 @@ from gpupool.agent.inventory import InventoryPublisher
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.table import DeviceTable
-from gpupool.cluster.port import ApiError
 
 log = logging.getLogger("gpupool.agent")
 
@@ -109,7 +108,7 @@ class Agent:
         try:
             pods = await self.cluster.list_pods_on_node(self.config.node_name)
             node = await self.cluster.get_node(self.config.node_name)
-        except ApiError as e:
+        except Exception as e:  # API errors and transport errors alike: serving kubelet comes first
             log.warning("could not read the pods of node %s at start: %s", self.config.node_name, e)
             return
         served = [p for p in pods if ANN_ALLOCATED in ((p.get("metadata") or {}).get("annotations") or {})]
@@ -211,7 +210,10 @@ class Agent:
             now = self.clock()
             uuids = list(self.table.uuids()) if everything else self.table.tracker.due_for_probe(now)
             for uuid in uuids:
-                problem = await asyncio.to_thread(self.backend.probe, uuid)
+                try:
+                    problem = await asyncio.to_thread(self.backend.probe, uuid)
+                except Exception as e:  # a probe that raises is a failed probe
+                    problem = f"probe raised {e!r}"
                 # a probe-everything pass only marks failures; recoveries wait for their quarantine
                 relevant = not everything or problem is not None
                 if relevant and await self.table.probe_result(uuid, problem, self.clock()):
@@ -231,6 +233,8 @@ class Agent:
                     log.warning("GPU set changed: %d present", len(discovered.devices))
             except DiscoveryError as e:
                 log.warning("rediscovery failed: %s", e)
+            except Exception:  # keep the loop alive whatever a backend raises
+                log.exception("rediscovery failed unexpectedly")
             await self._publish()
 
     async def _publish(self) -> None:
@@ -238,5 +242,5 @@ class Agent:
             return
         try:
             await self.publisher.publish(self.table.inventory_view(), self.table.unhealthy(), self.wall_clock())
-        except ApiError as e:  # the API being down must not stop the device plugin; retried next round
+        except Exception as e:  # the API being down must not stop the device plugin; retried next round
             log.warning("could not publish the inventory of node %s: %s", self.config.node_name, e)
