@@ -10,6 +10,7 @@ the event loop of its user.
 from __future__ import annotations
 
 import asyncio
+import marshal
 import time
 import uuid
 from collections import deque
@@ -24,12 +25,9 @@ _CLOSED = object()
 
 
 def copy_obj(value: Any) -> Any:
-    """Deep copy of JSON-shaped data (faster than copy.deepcopy for dicts of str/int/list)."""
-    if isinstance(value, dict):
-        return {k: copy_obj(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [copy_obj(v) for v in value]
-    return value
+    """Deep copy of JSON-shaped data. marshal round-trips dict/list/str/int/float/bool/None in C, several
+    times faster than copy.deepcopy or a recursive copy; anything else raises ValueError."""
+    return marshal.loads(marshal.dumps(value))
 
 
 def rfc3339(ts: float) -> str:

@@ -7,15 +7,16 @@ time; binds run concurrently, as kube-scheduler's binding cycles do. A failed bi
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
-
 from gpupool.api.pod import pod_key
 from gpupool.cluster.port import ClusterPort, Obj
+from gpupool.scheduler.http_client import JsonClient
 
 
 @dataclass(slots=True)
@@ -53,23 +54,21 @@ class KubeSchedulerDriver:
         self.max_attempts = max_attempts
         self._bind_slots = asyncio.Semaphore(bind_concurrency)
         self._rng = random.Random(seed)
-        self._client = httpx.AsyncClient(
-            timeout=timeout_s, limits=httpx.Limits(max_connections=bind_concurrency + 4, max_keepalive_connections=32)
-        )
+        self._client = JsonClient(self.url, timeout_s)
+        self._all_names = json.dumps(node_names).encode()  # the same candidate list for every pod
         self.stats = DriverStats()
+        self.bind_seconds: list[float] = []  # latency of every /bind call, for the benchmarks
 
     async def close(self) -> None:
-        await self._client.aclose()
+        await self._client.close()
 
     async def _post(self, verb: str, body: Any) -> Any:
-        r = await self._client.post(f"{self.url}/{verb}", json=body)
-        if r.status_code != 200:
-            raise RuntimeError(f"/{verb} answered {r.status_code}: {r.text[:200]}")
-        return r.json()
+        return await self._client.post(f"/{verb}", body)
 
     async def decide(self, pod: Obj) -> tuple[str | None, str]:
         """One scheduling cycle: (chosen node, "") or (None, why not)."""
-        result = await self._post("filter", {"Pod": pod, "NodeNames": self.node_names, "Nodes": None})
+        body = b'{"Pod":' + json.dumps(pod).encode() + b',"Nodes":null,"NodeNames":' + self._all_names + b"}"
+        result = await self._post("filter", body)
         if result.get("Error"):
             return None, result["Error"]
         feasible = result.get("NodeNames") or []
@@ -94,7 +93,9 @@ class KubeSchedulerDriver:
         meta = pod["metadata"]
         args = {"PodName": meta["name"], "PodNamespace": meta["namespace"], "PodUID": meta["uid"], "Node": node}
         async with self._bind_slots:
+            start = time.perf_counter()
             result = await self._post("bind", args)
+            self.bind_seconds.append(time.perf_counter() - start)
         return str(result.get("Error") or "")
 
     async def run(self, pods: list[Obj], on_outcome: Callable[[Outcome], None] | None = None) -> DriverStats:

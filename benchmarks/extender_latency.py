@@ -1,0 +1,111 @@
+"""Latency of the extender's /filter, /prioritize and /bind over real HTTP with nodeCacheCapable bodies.
+
+The extender (embedded cluster + uvicorn on 127.0.0.1) runs in a child process; it is first filled with one
+pod per node through the fake kube-scheduler (its /bind latencies are recorded there). The parent then sends
+/filter with every node name and /prioritize with the feasible ones, one request at a time on a keep-alive
+connection, as kube-scheduler does.
+
+Usage: python benchmarks/extender_latency.py --nodes 5000 [--requests 300] [--runs 3]
+Last line: {"nodes": N, "filter_p50_ms", "filter_p99_ms", "prioritize_p99_ms", "bind_p99_ms"}
+(median over runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import multiprocessing as mp
+import os
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+
+def _serve(nodes: int, conn: Any) -> None:
+    from gpupool.scheduler.driver import KubeSchedulerDriver
+    from gpupool.scheduler.embedded import load_scenario, start_embedded, workload_pods
+
+    logging.basicConfig(level=logging.ERROR)
+
+    async def main() -> None:
+        scenario = load_scenario().scaled(nodes)
+        emb = await start_embedded(scenario)
+        driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
+        stats = await driver.run(workload_pods(scenario, nodes))
+        conn.send({"url": emb.url, "names": emb.node_names, "bind_s": driver.bind_seconds, "bound": stats.bound})
+        await driver.close()
+        await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # wait for "stop"
+        await emb.stop()
+
+    asyncio.run(main())
+
+
+def _pod() -> dict:
+    from gpupool.scheduler.embedded import PodShape, pod_object
+
+    pod = pod_object("probe", "bench", PodShape(weight=1, gpu=1, cores=30, memory_mib=8192))
+    pod["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
+    return pod
+
+
+async def _measure(url: str, names: list[str], requests: int) -> tuple[list[float], list[float]]:
+    from gpupool.scheduler.http_client import JsonClient
+
+    client = JsonClient(url)
+    pod = json.dumps(_pod()).encode()
+    all_names = json.dumps(names).encode()
+    filter_body = b'{"Pod":' + pod + b',"Nodes":null,"NodeNames":' + all_names + b"}"
+    f_ms, p_ms = [], []
+    for _ in range(requests):
+        t = time.perf_counter()
+        result = await client.post("/filter", filter_body)
+        f_ms.append((time.perf_counter() - t) * 1000)
+        feasible = json.dumps(result["NodeNames"]).encode()
+        body = b'{"Pod":' + pod + b',"Nodes":null,"NodeNames":' + feasible + b"}"
+        t = time.perf_counter()
+        await client.post("/prioritize", body)
+        p_ms.append((time.perf_counter() - t) * 1000)
+    await client.close()
+    return f_ms, p_ms
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--requests", type=int, default=300)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    print(f"cpu cores: {os.cpu_count()}; nodes={args.nodes} requests={args.requests} runs={args.runs}")
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_serve, args=(args.nodes, child), daemon=True)
+    proc.start()
+    info = parent.recv()
+    print(f"extender at {info['url']}: {len(info['names'])} nodes, {info['bound']} pods bound while filling")
+    bind_p99 = float(np.percentile(np.array(info["bind_s"]) * 1000, 99)) if info["bind_s"] else float("nan")
+    runs = []
+    for i in range(args.runs):
+        f_ms, p_ms = asyncio.run(_measure(info["url"], info["names"], args.requests))
+        run = {
+            "filter_p50_ms": float(np.percentile(f_ms, 50)),
+            "filter_p99_ms": float(np.percentile(f_ms, 99)),
+            "prioritize_p50_ms": float(np.percentile(p_ms, 50)),
+            "prioritize_p99_ms": float(np.percentile(p_ms, 99)),
+        }
+        runs.append(run)
+        print(f"run {i + 1}: " + ", ".join(f"{k}={v:.2f}" for k, v in run.items()))
+    parent.send("stop")
+    proc.join(timeout=30)
+    result = {"nodes": args.nodes}
+    for key in ("filter_p50_ms", "filter_p99_ms", "prioritize_p99_ms"):
+        result[key] = round(statistics.median(r[key] for r in runs), 2)
+    result["bind_p99_ms"] = round(bind_p99, 2)
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
