@@ -58,6 +58,14 @@ def test_grants_sharers_and_totals() -> None:
         ("team-c", "a", "no A100"), ("team-c", "big", "needs 2 GPUs")]
 
 
+def test_state_keys_are_translated_to_pod_names() -> None:
+    state = cluster()
+    give(state, "3f1c-uid", "n0", 1, 250, 1024)  # the scheduler's ledger keys pods by UID
+    snap = build_snapshot(state, {}, names={"3f1c-uid": "team-a/train"}, containers={"3f1c-uid": "main"})
+    (grant,) = snap.grants()
+    assert (grant.namespace, grant.pod, grant.container, grant.gpu_index) == ("team-a", "train", "main", 1)
+
+
 def test_released_pod_disappears() -> None:
     state = cluster()
     give(state, "ns/a", "n0", 0, 500, 1024)

@@ -121,14 +121,18 @@ def build_snapshot(
     state: ClusterState,
     pending: Mapping[str, str],
     *,
+    names: Mapping[str, str] | None = None,
     containers: Mapping[str, str] | None = None,
     pending_since: Mapping[str, float] | None = None,
     now: float | None = None,
     workload: Sequence[TaskShape] = (),
 ) -> Snapshot:
-    """Describe `state` for the views. `pending` maps pod key -> why it waits; `containers` maps pod key ->
-    the container holding the GPU (blank when unknown); `pending_since` maps pod key -> unix seconds it
-    started waiting (with `now`, gives the oldest wait); `workload` drives the fragmentation measure."""
+    """Describe `state` for the views. `pending` maps pod key ("namespace/name") -> why it waits. `names`
+    maps the keys pods have inside `state` to "namespace/name" when they differ (the scheduler's ledger
+    keys pods by UID); `containers` maps the same state keys to the container holding the GPU (blank when
+    unknown); `pending_since` maps pending pod keys -> unix seconds they started waiting (with `now`,
+    gives the oldest wait); `workload` drives the fragmentation measure."""
+    names = names or {}
     containers = containers or {}
     # Plain dicts validated once at the end: one pass in pydantic's core instead of ~30,000 model inits.
     grants_by_gpu: dict[tuple[int, int], list[dict[str, object]]] = {}
@@ -137,7 +141,7 @@ def build_snapshot(
         if not held.allocation.grants:
             continue
         gpu_pods += 1
-        ns, name = split_key(key)
+        ns, name = split_key(names.get(key, key))
         for g in held.allocation.grants:
             grants += 1
             grants_by_gpu.setdefault((held.node_index, g.index), []).append({
