@@ -244,7 +244,7 @@ def test_agent_gets_its_node_and_the_fake_gpus(render: Render) -> None:
 
 @pytest.mark.parametrize(
     ("variant", "policy", "isolation", "split", "scheduler_name"),
-    [("default", "firstfit", "hook", 10, "gpupool-scheduler"), ("non-default", "fgd", "mps", 4, "shared-gpu")],
+    [("default", "gpupool", "hook", 10, "gpupool-scheduler"), ("non-default", "fgd", "mps", 4, "shared-gpu")],
 )
 def test_rendered_env_is_a_valid_configuration_for_each_component(
     render: Render, variant: str, policy: str, isolation: str, split: int, scheduler_name: str
@@ -316,6 +316,23 @@ def test_bad_values_are_refused(helm: Path, setting: str, message: str) -> None:
     out = run_helm(helm, "template", "gp", str(CHART), "--set", setting)
     assert out.returncode != 0
     assert message in out.stderr, out.stderr
+
+
+def test_values_choices_match_the_code() -> None:
+    """The schema's enums and the defaults follow the policy registry and the agent's isolation modes."""
+    import json
+    import typing
+
+    from gpupool.agent.config import AgentConfig
+    from gpupool.core.policies import DEFAULT_POLICY, policy_names
+
+    schema = json.loads((CHART / "values.schema.json").read_text())["properties"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert sorted(schema["defaultPolicy"]["enum"]) == sorted(policy_names())
+    assert values["defaultPolicy"] == DEFAULT_POLICY
+    agent_modes = typing.get_args(AgentConfig.model_fields["isolation"].annotation)
+    assert sorted(schema["isolation"]["enum"]) == sorted(agent_modes)
+    assert values["isolation"] == AgentConfig.model_fields["isolation"].default
 
 
 def test_kubernetes_older_than_1_30_is_refused(helm: Path) -> None:
