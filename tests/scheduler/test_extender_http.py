@@ -59,10 +59,10 @@ async def test_filter_rejects_a_full_node_with_a_reason(embedded, client):
 
 
 async def test_prioritize_scores_are_in_extender_range_and_follow_the_policy(embedded, client):
-    pod = await _create(embedded, gpu_pod("p", cores=30))
+    pod = await _create(embedded, gpu_pod("p", cores=30, annotations={"gpupool.io/policy": "firstfit"}))
     r = await client.post(f"{embedded.url}/prioritize", json={"Pod": pod, "NodeNames": embedded.node_names})
     scores = r.json()
-    # firstfit (default) scores every node alike; its tie-break (rank = name order) picks the first node,
+    # firstfit scores every node alike; its tie-break (rank = name order) picks the first node,
     # which gets the maximum; nodes scoring 0 are omitted (kube-scheduler counts a missing host as 0).
     assert scores == [{"Host": embedded.node_names[0], "Score": 10}]
     random_pod = await _create(embedded, gpu_pod("r", cores=30, annotations={"gpupool.io/policy": "random"}))
