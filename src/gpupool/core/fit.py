@@ -38,7 +38,8 @@ class Fit:
 
     @property
     def feasible(self) -> IntArray:
-        return self.nodes[self.code == OK]
+        result: IntArray = self.nodes[self.code == OK]
+        return result
 
     def reason(self, k: int, pod: PodRequest, problems: list[str] | None = None) -> str:
         """Human text for the k-th checked node."""

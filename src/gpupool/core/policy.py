@@ -38,7 +38,8 @@ class PolicyContext:
 
 
 class Policy(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext

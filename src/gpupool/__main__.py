@@ -1,0 +1,5 @@
+"""`python -m gpupool` runs the CLI (useful where the console script is not on PATH)."""
+
+from gpupool.cli import main
+
+main()
