@@ -73,3 +73,50 @@ def test_command_reports_bad_settings() -> None:
     result = CliRunner().invoke(webhook, ["--default-isolation", "vfio"], env={"GPUPOOL_WEBHOOK_PORT": "0"})
     assert result.exit_code == 2
     assert "default_isolation" in result.output and "port" in result.output
+
+
+def test_gpupool_webhook_command_serves_over_tls(tmp_path: Path) -> None:
+    """The real command in its own process: config from flags and environment, TLS, one admission."""
+    import base64
+    import json
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    from tests.webhook.helpers import pod, review
+
+    tls = make_tls(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "GPUPOOL_WEBHOOK_SCHEDULER_NAME": "from-env"}
+    args = ["webhook", "--host", "127.0.0.1", "--port", str(port), "--cert-file", str(tls.cert)]
+    args += ["--key-file", str(tls.key), "--no-watch-inventory", "--log-level", "warning"]
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "from gpupool.cli import main; main()", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        context = ssl.create_default_context(cafile=str(tls.ca))
+        with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=context, timeout=10) as client:
+            for _ in range(300):  # start-up can be slow on a loaded machine; the bound only avoids a hang
+                if proc.poll() is not None:
+                    raise AssertionError(f"webhook exited: {proc.stdout.read() if proc.stdout else ''}")
+                try:
+                    client.get("/healthz")
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            r = client.post("/mutate", json=review(pod({"gpupool.io/gpu": "1"})))
+            ops = json.loads(base64.b64decode(r.json()["response"]["patch"]))
+            assert {"op": "replace", "path": "/spec/schedulerName", "value": "from-env"} in ops
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+    assert "gpupool webhook starting:" in out and "scheduler_name=from-env" in out

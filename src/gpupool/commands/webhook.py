@@ -64,7 +64,7 @@ def webhook(config_file: Path | None, **flags: object) -> None:
     logging.basicConfig(
         level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    logging.getLogger("gpupool.webhook").info("gpupool webhook starting: %s", config.summary())
+    click.echo(f"gpupool webhook starting: {config.summary()}", err=True)  # whatever the log level
     asyncio.run(_run(config))
 
 
