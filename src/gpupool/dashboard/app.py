@@ -102,20 +102,19 @@ def create_dashboard(
         return Response(snap.model_dump_json(), media_type="application/json")
 
     async def simulation(request: Request) -> Response:
-        ctx: dict[str, object] = {"base": base(request), "page": "simulation", "report": None, "error": None}
+        report, error, status = None, None, 200
         if sim_dir is None:
-            ctx["error"] = "No simulation results configured: start the service with a results directory " \
-                           "(written by `gpupool simulate --out DIR`)."
-            return await render("simulation.html", status=404, **ctx)
-        try:
-            ctx["report"] = load_results(sim_dir)
-        except FileNotFoundError as e:
-            ctx["error"] = str(e)
-            return await render("simulation.html", status=404, **ctx)
-        except SimulationError as e:
-            ctx["error"] = str(e)
-            return await render("simulation.html", status=500, **ctx)
-        return await render("simulation.html", **ctx)
+            error, status = ("No simulation results configured: start the service with a results directory "
+                             "(written by `gpupool simulate --out DIR`)."), 404
+        else:
+            try:
+                report = load_results(sim_dir)
+            except FileNotFoundError as e:
+                error, status = str(e), 404
+            except SimulationError as e:
+                error, status = str(e), 500
+        return await render("simulation.html", status=status, base=base(request), page="simulation",
+                            report=report, error=error)
 
     async def simulation_plot(request: Request) -> Response:
         png = sim_dir / "allocation.png" if sim_dir is not None else None
