@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -133,7 +134,7 @@ class StandInKubelet:
         async with self._changed:
             self._changed.notify_all()
 
-    async def wait_for(self, predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    async def wait_for(self, predicate: Callable[[StandInKubelet], bool], timeout: float = 10.0) -> None:
         """Wait until `predicate(self)` holds (generous timeouts only avoid hangs)."""
         async with self._changed:
             await asyncio.wait_for(self._changed.wait_for(lambda: predicate(self)), timeout)
