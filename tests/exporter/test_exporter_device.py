@@ -7,6 +7,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -19,10 +21,11 @@ from gpupool.exporter import (
     ProcessSample,
     create_metrics_app,
     parse_cgroup,
+    proc_pod_mapper,
     read_cgroup,
     resolve,
 )
-from gpupool.exporter.cgroup import container_id
+from gpupool.exporter.cgroup import CgroupRef, container_id
 
 FIXTURES = Path(__file__).parent / "fixtures"
 UID = "6b1e0d2c-8e0a-4a4c-9d1e-3f2a1b0c9d8e"
@@ -76,6 +79,34 @@ def test_read_cgroup_from_a_proc_tree(tmp_path: Path) -> None:
     text = read_cgroup(4242, tmp_path)
     assert text is not None and parse_cgroup(text) is not None
     assert read_cgroup(4243, tmp_path) is None  # exited
+
+
+@settings(max_examples=80, deadline=None)
+@given(uid=st.uuids(), cid=st.text("0123456789abcdef", min_size=64, max_size=64),
+       qos=st.sampled_from(["", "burstable", "besteffort"]),
+       runtime=st.sampled_from(["cri-containerd", "crio", "docker"]), v1=st.booleans())
+def test_every_kubelet_layout_round_trips(uid: Any, cid: str, qos: str, runtime: str, v1: bool) -> None:
+    """Whatever the QoS class, driver and runtime, the UID and container ID the kubelet wrote come back."""
+    u = str(uid)
+    if v1:  # cgroupfs driver, one line per hierarchy
+        path = "/kubepods" + (f"/{qos}" if qos else "") + f"/pod{u}/{cid}"
+        text = f"12:memory:{path}\n11:devices:{path}\n0::/\n"
+    else:  # systemd driver, unified hierarchy
+        slice_ = "kubepods" + (f"-{qos}" if qos else "")
+        parent = "/kubepods.slice" + (f"/{slice_}.slice" if qos else "")
+        text = f"0::{parent}/{slice_}-pod{u.replace('-', '_')}.slice/{runtime}-{cid}.scope\n"
+    assert parse_cgroup(text) == CgroupRef(u, cid)
+
+
+def test_proc_pod_mapper(tmp_path: Path) -> None:
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "cgroup").write_text((FIXTURES / "cgroup-v2-containerd.txt").read_text())
+    (tmp_path / "78").mkdir()
+    (tmp_path / "78" / "cgroup").write_text((FIXTURES / "cgroup-v2-host-process.txt").read_text())
+    mapper = proc_pod_mapper(lambda: {UID: PodInfo("team-a", "train-0", {CID: "trainer"})}, tmp_path)
+    assert mapper(77) == PodRef("team-a", "train-0", "trainer")
+    assert mapper(78) is None  # a host daemon
+    assert mapper(79) is None  # gone
 
 
 def sample(**kw: Any) -> DeviceSample:

@@ -1,7 +1,7 @@
 """Prometheus metrics: the pool (who holds what, totals, scheduling latency) and the devices
 (dcgm-exporter-compatible), both as scrape-time collectors so series never outlive their pods."""
 
-from gpupool.exporter.cgroup import PodInfo, PodRef, parse_cgroup, read_cgroup, resolve
+from gpupool.exporter.cgroup import PodInfo, PodRef, parse_cgroup, proc_pod_mapper, read_cgroup, resolve
 from gpupool.exporter.device import DEVICE_METRICS, DeviceCollector, DeviceSample, ProcessSample
 from gpupool.exporter.http import create_metrics_app, metrics_route
 from gpupool.exporter.pool import POOL_METRICS, PoolCollector, SchedulingLatency
@@ -19,6 +19,7 @@ __all__ = [
     "create_metrics_app",
     "metrics_route",
     "parse_cgroup",
+    "proc_pod_mapper",
     "read_cgroup",
     "resolve",
 ]

@@ -14,7 +14,7 @@ parsing is pure so it is tested on fixtures; reading the file is one small funct
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,3 +91,17 @@ def read_cgroup(pid: int, proc_root: Path = Path("/proc")) -> str | None:
         return (proc_root / str(pid) / "cgroup").read_text()
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return None
+
+
+def proc_pod_mapper(
+    pods: Callable[[], Mapping[str, PodInfo]], proc_root: Path = Path("/proc")
+) -> Callable[[int], PodRef | None]:
+    """`pod_of_pid` for `DeviceCollector`: reads /proc/<pid>/cgroup and looks the pod up in `pods()` (the
+    node's pods by UID, e.g. from the agent's pod cache; it should be a cheap lookup, it is called per
+    process); PIDs of exited processes or of processes outside pods map to None."""
+
+    def pod_of_pid(pid: int) -> PodRef | None:
+        text = read_cgroup(pid, proc_root)
+        return resolve(text, pods()) if text is not None else None
+
+    return pod_of_pid
