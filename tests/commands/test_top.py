@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -119,3 +124,37 @@ def test_bad_json_and_http_errors_exit_2() -> None:
     with serve(pool_app('{"error": "ledger not synced"}', status=503)) as url:
         down = run_top("--once", "--url", f"{url}/pool")
     assert down.exit_code == 2 and "answered HTTP 503: {\"error\": \"ledger not synced\"}" in down.output
+
+
+def test_refreshes_until_interrupted() -> None:
+    """Without --once, top keeps fetching; what changed after start is in the frame shown at Ctrl-C."""
+    first = snapshot_json()
+    doc = json.loads(first)
+    grant = doc["nodes"][0]["gpus"][1]["grants"][0]
+    assert (grant["namespace"], grant["pod"]) == ("team-a", "whole")
+    grant.update(namespace="team-z", pod="late")
+    changed = json.dumps(doc)
+    served = {"n": 0}
+    two_after_change = threading.Event()
+
+    def body() -> str:
+        served["n"] += 1
+        if served["n"] >= 5:
+            two_after_change.set()
+        return first if served["n"] <= 2 else changed
+
+    with serve(pool_app(body)) as url:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", "from gpupool.cli import main; main()", "top", "--url", f"{url}/pool",
+             "--interval", "0.2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
+        )
+        try:
+            assert two_after_change.wait(timeout=60), "top did not keep refreshing"
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, err
+    assert "team-z/late" in out
