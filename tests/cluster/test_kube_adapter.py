@@ -117,3 +117,28 @@ async def test_not_found_and_delete_preconditions(fake):
     method, path, _, body = server.requests[-1]
     assert (method, path) == ("DELETE", "/api/v1/namespaces/default/pods/p")
     assert body["preconditions"] == {"uid": "u1"}
+
+
+async def test_from_config_uses_the_named_kubeconfig_context(fake, tmp_path):
+    import yaml
+
+    _, cluster = fake
+    server_url = str(cluster.client._client.config.cluster.server)  # the recording server's URL
+    kubeconfig = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "fake", "cluster": {"server": server_url}},
+                     {"name": "wrong", "cluster": {"server": "http://127.0.0.1:9"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "good", "context": {"cluster": "fake", "user": "u"}},
+                     {"name": "bad", "context": {"cluster": "wrong", "user": "u"}}],
+        "current-context": "bad",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(kubeconfig))
+    other = KubeCluster.from_config(str(path), context="good")
+    try:
+        nodes, rv = await other.list_nodes()
+    finally:
+        await other.close()
+    assert rv == "42" and nodes[0]["metadata"]["name"] == "n1"

@@ -21,12 +21,12 @@ Rules (writers use a resourceVersion precondition on the node; a 409 means re-re
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 ANN_BIND_LOCK = "gpupool.io/bind-lock"
-LOCK_VERSION = 1
+LOCK_VERSION: Final = 1
 
 
 class LockError(ValueError):

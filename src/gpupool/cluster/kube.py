@@ -16,7 +16,7 @@ from lightkube.core.exceptions import ApiError as LightkubeApiError
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Event, Node, Pod
+from lightkube.resources.core_v1 import Event, Node, Pod, PodBinding
 from lightkube.types import PatchType
 
 from gpupool.cluster.port import AlreadyExists, ApiError, Conflict, Gone, Invalid, NotFound, Obj, WatchEvent
@@ -55,12 +55,19 @@ def annotation_patch(annotations: Mapping[str, str | None], resource_version: st
     return {"metadata": meta}
 
 
-def binding_for(namespace: str, name: str, uid: str, node: str) -> Pod.Binding:
+def binding_for(namespace: str, name: str, uid: str, node: str) -> PodBinding:
     """The pods/binding body; metadata.uid makes the API server refuse a re-created pod of that name."""
-    return Pod.Binding(
+    return PodBinding(
         metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
         target=ObjectReference(apiVersion="v1", kind="Node", name=node),
     )
+
+
+def _namespaced(obj: Obj) -> Obj:
+    """The object with metadata.namespace set (lightkube takes the namespace of a create from it)."""
+    meta = dict(obj.get("metadata") or {})
+    meta.setdefault("namespace", "default")
+    return {**obj, "metadata": meta}
 
 
 class KubeCluster:
@@ -73,7 +80,7 @@ class KubeCluster:
     def from_config(cls, kubeconfig: str | None = None, context: str | None = None) -> KubeCluster:
         """`kubeconfig` None = in-cluster service account."""
         config = KubeConfig.from_service_account() if kubeconfig is None else KubeConfig.from_file(kubeconfig)
-        return cls(AsyncClient(config=config, context=context, field_manager=FIELD_MANAGER))
+        return cls(AsyncClient(config=config.get(context_name=context), field_manager=FIELD_MANAGER))
 
     @classmethod
     def from_server(cls, url: str, token: str = "unused") -> KubeCluster:
@@ -135,8 +142,7 @@ class KubeCluster:
         return to_obj(await self._call(self.client.create(Node.from_dict(node))))
 
     async def create_pod(self, pod: Obj) -> Obj:
-        namespace = (pod.get("metadata") or {}).get("namespace") or "default"
-        return to_obj(await self._call(self.client.create(Pod.from_dict(pod), namespace=namespace)))
+        return to_obj(await self._call(self.client.create(Pod.from_dict(_namespaced(pod)))))
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
         if uid is None:
@@ -181,8 +187,7 @@ class KubeCluster:
         return to_obj(await self._call(self.client.get(Lease, name, namespace=namespace)))
 
     async def create_lease(self, lease: Obj) -> Obj:
-        namespace = lease["metadata"].get("namespace", "default")
-        return to_obj(await self._call(self.client.create(Lease.from_dict(lease), namespace=namespace)))
+        return to_obj(await self._call(self.client.create(Lease.from_dict(_namespaced(lease)))))
 
     async def replace_lease(self, lease: Obj) -> Obj:
         meta = lease["metadata"]
@@ -191,8 +196,7 @@ class KubeCluster:
         ))
 
     async def create_event(self, event: Obj) -> None:
-        namespace = event["metadata"].get("namespace", "default")
-        await self._call(self.client.create(Event.from_dict(event), namespace=namespace))
+        await self._call(self.client.create(Event.from_dict(_namespaced(event))))
 
     async def close(self) -> None:
         await self.client.close()

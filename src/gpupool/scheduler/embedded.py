@@ -239,7 +239,7 @@ class FakeKubelet:
                 return
             text = (node["metadata"].get("annotations") or {}).get(ANN_BIND_LOCK)
             try:
-                mine = bool(text) and decode_lock(text).pod_uid == meta["uid"]
+                mine = isinstance(text, str) and decode_lock(text).pod_uid == meta["uid"]
             except LockError:
                 mine = False
             if not mine:

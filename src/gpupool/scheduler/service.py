@@ -16,7 +16,7 @@ import contextlib
 import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -33,7 +33,7 @@ from gpupool.api.extender import (
 from gpupool.api.lock import ANN_BIND_LOCK, BindLock, LockError, decode_lock, encode_lock, format_time
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.api.pod import ParsedPod, parse_pod, pod_key, wants_gpu
-from gpupool.cluster.port import ApiError, ClusterPort, Conflict, Gone, NotFound, Obj
+from gpupool.cluster.port import ApiError, ClusterPort, Conflict, Gone, NotFound, Obj, WatchEvent
 from gpupool.core.fit import check
 from gpupool.core.model import Allocation, PodRequest
 from gpupool.core.placement import Placement, best, place, score_nodes
@@ -123,14 +123,16 @@ class ExtenderService:
         await self.start()
 
     async def _reflect(self, kind: str, resource_version: str) -> None:
+        watch: Callable[[str], AsyncIterator[WatchEvent]]
+        lister: Callable[[], Awaitable[tuple[list[Obj], str]]]
+        apply: Callable[[str, Mapping[str, Any]], object]
+        replace: Callable[[list[Obj]], None]
         if kind == "node":
-            watch, lister, apply, replace = (
-                self.cluster.watch_nodes, self.cluster.list_nodes, self.ledger.apply_node, self.ledger.replace_nodes
-            )
+            watch, lister = self.cluster.watch_nodes, self.cluster.list_nodes
+            apply, replace = self.ledger.apply_node, self.ledger.replace_nodes
         else:
-            watch, lister, apply, replace = (
-                self.cluster.watch_pods, self.cluster.list_pods, self.ledger.apply_pod, self.ledger.replace_pods
-            )
+            watch, lister = self.cluster.watch_pods, self.cluster.list_pods
+            apply, replace = self.ledger.apply_pod, self.ledger.replace_pods
         rv = resource_version
         backoff = 0.1
         while not self._stopping:
@@ -148,7 +150,7 @@ class ExtenderService:
             except Gone:
                 log.info("%s watch expired; listing again", kind)
                 objs, rv = await lister()
-                replace(objs)  # type: ignore[operator]
+                replace(objs)
             except Exception as e:  # keep following: a broken watch must not stop the service
                 log.warning("%s watch failed (%s); retrying in %.1fs", kind, e, backoff)
                 await asyncio.sleep(backoff)
@@ -216,7 +218,7 @@ class ExtenderService:
         if not wants_gpu(args.Pod):
             return self._filter_result(args, names, {}, {})
         if not self.ready:
-            empty = [] if args.Nodes is None else None
+            empty: list[str] | None = [] if args.Nodes is None else None
             return ExtenderFilterResult(NodeNames=empty, Error="gpupool scheduler not ready")
         parsed, invalid = self._parse(args.Pod)
         if invalid is not None or parsed.request is None:
