@@ -8,11 +8,11 @@ import json
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
 from gpupool.cluster.kube import KubeCluster, annotation_patch, binding_for, to_obj
-from gpupool.cluster.port import Conflict, NotFound
+from gpupool.cluster.port import Conflict, Gone, NotFound
 from gpupool.scheduler.server import serve_in_background
 
 
@@ -37,6 +37,15 @@ class FakeApiServer:
         body = json.loads(raw) if raw else None
         path = request.url.path
         self.requests.append((request.method, path, request.headers.get("content-type", ""), body))
+        if request.method == "GET" and path == "/api/v1/pods" and request.query_params.get("watch") == "true":
+            self.watch_params = dict(request.query_params)
+            if request.query_params.get("resourceVersion") == "1":
+                return _status(410, "Expired", "too old resource version: 1")
+            lines = [{"type": "ADDED", "object": POD}, {"type": "DELETED", "object": POD}]
+            return PlainTextResponse("".join(json.dumps(x) + "\n" for x in lines))
+        if request.method == "GET" and path == "/api/v1/pods":
+            return JSONResponse({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "9"},
+                                 "items": [POD]})
         if request.method == "GET" and path == "/api/v1/nodes":
             node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "7"}}
             return JSONResponse({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": "42"},
@@ -86,6 +95,13 @@ async def test_list_returns_dicts_and_the_list_resource_version(fake):
     nodes, rv = await cluster.list_nodes()
     assert rv == "42"
     assert nodes == [{"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "7"}}]
+
+
+async def test_pods_are_listed_across_all_namespaces(fake):
+    server, cluster = fake
+    pods, rv = await cluster.list_pods()
+    assert rv == "9" and [p["metadata"]["name"] for p in pods] == ["p"]
+    assert server.requests[-1][:2] == ("GET", "/api/v1/pods")
 
 
 async def test_annotation_patch_is_a_merge_patch_with_precondition(fake):
@@ -142,3 +158,17 @@ async def test_from_config_uses_the_named_kubeconfig_context(fake, tmp_path):
     finally:
         await other.close()
     assert rv == "42" and nodes[0]["metadata"]["name"] == "n1"
+
+
+async def test_watch_streams_events_as_dicts_and_maps_410_to_gone(fake):
+    server, cluster = fake
+    stream = cluster.watch_pods("5")
+    first = await stream.__anext__()
+    second = await stream.__anext__()
+    await stream.aclose()
+    assert (first.type, second.type) == ("ADDED", "DELETED")
+    assert first.object["metadata"]["uid"] == "u1" and isinstance(first.object, dict)
+    assert server.watch_params["resourceVersion"] == "5"
+    with pytest.raises(Gone):
+        async for _ in cluster.watch_pods("1"):
+            pass

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from lightkube import AsyncClient, KubeConfig
+from lightkube import ALL_NS, AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError as LightkubeApiError
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
@@ -102,7 +102,8 @@ class KubeCluster:
             raise translate_error(e) from None
 
     async def _list(self, res: Any) -> tuple[list[Obj], str]:
-        it = self.client.list(res)
+        # Namespaced kinds are listed and watched across all namespaces, not the client's default one.
+        it = self.client.list(res, namespace=ALL_NS) if res is Pod else self.client.list(res)
         try:
             items = [to_obj(o) async for o in it]
         except LightkubeApiError as e:
@@ -111,10 +112,24 @@ class KubeCluster:
 
     async def _watch(self, res: Any, resource_version: str) -> AsyncIterator[WatchEvent]:
         try:
-            async for type_, obj in self.client.watch(res, resource_version=resource_version):
+            if res is Pod:
+                events = self.client.watch(res, namespace=ALL_NS, resource_version=resource_version)
+            else:
+                events = self.client.watch(res, resource_version=resource_version)
+            async for type_, obj in events:
                 yield WatchEvent(str(type_), to_obj(obj))
         except LightkubeApiError as e:
             raise translate_error(e) from None
+        except Exception as e:
+            # A streamed answer fails with the HTTP client's status error before lightkube reads the Status
+            # body (httpx or httpx2 depending on the lightkube version): map it by its status code.
+            code = getattr(getattr(e, "response", None), "status_code", None)
+            if code is None:
+                raise
+            if code == 410:
+                raise Gone(f"watch from resourceVersion {resource_version}: expired") from None
+            err = NotFound(str(e)) if code == 404 else ApiError(str(e))
+            raise err from None
 
     # --- reading --------------------------------------------------------------------------------------
 
