@@ -108,7 +108,7 @@ def main() -> None:
 
     pool = PoolCollector(lambda: build_snapshot(state, pending))
     app = Starlette(routes=[metrics_route(CollectorRegistry(), pool=pool)])
-    app.mount("/ui", create_dashboard(lambda: build_snapshot(state, pending)))
+    app.mount("/ui", create_dashboard(lambda: build_snapshot(state, pending), cache_s=0))  # time every build
     url, server, thread = serve(app)
     try:
         with httpx.Client(timeout=300) as client:

@@ -15,9 +15,9 @@ from gpupool.core.state import ClusterState
 from gpupool.dashboard import create_dashboard
 
 
-def mounted(provider: Any, sim_dir: Path | None = None) -> Starlette:
+def mounted(provider: Any, sim_dir: Path | None = None, cache_s: float = 0) -> Starlette:
     app = Starlette()
-    app.mount("/ui", create_dashboard(provider, sim_results_dir=sim_dir))
+    app.mount("/ui", create_dashboard(provider, sim_results_dir=sim_dir, cache_s=cache_s))
     return app
 
 
@@ -69,6 +69,20 @@ def test_large_pools_are_cut_to_max_nodes(cluster_factory: Any, give_pod: Any, s
         by_node = httpx.get(f"{url}/ui/fragment", params={"q": "n1"}).text
         assert [n for n in ("n1", "n10", "n11") if f'data-node="{n}"' in by_node] == ["n1", "n10", "n11"]
         assert "3 matches" in by_node  # the nodes n1, n10 and n11 (no pod name contains "n1")
+
+
+def test_concurrent_viewers_share_one_snapshot(cluster: ClusterState, serve_app: Any) -> None:
+    calls = {"n": 0}
+
+    def provider() -> Snapshot:
+        calls["n"] += 1
+        return build_snapshot(cluster, {})
+
+    # an hour-long cache: every request below falls inside it, however slow the machine
+    with serve_app(mounted(provider, cache_s=3600)) as url:
+        for path in ("/ui/", "/ui/fragment", "/ui/fragment?q=x", "/ui/api/snapshot"):
+            assert httpx.get(f"{url}{path}").status_code == 200
+    assert calls["n"] == 1
 
 
 def test_user_text_is_escaped(cluster: ClusterState, give_pod: Any, serve_app: Any) -> None:

@@ -48,7 +48,7 @@ async def test_views_follow_the_real_scheduler() -> None:
         return build_snapshot(ledger.state, pending, names=names)
 
     views = Starlette(routes=[metrics_route(CollectorRegistry(), pool=PoolCollector(provider))])
-    views.mount("/ui", create_dashboard(provider))
+    views.mount("/ui", create_dashboard(provider, cache_s=0))  # the test reads right after changes
     handle = await serve_in_background(views)
     try:
         await driver.run(workload_pods(emb.scenario), on_outcome)

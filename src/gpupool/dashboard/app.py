@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,11 +54,13 @@ def create_dashboard(
     sim_results_dir: Path | str | None = None,
     refresh_s: float = 2.0,
     max_nodes: int = 100,
+    cache_s: float = 1.0,
 ) -> Starlette:
-    """The dashboard app. `snapshot_provider` is called on the event loop for every page, fragment and
-    JSON request (it must be quick and must not block on I/O); rendering then runs in a worker thread.
-    The pool map lists at most `max_nodes` nodes unless the page is opened with `?all=1` (a search
-    narrows it first), so that a 1,000-node pool does not ship megabytes every refresh."""
+    """The dashboard app. `snapshot_provider` is called on the event loop (it must be quick and must not
+    block on I/O); rendering then runs in a worker thread. A snapshot is reused for `cache_s` seconds, so
+    that many open pages polling together cost one snapshot, not one each. The pool map lists at most
+    `max_nodes` nodes unless the page is opened with `?all=1` (a search narrows it first), so that a
+    1,000-node pool does not ship megabytes every refresh."""
     env = _environment()
     sim_dir = Path(sim_results_dir) if sim_results_dir is not None else None
     refresh = max(0.5, float(refresh_s))
@@ -70,12 +73,19 @@ def create_dashboard(
         html = await asyncio.to_thread(template.render, **context)
         return HTMLResponse(html, status_code=status)
 
+    cached: list[tuple[float, Snapshot]] = []  # (monotonic time taken, snapshot); at most one
+
     def snapshot() -> Snapshot | None:
+        now = time.monotonic()
+        if cached and now - cached[0][0] < cache_s:
+            return cached[0][1]
         try:
-            return snapshot_provider()
+            snap = snapshot_provider()
         except Exception:
             log.exception("pool snapshot provider failed")
-            return None
+            return None  # failures are not cached: the next request tries again
+        cached[:] = [(now, snap)]
+        return snap
 
     def query(request: Request) -> tuple[str, bool]:
         return request.query_params.get("q", "").strip()[:MAX_QUERY], request.query_params.get("all") == "1"
