@@ -53,30 +53,11 @@ def scheduler(
 
 async def _serve(config: SchedulerConfig) -> None:
     from gpupool.cluster.kube import KubeCluster
-    from gpupool.scheduler.app import create_app
-    from gpupool.scheduler.leader import LeaderElector
-    from gpupool.scheduler.server import serve_in_background
-    from gpupool.scheduler.service import ExtenderService
+    from gpupool.scheduler.runner import start_replica
 
     cluster = KubeCluster.from_config(config.kubeconfig, config.context)
-    service = ExtenderService(cluster, config)
-    await service.start()
-    server = await serve_in_background(create_app(service), config.host, config.port)
-    click.echo(f"extender listening on {server.url} (ready after sync and leader election)")
-    elector_task = None
-    if config.leader_elect:
-        async def started() -> None:
-            await service.resync()  # a new term starts from a fresh list, never from an old cache
-            service.leading = True
-
-        async def stopped() -> None:
-            service.leading = False
-
-        elector = LeaderElector(
-            cluster, config.lease_namespace, config.lease_name, config.identity, config.lease_duration_s,
-            config.renew_deadline_s, config.retry_period_s, on_started=started, on_stopped=stopped,
-        )
-        elector_task = asyncio.create_task(elector.run())
+    replica = await start_replica(cluster, config)
+    click.echo(f"extender listening on {replica.url} (ready after sync and, if enabled, leader election)")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -85,10 +66,5 @@ async def _serve(config: SchedulerConfig) -> None:
     try:
         await stop.wait()
     finally:
-        if elector_task is not None:
-            elector_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await elector_task
-        await server.stop()
-        await service.stop()
+        await replica.stop()
         await cluster.close()
