@@ -2,7 +2,7 @@
 
 The collector reads a fresh snapshot at every scrape and keeps nothing between scrapes, so a pod that
 is gone from the snapshot is gone from /metrics: the number of series is bounded by the live pool, not
-by the history of pods (peers' per-pod gauges that are only ever `set` leak series of deleted pods).
+by the history of pods (per-pod gauges that are only ever `set` would keep the series of deleted pods).
 """
 
 from __future__ import annotations
