@@ -25,9 +25,11 @@ from gpupool.core.policies import policy_names
 @click.option("--weight", type=click.IntRange(min=1), default=1, show_default=True,
               help="Extender weight the fake kube-scheduler applies to prioritize scores.")
 @click.option("--serve", is_flag=True, help="Keep running after the workload (until Ctrl-C) so tools can attach.")
+@click.option("--churn", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
+              help="With --serve: pods finish after about SECONDS and new ones arrive, so the pool keeps moving.")
 def demo(
     scenario_path: Path | None, nodes: int | None, pods: int | None, policy: str | None, port: int, weight: int,
-    serve: bool,
+    serve: bool, churn: float | None,
 ) -> None:
     """Start an embedded cluster of fake GPU nodes, the gpupool extender on 127.0.0.1 and a fake
     kube-scheduler that submits the scenario's workload over HTTP (filter -> prioritize -> bind)."""
@@ -37,13 +39,17 @@ def demo(
         scenario = load_scenario(scenario_path)
     except ScenarioError as e:
         raise click.UsageError(str(e)) from None
+    if churn is not None and not serve:
+        raise click.UsageError("--churn only makes sense with --serve")
     if nodes is not None:
         scenario = scenario.scaled(nodes)
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_run(scenario, pods, policy, port, weight, serve))
+        asyncio.run(_run(scenario, pods, policy, port, weight, serve, churn))
 
 
-async def _run(scenario: Any, pods: int | None, policy: str | None, port: int, weight: int, serve: bool) -> None:
+async def _run(
+    scenario: Any, pods: int | None, policy: str | None, port: int, weight: int, serve: bool, churn: float | None
+) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
@@ -51,6 +57,7 @@ async def _run(scenario: Any, pods: int | None, policy: str | None, port: int, w
     from gpupool.core.policies import DEFAULT_POLICY
     from gpupool.scheduler.config import SchedulerConfig
     from gpupool.scheduler.driver import KubeSchedulerDriver, Outcome
+    from gpupool.scheduler.embedded import churn as keep_busy
     from gpupool.scheduler.embedded import start_embedded, workload_pods
 
     console = Console()
@@ -101,12 +108,20 @@ async def _run(scenario: Any, pods: int | None, policy: str | None, port: int, w
                 f"serving: extender {emb.url}  ledger {emb.url}/debug/ledger  metrics {emb.url}/metrics"
                 "  (Ctrl-C to stop)"
             )
+            busy = None
+            if churn is not None:
+                console.print(f"churn: pods finish after about {churn:g}s and are replaced")
+                busy = asyncio.create_task(keep_busy(emb, driver.run, churn, first=len(workload), seed=scenario.seed))
             stop = asyncio.Event()
             loop = asyncio.get_running_loop()
             with contextlib.suppress(NotImplementedError):
                 loop.add_signal_handler(signal.SIGINT, stop.set)
                 loop.add_signal_handler(signal.SIGTERM, stop.set)
             await stop.wait()
+            if busy is not None:
+                busy.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await busy
     finally:
         await driver.close()
         await emb.stop()

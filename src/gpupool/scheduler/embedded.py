@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -184,14 +185,48 @@ def pod_object(name: str, namespace: str, shape: PodShape, scheduler_name: str =
     }
 
 
-def workload_pods(scenario: Scenario, count: int | None = None) -> list[Obj]:
-    """The scenario's workload as pod objects (deterministic for a seed)."""
+def workload_pods(scenario: Scenario, count: int | None = None, first: int = 0) -> list[Obj]:
+    """The scenario's workload as pod objects, named job-<first>...; deterministic for a seed and `first`."""
     w = scenario.workload
     n = w.pods if count is None else count
-    rng = np.random.default_rng(scenario.seed)
+    rng = np.random.default_rng([scenario.seed, first])
     weights = np.array([s.weight for s in w.mix], dtype=float)
     picks = rng.choice(len(w.mix), size=n, p=weights / weights.sum())
-    return [pod_object(f"job-{i:06d}", w.namespace, w.mix[int(k)]) for i, k in enumerate(picks)]
+    return [pod_object(f"job-{first + i:06d}", w.namespace, w.mix[int(k)]) for i, k in enumerate(picks)]
+
+
+async def churn(
+    emb: Embedded,
+    submit: Callable[[list[Obj]], Awaitable[object]],
+    lifetime_s: float,
+    first: int,
+    period_s: float = 1.0,
+    seed: int = 0,
+) -> None:
+    """Keep the embedded cluster busy until cancelled: Running pods finish after about `lifetime_s`
+    (phase Succeeded, then deleted, which returns their GPUs) and as many new pods are submitted through
+    `submit` (e.g. the fake kube-scheduler's `run`). For dashboards and `gpupool top` under `--serve`."""
+    rng = np.random.default_rng(seed)
+    next_name = first
+    while True:
+        await asyncio.sleep(period_s)
+        pods, _ = await emb.cluster.list_pods()
+        running = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+        finishing = [p for p in running if rng.random() < period_s / lifetime_s]
+        for p in finishing:
+            meta = p["metadata"]
+            with contextlib.suppress(NotFound, Conflict):
+                await emb.cluster.patch_pod_status(meta["namespace"], meta["name"], {"phase": "Succeeded"})
+                await emb.cluster.delete_pod(meta["namespace"], meta["name"], uid=meta["uid"])
+        # Unschedulable leftovers are dropped too, so the pending queue does not grow without bound.
+        for p in pods:
+            meta = p["metadata"]
+            if not (p.get("spec") or {}).get("nodeName") and (p.get("status") or {}).get("phase") == "Pending":
+                with contextlib.suppress(NotFound, Conflict):
+                    await emb.cluster.delete_pod(meta["namespace"], meta["name"], uid=meta["uid"])
+        arrivals = max(1, len(finishing))
+        await submit(workload_pods(emb.scenario, arrivals, first=next_name))
+        next_name += arrivals
 
 
 # --- fake kubelet / agent ------------------------------------------------------------------------------

@@ -1,0 +1,39 @@
+"""The demo's churn loop: pods finish and are replaced, and the ledger stays equal to the API view."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from gpupool.scheduler.driver import KubeSchedulerDriver
+from gpupool.scheduler.embedded import PodShape, Scenario, Workload, churn, start_embedded, workload_pods
+from tests.scheduler.conftest import small_scenario
+from tests.scheduler.test_bind_reliability import settle
+
+
+async def test_churn_replaces_finished_pods_and_keeps_the_ledger_consistent():
+    base = small_scenario()
+    scenario = Scenario(name="churn", nodes=base.nodes,
+                        workload=Workload(pods=10, mix=[PodShape(weight=1, gpu=1, cores=20)]))
+    emb = await start_embedded(scenario)
+    driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names)
+    try:
+        await driver.run(workload_pods(scenario))
+        await asyncio.sleep(0.1)  # the fake kubelet marks them Running
+        task = asyncio.create_task(churn(emb, driver.run, lifetime_s=0.1, first=10, period_s=0.05, seed=1))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        while driver.stats.bound < 25 and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert driver.stats.bound >= 25  # the first 10 plus replacements
+        pods, _ = await emb.cluster.list_pods()
+        names = {p["metadata"]["name"] for p in pods}
+        assert any(int(n.split("-")[1]) >= 10 for n in names)  # replacements exist
+        assert not {f"job-{i:06d}" for i in range(10)} <= names  # some originals finished and were deleted
+        assert await settle(emb.service) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    finally:
+        await driver.close()
+        await emb.stop()
