@@ -1,0 +1,198 @@
+"""Fixtures for the end-to-end tests: a real control plane (etcd, kube-apiserver, kube-scheduler 1.20 from
+scripts/k8s-testbed), the real `gpupool scheduler` process as kube-scheduler's extender, and REST/lightkube
+clients. A missing binary fails the tests with the command that builds it; nothing here skips.
+
+Every test here is marked `e2e` (run them alone with `pytest -m e2e`).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
+
+import fleet  # noqa: E402
+import testbed as tb  # noqa: E402
+
+from gpupool.cluster.kube import KubeCluster  # noqa: E402
+
+# Leader election fast enough for a test (the chart's defaults are 15 s / 10 s / 2 s).
+LEASE = {"LEASE_DURATION_S": "3", "RENEW_DEADLINE_S": "2", "RETRY_PERIOD_S": "0.5"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "e2e: end-to-end test on a real kube-apiserver/etcd/kube-scheduler (scripts/k8s-testbed)"
+    )
+
+
+def _binaries_or_build() -> None:
+    """Build the binaries when they are missing (once per machine; ~10 min cold on 2 cores), so a clean CI
+    machine runs the suite for real; GPUPOOL_K8S_BUILD=0 turns that into an immediate failure instead."""
+    try:
+        tb.find_binaries()
+        return
+    except tb.TestbedError as e:
+        if os.environ.get("GPUPOOL_K8S_BUILD", "1") == "0":
+            pytest.fail(str(e), pytrace=False)
+    log = tb.cache_dir() / "build.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        # A build already running elsewhere (another pytest session) is not waited for: this run fails.
+        env = {**os.environ, "GPUPOOL_K8S_NOWAIT": "1"}
+        done = subprocess.run(["bash", str(tb.BUILD_SCRIPT)], stdout=out, stderr=subprocess.STDOUT, env=env,
+                              check=False)
+    if done.returncode != 0:
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
+        pytest.fail(f"building the Kubernetes test binaries failed (log {log}):\n{tail}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[tb.Testbed]:
+    _binaries_or_build()
+    try:
+        bed = tb.Testbed().start()
+    except tb.TestbedError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield bed
+    finally:
+        bed.stop()
+
+
+@pytest.fixture
+async def api(testbed: tb.Testbed) -> AsyncIterator[fleet.KubeApi]:
+    client = fleet.KubeApi(testbed.url, testbed.admin_token)
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+@pytest.fixture
+async def kube(testbed: tb.Testbed) -> AsyncIterator[KubeCluster]:
+    """The project's `kube` adapter on the testbed (administrator's token)."""
+    cluster = kube_cluster(testbed.kubeconfig())
+    try:
+        yield cluster
+    finally:
+        await cluster.close()
+
+
+def kube_cluster(kubeconfig: Path) -> KubeCluster:
+    return KubeCluster.from_config(str(kubeconfig))
+
+
+# --- the gpupool scheduler (extender) as a real process --------------------------------------------------
+
+@dataclass
+class Extender:
+    """`gpupool scheduler` running against the testbed, on a fixed port (kube-scheduler's config names it)."""
+
+    testbed: tb.Testbed
+    port: int
+    log: Path
+    proc: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        env = dict(os.environ)
+        env.update({f"GPUPOOL_SCHEDULER_{k}": v for k, v in LEASE.items()})
+        env["GPUPOOL_SCHEDULER_IDENTITY"] = f"e2e-extender-{self.starts}"
+        self.starts += 1
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "scripts" / "k8s" / "extender.py"), "scheduler",
+                 "--kubeconfig", str(self.testbed.kubeconfig(tb.SCHEDULER_USER)),
+                 "--host", "127.0.0.1", "--port", str(self.port), "--lease-namespace", "kube-system"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )
+
+    def wait_ready(self, timeout_s: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"gpupool scheduler exited ({self.proc.returncode}):\n{self.tail()}")
+            try:
+                if httpx.get(self.url + "/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"gpupool scheduler not ready after {timeout_s}s:\n{self.tail()}")
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, no clean-up of any kind."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def tail(self, lines: int = 40) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def ledger(self) -> dict[str, Any]:
+        r = httpx.get(self.url + "/debug/ledger", timeout=30)
+        r.raise_for_status()
+        return r.json()  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def extender(testbed: tb.Testbed) -> Iterator[Extender]:
+    ext = Extender(testbed, tb.free_port(), testbed.dir / "gpupool-scheduler.log")
+    ext.start()
+    try:
+        ext.wait_ready()
+        yield ext
+    finally:
+        ext.stop()
+
+
+def chart_scheduler_config() -> dict[str, Any]:
+    """The kube-scheduler configuration the Helm chart ships (rendered by helm from the test extra)."""
+    from tests.deploy.helm_tool import helm_binary
+
+    helm = helm_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
+    out = subprocess.run(
+        [str(helm), "template", "gp", str(ROOT / "deploy" / "helm" / "gpupool"), "--namespace", "gpupool-system",
+         "--show-only", "templates/scheduler/configmap.yaml"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    configmap = yaml.safe_load(out.stdout)
+    return yaml.safe_load(configmap["data"]["scheduler-config.yaml"])  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def kube_scheduler(testbed: tb.Testbed, extender: Extender) -> Iterator[tb.Process]:
+    """kube-scheduler 1.20 with the chart's extender entry pointing at the extender process."""
+    proc = testbed.start_scheduler(tb.scheduler_config(extender.url, chart_scheduler_config()))
+    try:
+        yield proc
+    finally:
+        testbed.stop_scheduler()

@@ -1,0 +1,112 @@
+"""The node agent on a real control plane: it publishes its inventory to the real API server, registers
+with a stand-in kubelet, the real kube-scheduler + extender bind share pods to its node, and for each bound
+pod the kubelet stand-in calls Allocate (as kubelet does at pod admission). Each container must get
+exactly the GPUs, memory and compute share written in its own pod's allocation."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from pathlib import Path
+
+import fleet
+import pytest
+import testbed as tb
+
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.fake import FakeBackend, parse_fake_description
+from gpupool.agent.identify import ANN_ALLOCATED
+from gpupool.agent.kubelet_standin import StandInKubelet
+from gpupool.agent.port import ClusterPortAgent
+from gpupool.agent.service import Agent
+from gpupool.agent.slots import slot_gpu
+from gpupool.api.allocation import decode_allocation
+from gpupool.api.lock import ANN_BIND_LOCK
+from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY, RESOURCE_GPU
+from tests.e2e.conftest import Extender, kube_cluster
+from tests.e2e.e2e_checks import allocation_problems, eventually
+
+pytestmark = pytest.mark.e2e
+NS = "e2e-agent"
+NODE = "e2e-agent-0"
+GROUP = {"e2e/group": "agent"}
+GPUS = {
+    "driver_version": "570.86",
+    "cuda_version": "12.8",
+    "gpus": [
+        {"uuid": "GPU-e2e-agent-0", "model": "L40S", "memory_mib": 46068, "numa_node": 0},
+        {"uuid": "GPU-e2e-agent-1", "model": "L40S", "memory_mib": 46068, "numa_node": 0},
+    ],
+}
+
+
+async def test_each_container_gets_exactly_its_own_allocation(
+    testbed: tb.Testbed, api: fleet.KubeApi, extender: Extender, kube_scheduler: object
+) -> None:
+    await api.ensure_namespace(NS)
+    # The node as kubelet registers it, before the agent ran: no inventory, no GPU slots.
+    await fleet.create_node(api, fleet.gpu_node(NODE, labels=GROUP, inventory=False))
+    directory = Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))  # unix socket paths must stay short
+    cluster = kube_cluster(testbed.kubeconfig(tb.AGENT_USER))
+    (directory / "gpus.yaml").write_text(json.dumps(GPUS))
+    config = AgentConfig(node_name=NODE, backend="fake", fake_file=directory / "gpus.yaml", split=10,
+                         device_plugin_dir=directory, watch_interval_s=0.05, inventory_interval_s=5)
+    kubelet = StandInKubelet(directory)
+    agent = Agent(config, FakeBackend(parse_fake_description(GPUS, "e2e")), ClusterPortAgent(cluster))
+    responses: dict[str, dict[str, str]] = {}
+    devices: dict[str, list[str]] = {}
+    try:
+        await kubelet.start()
+        await agent.start()
+        await kubelet.wait_for(lambda k: len(k.healthy(RESOURCE_GPU)) == 20, timeout=30)
+        # kubelet reports the plugin's healthy devices as the node's allocatable gpupool.io/gpu.
+        slots = len(kubelet.healthy(RESOURCE_GPU))
+        await api.patch(f"/api/v1/nodes/{NODE}/status", {"status": fleet.node_status(slots)})
+        node = await api.get(f"/api/v1/nodes/{NODE}")
+        assert ANN_INVENTORY in node["metadata"]["annotations"]  # published by the agent itself
+
+        async def admit(pod: dict) -> None:
+            """kubelet's pod admission: one Allocate per container asking for gpupool.io/gpu."""
+            key = f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+            count = int(pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE_GPU])
+            reply = await kubelet.allocate(RESOURCE_GPU, key, count)
+            responses[pod["metadata"]["name"]] = dict(reply.envs)
+            devices[pod["metadata"]["name"]] = list(kubelet.assigned[key])
+
+        # Five 1-GPU shares and one 2-GPU share: at most 5 x 15 + 10 = 85 % of a GPU whatever the packing.
+        pods = [fleet.share_pod(f"s{i}", NS, memory_mib=8192, cores=15, node_selector=GROUP) for i in range(5)]
+        pods.append(fleet.share_pod("pair", NS, memory_mib=4096, cores=10, gpus=2, node_selector=GROUP))
+        async with fleet.StatusKubelet(api, nodes={NODE}, hook=admit, namespace=NS) as status:
+            for p in pods:
+                await api.create_pod(p)
+
+            async def all_running() -> bool:
+                current, _ = await api.list_pods(NS)
+                return len(current) == len(pods) and all(p["status"].get("phase") == "Running" for p in current)
+
+            await eventually(all_running, timeout_s=120, what="every pod admitted and running")
+            assert status.failures == {}
+        current, _ = await api.list_pods(NS)
+        assert allocation_problems(current, [await api.get(f"/api/v1/nodes/{NODE}")]) == []
+        for pod in current:
+            name = pod["metadata"]["name"]
+            doc = decode_allocation(pod["metadata"]["annotations"][ANN_ALLOCATION])
+            env = responses[name]
+            assert env["NVIDIA_VISIBLE_DEVICES"] == ",".join(g.uuid for g in doc.gpus)
+            assert env["GPUPOOL_MEMORY_LIMIT_MIB"] == ",".join(str(g.memory_mib) for g in doc.gpus)
+            assert env["GPUPOOL_CORES_PERCENT"] == ",".join(f"{g.cores:g}" for g in doc.gpus)
+            assert env["GPUPOOL_ISOLATION"] == "hook"
+            # kubelet's device IDs are slots of exactly the granted GPUs (GetPreferredAllocation steered it).
+            assert sorted({slot_gpu(d) for d in devices[name]}) == sorted(g.uuid for g in doc.gpus)
+            assert ANN_ALLOCATED in pod["metadata"]["annotations"]  # the agent recorded what it served
+        all_ids = [d for ids in devices.values() for d in ids]
+        assert len(all_ids) == len(set(all_ids)) == 7  # no slot handed out twice
+        node = await api.get(f"/api/v1/nodes/{NODE}")
+        assert ANN_BIND_LOCK not in (node["metadata"].get("annotations") or {})  # every lock released
+        assert agent.service is not None and agent.service.stats.refused == 0
+    finally:
+        await agent.stop()
+        await kubelet.stop()
+        await cluster.close()
+        shutil.rmtree(directory, ignore_errors=True)

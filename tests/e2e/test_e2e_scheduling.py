@@ -1,0 +1,126 @@
+"""The real kube-scheduler with the gpupool extender wired in as the Helm chart configures it: 200 share
+pods over 20 fake GPU nodes, plus pods that ask for no GPU; then a burst during which the extender process
+is killed and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import fleet
+import pytest
+
+from gpupool.api.names import ANN_ALLOCATION
+from tests.e2e.conftest import Extender
+from tests.e2e.e2e_checks import allocation_problems, eventually
+
+pytestmark = pytest.mark.e2e
+
+
+async def _create_all(api: fleet.KubeApi, pods: list[dict], parallel: int = 16) -> None:
+    gate = asyncio.Semaphore(parallel)
+
+    async def one(p: dict) -> None:
+        async with gate:
+            await api.create_pod(p)
+
+    await asyncio.gather(*(one(p) for p in pods))
+
+
+async def _pods(api: fleet.KubeApi, ns: str) -> list[dict]:
+    return (await api.list_pods(ns))[0]
+
+
+def _all_bound(expected: int):  # type: ignore[no-untyped-def]
+    def check(pods: list[dict]) -> bool:
+        return len(pods) == expected and all(p["spec"].get("nodeName") for p in pods)
+
+    return check
+
+
+async def _wait_bound(api: fleet.KubeApi, ns: str, expected: int, timeout_s: float) -> list[dict]:
+    last: list[dict] = []
+
+    async def bound() -> bool:
+        nonlocal last
+        last = await _pods(api, ns)
+        return _all_bound(expected)(last)
+
+    try:
+        await eventually(bound, timeout_s=timeout_s, step_s=0.5, what=f"{expected} pods bound in {ns}")
+    except AssertionError:
+        pending = [p["metadata"]["name"] for p in last if not p["spec"].get("nodeName")]
+        raise AssertionError(f"{len(pending)} of {len(last)} pods in {ns} not bound: {pending[:10]}") from None
+    return last
+
+
+def _burst(ns: str, n: int, seed: int, selector: dict[str, str]) -> list[dict]:
+    """Share pods of mixed sizes: 1 GPU with 5-40 GiB and 10-50 % (mostly), a few 2-GPU pods."""
+    rng = random.Random(seed)
+    pods = []
+    for i in range(n):
+        gpus = 2 if rng.random() < 0.05 else 1
+        pods.append(fleet.share_pod(
+            f"share-{i:03d}", ns, memory_mib=rng.choice([5120, 10240, 20480, 40960]),
+            cores=rng.choice([10, 20, 25, 30, 50]), gpus=gpus, node_selector=selector,
+        ))
+    return pods
+
+
+async def test_200_share_pods_on_20_nodes_through_the_real_kube_scheduler(
+    api: fleet.KubeApi, extender: Extender, kube_scheduler: object
+) -> None:
+    ns, group = "e2e-burst", {"e2e/group": "burst"}
+    await api.ensure_namespace(ns)
+    nodes = [fleet.gpu_node(f"e2e-burst-{i:02d}", gpus=4, labels=group) for i in range(20)]
+    await fleet.create_nodes(api, nodes)
+    # 200 pods asking for ~26 % of a GPU on average: about 52 of the 80 GPUs' worth of compute.
+    share = _burst(ns, 200, seed=7, selector=group)
+    plain = [fleet.plain_pod(f"plain-{i:02d}", ns, scheduler="gpupool-scheduler", node_selector=group)
+             for i in range(10)] + [fleet.plain_pod(f"default-{i:02d}", ns, node_selector=group) for i in range(10)]
+    async with fleet.StatusKubelet(api, nodes={n["metadata"]["name"] for n in nodes}, namespace=ns) as kubelet:
+        await _create_all(api, share + plain)
+        pods = await _wait_bound(api, ns, len(share) + len(plain), timeout_s=180)
+        assert kubelet.failures == {}
+    node_objs = await api.list_nodes("e2e/group=burst")
+    assert allocation_problems(pods, node_objs) == []
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    for p in plain:  # scheduled untouched: no allocation, no other gpupool annotation
+        got = by_name[p["metadata"]["name"]]
+        assert not any(k.startswith("gpupool.io/") for k in got["metadata"].get("annotations") or {})
+    gpu_pods = [by_name[p["metadata"]["name"]] for p in share]
+    assert all(ANN_ALLOCATION in p["metadata"]["annotations"] for p in gpu_pods)
+    # The extender's ledger agrees with what the API server holds.
+    ledger = extender.ledger()
+    assert ledger["diff"] == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+
+
+async def test_extender_killed_during_a_burst_loses_and_doubles_nothing(
+    api: fleet.KubeApi, extender: Extender, kube_scheduler: object
+) -> None:
+    ns, group = "e2e-restart", {"e2e/group": "restart"}
+    await api.ensure_namespace(ns)
+    nodes = [fleet.gpu_node(f"e2e-restart-{i:02d}", gpus=4, labels=group) for i in range(10)]
+    await fleet.create_nodes(api, nodes)
+    pods = _burst(ns, 120, seed=11, selector=group)
+    async with fleet.StatusKubelet(api, nodes={n["metadata"]["name"] for n in nodes}, namespace=ns):
+        creating = asyncio.create_task(_create_all(api, pods, parallel=4))
+
+        async def some_bound() -> bool:
+            return sum(1 for p in await _pods(api, ns) if p["spec"].get("nodeName")) >= 20
+
+        await eventually(some_bound, timeout_s=120, what="first binds")
+        extender.kill()  # mid-burst: binds in flight die with the process
+        await asyncio.sleep(1.0)
+        extender.start()
+        await asyncio.to_thread(extender.wait_ready)
+        await creating
+        bound = await _wait_bound(api, ns, len(pods), timeout_s=180)
+    assert allocation_problems(bound, await api.list_nodes("e2e/group=restart")) == []
+    # Nothing doubled: one Binding per pod (spec.nodeName is set once), one allocation per pod, and the new
+    # process rebuilt exactly the API's allocations.
+    ledger = extender.ledger()
+    assert ledger["diff"] == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    uids = {p["metadata"]["uid"] for p in bound}
+    entries = [e for e in ledger["ledger"]["entries"] if e["uid"] in uids]
+    assert len(entries) == len(pods) and {e["state"] for e in entries} == {"confirmed"}
