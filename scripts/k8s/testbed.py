@@ -335,6 +335,7 @@ def scheduler_config(extender_url: str, chart_config: dict | None = None, schedu
     instance) are changed. Without it, an equivalent entry is written here. A `default-scheduler` profile
     is added so pods that do not ask for gpupool are scheduled by the same instance.
     """
+    health_port = free_port()
     if chart_config is not None:
         extenders = [dict(e) for e in chart_config.get("extenders") or []]
         if len(extenders) != 1:
@@ -359,6 +360,9 @@ def scheduler_config(extender_url: str, chart_config: dict | None = None, schedu
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": "__KUBECONFIG__", "qps": qps, "burst": qps * 2},
         "leaderElection": {"leaderElect": False},
+        # Its own free port for health and metrics (the default 0.0.0.0:10251 clashes between testbeds).
+        "healthzBindAddress": f"127.0.0.1:{health_port}",
+        "metricsBindAddress": f"127.0.0.1:{health_port}",
         "profiles": profiles,
         "extenders": extenders,
     }
