@@ -130,6 +130,33 @@ async def test_replayed_bind_changes_nothing(embedded, client):
     assert embedded.service.ledger.dump() == ledger_before
 
 
+async def test_concurrent_replays_of_a_bind_in_flight_write_once():
+    cluster = await _cluster_with_nodes()
+    svc = ExtenderService(cluster, CONFIG)
+    await svc.start()
+    pod = await cluster.create_pod(gpu_pod("p", cores=30))
+    writes: list[str] = []
+    original = cluster.patch_node_annotations
+
+    async def counting(name, annotations, resource_version=None):
+        writes.append(",".join(f"{k}={'set' if v else 'removed'}" for k, v in annotations.items()))
+        await asyncio.sleep(0.01)  # a network round trip: the replays run meanwhile
+        return await original(name, annotations, resource_version)
+
+    cluster.patch_node_annotations = counting  # type: ignore[method-assign]
+
+    async def agent_allocates(step: str) -> None:
+        if step == "bound":  # the agent serves Allocate at once and lets go of the lock
+            await original("gpu-0000", {ANN_BIND_LOCK: None})
+
+    svc.step_hook = agent_allocates
+    results = await asyncio.gather(*(svc.bind(_args(pod)) for _ in range(3)))
+    assert [r.Error for r in results] == ["", "", ""]
+    assert writes == [f"{ANN_BIND_LOCK}=set"]  # one lock taken, none re-taken by the replays
+    assert cluster.bindings == 1
+    await svc.stop()
+
+
 async def test_recreated_pod_never_gets_the_old_allocation(embedded, client):
     old = await embedded.cluster.create_pod(gpu_pod("same", cores=60))
     body = {"Pod": old, "NodeNames": embedded.node_names}

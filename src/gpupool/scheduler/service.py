@@ -358,7 +358,13 @@ class ExtenderService:
             await self._create_binding(args)
             return
         mutex = self._node_mutex.setdefault(args.Node, asyncio.Lock())
+        waited = mutex.locked()
         async with mutex:  # our own binds to one node go one at a time (they share its lock)
+            if waited:
+                # Another bind (perhaps this very one, replayed) went first: decide on a fresh read.
+                pod = await self._read_pod(args)
+                if self._already_bound(pod, args.Node):
+                    return
             for _attempt in range(3):
                 allocation = self._decide(pod, args)
                 await self._step("assumed")
