@@ -22,7 +22,7 @@ Render = Callable[..., list[dict[str, Any]]]
 @pytest.fixture(scope="session")
 def helm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
     # Kept in pytest's cache between runs (extracting takes a few seconds); a temp dir without the cache.
-    cache = request.config.cache
+    cache = getattr(request.config, "cache", None)
     return helm_binary(Path(cache.mkdir("gpupool-helm")) if cache is not None else tmp_path_factory.mktemp("helm"))
 
 
