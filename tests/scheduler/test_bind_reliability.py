@@ -15,7 +15,7 @@ from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.embedded import node_objects
+from gpupool.scheduler.embedded import node_objects, start_embedded
 from gpupool.scheduler.ledger import nodes_from_objects, recompute
 from gpupool.scheduler.service import ExtenderService
 from tests.scheduler.conftest import gpu_pod, small_scenario
@@ -51,8 +51,18 @@ def assert_within_capacity(nodes: list[dict], pods: list[dict]) -> None:
         assert mem <= cap[uuid][1], f"GPU {uuid} memory over capacity: {mem} MiB"
 
 
-async def test_bind_storm_never_overcommits(embedded, client):
+@pytest.fixture
+async def slow_api():
+    """The embedded extender on an API server that takes 2 ms per call, so concurrent binds interleave."""
+    config = SchedulerConfig(port=0, leader_elect=False, lock_wait_s=2.0)
+    emb = await start_embedded(small_scenario(), config, api_latency_s=0.002)
+    yield emb
+    await emb.stop()
+
+
+async def test_bind_storm_never_overcommits(slow_api, client):
     """500 share pods, 8 concurrent kube-scheduler workers, 16 GPUs (2 nodes x 8, 16 GiB each)."""
+    embedded = slow_api
     rng = random.Random(42)
     shapes = [(rng.randint(1, 9) * 10, rng.choice([None, 1024, 2048, 4096, 8192])) for _ in range(500)]
     queue: asyncio.Queue = asyncio.Queue()

@@ -48,12 +48,18 @@ class _Kind:
 class MemoryCluster:
     """Implements `gpupool.cluster.port.ClusterPort` in memory."""
 
-    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, clock: Callable[[], float] = time.time, latency_s: float = 0.0) -> None:
         self._clock = clock
+        # Every call suspends (for `latency_s`, or just one loop turn) like a network round trip would, so
+        # concurrent callers interleave between their reads and writes as they do against a real server.
+        self._latency_s = latency_s
         self._rv = 0
         self._kinds = {k: _Kind(k) for k in ("Node", "Pod", "Lease")}
         self.events: deque[Obj] = deque(maxlen=10_000)  # Kubernetes Events, newest last
         self.bindings = 0  # number of successful Bindings (tests count them)
+
+    async def _io(self) -> None:
+        await asyncio.sleep(self._latency_s)
 
     # --- internals -------------------------------------------------------------------------------------
 
@@ -116,6 +122,7 @@ class MemoryCluster:
         return [copy_obj(o) for o in self._kinds[kind].objects.values()], str(self._rv)
 
     async def _watch(self, kind_name: str, resource_version: str) -> AsyncIterator[WatchEvent]:
+        await self._io()
         kind = self._kinds[kind_name]
         start = int(resource_version or 0)
         if start < kind.dropped_before:
@@ -149,9 +156,11 @@ class MemoryCluster:
     # --- ClusterPort: reading ---------------------------------------------------------------------------
 
     async def list_nodes(self) -> tuple[list[Obj], str]:
+        await self._io()
         return self._list("Node")
 
     async def list_pods(self) -> tuple[list[Obj], str]:
+        await self._io()
         return self._list("Pod")
 
     def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
@@ -161,23 +170,28 @@ class MemoryCluster:
         return self._watch("Pod", resource_version)
 
     async def get_node(self, name: str) -> Obj:
+        await self._io()
         return copy_obj(self._get("Node", "", name))
 
     async def get_pod(self, namespace: str, name: str) -> Obj:
+        await self._io()
         return copy_obj(self._get("Pod", namespace, name))
 
     # --- ClusterPort: writing ---------------------------------------------------------------------------
 
     async def create_node(self, node: Obj) -> Obj:
+        await self._io()
         return self._create("Node", node, namespaced=False)
 
     async def create_pod(self, pod: Obj) -> Obj:
+        await self._io()
         pod = copy_obj(pod)
         status = pod.setdefault("status", {})
         status.setdefault("phase", "Pending")
         return self._create("Pod", pod, namespaced=True)
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        await self._io()
         pod = self._get("Pod", namespace, name)
         if uid is not None and pod["metadata"]["uid"] != uid:
             raise Conflict(f"pod {namespace}/{name}: UID precondition failed ({uid} is not the current pod)")
@@ -196,6 +210,7 @@ class MemoryCluster:
 
     async def remove_finalizers(self, namespace: str, name: str) -> None:
         """Memory-only helper: what a controller does when it is done; finishes a pending deletion."""
+        await self._io()
         pod = self._get("Pod", namespace, name)
         pod["metadata"].pop("finalizers", None)
         if "deletionTimestamp" in pod["metadata"]:
@@ -206,6 +221,7 @@ class MemoryCluster:
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj:
+        await self._io()
         pod = self._get("Pod", namespace, name)
         self._check_rv(pod, resource_version, f"pod {namespace}/{name}")
         self._merge_annotations(pod, annotations)
@@ -214,17 +230,20 @@ class MemoryCluster:
     async def patch_node_annotations(
         self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj:
+        await self._io()
         node = self._get("Node", "", name)
         self._check_rv(node, resource_version, f"node {name}")
         self._merge_annotations(node, annotations)
         return self._write("Node", node, "MODIFIED")
 
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
+        await self._io()
         pod = self._get("Pod", namespace, name)
         pod.setdefault("status", {}).update(copy_obj(dict(status)))
         return self._write("Pod", pod, "MODIFIED")
 
     async def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+        await self._io()
         pod = self._get("Pod", namespace, name)
         if pod["metadata"]["uid"] != uid:
             raise Conflict(f"pod {namespace}/{name}: UID precondition failed (binding is for {uid})")
@@ -243,12 +262,15 @@ class MemoryCluster:
     # --- ClusterPort: coordination and events -----------------------------------------------------------
 
     async def get_lease(self, namespace: str, name: str) -> Obj:
+        await self._io()
         return copy_obj(self._get("Lease", namespace, name))
 
     async def create_lease(self, lease: Obj) -> Obj:
+        await self._io()
         return self._create("Lease", lease, namespaced=True)
 
     async def replace_lease(self, lease: Obj) -> Obj:
+        await self._io()
         meta = lease.get("metadata", {})
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
         current = self._get("Lease", namespace, name)
@@ -260,6 +282,7 @@ class MemoryCluster:
         return self._write("Lease", new, "MODIFIED")
 
     async def create_event(self, event: Obj) -> None:
+        await self._io()
         self.events.append(copy_obj(event))
 
     async def close(self) -> None:

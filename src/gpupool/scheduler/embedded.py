@@ -321,12 +321,14 @@ async def start_embedded(
     config: SchedulerConfig | None = None,
     metrics: SchedulerMetrics | None = None,
     fake_kubelet: bool = True,
+    api_latency_s: float = 0.0,
 ) -> Embedded:
     """Create the embedded cluster with the scenario's nodes, start the extender on 127.0.0.1 (a free
-    port unless the config names one) and the fake kubelet; return once the extender is ready."""
+    port unless the config names one) and the fake kubelet; return once the extender is ready.
+    `api_latency_s` delays every call to the embedded API server (tests use it to widen race windows)."""
     if config is None:
         config = SchedulerConfig(port=0, leader_elect=False)
-    cluster = MemoryCluster()
+    cluster = MemoryCluster(latency_s=api_latency_s)
     names = []
     for obj in node_objects(scenario):
         await cluster.create_node(obj)
