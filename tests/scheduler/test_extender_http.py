@@ -56,6 +56,18 @@ async def test_filter_rejects_a_full_node_with_a_reason(embedded, client):
     body = (await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": embedded.node_names})).json()
     assert body["NodeNames"] == embedded.node_names[1:]
     assert "0 available" in body["FailedNodes"][node]
+    # One share on the second node: an 8-GPU pod now fails on both nodes, each with its own count.
+    share = await _create(embedded, gpu_pod("share", cores=10))
+    args = {"PodName": "share", "PodNamespace": "default", "PodUID": share["metadata"]["uid"],
+            "Node": embedded.node_names[1]}
+    assert (await client.post(f"{embedded.url}/bind", json=args)).json()["Error"] == ""
+    big = await _create(embedded, gpu_pod("big", cores=None, gpus=8))
+    body = (await client.post(f"{embedded.url}/filter", json={"Pod": big, "NodeNames": embedded.node_names})).json()
+    assert body["NodeNames"] == []
+    assert body["FailedNodes"] == {
+        embedded.node_names[0]: "needs 8 x a whole free GPU; 0 available",
+        embedded.node_names[1]: "needs 8 x a whole free GPU; 7 available",
+    }
 
 
 async def test_prioritize_scores_are_in_extender_range_and_follow_the_policy(embedded, client):
