@@ -63,7 +63,9 @@ class FakeApiServer:
             if self.bound:
                 return _status(409, "Conflict", 'pod p is already assigned to node "n1"')
             self.bound = True
-            return JSONResponse(body, status_code=201)
+            # Like the API server: a Status answer, not the Binding.
+            return JSONResponse({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success",
+                                 "code": 201}, status_code=201)
         if request.method == "DELETE":
             return JSONResponse({"apiVersion": "v1", "kind": "Status", "status": "Success"})
         return _status(404, "NotFound", f"no fake for {request.method} {path}")

@@ -194,7 +194,17 @@ class KubeCluster:
         ))
 
     async def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
-        await self._call(self.client.create(binding_for(namespace, name, uid, node), name, namespace=namespace))
+        # Posted directly: the API server answers a Binding with a Status object, which lightkube's `create`
+        # would try to decode as a Binding (and fail on a successful bind).
+        body = to_obj(binding_for(namespace, name, uid, node))
+        body.update(apiVersion="v1", kind="Binding")
+        await self._call(self._post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body))
+
+    async def _post(self, path: str, body: Obj) -> None:
+        http = self.client._client._client  # the underlying HTTP client (authenticated, base URL set)
+        r = await http.request("POST", path, json=body)
+        if r.status_code >= 400:
+            raise LightkubeApiError(request=r.request, response=r)
 
     # --- coordination and events ----------------------------------------------------------------------
 
