@@ -26,11 +26,10 @@ from typing import Any
 
 from gpupool.api.allocation import AllocationDoc, AllocationError, decode_allocation
 from gpupool.api.lock import ANN_BIND_LOCK, BindLock, LockError, decode_lock
-from gpupool.api.names import ANN_ALLOCATION, RESOURCE_GPU
+from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, RESOURCE_GPU
 
-# Pod annotation the agent writes once it served the pod's Allocate (JSON: node, time, devices).
-# It tells a restarted agent, and check 5, which pods are no longer waiting.
-ANN_ALLOCATED = "gpupool.io/allocated"
+# ANN_ALLOCATED: the pod annotation the agent writes once it served the pod's Allocate (JSON: node,
+# time, devices). It tells a restarted agent, and check 5, which pods are no longer waiting.
 
 Obj = Mapping[str, Any]
 # A Running pod has had all its Allocate calls; a finished one needs none.

@@ -14,6 +14,7 @@ ANN_EXCLUDE = f"{DOMAIN}/gpu-exclude"  # comma-separated GPU UUIDs the pod must 
 ANN_POLICY = f"{DOMAIN}/policy"
 ANN_ISOLATION = f"{DOMAIN}/isolation"
 ANN_ALLOCATION = f"{DOMAIN}/allocation"  # written by the scheduler only
+ANN_ALLOCATED = f"{DOMAIN}/allocated"  # written by the node agent once it served the pod's Allocate
 ANN_INVENTORY = f"{DOMAIN}/inventory"  # node annotation written by the agent
 
 ISOLATION_MODES = ("mps", "hook", "mig", "none")

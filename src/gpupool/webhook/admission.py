@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.api.names import (
+    ANN_ALLOCATED,
     ANN_ALLOCATION,
     ANN_EXCLUDE,
     ANN_ISOLATION,
@@ -39,8 +40,7 @@ from gpupool.webhook.patch import Patcher
 API_VERSION = "admission.k8s.io/v1"
 # Annotations only gpupool components write: the scheduler's grant and the agent's "devices handed out"
 # mark. A user who sets or edits them could make the ledger or the node agent act on a forged record.
-# (`gpupool.io/allocated` is the agent's name; it belongs in gpupool.api.names.)
-RESERVED_ANNOTATIONS = (ANN_ALLOCATION, f"{DOMAIN}/allocated")
+RESERVED_ANNOTATIONS = (ANN_ALLOCATION, ANN_ALLOCATED)
 # Valid names the node agent cannot serve yet: refusing at admission beats a pod that fails on its node.
 UNSUPPORTED_ISOLATION = {
     "mig": "MIG isolation is not implemented by the gpupool node agent yet (use mps, hook or none)"
