@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpupool.core.frag import WorkloadArrays, cluster_fragmentation, typical_workload
+from gpupool.core.frag import (
+    WorkloadArrays,
+    cluster_fragmentation,
+    node_fragmentation,
+    typical_workload,
+    usable_free,
+)
 from gpupool.core.model import MILLI_PER_GPU, Node, PodRequest
 from gpupool.core.placement import Placement, place
 from gpupool.core.policies import get_policy
@@ -117,8 +123,9 @@ def replay(
             reason = state.allocate(pod, decision.allocation)
             if reason is not None:  # cannot happen unless a policy is wrong: fail loudly
                 raise RuntimeError(f"policy {policy_name} chose an infeasible placement: {reason}")
-            i = state.index[decision.allocation.node]
-            frag[i] = cluster_fragmentation_one(state, measure, i)
+            # Only the chosen node changed: refresh its share of the cluster's fragmentation.
+            i = np.array([state.index[decision.allocation.node]], dtype=np.int64)
+            frag[i] = node_fragmentation(usable_free(state, i), state.cpu_free[i], measure.model_ok[i], measure)
         else:
             failed += 1
         allocated[k] = state.allocated_milli()
@@ -128,9 +135,3 @@ def replay(
             progress(k + 1, n)
     return ReplayLog(allocated, arrived, fragmented, capacity, failed, time.perf_counter() - start)
 
-
-def cluster_fragmentation_one(state: ClusterState, measure: WorkloadArrays, i: int) -> float:
-    from gpupool.core.frag import node_fragmentation, usable_free
-
-    idx = np.array([i], dtype=np.int64)
-    return float(node_fragmentation(usable_free(state, idx), state.cpu_free[idx], measure.model_ok[idx], measure)[0])
