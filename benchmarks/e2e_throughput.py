@@ -61,7 +61,8 @@ def start_extender(bed: tb.Testbed, policy: str | None) -> tuple[subprocess.Pope
     if policy:
         argv += ["--default-policy", policy]
     log = (bed.dir / "gpupool-scheduler.log").open("ab")
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=tb.die_with_parent)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:

@@ -157,11 +157,16 @@ def gpu_node(name: str, gpus: int = 4, model: str = "A100-80GB", memory_mib: int
 
 
 async def create_node(api: KubeApi, node: Obj) -> Obj:
-    """Create the node and write its status (the status subresource is the kubelet's part)."""
+    """Create the node and write its status (the status subresource is the kubelet's part). The API
+    server's TaintNodesByCondition admission gives every new node the node.kubernetes.io/not-ready taint;
+    the node-lifecycle controller (not running here) removes it once the node is Ready: done here."""
     name = node["metadata"]["name"]
     created = await api.post("/api/v1/nodes", node)
     if node.get("status"):
         created = await api.patch(f"/api/v1/nodes/{name}/status", {"status": node["status"]})
+    wanted = (node.get("spec") or {}).get("taints")
+    if (created.get("spec") or {}).get("taints") != wanted:
+        created = await api.patch(f"/api/v1/nodes/{name}", {"spec": {"taints": wanted}})
     return created
 
 

@@ -76,6 +76,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def die_with_parent() -> None:
+    """In the child: get SIGKILL when the thread that started us ends (a killed pytest or demo must not
+    leave an API server behind). Linux only; elsewhere a no-op. So start the testbed from a thread that
+    lives as long as it (the main thread), never from a short-lived worker thread."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
 def _token() -> str:
     return os.urandom(16).hex()
 
@@ -190,7 +202,7 @@ class Testbed:
         log = self.dir / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=die_with_parent)
         proc = Process(name, popen, log)
         self.processes[name] = proc
         return proc
@@ -290,7 +302,7 @@ class Testbed:
             return None
 
     # --- kube-scheduler -------------------------------------------------------------------------------
-    def start_scheduler(self, config_text: str, verbosity: int = 1) -> Process:
+    def start_scheduler(self, config_text: str, verbosity: int = 2) -> Process:
         """Start kube-scheduler with a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1)
         whose clientConnection is filled in here. Replaces a running one."""
         assert self.binaries is not None

@@ -64,7 +64,8 @@ def _binaries_or_build() -> None:
 def testbed() -> Iterator[tb.Testbed]:
     _binaries_or_build()
     try:
-        bed = tb.Testbed().start()
+        # GPUPOOL_E2E_KEEP=1 keeps the state directory (component logs) for a post-mortem.
+        bed = tb.Testbed(keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1").start()
     except tb.TestbedError as e:
         pytest.fail(str(e), pytrace=False)
     try:
@@ -121,8 +122,9 @@ class Extender:
             self.proc = subprocess.Popen(
                 [sys.executable, str(ROOT / "scripts" / "k8s" / "extender.py"), "scheduler",
                  "--kubeconfig", str(self.testbed.kubeconfig(tb.SCHEDULER_USER)),
-                 "--host", "127.0.0.1", "--port", str(self.port), "--lease-namespace", "kube-system"],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                 "--host", "127.0.0.1", "--port", str(self.port), "--lease-namespace", "kube-system",
+                 "--log-level", "warning"],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=tb.die_with_parent,
             )
 
     def wait_ready(self, timeout_s: float = 60.0) -> None:

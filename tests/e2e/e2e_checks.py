@@ -15,7 +15,8 @@ from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY, RESOURCE_CORES, RES
 Obj = dict[str, Any]
 
 
-async def eventually(check: Any, timeout_s: float = 60.0, step_s: float = 0.25, what: str = "condition") -> Any:
+async def eventually(check: Any, timeout_s: float = 60.0, step_s: float = 0.25, what: str = "condition",
+                     describe: Any = None) -> Any:
     """Poll `check()` (sync or async) until it returns a truthy value; the timeout only prevents a hang."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -27,7 +28,8 @@ async def eventually(check: Any, timeout_s: float = 60.0, step_s: float = 0.25, 
         if last:
             return last
         await asyncio.sleep(step_s)
-    raise AssertionError(f"{what} not reached within {timeout_s}s (last: {last!r})")
+    detail = describe() if describe is not None else f"last: {last!r}"
+    raise AssertionError(f"{what} not reached within {timeout_s}s ({detail})")
 
 
 def limits(pod: Obj) -> dict[str, str]:

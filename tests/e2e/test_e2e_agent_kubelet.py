@@ -35,8 +35,7 @@ GPUS = {
     "driver_version": "570.86",
     "cuda_version": "12.8",
     "gpus": [
-        {"uuid": "GPU-e2e-agent-0", "model": "L40S", "memory_mib": 46068, "numa_node": 0},
-        {"uuid": "GPU-e2e-agent-1", "model": "L40S", "memory_mib": 46068, "numa_node": 0},
+        {"uuid": f"GPU-e2e-agent-{i}", "model": "L40S", "memory_mib": 46068, "numa_node": i // 2} for i in range(4)
     ],
 }
 
@@ -59,7 +58,7 @@ async def test_each_container_gets_exactly_its_own_allocation(
     try:
         await kubelet.start()
         await agent.start()
-        await kubelet.wait_for(lambda k: len(k.healthy(RESOURCE_GPU)) == 20, timeout=30)
+        await kubelet.wait_for(lambda k: len(k.healthy(RESOURCE_GPU)) == 40, timeout=30)
         # kubelet reports the plugin's healthy devices as the node's allocatable gpupool.io/gpu.
         slots = len(kubelet.healthy(RESOURCE_GPU))
         await api.patch(f"/api/v1/nodes/{NODE}/status", {"status": fleet.node_status(slots)})
@@ -74,18 +73,34 @@ async def test_each_container_gets_exactly_its_own_allocation(
             responses[pod["metadata"]["name"]] = dict(reply.envs)
             devices[pod["metadata"]["name"]] = list(kubelet.assigned[key])
 
-        # Five 1-GPU shares and one 2-GPU share: at most 5 x 15 + 10 = 85 % of a GPU whatever the packing.
-        pods = [fleet.share_pod(f"s{i}", NS, memory_mib=8192, cores=15, node_selector=GROUP) for i in range(5)]
-        pods.append(fleet.share_pod("pair", NS, memory_mib=4096, cores=10, gpus=2, node_selector=GROUP))
+        # Two whole GPUs first (a share can only be asked for on one GPU), then five 1-GPU shares of 15 %.
+        pods = [fleet.share_pod("pair", NS, memory_mib=None, cores=100, gpus=2, node_selector=GROUP)]
+        pods += [fleet.share_pod(f"s{i}", NS, memory_mib=8192, cores=15, node_selector=GROUP) for i in range(5)]
         async with fleet.StatusKubelet(api, nodes={NODE}, hook=admit, namespace=NS) as status:
-            for p in pods:
+            await api.create_pod(pods[0])
+
+            async def pair_running() -> bool:
+                pod = await api.get(f"/api/v1/namespaces/{NS}/pods/pair")
+                return pod["status"].get("phase") == "Running"
+
+            await eventually(pair_running, timeout_s=120, what="the 2-GPU pod admitted")
+            for p in pods[1:]:
                 await api.create_pod(p)
 
-            async def all_running() -> bool:
-                current, _ = await api.list_pods(NS)
-                return len(current) == len(pods) and all(p["status"].get("phase") == "Running" for p in current)
+            seen: list[dict] = []
 
-            await eventually(all_running, timeout_s=120, what="every pod admitted and running")
+            async def all_running() -> bool:
+                seen[:] = (await api.list_pods(NS))[0]
+                return len(seen) == len(pods) and all(p["status"].get("phase") == "Running" for p in seen)
+
+            def state() -> str:
+                pods_state = ", ".join(
+                    f"{p['metadata']['name']}@{p['spec'].get('nodeName')}:{p['status'].get('phase')}:"
+                    f"{[c.get('message') for c in p['status'].get('conditions') or []]}" for p in seen)
+                stats = agent.service.stats if agent.service else None
+                return f"{pods_state}; kubelet failures: {status.failures}; agent: {stats}"
+
+            await eventually(all_running, timeout_s=120, what="every pod admitted and running", describe=state)
             assert status.failures == {}
         current, _ = await api.list_pods(NS)
         assert allocation_problems(current, [await api.get(f"/api/v1/nodes/{NODE}")]) == []

@@ -45,7 +45,7 @@ def webhook_process(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactor
              # The inventory watch cannot be used from a kubeconfig yet (see the report on issue 7).
              "--no-watch-inventory",
              "--trusted-user", tb.SCHEDULER_USER, "--trusted-user", tb.AGENT_USER],
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=tb.die_with_parent,
         )
     try:
         deadline = time.monotonic() + 60

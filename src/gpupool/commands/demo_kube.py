@@ -65,7 +65,7 @@ async def _run(testbed: Any, fleet: Any, nodes: int, pods: int, policy: str | No
     console = Console()
     bed = testbed.Testbed()
     console.print("starting etcd and kube-apiserver 1.20 on 127.0.0.1 ...")
-    await asyncio.to_thread(bed.start)
+    bed.start()  # in this thread: the components are tied to the thread that starts them
     cluster = service = server = api = None
     try:
         config = SchedulerConfig(port=0, leader_elect=False, default_policy=policy or DEFAULT_POLICY,
@@ -129,5 +129,5 @@ async def _run(testbed: Any, fleet: Any, nodes: int, pods: int, policy: str | No
             await service.stop()
         if cluster is not None:
             await cluster.close()
-        await asyncio.to_thread(bed.stop)
+        bed.stop()
 
