@@ -64,7 +64,7 @@ class FragCache:
         return result
 
 
-def _after_share(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> tuple[FloatArray, IntArray]:
+def _after_share(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> FloatArray:
     """Fragmentation after putting a one-GPU share on each fitting GPU: [K, G] (inf where it does not fit)."""
     st = cache.state
     free = usable_free(st, nodes)  # [K, G]
@@ -74,8 +74,8 @@ def _after_share(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: Bo
     cpu_after = (st.cpu_free[nodes] - pod.cpu_milli)[:, None]  # [K, 1]
     model_ok = cache.workload.model_ok[nodes][:, None, :]  # [K, 1, M]
     frag = node_fragmentation(np.maximum(after, 0), cpu_after, model_ok, cache.workload)
-    frag = np.where(gpu_fit, frag, np.inf)
-    return frag, free
+    result: FloatArray = np.where(gpu_fit, frag, np.inf)
+    return result
 
 
 def _after_whole(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> FloatArray:
@@ -95,15 +95,13 @@ def fragmentation_delta(
     nodes: IntArray,
     gpu_fit: BoolArray,
     ctx: PolicyContext,
-    quantize: bool = False,
 ) -> tuple[FloatArray, IntArray]:
-    """For each node: (fragmentation before − after) for the best GPU choice, and that GPU (-1 when
-    the pod takes whole GPUs or none). Higher is better. Cached per shape and node version.
-
-    With `quantize`, the value is the artifact's integer score and the GPU is the first one reaching
-    it (FGD as published); otherwise the exact decrease and the GPU achieving it."""
+    """For each node: FGD's integer score of the decrease in fragmentation for the best GPU choice, and
+    that GPU (the first reaching the best score; -1 when the pod takes whole GPUs or none). Higher is
+    better. Cached per shape and node version. (Exact, unrounded decreases were measured worse: the
+    rounding creates ties that the fixed node order turns into consolidation; docs/placement.md.)"""
     cache = FragCache.of(state, ctx)
-    key = (pod.cpu_milli, pod.gpu, quantize)
+    key = (pod.cpu_milli, pod.gpu)
     sc = cache.shapes.get(key)
     if sc is None:
         n = len(state)
@@ -115,16 +113,13 @@ def fragmentation_delta(
         before = cache.current(stale)
         fit = gpu_fit[stale_pos]
         if pod.gpu.count == 1 and not pod.gpu.whole:
-            after, _ = _after_share(cache, pod, stale, fit)
-            value = before[:, None] - after  # -inf where the GPU does not fit
-            if quantize:
-                value = np.where(fit, sigmoid_score(np.where(fit, value, 0.0)), -1.0)
+            after = _after_share(cache, pod, stale, fit)
+            value = np.where(fit, sigmoid_score(np.where(fit, before[:, None] - after, 0.0)), -1.0)
             best = np.argmax(value, axis=1)  # ties go to the lower GPU index
             sc.score[stale] = value[np.arange(len(stale)), best]
             sc.gpu[stale] = best
         else:
-            value = before - _after_whole(cache, pod, stale, fit)
-            sc.score[stale] = sigmoid_score(value) if quantize else value
+            sc.score[stale] = sigmoid_score(before - _after_whole(cache, pod, stale, fit))
         sc.version[stale] = state.node_version[stale]
     return sc.score[nodes], sc.gpu[nodes]
 
@@ -142,21 +137,21 @@ class FGD:
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
     ) -> FloatArray:
-        score, _ = fragmentation_delta(state, pod, nodes, gpu_fit, ctx, quantize=True)
+        score, _ = fragmentation_delta(state, pod, nodes, gpu_fit, ctx)
         return score
 
     def choose(
         self, state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext
     ) -> tuple[int, ...]:
-        return choose_by_fragmentation(state, pod, node, gpu_fit, ctx, quantize=True)
+        return choose_by_fragmentation(state, pod, node, gpu_fit, ctx)
 
 
 def choose_by_fragmentation(
-    state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext, quantize: bool
+    state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext
 ) -> tuple[int, ...]:
     """The GPU whose use grows fragmentation least (a share), or the first free GPUs (whole GPUs)."""
     nodes = np.array([node], dtype=np.int64)
-    _, gpu = fragmentation_delta(state, pod, nodes, gpu_fit[None, :], ctx, quantize)
+    _, gpu = fragmentation_delta(state, pod, nodes, gpu_fit[None, :], ctx)
     if gpu[0] >= 0:
         return (int(gpu[0]),)
     return tuple(int(j) for j in np.flatnonzero(gpu_fit)[: pod.gpu.count])

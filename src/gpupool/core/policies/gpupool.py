@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.core.model import PodRequest
-from gpupool.core.policies.fgd import choose_by_fragmentation, fragmentation_delta
-from gpupool.core.policy import FloatArray, PolicyContext
-from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.policies.fgd import FGD
+from gpupool.core.policy import PolicyContext
+from gpupool.core.state import BoolArray, ClusterState
 
 
 def linked_gpus(state: ClusterState, node: int, candidates: list[int], count: int) -> tuple[int, ...]:
@@ -42,18 +42,12 @@ def linked_gpus(state: ClusterState, node: int, candidates: list[int], count: in
 
 
 @dataclass(frozen=True, slots=True)
-class GpupoolPolicy:
+class GpupoolPolicy(FGD):
     name: str = "gpupool"
-
-    def score(
-        self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
-    ) -> FloatArray:
-        score, _ = fragmentation_delta(state, pod, nodes, gpu_fit, ctx, quantize=True)
-        return score
 
     def choose(
         self, state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext
     ) -> tuple[int, ...]:
         if pod.gpu.count > 1:
             return linked_gpus(state, node, [int(j) for j in np.flatnonzero(gpu_fit)], pod.gpu.count)
-        return choose_by_fragmentation(state, pod, node, gpu_fit, ctx, quantize=True)
+        return FGD.choose(self, state, pod, node, gpu_fit, ctx)

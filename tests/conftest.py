@@ -1,4 +1,4 @@
-"""Helpers for the exporter tests: a real uvicorn server on 127.0.0.1, and a small pool."""
+"""Shared test helpers: a real uvicorn server on 127.0.0.1, and a small pool (dashboard, exporter tests)."""
 
 from __future__ import annotations
 
