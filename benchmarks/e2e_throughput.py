@@ -1,12 +1,15 @@
 """GPU share pods per second scheduled by the real kube-scheduler through the gpupool extender, and the
 pod-creation-to-binding latency p99, on the scripts/k8s-testbed control plane with N fake GPU nodes.
 
-    python benchmarks/e2e_throughput.py --nodes 1000 [--pods 1000] [--runs 3]
+    python benchmarks/e2e_throughput.py --nodes 1000 [--pods 1000] [--runs 3] [--trivial]
 
-Each run creates `--pods` share pods in a fresh namespace as fast as the API server takes them and
-watches them get bound. pods/s = pods / (last binding seen - first create sent); latency per pod =
-binding seen by the watch - its create request sent (client clock). A status-only kubelet marks bound
-pods Running, which releases the node's bind lock to the next pod (as the agent's Allocate would).
+Each run has two parts, each in a fresh namespace:
+- throughput: with kube-scheduler stopped, `--pods` share pods are created; kube-scheduler is started and
+  the backlog drains; pods/s = (pods - 1) / (last binding seen - first binding seen);
+- latency: `--latency-pods` pods arrive at a steady rate (half the measured throughput unless --rate),
+  latency per pod = binding seen by a watch - its create request sent (client clock); p99 over the run.
+A status-only kubelet marks bound pods Running, which hands the node's bind lock to the next pod (as the
+agent's Allocate would). `--trivial` runs the same with a do-nothing extender, as the machine's baseline.
 The figures are the medians over the runs. Last line: one JSON object.
 """
 
@@ -53,106 +56,169 @@ def chart_config() -> dict | None:
     return yaml.safe_load(yaml.safe_load(out.stdout)["data"]["scheduler-config.yaml"])  # type: ignore[no-any-return]
 
 
-def start_extender(bed: tb.Testbed, policy: str | None) -> tuple[subprocess.Popen[bytes], str]:
+def start_extender(bed: tb.Testbed, policy: str | None, trivial: bool) -> tuple[subprocess.Popen[bytes], str]:
     port = tb.free_port()
-    argv = [sys.executable, str(ROOT / "scripts" / "k8s" / "extender.py"), "scheduler",
-            "--kubeconfig", str(bed.kubeconfig(tb.SCHEDULER_USER)), "--host", "127.0.0.1", "--port", str(port),
-            "--lease-namespace", "kube-system", "--log-level", "warning"]
-    if policy:
-        argv += ["--default-policy", policy]
-    log = (bed.dir / "gpupool-scheduler.log").open("ab")
+    if trivial:
+        argv = [sys.executable, str(ROOT / "scripts" / "k8s" / "trivial_extender.py"), "--port", str(port),
+                "--server", bed.url, "--token", bed.tokens[tb.SCHEDULER_USER]]
+    else:
+        argv = [sys.executable, str(ROOT / "scripts" / "k8s" / "extender.py"), "scheduler",
+                "--kubeconfig", str(bed.kubeconfig(tb.SCHEDULER_USER)), "--host", "127.0.0.1", "--port", str(port),
+                "--lease-namespace", "kube-system", "--log-level", "warning"]
+        if policy:
+            argv += ["--default-policy", policy]
+    log = (bed.dir / "extender.log").open("ab")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             preexec_fn=tb.die_with_parent)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:
-            raise SystemExit(f"gpupool scheduler exited; see {bed.dir / 'gpupool-scheduler.log'}")
+            raise SystemExit(f"extender exited; see {bed.dir / 'extender.log'}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url + "/readyz", timeout=2).status_code == 200:
                 return proc, url
         if time.monotonic() > deadline:
-            raise SystemExit("gpupool scheduler not ready after 120 s")
+            raise SystemExit("extender not ready after 120 s")
         time.sleep(0.2)
 
 
-async def one_run(api: fleet.KubeApi, run: int, pods: int, seed: int) -> dict[str, float]:
-    ns = f"bench-{run}"
-    await api.ensure_namespace(ns)
-    rng = random.Random(seed + run)
-    specs = [fleet.share_pod(f"p{i:05d}", ns, memory_mib=rng.choice([5120, 10240, 20480]),
-                             cores=rng.choice([10, 20, 25, 30])) for i in range(pods)]
-    sent: dict[str, float] = {}
-    bound: dict[str, float] = {}
-    _, rv = await api.list_pods(ns)
-    done = asyncio.Event()
+def _specs(ns: str, n: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    return [fleet.share_pod(f"p{i:05d}", ns, memory_mib=rng.choice([5120, 10240, 20480]),
+                            cores=rng.choice([10, 20, 25, 30])) for i in range(n)]
 
-    async def watch() -> None:
-        async for _type, obj in api.watch(f"/api/v1/namespaces/{ns}/pods", rv):
+
+class BindWatch:
+    """Records when each pod of a namespace is first seen bound (client clock)."""
+
+    def __init__(self, api: fleet.KubeApi, ns: str, expected: int) -> None:
+        self.api, self.ns, self.expected = api, ns, expected
+        self.bound: dict[str, float] = {}
+        self.done = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        _, rv = await self.api.list_pods(self.ns)
+        self.task = asyncio.create_task(self._run(rv))
+
+    async def _run(self, rv: str) -> None:
+        async for _type, obj in self.api.watch(f"/api/v1/namespaces/{self.ns}/pods", rv):
             name = obj["metadata"]["name"]
-            if obj["spec"].get("nodeName") and name not in bound:
-                bound[name] = time.monotonic()
-                if len(bound) == pods:
-                    done.set()
+            if obj["spec"].get("nodeName") and name not in self.bound:
+                self.bound[name] = time.monotonic()
+                if len(self.bound) == self.expected:
+                    self.done.set()
                     return
 
-    watcher = asyncio.create_task(watch())
+    async def wait(self, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.done.wait(), timeout=timeout_s)
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self.task
+
+
+async def throughput_run(api: fleet.KubeApi, bed: tb.Testbed, sched_config: str, run: int, pods: int,
+                         seed: int) -> float:
+    """Backlog drain: kube-scheduler is stopped while `pods` pods are created, then started; pods/s =
+    (pods - 1) / (last binding - first binding). Creation speed does not enter the figure."""
+    ns = f"tput-{run}"
+    await api.ensure_namespace(ns)
+    bed.stop_scheduler()
+    watch = BindWatch(api, ns, pods)
+    await watch.start()
     gate = asyncio.Semaphore(32)
 
     async def create(p: dict) -> None:
         async with gate:
-            sent[p["metadata"]["name"]] = time.monotonic()
             await api.create_pod(p)
 
-    await asyncio.gather(*(create(p) for p in specs))
-    try:
-        await asyncio.wait_for(done.wait(), timeout=max(120.0, pods * 0.5))
-    except TimeoutError:
-        print(f"  run {run}: only {len(bound)} of {pods} pods bound before the timeout", flush=True)
-    watcher.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await watcher
-    if not bound:
-        return {"pods_per_s": 0.0, "p99_bind_latency_ms": float("inf"), "bound": 0}
-    span = max(bound.values()) - min(sent.values())
-    lat = sorted((bound[n] - sent[n]) * 1000 for n in bound)
-    p99 = lat[min(len(lat) - 1, int(round(0.99 * len(lat))) - 1)]
-    return {"pods_per_s": len(bound) / span, "p99_bind_latency_ms": p99, "bound": len(bound),
-            "p50_bind_latency_ms": lat[len(lat) // 2]}
+    await asyncio.gather(*(create(p) for p in _specs(ns, pods, seed + run)))
+    bed.start_scheduler(sched_config)
+    await watch.wait(max(120.0, pods * 0.5))
+    times = sorted(watch.bound.values())
+    if len(times) < pods:
+        print(f"  run {run}: only {len(times)} of {pods} pods bound before the timeout", flush=True)
+    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+
+
+async def latency_run(api: fleet.KubeApi, run: int, pods: int, rate: float, seed: int) -> list[float]:
+    """Steady arrivals at `rate` pods/s; latency = binding seen by the watch - create request sent (ms)."""
+    ns = f"lat-{run}"
+    await api.ensure_namespace(ns)
+    watch = BindWatch(api, ns, pods)
+    await watch.start()
+    sent: dict[str, float] = {}
+    tasks = []
+    t0 = time.monotonic()
+    for i, p in enumerate(_specs(ns, pods, seed + 1000 + run)):
+        delay = t0 + i / rate - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        sent[p["metadata"]["name"]] = time.monotonic()
+        tasks.append(asyncio.create_task(api.create_pod(p)))
+    await asyncio.gather(*tasks)
+    await watch.wait(max(120.0, pods * 0.5))
+    return sorted((watch.bound[n] - sent[n]) * 1000 for n in watch.bound)
+
+
+def p99(values: list[float]) -> float:
+    if not values:
+        return float("inf")
+    return values[min(len(values) - 1, max(0, int(round(0.99 * len(values))) - 1))]
+
+
+def bind_outcomes(url: str) -> str:
+    """The extender's bind outcomes and per-verb latency sums from its /metrics (whole benchmark)."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out = []
+    for line in text.splitlines():
+        if line.startswith("gpupool_binds_total{") or line.startswith("gpupool_api_conflicts_total{"):
+            out.append(line.replace("_total", ""))
+        elif line.startswith("gpupool_extender_request_duration_seconds_sum") or \
+                line.startswith("gpupool_extender_request_duration_seconds_count"):
+            out.append(line.replace("gpupool_extender_request_duration_seconds", "latency"))
+    return "; ".join(out)
 
 
 async def main_async(args: argparse.Namespace) -> dict[str, float]:
     bed = tb.Testbed().start()
     ext = None
     try:
-        ext, url = start_extender(bed, args.policy)
+        ext, url = start_extender(bed, args.policy, args.trivial)
         config = chart_config()
         print(f"kube-scheduler config: {'from the Helm chart' if config else 'built in (helm not installed)'}")
-        bed.start_scheduler(tb.scheduler_config(url, config))
         api = fleet.KubeApi(bed.url, bed.admin_token, max_connections=64)
         try:
             t0 = time.monotonic()
             await fleet.create_nodes(api, [fleet.gpu_node(f"node-{i:05d}", gpus=4) for i in range(args.nodes)])
             took = time.monotonic() - t0
             print(f"{args.nodes} fake GPU nodes (4 x A100-80GB, 10 slots each) created in {took:.1f} s")
+            sched_config = tb.scheduler_config(url, config)
             async with fleet.StatusKubelet(api) as kubelet:
-                # Warm-up: kube-scheduler and the extender have synced once this pod is bound.
-                await one_run(api, 0, 10, args.seed)
-                results = []
+                rates, p99s = [], []
                 for run in range(1, args.runs + 1):
-                    r = await one_run(api, run, args.pods, args.seed)
-                    print(f"  run {run}: {r['bound']}/{args.pods} bound, {r['pods_per_s']:.1f} pods/s, "
-                          f"p50 {r.get('p50_bind_latency_ms', 0):.0f} ms, p99 {r['p99_bind_latency_ms']:.0f} ms",
+                    rate = await throughput_run(api, bed, sched_config, run, args.pods, args.seed)
+                    arrival = args.rate or max(1.0, round(rate / 2, 1))
+                    lat = await latency_run(api, run, args.latency_pods, arrival, args.seed)
+                    print(f"  run {run}: backlog of {args.pods} drained at {rate:.1f} pods/s; "
+                          f"{len(lat)}/{args.latency_pods} pods arriving at {arrival:g}/s bound with latency "
+                          f"p50 {lat[len(lat) // 2] if lat else float('inf'):.0f} ms, p99 {p99(lat):.0f} ms",
                           flush=True)
-                    results.append(r)
+                    rates.append(rate)
+                    p99s.append(p99(lat))
+                if not args.trivial:
+                    print(f"  extender: {bind_outcomes(url)}")
                 if kubelet.failures:
                     print(f"  stand-in kubelet failures: {list(kubelet.failures.items())[:3]}")
         finally:
             await api.close()
         return {
             "nodes": args.nodes,
-            "pods_per_s": round(statistics.median(r["pods_per_s"] for r in results), 1),
-            "p99_bind_latency_ms": round(statistics.median(r["p99_bind_latency_ms"] for r in results), 1),
+            "pods_per_s": round(statistics.median(rates), 1),
+            "p99_bind_latency_ms": round(statistics.median(p99s), 1),
         }
     finally:
         if ext is not None:
@@ -165,13 +231,19 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--pods", type=int, default=None, help="share pods per run (default: = nodes, at most 1000)")
+    parser.add_argument("--pods", type=int, default=None, help="backlog pods per run (default: = nodes, at most 1000)")
+    parser.add_argument("--latency-pods", type=int, default=200, help="pods per latency run")
+    parser.add_argument("--rate", type=float, default=None,
+                        help="arrival rate of the latency run, pods/s (default: half the measured throughput)")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--policy", default=None, help="extender default policy (default: the scheduler's)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--trivial", action="store_true",
+                        help="baseline: a do-nothing extender instead of gpupool (same pods, same control plane)")
     args = parser.parse_args()
     args.pods = args.pods or min(args.nodes, 1000)
-    print(f"cores: {os.cpu_count()}; nodes {args.nodes}, {args.pods} pods per run, {args.runs} runs")
+    what = "trivial extender (baseline)" if args.trivial else "gpupool extender"
+    print(f"cores: {os.cpu_count()}; {what}; nodes {args.nodes}, {args.pods} pods per run, {args.runs} runs")
     result = asyncio.run(main_async(args))
     print(json.dumps(result))
 
