@@ -59,6 +59,7 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v dpkg-source >/dev/null || need+=(dpkg-dev)
 command -v make >/dev/null || need+=(make)
 command -v rsync >/dev/null || need+=(rsync)
+command -v openssl >/dev/null || need+=(openssl)  # the testbed's service-account key pair
 [[ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ]] || need+=(golang-github-modern-go-reflect2-dev)
 if ((${#need[@]})); then
   log "installing ${need[*]}"
