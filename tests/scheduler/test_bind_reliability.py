@@ -346,3 +346,37 @@ async def test_assumed_entry_is_forgotten_after_timeout():
     assert len(svc.ledger.expire(now[0])) == 1
     assert svc.ledger.entries == {} and int(np.sum(svc.ledger.state.gpu_sharers)) == 0
     await svc.stop()
+
+
+async def test_prioritize_reserves_the_winner_so_the_next_filter_sees_it():
+    cluster = await _cluster_with_nodes(nodes=2)
+    now = [5000.0]
+    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False, nominate_timeout_s=10),
+                          clock=lambda: now[0])
+    await svc.start()
+    from gpupool.api.extender import ExtenderArgs
+
+    names = ["gpu-0000", "gpu-0001"]
+    # Fill every GPU but one (GPU 7 of gpu-0001) with whole-GPU pods.
+    for i in range(15):
+        p = await cluster.create_pod(gpu_pod(f"w{i}", cores=None))
+        assert (await svc.bind(_args(p, node=names[i // 8]))).Error == ""
+        await cluster.patch_pod_status("default", f"w{i}", {"phase": "Running"})  # its Allocate happened
+    a = await cluster.create_pod(gpu_pod("a", cores=60))
+    b = await cluster.create_pod(gpu_pod("b", cores=60))
+    assert svc.filter(ExtenderArgs(Pod=a, NodeNames=names)).NodeNames == ["gpu-0001"]  # one node left: reserved
+    # b is filtered while a's bind is still on its way: the 60 % a will get is already taken.
+    assert svc.filter(ExtenderArgs(Pod=b, NodeNames=names)).NodeNames == []
+    # a new cycle for a itself does not count its own reservation against it
+    assert svc.filter(ExtenderArgs(Pod=a, NodeNames=names)).NodeNames == ["gpu-0001"]
+    assert (await svc.bind(_args(a, node="gpu-0001"))).Error == ""
+    assert svc.filter(ExtenderArgs(Pod=b, NodeNames=names)).NodeNames == []
+    # A reservation whose bind never comes is dropped after nominate_timeout_s.
+    c = await cluster.create_pod(gpu_pod("c", cores=30))
+    d = await cluster.create_pod(gpu_pod("d", cores=20))
+    assert [h for h, _ in svc.prioritize(ExtenderArgs(Pod=c, NodeNames=names))] == ["gpu-0001"]
+    assert svc.filter(ExtenderArgs(Pod=d, NodeNames=names)).NodeNames == []  # 60 + 30 + 20 > 100
+    now[0] += 11
+    svc.ledger.expire(now[0])
+    assert svc.filter(ExtenderArgs(Pod=d, NodeNames=names)).NodeNames == ["gpu-0001"]
+    await svc.stop()

@@ -27,6 +27,7 @@ class SchedulerConfig(BaseModel):
     port: int = Field(default=8888, ge=0, le=65535)  # 0 = any free port
     default_policy: str = DEFAULT_POLICY
     assume_timeout_s: float = Field(default=30.0, gt=0)  # assumed entry forgotten if not confirmed
+    nominate_timeout_s: float = Field(default=10.0, gt=0)  # reservation made at prioritize, awaiting bind
     lock_timeout_s: float = Field(default=300.0, gt=0)  # a bind lock older than this may be taken over
     lock_wait_s: float = Field(default=5.0, ge=0)  # how long a bind waits for a busy node lock
     expire_interval_s: float = Field(default=1.0, gt=0)

@@ -224,10 +224,14 @@ class ExtenderService:
         parsed, invalid = self._parse(args.Pod)
         if invalid is not None or parsed.request is None:
             return self._filter_result(args, [], {}, {n: invalid or "invalid request" for n in names})
+        self._new_cycle(args.Pod)
         idx, known, unresolvable = self._known(names)
         request = parsed.request
         fit = check(self.ledger.state, request, np.asarray(idx, dtype=np.int64))
         ok = fit.code == 0
+        if int(ok.sum()) == 1:
+            # kube-scheduler skips prioritize when one node is left: reserve it here instead.
+            self._nominate(args.Pod, request, int(fit.nodes[int(np.flatnonzero(ok)[0])]))
         if ok.all():
             return self._filter_result(args, known, {}, unresolvable)
         # Reasons depend only on (code, number of fitting GPUs): write each distinct one once.
@@ -268,6 +272,7 @@ class ExtenderService:
         parsed, invalid = self._parse(args.Pod)
         if invalid is not None or parsed.request is None:
             return []
+        self._new_cycle(args.Pod)
         idx, _, _ = self._known(names)
         ctx = self._context()
         scored = score_nodes(
@@ -280,9 +285,37 @@ class ExtenderService:
             node_names = self.ledger.state.nodes
             for k in np.flatnonzero(scaled > 0):
                 scores[node_names[int(scored.feasible[k])].name] = int(scaled[k])
-            winner = node_names[int(scored.feasible[best(scored, ctx)])].name
-            scores[winner] = MAX_EXTENDER_PRIORITY
+            winner = int(scored.feasible[best(scored, ctx)])
+            scores[node_names[winner].name] = MAX_EXTENDER_PRIORITY
+            self._nominate(args.Pod, parsed.request, winner)
         return list(scores.items())
+
+    # --- nomination: reserving the node a scheduling cycle is about to bind -----------------------------
+
+    def _new_cycle(self, pod: Mapping[str, Any]) -> None:
+        """A filter or prioritize for a pod starts a new scheduling cycle for it: a reservation left from
+        an earlier cycle (whose bind failed or never came) is void and must not count against it."""
+        uid = (pod.get("metadata") or {}).get("uid")
+        if uid and uid in self.ledger.entries:
+            self.ledger.forget(str(uid))
+
+    def _nominate(self, pod: Mapping[str, Any], request: PodRequest, node: int) -> None:
+        """Reserve (as an assumed entry with a short deadline) the GPUs the pod will get on the node it is
+        about to be bound to, so that the filters of the pods scheduled meanwhile see them taken. kube-
+        scheduler binds asynchronously; without this, every pod filtered before the previous bind landed
+        would race for the same GPUs and lose at bind time. The bind takes the reservation over; if it goes
+        to another node, or never comes, the reservation is dropped (deadline `nominate_timeout_s`)."""
+        meta = pod.get("metadata") or {}
+        uid = meta.get("uid")
+        if not uid:
+            return
+        result = place(
+            self.ledger.state, request, self._policy(request), self._context(), np.asarray([node], dtype=np.int64)
+        )
+        if isinstance(result, Placement):
+            self.ledger.assume(
+                str(uid), pod_key(pod), request, result.allocation, self.clock() + self.config.nominate_timeout_s
+            )
 
     # --- bind -----------------------------------------------------------------------------------------
 
@@ -476,7 +509,8 @@ class ExtenderService:
         return (holder.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")
 
     async def _acquire_lock(self, args: ExtenderBindingArgs) -> None:
-        deadline = self.clock() + self.config.lock_wait_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.lock_wait_s  # a duration: monotonic, not the wall clock
         delay = 0.05
         while True:
             node = await self.cluster.get_node(args.Node)
@@ -490,7 +524,7 @@ class ExtenderService:
                 if held is not None and held.pod_uid == args.PodUID:
                     return
                 if held is not None and not await self._may_take_over(held):
-                    if self.clock() >= deadline:
+                    if loop.time() >= deadline:
                         raise BindFailed(
                             f"node {args.Node} is locked by pod {held.namespace}/{held.name} since {held.time} "
                             "(waiting for its device allocation); retry later"
