@@ -380,3 +380,25 @@ async def test_prioritize_reserves_the_winner_so_the_next_filter_sees_it():
     svc.ledger.expire(now[0])
     assert svc.filter(ExtenderArgs(Pod=d, NodeNames=names)).NodeNames == ["gpu-0001"]
     await svc.stop()
+
+
+async def test_a_new_cycle_during_a_slow_bind_keeps_that_bind_reservation():
+    cluster = await _cluster_with_nodes(nodes=2)
+    svc = ExtenderService(cluster, CONFIG)
+    await svc.start()
+    from gpupool.api.extender import ExtenderArgs
+
+    pod = await cluster.create_pod(gpu_pod("slow", cores=70))
+    seen: list[bool] = []
+
+    async def retry_meanwhile(step: str) -> None:
+        if step == "locked":  # kube-scheduler timed out waiting and starts a new cycle for the pod
+            svc.filter(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000", "gpu-0001"]))
+            seen.append(pod["metadata"]["uid"] in svc.ledger.entries)
+
+    svc.step_hook = retry_meanwhile
+    assert (await svc.bind(_args(pod))).Error == ""
+    assert seen == [True]
+    assert await settle(svc) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    assert svc.ledger.state.allocated_milli() == 700
+    await svc.stop()

@@ -76,6 +76,7 @@ class ExtenderService:
         self._policies: dict[str, Policy] = {}
         self._node_mutex: dict[str, asyncio.Lock] = {}
         self._node_waiters: dict[str, asyncio.Event] = {}  # binds waiting for a node's lock to change
+        self._binding: dict[str, int] = {}  # pod UID -> binds of it in progress
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self.metrics.track_ledger(
@@ -296,7 +297,7 @@ class ExtenderService:
         """A filter or prioritize for a pod starts a new scheduling cycle for it: a reservation left from
         an earlier cycle (whose bind failed or never came) is void and must not count against it."""
         uid = (pod.get("metadata") or {}).get("uid")
-        if uid and uid in self.ledger.entries:
+        if uid and uid in self.ledger.entries and uid not in self._binding:
             self.ledger.forget(str(uid))
 
     def _nominate(self, pod: Mapping[str, Any], request: PodRequest, node: int) -> None:
@@ -326,6 +327,9 @@ class ExtenderService:
                 await result
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
+        # While a bind runs (even one kube-scheduler gave up waiting for), a new cycle of the same pod
+        # must not drop the reservation that bind is writing.
+        self._binding[args.PodUID] = self._binding.get(args.PodUID, 0) + 1
         try:
             await self._bind(args)
         except BindFailed as e:
@@ -335,6 +339,10 @@ class ExtenderService:
         except ApiError as e:
             self.metrics.binds.labels("error").inc()
             return ExtenderBindingResult(Error=f"API error while binding: {e}")
+        finally:
+            left = self._binding.pop(args.PodUID) - 1
+            if left:
+                self._binding[args.PodUID] = left
         self.metrics.binds.labels("bound").inc()
         return ExtenderBindingResult()
 
