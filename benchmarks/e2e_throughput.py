@@ -62,7 +62,7 @@ def start_extender(bed: tb.Testbed, policy: str | None, trivial: bool) -> tuple[
         argv = [sys.executable, str(ROOT / "scripts" / "k8s" / "trivial_extender.py"), "--port", str(port),
                 "--server", bed.url, "--token", bed.tokens[tb.SCHEDULER_USER]]
     else:
-        argv = [sys.executable, str(ROOT / "scripts" / "k8s" / "extender.py"), "scheduler",
+        argv = [*tb.gpupool_argv(), "scheduler",
                 "--kubeconfig", str(bed.kubeconfig(tb.SCHEDULER_USER)), "--host", "127.0.0.1", "--port", str(port),
                 "--lease-namespace", "kube-system", "--log-level", "warning"]
         if policy:

@@ -23,6 +23,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -68,6 +69,14 @@ def find_binaries() -> Binaries:
             "`scripts/k8s-testbed build` (about 10 minutes on 2 cores; needs apt-get and root or sudo)."
         )
     return Binaries(Path(etcd), bin_dir / "kube-apiserver", bin_dir / "kube-scheduler")  # type: ignore[arg-type]
+
+
+def gpupool_argv() -> list[str]:
+    """How to run the `gpupool` command of the running interpreter's environment."""
+    exe = Path(sys.executable).with_name("gpupool")
+    if exe.is_file():
+        return [str(exe)]
+    return [sys.executable, "-c", "import sys; from gpupool.cli import main; sys.exit(main())"]
 
 
 def free_port() -> int:

@@ -120,7 +120,7 @@ class Extender:
         self.starts += 1
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "scripts" / "k8s" / "extender.py"), "scheduler",
+                [*tb.gpupool_argv(), "scheduler",
                  "--kubeconfig", str(self.testbed.kubeconfig(tb.SCHEDULER_USER)),
                  "--host", "127.0.0.1", "--port", str(self.port), "--lease-namespace", "kube-system",
                  "--log-level", "warning"],

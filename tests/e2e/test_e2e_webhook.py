@@ -8,7 +8,6 @@ import base64
 import copy
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,15 +34,22 @@ CONFIGS = {
 
 @pytest.fixture(scope="module")
 def webhook_process(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    # One GPU node the webhook's inventory watch will see (never used for scheduling: no pod selects it).
+    node = fleet.gpu_node("e2e-webhook-node", gpus=2, model="A100-80GB", memory_mib=81920,
+                          labels={"e2e/group": "webhook"})
+    with httpx.Client(base_url=testbed.url, verify=False, timeout=30,
+                      headers={"Authorization": f"Bearer {testbed.admin_token}"}) as http:
+        r = http.post("/api/v1/nodes", json=node)
+        assert r.status_code in (201, 409), r.text
     tls = make_tls(tmp_path_factory.mktemp("webhook-tls"))
     port = tb.free_port()
     log = testbed.dir / "gpupool-webhook.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-c", "import sys; from gpupool.cli import main; sys.exit(main())", "webhook",
+            [*tb.gpupool_argv(), "webhook",
              "--host", "127.0.0.1", "--port", str(port), "--cert-file", str(tls.cert), "--key-file", str(tls.key),
-             # The inventory watch cannot be used from a kubeconfig yet (see the report on issue 7).
-             "--no-watch-inventory",
+             # Reads the nodes' GPU inventories from the testbed (refuses shares larger than any GPU).
+             "--kubeconfig", str(testbed.kubeconfig()),
              "--trusted-user", tb.SCHEDULER_USER, "--trusted-user", tb.AGENT_USER],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=tb.die_with_parent,
         )
@@ -209,3 +215,17 @@ async def test_excluded_namespaces_never_reach_the_webhook(registered: object, k
         pod = applied(kubectl, "unchecked", ns)
         assert pod["spec"]["schedulerName"] == "default-scheduler"
         kubectl("delete", "pod", "unchecked", "-n", ns, "--wait=false")
+
+
+async def test_share_larger_than_any_gpu_is_refused(registered: object, kubectl, testbed: tb.Testbed) -> None:  # type: ignore[no-untyped-def]
+    """The webhook follows the nodes' gpupool.io/inventory through the API server (a watch from its
+    kubeconfig) and refuses a share no GPU in the cluster could hold."""
+    pod = manifest("huge", limits={"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": "200Gi"})
+    deadline = time.monotonic() + 30
+    while True:  # the inventory arrives through the webhook's watch: wait until it knows our node
+        out = kubectl("create", "--dry-run=server", "-f", "-", stdin=pod)
+        if out.returncode != 0 or time.monotonic() > deadline:
+            break
+        time.sleep(0.3)
+    assert out.returncode != 0
+    assert "gpupool.io/gpu-memory=204800 MiB is more than any GPU in the cluster has" in out.stderr
