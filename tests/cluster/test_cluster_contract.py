@@ -47,6 +47,13 @@ async def test_node_annotation_precondition(cluster):
     assert (await cluster.get_node("n1"))["metadata"]["annotations"]["lock"] == "a"
 
 
+async def test_node_labels_merge(cluster):
+    await cluster.create_node({"metadata": {"name": "n2", "labels": {"keep": "1", "drop": "x"}}})
+    node = await cluster.patch_node_labels("n2", {"gpupool.io/model": "H100-80GB", "drop": None})
+    assert node["metadata"]["labels"] == {"keep": "1", "gpupool.io/model": "H100-80GB"}
+    assert (await cluster.get_node("n2"))["metadata"]["labels"] == node["metadata"]["labels"]
+
+
 async def test_binding_sets_node_once_and_checks_uid(cluster):
     pod = await cluster.create_pod(_pod("a"))
     uid = pod["metadata"]["uid"]

@@ -66,6 +66,10 @@ class FakeApiServer:
             # Like the API server: a Status answer, not the Binding.
             return JSONResponse({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success",
                                  "code": 201}, status_code=201)
+        if request.method == "PATCH" and path == "/api/v1/nodes/n1":
+            node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "resourceVersion": "8",
+                                                                      "labels": body["metadata"]["labels"]}}
+            return JSONResponse(node)
         if request.method == "DELETE":
             return JSONResponse({"apiVersion": "v1", "kind": "Status", "status": "Success"})
         return _status(404, "NotFound", f"no fake for {request.method} {path}")
@@ -174,3 +178,12 @@ async def test_watch_streams_events_as_dicts_and_maps_410_to_gone(fake):
     with pytest.raises(Gone):
         async for _ in cluster.watch_pods("1"):
             pass
+
+
+async def test_node_labels_are_a_merge_patch(fake):
+    server, cluster = fake
+    node = await cluster.patch_node_labels("n1", {"gpupool.io/model": "H100-80GB", "old": None})
+    method, path, ctype, body = server.requests[-1]
+    assert (method, path, ctype) == ("PATCH", "/api/v1/nodes/n1", "application/merge-patch+json")
+    assert body == {"metadata": {"labels": {"gpupool.io/model": "H100-80GB", "old": None}}}
+    assert node["metadata"]["labels"]["gpupool.io/model"] == "H100-80GB"

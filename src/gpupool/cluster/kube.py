@@ -187,6 +187,10 @@ class KubeCluster:
         body = annotation_patch(annotations, resource_version)
         return to_obj(await self._call(self.client.patch(Node, name, body, patch_type=PatchType.MERGE)))
 
+    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
+        body = {"metadata": {"labels": dict(labels)}}
+        return to_obj(await self._call(self.client.patch(Node, name, body, patch_type=PatchType.MERGE)))
+
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
         body = {"status": dict(status)}
         return to_obj(await self._call(

@@ -143,13 +143,13 @@ class MemoryCluster:
             kind.watchers.discard(queue)
 
     @staticmethod
-    def _merge_annotations(obj: Obj, annotations: Mapping[str, str | None]) -> None:
-        current = obj["metadata"].setdefault("annotations", {})
+    def _merge_annotations(obj: Obj, annotations: Mapping[str, str | None], field: str = "annotations") -> None:
+        current = obj["metadata"].setdefault(field, {})
         for key, value in annotations.items():
             if value is None:
                 current.pop(key, None)
             elif not isinstance(value, str):
-                raise Invalid(f"annotation {key}: value must be a string, got {type(value).__name__}")
+                raise Invalid(f"{field[:-1]} {key}: value must be a string, got {type(value).__name__}")
             else:
                 current[key] = value
 
@@ -234,6 +234,12 @@ class MemoryCluster:
         node = self._get("Node", "", name)
         self._check_rv(node, resource_version, f"node {name}")
         self._merge_annotations(node, annotations)
+        return self._write("Node", node, "MODIFIED")
+
+    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
+        await self._io()
+        node = self._get("Node", "", name)
+        self._merge_annotations(node, labels, "labels")
         return self._write("Node", node, "MODIFIED")
 
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:

@@ -99,6 +99,11 @@ class ClusterPort(Protocol):
         self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj: ...
 
+    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
+        """Merge `labels` into the node's labels (None removes a key); last writer wins (the node agent
+        owns its gpupool.io/* labels)."""
+        ...
+
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
         """Merge into `status` (the kubelet's job; the embedded cluster's fake kubelet uses it)."""
         ...
