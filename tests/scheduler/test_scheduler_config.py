@@ -39,3 +39,21 @@ def test_command_reports_config_errors_as_usage_errors(tmp_path):
     f.write_text("assume_timeout_s: -5\n")
     result = CliRunner().invoke(scheduler, ["--config", str(f)])
     assert result.exit_code == 2 and "assume_timeout_s" in result.output
+
+
+def test_command_exits_with_the_reason_when_the_api_server_is_unreachable(tmp_path):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters: [{{name: c, cluster: {{server: 'http://127.0.0.1:{port}'}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: x, context: {cluster: c, user: u}}]\ncurrent-context: x\n"
+    )
+    result = CliRunner().invoke(scheduler, ["--kubeconfig", str(kubeconfig), "--no-leader-elect", "--port", "0"])
+    assert result.exit_code == 1
+    assert "cannot start: listing nodes and pods from the API server failed" in result.output

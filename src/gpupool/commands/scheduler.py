@@ -55,8 +55,16 @@ async def _serve(config: SchedulerConfig) -> None:
     from gpupool.cluster.kube import KubeCluster
     from gpupool.scheduler.runner import start_replica
 
-    cluster = KubeCluster.from_config(config.kubeconfig, config.context)
-    replica = await start_replica(cluster, config)
+    source = config.kubeconfig or "the in-cluster service account"
+    try:
+        cluster = KubeCluster.from_config(config.kubeconfig, config.context)
+    except Exception as e:
+        raise click.ClickException(f"cannot load cluster credentials from {source}: {e}") from None
+    try:
+        replica = await start_replica(cluster, config)
+    except Exception as e:  # exit with the reason; the pod's restart policy retries
+        await cluster.close()
+        raise click.ClickException(f"cannot start: listing nodes and pods from the API server failed: {e!r}") from None
     click.echo(f"extender listening on {replica.url} (ready after sync and, if enabled, leader election)")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
