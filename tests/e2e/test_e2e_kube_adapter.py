@@ -161,9 +161,10 @@ async def test_leader_election_on_a_real_lease(testbed) -> None:  # type: ignore
     a_cluster = kube_cluster(testbed.kubeconfig())
     b_cluster = kube_cluster(testbed.kubeconfig())
     lease = unique("e2e-leader")
-    a = LeaderElector(a_cluster, "kube-system", lease, "cand-a", lease_duration_s=2, renew_deadline_s=1.5,
+    # A 5 s lease renewed every 0.3 s: a loaded CI machine never lets it lapse by accident.
+    a = LeaderElector(a_cluster, "kube-system", lease, "cand-a", lease_duration_s=5, renew_deadline_s=4,
                       retry_period_s=0.2)
-    b = LeaderElector(b_cluster, "kube-system", lease, "cand-b", lease_duration_s=2, renew_deadline_s=1.5,
+    b = LeaderElector(b_cluster, "kube-system", lease, "cand-b", lease_duration_s=5, renew_deadline_s=4,
                       retry_period_s=0.2)
     try:
         assert await a.try_acquire_or_renew() is True
@@ -173,7 +174,7 @@ async def test_leader_election_on_a_real_lease(testbed) -> None:  # type: ignore
             assert await a.try_acquire_or_renew() is True
             await asyncio.sleep(0.3)
             assert not b.is_leader
-        # a stops (a crash: no release). b must wait for renewTime + 2 s, then lead.
+        # a stops (a crash: no release). b must wait for renewTime + 5 s, then lead.
         await eventually(lambda: b.is_leader, timeout_s=30, step_s=0.1, what="b leads")
         held = await a_cluster.get_lease("kube-system", lease)
         assert held["spec"]["holderIdentity"] == "cand-b"
