@@ -1,0 +1,64 @@
+"""Node changes in the ledger: which ones rebuild the capacity view, and what happens to allocations."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+from gpupool.api.allocation import encode_allocation
+from gpupool.api.lock import ANN_BIND_LOCK
+from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
+from gpupool.core.model import Allocation, GPUGrant
+from gpupool.scheduler.embedded import node_objects
+from gpupool.scheduler.ledger import Ledger
+from tests.scheduler.conftest import gpu_pod, small_scenario
+
+
+def _bound_pod(node: dict, name: str, index: int, cores: int) -> dict:
+    gpu = json.loads(node["metadata"]["annotations"][ANN_INVENTORY])["gpus"][index]
+    pod = gpu_pod(name, cores=cores)
+    pod["metadata"]["uid"] = f"uid-{name}"
+    pod["spec"]["nodeName"] = node["metadata"]["name"]
+    grant = GPUGrant(uuid=gpu["uuid"], index=index, milli=cores * 10, memory_mib=gpu["memory_mib"] * cores // 100)
+    allocation = Allocation(pod=name, node=node["metadata"]["name"], grants=(grant,), policy="firstfit")
+    pod["metadata"]["annotations"][ANN_ALLOCATION] = encode_allocation(allocation, f"uid-{name}", "hook", "")
+    return pod
+
+
+def test_lock_changes_do_not_rebuild_but_inventory_changes_do():
+    nodes = node_objects(small_scenario(nodes=2, gpus=2))
+    ledger = Ledger(nodes)
+    ledger.apply_pod("ADDED", _bound_pod(nodes[0], "a", 1, 40))
+    generation = ledger.generation
+    locked = copy.deepcopy(nodes[0])
+    locked["metadata"]["annotations"][ANN_BIND_LOCK] = "{}"
+    assert ledger.apply_node("MODIFIED", locked) is False and ledger.generation == generation
+    sick = copy.deepcopy(locked)
+    inventory = json.loads(sick["metadata"]["annotations"][ANN_INVENTORY])
+    inventory["gpus"][0]["healthy"] = False
+    sick["metadata"]["annotations"][ANN_INVENTORY] = json.dumps(inventory)
+    assert ledger.apply_node("MODIFIED", sick) is True and ledger.generation == generation + 1
+    i = ledger.state.index["gpu-0000"]
+    assert not ledger.state.gpu_healthy[i, 0]
+    # the allocation on GPU 1 survives the rebuild: 1000 - 400 milli left there
+    assert int(ledger.state.gpu_milli_free[i, 1]) == 600 and set(ledger.entries) == {"uid-a"}
+
+
+def test_removed_node_strands_its_allocations_until_their_pods_go():
+    nodes = node_objects(small_scenario(nodes=2, gpus=2))
+    ledger = Ledger(nodes)
+    pod = _bound_pod(nodes[1], "b", 0, 50)
+    ledger.apply_pod("ADDED", pod)
+    ledger.apply_node("DELETED", nodes[1])
+    assert len(ledger.state) == 1 and ledger.entries == {} and set(ledger.stranded) == {"uid-b"}
+    assert [e["pod"] for e in ledger.dump()["stranded"]] == ["default/b"]
+    ledger.apply_pod("DELETED", pod)
+    assert ledger.stranded == {}
+
+
+def test_malformed_inventory_is_reported_per_node():
+    nodes = node_objects(small_scenario(nodes=2, gpus=1))
+    nodes[1]["metadata"]["annotations"][ANN_INVENTORY] = '{"version": 1, "node": "x", "gpus": [{"index": 0}]}'
+    ledger = Ledger(nodes)
+    assert len(ledger.state) == 1
+    assert "gpu-0001" in ledger.node_errors and "invalid gpupool.io/inventory" in ledger.node_errors["gpu-0001"]
