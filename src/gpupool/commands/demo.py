@@ -54,6 +54,7 @@ async def _run(
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from gpupool.commands.pool_views import pool_views
     from gpupool.core.policies import DEFAULT_POLICY
     from gpupool.scheduler.config import SchedulerConfig
     from gpupool.scheduler.driver import KubeSchedulerDriver, Outcome
@@ -64,7 +65,7 @@ async def _run(
     config = SchedulerConfig(port=port, leader_elect=False, default_policy=policy or DEFAULT_POLICY)
     console.print(f"[bold]gpupool demo[/] scenario={scenario.name} nodes={scenario.node_count}")
     console.print(f"scheduler config: {config.describe()}")
-    emb = await start_embedded(scenario, config)
+    emb = await start_embedded(scenario, config, extra_routes=pool_views())
     state = emb.service.ledger.state
     console.print(f"extender listening on [cyan]{emb.url}[/] ({len(state)} nodes, {state.total_gpus} GPUs)")
     workload = workload_pods(scenario, pods)
@@ -105,8 +106,9 @@ async def _run(
             console.print(f"  unschedulable x{n}: {why}")
         if serve:
             console.print(
-                f"serving: extender {emb.url}  ledger {emb.url}/debug/ledger  metrics {emb.url}/metrics"
-                "  (Ctrl-C to stop)"
+                f"serving: dashboard {emb.url}/ui  pool {emb.url}/pool  metrics {emb.url}/metrics"
+                f"  ledger {emb.url}/debug/ledger\n"
+                f"terminal view: gpupool top --url {emb.url}/pool  (Ctrl-C to stop)"
             )
             busy = None
             if churn is not None:

@@ -53,6 +53,7 @@ def scheduler(
 
 async def _serve(config: SchedulerConfig) -> None:
     from gpupool.cluster.kube import KubeCluster
+    from gpupool.commands.pool_views import pool_views
     from gpupool.scheduler.runner import start_replica
 
     source = config.kubeconfig or "the in-cluster service account"
@@ -61,11 +62,12 @@ async def _serve(config: SchedulerConfig) -> None:
     except Exception as e:
         raise click.ClickException(f"cannot load cluster credentials from {source}: {e}") from None
     try:
-        replica = await start_replica(cluster, config)
+        replica = await start_replica(cluster, config, extra_routes=pool_views())
     except Exception as e:  # exit with the reason; the pod's restart policy retries
         await cluster.close()
         raise click.ClickException(f"cannot start: listing nodes and pods from the API server failed: {e!r}") from None
-    click.echo(f"extender listening on {replica.url} (ready after sync and, if enabled, leader election)")
+    click.echo(f"extender listening on {replica.url} (ready after sync and, if enabled, leader election); "
+               f"pool views at {replica.url}/ui, {replica.url}/pool and {replica.url}/metrics")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

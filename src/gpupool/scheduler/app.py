@@ -9,13 +9,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 
 from gpupool.api.extender import ExtenderRequestError, dump_priorities, parse_args, parse_binding_args
 from gpupool.scheduler.service import ExtenderService
@@ -47,7 +47,12 @@ def _error(status: int, message: str) -> Response:
     return JSONResponse({"Error": message}, status_code=status)
 
 
-def create_app(service: ExtenderService) -> Starlette:
+RouteFactory = Callable[[ExtenderService], Sequence[BaseRoute]]
+
+
+def create_app(service: ExtenderService, extra_routes: RouteFactory | None = None) -> Starlette:
+    """The extender's app. `extra_routes` (built by the entry layer, e.g. the pool views) come first, so
+    they may replace a default route such as /metrics."""
     limit = service.config.max_body_bytes
     metrics = service.metrics
 
@@ -98,6 +103,7 @@ def create_app(service: ExtenderService) -> Starlette:
 
     return Starlette(
         routes=[
+            *(extra_routes(service) if extra_routes is not None else ()),
             Route("/filter", verb("filter", do_filter), methods=["POST"]),
             Route("/prioritize", verb("prioritize", do_prioritize), methods=["POST"]),
             Route("/bind", verb("bind", do_bind), methods=["POST"]),

@@ -27,7 +27,7 @@ from gpupool.api.names import ANN_POLICY, RESOURCE_CORES, RESOURCE_GPU, RESOURCE
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import Conflict, NotFound, Obj
 from gpupool.core.model import GPU
-from gpupool.scheduler.app import create_app
+from gpupool.scheduler.app import RouteFactory, create_app
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.ledger import counted_allocation
 from gpupool.scheduler.metrics import SchedulerMetrics
@@ -322,6 +322,7 @@ async def start_embedded(
     metrics: SchedulerMetrics | None = None,
     fake_kubelet: bool = True,
     api_latency_s: float = 0.0,
+    extra_routes: RouteFactory | None = None,
 ) -> Embedded:
     """Create the embedded cluster with the scenario's nodes, start the extender on 127.0.0.1 (a free
     port unless the config names one) and the fake kubelet; return once the extender is ready.
@@ -338,5 +339,5 @@ async def start_embedded(
     kubelet = FakeKubelet(cluster)
     if fake_kubelet:
         await kubelet.start()
-    server = await serve_in_background(create_app(service), config.host, config.port)
+    server = await serve_in_background(create_app(service, extra_routes), config.host, config.port)
     return Embedded(cluster, service, server, kubelet, scenario, names)

@@ -8,7 +8,7 @@ import contextlib
 from dataclasses import dataclass
 
 from gpupool.cluster.port import ClusterPort
-from gpupool.scheduler.app import create_app
+from gpupool.scheduler.app import RouteFactory, create_app
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.leader import LeaderElector
 from gpupool.scheduler.metrics import SchedulerMetrics
@@ -37,13 +37,16 @@ class Replica:
 
 
 async def start_replica(
-    cluster: ClusterPort, config: SchedulerConfig, metrics: SchedulerMetrics | None = None
+    cluster: ClusterPort,
+    config: SchedulerConfig,
+    metrics: SchedulerMetrics | None = None,
+    extra_routes: RouteFactory | None = None,
 ) -> Replica:
     """Sync the cache, serve HTTP, and campaign for the lease when `config.leader_elect`. A replica that
     wins a term re-lists before it serves (`/readyz` and binds stay refused until then)."""
     service = ExtenderService(cluster, config, metrics)
     await service.start()
-    server = await serve_in_background(create_app(service), config.host, config.port)
+    server = await serve_in_background(create_app(service, extra_routes), config.host, config.port)
     if not config.leader_elect:
         return Replica(service, server, None, None)
 

@@ -79,6 +79,8 @@ class ExtenderService:
         self._binding: dict[str, int] = {}  # pod UID -> binds of it in progress
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        # GPU pods that fit nowhere at their last filter: key -> (why, first seen); for the pool views.
+        self.pending: dict[str, tuple[str, float]] = {}
         self.metrics.track_ledger(
             lambda: len(self.ledger.assumed()),
             lambda: len(self.ledger.confirmed()),
@@ -140,6 +142,8 @@ class ExtenderService:
             try:
                 async for event in watch(rv):
                     apply(event.type, event.object)
+                    if kind == "pod" and (event.type == "DELETED" or (event.object.get("spec") or {}).get("nodeName")):
+                        self.pending.pop(pod_key(event.object), None)
                     if kind == "node" and self._node_waiters:
                         waiter = self._node_waiters.pop(str(event.object["metadata"]["name"]), None)
                         if waiter is not None:
@@ -233,6 +237,10 @@ class ExtenderService:
         if int(ok.sum()) == 1:
             # kube-scheduler skips prioritize when one node is left: reserve it here instead.
             self._nominate(args.Pod, request, int(fit.nodes[int(np.flatnonzero(ok)[0])]))
+        if ok.any():
+            self.pending.pop(pod_key(args.Pod), None)
+        else:
+            self._note_pending(args.Pod, fit.reason(0, request) if len(fit.nodes) else "no gpupool node offered")
         if ok.all():
             return self._filter_result(args, known, {}, unresolvable)
         # Reasons depend only on (code, number of fitting GPUs): write each distinct one once.
@@ -243,6 +251,12 @@ class ExtenderService:
         feasible = [known[k] for k in np.flatnonzero(ok).tolist()]
         failed = dict(zip([known[k] for k in bad.tolist()], [texts[j] for j in inverse.tolist()], strict=True))
         return self._filter_result(args, feasible, failed, unresolvable)
+
+    def _note_pending(self, pod: Mapping[str, Any], example: str) -> None:
+        """Remember why a GPU pod fits nowhere (one node's reason as the example) and since when."""
+        key = pod_key(pod)
+        since = self.pending.get(key, ("", self.clock()))[1]
+        self.pending[key] = (f"fits no node, e.g. {example}", since)
 
     @staticmethod
     def _filter_result(

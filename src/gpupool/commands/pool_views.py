@@ -1,0 +1,51 @@
+"""Composes the pool views (snapshot JSON, Prometheus pool metrics, dashboard) onto a scheduler.
+
+The entry layer does this so that the scheduler, exporter and dashboard services never import each
+other: they meet in the pool snapshot (gpupool.api.snapshot)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Route
+
+from gpupool.api.snapshot import Snapshot, build_snapshot
+from gpupool.dashboard.app import create_dashboard
+from gpupool.exporter.http import metrics_route
+from gpupool.exporter.pool import PoolCollector
+from gpupool.scheduler.app import RouteFactory
+from gpupool.scheduler.service import ExtenderService
+
+
+def snapshot_of(service: ExtenderService) -> Snapshot:
+    ledger = service.ledger
+    pending = dict(service.pending)
+    return build_snapshot(
+        ledger.state,
+        {key: why for key, (why, _) in pending.items()},
+        names={uid: entry.key for uid, entry in ledger.entries.items()},
+        pending_since={key: since for key, (_, since) in pending.items()},
+        now=service.clock(),
+    )
+
+
+def pool_views(sim_results_dir: Path | None = None) -> RouteFactory:
+    """Routes for GET /pool (snapshot JSON), GET /metrics (scheduler and pool series) and /ui."""
+
+    def routes(service: ExtenderService) -> Sequence[BaseRoute]:
+        def provider() -> Snapshot:
+            return snapshot_of(service)
+
+        async def pool(request: Request) -> Response:
+            return Response(provider().model_dump_json(), media_type="application/json")
+
+        return [
+            Route("/pool", pool, methods=["GET"]),
+            metrics_route(service.metrics.registry, pool=PoolCollector(provider)),
+            Mount("/ui", create_dashboard(provider, sim_results_dir=sim_results_dir)),
+        ]
+
+    return routes

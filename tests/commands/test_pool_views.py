@@ -1,0 +1,53 @@
+"""The demo's scheduler serves the pool views: /pool (snapshot JSON), /metrics with pool series, /ui."""
+
+from __future__ import annotations
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpupool.commands.pool_views import pool_views
+from gpupool.scheduler.driver import KubeSchedulerDriver
+from gpupool.scheduler.embedded import load_scenario, start_embedded, workload_pods
+
+
+async def test_pool_views_follow_the_ledger() -> None:
+    scenario = load_scenario().scaled(6)
+    emb = await start_embedded(scenario, extra_routes=pool_views())
+    try:
+        pods = workload_pods(scenario, 12)
+        driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
+        stats = await driver.run(pods)
+        assert stats.bound > 0
+        async with httpx.AsyncClient(base_url=emb.url, timeout=30) as client:
+            snap = (await client.get("/pool")).json()
+            grants = [g for n in snap["nodes"] for gpu in n["gpus"] for g in gpu["grants"]]
+            # Every pod holding capacity in the ledger is listed once, by its namespace/name.
+            ledger_keys = sorted(e.key for e in emb.service.ledger.entries.values())
+            assert sorted({f"{g['namespace']}/{g['pod']}" for g in grants}) == ledger_keys
+            text = (await client.get("/metrics")).text
+            names = {f.name for f in text_string_to_metric_families(text)}
+            assert any(n.startswith("gpupool_grant") for n in names)
+            assert any(n.startswith("gpupool_extender") for n in names)  # the scheduler's own series stay
+            page = await client.get("/ui/")
+            assert page.status_code == 200 and grants[0]["pod"] in page.text
+    finally:
+        await emb.stop()
+
+
+async def test_a_pod_that_fits_nowhere_is_listed_as_pending_with_its_reason() -> None:
+    scenario = load_scenario().scaled(2)
+    emb = await start_embedded(scenario, extra_routes=pool_views())
+    try:
+        pod = workload_pods(scenario, 1)[0]
+        pod["spec"]["containers"][0]["resources"]["limits"]["gpupool.io/gpu"] = "64"  # no node has 64 GPUs
+        for key in ("gpupool.io/gpu-cores", "gpupool.io/gpu-memory"):
+            pod["spec"]["containers"][0]["resources"]["limits"].pop(key, None)
+        driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
+        stats = await driver.run([pod])
+        assert stats.bound == 0
+        async with httpx.AsyncClient(base_url=emb.url, timeout=30) as client:
+            snap = (await client.get("/pool")).json()
+        pending = snap["pending"]
+        assert len(pending) == 1 and "64" in str(pending[0]) and "fits no node" in str(pending[0])
+    finally:
+        await emb.stop()
