@@ -13,8 +13,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.api.snapshot import Snapshot, build_snapshot
 from gpupool.core.state import ClusterState
-from gpupool.exporter import POOL_METRICS, PoolCollector, SchedulingLatency, create_metrics_app
+from gpupool.exporter import POOL_METRICS, PoolCollector, create_metrics_app
 from gpupool.exporter.http import render
+from gpupool.scheduler.metrics import SchedulerMetrics
 
 MIB = 1024 * 1024
 
@@ -128,7 +129,7 @@ def test_fast_text_equals_the_generic_encoder(cluster: ClusterState, give_pod: A
 
 def test_openmetrics_on_request(cluster: ClusterState, serve_app: Any) -> None:
     registry = CollectorRegistry()
-    SchedulingLatency(registry).observe("bind", 0.02)
+    SchedulerMetrics(registry).latency.labels("bind").observe(0.02)
     pool = PoolCollector(lambda: build_snapshot(cluster, {}))
     with serve_app(create_metrics_app(registry, pool)) as url:
         r = httpx.get(f"{url}/metrics", headers={"accept": "application/openmetrics-text; version=1.0.0"})
@@ -137,24 +138,8 @@ def test_openmetrics_on_request(cluster: ClusterState, serve_app: Any) -> None:
         # the strict OpenMetrics parser accepts the whole document (registry + pool parts)
         fams = {f.name: f for f in openmetrics_families(r.text)}
         assert fams["gpupool_snapshot_errors"].type == "counter"
-        assert fams["gpupool_scheduling_latency_seconds"].type == "histogram"
+        assert fams["gpupool_extender_request_duration_seconds"].type == "histogram"
         assert len(fams["gpupool_gpu_info"].samples) == 4
-
-
-def test_scheduling_latency_histogram() -> None:
-    registry = CollectorRegistry()
-    latency = SchedulingLatency(registry)
-    latency.observe("filter", 0.003)
-    latency.observe("filter", 0.2)
-    with pytest.raises(ValueError), latency.time("bind"):
-        raise ValueError("bind failed")
-    m = samples(generate_latest(registry).decode())
-    assert value(m, "gpupool_scheduling_latency_seconds_count", verb="filter") == 2
-    assert value(m, "gpupool_scheduling_latency_seconds_sum", verb="filter") == pytest.approx(0.203)
-    # 0.003 s falls in the 0.005 bucket, 0.2 s only from 0.25 on
-    assert value(m, "gpupool_scheduling_latency_seconds_bucket", verb="filter", le="0.005") == 1
-    assert value(m, "gpupool_scheduling_latency_seconds_bucket", verb="filter", le="0.25") == 2
-    assert value(m, "gpupool_scheduling_latency_seconds_count", verb="bind") == 1
 
 
 def test_churn_of_10000_pods_leaves_no_stale_series(cluster_factory: Any, serve_app: Any, give_pod: Any) -> None:

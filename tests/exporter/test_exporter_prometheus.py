@@ -29,9 +29,9 @@ from gpupool.exporter import (
     DeviceCollector,
     DeviceSample,
     PoolCollector,
-    SchedulingLatency,
     create_metrics_app,
 )
+from gpupool.scheduler.metrics import SchedulerMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yaml"
@@ -193,11 +193,11 @@ def metric_names(expr: str) -> set[str]:
 
 
 def produced_names(state: ClusterState) -> set[str]:
-    """Every sample name gpupool exposes: the scheduler's registry for a pool with a grant and a pending
-    pod, and an agent's device registry."""
+    """Every sample name gpupool exposes: the scheduler's registry (its own metrics plus the pool series)
+    for a pool with a grant and a pending pod, and an agent's device registry."""
     registry = CollectorRegistry()
     PoolCollector(lambda: build_snapshot(state, {"ns/a": "x"}, pending_since={"ns/a": 0.0}, now=1.0), registry)
-    SchedulingLatency(registry).observe("filter", 0.01)
+    SchedulerMetrics(registry).latency.labels("filter").observe(0.01)
     sample = DeviceSample(index=0, uuid="GPU-x", model="A100", hostname="h", gpu_util=1.0, fb_used_mib=1.0,
                           fb_total_mib=2.0, temperature_c=30.0, power_w=50.0)
     DeviceCollector(lambda: [sample], registry=registry)
@@ -236,8 +236,8 @@ def test_grafana_dashboard_uses_only_exported_metrics(cluster: ClusterState, giv
         used |= names
     assert used <= exported, used - exported
     # the dashboard covers the pool, the grants, the scheduler and the devices
-    assert {"gpupool_pool_allocated_ratio", "gpupool_grant_cores_ratio", "gpupool_scheduling_latency_seconds_bucket",
-            "DCGM_FI_DEV_GPU_UTIL", "gpupool_pending_gpu_pods"} <= used
+    assert {"gpupool_pool_allocated_ratio", "gpupool_grant_cores_ratio",
+            "gpupool_extender_request_duration_seconds_bucket", "DCGM_FI_DEV_GPU_UTIL", "gpupool_pending_gpu_pods"} <= used
     for var in doc["templating"]["list"]:
         if var["type"] == "query":
             metric = re.match(r"label_values\((\w+), (\w+)\)", var["definition"])

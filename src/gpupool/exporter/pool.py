@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -49,7 +48,6 @@ POOL_METRICS: dict[str, str] = {
     "(absent when the scheduler does not know).",
 }
 SCRAPE_ERRORS = "gpupool_snapshot_errors"  # counter, exposed as gpupool_snapshot_errors_total
-LATENCY = "gpupool_scheduling_latency_seconds"  # histogram
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,24 +183,3 @@ def _escape(value: str) -> str:
     return value
 
 
-# Extender verbs answer in well under a second; binds wait on the API server, hence the long tail.
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-
-class SchedulingLatency:
-    """Histogram of scheduler decision latency per extender verb (filter, prioritize, bind, ...)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.histogram = Histogram(
-            LATENCY, "Time the scheduler took to answer one extender call.", labelnames=("verb",),
-            buckets=LATENCY_BUCKETS, registry=registry,
-        )
-
-    def observe(self, verb: str, seconds: float) -> None:
-        self.histogram.labels(verb=verb).observe(seconds)
-
-    @contextmanager
-    def time(self, verb: str) -> Iterator[None]:
-        """`with latency.time("filter"): ...` observes the block's duration (also when it raises)."""
-        with self.histogram.labels(verb=verb).time():
-            yield
