@@ -237,7 +237,8 @@ def test_grafana_dashboard_uses_only_exported_metrics(cluster: ClusterState, giv
     assert used <= exported, used - exported
     # the dashboard covers the pool, the grants, the scheduler and the devices
     assert {"gpupool_pool_allocated_ratio", "gpupool_grant_cores_ratio",
-            "gpupool_extender_request_duration_seconds_bucket", "DCGM_FI_DEV_GPU_UTIL", "gpupool_pending_gpu_pods"} <= used
+            "gpupool_extender_request_duration_seconds_bucket", "DCGM_FI_DEV_GPU_UTIL",
+            "gpupool_pending_gpu_pods"} <= used
     for var in doc["templating"]["list"]:
         if var["type"] == "query":
             metric = re.match(r"label_values\((\w+), (\w+)\)", var["definition"])
