@@ -51,4 +51,4 @@ def test_impossible_request_rejected_everywhere_with_reason() -> None:
     fit = check(state, pod)
     assert np.all(fit.code != OK)
     text = fit.reason(0, pod)
-    assert "150% is outside 0-100%" in text and "negative" in text
+    assert "150 percent is outside 0-100 percent" in text and "negative" in text

@@ -27,12 +27,19 @@ from gpupool.core.policies import policy_names
 @click.option("--serve", is_flag=True, help="Keep running after the workload (until Ctrl-C) so tools can attach.")
 @click.option("--churn", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="With --serve: pods finish after about SECONDS and new ones arrive, so the pool keeps moving.")
+@click.option("--kube", is_flag=True,
+              help="Run on a real Kubernetes 1.20 control plane instead (binaries from scripts/k8s-testbed build).")
 def demo(
     scenario_path: Path | None, nodes: int | None, pods: int | None, policy: str | None, port: int, weight: int,
-    serve: bool, churn: float | None,
+    serve: bool, churn: float | None, kube: bool,
 ) -> None:
     """Start an embedded cluster of fake GPU nodes, the gpupool extender on 127.0.0.1 and a fake
-    kube-scheduler that submits the scenario's workload over HTTP (filter -> prioritize -> bind)."""
+    kube-scheduler that submits the scenario's workload over HTTP (filter -> prioritize -> bind).
+    With --kube, etcd, kube-apiserver and the real kube-scheduler do the work (20 nodes, 200 pods)."""
+    if kube:
+        from gpupool.commands.demo_kube import run_kube_demo
+
+        raise SystemExit(run_kube_demo(nodes, pods, policy, serve))
     from gpupool.scheduler.embedded import ScenarioError, load_scenario
 
     try:

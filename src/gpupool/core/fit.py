@@ -48,7 +48,8 @@ class Fit:
             return "invalid request: " + "; ".join(problems or pod.problems())
         if code == NO_GPU_SHARE:
             g = pod.gpu
-            share = "a whole free GPU" if g.whole else f"a GPU with {g.cores_percent:g}% compute"
+            # No '%' in reasons: kube-scheduler 1.20 formats extender messages as printf strings.
+            share = "a whole free GPU" if g.whole else f"a GPU with {g.cores_percent:g} percent compute"
             if not g.whole:
                 share += " and " + (f"{g.memory_mib} MiB" if g.memory_mib is not None else "matching memory")
                 share += " free"

@@ -72,7 +72,7 @@ class GPURequest:
         if self.count < 0:
             out.append(f"GPU count {self.count} is negative")
         if not 0 < self.milli <= MILLI_PER_GPU:
-            out.append(f"compute share {self.milli / 10:g}% is outside 0-100% of one GPU")
+            out.append(f"compute share {self.milli / 10:g} percent is outside 0-100 percent of one GPU")
         if self.memory_mib is not None and self.memory_mib <= 0:
             out.append(f"GPU memory {self.memory_mib} MiB must be positive")
         if self.count > 1 and self.milli < MILLI_PER_GPU:
