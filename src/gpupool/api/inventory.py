@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpupool.api.errors import first_problem
 from gpupool.api.names import ANN_INVENTORY
 from gpupool.core.model import GPU, Node
 from gpupool.core.quantity import QuantityError, parse_memory_mib
@@ -85,9 +86,7 @@ def decode_inventory(text: str) -> InventoryDoc:
     try:
         doc = InventoryDoc.model_validate_json(text)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "document"
-        raise InventoryError(f"invalid {ANN_INVENTORY} at {where}: {first['msg']}") from None
+        raise InventoryError(first_problem(ANN_INVENTORY, e)) from None
     indices = [g.index for g in doc.gpus]
     if sorted(indices) != list(range(len(indices))):
         raise InventoryError(f"invalid {ANN_INVENTORY}: GPU indices {indices} must be 0..{len(indices) - 1}")

@@ -25,6 +25,8 @@ from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpupool.api.errors import first_problem
+
 ANN_BIND_LOCK = "gpupool.io/bind-lock"
 LOCK_VERSION: Final = 1
 
@@ -61,6 +63,4 @@ def decode_lock(text: str) -> BindLock:
     try:
         return BindLock.model_validate_json(text)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "document"
-        raise LockError(f"invalid {ANN_BIND_LOCK} at {where}: {first['msg']}") from None
+        raise LockError(first_problem(ANN_BIND_LOCK, e)) from None
