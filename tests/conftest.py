@@ -12,10 +12,8 @@ from typing import Any
 import pytest
 import uvicorn
 
-from gpupool.core.model import GPU, Allocation, GPUGrant, GPURequest, Node, PodRequest
 from gpupool.core.state import ClusterState
-
-MEM = 40960
+from tests.pool_helpers import give, make_cluster
 
 
 @contextmanager
@@ -39,19 +37,6 @@ def serve(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(timeout=10)
         sock.close()
-
-
-def make_cluster(nodes: int = 2, gpus: int = 2) -> ClusterState:
-    return ClusterState(
-        Node(f"n{i}", 64000, 256000, tuple(GPU(f"GPU-{i}-{j}", j, "A100", MEM) for j in range(gpus)))
-        for i in range(nodes)
-    )
-
-
-def give(state: ClusterState, key: str, node: str, gpu: int, milli: int, mem: int) -> None:
-    i = state.index[node]
-    grant = GPUGrant(state.nodes[i].gpus[gpu].uuid, gpu, milli, mem)
-    assert state.allocate(PodRequest(key, gpu=GPURequest(1, milli, mem)), Allocation(key, node, (grant,))) is None
 
 
 @pytest.fixture

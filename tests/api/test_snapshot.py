@@ -8,25 +8,9 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gpupool.api.snapshot import Snapshot, build_snapshot, split_key
-from gpupool.core.model import GPU, Allocation, GPUGrant, GPURequest, Node, PodRequest
 from gpupool.core.policy import TaskShape
-from gpupool.core.state import ClusterState
-
-MEM = 40960  # MiB per GPU
-
-
-def cluster(nodes: int = 2, gpus: int = 2) -> ClusterState:
-    return ClusterState(
-        Node(f"n{i}", 32000, 128000, tuple(GPU(f"GPU-{i}-{j}", j, "A100", MEM) for j in range(gpus)))
-        for i in range(nodes)
-    )
-
-
-def give(state: ClusterState, key: str, node: str, gpu: int, milli: int, mem: int) -> None:
-    i = state.index[node]
-    grant = GPUGrant(state.nodes[i].gpus[gpu].uuid, gpu, milli, mem)
-    pod = PodRequest(key, gpu=GPURequest(1, milli, mem))
-    assert state.allocate(pod, Allocation(key, node, (grant,))) is None
+from tests.pool_helpers import MEM, give
+from tests.pool_helpers import make_cluster as cluster
 
 
 def test_grants_sharers_and_totals() -> None:
