@@ -36,11 +36,6 @@ class Fit:
     code: IntArray  # per node: OK or the first failing check
     gpu_fit: BoolArray  # [len(nodes), width]: GPU slot can take the pod's per-GPU share
 
-    @property
-    def feasible(self) -> IntArray:
-        result: IntArray = self.nodes[self.code == OK]
-        return result
-
     def reason(self, k: int, pod: PodRequest, problems: list[str] | None = None) -> str:
         """Human text for the k-th checked node."""
         code = int(self.code[k])

@@ -6,7 +6,6 @@ Any problem in a file is reported once, naming the file, line and column, as a T
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 
 from gpupool.core.model import GPU, MILLI_PER_GPU, GPURequest, Node, PodRequest
@@ -32,16 +31,6 @@ POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
 class TraceError(ValueError):
     """A trace file that cannot be used; the message names file, line and column."""
-
-
-@dataclass(frozen=True, slots=True)
-class TracePod:
-    request: PodRequest
-
-    @property
-    def gpu_milli_total(self) -> int:
-        g = self.request.gpu
-        return g.count * g.milli if g.count else 0
 
 
 def resolve_trace(name_or_path: str) -> Path:
