@@ -91,9 +91,7 @@ class PodRequest:
     policy: str | None = None  # placement policy asked for by the pod, None = the configured default
 
     def problems(self) -> list[str]:
-        out = [] if self.gpu.count == 0 else self.gpu.problems()
-        if self.gpu.count < 0:
-            out = self.gpu.problems()
+        out = self.gpu.problems() if self.gpu.count != 0 else []  # a pod without GPUs has no share to check
         if self.cpu_milli < 0:
             out.append(f"CPU request {self.cpu_milli}m is negative")
         if self.memory_mib < 0:
