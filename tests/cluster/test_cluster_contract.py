@@ -67,6 +67,19 @@ async def test_binding_sets_node_once_and_checks_uid(cluster):
         await cluster.create_binding("default", "missing", uid, "n1")
 
 
+async def test_binding_writes_its_annotations_in_the_same_change(cluster):
+    spec = _pod("b")
+    spec["metadata"]["annotations"] = {"keep": "1"}
+    pod = await cluster.create_pod(spec)
+    stream = cluster.watch_pods(pod["metadata"]["resourceVersion"])
+    await cluster.create_binding("default", "b", pod["metadata"]["uid"], "n1", {"gpupool.io/allocation": "x"})
+    event = await asyncio.wait_for(anext(stream), timeout=5)
+    await stream.aclose()
+    # One event carries both: no observer ever sees the pod bound without its annotation.
+    assert event.type == "MODIFIED" and event.object["spec"]["nodeName"] == "n1"
+    assert event.object["metadata"]["annotations"] == {"keep": "1", "gpupool.io/allocation": "x"}
+
+
 async def test_create_twice_and_missing_objects(cluster):
     await cluster.create_pod(_pod("a"))
     with pytest.raises(AlreadyExists):

@@ -90,6 +90,8 @@ def test_conversions_keep_kubernetes_json_shape():
     binding = to_obj(binding_for("ns", "p", "uid-1", "node-a"))
     assert binding["metadata"] == {"name": "p", "namespace": "ns", "uid": "uid-1"}
     assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "node-a"}
+    annotated = to_obj(binding_for("ns", "p", "uid-1", "node-a", {"gpupool.io/allocation": "{}"}))
+    assert annotated["metadata"]["annotations"] == {"gpupool.io/allocation": "{}"}
     assert annotation_patch({"a": "1", "b": None}, "9") == {
         "metadata": {"annotations": {"a": "1", "b": None}, "resourceVersion": "9"}
     }

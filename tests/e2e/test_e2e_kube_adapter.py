@@ -120,13 +120,19 @@ async def test_binding_happens_once_and_checks_the_uid(kube: KubeCluster, api: f
     uid = pod["metadata"]["uid"]
     # (Kubernetes 1.20 ignores the Binding's metadata.uid: the extender checks the UID itself before
     # binding, see test_extender_refuses_to_bind_a_recreated_pod.)
-    await kube.create_binding(NS, name, uid, "e2e-adapter-bind-a")
-    assert (await kube.get_pod(NS, name))["spec"]["nodeName"] == "e2e-adapter-bind-a"
+    await kube.create_binding(NS, name, uid, "e2e-adapter-bind-a", {"gpupool.io/test": "carried"})
+    bound = await kube.get_pod(NS, name)
+    assert bound["spec"]["nodeName"] == "e2e-adapter-bind-a"
+    # The API server copies a Binding's annotations onto the pod: the extender's allocation relies on it.
+    assert bound["metadata"]["annotations"]["gpupool.io/test"] == "carried"
     with pytest.raises(Conflict):
         await kube.create_binding(NS, name, uid, "e2e-adapter-bind-b")
     with pytest.raises(Conflict):  # not even to the same node again
-        await kube.create_binding(NS, name, uid, "e2e-adapter-bind-a")
-    assert (await kube.get_pod(NS, name))["spec"]["nodeName"] == "e2e-adapter-bind-a"
+        await kube.create_binding(NS, name, uid, "e2e-adapter-bind-a", {"gpupool.io/test": "carried"})
+    bound = await kube.get_pod(NS, name)
+    assert bound["spec"]["nodeName"] == "e2e-adapter-bind-a"
+    # The API server copies a Binding's annotations onto the pod: the extender's allocation relies on it.
+    assert bound["metadata"]["annotations"]["gpupool.io/test"] == "carried"
     with pytest.raises(NotFound):
         await kube.create_binding(NS, unique("missing"), uid, "e2e-adapter-bind-a")
     with pytest.raises(Conflict):  # deletion with a UID precondition leaves another pod alone

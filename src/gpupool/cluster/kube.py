@@ -55,10 +55,13 @@ def annotation_patch(annotations: Mapping[str, str | None], resource_version: st
     return {"metadata": meta}
 
 
-def binding_for(namespace: str, name: str, uid: str, node: str) -> PodBinding:
-    """The pods/binding body; metadata.uid makes the API server refuse a re-created pod of that name."""
+def binding_for(
+    namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+) -> PodBinding:
+    """The pods/binding body. The API server copies the Binding's annotations onto the pod in the same
+    write that sets spec.nodeName (pod storage `setPodHostAndAnnotations`, there since Kubernetes 1.x)."""
     return PodBinding(
-        metadata=ObjectMeta(name=name, namespace=namespace, uid=uid),
+        metadata=ObjectMeta(name=name, namespace=namespace, uid=uid, annotations=dict(annotations or {}) or None),
         target=ObjectReference(apiVersion="v1", kind="Node", name=node),
     )
 
@@ -197,10 +200,12 @@ class KubeCluster:
             self.client.patch(Pod.Status, name, body, namespace=namespace, patch_type=PatchType.MERGE)
         ))
 
-    async def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def create_binding(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
         # Posted directly: the API server answers a Binding with a Status object, which lightkube's `create`
         # would try to decode as a Binding (and fail on a successful bind).
-        body = to_obj(binding_for(namespace, name, uid, node))
+        body = to_obj(binding_for(namespace, name, uid, node, annotations))
         body.update(apiVersion="v1", kind="Binding")
         await self._call(self._post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body))
 

@@ -248,7 +248,9 @@ class MemoryCluster:
         pod.setdefault("status", {}).update(copy_obj(dict(status)))
         return self._write("Pod", pod, "MODIFIED")
 
-    async def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
+    async def create_binding(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
         await self._io()
         pod = self._get("Pod", namespace, name)
         if pod["metadata"]["uid"] != uid:
@@ -259,6 +261,8 @@ class MemoryCluster:
         if "deletionTimestamp" in pod["metadata"]:
             raise Conflict(f"pod {namespace}/{name} is being deleted")
         pod.setdefault("spec", {})["nodeName"] = node
+        if annotations:
+            pod["metadata"]["annotations"] = {**(pod["metadata"].get("annotations") or {}), **annotations}
         conditions = pod.setdefault("status", {}).setdefault("conditions", [])
         conditions[:] = [c for c in conditions if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "True"})

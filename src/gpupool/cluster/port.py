@@ -108,9 +108,12 @@ class ClusterPort(Protocol):
         """Merge into `status` (the kubelet's job; the embedded cluster's fake kubelet uses it)."""
         ...
 
-    async def create_binding(self, namespace: str, name: str, uid: str, node: str) -> None:
-        """Bind the pod to `node` (sets spec.nodeName once). Conflict if it is already bound or if the
-        pod's UID is not `uid`; NotFound if it does not exist."""
+    async def create_binding(
+        self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
+    ) -> None:
+        """Bind the pod to `node` (sets spec.nodeName once) and merge `annotations` into the pod in the
+        same write. Conflict if it is already bound (or, where the server checks, its UID is not `uid`);
+        NotFound if it does not exist."""
         ...
 
     # --- coordination and events ------------------------------------------------------------------------

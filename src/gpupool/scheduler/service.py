@@ -3,7 +3,7 @@ the ledger in step with the API server.
 
 Filter and prioritize are synchronous and read only the ledger (no API calls), so they stay in the low
 milliseconds. Bind re-validates against the ledger and then writes, in this order:
-  assume (ledger) -> node bind lock -> pod annotation gpupool.io/allocation -> Binding.
+  assume (ledger) -> node bind lock -> Binding carrying the pod annotation gpupool.io/allocation.
 Each write carries a precondition (resourceVersion or UID); a 409 leads to a re-read and a new decision.
 A replayed bind for the same pod UID and node finds the pod bound with its allocation and succeeds without
 writing anything.
@@ -36,16 +36,17 @@ from gpupool.api.pod import ParsedPod, parse_pod, pod_key, wants_gpu
 from gpupool.cluster.port import ApiError, ClusterPort, Conflict, Gone, NotFound, Obj, WatchEvent
 from gpupool.core.fit import check
 from gpupool.core.model import Allocation, PodRequest
-from gpupool.core.placement import Placement, best, place, score_nodes
+from gpupool.core.placement import Placement, Scored, best, place, score_nodes
 from gpupool.core.policies import UnknownPolicy, get_policy
 from gpupool.core.policy import Policy, PolicyContext
+from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.ledger import Ledger, counted_allocation, grants_signature, recompute
 from gpupool.scheduler.metrics import SchedulerMetrics
 
 log = logging.getLogger(__name__)
 
-# Called after each bind step: "assumed", "locked", "annotated", "bound" (fault injection in tests; may be
+# Called after each bind step: "assumed", "locked", "bound" (fault injection in tests; may be
 # a coroutine function).
 StepHook = Callable[[str], Any]
 
@@ -69,6 +70,7 @@ class ExtenderService:
         self.clock = clock
         self.step_hook = step_hook
         self.ledger = Ledger()
+        self.busy = BusyNodes()
         self.synced = False
         self.leading = not config.leader_elect
         self._ctx = PolicyContext()
@@ -142,12 +144,11 @@ class ExtenderService:
             try:
                 async for event in watch(rv):
                     apply(event.type, event.object)
-                    if kind == "pod" and (event.type == "DELETED" or (event.object.get("spec") or {}).get("nodeName")):
-                        self.pending.pop(pod_key(event.object), None)
-                    if kind == "node" and self._node_waiters:
-                        waiter = self._node_waiters.pop(str(event.object["metadata"]["name"]), None)
-                        if waiter is not None:
-                            waiter.set()
+                    if kind == "pod":
+                        self._pod_event(event)
+                    else:
+                        self.busy.on_node(event.object)
+                        self._wake(str(event.object["metadata"]["name"]))
                     rv = str(event.object["metadata"]["resourceVersion"])
                     backoff = 0.1
             except asyncio.CancelledError:
@@ -160,6 +161,21 @@ class ExtenderService:
                 log.warning("%s watch failed (%s); retrying in %.1fs", kind, e, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    def _pod_event(self, event: WatchEvent) -> None:
+        node = (event.object.get("spec") or {}).get("nodeName")
+        if event.type == "DELETED" or node:
+            self.pending.pop(pod_key(event.object), None)
+        self.busy.on_pod(event.type, event.object)
+        if node:
+            # A pod on this node changed: if it was the lock holder and now runs, a waiting bind may go.
+            self._wake(str(node))
+
+    def _wake(self, node: str) -> None:
+        """Wake the binds waiting for this node's lock (they re-read the node and the holder)."""
+        waiter = self._node_waiters.pop(node, None)
+        if waiter is not None:
+            waiter.set()
 
     async def _expire_loop(self) -> None:
         while True:
@@ -300,10 +316,21 @@ class ExtenderService:
             node_names = self.ledger.state.nodes
             for k in np.flatnonzero(scaled > 0):
                 scores[node_names[int(scored.feasible[k])].name] = int(scaled[k])
-            winner = int(scored.feasible[best(scored, ctx)])
+            winner = int(scored.feasible[best(self._without_busy(scored), ctx)])
             scores[node_names[winner].name] = MAX_EXTENDER_PRIORITY
             self._nominate(args.Pod, parsed.request, winner)
         return list(scores.items())
+
+    def _without_busy(self, scored: Scored) -> Scored:
+        """The same scores with busy nodes (gpupool.scheduler.busy) out of the running, unless all are."""
+        busy = self.busy.names(self.clock())
+        if not busy:
+            return scored
+        index = self.ledger.state.index
+        mask = np.isin(scored.feasible, [index[n] for n in busy if n in index])
+        if mask.all():
+            return scored
+        return Scored(scored.fit, scored.feasible, np.where(mask, -np.inf, scored.scores))
 
     # --- nomination: reserving the node a scheduling cycle is about to bind -----------------------------
 
@@ -328,9 +355,9 @@ class ExtenderService:
             self.ledger.state, request, self._policy(request), self._context(), np.asarray([node], dtype=np.int64)
         )
         if isinstance(result, Placement):
-            self.ledger.assume(
-                str(uid), pod_key(pod), request, result.allocation, self.clock() + self.config.nominate_timeout_s
-            )
+            deadline = self.clock() + self.config.nominate_timeout_s
+            if self.ledger.assume(str(uid), pod_key(pod), request, result.allocation, deadline) is None:
+                self.busy.nominated(str(uid), result.allocation.node, deadline)
 
     # --- bind -----------------------------------------------------------------------------------------
 
@@ -420,24 +447,16 @@ class ExtenderService:
                 pod = await self._read_pod(args)
                 if self._already_bound(pod, args.Node):
                     return
-            for _attempt in range(3):
-                allocation = self._decide(pod, args)
-                await self._step("assumed")
-                try:
-                    await self._write(pod, args, allocation)
-                    return
-                except Conflict:
-                    # The pod changed under us: re-read it and decide again.
-                    self.metrics.conflicts.labels("pod").inc()
-                    self.ledger.forget(args.PodUID)
-                    pod = await self._read_pod(args)
-                    if self._already_bound(pod, args.Node):
-                        return
-                except Exception:
-                    # (A BaseException, e.g. a simulated crash, skips this: like a killed process.)
-                    self.ledger.forget(args.PodUID)
-                    raise
-            raise BindFailed(f"pod {pod_key(pod)} kept changing during bind; giving up for now")
+            allocation = self._decide(pod, args)
+            await self._step("assumed")
+            try:
+                await self._write(pod, args, allocation)
+            except Exception:
+                # (A BaseException, e.g. a simulated crash, skips this: like a killed process.)
+                self.ledger.forget(args.PodUID)
+                self.busy.release(args.PodUID)
+                raise
+            self.busy.locked(args.PodUID, args.Node, self.clock() + self.config.lock_timeout_s)
 
     def _decide(self, pod: Obj, args: ExtenderBindingArgs) -> Allocation:
         parsed, invalid = self._parse(pod)
@@ -468,27 +487,17 @@ class ExtenderService:
         return self.ledger.entries[args.PodUID].allocation
 
     async def _write(self, pod: Obj, args: ExtenderBindingArgs, allocation: Allocation) -> None:
-        """Lock, annotate, bind. On failure (not a crash) undo what was written, best effort."""
+        """Lock, then bind with the allocation annotation in the Binding (the API server writes both in one
+        step, so no pod is ever bound without its allocation or annotated but unbound). On failure (not a
+        crash) release the lock, best effort."""
         await self._acquire_lock(args)
         await self._step("locked")
-        annotated = False
+        text = encode_allocation(allocation, args.PodUID, parse_pod(pod).isolation, format_time(self.clock()))
         try:
-            text = encode_allocation(
-                allocation, args.PodUID, parse_pod(pod).isolation, format_time(self.clock())
-            )
-            current = (pod["metadata"].get("annotations") or {}).get(ANN_ALLOCATION)
-            if current != text:
-                pod = await self.cluster.patch_pod_annotations(
-                    args.PodNamespace,
-                    args.PodName,
-                    {ANN_ALLOCATION: text},
-                    resource_version=pod["metadata"]["resourceVersion"],
-                )
-            annotated = True
-            await self._step("annotated")
             try:
-                await self._create_binding(args)
+                await self._create_binding(args, {ANN_ALLOCATION: text})
             except Conflict:
+                self.metrics.conflicts.labels("pod").inc()
                 fresh = await self._read_pod(args)
                 counted = counted_allocation(fresh)
                 ok = (fresh.get("spec") or {}).get("nodeName") == args.Node and counted is not None
@@ -496,24 +505,13 @@ class ExtenderService:
                     raise BindFailed(f"pod {pod_key(fresh)} was bound elsewhere meanwhile") from None
             await self._step("bound")
         except Exception:
-            await self._undo(args, annotated)
+            with contextlib.suppress(Exception):
+                await self._release_lock(args.Node, args.PodUID)
             raise
 
-    async def _undo(self, args: ExtenderBindingArgs, annotated: bool) -> None:
-        with contextlib.suppress(Exception):
-            await self._release_lock(args.Node, args.PodUID)
-        if annotated:
-            with contextlib.suppress(Exception):
-                pod = await self.cluster.get_pod(args.PodNamespace, args.PodName)
-                if pod["metadata"].get("uid") == args.PodUID and not (pod.get("spec") or {}).get("nodeName"):
-                    await self.cluster.patch_pod_annotations(
-                        args.PodNamespace, args.PodName, {ANN_ALLOCATION: None},
-                        resource_version=pod["metadata"]["resourceVersion"],
-                    )
-
-    async def _create_binding(self, args: ExtenderBindingArgs) -> None:
+    async def _create_binding(self, args: ExtenderBindingArgs, annotations: dict[str, str] | None = None) -> None:
         try:
-            await self.cluster.create_binding(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+            await self.cluster.create_binding(args.PodNamespace, args.PodName, args.PodUID, args.Node, annotations)
         except NotFound:
             raise BindFailed(f"pod {args.PodNamespace}/{args.PodName} no longer exists") from None
 

@@ -1,0 +1,113 @@
+"""Busy nodes: a node with a GPU pod between scheduling and device allocation is passed over by prioritize
+while another node fits, so a burst of pods is not serialised on one node's bind lock."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpupool.api.extender import ExtenderArgs, ExtenderBindingArgs
+from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
+from gpupool.api.names import ANN_ALLOCATED
+from gpupool.cluster.memory import MemoryCluster
+from gpupool.scheduler.busy import BusyNodes
+from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.embedded import node_objects
+from gpupool.scheduler.service import ExtenderService
+from tests.scheduler.conftest import gpu_pod, small_scenario
+
+
+def _pod(uid: str, phase: str = "Pending", annotations: dict | None = None) -> dict:
+    return {"metadata": {"uid": uid, "name": uid, "namespace": "default", "annotations": annotations or {}},
+            "spec": {"nodeName": "n1"}, "status": {"phase": phase}}
+
+
+def _node(name: str, lock_uid: str | None) -> dict:
+    annotations = {ANN_BIND_LOCK: encode_lock(lock_uid, "default", lock_uid, 0.0)} if lock_uid else {}
+    return {"metadata": {"name": name, "annotations": annotations}}
+
+
+def test_a_hold_lasts_until_the_pod_is_served():
+    busy = BusyNodes()
+    busy.nominated("a", "n1", until=100.0)
+    busy.locked("b", "n2", until=100.0)
+    busy.locked("c", "n3", until=100.0)
+    busy.locked("d", "n4", until=100.0)
+    assert busy.names(now=0.0) == {"n1", "n2", "n3", "n4"}
+    assert busy.on_pod("MODIFIED", _pod("a")) is None  # still Pending, nothing allocated: still busy
+    assert busy.on_pod("MODIFIED", _pod("b", phase="Running")) == "n2"
+    assert busy.on_pod("MODIFIED", _pod("c", annotations={ANN_ALLOCATED: "t"})) == "n3"
+    assert busy.on_pod("DELETED", _pod("d")) == "n4"
+    assert busy.names(now=0.0) == {"n1"}
+
+
+def test_a_node_event_frees_only_a_locked_hold_whose_lock_is_gone():
+    busy = BusyNodes()
+    busy.nominated("a", "n1", until=100.0)  # not locked yet: a node without a lock says nothing about it
+    busy.locked("b", "n2", until=100.0)
+    busy.locked("c", "n3", until=100.0)
+    busy.on_node(_node("n1", None))
+    busy.on_node(_node("n2", "b"))  # its own lock: still waiting for Allocate
+    busy.on_node(_node("n3", None))  # the agent removed the lock after Allocate
+    assert busy.names(now=0.0) == {"n1", "n2"}
+    busy.on_node(_node("n2", "someone-else"))  # taken over (timeout): b no longer holds it
+    assert busy.names(now=0.0) == {"n1"}
+
+
+def test_holds_expire():
+    busy = BusyNodes()
+    busy.nominated("a", "n1", until=10.0)
+    assert busy.names(now=9.9) == {"n1"}
+    assert busy.names(now=10.0) == set()
+
+
+async def _wait_for(predicate, timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
+
+
+def _winner(svc: ExtenderService, pod: dict, names: list[str]) -> str:
+    scores = dict(svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=names)))
+    return max(scores, key=lambda n: scores[n])
+
+
+async def test_prioritize_passes_over_a_busy_node_while_another_fits():
+    cluster = MemoryCluster()
+    for obj in node_objects(small_scenario(nodes=2)):
+        await cluster.create_node(obj)
+    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
+    await svc.start()
+    names = ["gpu-0000", "gpu-0001"]
+    a, b, c = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b", "c")]
+
+    first = _winner(svc, a, names)
+    other = next(n for n in names if n != first)
+    m = a["metadata"]
+    assert (await svc.bind(ExtenderBindingArgs(PodName=m["name"], PodNamespace="default", PodUID=m["uid"],
+                                               Node=first))).Error == ""
+    # a is bound but not yet allocated: its node is busy, so b goes to the other node, which fits.
+    assert _winner(svc, b, names) == other
+    svc.ledger.forget(b["metadata"]["uid"])  # (b's cycle ends without a bind)
+    svc.busy.release(b["metadata"]["uid"])
+    # Once a runs (its Allocate happened), the policy's own choice, packing next to a, is back.
+    await cluster.patch_pod_status("default", "a", {"phase": "Running"})
+    await _wait_for(lambda: first not in svc.busy.names(svc.clock()))
+    assert _winner(svc, c, names) == first
+    await svc.stop()
+
+
+async def test_a_busy_node_still_wins_when_no_other_node_fits():
+    cluster = MemoryCluster()
+    for obj in node_objects(small_scenario(nodes=1)):
+        await cluster.create_node(obj)
+    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
+    await svc.start()
+    a, b = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
+    m = a["metadata"]
+    assert (await svc.bind(ExtenderBindingArgs(PodName=m["name"], PodNamespace="default", PodUID=m["uid"],
+                                               Node="gpu-0000"))).Error == ""
+    assert svc.busy.names(svc.clock()) == {"gpu-0000"}
+    assert _winner(svc, b, ["gpu-0000"]) == "gpu-0000"
+    await svc.stop()
