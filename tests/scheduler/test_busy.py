@@ -111,3 +111,62 @@ async def test_a_busy_node_still_wins_when_no_other_node_fits():
     assert svc.busy.names(svc.clock()) == {"gpu-0000"}
     assert _winner(svc, b, ["gpu-0000"]) == "gpu-0000"
     await svc.stop()
+
+
+def test_a_served_pod_is_remembered_until_its_hold_would_have_ended():
+    busy = BusyNodes()
+    busy.locked("a", "n1", until=50.0)
+    assert not busy.was_served("a", now=0.0)
+    busy.on_pod("MODIFIED", _pod("a", phase="Running"))
+    assert busy.was_served("a", now=49.0)
+    assert not busy.was_served("a", now=50.0)
+
+
+async def _one_node_service() -> tuple[MemoryCluster, ExtenderService]:
+    cluster = MemoryCluster()
+    for obj in node_objects(small_scenario(nodes=1)):
+        await cluster.create_node(obj)
+    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
+    await svc.start()
+    return cluster, svc
+
+
+def _bind_args(pod: dict) -> ExtenderBindingArgs:
+    m = pod["metadata"]
+    return ExtenderBindingArgs(PodName=m["name"], PodNamespace="default", PodUID=m["uid"], Node="gpu-0000")
+
+
+async def test_lock_of_a_pod_seen_running_is_taken_over_without_asking_about_the_holder():
+    cluster, svc = await _one_node_service()
+    a, b = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
+    assert (await svc.bind(_bind_args(a))).Error == ""
+    await cluster.patch_pod_status("default", "a", {"phase": "Running"})
+    await _wait_for(lambda: not svc.busy.names(svc.clock()))
+    reads: list[str] = []
+    get_pod = cluster.get_pod
+
+    async def counting_get_pod(namespace: str, name: str) -> dict:
+        reads.append(name)
+        return await get_pod(namespace, name)
+
+    cluster.get_pod = counting_get_pod  # type: ignore[method-assign]
+    assert (await svc.bind(_bind_args(b))).Error == ""
+    assert reads == ["b"]  # b's own read; a's state came from the watch
+    node = await cluster.get_node("gpu-0000")
+    assert b["metadata"]["uid"] in node["metadata"]["annotations"][ANN_BIND_LOCK]
+    await svc.stop()
+
+
+async def test_a_stale_watch_copy_showing_our_own_lock_is_checked_against_the_api():
+    cluster, svc = await _one_node_service()
+    pod = await cluster.create_pod(gpu_pod("p", cores=20))
+    uid = pod["metadata"]["uid"]
+    # The watch's copy claims p holds the lock (as after a failed bind whose release is not seen yet);
+    # the API server has no lock. The bind must take the lock for real.
+    seen = svc.ledger.node_objs["gpu-0000"]
+    annotations = {**(seen["metadata"].get("annotations") or {}), ANN_BIND_LOCK: encode_lock(uid, "default", "p", 0)}
+    svc.ledger.node_objs["gpu-0000"] = {**seen, "metadata": {**seen["metadata"], "annotations": annotations}}
+    assert (await svc.bind(_bind_args(pod))).Error == ""
+    node = await cluster.get_node("gpu-0000")
+    assert uid in node["metadata"]["annotations"][ANN_BIND_LOCK]
+    await svc.stop()

@@ -8,6 +8,9 @@ to the best node that is not busy, when there is one; the busy node gets the nex
 A node is busy from the moment a pod is nominated for it (prioritize picked it) until that pod is known to
 be served: Running or finished, deleted, `gpupool.io/allocated` set, or the node's lock gone or naming
 another pod. Every hold also has a deadline, so a missed event costs at most a detour, never a stuck node.
+
+Pods seen served are remembered until their hold's deadline: the next bind to the node can then take the
+lock over without asking the API server about the holder.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Hold:
 class BusyNodes:
     def __init__(self) -> None:
         self._holds: dict[str, Hold] = {}  # pod uid -> hold
+        self._served: dict[str, float] = {}  # pod uid -> until when to remember it
 
     def nominated(self, uid: str, node: str, until: float) -> None:
         self._holds[uid] = Hold(node, until, locked=False)
@@ -43,10 +47,15 @@ class BusyNodes:
         self._holds.pop(uid, None)
 
     def names(self, now: float) -> set[str]:
-        stale = [uid for uid, h in self._holds.items() if h.until <= now]
-        for uid in stale:
+        for uid in [uid for uid, h in self._holds.items() if h.until <= now]:
             del self._holds[uid]
         return {h.node for h in self._holds.values()}
+
+    def was_served(self, uid: str, now: float) -> bool:
+        """Whether this process saw the pod served (its device allocation done) recently."""
+        for old in [u for u, until in self._served.items() if until <= now]:
+            del self._served[old]
+        return uid in self._served
 
     def on_pod(self, event_type: str, pod: Mapping[str, Any]) -> str | None:
         """Follow a pod event; returns the node the pod stopped holding, if it did."""
@@ -63,6 +72,7 @@ class BusyNodes:
         if not served:
             return None
         del self._holds[str(meta["uid"])]
+        self._served[str(meta["uid"])] = hold.until
         return hold.node
 
     def on_node(self, node: Mapping[str, Any]) -> None:

@@ -518,7 +518,9 @@ class ExtenderService:
     # --- node bind lock (format and rules: gpupool.api.lock) ------------------------------------------
 
     async def _may_take_over(self, held: BindLock) -> bool:
-        if self.clock() - held.taken_at() > self.config.lock_timeout_s:
+        if self.clock() - held.taken_at() > self.config.lock_timeout_s or self.busy.was_served(
+            held.pod_uid, self.clock()
+        ):
             return True
         try:
             holder = await self.cluster.get_pod(held.namespace, held.name)
@@ -532,8 +534,12 @@ class ExtenderService:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.lock_wait_s  # a duration: monotonic, not the wall clock
         delay = 0.05
+        # First the watch's copy (usually current, as binds avoid busy nodes): a decision on a stale copy ends
+        # in a write with its resourceVersion, hence a 409; only "we hold it already" needs a fresh read.
+        cached: Obj | None = self.ledger.node_objs.get(args.Node)
         while True:
-            node = await self.cluster.get_node(args.Node)
+            node = cached or await self.cluster.get_node(args.Node)
+            fresh, cached = cached is None, None
             text = (node["metadata"].get("annotations") or {}).get(ANN_BIND_LOCK)
             if text:
                 try:
@@ -542,7 +548,9 @@ class ExtenderService:
                     log.warning("node %s: replacing unreadable bind lock: %s", args.Node, e)
                     held = None
                 if held is not None and held.pod_uid == args.PodUID:
-                    return
+                    if fresh:
+                        return
+                    continue
                 if held is not None and not await self._may_take_over(held):
                     if loop.time() >= deadline:
                         raise BindFailed(
