@@ -399,3 +399,47 @@ async def test_a_new_cycle_during_a_slow_bind_keeps_that_bind_reservation():
     assert await settle(svc) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
     assert svc.ledger.state.allocated_milli() == 700
     await svc.stop()
+
+
+async def test_bind_after_the_filtered_pod_was_re_created_binds_nothing():
+    """Bind uses the pod object of the scheduling cycle instead of reading it again, unless the watch
+    showed the pod deleted: a re-created pod of the same name must not be bound with the old decision."""
+    from gpupool.api.extender import ExtenderArgs
+
+    cluster = await _cluster_with_nodes()
+    svc = ExtenderService(cluster, CONFIG)
+    await svc.start()
+    old = await cluster.create_pod(gpu_pod("again", cores=30))
+    assert svc.filter(ExtenderArgs(Pod=old, NodeNames=["gpu-0000"])).NodeNames == ["gpu-0000"]
+    await cluster.delete_pod("default", "again")
+    await _wait(lambda: old["metadata"]["uid"] not in svc._offered)
+    new = await cluster.create_pod(gpu_pod("again", cores=30))
+    result = await svc.bind(_args(old))
+    assert "was re-created" in result.Error
+    assert not (await cluster.get_pod("default", "again"))["spec"].get("nodeName")
+    assert new["metadata"]["uid"] not in svc.ledger.entries
+    await svc.stop()
+
+
+async def test_bind_uses_the_pod_sent_with_the_scheduling_cycle():
+    from gpupool.api.extender import ExtenderArgs
+
+    cluster = await _cluster_with_nodes()
+    svc = ExtenderService(cluster, CONFIG)
+    await svc.start()
+    pod = await cluster.create_pod(gpu_pod("p", cores=30))
+    svc.filter(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000"]))
+    reads: list[str] = []
+    get_pod = cluster.get_pod
+
+    async def counting_get_pod(namespace: str, name: str) -> dict:
+        reads.append(name)
+        return await get_pod(namespace, name)
+
+    cluster.get_pod = counting_get_pod  # type: ignore[method-assign]
+    assert (await svc.bind(_args(pod))).Error == ""
+    assert reads == []
+    assert (await svc.bind(_args(pod))).Error == ""  # replayed: no cycle copy left, so it reads, finds it done
+    assert reads == ["p"]
+    assert await settle(svc) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+    await svc.stop()

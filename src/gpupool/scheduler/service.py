@@ -16,6 +16,7 @@ import contextlib
 import inspect
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -51,6 +52,9 @@ log = logging.getLogger(__name__)
 StepHook = Callable[[str], Any]
 
 
+OFFERED_MAX = 1024  # pod objects kept from scheduling cycles for their bind
+
+
 class BindFailed(Exception):
     """A bind that cannot go ahead; the message is returned to kube-scheduler."""
 
@@ -79,6 +83,9 @@ class ExtenderService:
         self._node_mutex: dict[str, asyncio.Lock] = {}
         self._node_waiters: dict[str, asyncio.Event] = {}  # binds waiting for a node's lock to change
         self._binding: dict[str, int] = {}  # pod UID -> binds of it in progress
+        # The pod objects of the latest scheduling cycles (kube-scheduler sends them whole): bind uses
+        # them instead of reading the pod again. Bounded: cycles whose bind never comes fall out.
+        self._offered: OrderedDict[str, Obj] = OrderedDict()
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         # GPU pods that fit nowhere at their last filter: key -> (why, first seen); for the pool views.
@@ -167,6 +174,8 @@ class ExtenderService:
         if event.type == "DELETED" or node:
             self.pending.pop(pod_key(event.object), None)
         self.busy.on_pod(event.type, event.object)
+        if event.type == "DELETED":  # a bind for it must see it gone (or re-created), not the old copy
+            self._offered.pop(str(event.object["metadata"].get("uid")), None)
         if node:
             # A pod on this node changed: if it was the lock holder and now runs, a waiting bind may go.
             self._wake(str(node))
@@ -340,6 +349,11 @@ class ExtenderService:
         uid = (pod.get("metadata") or {}).get("uid")
         if uid and uid in self.ledger.entries and uid not in self._binding:
             self.ledger.forget(str(uid))
+        if uid:
+            self._offered[str(uid)] = dict(pod)
+            self._offered.move_to_end(str(uid))
+            if len(self._offered) > OFFERED_MAX:
+                self._offered.popitem(last=False)
 
     def _nominate(self, pod: Mapping[str, Any], request: PodRequest, node: int) -> None:
         """Reserve (as an assumed entry with a short deadline) the GPUs the pod will get on the node it is
@@ -433,7 +447,12 @@ class ExtenderService:
     async def _bind(self, args: ExtenderBindingArgs) -> None:
         if not self.ready:
             raise BindFailed("gpupool scheduler not ready (cache not synced or not the leader)")
-        pod = await self._read_pod(args)
+        pod = self._offered.pop(args.PodUID, None)
+        if pod is None or pod_key(pod) != f"{args.PodNamespace}/{args.PodName}":
+            # A replayed bind or one for a pod this process did not filter: ask the API server. (The copy
+            # kube-scheduler sent is as fresh as its informer; a pod bound meanwhile makes the Binding a 409,
+            # and a deleted one a 404 or "being deleted": both end as a failed bind.)
+            pod = await self._read_pod(args)
         if self._already_bound(pod, args.Node):
             return
         if not wants_gpu(pod):
