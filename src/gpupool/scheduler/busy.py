@@ -53,8 +53,12 @@ class BusyNodes:
 
     def was_served(self, uid: str, now: float) -> bool:
         """Whether this process saw the pod served (its device allocation done) recently."""
-        for old in [u for u, until in self._served.items() if until <= now]:
-            del self._served[old]
+        # Deadlines are set in the order pods are seen served, so the oldest come first.
+        while self._served:
+            first = next(iter(self._served))
+            if self._served[first] > now:
+                break
+            del self._served[first]
         return uid in self._served
 
     def on_pod(self, event_type: str, pod: Mapping[str, Any]) -> str | None:
