@@ -18,7 +18,6 @@ SA = f"{NAMESPACE}/gp-gpupool"
 REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = {
     ("ClusterRole", "gp-gpupool-scheduler", ""): [
         (("",), ("nodes",), (), ("get", "list", "watch", "patch")),
-        (("",), ("pods",), (), ("patch",)),
     ],
     ("Role", "gp-gpupool-scheduler-leases", NAMESPACE): [
         (("coordination.k8s.io",), ("leases",), (), ("create",)),
