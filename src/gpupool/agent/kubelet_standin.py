@@ -66,6 +66,9 @@ class StandInKubelet:
         self.assigned: dict[str, list[str]] = {}  # pod key -> device IDs (kubelet's checkpoint)
         self._server: grpc.aio.Server | None = None
         self._changed = asyncio.Condition()
+        # kubelet admits pods one at a time (its device manager picks and records devices under a mutex);
+        # concurrent callers here must not pick the same free device.
+        self._admitting = asyncio.Lock()
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -148,6 +151,10 @@ class StandInKubelet:
     # --- allocation ---------------------------------------------------------------------------------------
     async def allocate(self, resource: str, pod: str, count: int) -> pb.ContainerAllocateResponse:
         """Admit one container of `pod` asking for `count` devices; raises AioRpcError on refusal."""
+        async with self._admitting:
+            return await self._allocate(resource, pod, count)
+
+    async def _allocate(self, resource: str, pod: str, count: int) -> pb.ContainerAllocateResponse:
         plugin = self.plugins[resource]
         used = {d for ids in self.assigned.values() for d in ids}
         available = sorted(d for d in self.healthy(resource) if d not in used)
