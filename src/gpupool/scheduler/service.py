@@ -44,6 +44,7 @@ from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.ledger import Ledger, counted_allocation, grants_signature, recompute
 from gpupool.scheduler.metrics import SchedulerMetrics
+from gpupool.scheduler.workload import ObservedWorkload
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class ExtenderService:
         self.step_hook = step_hook
         self.ledger = Ledger()
         self.busy = BusyNodes()
+        self.workload = ObservedWorkload()
         self.synced = False
         self.leading = not config.leader_elect
         self._ctx = PolicyContext()
@@ -110,6 +112,7 @@ class ExtenderService:
         pods, pod_rv = await self.cluster.list_pods()
         self.ledger.replace_nodes(nodes)
         self.ledger.replace_pods(pods)
+        self.workload.seed(e.request for e in self.ledger.entries.values())
         self.synced = True
         log.info("ledger synced: %d gpupool nodes, %d GPUs, %d allocations",
                  len(self.ledger.state), self.ledger.state.total_gpus, len(self.ledger.entries))
@@ -196,9 +199,10 @@ class ExtenderService:
     # --- helpers --------------------------------------------------------------------------------------
 
     def _context(self) -> PolicyContext:
-        if self._ctx_generation != self.ledger.generation:
-            # Node set changed: per-node policy caches and the tie-break rank are stale.
-            self._ctx = PolicyContext(rng=np.random.default_rng(0), rank=self.ledger.rank)
+        if self._ctx_generation != self.ledger.generation or self._ctx.workload is not self.workload.current:
+            # Node set or observed workload changed: per-node policy caches and the tie-break rank are stale.
+            self._ctx = PolicyContext(rng=np.random.default_rng(0), rank=self.ledger.rank,
+                                      workload=self.workload.current)
             self._ctx_generation = self.ledger.generation
         return self._ctx
 
@@ -257,6 +261,7 @@ class ExtenderService:
         self._new_cycle(args.Pod)
         idx, known, unresolvable = self._known(names)
         request = parsed.request
+        self.workload.observe(str((args.Pod.get("metadata") or {}).get("uid", pod_key(args.Pod))), request)
         fit = check(self.ledger.state, request, np.asarray(idx, dtype=np.int64))
         ok = fit.code == 0
         if int(ok.sum()) == 1:
@@ -614,5 +619,11 @@ class ExtenderService:
         nodes, _ = await self.cluster.list_nodes()
         pods, _ = await self.cluster.list_pods()
         truth = recompute(nodes, pods)
-        return {"ready": self.ready, "ledger": self.ledger.dump(), "diff": self.ledger.diff(truth)}
+        workload = [
+            {"cpu_milli": t.cpu_milli, "gpu_milli": t.gpu_milli, "gpu_count": t.gpu_count,
+             "models": sorted(t.models), "weight": round(t.weight, 4)}
+            for t in self.workload.current
+        ]
+        return {"ready": self.ready, "ledger": self.ledger.dump(), "diff": self.ledger.diff(truth),
+                "workload": workload}
 
