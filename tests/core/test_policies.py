@@ -110,3 +110,68 @@ def test_gpupool_takes_nvlinked_gpus_for_multi_gpu_pods() -> None:
     assert [g.index for g in decision.allocation.grants] == [2, 3]
     first = place(state, whole("p", 2), get_policy("firstfit"), PolicyContext())
     assert isinstance(first, Placement) and [g.index for g in first.allocation.grants] == [1, 2]
+
+
+def test_fill_fragmentation_counts_cpu_stranding_and_share_slack() -> None:
+    from gpupool.core.frag import WorkloadArrays
+    from gpupool.core.policies.fillfrag import fill_fragmentation
+
+    state = ClusterState([node("a", gpus=3)])
+    ok = np.ones((1, 1), dtype=bool)
+    # Whole-GPU task with 10 cores, node with 3 free GPUs and 20 free cores. FGD: one copy fits, so no
+    # fragment. Fill: min(3 GPUs, 20/10 = 2 by CPU) = 2 copies, 3000 - 2000 = 1000 idle.
+    whole_task = WorkloadArrays.build(state, (TaskShape(10_000, 1000, 1),))
+    free = np.array([[1000, 1000, 1000]])
+    cpu = np.array([20_000])
+    assert fill_fragmentation(free, cpu, ok, whole_task, blend=0.0).tolist() == [0.0]
+    assert fill_fragmentation(free, cpu, ok, whole_task, blend=1.0).tolist() == [1000.0]
+    assert fill_fragmentation(free, cpu, ok, whole_task, blend=0.07).tolist() == pytest.approx([70.0])
+    # 470-milli share, no CPU: GPUs with 530 and 1000 free both fit one (FGD: 0). Fill: floor(530/470) +
+    # floor(1000/470) = 1 + 2 copies = 1410 of 1530 idle, 120 left.
+    share_task = WorkloadArrays.build(state, (TaskShape(0, 470, 1),))
+    free = np.array([[530, 1000, 0]])
+    assert fill_fragmentation(free, np.array([0]), ok, share_task, blend=1.0).tolist() == [120.0]
+    # A 4-GPU task keeps FGD's fragment (3 free GPUs cannot host it: all 3000 idle), whatever the blend.
+    multi = WorkloadArrays.build(state, (TaskShape(0, 1000, 4),))
+    assert fill_fragmentation(np.array([[1000, 1000, 1000]]), np.array([0]), ok, multi, 1.0).tolist() == [3000.0]
+
+
+def test_gpupool_gives_a_cpu_light_pod_to_the_node_whose_cpu_would_strand_gpus() -> None:
+    # Workload: whole GPUs with 10 cores. Pod: one whole GPU with 5 cores. Nodes: "rich" (4 GPUs, 64
+    # cores) first in node order, "poor" (4 GPUs, 25 cores).
+    # FGD: one typical pod fits before and after on both nodes -> delta 0 -> score 50 on both; the tie
+    # goes to the first node, "rich".
+    # gpupool (blend 0.07 of the fill fragment): rich: min(4, 6) copies before, min(3, 5) after -> no
+    # fragment, delta 0 -> 50. poor: before min(4 GPUs, 25/10 = 2) = 2 copies -> 2000 idle, blended
+    # 0.07*2000 = 140; after (3 GPUs, 20 cores) min(3, 2) = 2 -> 1000 -> 70. delta = 70 ->
+    # floor(100*sigmoid(0.07)) = floor(51.75) = 51: "poor" wins, and leaves the CPU-rich node's GPUs
+    # usable by the typical 10-core pods.
+    state = ClusterState([node("rich", gpus=4, cpu=64_000), node("poor", gpus=4, cpu=25_000)])
+    ctx = PolicyContext(workload=(TaskShape(10_000, 1000, 1),))
+    pod = whole("p", 1, cpu=5000)
+    assert scores(state, pod, "fgd", ctx) == [50, 50]
+    assert scores(state, pod, "gpupool", ctx) == [50, 51]
+    fgd = place(state, pod, get_policy("fgd"), ctx)
+    ours = place(state, pod, get_policy("gpupool"), PolicyContext(workload=ctx.workload))
+    assert isinstance(fgd, Placement) and fgd.allocation.node == "rich"
+    assert isinstance(ours, Placement) and ours.allocation.node == "poor"
+
+
+def test_gpupool_share_fills_the_gpu_it_fits_exactly() -> None:
+    # Workload: 470 and 320 shares, half each, no CPU. GPUs: [1000, 470] free; pod: a 470 share.
+    # FGD: either GPU leaves every GPU able to take either task -> delta 0 -> 50 for both; first GPU (0).
+    # Fill (idle left after packing copies of each task):
+    #   before [1000, 470]: 470-task 2+1 copies -> 1470-1410 = 60; 320-task 3+1 -> 1470-1280 = 190;
+    #     mean 125, blended 0.07*125 = 8.75
+    #   GPU 0 -> [530, 470]: 1+1 -> 1000-940 = 60; 1+1 -> 1000-640 = 360; mean 210 -> 14.7;
+    #     delta -5.95 -> floor(100*sigmoid(-0.00595)) = floor(49.85) = 49
+    #   GPU 1 -> [1000, 0]: 2 -> 60; 3 -> 40; mean 50 -> 3.5; delta +5.25 -> floor(50.13) = 50
+    # so gpupool takes GPU 1 and keeps a whole GPU free.
+    wl = (TaskShape(0, 470, 1, weight=0.5), TaskShape(0, 320, 1, weight=0.5))
+    state = ClusterState([node("n", gpus=2)])
+    set_free(state, "n", [1000, 470])
+    pod = share("p", 470, cpu=0)
+    fgd = place(state, pod, get_policy("fgd"), PolicyContext(workload=wl))
+    ours = place(state, pod, get_policy("gpupool"), PolicyContext(workload=wl))
+    assert isinstance(fgd, Placement) and fgd.allocation.grants[0].index == 0 and fgd.score == 50
+    assert isinstance(ours, Placement) and ours.allocation.grants[0].index == 1 and ours.score == 50

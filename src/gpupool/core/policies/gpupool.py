@@ -1,11 +1,14 @@
-"""gpupool's default policy: FGD's placement, plus what a live cluster needs and a trace cannot show.
+"""gpupool's default policy: FGD's placement judged by a measure that looks one fill ahead, plus what a
+live cluster needs and a trace cannot show.
 
-Node and share GPU: FGD's integer fragmentation-gradient score with ties to the fixed node order. Every
-variant we replayed (exact scores, other quantisation, fullness or CPU tie-breaks, GPU-level best fit,
-GPU-demand-weighted workloads, structured node orders) did no better on the bundled traces; see
-docs/placement.md for the numbers. Multi-GPU pods: the set of fitting GPUs with the most NVLink links,
-then the fewest NUMA nodes, then the lowest indices (the trace has no topology, so replays are equal to
-FGD). With no observed workload, fragmentation is measured against whole, half and quarter GPUs.
+Node and share GPU: FGD's integer fragmentation-gradient score and tie rule, with FGD's fragment blended
+with the *fill* fragment (gpupool.core.policies.fillfrag): the idle GPU compute left once the node holds
+as many copies of a typical task as its GPUs and CPU allow. That counts GPUs that will be stranded for
+want of CPU and the slack a share leaves on a GPU, which FGD sees only when the very next pod cannot
+fit. On the bundled traces it leaves fewer GPUs unallocated than FGD (docs/placement.md). Multi-GPU
+pods: the set of fitting GPUs with the most NVLink links, then the fewest NUMA nodes, then the lowest
+indices (the trace has no topology). With no observed workload, fragmentation is measured against whole,
+half and quarter GPUs.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.core.model import PodRequest
-from gpupool.core.policies.fgd import FGD
-from gpupool.core.policy import PolicyContext
-from gpupool.core.state import BoolArray, ClusterState
+from gpupool.core.policies.common import first_gpus
+from gpupool.core.policies.fillfrag import fill_delta
+from gpupool.core.policy import FloatArray, PolicyContext
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 
 def linked_gpus(state: ClusterState, node: int, candidates: list[int], count: int) -> tuple[int, ...]:
@@ -42,12 +46,21 @@ def linked_gpus(state: ClusterState, node: int, candidates: list[int], count: in
 
 
 @dataclass(frozen=True, slots=True)
-class GpupoolPolicy(FGD):
+class GpupoolPolicy:
     name: str = "gpupool"
+
+    def score(
+        self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
+    ) -> FloatArray:
+        score, _ = fill_delta(state, pod, nodes, gpu_fit, ctx)
+        return score
 
     def choose(
         self, state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext
     ) -> tuple[int, ...]:
         if pod.gpu.count > 1:
             return linked_gpus(state, node, [int(j) for j in np.flatnonzero(gpu_fit)], pod.gpu.count)
-        return FGD.choose(self, state, pod, node, gpu_fit, ctx)
+        _, gpu = fill_delta(state, pod, np.array([node], dtype=np.int64), gpu_fit[None, :], ctx)
+        if gpu[0] >= 0:
+            return (int(gpu[0]),)
+        return first_gpus(pod, gpu_fit)
