@@ -2,7 +2,6 @@
 #   docker run gpupool/gpupool scheduler | agent | webhook | simulate | demo
 # Build: docker build -t gpupool/gpupool:0.1.0 .
 
-# Keep the Python minor version in step with the data path below.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
@@ -11,7 +10,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 COPY data ./data
-# Build a wheel and install it (not editable) into a self-contained virtual environment.
+# Build a wheel and install it (not editable) into a self-contained virtual environment; the wheel puts the
+# bundled trace (for `gpupool simulate`) under /opt/gpupool/share/gpupool/traces.
 RUN python -m venv /opt/gpupool \
  && /opt/gpupool/bin/pip install --upgrade pip \
  && /opt/gpupool/bin/pip wheel --no-deps -w /tmp/wheels . \
@@ -22,9 +22,6 @@ LABEL org.opencontainers.image.title="gpupool" \
       org.opencontainers.image.description="Share the GPUs of a Kubernetes cluster as one pool" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/gpupool /opt/gpupool
-# The bundled traces (for `gpupool simulate`): the simulator looks for data/traces three levels above
-# its own package directory, which in this venv is lib/python3.11/.
-COPY --from=build /src/data /opt/gpupool/lib/python3.11/data
 ENV PATH=/opt/gpupool/bin:$PATH \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

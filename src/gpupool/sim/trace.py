@@ -6,12 +6,20 @@ Any problem in a file is reported once, naming the file, line and column, as a T
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
 
 from gpupool.core.model import GPU, MILLI_PER_GPU, GPURequest, Node, PodRequest
 
-# data/traces/ of the repository (the package is installed editable from it)
-TRACE_DIR = Path(__file__).resolve().parents[3] / "data" / "traces" / "alibaba-gpu-v2023"
+
+def trace_dir(source_root: Path, prefix: Path, name: str = "alibaba-gpu-v2023") -> Path:
+    """data/traces/ of the source tree (an editable install), else the copy a wheel installs as data
+    files under <prefix>/share/gpupool/traces/ (see pyproject.toml)."""
+    source = source_root / "data" / "traces" / name
+    return source if source.is_dir() else prefix / "share" / "gpupool" / "traces" / name
+
+
+TRACE_DIR = trace_dir(Path(__file__).resolve().parents[3], Path(sys.prefix))
 BUNDLED = {
     "default": "openb_pod_list_default.csv",
     "gpushare100": "openb_pod_list_gpushare100.csv",
