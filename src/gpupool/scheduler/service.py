@@ -4,7 +4,8 @@ the ledger in step with the API server.
 Filter and prioritize are synchronous and read only the ledger (no API calls), so they stay in the low
 milliseconds. Bind re-validates against the ledger and then writes, in this order:
   assume (ledger) -> node bind lock -> Binding carrying the pod annotation gpupool.io/allocation.
-Each write carries a precondition (resourceVersion or UID); a 409 leads to a re-read and a new decision.
+The lock write carries the node's resourceVersion (a 409 means re-read the node and decide again); a 409
+on the Binding means the pod was bound meanwhile, which succeeds only if it was this very decision.
 A replayed bind for the same pod UID and node finds the pod bound with its allocation and succeeds without
 writing anything.
 """
@@ -393,10 +394,12 @@ class ExtenderService:
         try:
             await self._bind(args)
         except BindFailed as e:
+            self.busy.release(args.PodUID)  # its node is no longer waiting for this pod
             self.metrics.binds.labels("failed").inc()
             await self._event(args, "FailedBinding", str(e), "Warning")
             return ExtenderBindingResult(Error=str(e))
         except ApiError as e:
+            self.busy.release(args.PodUID)
             self.metrics.binds.labels("error").inc()
             return ExtenderBindingResult(Error=f"API error while binding: {e}")
         finally:
@@ -478,7 +481,6 @@ class ExtenderService:
             except Exception:
                 # (A BaseException, e.g. a simulated crash, skips this: like a killed process.)
                 self.ledger.forget(args.PodUID)
-                self.busy.release(args.PodUID)
                 raise
             self.busy.locked(args.PodUID, args.Node, self.clock() + self.config.lock_timeout_s)
 
