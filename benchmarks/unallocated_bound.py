@@ -10,7 +10,11 @@ pods that fit them, fractionally; whatever stays empty is the estimate.
 It assumes every arrived pod is placed. An online policy cannot refuse a pod that fits, but at the end
 of a replay it may drop a big share it could not fit and so never create that remainder, so this is an
 estimate of the floor, not a proof that no replay can go lower.
-Usage: python benchmarks/unallocated_bound.py [--seeds 42,43] [--traces default]
+
+With --breakdown (default: fgd,gpupool on seed 42), each policy is also replayed up to arrived = 100 %
+and its idle GPU compute is sorted by where it sits, to show which part of it the estimate says is
+unavoidable.
+Usage: python benchmarks/unallocated_bound.py [--seeds 42,43] [--traces default] [--breakdown fgd]
 Last line: one JSON object, trace -> mean estimate (% of the cluster's GPUs).
 """
 
@@ -24,12 +28,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpupool.core.model import MILLI_PER_GPU, PodRequest
+from gpupool.core.frag import typical_workload
+from gpupool.core.model import MILLI_PER_GPU, Node, PodRequest
+from gpupool.core.placement import Placement, place
+from gpupool.core.policies import get_policy
+from gpupool.core.policy import PolicyContext
 from gpupool.core.state import ClusterState
 from gpupool.sim.replay import workload_for
 from gpupool.sim.trace import BUNDLED, NODES_FILE, TRACE_DIR, load_nodes, load_pods, resolve_trace
 
 HALF = MILLI_PER_GPU // 2
+FEW_CORES = 8000  # an idle GPU on a node with less free CPU than this is counted as stranded by CPU
 
 
 def arrived_shares(submitted: Sequence[PodRequest], capacity_milli: int) -> tuple[list[int], float]:
@@ -67,10 +76,55 @@ def unfillable_milli(shares: Sequence[int]) -> tuple[int, float]:
     return int(remainders.sum()), float(remainders.sum()) - filled
 
 
+def idle_breakdown(nodes: Sequence[Node], pods: Sequence[PodRequest], policy: str, seed: int) -> dict[str, float]:
+    """Replay (the simulator's protocol) until arrived demand passes 100 %, then sort idle GPU compute by
+    what shares the GPU it sits on: % of the cluster's GPUs per class, plus the dropped demand."""
+    state = ClusterState(nodes)
+    capacity = state.total_gpus * MILLI_PER_GPU
+    rng = np.random.default_rng(seed)
+    submitted = workload_for(pods, capacity, rng)
+    ctx = PolicyContext(rng=np.random.default_rng(seed + 1), workload=typical_workload(pods),
+                        rank=rng.permutation(len(state)).astype(np.int64))
+    chosen = get_policy(policy)
+    arrived = dropped = 0
+    for pod in submitted:
+        demand = pod.gpu.count * pod.gpu.milli if pod.gpu.count else 0
+        if arrived + demand > capacity:
+            break
+        arrived += demand
+        decision = place(state, pod, chosen, ctx)
+        if isinstance(decision, Placement):
+            state.allocate(pod, decision.allocation)
+        else:
+            dropped += demand
+    on_gpu: dict[tuple[int, int], list[int]] = {}
+    for held in state.held.values():
+        for g in held.allocation.grants:
+            on_gpu.setdefault((held.node_index, g.index), []).append(g.milli)
+    classes: dict[str, float] = {"dropped demand": 100.0 * dropped / capacity}
+    for i, n in enumerate(state.nodes):
+        for j in range(len(n.gpus)):
+            free = int(state.gpu_milli_free[i, j])
+            if not free:
+                continue
+            shares = on_gpu.get((i, j), [])
+            biggest = max(shares, default=0)
+            if not shares:
+                key = "idle GPU, node < 8 free cores" if state.cpu_free[i] < FEW_CORES else "idle GPU"
+            elif biggest > HALF:
+                key = f"remainder next to a {biggest / MILLI_PER_GPU:.2f} share"
+            else:
+                key = "GPU with only shares <= 0.5"
+            classes[key] = classes.get(key, 0.0) + 100.0 * free / capacity
+    return classes
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default=",".join(str(s) for s in range(42, 52)))
     ap.add_argument("--traces", default=",".join(BUNDLED))
+    ap.add_argument("--breakdown", default="fgd,gpupool", help="policies replayed for the idle breakdown")
+    ap.add_argument("--breakdown-seed", type=int, default=42)
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
     nodes = load_nodes(TRACE_DIR / NODES_FILE)
@@ -91,6 +145,17 @@ def main() -> None:
             print(f"{seed:>4} {arrived:8.2f} {big:>10} {100.0 * remainder / capacity:10.2f} {values[-1]:9.2f}")
         summary[trace] = round(statistics.fmean(values), 3)
         print(f"mean {summary[trace]:.2f} (min {min(values):.2f}, max {max(values):.2f})")
+        for policy in filter(None, a.breakdown.split(",")):
+            classes = idle_breakdown(nodes, pods, policy, a.breakdown_seed)
+            idle = sum(v for k, v in classes.items() if k != "dropped demand")
+            print(f"{policy}, seed {a.breakdown_seed}, arrived <= 100 %: idle {idle:.2f} % of GPUs "
+                  f"(dropped demand {classes['dropped demand']:.2f} %), by where it sits:")
+            ranked = sorted(((k, v) for k, v in classes.items() if k != "dropped demand"), key=lambda kv: -kv[1])
+            for key, value in ranked[:8]:
+                print(f"  {value:6.2f}  {key}")
+            rest = sum(v for _, v in ranked[8:])
+            if rest:
+                print(f"  {rest:6.2f}  other")
     print(json.dumps(summary))
 
 

@@ -5,10 +5,10 @@ Node and share GPU: FGD's integer fragmentation-gradient score and tie rule, wit
 with the *fill* fragment (gpupool.core.policies.fillfrag): the idle GPU compute left once the node holds
 as many copies of a typical task as its GPUs and CPU allow. That counts GPUs that will be stranded for
 want of CPU and the slack a share leaves on a GPU, which FGD sees only when the very next pod cannot
-fit. On the bundled traces it leaves fewer GPUs unallocated than FGD (docs/placement.md). Multi-GPU
-pods: the set of fitting GPUs with the most NVLink links, then the fewest NUMA nodes, then the lowest
-indices (the trace has no topology). With no observed workload, fragmentation is measured against whole,
-half and quarter GPUs.
+fit. On the bundled traces it leaves fewer GPUs unallocated than FGD on `default` and `gpushare100`
+and ties on `multigpu50` (docs/placement.md). Multi-GPU pods: the set of fitting GPUs with the most
+NVLink links, then the fewest NUMA nodes, then the lowest indices (the trace has no topology). With no
+observed workload, fragmentation is measured against whole, half and quarter GPUs.
 """
 
 from __future__ import annotations
