@@ -2,6 +2,8 @@
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupool.core.fit import check
 from gpupool.core.model import GPURequest, PodRequest
@@ -175,3 +177,33 @@ def test_gpupool_share_fills_the_gpu_it_fits_exactly() -> None:
     ours = place(state, pod, get_policy("gpupool"), PolicyContext(workload=wl))
     assert isinstance(fgd, Placement) and fgd.allocation.grants[0].index == 0 and fgd.score == 50
     assert isinstance(ours, Placement) and ours.allocation.grants[0].index == 1 and ours.score == 50
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    free=st.lists(st.lists(st.integers(0, 1000), min_size=4, max_size=4), min_size=1, max_size=5),
+    cpu=st.lists(st.integers(0, 64_000), min_size=5, max_size=5),
+    tasks=st.lists(
+        st.tuples(st.integers(0, 16_000), st.sampled_from([0, 50, 230, 470, 810, 1000]), st.integers(1, 4)),
+        min_size=1,
+        max_size=4,
+    ),
+)
+def test_fill_fragment_is_fgds_at_blend_zero_and_never_below_it(
+    free: list[list[int]], cpu: list[int], tasks: list[tuple[int, int, int]]
+) -> None:
+    from gpupool.core.frag import WorkloadArrays, node_fragmentation
+    from gpupool.core.policies.fillfrag import fill_fragmentation
+
+    state = ClusterState([node("a", gpus=4)])
+    # CPU-only tasks take no GPU; only whole-GPU tasks take several GPUs.
+    weight = 1 / len(tasks)
+    shapes = tuple(TaskShape(c, m, (k if m == 1000 else 1) if m else 0, weight=weight) for c, m, k in tasks)
+    w = WorkloadArrays.build(state, shapes)
+    f = np.array(free, dtype=np.int64)
+    c = np.array(cpu[: len(free)], dtype=np.int64)
+    ok = np.ones((len(free), len(shapes)), dtype=bool)
+    fgd = node_fragmentation(f, c, ok, w)
+    assert fill_fragmentation(f, c, ok, w, blend=0.0) == pytest.approx(fgd)
+    assert np.all(fill_fragmentation(f, c, ok, w, blend=1.0) >= fgd - 1e-9)
+    assert np.all(fill_fragmentation(f, c, ok, w, blend=1.0) <= f.sum(axis=1) + 1e-9)
