@@ -3,14 +3,18 @@ fragmentation (gpupool.core.frag) grows least.
 
 Scores are cached per pod shape and per node, keyed on `ClusterState.node_version`: a placement changes
 one node, so a pod of a shape seen recently needs only the nodes changed since then to be re-scored.
+The fragment measure is a parameter: `gpupool` runs the same machinery on a blended measure
+(gpupool.core.policies.fillfrag).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from gpupool.core.frag import DEFAULT_WORKLOAD, WorkloadArrays, node_fragmentation, usable_free
 from gpupool.core.model import PodRequest
@@ -18,6 +22,9 @@ from gpupool.core.policy import FloatArray, PolicyContext
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 MAX_NODE_SCORE = 100
+
+# Expected fragment (milli-GPU) of nodes: (free [K, G] or [K, C, G], cpu_free, model_ok, workload) -> [K(, C)]
+Measure = Callable[[npt.NDArray[np.int64], IntArray, BoolArray, WorkloadArrays], FloatArray]
 
 
 @dataclass(slots=True)
@@ -33,22 +40,25 @@ class FragCache:
 
     state: ClusterState
     workload: WorkloadArrays
+    measure: Measure
     frag: FloatArray
     frag_version: IntArray
     shapes: dict[Any, _ShapeCache] = field(default_factory=dict)
 
     @staticmethod
-    def of(state: ClusterState, ctx: PolicyContext) -> FragCache:
-        cache = ctx.cache.get("frag")
+    def of(state: ClusterState, ctx: PolicyContext, measure: Measure = node_fragmentation) -> FragCache:
+        key = f"frag:{measure.__module__}.{measure.__qualname__}"  # one cache per measure
+        cache = ctx.cache.get(key)
         if not isinstance(cache, FragCache) or cache.state is not state:
             n = len(state)
             cache = FragCache(
                 state=state,
                 workload=WorkloadArrays.build(state, ctx.workload or DEFAULT_WORKLOAD),
+                measure=measure,
                 frag=np.zeros(n),
                 frag_version=np.full(n, -1, dtype=np.int64),
             )
-            ctx.cache["frag"] = cache
+            ctx.cache[key] = cache
         return cache
 
     def current(self, nodes: IntArray) -> FloatArray:
@@ -56,7 +66,7 @@ class FragCache:
         st = self.state
         stale = nodes[self.frag_version[nodes] != st.node_version[nodes]]
         if len(stale):
-            self.frag[stale] = node_fragmentation(
+            self.frag[stale] = self.measure(
                 usable_free(st, stale), st.cpu_free[stale], self.workload.model_ok[stale], self.workload
             )
             self.frag_version[stale] = st.node_version[stale]
@@ -73,7 +83,7 @@ def _after_share(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: Bo
     after = free[:, None, :] - eye[None, :, :]  # [K, C, G]
     cpu_after = (st.cpu_free[nodes] - pod.cpu_milli)[:, None]  # [K, 1]
     model_ok = cache.workload.model_ok[nodes][:, None, :]  # [K, 1, M]
-    frag = node_fragmentation(np.maximum(after, 0), cpu_after, model_ok, cache.workload)
+    frag = cache.measure(np.maximum(after, 0), cpu_after, model_ok, cache.workload)
     result: FloatArray = np.where(gpu_fit, frag, np.inf)
     return result
 
@@ -86,7 +96,7 @@ def _after_whole(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: Bo
         taken = gpu_fit & (np.cumsum(gpu_fit, axis=1) <= pod.gpu.count)
         free = np.where(taken, free - pod.gpu.milli, free)
     cpu_after = st.cpu_free[nodes] - pod.cpu_milli
-    return node_fragmentation(free, cpu_after, cache.workload.model_ok[nodes], cache.workload)
+    return cache.measure(free, cpu_after, cache.workload.model_ok[nodes], cache.workload)
 
 
 def fragmentation_delta(
@@ -95,12 +105,13 @@ def fragmentation_delta(
     nodes: IntArray,
     gpu_fit: BoolArray,
     ctx: PolicyContext,
+    measure: Measure = node_fragmentation,
 ) -> tuple[FloatArray, IntArray]:
     """For each node: FGD's integer score of the decrease in fragmentation for the best GPU choice, and
     that GPU (the first reaching the best score; -1 when the pod takes whole GPUs or none). Higher is
     better. Cached per shape and node version. (Exact, unrounded decreases were measured worse: the
     rounding creates ties that the fixed node order turns into consolidation; docs/placement.md.)"""
-    cache = FragCache.of(state, ctx)
+    cache = FragCache.of(state, ctx, measure)
     key = (pod.cpu_milli, pod.gpu)
     sc = cache.shapes.get(key)
     if sc is None:
@@ -147,11 +158,16 @@ class FGD:
 
 
 def choose_by_fragmentation(
-    state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext
+    state: ClusterState,
+    pod: PodRequest,
+    node: int,
+    gpu_fit: BoolArray,
+    ctx: PolicyContext,
+    measure: Measure = node_fragmentation,
 ) -> tuple[int, ...]:
     """The GPU whose use grows fragmentation least (a share), or the first free GPUs (whole GPUs)."""
     nodes = np.array([node], dtype=np.int64)
-    _, gpu = fragmentation_delta(state, pod, nodes, gpu_fit[None, :], ctx)
+    _, gpu = fragmentation_delta(state, pod, nodes, gpu_fit[None, :], ctx, measure)
     if gpu[0] >= 0:
         return (int(gpu[0]),)
     return tuple(int(j) for j in np.flatnonzero(gpu_fit)[: pod.gpu.count])

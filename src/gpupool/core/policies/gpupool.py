@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpupool.core.model import PodRequest
-from gpupool.core.policies.common import first_gpus
-from gpupool.core.policies.fillfrag import fill_delta
+from gpupool.core.policies.fgd import choose_by_fragmentation, fragmentation_delta
+from gpupool.core.policies.fillfrag import fill_fragmentation
 from gpupool.core.policy import FloatArray, PolicyContext
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
@@ -52,7 +52,7 @@ class GpupoolPolicy:
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
     ) -> FloatArray:
-        score, _ = fill_delta(state, pod, nodes, gpu_fit, ctx)
+        score, _ = fragmentation_delta(state, pod, nodes, gpu_fit, ctx, fill_fragmentation)
         return score
 
     def choose(
@@ -60,7 +60,4 @@ class GpupoolPolicy:
     ) -> tuple[int, ...]:
         if pod.gpu.count > 1:
             return linked_gpus(state, node, [int(j) for j in np.flatnonzero(gpu_fit)], pod.gpu.count)
-        _, gpu = fill_delta(state, pod, np.array([node], dtype=np.int64), gpu_fit[None, :], ctx)
-        if gpu[0] >= 0:
-            return (int(gpu[0]),)
-        return first_gpus(pod, gpu_fit)
+        return choose_by_fragmentation(state, pod, node, gpu_fit, ctx, fill_fragmentation)
