@@ -329,8 +329,9 @@ class ExtenderService:
             lo, hi = float(s.min()), float(s.max())
             scaled = np.floor((s - lo) / (hi - lo) * (MAX_EXTENDER_PRIORITY - 1)) if hi > lo else np.zeros(len(s))
             node_names = self.ledger.state.nodes
-            for k in np.flatnonzero(scaled > 0):
-                scores[node_names[int(scored.feasible[k])].name] = int(scaled[k])
+            keep = np.flatnonzero(scaled > 0)
+            scores = dict(zip([node_names[i].name for i in scored.feasible[keep].tolist()],
+                              scaled[keep].astype(np.int64).tolist(), strict=True))
             winner = int(scored.feasible[best(self._without_busy(scored), ctx)])
             scores[node_names[winner].name] = MAX_EXTENDER_PRIORITY
             self._nominate(args.Pod, parsed.request, winner)
