@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 
+from gpupool.api.extender import ExtenderBindingArgs
+from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.embedded import NodeGroup, PodShape, Scenario, Workload, start_embedded
+from gpupool.scheduler.embedded import NodeGroup, PodShape, Scenario, Workload, node_objects, start_embedded
+from gpupool.scheduler.service import ExtenderService
 
 
 def small_scenario(nodes: int = 2, gpus: int = 8, memory_mib: int = 16384) -> Scenario:
@@ -49,3 +54,40 @@ async def embedded():
 async def client():
     async with httpx.AsyncClient(timeout=30) as c:
         yield c
+
+
+async def started_service(nodes: int = 2, gpus: int = 8, config: SchedulerConfig | None = None) -> ExtenderService:
+    """An extender service over an embedded cluster of `nodes` fake GPU nodes (gpu-0000, ...), synced."""
+    cluster = MemoryCluster()
+    for obj in node_objects(small_scenario(nodes=nodes, gpus=gpus)):
+        await cluster.create_node(obj)
+    svc = ExtenderService(cluster, config or SchedulerConfig(leader_elect=False))
+    await svc.start()
+    return svc
+
+
+def bind_args(pod: dict, node: str = "gpu-0000") -> ExtenderBindingArgs:
+    m = pod["metadata"]
+    return ExtenderBindingArgs(PodName=m["name"], PodNamespace=m["namespace"], PodUID=m["uid"], Node=node)
+
+
+def record_pod_reads(cluster: MemoryCluster) -> list[str]:
+    """From now on, the names of the pods read with get_pod (to show which reads a path avoids)."""
+    reads: list[str] = []
+    get_pod = cluster.get_pod
+
+    async def counting_get_pod(namespace: str, name: str) -> dict:
+        reads.append(name)
+        return await get_pod(namespace, name)
+
+    cluster.get_pod = counting_get_pod  # type: ignore[method-assign]
+    return reads
+
+
+async def eventually(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    """Wait until predicate() holds (watch events are asynchronous); the timeout only prevents a hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)

@@ -18,7 +18,7 @@ from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.embedded import node_objects, start_embedded
 from gpupool.scheduler.ledger import nodes_from_objects, recompute
 from gpupool.scheduler.service import ExtenderService
-from tests.scheduler.conftest import gpu_pod, small_scenario
+from tests.scheduler.conftest import gpu_pod, record_pod_reads, small_scenario
 
 
 async def settle(svc: ExtenderService, timeout: float = 10.0) -> dict:
@@ -429,14 +429,7 @@ async def test_bind_uses_the_pod_sent_with_the_scheduling_cycle():
     await svc.start()
     pod = await cluster.create_pod(gpu_pod("p", cores=30))
     svc.filter(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000"]))
-    reads: list[str] = []
-    get_pod = cluster.get_pod
-
-    async def counting_get_pod(namespace: str, name: str) -> dict:
-        reads.append(name)
-        return await get_pod(namespace, name)
-
-    cluster.get_pod = counting_get_pod  # type: ignore[method-assign]
+    reads = record_pod_reads(cluster)
     assert (await svc.bind(_args(pod))).Error == ""
     assert reads == []
     assert (await svc.bind(_args(pod))).Error == ""  # replayed: no cycle copy left, so it reads, finds it done

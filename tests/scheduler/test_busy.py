@@ -3,17 +3,12 @@ while another node fits, so a burst of pods is not serialised on one node's bind
 
 from __future__ import annotations
 
-import asyncio
-
-from gpupool.api.extender import ExtenderArgs, ExtenderBindingArgs
+from gpupool.api.extender import ExtenderArgs
 from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
 from gpupool.api.names import ANN_ALLOCATED
-from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.busy import BusyNodes
-from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.embedded import node_objects
 from gpupool.scheduler.service import ExtenderService
-from tests.scheduler.conftest import gpu_pod, small_scenario
+from tests.scheduler.conftest import bind_args, eventually, gpu_pod, record_pod_reads, started_service
 
 
 def _pod(uid: str, phase: str = "Pending", annotations: dict | None = None) -> dict:
@@ -60,54 +55,35 @@ def test_holds_expire():
     assert busy.names(now=10.0) == set()
 
 
-async def _wait_for(predicate, timeout: float = 5.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        assert loop.time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
-
-
 def _winner(svc: ExtenderService, pod: dict, names: list[str]) -> str:
     scores = dict(svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=names)))
     return max(scores, key=lambda n: scores[n])
 
 
 async def test_prioritize_passes_over_a_busy_node_while_another_fits():
-    cluster = MemoryCluster()
-    for obj in node_objects(small_scenario(nodes=2)):
-        await cluster.create_node(obj)
-    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
-    await svc.start()
+    svc = await started_service(nodes=2)
+    cluster = svc.cluster
     names = ["gpu-0000", "gpu-0001"]
     a, b, c = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b", "c")]
 
     first = _winner(svc, a, names)
     other = next(n for n in names if n != first)
-    m = a["metadata"]
-    assert (await svc.bind(ExtenderBindingArgs(PodName=m["name"], PodNamespace="default", PodUID=m["uid"],
-                                               Node=first))).Error == ""
+    assert (await svc.bind(bind_args(a, first))).Error == ""
     # a is bound but not yet allocated: its node is busy, so b goes to the other node, which fits.
     assert _winner(svc, b, names) == other
     svc.ledger.forget(b["metadata"]["uid"])  # (b's cycle ends without a bind)
     svc.busy.release(b["metadata"]["uid"])
     # Once a runs (its Allocate happened), the policy's own choice, packing next to a, is back.
     await cluster.patch_pod_status("default", "a", {"phase": "Running"})
-    await _wait_for(lambda: first not in svc.busy.names(svc.clock()))
+    await eventually(lambda: first not in svc.busy.names(svc.clock()))
     assert _winner(svc, c, names) == first
     await svc.stop()
 
 
 async def test_a_busy_node_still_wins_when_no_other_node_fits():
-    cluster = MemoryCluster()
-    for obj in node_objects(small_scenario(nodes=1)):
-        await cluster.create_node(obj)
-    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
-    await svc.start()
-    a, b = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
-    m = a["metadata"]
-    assert (await svc.bind(ExtenderBindingArgs(PodName=m["name"], PodNamespace="default", PodUID=m["uid"],
-                                               Node="gpu-0000"))).Error == ""
+    svc = await started_service(nodes=1)
+    a, b = [await svc.cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
+    assert (await svc.bind(bind_args(a))).Error == ""
     assert svc.busy.names(svc.clock()) == {"gpu-0000"}
     assert _winner(svc, b, ["gpu-0000"]) == "gpu-0000"
     await svc.stop()
@@ -122,35 +98,15 @@ def test_a_served_pod_is_remembered_until_its_hold_would_have_ended():
     assert not busy.was_served("a", now=50.0)
 
 
-async def _one_node_service() -> tuple[MemoryCluster, ExtenderService]:
-    cluster = MemoryCluster()
-    for obj in node_objects(small_scenario(nodes=1)):
-        await cluster.create_node(obj)
-    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
-    await svc.start()
-    return cluster, svc
-
-
-def _bind_args(pod: dict) -> ExtenderBindingArgs:
-    m = pod["metadata"]
-    return ExtenderBindingArgs(PodName=m["name"], PodNamespace="default", PodUID=m["uid"], Node="gpu-0000")
-
-
 async def test_lock_of_a_pod_seen_running_is_taken_over_without_asking_about_the_holder():
-    cluster, svc = await _one_node_service()
+    svc = await started_service(nodes=1)
+    cluster = svc.cluster
     a, b = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
-    assert (await svc.bind(_bind_args(a))).Error == ""
+    assert (await svc.bind(bind_args(a))).Error == ""
     await cluster.patch_pod_status("default", "a", {"phase": "Running"})
-    await _wait_for(lambda: not svc.busy.names(svc.clock()))
-    reads: list[str] = []
-    get_pod = cluster.get_pod
-
-    async def counting_get_pod(namespace: str, name: str) -> dict:
-        reads.append(name)
-        return await get_pod(namespace, name)
-
-    cluster.get_pod = counting_get_pod  # type: ignore[method-assign]
-    assert (await svc.bind(_bind_args(b))).Error == ""
+    await eventually(lambda: not svc.busy.names(svc.clock()))
+    reads = record_pod_reads(cluster)
+    assert (await svc.bind(bind_args(b))).Error == ""
     assert reads == ["b"]  # b's own read; a's state came from the watch
     node = await cluster.get_node("gpu-0000")
     assert b["metadata"]["uid"] in node["metadata"]["annotations"][ANN_BIND_LOCK]
@@ -158,15 +114,15 @@ async def test_lock_of_a_pod_seen_running_is_taken_over_without_asking_about_the
 
 
 async def test_a_stale_watch_copy_showing_our_own_lock_is_checked_against_the_api():
-    cluster, svc = await _one_node_service()
-    pod = await cluster.create_pod(gpu_pod("p", cores=20))
+    svc = await started_service(nodes=1)
+    pod = await svc.cluster.create_pod(gpu_pod("p", cores=20))
     uid = pod["metadata"]["uid"]
     # The watch's copy claims p holds the lock (as after a failed bind whose release is not seen yet);
     # the API server has no lock. The bind must take the lock for real.
     seen = svc.ledger.node_objs["gpu-0000"]
     annotations = {**(seen["metadata"].get("annotations") or {}), ANN_BIND_LOCK: encode_lock(uid, "default", "p", 0)}
     svc.ledger.node_objs["gpu-0000"] = {**seen, "metadata": {**seen["metadata"], "annotations": annotations}}
-    assert (await svc.bind(_bind_args(pod))).Error == ""
-    node = await cluster.get_node("gpu-0000")
+    assert (await svc.bind(bind_args(pod))).Error == ""
+    node = await svc.cluster.get_node("gpu-0000")
     assert uid in node["metadata"]["annotations"][ANN_BIND_LOCK]
     await svc.stop()

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from gpupool.api.extender import ExtenderArgs, ExtenderBindingArgs
-from gpupool.cluster.memory import MemoryCluster
+from gpupool.api.extender import ExtenderArgs
 from gpupool.core.model import GPURequest, PodRequest
-from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.embedded import node_objects
 from gpupool.scheduler.service import ExtenderService
 from gpupool.scheduler.workload import ObservedWorkload
-from tests.scheduler.conftest import gpu_pod, small_scenario
+from tests.scheduler.conftest import bind_args, eventually, gpu_pod, started_service
 
 
 def _request(milli: int, count: int = 1) -> PodRequest:
@@ -58,11 +53,8 @@ def test_seed_from_placed_pods_only_when_nothing_was_observed():
 
 
 async def test_the_scheduler_plans_for_the_pods_it_filtered():
-    cluster = MemoryCluster()
-    for obj in node_objects(small_scenario(nodes=2)):
-        await cluster.create_node(obj)
-    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
-    await svc.start()
+    svc = await started_service(nodes=2)
+    cluster = svc.cluster
     assert (await svc.debug_ledger())["workload"] == []  # nothing seen: the policies' default
     names = ["gpu-0000", "gpu-0001"]
     for i in range(svc.workload.min_pods):
@@ -91,20 +83,12 @@ async def test_what_was_observed_changes_where_a_share_goes():
       on gpu-0001: 1.0 free -> 0.7 free: whole: 0 -> 0.7 (+0.7), half and quarter: 0 => +0.233.
     Observed workload of 60 % pods only: on gpu-0000 the 0.3 left is a fragment (+0.3); on gpu-0001 the
     0.7 left still takes a 60 % pod (0) => gpu-0001."""
-    cluster = MemoryCluster()
-    for obj in node_objects(small_scenario(nodes=2, gpus=1)):
-        await cluster.create_node(obj)
-    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
-    await svc.start()
+    svc = await started_service(nodes=2, gpus=1)
+    cluster = svc.cluster
     held = await cluster.create_pod(gpu_pod("held", cores=40))
-    m = held["metadata"]
-    args = ExtenderBindingArgs(PodName="held", PodNamespace="default", PodUID=m["uid"], Node="gpu-0000")
-    assert (await svc.bind(args)).Error == ""
+    assert (await svc.bind(bind_args(held))).Error == ""
     await cluster.patch_pod_status("default", "held", {"phase": "Running"})  # allocated: the node is not busy
-    for _ in range(500):  # the watch delivers the status change (bounded: no hang on a bug)
-        if not svc.busy.names(svc.clock()):
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: not svc.busy.names(svc.clock()))
     assert await _winner(svc, "before", cores=30) == "gpu-0000"
     for i in range(svc.workload.min_pods):
         pod = await cluster.create_pod(gpu_pod(f"w{i}", cores=60))
