@@ -126,3 +126,16 @@ async def test_a_stale_watch_copy_showing_our_own_lock_is_checked_against_the_ap
     node = await svc.cluster.get_node("gpu-0000")
     assert uid in node["metadata"]["annotations"][ANN_BIND_LOCK]
     await svc.stop()
+
+
+async def test_with_avoid_busy_nodes_off_the_policy_pick_stands():
+    from gpupool.scheduler.config import SchedulerConfig
+
+    svc = await started_service(nodes=2, config=SchedulerConfig(leader_elect=False, avoid_busy_nodes=False))
+    a, b = [await svc.cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
+    names = ["gpu-0000", "gpu-0001"]
+    first = _winner(svc, a, names)
+    assert (await svc.bind(bind_args(a, first))).Error == ""
+    assert svc.busy.names(svc.clock()) == {first}
+    assert _winner(svc, b, names) == first  # busy, and still chosen: packing wins over bind latency
+    await svc.stop()

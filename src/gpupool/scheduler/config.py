@@ -31,6 +31,9 @@ class SchedulerConfig(BaseModel):
     lock_timeout_s: float = Field(default=300.0, gt=0)  # a bind lock older than this may be taken over
     lock_wait_s: float = Field(default=5.0, ge=0)  # how long a bind waits for a busy node lock
     expire_interval_s: float = Field(default=1.0, gt=0)
+    # Prioritize passes over nodes with a pod awaiting device allocation (their bind lock is busy) when
+    # another node fits: bursts spread instead of queueing on one lock (gpupool.scheduler.busy).
+    avoid_busy_nodes: bool = True
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # larger request bodies get 413
     scheduler_name: str = "gpupool-scheduler"  # reported as the source of Events
     # Cluster access (the `gpupool scheduler` command).

@@ -339,7 +339,7 @@ class ExtenderService:
 
     def _without_busy(self, scored: Scored) -> Scored:
         """The same scores with busy nodes (gpupool.scheduler.busy) out of the running, unless all are."""
-        busy = self.busy.names(self.clock())
+        busy = self.busy.names(self.clock()) if self.config.avoid_busy_nodes else set()
         if not busy:
             return scored
         index = self.ledger.state.index
