@@ -19,29 +19,24 @@ import statistics
 
 import numpy as np
 
-from gpupool.core.frag import DEFAULT_WORKLOAD, typical_workload
+from gpupool.core.frag import DEFAULT_WORKLOAD
 from gpupool.core.model import PodRequest
 from gpupool.core.placement import Placement, place
 from gpupool.core.policies import get_policy
 from gpupool.core.policy import PolicyContext
-from gpupool.core.state import ClusterState
 from gpupool.scheduler.workload import ObservedWorkload
-from gpupool.sim.replay import workload_for
+from gpupool.sim.replay import setup
 from gpupool.sim.trace import NODES_FILE, TRACE_DIR, load_nodes, load_pods, resolve_trace
 
 MODES = ("default", "observed", "oracle")
 
 
 def unallocated_at_100(nodes: list, pods: list[PodRequest], mode: str, seed: int) -> float:
-    state = ClusterState(nodes)
-    capacity = state.total_gpus * 1000
-    rng = np.random.default_rng(seed)
-    submitted = workload_for(pods, capacity, rng)
-    rank = rng.permutation(len(state)).astype(np.int64)
+    run = setup(nodes, pods, seed)  # the simulator's draws: same pods, order and node rank
+    state, submitted, capacity, rank = run.state, run.submitted, run.capacity_milli, run.ctx.rank
     policy = get_policy("fgd")
     observed = ObservedWorkload()
-    fixed = typical_workload(pods) if mode == "oracle" else DEFAULT_WORKLOAD
-    ctx = PolicyContext(rng=np.random.default_rng(seed + 1), workload=fixed, rank=rank)
+    ctx = run.ctx if mode == "oracle" else PolicyContext(rng=run.ctx.rng, workload=DEFAULT_WORKLOAD, rank=rank)
     mix = observed.current
     arrived = 0
     allocated_in_bucket: list[float] = []

@@ -28,13 +28,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from gpupool.core.frag import typical_workload
 from gpupool.core.model import MILLI_PER_GPU, Node, PodRequest
 from gpupool.core.placement import Placement, place
 from gpupool.core.policies import get_policy
-from gpupool.core.policy import PolicyContext
 from gpupool.core.state import ClusterState
-from gpupool.sim.replay import workload_for
+from gpupool.sim.replay import setup
 from gpupool.sim.trace import BUNDLED, NODES_FILE, TRACE_DIR, load_nodes, load_pods, resolve_trace
 
 HALF = MILLI_PER_GPU // 2
@@ -79,12 +77,8 @@ def unfillable_milli(shares: Sequence[int]) -> tuple[int, float]:
 def idle_breakdown(nodes: Sequence[Node], pods: Sequence[PodRequest], policy: str, seed: int) -> dict[str, float]:
     """Replay (the simulator's protocol) until arrived demand passes 100 %, then sort idle GPU compute by
     what shares the GPU it sits on: % of the cluster's GPUs per class, plus the dropped demand."""
-    state = ClusterState(nodes)
-    capacity = state.total_gpus * MILLI_PER_GPU
-    rng = np.random.default_rng(seed)
-    submitted = workload_for(pods, capacity, rng)
-    ctx = PolicyContext(rng=np.random.default_rng(seed + 1), workload=typical_workload(pods),
-                        rank=rng.permutation(len(state)).astype(np.int64))
+    run = setup(nodes, pods, seed)
+    state, submitted, ctx, capacity = run.state, run.submitted, run.ctx, run.capacity_milli
     chosen = get_policy(policy)
     arrived = dropped = 0
     for pod in submitted:
@@ -137,7 +131,7 @@ def main() -> None:
         print(f"{'seed':>4} {'arrived%':>8} {'big shares':>10} {'remainder%':>10} {'estimate%':>9}")
         values = []
         for seed in seeds:
-            submitted = workload_for(pods, capacity, np.random.default_rng(seed))
+            submitted = setup(nodes, pods, seed).submitted
             shares, arrived = arrived_shares(submitted, capacity)
             remainder, empty = unfillable_milli(shares)
             big = sum(1 for s in shares if s > HALF)

@@ -91,6 +91,31 @@ def workload_for(pods: Sequence[PodRequest], capacity_milli: int, rng: np.random
     return out
 
 
+@dataclass(slots=True)
+class ReplaySetup:
+    """A replay's starting point for one seed: the empty cluster, the submitted pods in order, and the
+    context the policy sees (its tie-break rank and typical workload)."""
+
+    state: ClusterState
+    submitted: list[PodRequest]
+    ctx: PolicyContext
+
+    @property
+    def capacity_milli(self) -> int:
+        return self.state.total_gpus * MILLI_PER_GPU
+
+
+def setup(nodes: Sequence[Node], pods: Sequence[PodRequest], seed: int, tune: float = TUNE) -> ReplaySetup:
+    """The protocol's seeded draws, in their order (pod order, then node rank), shared by `replay` and by
+    the benchmarks that drive their own loop over the same pods."""
+    state = ClusterState(nodes)
+    rng = np.random.default_rng(seed)
+    submitted = workload_for(pods, state.total_gpus * MILLI_PER_GPU, rng, tune)
+    ctx = PolicyContext(rng=np.random.default_rng(seed + 1), workload=typical_workload(pods),
+                        rank=rng.permutation(len(state)).astype(np.int64))
+    return ReplaySetup(state, submitted, ctx)
+
+
 def replay(
     nodes: Sequence[Node],
     pods: Sequence[PodRequest],
@@ -101,14 +126,9 @@ def replay(
 ) -> ReplayLog:
     start = time.perf_counter()
     policy = get_policy(policy_name)
-    state = ClusterState(nodes)
-    capacity = state.total_gpus * MILLI_PER_GPU
-    rng = np.random.default_rng(seed)
-    workload = typical_workload(pods)
-    submitted = workload_for(pods, capacity, rng, tune)
-    ctx = PolicyContext(rng=np.random.default_rng(seed + 1), workload=workload,
-                        rank=rng.permutation(len(state)).astype(np.int64))
-    measure = WorkloadArrays.build(state, workload)
+    run = setup(nodes, pods, seed, tune)
+    state, submitted, ctx, capacity = run.state, run.submitted, run.ctx, run.capacity_milli
+    measure = WorkloadArrays.build(state, ctx.workload)
     frag = cluster_fragmentation(state, measure)
     n = len(submitted)
     allocated = np.zeros(n)
