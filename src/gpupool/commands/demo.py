@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -62,6 +61,7 @@ async def _run(
     from rich.table import Table
 
     from gpupool.commands.pool_views import pool_views
+    from gpupool.commands.signals import until_stopped
     from gpupool.core.policies import DEFAULT_POLICY
     from gpupool.scheduler.config import SchedulerConfig
     from gpupool.scheduler.driver import KubeSchedulerDriver, Outcome
@@ -121,12 +121,7 @@ async def _run(
             if churn is not None:
                 console.print(f"churn: pods finish after about {churn:g}s and are replaced")
                 busy = asyncio.create_task(keep_busy(emb, driver.run, churn, first=len(workload), seed=scenario.seed))
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(signal.SIGINT, stop.set)
-                loop.add_signal_handler(signal.SIGTERM, stop.set)
-            await stop.wait()
+            await until_stopped()
             if busy is not None:
                 busy.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

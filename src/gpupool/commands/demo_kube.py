@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import signal
 import sys
 import time
 from pathlib import Path
@@ -54,6 +53,7 @@ async def _run(testbed: Any, fleet: Any, nodes: int, pods: int, policy: str | No
     from rich.table import Table
 
     from gpupool.cluster.kube import KubeCluster
+    from gpupool.commands.signals import until_stopped
     from gpupool.core.policies import DEFAULT_POLICY
     from gpupool.scheduler.app import create_app
     from gpupool.scheduler.config import SchedulerConfig
@@ -110,12 +110,7 @@ async def _run(testbed: Any, fleet: Any, nodes: int, pods: int, policy: str | No
         console.print(table)
         if serve:
             console.print(f"serving until Ctrl-C: kubeconfig {bed.kubeconfig()}  ledger {server.url}/debug/ledger")
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            with contextlib.suppress(NotImplementedError):
-                loop.add_signal_handler(signal.SIGINT, stop.set)
-                loop.add_signal_handler(signal.SIGTERM, stop.set)
-            await stop.wait()
+            await until_stopped()
         return 0 if bound == len(specs) and problems == 0 else 1
     finally:
         if api is not None:

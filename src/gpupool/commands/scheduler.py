@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,6 +53,7 @@ def scheduler(
 async def _serve(config: SchedulerConfig) -> None:
     from gpupool.cluster.kube import KubeCluster
     from gpupool.commands.pool_views import pool_views
+    from gpupool.commands.signals import until_stopped
     from gpupool.scheduler.runner import start_replica
 
     source = config.kubeconfig or "the in-cluster service account"
@@ -68,13 +68,8 @@ async def _serve(config: SchedulerConfig) -> None:
         raise click.ClickException(f"cannot start: listing nodes and pods from the API server failed: {e!r}") from None
     click.echo(f"extender listening on {replica.url} (ready after sync and, if enabled, leader election); "
                f"pool views at {replica.url}/ui, {replica.url}/pool and {replica.url}/metrics")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
     try:
-        await stop.wait()
+        await until_stopped()
     finally:
         await replica.stop()
         await cluster.close()
