@@ -1,21 +1,19 @@
-"""How low could unallocated GPU % at arrived = 100 % go? A relaxed offline estimate per bundled trace.
+"""How low could unallocated GPU % at arrived = 100 % go? Bounds per bundled trace (gpupool.sim.bound).
 
-For each seed, take the pods that arrive until their GPU demand reaches the cluster's capacity (the same
-shuffle and top-up as the replay). Relaxations: CPU, memory, GPU models, node boundaries and the order of
-arrival are ignored, and small pods may be split. What is left is the one waste nobody can avoid: a
-sharing pod above half a GPU needs a GPU of its own, and its remainder (1000 - milli) can hold only pods
-no larger than that remainder. Remainders are filled smallest first from the pool of small (<= 500 milli)
-pods that fit them, fractionally; whatever stays empty is the estimate.
-
-It assumes every arrived pod is placed. An online policy cannot refuse a pod that fits, but at the end
-of a replay it may drop a big share it could not fit and so never create that remainder, so this is an
-estimate of the floor, not a proof that no replay can go lower.
-
-With --breakdown (default: fgd,gpupool on seed 42), each policy is also replayed up to arrived = 100 %
-and its idle GPU compute is sorted by where it sits, to show which part of it the estimate says is
-unavoidable.
+Per seed, on the pods that arrive until their GPU demand reaches the cluster's capacity (the replay's
+shuffle and top-up), relaxing CPU, memory, models and node boundaries:
+  estimate    shares above half a GPU each take a GPU; small shares, split at will, fill the remainders
+              next to them; what stays empty (the quick estimate of the last session)
+  any policy  proven: max(slack of the placed shares, demand of the dropped ones), least over every choice
+              of what to drop; holds for every policy, online or not, even one that refuses pods that fit
+  all placed  proven least slack when every arrived share is placed whole (integer program)
+  filled      proven for policies that place every share arriving while some GPU still has room for the
+              largest share (0.81 on the traces): once none has, every pod needing that much is dropped
+Then each --breakdown policy is replayed until arrived demand reaches capacity: its idle compute (= its
+unallocated), the least slack with which exactly the shares it placed could be packed (the pairing part
+of its loss), and, for the first seed, where its idle compute sits.
 Usage: python benchmarks/unallocated_bound.py [--seeds 42,43] [--traces default] [--breakdown fgd]
-Last line: one JSON object, trace -> mean estimate (% of the cluster's GPUs).
+Needs the test extras (scipy). Last line: one JSON object, trace -> bound -> mean % of the cluster's GPUs.
 """
 
 from __future__ import annotations
@@ -26,76 +24,46 @@ import os
 import statistics
 from collections.abc import Sequence
 
-import numpy as np
-
 from gpupool.core.model import MILLI_PER_GPU, Node, PodRequest
 from gpupool.core.placement import Placement, place
 from gpupool.core.policies import get_policy
 from gpupool.core.state import ClusterState
+from gpupool.sim.bound import HALF, arrived_shares, filled_until, fractional_slack, least_slack, least_unallocated
 from gpupool.sim.replay import setup
 from gpupool.sim.trace import BUNDLED, NODES_FILE, TRACE_DIR, load_nodes, load_pods, resolve_trace
 
-HALF = MILLI_PER_GPU // 2
 FEW_CORES = 8000  # an idle GPU on a node with less free CPU than this is counted as stranded by CPU
+BOUNDS = ("estimate", "any policy", "all placed", "filled")
 
 
-def arrived_shares(submitted: Sequence[PodRequest], capacity_milli: int) -> tuple[list[int], float]:
-    """Per-GPU milli of the one-GPU sharing pods among those arriving before demand passes capacity,
-    and the arrived demand as % of capacity."""
-    total = 0
-    shares = []
-    for p in submitted:
-        demand = p.gpu.count * p.gpu.milli if p.gpu.count else 0
-        if total + demand > capacity_milli:
-            break
-        total += demand
-        if p.gpu.count == 1 and p.gpu.milli < MILLI_PER_GPU:
-            shares.append(p.gpu.milli)
-    return shares, 100.0 * total / capacity_milli
-
-
-def unfillable_milli(shares: Sequence[int]) -> tuple[int, float]:
-    """(sum of the remainders next to shares above half a GPU, the part of it small shares cannot fill).
-    Remainders ascending; each takes what it can from the pool of small shares that fit it. The pool only
-    grows as remainders grow, so this greedy fill is the largest fractional fill."""
-    arr = np.asarray(shares, dtype=np.int64)
-    remainders = np.sort(MILLI_PER_GPU - arr[arr > HALF])
-    small = np.sort(arr[arr <= HALF])
-    pool = 0.0
-    filled = 0.0
-    j = 0
-    for r in remainders:
-        while j < len(small) and small[j] <= r:
-            pool += float(small[j])
-            j += 1
-        take = min(float(r), pool)
-        pool -= take
-        filled += take
-    return int(remainders.sum()), float(remainders.sum()) - filled
-
-
-def idle_breakdown(nodes: Sequence[Node], pods: Sequence[PodRequest], policy: str, seed: int) -> dict[str, float]:
-    """Replay (the simulator's protocol) until arrived demand passes 100 %, then sort idle GPU compute by
-    what shares the GPU it sits on: % of the cluster's GPUs per class, plus the dropped demand."""
+def replay_until_full(nodes: Sequence[Node], pods: Sequence[PodRequest], policy: str, seed: int) -> ClusterState:
+    """The simulator's protocol, stopped before arrived demand passes the cluster's capacity."""
     run = setup(nodes, pods, seed)
-    state, submitted, ctx, capacity = run.state, run.submitted, run.ctx, run.capacity_milli
-    chosen = get_policy(policy)
-    arrived = dropped = 0
-    for pod in submitted:
+    state, chosen, arrived = run.state, get_policy(policy), 0
+    for pod in run.submitted:
         demand = pod.gpu.count * pod.gpu.milli if pod.gpu.count else 0
-        if arrived + demand > capacity:
+        if arrived + demand > run.capacity_milli:
             break
         arrived += demand
-        decision = place(state, pod, chosen, ctx)
+        decision = place(state, pod, chosen, run.ctx)
         if isinstance(decision, Placement):
             state.allocate(pod, decision.allocation)
-        else:
-            dropped += demand
+    return state
+
+
+def placed_shares(state: ClusterState) -> list[int]:
+    return [g.milli for held in state.held.values() if len(held.allocation.grants) == 1
+            for g in held.allocation.grants if g.milli < MILLI_PER_GPU]
+
+
+def idle_breakdown(state: ClusterState) -> dict[str, float]:
+    """Idle GPU compute by what shares the GPU it sits on, % of the cluster's GPUs per class."""
+    capacity = state.total_gpus * MILLI_PER_GPU
     on_gpu: dict[tuple[int, int], list[int]] = {}
     for held in state.held.values():
         for g in held.allocation.grants:
             on_gpu.setdefault((held.node_index, g.index), []).append(g.milli)
-    classes: dict[str, float] = {"dropped demand": 100.0 * dropped / capacity}
+    classes: dict[str, float] = {}
     for i, n in enumerate(state.nodes):
         for j in range(len(n.gpus)):
             free = int(state.gpu_milli_free[i, j])
@@ -117,39 +85,45 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default=",".join(str(s) for s in range(42, 52)))
     ap.add_argument("--traces", default=",".join(BUNDLED))
-    ap.add_argument("--breakdown", default="fgd,gpupool", help="policies replayed for the idle breakdown")
-    ap.add_argument("--breakdown-seed", type=int, default=42)
+    ap.add_argument("--breakdown", default="fgd,gpupool", help="policies replayed against the bounds")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
+    policies = [p for p in a.breakdown.split(",") if p]
     nodes = load_nodes(TRACE_DIR / NODES_FILE)
     capacity = ClusterState(nodes).total_gpus * MILLI_PER_GPU
+    pct = 100.0 / capacity
     print(f"cores: {os.cpu_count()}; seeds: {seeds}; capacity: {capacity // MILLI_PER_GPU} GPUs")
-    summary: dict[str, float] = {}
+    summary: dict[str, dict[str, float]] = {}
     for trace in a.traces.split(","):
         pods = load_pods(resolve_trace(trace))
-        print(f"\n{trace}: relaxed estimate of unallocated GPU % at arrived = 100 %")
-        print(f"{'seed':>4} {'arrived%':>8} {'big shares':>10} {'remainder%':>10} {'estimate%':>9}")
-        values = []
+        print(f"\n{trace}: unallocated GPU % at arrived = 100 % (bounds; policies: idle / least slack of its shares)")
+        print(f"{'seed':>4} {'arrived%':>8} " + " ".join(f"{b:>10}" for b in BOUNDS) + " (at arrived%)"
+              + "".join(f" {p:>15}" for p in policies))
+        measured = [f"{p} {m}" for p in policies for m in ("idle", "repack")]
+        rows: dict[str, list[float]] = {k: [] for k in (*BOUNDS, *measured)}
         for seed in seeds:
             submitted = setup(nodes, pods, seed).submitted
             shares, arrived = arrived_shares(submitted, capacity)
-            remainder, empty = unfillable_milli(shares)
-            big = sum(1 for s in shares if s > HALF)
-            values.append(100.0 * empty / capacity)
-            print(f"{seed:>4} {arrived:8.2f} {big:>10} {100.0 * remainder / capacity:10.2f} {values[-1]:9.2f}")
-        summary[trace] = round(statistics.fmean(values), 3)
-        print(f"mean {summary[trace]:.2f} (min {min(values):.2f}, max {max(values):.2f})")
-        for policy in filter(None, a.breakdown.split(",")):
-            classes = idle_breakdown(nodes, pods, policy, a.breakdown_seed)
-            idle = sum(v for k, v in classes.items() if k != "dropped demand")
-            print(f"{policy}, seed {a.breakdown_seed}, arrived <= 100 %: idle {idle:.2f} % of GPUs "
-                  f"(dropped demand {classes['dropped demand']:.2f} %), by where it sits:")
-            ranked = sorted(((k, v) for k, v in classes.items() if k != "dropped demand"), key=lambda kv: -kv[1])
-            for key, value in ranked[:8]:
-                print(f"  {value:6.2f}  {key}")
-            rest = sum(v for _, v in ranked[8:])
-            if rest:
-                print(f"  {rest:6.2f}  other")
+            filled, at = filled_until(submitted, capacity)
+            values = {"estimate": fractional_slack(shares), "any policy": least_unallocated(shares).milli,
+                      "all placed": least_slack(shares).milli, "filled": filled.milli}
+            line = f"{seed:>4} {arrived:8.2f} " + " ".join(f"{pct * values[b]:10.2f}" for b in BOUNDS) + f" ({at:.1f})"
+            for b in BOUNDS:
+                rows[b].append(pct * values[b])
+            for policy in policies:
+                state = replay_until_full(nodes, pods, policy, seed)
+                idle = pct * (capacity - state.allocated_milli())
+                repack = pct * least_slack(placed_shares(state)).milli
+                rows[f"{policy} idle"].append(idle)
+                rows[f"{policy} repack"].append(repack)
+                line += f" {idle:7.2f} /{repack:6.2f}"
+                if seed == seeds[0]:
+                    where = sorted(idle_breakdown(state).items(), key=lambda kv: -kv[1])[:6]
+                    print(f"  {policy}, seed {seed}: idle {idle:.2f} % of GPUs, by where it sits: "
+                          + ", ".join(f"{key} {value:.2f}" for key, value in where))
+            print(line, flush=True)
+        summary[trace] = {k: round(statistics.fmean(v), 3) for k, v in rows.items()}
+        print("mean " + " ".join(f"{k} {v:.2f}" for k, v in summary[trace].items()))
     print(json.dumps(summary))
 
 
