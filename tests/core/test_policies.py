@@ -114,69 +114,83 @@ def test_gpupool_takes_nvlinked_gpus_for_multi_gpu_pods() -> None:
     assert isinstance(first, Placement) and [g.index for g in first.allocation.grants] == [1, 2]
 
 
-def test_fill_fragmentation_counts_cpu_stranding_and_share_slack() -> None:
+def test_pairing_table_is_the_least_idle_after_the_best_packing() -> None:
     from gpupool.core.frag import WorkloadArrays
-    from gpupool.core.policies.fillfrag import fill_fragmentation
+    from gpupool.core.policies.waste import pairing_table
 
-    state = ClusterState([node("a", gpus=3)])
-    ok = np.ones((1, 1), dtype=bool)
-    # Whole-GPU task with 10 cores, node with 3 free GPUs and 20 free cores. FGD: one copy fits, so no
-    # fragment. Fill: min(3 GPUs, 20/10 = 2 by CPU) = 2 copies, 3000 - 2000 = 1000 idle.
-    whole_task = WorkloadArrays.build(state, (TaskShape(10_000, 1000, 1),))
-    free = np.array([[1000, 1000, 1000]])
-    cpu = np.array([20_000])
-    assert fill_fragmentation(free, cpu, ok, whole_task, blend=0.0).tolist() == [0.0]
-    assert fill_fragmentation(free, cpu, ok, whole_task, blend=1.0).tolist() == [1000.0]
-    assert fill_fragmentation(free, cpu, ok, whole_task, blend=0.07).tolist() == pytest.approx([70.0])
-    # 470-milli share, no CPU: GPUs with 530 and 1000 free both fit one (FGD: 0). Fill: floor(530/470) +
-    # floor(1000/470) = 1 + 2 copies = 1410 of 1530 idle, 120 left.
-    share_task = WorkloadArrays.build(state, (TaskShape(0, 470, 1),))
-    free = np.array([[530, 1000, 0]])
-    assert fill_fragmentation(free, np.array([0]), ok, share_task, blend=1.0).tolist() == [120.0]
-    # A 4-GPU task keeps FGD's fragment (3 free GPUs cannot host it: all 3000 idle), whatever the blend.
-    multi = WorkloadArrays.build(state, (TaskShape(0, 1000, 4),))
-    assert fill_fragmentation(np.array([[1000, 1000, 1000]]), np.array([0]), ok, multi, 1.0).tolist() == [3000.0]
+    # The most popular share above half a GPU is 810: its 190 remainder absorbs the 160s, which are left
+    # out. Sizes used: 320, 650, 810, 1000.
+    wl = (TaskShape(0, 810, 1, weight=0.4), TaskShape(0, 650, 1, weight=0.2), TaskShape(0, 320, 1, weight=0.2),
+          TaskShape(0, 160, 1, weight=0.1), TaskShape(0, 1000, 1, weight=0.1))
+    table = pairing_table(WorkloadArrays.build(ClusterState([node("a")]), wl))
+    # 190: nothing fits (the 160 is left out). 350: one 320, 30 idle. 680: 650 leaves 30 (320 + 320 would
+    # leave 40). 970: 650 + 320 fills it. 1000: a whole GPU.
+    assert table[[0, 190, 350, 680, 970, 1000]].tolist() == [0, 190, 30, 30, 0, 0]
+
+
+def test_node_waste_counts_what_the_free_cpu_cannot_feed() -> None:
+    from gpupool.core.frag import WorkloadArrays
+    from gpupool.core.policies.waste import feed_ratio, node_waste, pairing_table
+
+    # Typical pod: one whole GPU and 10 cores, so a core feeds 0.1 GPU (100 milli per 1000 CPU milli).
+    # Node: 4 GPUs, 64 cores (its own ratio 4000/64000 = 0.0625, below the workload's: 0.1 is used).
+    state = ClusterState([node("a", gpus=4, cpu=64_000)])
+    w = WorkloadArrays.build(state, (TaskShape(10_000, 1000, 1),))
+    feed = feed_ratio(state, w)
+    assert feed is not None and feed.tolist() == [pytest.approx(0.1)]
+    table = pairing_table(w)
+    free = np.array([[1000, 1000, 1000, 1000]])
+    # 25 free cores feed 2500 of the 4000 idle milli: 1500 stranded. 64 cores feed all of it: no waste.
+    assert node_waste(free, np.array([25_000]), table, feed).tolist() == [pytest.approx(1500)]
+    assert node_waste(free, np.array([64_000]), table, feed).tolist() == [0]
+    # Without CPU in the workload only pairing counts: a GPU with 300 free fits no whole GPU.
+    assert node_waste(np.array([[300, 1000]]), np.array([0]), table, None).tolist() == [300]
+
+
+def test_gpupool_keeps_a_share_off_a_gpu_it_would_strand() -> None:
+    # Workload: 470 and 320 shares and whole GPUs, a third each, no CPU. GPUs: [530 (a 470 is there), 1000]
+    # free; pod: a 320 share. Pairing table over 320, 470, 1000: W(530) = 60, W(210) = 210, W(680) = 40.
+    #   GPU 0 -> [210, 1000]: FGD fragment (every task needs more than 210): 210 -> from 530/3 = 176.7
+    #     (only the whole task cannot use the 530), dF = -33.3; waste 60 -> 210, dV = -150.
+    #   GPU 1 -> [530, 680]: no GPU can take a whole task: 1210/3 = 403.3, dF = -226.7; waste 60 + 40,
+    #     dV = -40, the best dV.
+    # FGD: floor(100 sigmoid(-0.0333)) = 49 on GPU 0 against floor(100 sigmoid(-0.2267)) = 44: GPU 0.
+    # gpupool: GPU 0 gets -33.3 + 6 (-150 + 40) = -693.3 -> 33; GPU 1 gets -226.7 -> 44: GPU 1, keeping
+    # the 530 for another 470 and leaving 680 for a 320 (or a 470) instead of 210 for nothing.
+    wl = (TaskShape(0, 470, 1, weight=1 / 3), TaskShape(0, 320, 1, weight=1 / 3), TaskShape(0, 1000, 1, weight=1 / 3))
+    state = ClusterState([node("n", gpus=2)])
+    set_free(state, "n", [530, 1000])
+    pod = share("p", 320, cpu=0)
+    fgd = place(state, pod, get_policy("fgd"), PolicyContext(workload=wl))
+    ours = place(state, pod, get_policy("gpupool"), PolicyContext(workload=wl))
+    assert isinstance(fgd, Placement) and fgd.allocation.grants[0].index == 0 and fgd.score == 49
+    assert isinstance(ours, Placement) and ours.allocation.grants[0].index == 1 and ours.score == 44
+    # Asked for the GPU without scoring first (bind on one node), it makes the same choice.
+    fit = check(state, pod)
+    assert get_policy("gpupool").choose(state, pod, 0, fit.gpu_fit[0], PolicyContext(workload=wl)) == (1,)
 
 
 def test_gpupool_gives_a_cpu_light_pod_to_the_node_whose_cpu_would_strand_gpus() -> None:
-    # Workload: whole GPUs with 10 cores. Pod: one whole GPU with 5 cores. Nodes: "rich" (4 GPUs, 64
-    # cores) first in node order, "poor" (4 GPUs, 25 cores).
-    # FGD: one typical pod fits before and after on both nodes -> delta 0 -> score 50 on both; the tie
-    # goes to the first node, "rich".
-    # gpupool (blend 0.07 of the fill fragment): rich: min(4, 6) copies before, min(3, 5) after -> no
-    # fragment, delta 0 -> 50. poor: before min(4 GPUs, 25/10 = 2) = 2 copies -> 2000 idle, blended
-    # 0.07*2000 = 140; after (3 GPUs, 20 cores) min(3, 2) = 2 -> 1000 -> 70. delta = 70 ->
-    # floor(100*sigmoid(0.07)) = floor(51.75) = 51: "poor" wins, and leaves the CPU-rich node's GPUs
-    # usable by the typical 10-core pods.
-    state = ClusterState([node("rich", gpus=4, cpu=64_000), node("poor", gpus=4, cpu=25_000)])
+    from gpupool.core.model import Allocation
+
+    # Workload: whole GPUs with 10 cores (a core feeds 0.1 GPU). Nodes "rich" and "poor": 4 GPUs and 64
+    # cores each, but other pods hold 39 of poor's cores. Pod: one whole GPU with 5 cores.
+    # FGD: a typical pod fits before and after on both: delta 0, score 50 on both; the tie goes to "rich".
+    # gpupool: rich's 64 cores feed its 4 GPUs before and after (waste 0, dV = 0). Poor: 25 cores feed
+    # 2500 of 4000 (waste 1500); after, 20 cores feed 2000 of 3000 (waste 1000): dV = 500, the best.
+    # rich: floor(100 sigmoid(6 (0 - 500) / 1000)) = floor(4.74) = 4; poor: 50. The pod takes poor's
+    # otherwise stranded GPU and leaves rich's CPU for the typical pods.
+    state = ClusterState([node("rich", gpus=4, cpu=64_000), node("poor", gpus=4, cpu=64_000)])
+    hog = PodRequest("hog", 39_000, 0, GPURequest(0))
+    assert state.allocate(hog, Allocation(hog.key, "poor", ())) is None
     ctx = PolicyContext(workload=(TaskShape(10_000, 1000, 1),))
     pod = whole("p", 1, cpu=5000)
     assert scores(state, pod, "fgd", ctx) == [50, 50]
-    assert scores(state, pod, "gpupool", ctx) == [50, 51]
+    assert scores(state, pod, "gpupool", ctx) == [4, 50]
     fgd = place(state, pod, get_policy("fgd"), ctx)
     ours = place(state, pod, get_policy("gpupool"), PolicyContext(workload=ctx.workload))
     assert isinstance(fgd, Placement) and fgd.allocation.node == "rich"
     assert isinstance(ours, Placement) and ours.allocation.node == "poor"
-
-
-def test_gpupool_share_fills_the_gpu_it_fits_exactly() -> None:
-    # Workload: 470 and 320 shares, half each, no CPU. GPUs: [1000, 470] free; pod: a 470 share.
-    # FGD: either GPU leaves every GPU able to take either task -> delta 0 -> 50 for both; first GPU (0).
-    # Fill (idle left after packing copies of each task):
-    #   before [1000, 470]: 470-task 2+1 copies -> 1470-1410 = 60; 320-task 3+1 -> 1470-1280 = 190;
-    #     mean 125, blended 0.07*125 = 8.75
-    #   GPU 0 -> [530, 470]: 1+1 -> 1000-940 = 60; 1+1 -> 1000-640 = 360; mean 210 -> 14.7;
-    #     delta -5.95 -> floor(100*sigmoid(-0.00595)) = floor(49.85) = 49
-    #   GPU 1 -> [1000, 0]: 2 -> 60; 3 -> 40; mean 50 -> 3.5; delta +5.25 -> floor(50.13) = 50
-    # so gpupool takes GPU 1 and keeps a whole GPU free.
-    wl = (TaskShape(0, 470, 1, weight=0.5), TaskShape(0, 320, 1, weight=0.5))
-    state = ClusterState([node("n", gpus=2)])
-    set_free(state, "n", [1000, 470])
-    pod = share("p", 470, cpu=0)
-    fgd = place(state, pod, get_policy("fgd"), PolicyContext(workload=wl))
-    ours = place(state, pod, get_policy("gpupool"), PolicyContext(workload=wl))
-    assert isinstance(fgd, Placement) and fgd.allocation.grants[0].index == 0 and fgd.score == 50
-    assert isinstance(ours, Placement) and ours.allocation.grants[0].index == 1 and ours.score == 50
 
 
 @settings(max_examples=200, deadline=None)
@@ -184,26 +198,23 @@ def test_gpupool_share_fills_the_gpu_it_fits_exactly() -> None:
     free=st.lists(st.lists(st.integers(0, 1000), min_size=4, max_size=4), min_size=1, max_size=5),
     cpu=st.lists(st.integers(0, 64_000), min_size=5, max_size=5),
     tasks=st.lists(
-        st.tuples(st.integers(0, 16_000), st.sampled_from([0, 50, 230, 470, 810, 1000]), st.integers(1, 4)),
+        st.tuples(st.integers(0, 16_000), st.sampled_from([0, 50, 230, 470, 650, 810, 1000]), st.integers(1, 4)),
         min_size=1,
         max_size=4,
     ),
 )
-def test_fill_fragment_is_fgds_at_blend_zero_and_never_below_it(
+def test_waste_lies_between_nothing_and_all_idle_compute(
     free: list[list[int]], cpu: list[int], tasks: list[tuple[int, int, int]]
 ) -> None:
-    from gpupool.core.frag import WorkloadArrays, node_fragmentation
-    from gpupool.core.policies.fillfrag import fill_fragmentation
+    from gpupool.core.frag import WorkloadArrays
+    from gpupool.core.policies.waste import feed_ratio, node_waste, pairing_table
 
-    state = ClusterState([node("a", gpus=4)])
-    # CPU-only tasks take no GPU; only whole-GPU tasks take several GPUs.
+    state = ClusterState([node(f"n{i}", gpus=4, cpu=64_000) for i in range(len(free))])
     weight = 1 / len(tasks)
     shapes = tuple(TaskShape(c, m, (k if m == 1000 else 1) if m else 0, weight=weight) for c, m, k in tasks)
     w = WorkloadArrays.build(state, shapes)
+    table = pairing_table(w)
+    assert (table >= 0).all() and (table <= np.arange(1001)).all()
     f = np.array(free, dtype=np.int64)
-    c = np.array(cpu[: len(free)], dtype=np.int64)
-    ok = np.ones((len(free), len(shapes)), dtype=bool)
-    fgd = node_fragmentation(f, c, ok, w)
-    assert fill_fragmentation(f, c, ok, w, blend=0.0) == pytest.approx(fgd)
-    assert np.all(fill_fragmentation(f, c, ok, w, blend=1.0) >= fgd - 1e-9)
-    assert np.all(fill_fragmentation(f, c, ok, w, blend=1.0) <= f.sum(axis=1) + 1e-9)
+    waste = node_waste(f, np.array(cpu[: len(free)], dtype=np.int64), table, feed_ratio(state, w))
+    assert (waste >= table[f].sum(axis=1) - 1e-9).all() and (waste <= f.sum(axis=1) + 1e-9).all()

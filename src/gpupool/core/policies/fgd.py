@@ -74,29 +74,37 @@ class FragCache:
         return result
 
 
-def _after_share(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> FloatArray:
-    """Fragmentation after putting a one-GPU share on each fitting GPU: [K, G] (inf where it does not fit)."""
-    st = cache.state
-    free = usable_free(st, nodes)  # [K, G]
-    width = free.shape[1]
-    eye = np.eye(width, dtype=np.int64) * pod.gpu.milli  # candidate c takes the share from GPU c
-    after = free[:, None, :] - eye[None, :, :]  # [K, C, G]
-    cpu_after = (st.cpu_free[nodes] - pod.cpu_milli)[:, None]  # [K, 1]
-    model_ok = cache.workload.model_ok[nodes][:, None, :]  # [K, 1, M]
-    frag = cache.measure(np.maximum(after, 0), cpu_after, model_ok, cache.workload)
-    result: FloatArray = np.where(gpu_fit, frag, np.inf)
-    return result
+def is_share(pod: PodRequest) -> bool:
+    """A pod taking part of one GPU: it has a candidate per fitting GPU; other pods have one per node."""
+    return pod.gpu.count == 1 and not pod.gpu.whole
 
 
-def _after_whole(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> FloatArray:
-    """Fragmentation after taking the first `count` fitting GPUs (device order) and the CPU."""
-    st = cache.state
-    free = usable_free(st, nodes)
+def after_pod(
+    state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray
+) -> tuple[npt.NDArray[np.int64], IntArray]:
+    """Free compute per GPU and free CPU of each node once the pod is there. A share: [K, C, G] and
+    [K, 1], candidate c taking the share from GPU c (where it does not fit, the result is meaningless);
+    otherwise [K, G] and [K], the pod taking the first `count` fitting GPUs in device order."""
+    free = usable_free(state, nodes)
+    cpu_after = state.cpu_free[nodes] - pod.cpu_milli
+    if is_share(pod):
+        eye = np.eye(free.shape[1], dtype=np.int64) * pod.gpu.milli
+        return np.maximum(free[:, None, :] - eye[None, :, :], 0), cpu_after[:, None]
     if pod.gpu.count:
         taken = gpu_fit & (np.cumsum(gpu_fit, axis=1) <= pod.gpu.count)
         free = np.where(taken, free - pod.gpu.milli, free)
-    cpu_after = st.cpu_free[nodes] - pod.cpu_milli
-    return cache.measure(free, cpu_after, cache.workload.model_ok[nodes], cache.workload)
+    return free, cpu_after
+
+
+def _fragmentation_after(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> FloatArray:
+    """Fragmentation after the pod: [K, G] for a share (inf where it does not fit), else [K]."""
+    free, cpu_after = after_pod(cache.state, pod, nodes, gpu_fit)
+    model_ok = cache.workload.model_ok[nodes]
+    if not is_share(pod):
+        return cache.measure(free, cpu_after, model_ok, cache.workload)
+    frag = cache.measure(free, cpu_after, model_ok[:, None, :], cache.workload)
+    result: FloatArray = np.where(gpu_fit, frag, np.inf)
+    return result
 
 
 def fragmentation_delta(
@@ -123,14 +131,14 @@ def fragmentation_delta(
         stale = nodes[stale_pos]
         before = cache.current(stale)
         fit = gpu_fit[stale_pos]
-        if pod.gpu.count == 1 and not pod.gpu.whole:
-            after = _after_share(cache, pod, stale, fit)
+        after = _fragmentation_after(cache, pod, stale, fit)
+        if is_share(pod):
             value = np.where(fit, sigmoid_score(np.where(fit, before[:, None] - after, 0.0)), -1.0)
             best = np.argmax(value, axis=1)  # ties go to the lower GPU index
             sc.score[stale] = value[np.arange(len(stale)), best]
             sc.gpu[stale] = best
         else:
-            sc.score[stale] = sigmoid_score(before - _after_whole(cache, pod, stale, fit))
+            sc.score[stale] = sigmoid_score(before - after)
         sc.version[stale] = state.node_version[stale]
     return sc.score[nodes], sc.gpu[nodes]
 
