@@ -3,13 +3,10 @@ fragmentation (gpupool.core.frag) grows least.
 
 Scores are cached per pod shape and per node, keyed on `ClusterState.node_version`: a placement changes
 one node, so a pod of a shape seen recently needs only the nodes changed since then to be re-scored.
-The fragment measure is a parameter: `gpupool` runs the same machinery on a blended measure
-(gpupool.core.policies.fillfrag).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,9 +20,6 @@ from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 MAX_NODE_SCORE = 100
 
-# Expected fragment (milli-GPU) of nodes: (free [K, G] or [K, C, G], cpu_free, model_ok, workload) -> [K(, C)]
-Measure = Callable[[npt.NDArray[np.int64], IntArray, BoolArray, WorkloadArrays], FloatArray]
-
 
 @dataclass(slots=True)
 class _ShapeCache:
@@ -36,29 +30,26 @@ class _ShapeCache:
 
 @dataclass(slots=True)
 class FragCache:
-    """Per-cluster derived data shared by the fragmentation-aware policies."""
+    """Per-cluster derived data of the FGD policy."""
 
     state: ClusterState
     workload: WorkloadArrays
-    measure: Measure
     frag: FloatArray
     frag_version: IntArray
     shapes: dict[Any, _ShapeCache] = field(default_factory=dict)
 
     @staticmethod
-    def of(state: ClusterState, ctx: PolicyContext, measure: Measure = node_fragmentation) -> FragCache:
-        key = f"frag:{measure.__module__}.{measure.__qualname__}"  # one cache per measure
-        cache = ctx.cache.get(key)
+    def of(state: ClusterState, ctx: PolicyContext) -> FragCache:
+        cache = ctx.cache.get("fgd")
         if not isinstance(cache, FragCache) or cache.state is not state:
             n = len(state)
             cache = FragCache(
                 state=state,
                 workload=WorkloadArrays.build(state, ctx.workload or DEFAULT_WORKLOAD),
-                measure=measure,
                 frag=np.zeros(n),
                 frag_version=np.full(n, -1, dtype=np.int64),
             )
-            ctx.cache[key] = cache
+            ctx.cache["fgd"] = cache
         return cache
 
     def current(self, nodes: IntArray) -> FloatArray:
@@ -66,7 +57,7 @@ class FragCache:
         st = self.state
         stale = nodes[self.frag_version[nodes] != st.node_version[nodes]]
         if len(stale):
-            self.frag[stale] = self.measure(
+            self.frag[stale] = node_fragmentation(
                 usable_free(st, stale), st.cpu_free[stale], self.workload.model_ok[stale], self.workload
             )
             self.frag_version[stale] = st.node_version[stale]
@@ -101,8 +92,8 @@ def _fragmentation_after(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu
     free, cpu_after = after_pod(cache.state, pod, nodes, gpu_fit)
     model_ok = cache.workload.model_ok[nodes]
     if not is_share(pod):
-        return cache.measure(free, cpu_after, model_ok, cache.workload)
-    frag = cache.measure(free, cpu_after, model_ok[:, None, :], cache.workload)
+        return node_fragmentation(free, cpu_after, model_ok, cache.workload)
+    frag = node_fragmentation(free, cpu_after, model_ok[:, None, :], cache.workload)
     result: FloatArray = np.where(gpu_fit, frag, np.inf)
     return result
 
@@ -113,13 +104,12 @@ def fragmentation_delta(
     nodes: IntArray,
     gpu_fit: BoolArray,
     ctx: PolicyContext,
-    measure: Measure = node_fragmentation,
 ) -> tuple[FloatArray, IntArray]:
     """For each node: FGD's integer score of the decrease in fragmentation for the best GPU choice, and
     that GPU (the first reaching the best score; -1 when the pod takes whole GPUs or none). Higher is
     better. Cached per shape and node version. (Exact, unrounded decreases were measured worse: the
     rounding creates ties that the fixed node order turns into consolidation; docs/placement.md.)"""
-    cache = FragCache.of(state, ctx, measure)
+    cache = FragCache.of(state, ctx)
     key = (pod.cpu_milli, pod.gpu)
     sc = cache.shapes.get(key)
     if sc is None:
@@ -171,11 +161,10 @@ def choose_by_fragmentation(
     node: int,
     gpu_fit: BoolArray,
     ctx: PolicyContext,
-    measure: Measure = node_fragmentation,
 ) -> tuple[int, ...]:
     """The GPU whose use grows fragmentation least (a share), or the first free GPUs (whole GPUs)."""
     nodes = np.array([node], dtype=np.int64)
-    _, gpu = fragmentation_delta(state, pod, nodes, gpu_fit[None, :], ctx, measure)
+    _, gpu = fragmentation_delta(state, pod, nodes, gpu_fit[None, :], ctx)
     if gpu[0] >= 0:
         return (int(gpu[0]),)
     return tuple(int(j) for j in np.flatnonzero(gpu_fit)[: pod.gpu.count])
