@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
@@ -53,9 +54,18 @@ def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
         driver.quit()
 
 
+# Read in one script: the page swaps in fresh elements every poll, so elements found by one call can be
+# gone (stale) by the next.
 def shares_on(driver: webdriver.Chrome, uuid: str) -> list[str]:
-    cells = driver.find_elements(By.CSS_SELECTOR, f'.gpu[data-gpu-uuid="{uuid}"] .share')
-    return [c.get_attribute("data-pod") or "" for c in cells]
+    script = "return Array.from(document.querySelectorAll(arguments[0])).map(e => e.dataset.pod || '')"
+    result: list[str] = driver.execute_script(script, f'.gpu[data-gpu-uuid="{uuid}"] .share')
+    return result
+
+
+def node_names(driver: webdriver.Chrome) -> list[str]:
+    result: list[str] = driver.execute_script(
+        "return Array.from(document.querySelectorAll('.node')).map(e => e.dataset.node)")
+    return result
 
 
 def test_pool_page_live_and_searchable(
@@ -68,7 +78,7 @@ def test_pool_page_live_and_searchable(
     pool = shared_pool(state, {"team-c/big": "needs 2 x a whole free GPU; 1 available"})
     app = Starlette()
     app.mount("/ui", create_dashboard(pool.snapshot, refresh_s=0.5))
-    wait = WebDriverWait(browser, WAIT_S)
+    wait = WebDriverWait(browser, WAIT_S, ignored_exceptions=(StaleElementReferenceException,))  # see shares_on
     with serve_app(app) as url:
         browser.get(f"{url}/ui/")
         wait.until(lambda d: d.execute_script("return window.htmx && htmx.version"))
@@ -106,13 +116,12 @@ def test_pool_page_live_and_searchable(
         box.send_keys("new-7")
         wait.until(lambda d: d.find_elements(By.ID, "matches") and d.find_element(By.ID, "matches").text.startswith(
             "1 match"))
-        nodes = [n.get_attribute("data-node") for n in browser.find_elements(By.CSS_SELECTOR, ".node")]
-        assert nodes == ["n0"]
+        assert node_names(browser) == ["n0"]
         assert browser.find_elements(By.CSS_SELECTOR, '.share.match[data-pod="team-d/new-7"]')
         # polling keeps the search applied
         with pool.lock:
             give_pod(state, "team-d/new-7b", "n1", 0, 100, 1024)
         wait.until(lambda d: d.find_element(By.ID, "matches").text.startswith("2 matches"))
-        assert [n.get_attribute("data-node") for n in browser.find_elements(By.CSS_SELECTOR, ".node")] == ["n0", "n1"]
+        wait.until(lambda d: node_names(d) == ["n0", "n1"])
         browser.save_screenshot(str(shots / "3-search.png"))
     assert all((shots / f).stat().st_size > 0 for f in ("1-loaded.png", "2-updated.png", "3-search.png"))
