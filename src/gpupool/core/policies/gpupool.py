@@ -62,6 +62,10 @@ class _Deltas:
     waste: FloatArray  # [N, G]
     ok: BoolArray  # [N, G]: a real candidate
     version: IntArray  # [N]: node version the row was computed at
+    # Per node, over its candidates: the largest dV, and the largest dF + GAMMA * dV. The score is monotone
+    # in the latter, so a node's best score needs one sigmoid per node, not one per GPU.
+    top_waste: FloatArray  # [N]
+    top: FloatArray  # [N]
 
 
 @dataclass(slots=True)
@@ -71,7 +75,7 @@ class _Cache:
     pairing: FloatArray
     feed: FloatArray | None
     shapes: dict[Any, _Deltas] = field(default_factory=dict)
-    last: tuple[str, IntArray, IntArray] | None = None  # pod key, nodes, best GPU per node of the last score
+    last: tuple[str, float] | None = None  # pod key and best dV of the last score (what choose() centres on)
 
     @staticmethod
     def of(state: ClusterState, ctx: PolicyContext) -> _Cache:
@@ -90,7 +94,7 @@ class _Cache:
         if d is None:
             shape = (len(st), st.width)
             d = _Deltas(np.zeros(shape), np.zeros(shape), np.zeros(shape, dtype=bool),
-                        np.full(len(st), -1, dtype=np.int64))
+                        np.full(len(st), -1, dtype=np.int64), np.zeros(len(st)), np.zeros(len(st)))
             self.shapes[(pod.cpu_milli, pod.gpu)] = d
         pos = np.flatnonzero(d.version[nodes] != st.node_version[nodes])
         if len(pos):
@@ -110,17 +114,25 @@ class _Cache:
                 d.waste[stale, 0] = waste0 - node_waste(after, cpu1, self.pairing, feed)
                 d.ok[stale, 0] = True
             d.version[stale] = st.node_version[stale]
+            ok = d.ok[stale]
+            d.top_waste[stale] = np.where(ok, d.waste[stale], -np.inf).max(axis=1)
+            d.top[stale] = np.where(ok, d.frag[stale] + GAMMA * d.waste[stale], -np.inf).max(axis=1)
         return d
 
-    def scores(self, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> tuple[FloatArray, IntArray]:
-        """Each node's best integer score and the first GPU reaching it."""
+    def scores(self, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> tuple[FloatArray, float]:
+        """Each node's best integer score, and the best dV they are centred on."""
         d = self.deltas(pod, nodes, gpu_fit)
-        ok, waste = d.ok[nodes], d.waste[nodes]
-        best_waste = float(waste[ok].max()) if ok.any() else 0.0
-        value = np.where(ok, sigmoid_score(d.frag[nodes] + GAMMA * (waste - best_waste)), -1.0)
-        gpu = np.argmax(value, axis=1)
-        score: FloatArray = value[np.arange(len(nodes)), gpu]
-        return score, gpu
+        top_waste = d.top_waste[nodes]
+        best_waste = float(top_waste.max()) if len(nodes) and np.isfinite(top_waste.max()) else 0.0
+        top = d.top[nodes]
+        score: FloatArray = np.where(np.isfinite(top), sigmoid_score(top - GAMMA * best_waste), -1.0)
+        return score, best_waste
+
+    def gpu_on(self, pod: PodRequest, node: int, gpu_fit: BoolArray, best_waste: float) -> int:
+        """The first GPU of `node` reaching its best integer score (a share)."""
+        d = self.deltas(pod, np.array([node], dtype=np.int64), gpu_fit[None, :])
+        value = np.where(d.ok[node], sigmoid_score(d.frag[node] + GAMMA * (d.waste[node] - best_waste)), -1.0)
+        return int(np.argmax(value))
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +143,8 @@ class GpupoolPolicy:
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
     ) -> FloatArray:
         cache = _Cache.of(state, ctx)
-        score, gpu = cache.scores(pod, nodes, gpu_fit)
-        cache.last = (pod.key, nodes, gpu)
+        score, best_waste = cache.scores(pod, nodes, gpu_fit)
+        cache.last = (pod.key, best_waste)
         return score
 
     def choose(
@@ -144,8 +156,8 @@ class GpupoolPolicy:
         if not is_share(pod):
             return tuple(fitting[: pod.gpu.count])
         cache = _Cache.of(state, ctx)
-        if cache.last is not None and cache.last[0] == pod.key and node in cache.last[1]:
-            # The GPU the score was computed for, against all candidate nodes (the usual path: place()).
-            return (int(cache.last[2][np.flatnonzero(cache.last[1] == node)[0]]),)
-        _, gpu = cache.scores(pod, np.array([node], dtype=np.int64), gpu_fit[None, :])
-        return (int(gpu[0]),)
+        if cache.last is not None and cache.last[0] == pod.key:
+            best_waste = cache.last[1]  # centred as when it was scored against every candidate (place())
+        else:  # not scored just before (a bind on one node): centre on this node alone
+            _, best_waste = cache.scores(pod, np.array([node], dtype=np.int64), gpu_fit[None, :])
+        return (cache.gpu_on(pod, node, gpu_fit, best_waste),)
