@@ -46,7 +46,7 @@ def unallocated_at_100(nodes: list, pods: list[PodRequest], mode: str, seed: int
             if observed.current is not mix:  # a new mix: fresh context (its caches are stale)
                 mix = observed.current
                 ctx = PolicyContext(rng=ctx.rng, workload=mix, rank=rank)
-        arrived += pod.gpu.count * pod.gpu.milli if pod.gpu.count else 0
+        arrived += pod.gpu.total_milli
         decision = place(state, pod, policy, ctx)
         if isinstance(decision, Placement):
             state.allocate(pod, decision.allocation)

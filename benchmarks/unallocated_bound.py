@@ -28,7 +28,15 @@ from gpupool.core.model import MILLI_PER_GPU, Node, PodRequest
 from gpupool.core.placement import Placement, place
 from gpupool.core.policies import get_policy
 from gpupool.core.state import ClusterState
-from gpupool.sim.bound import HALF, arrived_shares, filled_until, fractional_slack, least_slack, least_unallocated
+from gpupool.sim.bound import (
+    HALF,
+    arrived,
+    arrived_shares,
+    filled_until,
+    fractional_slack,
+    least_slack,
+    least_unallocated,
+)
 from gpupool.sim.replay import setup
 from gpupool.sim.trace import BUNDLED, NODES_FILE, TRACE_DIR, load_nodes, load_pods, resolve_trace
 
@@ -39,12 +47,8 @@ BOUNDS = ("estimate", "any policy", "all placed", "filled")
 def replay_until_full(nodes: Sequence[Node], pods: Sequence[PodRequest], policy: str, seed: int) -> ClusterState:
     """The simulator's protocol, stopped before arrived demand passes the cluster's capacity."""
     run = setup(nodes, pods, seed)
-    state, chosen, arrived = run.state, get_policy(policy), 0
-    for pod in run.submitted:
-        demand = pod.gpu.count * pod.gpu.milli if pod.gpu.count else 0
-        if arrived + demand > run.capacity_milli:
-            break
-        arrived += demand
+    state, chosen = run.state, get_policy(policy)
+    for pod in arrived(run.submitted, run.capacity_milli):
         decision = place(state, pod, chosen, run.ctx)
         if isinstance(decision, Placement):
             state.allocate(pod, decision.allocation)

@@ -56,6 +56,11 @@ class GPURequest:
         return self.milli / 10
 
     @property
+    def total_milli(self) -> int:
+        """GPU compute the request takes over all its GPUs (0 when it asks for none)."""
+        return self.count * self.milli
+
+    @property
     def whole(self) -> bool:
         """True when each GPU is taken entirely (no sharing with other pods)."""
         return self.milli >= MILLI_PER_GPU and self.memory_mib is None

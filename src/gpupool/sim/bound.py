@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -33,19 +34,29 @@ HALF = MILLI_PER_GPU // 2
 TIME_LIMIT_S = 60.0
 
 
+def arrived(submitted: Sequence[PodRequest], capacity_milli: int) -> list[PodRequest]:
+    """The pods that arrive before their GPU demand passes the cluster's capacity (the replay's bucket)."""
+    total = 0
+    out = []
+    for p in submitted:
+        if total + p.gpu.total_milli > capacity_milli:
+            break
+        total += p.gpu.total_milli
+        out.append(p)
+    return out
+
+
+def one_gpu_share(pod: PodRequest) -> int:
+    """Per-GPU milli of a pod sharing one GPU; 0 for any other pod (whole GPUs pack without slack)."""
+    return pod.gpu.milli if pod.gpu.count == 1 and pod.gpu.milli < MILLI_PER_GPU else 0
+
+
 def arrived_shares(submitted: Sequence[PodRequest], capacity_milli: int) -> tuple[list[int], float]:
     """Per-GPU milli of the one-GPU sharing pods among those arriving before demand passes capacity,
     and the arrived demand as % of capacity."""
-    total = 0
-    shares = []
-    for p in submitted:
-        demand = p.gpu.count * p.gpu.milli if p.gpu.count else 0
-        if total + demand > capacity_milli:
-            break
-        total += demand
-        if p.gpu.count == 1 and p.gpu.milli < MILLI_PER_GPU:
-            shares.append(p.gpu.milli)
-    return shares, 100.0 * total / capacity_milli
+    pods = arrived(submitted, capacity_milli)
+    shares = [s for s in map(one_gpu_share, pods) if s]
+    return shares, 100.0 * sum(p.gpu.total_milli for p in pods) / capacity_milli
 
 
 def fractional_slack(shares: Sequence[int]) -> float:
@@ -87,6 +98,12 @@ def patterns(counts: dict[int, int]) -> tuple[list[int], np.ndarray]:
     return sizes, np.array(found, dtype=np.float64).T.reshape(len(sizes), len(found))
 
 
+def _proven(res: Any) -> float:
+    """The solver's proven lower bound on its objective (0, the trivial one, if it proved none)."""
+    bound = getattr(res, "mip_dual_bound", None)
+    return float(bound) if bound is not None and np.isfinite(bound) else 0.0
+
+
 @dataclass(frozen=True, slots=True)
 class Bound:
     """A proven lower bound in milli-GPU, and whether the solver closed the gap (then it is attained)."""
@@ -114,9 +131,7 @@ def least_slack(required: Iterable[int], optional: Iterable[int] = ()) -> Bound:
     left_out = Bounds(0, np.concatenate([np.full(n_pat, np.inf), [total[s] - need[s] for s in sizes]]))
     res = milp(cost, constraints=placed, integrality=np.ones(n_pat + n_size), bounds=left_out,
                options={"time_limit": TIME_LIMIT_S})
-    proven = getattr(res, "mip_dual_bound", None)
-    value = float(proven) if proven is not None and np.isfinite(proven) else 0.0
-    return Bound(max(0.0, value - float(np.dot(sizes, each))), bool(res.status == 0))
+    return Bound(max(0.0, _proven(res) - float(np.dot(sizes, each))), bool(res.status == 0))
 
 
 def least_unallocated(shares: Iterable[int]) -> Bound:
@@ -141,8 +156,7 @@ def least_unallocated(shares: Iterable[int]) -> Bound:
     res = milp(cost, constraints=[placed, above_slack, above_dropped],
                integrality=np.concatenate([np.ones(n_pat + n_size), [0]]), bounds=Bounds(0, np.inf),
                options={"time_limit": TIME_LIMIT_S})
-    proven = getattr(res, "mip_dual_bound", None)
-    return Bound(float(proven) if proven is not None and np.isfinite(proven) else 0.0, bool(res.status == 0))
+    return Bound(_proven(res), bool(res.status == 0))
 
 
 def filled_until(submitted: Sequence[PodRequest], capacity_milli: int) -> tuple[Bound, float]:
@@ -155,29 +169,22 @@ def filled_until(submitted: Sequence[PodRequest], capacity_milli: int) -> tuple[
     every share before k was placed, unallocated >= the least slack with those shares placed (later
     ones may fill gaps). k depends on the policy; the least over k of the larger of the two holds for
     every such policy. The first term grows with k and the second shrinks, so a bisection finds it."""
-    arrived = []
-    total = 0
-    for p in submitted:
-        demand = p.gpu.count * p.gpu.milli if p.gpu.count else 0
-        if total + demand > capacity_milli:
-            break
-        total += demand
-        arrived.append(p)
-    shares = [p for p in arrived if p.gpu.count == 1 and p.gpu.milli < MILLI_PER_GPU]
+    pods = arrived(submitted, capacity_milli)
+    shares = [p for p in pods if one_gpu_share(p)]
     if not shares:
-        return Bound(0.0, True), 100.0 * total / capacity_milli
+        return Bound(0.0, True), 100.0 * sum(p.gpu.total_milli for p in pods) / capacity_milli
     largest = max(p.gpu.milli for p in shares)
     cpu = max(p.cpu_milli for p in shares if p.gpu.milli == largest)
     memory = max(p.memory_mib for p in shares if p.gpu.milli == largest)
-    big = np.array([p.gpu.count * p.gpu.milli if p.gpu.count and p.gpu.milli >= largest and p.cpu_milli >= cpu
-                    and p.memory_mib >= memory else 0 for p in arrived], dtype=np.float64)
+    big = np.array([p.gpu.total_milli if p.gpu.milli >= largest and p.cpu_milli >= cpu and p.memory_mib >= memory
+                    else 0 for p in pods], dtype=np.float64)
     big_after = np.concatenate([np.cumsum(big[::-1])[::-1], [0.0]])  # [k]: demand of big pods from k on
-    share_at = [p.gpu.milli if p.gpu.count == 1 and p.gpu.milli < MILLI_PER_GPU else 0 for p in arrived]
+    share_at = [one_gpu_share(p) for p in pods]
 
     def slack(k: int) -> Bound:
         return least_slack([s for s in share_at[:k] if s], [s for s in share_at[k:] if s])
 
-    lo, hi = 0, len(arrived)  # slack(lo) < big_after[lo]; past hi the slack term leads
+    lo, hi = 0, len(pods)  # slack(lo) < big_after[lo]; past hi the slack term leads
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if slack(mid).milli < big_after[mid]:
@@ -187,5 +194,5 @@ def filled_until(submitted: Sequence[PodRequest], capacity_milli: int) -> tuple[
     at_lo, at_hi = slack(lo), slack(hi)
     best = min((Bound(max(at_lo.milli, big_after[lo]), at_lo.exact), lo),
                (Bound(max(at_hi.milli, big_after[hi]), at_hi.exact), hi), key=lambda bk: bk[0].milli)
-    reached = sum(p.gpu.count * p.gpu.milli for p in arrived[: best[1]] if p.gpu.count)
+    reached = sum(p.gpu.total_milli for p in pods[: best[1]])
     return best[0], 100.0 * reached / capacity_milli

@@ -67,7 +67,7 @@ def workload_for(pods: Sequence[PodRequest], capacity_milli: int, rng: np.random
     order = rng.permutation(len(ordered))
     out = [ordered[i] for i in order]
     target = tune * capacity_milli
-    demand = [p.gpu.count * p.gpu.milli if p.gpu.count else 0 for p in out]
+    demand = [p.gpu.total_milli for p in out]
     total = sum(demand)
     if total < target:
         k = 0
@@ -137,7 +137,7 @@ def replay(
     arrived_total = 0
     failed = 0
     for k, pod in enumerate(submitted):
-        arrived_total += pod.gpu.count * pod.gpu.milli if pod.gpu.count else 0
+        arrived_total += pod.gpu.total_milli
         decision = place(state, pod, policy, ctx)
         if isinstance(decision, Placement):
             reason = state.allocate(pod, decision.allocation)

@@ -22,10 +22,6 @@ def _free_gpu_milli(state: ClusterState, nodes: IntArray) -> IntArray:
     return result
 
 
-def _request_gpu_milli(pod: PodRequest) -> int:
-    return pod.gpu.count * pod.gpu.milli if pod.gpu.count else 0
-
-
 class _TightestGPU:
     def choose(
         self, state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext
@@ -43,7 +39,7 @@ class BestFit(_TightestGPU):
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
     ) -> FloatArray:
         left_cpu = (state.cpu_free[nodes] - pod.cpu_milli) / MAX_SPEC_CPU * 0.5
-        left_gpu = (_free_gpu_milli(state, nodes) - _request_gpu_milli(pod)) / MAX_SPEC_GPU * 0.5
+        left_gpu = (_free_gpu_milli(state, nodes) - pod.gpu.total_milli) / MAX_SPEC_GPU * 0.5
         result: FloatArray = np.trunc((1.0 - (left_cpu + left_gpu)) * 100.0)
         return result
 
@@ -59,7 +55,7 @@ class DotProd(_TightestGPU):
     ) -> FloatArray:
         dot = (state.cpu_free[nodes] / MAX_SPEC_CPU) * (pod.cpu_milli / MAX_SPEC_CPU) + (
             _free_gpu_milli(state, nodes) / MAX_SPEC_GPU
-        ) * (_request_gpu_milli(pod) / MAX_SPEC_GPU)
+        ) * (pod.gpu.total_milli / MAX_SPEC_GPU)
         result: FloatArray = np.trunc(100.0 * (1.0 - dot / 2.0))
         return result
 
