@@ -58,12 +58,12 @@ def linked_gpus(state: ClusterState, node: int, candidates: list[int], count: in
 class _Deltas:
     """Per pod shape: decreases per node and candidate GPU (column 0 only, for pods not sharing a GPU)."""
 
-    frag: FloatArray  # [N, G]
-    waste: FloatArray  # [N, G]
+    value: FloatArray  # [N, G]: dF + GAMMA * dV (the score is its sigmoid, less GAMMA * the best dV)
+    waste: FloatArray  # [N, G]: dV
     ok: BoolArray  # [N, G]: a real candidate
     version: IntArray  # [N]: node version the row was computed at
-    # Per node, over its candidates: the largest dV, and the largest dF + GAMMA * dV. The score is monotone
-    # in the latter, so a node's best score needs one sigmoid per node, not one per GPU.
+    # Per node, over its candidates: the largest dV and the largest value. The score is monotone in the
+    # value, so a node's best score needs one sigmoid per node, not one per GPU.
     top_waste: FloatArray  # [N]
     top: FloatArray  # [N]
 
@@ -87,7 +87,7 @@ class _Cache:
         return cache
 
     def deltas(self, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> _Deltas:
-        """dF, dV and the candidate mask for `nodes`, recomputing only nodes changed since this shape's
+        """dF + GAMMA * dV, dV and the candidate mask for `nodes`, recomputing only nodes changed since this shape's
         last look (a placement changes one node)."""
         st, w = self.state, self.workload
         d = self.shapes.get((pod.cpu_milli, pod.gpu))
@@ -104,19 +104,20 @@ class _Cache:
             frag0, waste0 = node_fragmentation(free, cpu, model_ok, w), node_waste(free, cpu, self.pairing, feed)
             after, cpu1 = after_pod(st, pod, stale, fit)
             if is_share(pod):
-                d.frag[stale] = frag0[:, None] - node_fragmentation(after, cpu1, model_ok[:, None, :], w)
+                frag = frag0[:, None] - node_fragmentation(after, cpu1, model_ok[:, None, :], w)
                 d.waste[stale] = waste0[:, None] - node_waste(
                     after, cpu1, self.pairing, None if feed is None else feed[:, None])
+                d.value[stale] = frag + GAMMA * d.waste[stale]
                 d.ok[stale] = fit
             else:
-                d.frag[stale], d.waste[stale], d.ok[stale] = 0.0, 0.0, False
-                d.frag[stale, 0] = frag0 - node_fragmentation(after, cpu1, model_ok, w)
+                d.value[stale], d.waste[stale], d.ok[stale] = 0.0, 0.0, False
                 d.waste[stale, 0] = waste0 - node_waste(after, cpu1, self.pairing, feed)
+                d.value[stale, 0] = frag0 - node_fragmentation(after, cpu1, model_ok, w) + GAMMA * d.waste[stale, 0]
                 d.ok[stale, 0] = True
             d.version[stale] = st.node_version[stale]
             ok = d.ok[stale]
             d.top_waste[stale] = np.where(ok, d.waste[stale], -np.inf).max(axis=1)
-            d.top[stale] = np.where(ok, d.frag[stale] + GAMMA * d.waste[stale], -np.inf).max(axis=1)
+            d.top[stale] = np.where(ok, d.value[stale], -np.inf).max(axis=1)
         return d
 
     def scores(self, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> tuple[FloatArray, float]:
@@ -131,8 +132,8 @@ class _Cache:
     def gpu_on(self, pod: PodRequest, node: int, gpu_fit: BoolArray, best_waste: float) -> int:
         """The first GPU of `node` reaching its best integer score (a share)."""
         d = self.deltas(pod, np.array([node], dtype=np.int64), gpu_fit[None, :])
-        value = np.where(d.ok[node], sigmoid_score(d.frag[node] + GAMMA * (d.waste[node] - best_waste)), -1.0)
-        return int(np.argmax(value))
+        score = np.where(d.ok[node], sigmoid_score(d.value[node] - GAMMA * best_waste), -1.0)
+        return int(np.argmax(score))
 
 
 @dataclass(frozen=True, slots=True)
