@@ -31,13 +31,13 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: keep its 
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.fake import FakeBackend, parse_fake_description
-from gpupool.agent.kubelet_standin import StandInKubelet
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
 from gpupool.api.names import ANN_ALLOCATION, RESOURCE_GPU
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.testing.kubelet import StandInKubelet
 
 NODE = "bench-node"
 GPUS = 8

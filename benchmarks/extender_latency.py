@@ -26,8 +26,8 @@ import numpy as np
 
 
 def _serve(nodes: int, conn: Any) -> None:
-    from gpupool.scheduler.driver import KubeSchedulerDriver
-    from gpupool.scheduler.embedded import load_scenario, start_embedded, workload_pods
+    from gpupool.testing.embedded import load_scenario, start_embedded, workload_pods
+    from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 
     logging.basicConfig(level=logging.ERROR)
 
@@ -45,7 +45,7 @@ def _serve(nodes: int, conn: Any) -> None:
 
 
 def _pod() -> dict:
-    from gpupool.scheduler.embedded import PodShape, pod_object
+    from gpupool.testing.embedded import PodShape, pod_object
 
     pod = pod_object("probe", "bench", PodShape(weight=1, gpu=1, cores=30, memory_mib=8192))
     pod["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
@@ -53,7 +53,7 @@ def _pod() -> dict:
 
 
 async def _measure(url: str, names: list[str], requests: int) -> tuple[list[float], list[float]]:
-    from gpupool.scheduler.http_client import JsonClient
+    from gpupool.testing.extender_client import JsonClient
 
     client = JsonClient(url)
     pod = json.dumps(_pod()).encode()

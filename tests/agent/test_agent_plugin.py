@@ -11,12 +11,12 @@ import grpc
 import pytest
 
 from gpupool.agent.identify import ANN_ALLOCATED
-from gpupool.agent.kubelet_standin import StandInKubelet
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.testing.kubelet import StandInKubelet
 from tests.agent.agent_helpers import NODE, RESOURCE, eventually, pod_object, rig, scheduler_binds
 
 

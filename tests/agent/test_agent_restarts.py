@@ -13,11 +13,11 @@ import pytest
 
 from gpupool.agent.fake import FakeBackend
 from gpupool.agent.identify import ANN_ALLOCATED
-from gpupool.agent.kubelet_standin import StandInKubelet
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.testing.kubelet import StandInKubelet
 from tests.agent.agent_helpers import NODE, RESOURCE, agent_config, four_gpus, pod_object, rig, scheduler_binds
 
 

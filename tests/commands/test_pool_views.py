@@ -6,8 +6,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.commands.pool_views import pool_views
-from gpupool.scheduler.driver import KubeSchedulerDriver
-from gpupool.scheduler.embedded import load_scenario, start_embedded, workload_pods
+from gpupool.testing.embedded import load_scenario, start_embedded, workload_pods
+from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 
 
 async def test_pool_views_follow_the_ledger() -> None:

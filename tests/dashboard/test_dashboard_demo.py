@@ -15,9 +15,9 @@ from gpupool.api.snapshot import Snapshot, build_snapshot
 from gpupool.dashboard import create_dashboard
 from gpupool.exporter import PoolCollector, metrics_route
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.driver import KubeSchedulerDriver, Outcome
-from gpupool.scheduler.embedded import NodeGroup, PodShape, Scenario, Workload, start_embedded, workload_pods
 from gpupool.scheduler.server import serve_in_background
+from gpupool.testing.embedded import NodeGroup, PodShape, Scenario, Workload, start_embedded, workload_pods
+from gpupool.testing.kube_scheduler import KubeSchedulerDriver, Outcome
 
 
 def scenario() -> Scenario:

@@ -17,13 +17,13 @@ import testbed as tb
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.fake import FakeBackend, parse_fake_description
 from gpupool.agent.identify import ANN_ALLOCATED
-from gpupool.agent.kubelet_standin import StandInKubelet
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.agent.slots import slot_gpu
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY, RESOURCE_GPU
+from gpupool.testing.kubelet import StandInKubelet
 from tests.e2e.conftest import Extender, kube_cluster
 from tests.e2e.e2e_checks import allocation_problems, eventually
 

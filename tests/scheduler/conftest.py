@@ -10,8 +10,8 @@ import pytest
 from gpupool.api.extender import ExtenderBindingArgs
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.embedded import NodeGroup, PodShape, Scenario, Workload, node_objects, start_embedded
 from gpupool.scheduler.service import ExtenderService
+from gpupool.testing.embedded import NodeGroup, PodShape, Scenario, Workload, node_objects, start_embedded
 
 
 def small_scenario(nodes: int = 2, gpus: int = 8, memory_mib: int = 16384) -> Scenario:

@@ -15,9 +15,9 @@ from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.embedded import node_objects, start_embedded
 from gpupool.scheduler.ledger import nodes_from_objects, recompute
 from gpupool.scheduler.service import ExtenderService
+from gpupool.testing.embedded import node_objects, start_embedded
 from tests.scheduler.conftest import gpu_pod, record_pod_reads, small_scenario
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-from gpupool.scheduler.driver import KubeSchedulerDriver
-from gpupool.scheduler.embedded import PodShape, Scenario, Workload, churn, start_embedded, workload_pods
+from gpupool.testing.embedded import PodShape, Scenario, Workload, churn, start_embedded, workload_pods
+from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 from tests.scheduler.conftest import small_scenario
 from tests.scheduler.test_bind_reliability import settle
 

@@ -65,8 +65,8 @@ async def test_failover_between_replicas_serves_only_after_a_fresh_sync():
     import httpx
 
     from gpupool.scheduler.config import SchedulerConfig
-    from gpupool.scheduler.embedded import node_objects
     from gpupool.scheduler.runner import start_replica
+    from gpupool.testing.embedded import node_objects
     from tests.scheduler.conftest import gpu_pod, small_scenario
 
     cluster = MemoryCluster()

@@ -9,8 +9,8 @@ from gpupool.api.allocation import encode_allocation
 from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.core.model import Allocation, GPUGrant
-from gpupool.scheduler.embedded import node_objects
 from gpupool.scheduler.ledger import Ledger
+from gpupool.testing.embedded import node_objects
 from tests.scheduler.conftest import gpu_pod, small_scenario
 
 

@@ -39,7 +39,7 @@ def demo(
         from gpupool.commands.demo_kube import run_kube_demo
 
         raise SystemExit(run_kube_demo(nodes, pods, policy, serve))
-    from gpupool.scheduler.embedded import ScenarioError, load_scenario
+    from gpupool.testing.embedded import ScenarioError, load_scenario
 
     try:
         scenario = load_scenario(scenario_path)
@@ -64,9 +64,9 @@ async def _run(
     from gpupool.commands.signals import until_stopped
     from gpupool.core.policies import DEFAULT_POLICY
     from gpupool.scheduler.config import SchedulerConfig
-    from gpupool.scheduler.driver import KubeSchedulerDriver, Outcome
-    from gpupool.scheduler.embedded import churn as keep_busy
-    from gpupool.scheduler.embedded import start_embedded, workload_pods
+    from gpupool.testing.embedded import churn as keep_busy
+    from gpupool.testing.embedded import start_embedded, workload_pods
+    from gpupool.testing.kube_scheduler import KubeSchedulerDriver, Outcome
 
     console = Console()
     config = SchedulerConfig(port=port, leader_elect=False, default_policy=policy or DEFAULT_POLICY)

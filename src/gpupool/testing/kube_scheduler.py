@@ -16,7 +16,7 @@ from typing import Any
 
 from gpupool.api.pod import pod_key
 from gpupool.cluster.port import ClusterPort, Obj
-from gpupool.scheduler.http_client import JsonClient
+from gpupool.testing.extender_client import JsonClient
 
 
 @dataclass(slots=True)
