@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from gpupool.cluster.memory import MemoryCluster
-from gpupool.cluster.port import AlreadyExists, Conflict, Gone, NotFound
+from gpupool.cluster.port import PODS, AlreadyExists, Conflict, Gone, NotFound
 
 
 @pytest.fixture(params=["memory"])
@@ -149,7 +149,7 @@ async def test_lease_create_and_replace_with_precondition(cluster):
 
 async def test_memory_watch_too_old_is_gone():
     c = MemoryCluster()
-    kind = c._kinds["Pod"]
+    kind = c._kind(PODS)
     kind.dropped_before = 10  # as if the history had been trimmed
     with pytest.raises(Gone):
         async for _ in c.watch_pods("3"):

@@ -4,6 +4,10 @@ lightkube models never leave this module: everything is converted to Kubernetes-
 (`to_obj`) on the way in and built from dicts on the way out; lightkube errors become port errors
 (`translate_error`). Annotation writes are JSON merge patches that carry `metadata.resourceVersion`,
 which the API server treats as a precondition (409 when stale).
+
+Any kind goes through one lightkube resource class per `Kind`: lightkube's own typed class for the kinds
+lightkube-models knows, a generic resource (`create_global_resource` / `create_namespaced_resource`) for
+custom resources and kinds newer than the installed models.
 """
 
 from __future__ import annotations
@@ -13,13 +17,30 @@ from typing import Any
 
 from lightkube import ALL_NS, AsyncClient, KubeConfig
 from lightkube.core.exceptions import ApiError as LightkubeApiError
+from lightkube.core.exceptions import LoadResourceError
+from lightkube.core.resource_registry import resource_registry
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 from lightkube.models.core_v1 import ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
-from lightkube.resources.core_v1 import Event, Node, Pod, PodBinding
+from lightkube.resources.core_v1 import Event, PodBinding
 from lightkube.types import PatchType
 
-from gpupool.cluster.port import AlreadyExists, ApiError, Conflict, Gone, Invalid, NotFound, Obj, WatchEvent
+from gpupool.cluster.port import (
+    LEASES,
+    NODES,
+    PODS,
+    AlreadyExists,
+    ApiError,
+    Conflict,
+    Gone,
+    Invalid,
+    Kind,
+    NotFound,
+    Obj,
+    Selector,
+    WatchEvent,
+)
 
 FIELD_MANAGER = "gpupool"
 
@@ -66,6 +87,25 @@ def binding_for(
     )
 
 
+def kind_path(kind: Kind, namespace: str | None = None, name: str | None = None) -> str:
+    """The REST path of a kind's collection or of one object."""
+    parts = ["/api", kind.version] if not kind.group else ["/apis", kind.group, kind.version]
+    if kind.namespaced and namespace is not None:
+        parts += ["namespaces", namespace]
+    parts.append(kind.plural)
+    if name is not None:
+        parts.append(name)
+    return "/".join(parts)
+
+
+def _selector(selector: Selector | None) -> Any:
+    return dict(selector) if selector else None
+
+
+def _built_in(group: str) -> bool:
+    return group in ("", "apps", "batch", "policy", "autoscaling") or group.endswith(".k8s.io")
+
+
 def _namespaced(obj: Obj) -> Obj:
     """The object with metadata.namespace set (lightkube takes the namespace of a create from it)."""
     meta = dict(obj.get("metadata") or {})
@@ -98,27 +138,49 @@ class KubeCluster:
         })
         return cls(AsyncClient(config=config, field_manager=FIELD_MANAGER))
 
+    def _resource(self, kind: Kind) -> Any:
+        """The lightkube resource class for `kind` (one per kind and process: lightkube keeps a registry)."""
+        found = resource_registry.get(kind.api_version, kind.kind)
+        if found is not None:
+            return found
+        if _built_in(kind.group):
+            try:
+                return resource_registry.load(kind.api_version, kind.kind)
+            except LoadResourceError:
+                pass  # a kind newer than lightkube-models: served as a generic resource below
+        create = create_namespaced_resource if kind.namespaced else create_global_resource
+        return create(kind.group, kind.version, kind.kind, kind.plural)
+
     async def _call(self, coro: Any) -> Any:
         try:
             return await coro
         except LightkubeApiError as e:
             raise translate_error(e) from None
 
-    async def _list(self, res: Any) -> tuple[list[Obj], str]:
+    async def _list(
+        self, kind: Kind, namespace: str | None, labels: Selector | None, fields: Selector | None
+    ) -> tuple[list[Obj], str]:
+        res = self._resource(kind)
         # Namespaced kinds are listed and watched across all namespaces, not the client's default one.
-        it = self.client.list(res, namespace=ALL_NS) if res is Pod else self.client.list(res)
+        where = (namespace or ALL_NS) if kind.namespaced else None
+        it = self.client.list(res, namespace=where, labels=_selector(labels), fields=_selector(fields))
         try:
             items = [to_obj(o) async for o in it]
         except LightkubeApiError as e:
             raise translate_error(e) from None
         return items, str(it.resourceVersion)
 
-    async def _watch(self, res: Any, resource_version: str) -> AsyncIterator[WatchEvent]:
+    async def _watch(
+        self, kind: Kind, resource_version: str, namespace: str | None = None, labels: Selector | None = None,
+        fields: Selector | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        res = self._resource(kind)
+        where = (namespace or ALL_NS) if kind.namespaced else None
         try:
-            if res is Pod:
-                events = self.client.watch(res, namespace=ALL_NS, resource_version=resource_version)
-            else:
-                events = self.client.watch(res, resource_version=resource_version)
+            events = self.client.watch(
+                res, namespace=where, labels=_selector(labels), fields=_selector(fields),
+                resource_version=resource_version,
+            )
             async for type_, obj in events:
                 yield WatchEvent(str(type_), to_obj(obj))
         except LightkubeApiError as e:
@@ -131,74 +193,116 @@ class KubeCluster:
                 raise
             if code == 410:
                 raise Gone(f"watch from resourceVersion {resource_version}: expired") from None
+            if code in (400, 422):
+                raise Invalid(str(e)) from None
             err = NotFound(str(e)) if code == 404 else ApiError(str(e))
             raise err from None
 
+    # --- any kind -------------------------------------------------------------------------------------
+
+    async def get_object(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
+        res = self._resource(kind)
+        where = (namespace or "default") if kind.namespaced else None
+        return to_obj(await self._call(self.client.get(res, name, namespace=where)))
+
+    async def list_objects(
+        self, kind: Kind, *, namespace: str | None = None, labels: Selector | None = None,
+        fields: Selector | None = None,
+    ) -> tuple[list[Obj], str]:
+        return await self._list(kind, namespace, labels, fields)
+
+    def watch_objects(
+        self, kind: Kind, resource_version: str, *, namespace: str | None = None, labels: Selector | None = None,
+        fields: Selector | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        return self._watch(kind, resource_version, namespace, labels, fields)
+
+    async def create_object(self, kind: Kind, obj: Obj) -> Obj:
+        body = {**obj, "apiVersion": kind.api_version, "kind": kind.kind}
+        if kind.namespaced:
+            body = _namespaced(body)
+        return to_obj(await self._call(self.client.create(self._resource(kind).from_dict(body))))
+
+    async def patch_object(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None,
+        resource_version: str | None = None, subresource: str | None = None,
+    ) -> Obj:
+        body: Obj = dict(patch)
+        if resource_version is not None:
+            body["metadata"] = {**(body.get("metadata") or {}), "resourceVersion": resource_version}
+        res = self._resource(kind)
+        if subresource == "status":
+            res = res.Status
+        elif subresource is not None:
+            raise Invalid(f"{kind}: subresource {subresource!r} is not supported by patch_object")
+        where = (namespace or "default") if kind.namespaced else None
+        return to_obj(await self._call(self.client.patch(res, name, body, namespace=where, patch_type=PatchType.MERGE)))
+
+    async def delete_object(
+        self, kind: Kind, name: str, *, namespace: str | None = None, uid: str | None = None
+    ) -> None:
+        where = (namespace or "default") if kind.namespaced else None
+        if uid is None:
+            await self._call(self.client.delete(self._resource(kind), name, namespace=where))
+            return
+        # lightkube's delete has no preconditions: send DeleteOptions ourselves.
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        await self._call(self._request("DELETE", kind_path(kind, where, name), body))
+
     # --- reading --------------------------------------------------------------------------------------
 
-    async def list_nodes(self) -> tuple[list[Obj], str]:
-        return await self._list(Node)
+    async def list_nodes(
+        self, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> tuple[list[Obj], str]:
+        return await self._list(NODES, None, labels, fields)
 
-    async def list_pods(self) -> tuple[list[Obj], str]:
-        return await self._list(Pod)
+    async def list_pods(
+        self, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> tuple[list[Obj], str]:
+        return await self._list(PODS, None, labels, fields)
 
-    def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        return self._watch(Node, resource_version)
+    def watch_nodes(
+        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> AsyncIterator[WatchEvent]:
+        return self._watch(NODES, resource_version, None, labels, fields)
 
-    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        return self._watch(Pod, resource_version)
+    def watch_pods(
+        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> AsyncIterator[WatchEvent]:
+        return self._watch(PODS, resource_version, None, labels, fields)
 
     async def get_node(self, name: str) -> Obj:
-        return to_obj(await self._call(self.client.get(Node, name)))
+        return await self.get_object(NODES, name)
 
     async def get_pod(self, namespace: str, name: str) -> Obj:
-        return to_obj(await self._call(self.client.get(Pod, name, namespace=namespace)))
+        return await self.get_object(PODS, name, namespace)
 
     # --- writing --------------------------------------------------------------------------------------
 
     async def create_node(self, node: Obj) -> Obj:
-        return to_obj(await self._call(self.client.create(Node.from_dict(node))))
+        return await self.create_object(NODES, node)
 
     async def create_pod(self, pod: Obj) -> Obj:
-        return to_obj(await self._call(self.client.create(Pod.from_dict(_namespaced(pod)))))
+        return await self.create_object(PODS, pod)
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
-        if uid is None:
-            await self._call(self.client.delete(Pod, name, namespace=namespace))
-            return
-        # lightkube's delete has no preconditions: send DeleteOptions ourselves.
-        body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
-        await self._call(self._delete_with_body(namespace, name, body))
-
-    async def _delete_with_body(self, namespace: str, name: str, body: Obj) -> None:
-        http = self.client._client._client  # the underlying httpx client (authenticated, base URL set)
-        r = await http.request("DELETE", f"/api/v1/namespaces/{namespace}/pods/{name}", json=body)
-        if r.status_code >= 400:
-            raise LightkubeApiError(request=r.request, response=r)
+        await self.delete_object(PODS, name, namespace=namespace, uid=uid)
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj:
-        body = annotation_patch(annotations, resource_version)
-        return to_obj(await self._call(
-            self.client.patch(Pod, name, body, namespace=namespace, patch_type=PatchType.MERGE)
-        ))
+        return await self.patch_object(PODS, name, annotation_patch(annotations, resource_version), namespace=namespace)
 
     async def patch_node_annotations(
         self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj:
-        body = annotation_patch(annotations, resource_version)
-        return to_obj(await self._call(self.client.patch(Node, name, body, patch_type=PatchType.MERGE)))
+        return await self.patch_object(NODES, name, annotation_patch(annotations, resource_version))
 
     async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
-        body = {"metadata": {"labels": dict(labels)}}
-        return to_obj(await self._call(self.client.patch(Node, name, body, patch_type=PatchType.MERGE)))
+        return await self.patch_object(NODES, name, {"metadata": {"labels": dict(labels)}})
 
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
-        body = {"status": dict(status)}
-        return to_obj(await self._call(
-            self.client.patch(Pod.Status, name, body, namespace=namespace, patch_type=PatchType.MERGE)
-        ))
+        return await self.patch_object(PODS, name, {"status": dict(status)}, namespace=namespace, subresource="status")
 
     async def create_binding(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
@@ -207,21 +311,21 @@ class KubeCluster:
         # would try to decode as a Binding (and fail on a successful bind).
         body = to_obj(binding_for(namespace, name, uid, node, annotations))
         body.update(apiVersion="v1", kind="Binding")
-        await self._call(self._post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", body))
+        await self._call(self._request("POST", kind_path(PODS, namespace, name) + "/binding", body))
 
-    async def _post(self, path: str, body: Obj) -> None:
+    async def _request(self, method: str, path: str, body: Obj) -> None:
         http = self.client._client._client  # the underlying HTTP client (authenticated, base URL set)
-        r = await http.request("POST", path, json=body)
+        r = await http.request(method, path, json=body)
         if r.status_code >= 400:
             raise LightkubeApiError(request=r.request, response=r)
 
     # --- coordination and events ----------------------------------------------------------------------
 
     async def get_lease(self, namespace: str, name: str) -> Obj:
-        return to_obj(await self._call(self.client.get(Lease, name, namespace=namespace)))
+        return await self.get_object(LEASES, name, namespace)
 
     async def create_lease(self, lease: Obj) -> Obj:
-        return to_obj(await self._call(self.client.create(Lease.from_dict(_namespaced(lease)))))
+        return await self.create_object(LEASES, lease)
 
     async def replace_lease(self, lease: Obj) -> Obj:
         meta = lease["metadata"]

@@ -1,6 +1,7 @@
 """The embedded cluster: an in-process stand-in for the Kubernetes API server.
 
-It keeps nodes, pods and leases as Kubernetes-shaped dicts and reproduces the behaviour the scheduler
+It keeps objects of any kind (core kinds, leases, custom resources once their CustomResourceDefinition
+exists, resource.k8s.io) as Kubernetes-shaped dicts and reproduces the behaviour the scheduler
 relies on: one global resourceVersion bumped on every write, Conflict on stale preconditions, a Binding
 that sets spec.nodeName exactly once, graceful deletion with finalizers, and watch streams that can
 resume from a resourceVersion (Gone when it fell out of the history). No I/O, no threads: it lives on
@@ -18,7 +19,22 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from gpupool.cluster.port import AlreadyExists, Conflict, Gone, Invalid, NotFound, Obj, WatchEvent
+from gpupool.cluster.port import (
+    CRDS,
+    LEASES,
+    NODES,
+    PODS,
+    AlreadyExists,
+    Conflict,
+    Gone,
+    Invalid,
+    Kind,
+    NotFound,
+    Obj,
+    Selector,
+    WatchEvent,
+    field_labels,
+)
 
 _HISTORY = 50_000  # watch events kept per kind so that watchers can resume after a short gap
 _CLOSED = object()
@@ -30,19 +46,109 @@ def copy_obj(value: Any) -> Any:
     return marshal.loads(marshal.dumps(value))
 
 
+def _copy(obj: Obj) -> Obj:
+    copied: Obj = copy_obj(obj)
+    return copied
+
+
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _check_string_maps(meta: Obj, kind: Kind) -> None:
+    for field in ("labels", "annotations"):
+        for key, value in (meta.get(field) or {}).items():
+            if not isinstance(value, str):
+                raise Invalid(f"{kind.kind.lower()} {meta.get('name')}: {field[:-1]} {key}: value must be a string, "
+                              f"got {type(value).__name__}")
+
+
+_Key = tuple[str, str]  # (namespace or "", name)
+_Match = Callable[[Obj], bool]
+# Groups the API server serves without a CustomResourceDefinition.
+_BUILT_IN_GROUPS = {"", "apps", "batch", "policy", "autoscaling"}
+# Built-in kinds whose status is a subresource: a patch of the main resource leaves status alone.
+_STATUS_SUBRESOURCE = {("v1", "Pod"), ("v1", "Node"), ("v1", "Namespace"), ("resource.k8s.io/v1", "ResourceClaim")}
 
 
 class _Kind:
     """Objects of one kind plus the event history and live watchers."""
 
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.objects: dict[tuple[str, str], Obj] = {}
-        self.history: deque[tuple[int, WatchEvent]] = deque(maxlen=_HISTORY)
+    def __init__(self, kind: Kind) -> None:
+        self.kind = kind
+        self.objects: dict[_Key, Obj] = {}
+        # (resourceVersion, event, the object as the previous event showed it) for selector watches
+        self.history: deque[tuple[int, WatchEvent, Obj | None]] = deque(maxlen=_HISTORY)
         self.dropped_before = 0  # resourceVersions at or below this may be missing from history
+        self.last: dict[_Key, Obj] = {}  # each object as its latest event carries it (shared, read-only)
         self.watchers: set[asyncio.Queue[Any]] = set()
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON merge patch: objects merge key by key, None removes, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy_obj(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def field_value(obj: Obj, path: str) -> str:
+    """A field as the API server compares it in a field selector: missing is "", booleans are lower-case."""
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def selector_match(
+    kind: Kind, namespace: str | None, labels: Selector | None, fields: Selector | None
+) -> _Match | None:
+    """A predicate for the objects a list or watch selects, or None when it selects every object.
+    Raises Invalid for a field the API server does not index for this kind."""
+    unsupported = sorted(set(fields or ()) - field_labels(kind))
+    if unsupported:
+        raise Invalid(f"{kind}: field label not supported: {', '.join(unsupported)}")
+    if namespace is None and not labels and not fields:
+        return None
+    wanted_labels = dict(labels or {})
+    wanted_fields = dict(fields or {})
+
+    def match(obj: Obj) -> bool:
+        meta = obj.get("metadata") or {}
+        if namespace is not None and meta.get("namespace", "") != namespace:
+            return False
+        have = meta.get("labels") or {}
+        if any(have.get(k) != v for k, v in wanted_labels.items()):
+            return False
+        return all(field_value(obj, path) == v for path, v in wanted_fields.items())
+
+    return match
+
+
+def _through(match: _Match | None, event: WatchEvent, before: Obj | None) -> WatchEvent | None:
+    """What a watcher with this selector sees of `event` (the API server's watch-cache rule)."""
+    if match is None:
+        return event
+    now = match(event.object)
+    was = before is not None and match(before)
+    if event.type == "DELETED":
+        return event if was or now else None
+    if now and was:
+        return event
+    if now:
+        return WatchEvent("ADDED", event.object)
+    if was:
+        return WatchEvent("DELETED", event.object)
+    return None
 
 
 class MemoryCluster:
@@ -54,7 +160,7 @@ class MemoryCluster:
         # concurrent callers interleave between their reads and writes as they do against a real server.
         self._latency_s = latency_s
         self._rv = 0
-        self._kinds = {k: _Kind(k) for k in ("Node", "Pod", "Lease")}
+        self._kinds: dict[tuple[str, str], _Kind] = {}
         self.events: deque[Obj] = deque(maxlen=10_000)  # Kubernetes Events, newest last
         self.bindings = 0  # number of successful Bindings (tests count them)
 
@@ -67,20 +173,58 @@ class MemoryCluster:
         self._rv += 1
         return str(self._rv)
 
+    def _kind(self, kind: Kind) -> _Kind:
+        """The store of `kind`; NotFound for a custom resource without its CustomResourceDefinition."""
+        k = self._kinds.get((kind.api_version, kind.kind))
+        if k is not None:
+            return k
+        if not self._served(kind):
+            raise NotFound(f"the server could not find the requested resource ({kind}): no CustomResourceDefinition "
+                           f"{kind.plural}.{kind.group} serves version {kind.version}")
+        k = self._kinds[(kind.api_version, kind.kind)] = _Kind(kind)
+        return k
+
+    def _served(self, kind: Kind) -> bool:
+        if kind.group in _BUILT_IN_GROUPS or kind.group.endswith(".k8s.io"):
+            return True
+        crd = self._crd(kind)
+        versions = ((crd or {}).get("spec") or {}).get("versions") or []
+        return crd is not None and any(v.get("name") == kind.version and v.get("served", True) for v in versions)
+
+    def _crd(self, kind: Kind) -> Obj | None:
+        crds = self._kinds.get((CRDS.api_version, CRDS.kind))
+        return None if crds is None else crds.objects.get(("", f"{kind.plural}.{kind.group}"))
+
+    def _has_status_subresource(self, kind: Kind) -> bool:
+        if (kind.api_version, kind.kind) in _STATUS_SUBRESOURCE:
+            return True
+        crd = self._crd(kind)
+        versions = ((crd or {}).get("spec") or {}).get("versions") or []
+        return any(v.get("name") == kind.version and "status" in (v.get("subresources") or {}) for v in versions)
+
     def _emit(self, kind: _Kind, type_: str, obj: Obj) -> None:
         rv = int(obj["metadata"]["resourceVersion"])
         event = WatchEvent(type_, copy_obj(obj))
+        key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        before = kind.last.pop(key, None) if type_ == "DELETED" else kind.last.get(key)
+        if type_ != "DELETED":
+            kind.last[key] = event.object
         if len(kind.history) == kind.history.maxlen:
             kind.dropped_before = kind.history[0][0]
-        kind.history.append((rv, event))
+        kind.history.append((rv, event, before))
         for q in kind.watchers:
-            q.put_nowait(event)
+            q.put_nowait((event, before))
 
-    def _get(self, kind: str, namespace: str, name: str) -> Obj:
-        obj = self._kinds[kind].objects.get((namespace, name))
+    @staticmethod
+    def _key(kind: Kind, namespace: str | None, name: str) -> _Key:
+        return ((namespace or "default") if kind.namespaced else "", name)
+
+    def _get(self, kind: Kind, namespace: str | None, name: str) -> Obj:
+        key = self._key(kind, namespace, name)
+        obj = self._kind(kind).objects.get(key)
         if obj is None:
-            where = f"{namespace}/{name}" if namespace else name
-            raise NotFound(f"{kind.lower()} {where} not found")
+            where = f"{key[0]}/{name}" if key[0] else name
+            raise NotFound(f"{kind.kind.lower()} {where} not found")
         return obj
 
     def _check_rv(self, obj: Obj, resource_version: str | None, what: str) -> None:
@@ -91,168 +235,225 @@ class MemoryCluster:
                 "read it again and retry"
             )
 
-    def _write(self, kind: str, obj: Obj, type_: str) -> Obj:
+    def _write(self, kind: Kind, obj: Obj, type_: str) -> Obj:
         obj["metadata"]["resourceVersion"] = self._next_rv()
-        k = self._kinds[kind]
+        k = self._kind(kind)
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         k.objects[key] = obj
         self._emit(k, type_, obj)
-        return copy_obj(obj)
+        return _copy(obj)
 
-    def _create(self, kind: str, obj: Obj, namespaced: bool) -> Obj:
+    def _create(self, kind: Kind, obj: Obj) -> Obj:
+        store = self._kind(kind)
         obj = copy_obj(obj)
         meta = obj.setdefault("metadata", {})
         name = meta.get("name")
         if not isinstance(name, str) or not name:
-            raise Invalid(f"{kind.lower()}: metadata.name is required")
-        if namespaced:
-            meta.setdefault("namespace", "default")
+            raise Invalid(f"{kind.kind.lower()}: metadata.name is required")
+        if kind.namespaced:
+            meta["namespace"] = meta.get("namespace") or "default"
         else:
             meta.pop("namespace", None)
+        _check_string_maps(meta, kind)
         key = (meta.get("namespace", ""), name)
-        if key in self._kinds[kind].objects:
-            raise AlreadyExists(f"{kind.lower()} {name} already exists")
+        if key in store.objects:
+            raise AlreadyExists(f"{kind.kind.lower()} {name} already exists")
+        if kind == PODS:
+            obj.setdefault("status", {}).setdefault("phase", "Pending")  # the API server's default
         meta["uid"] = str(uuid.uuid4())
         meta["creationTimestamp"] = rfc3339(self._clock())
-        obj.setdefault("apiVersion", "coordination.k8s.io/v1" if kind == "Lease" else "v1")
-        obj["kind"] = kind
+        meta.pop("resourceVersion", None)
+        obj["apiVersion"] = kind.api_version
+        obj["kind"] = kind.kind
         return self._write(kind, obj, "ADDED")
 
-    def _list(self, kind: str) -> tuple[list[Obj], str]:
-        return [copy_obj(o) for o in self._kinds[kind].objects.values()], str(self._rv)
+    def _list(
+        self, kind: Kind, namespace: str | None = None, labels: Selector | None = None, fields: Selector | None = None
+    ) -> tuple[list[Obj], str]:
+        match = selector_match(kind, namespace if kind.namespaced else None, labels, fields)
+        objects = self._kind(kind).objects.values()
+        return [copy_obj(o) for o in objects if match is None or match(o)], str(self._rv)
 
-    async def _watch(self, kind_name: str, resource_version: str) -> AsyncIterator[WatchEvent]:
+    async def _watch(
+        self, kind_: Kind, resource_version: str, namespace: str | None = None, labels: Selector | None = None,
+        fields: Selector | None = None,
+    ) -> AsyncIterator[WatchEvent]:
         await self._io()
-        kind = self._kinds[kind_name]
+        match = selector_match(kind_, namespace if kind_.namespaced else None, labels, fields)
+        kind = self._kind(kind_)
         start = int(resource_version or 0)
         if start < kind.dropped_before:
-            raise Gone(f"watch {kind_name.lower()}s from resourceVersion {start}: too old, list again")
+            raise Gone(f"watch {kind_} from resourceVersion {start}: too old, list again")
         queue: asyncio.Queue[Any] = asyncio.Queue()
         # Replay and registration happen without an await in between, so no event is lost or doubled.
-        backlog = [e for rv, e in kind.history if rv > start]
+        backlog = [(e, before) for rv, e, before in kind.history if rv > start]
         kind.watchers.add(queue)
         try:
-            for event in backlog:
-                yield event
+            for event, before in backlog:
+                seen = _through(match, event, before)
+                if seen is not None:
+                    yield seen
             while True:
                 item = await queue.get()
                 if item is _CLOSED:
                     return
-                yield item
+                seen = _through(match, *item)
+                if seen is not None:
+                    yield seen
         finally:
             kind.watchers.discard(queue)
 
-    @staticmethod
-    def _merge_annotations(obj: Obj, annotations: Mapping[str, str | None], field: str = "annotations") -> None:
-        current = obj["metadata"].setdefault(field, {})
-        for key, value in annotations.items():
-            if value is None:
-                current.pop(key, None)
-            elif not isinstance(value, str):
-                raise Invalid(f"{field[:-1]} {key}: value must be a string, got {type(value).__name__}")
-            else:
-                current[key] = value
-
-    # --- ClusterPort: reading ---------------------------------------------------------------------------
-
-    async def list_nodes(self) -> tuple[list[Obj], str]:
-        await self._io()
-        return self._list("Node")
-
-    async def list_pods(self) -> tuple[list[Obj], str]:
-        await self._io()
-        return self._list("Pod")
-
-    def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        return self._watch("Node", resource_version)
-
-    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        return self._watch("Pod", resource_version)
-
-    async def get_node(self, name: str) -> Obj:
-        await self._io()
-        return copy_obj(self._get("Node", "", name))
-
-    async def get_pod(self, namespace: str, name: str) -> Obj:
-        await self._io()
-        return copy_obj(self._get("Pod", namespace, name))
-
-    # --- ClusterPort: writing ---------------------------------------------------------------------------
-
-    async def create_node(self, node: Obj) -> Obj:
-        await self._io()
-        return self._create("Node", node, namespaced=False)
-
-    async def create_pod(self, pod: Obj) -> Obj:
-        await self._io()
-        pod = copy_obj(pod)
-        status = pod.setdefault("status", {})
-        status.setdefault("phase", "Pending")
-        return self._create("Pod", pod, namespaced=True)
-
-    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
-        await self._io()
-        pod = self._get("Pod", namespace, name)
-        if uid is not None and pod["metadata"]["uid"] != uid:
-            raise Conflict(f"pod {namespace}/{name}: UID precondition failed ({uid} is not the current pod)")
-        if pod["metadata"].get("finalizers"):
-            if "deletionTimestamp" not in pod["metadata"]:
-                pod["metadata"]["deletionTimestamp"] = rfc3339(self._clock())
-                self._write("Pod", pod, "MODIFIED")
-            return
-        self._remove("Pod", pod)
-
-    def _remove(self, kind_name: str, obj: Obj) -> None:
-        kind = self._kinds[kind_name]
+    def _remove(self, kind_: Kind, obj: Obj) -> None:
+        kind = self._kind(kind_)
         del kind.objects[(obj["metadata"].get("namespace", ""), obj["metadata"]["name"])]
         obj["metadata"]["resourceVersion"] = self._next_rv()
         self._emit(kind, "DELETED", obj)
 
+    def _patch(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], namespace: str | None, resource_version: str | None,
+        subresource: str | None,
+    ) -> Obj:
+        current = self._get(kind, namespace, name)
+        where = f"{kind.kind.lower()} {current['metadata'].get('namespace', '')}/{name}".replace(" /", " ")
+        precondition = ((patch.get("metadata") or {}).get("resourceVersion")) or resource_version
+        self._check_rv(current, precondition, where)
+        if subresource not in (None, "status"):
+            raise NotFound(f"{where}: no subresource {subresource!r} in the embedded cluster")
+        if subresource == "status":
+            patch = {"status": patch.get("status") or {}}
+        elif self._has_status_subresource(kind):
+            patch = {k: v for k, v in patch.items() if k != "status"}
+        merged = merge_patch(current, patch)
+        meta = merged.setdefault("metadata", {})
+        for fixed in ("name", "namespace", "uid", "creationTimestamp", "deletionTimestamp"):
+            if fixed in current["metadata"]:
+                meta[fixed] = current["metadata"][fixed]
+            else:
+                meta.pop(fixed, None)
+        merged["apiVersion"], merged["kind"] = current["apiVersion"], current["kind"]
+        _check_string_maps(meta, kind)
+        current.clear()
+        current.update(merged)
+        if "deletionTimestamp" in meta and not meta.get("finalizers"):  # the last finalizer went: delete
+            self._remove(kind, current)
+            return _copy(current)
+        return self._write(kind, current, "MODIFIED")
+
+    # --- ClusterPort: any kind --------------------------------------------------------------------------
+
+    async def get_object(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
+        await self._io()
+        return _copy(self._get(kind, namespace, name))
+
+    async def list_objects(
+        self, kind: Kind, *, namespace: str | None = None, labels: Selector | None = None,
+        fields: Selector | None = None,
+    ) -> tuple[list[Obj], str]:
+        await self._io()
+        return self._list(kind, namespace, labels, fields)
+
+    def watch_objects(
+        self, kind: Kind, resource_version: str, *, namespace: str | None = None, labels: Selector | None = None,
+        fields: Selector | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        return self._watch(kind, resource_version, namespace, labels, fields)
+
+    async def create_object(self, kind: Kind, obj: Obj) -> Obj:
+        await self._io()
+        return self._create(kind, obj)
+
+    async def patch_object(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None,
+        resource_version: str | None = None, subresource: str | None = None,
+    ) -> Obj:
+        await self._io()
+        return self._patch(kind, name, patch, namespace, resource_version, subresource)
+
+    async def delete_object(
+        self, kind: Kind, name: str, *, namespace: str | None = None, uid: str | None = None
+    ) -> None:
+        await self._io()
+        obj = self._get(kind, namespace, name)
+        meta = obj["metadata"]
+        if uid is not None and meta["uid"] != uid:
+            where = f"{meta.get('namespace', '')}/{name}".lstrip("/")
+            raise Conflict(f"{kind.kind.lower()} {where}: UID precondition failed ({uid} is not the current object)")
+        if meta.get("finalizers"):
+            if "deletionTimestamp" not in meta:
+                meta["deletionTimestamp"] = rfc3339(self._clock())
+                self._write(kind, obj, "MODIFIED")
+            return
+        self._remove(kind, obj)
+
+    # --- ClusterPort: reading ---------------------------------------------------------------------------
+
+    async def list_nodes(
+        self, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> tuple[list[Obj], str]:
+        return await self.list_objects(NODES, labels=labels, fields=fields)
+
+    async def list_pods(
+        self, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> tuple[list[Obj], str]:
+        return await self.list_objects(PODS, labels=labels, fields=fields)
+
+    def watch_nodes(
+        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> AsyncIterator[WatchEvent]:
+        return self._watch(NODES, resource_version, None, labels, fields)
+
+    def watch_pods(
+        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> AsyncIterator[WatchEvent]:
+        return self._watch(PODS, resource_version, None, labels, fields)
+
+    async def get_node(self, name: str) -> Obj:
+        return await self.get_object(NODES, name)
+
+    async def get_pod(self, namespace: str, name: str) -> Obj:
+        return await self.get_object(PODS, name, namespace)
+
+    # --- ClusterPort: writing ---------------------------------------------------------------------------
+
+    async def create_node(self, node: Obj) -> Obj:
+        return await self.create_object(NODES, node)
+
+    async def create_pod(self, pod: Obj) -> Obj:
+        return await self.create_object(PODS, pod)
+
+    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        await self.delete_object(PODS, name, namespace=namespace, uid=uid)
+
     async def remove_finalizers(self, namespace: str, name: str) -> None:
         """Memory-only helper: what a controller does when it is done; finishes a pending deletion."""
-        await self._io()
-        pod = self._get("Pod", namespace, name)
-        pod["metadata"].pop("finalizers", None)
-        if "deletionTimestamp" in pod["metadata"]:
-            self._remove("Pod", pod)
-        else:
-            self._write("Pod", pod, "MODIFIED")
+        await self.patch_object(PODS, name, {"metadata": {"finalizers": None}}, namespace=namespace)
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj:
-        await self._io()
-        pod = self._get("Pod", namespace, name)
-        self._check_rv(pod, resource_version, f"pod {namespace}/{name}")
-        self._merge_annotations(pod, annotations)
-        return self._write("Pod", pod, "MODIFIED")
+        return await self.patch_object(
+            PODS, name, {"metadata": {"annotations": dict(annotations)}}, namespace=namespace,
+            resource_version=resource_version,
+        )
 
     async def patch_node_annotations(
         self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj:
-        await self._io()
-        node = self._get("Node", "", name)
-        self._check_rv(node, resource_version, f"node {name}")
-        self._merge_annotations(node, annotations)
-        return self._write("Node", node, "MODIFIED")
+        return await self.patch_object(
+            NODES, name, {"metadata": {"annotations": dict(annotations)}}, resource_version=resource_version
+        )
 
     async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
-        await self._io()
-        node = self._get("Node", "", name)
-        self._merge_annotations(node, labels, "labels")
-        return self._write("Node", node, "MODIFIED")
+        return await self.patch_object(NODES, name, {"metadata": {"labels": dict(labels)}})
 
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
-        await self._io()
-        pod = self._get("Pod", namespace, name)
-        pod.setdefault("status", {}).update(copy_obj(dict(status)))
-        return self._write("Pod", pod, "MODIFIED")
+        return await self.patch_object(PODS, name, {"status": dict(status)}, namespace=namespace, subresource="status")
 
     async def create_binding(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
     ) -> None:
         await self._io()
-        pod = self._get("Pod", namespace, name)
+        pod = self._get(PODS, namespace, name)
         if pod["metadata"]["uid"] != uid:
             raise Conflict(f"pod {namespace}/{name}: UID precondition failed (binding is for {uid})")
         bound = pod.get("spec", {}).get("nodeName")
@@ -267,29 +468,29 @@ class MemoryCluster:
         conditions[:] = [c for c in conditions if c.get("type") != "PodScheduled"]
         conditions.append({"type": "PodScheduled", "status": "True"})
         self.bindings += 1
-        self._write("Pod", pod, "MODIFIED")
+        self._write(PODS, pod, "MODIFIED")
 
     # --- ClusterPort: coordination and events -----------------------------------------------------------
 
     async def get_lease(self, namespace: str, name: str) -> Obj:
-        await self._io()
-        return copy_obj(self._get("Lease", namespace, name))
+        return await self.get_object(LEASES, name, namespace)
 
     async def create_lease(self, lease: Obj) -> Obj:
-        await self._io()
-        return self._create("Lease", lease, namespaced=True)
+        return await self.create_object(LEASES, lease)
 
     async def replace_lease(self, lease: Obj) -> Obj:
         await self._io()
         meta = lease.get("metadata", {})
         namespace, name = meta.get("namespace", "default"), meta.get("name", "")
-        current = self._get("Lease", namespace, name)
+        current = self._get(LEASES, namespace, name)
         self._check_rv(current, meta.get("resourceVersion"), f"lease {namespace}/{name}")
         new = copy_obj(lease)
         new["metadata"] = {**current["metadata"], **{k: v for k, v in meta.items() if k != "resourceVersion"}}
         new["kind"] = "Lease"
-        new.setdefault("apiVersion", "coordination.k8s.io/v1")
-        return self._write("Lease", new, "MODIFIED")
+        new["apiVersion"] = LEASES.api_version
+        current.clear()
+        current.update(new)
+        return self._write(LEASES, current, "MODIFIED")
 
     async def create_event(self, event: Obj) -> None:
         await self._io()

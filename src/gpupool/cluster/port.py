@@ -9,6 +9,14 @@ Semantics follow the Kubernetes API server, because the scheduler's safety depen
 
 Objects returned by the port belong to the caller (copies); objects inside watch events are shared
 between watchers and must be treated as read-only.
+
+Any kind is reached through the generic methods (`get_object`, `list_objects`, `watch_objects`,
+`create_object`, `patch_object`, `delete_object`) and a `Kind`: core kinds, custom resources and
+`resource.k8s.io`. The Node/Pod/Lease/Event methods are the same operations, named for the callers
+that use them most. Selectors are equality maps (`{"spec.nodeName": "n1"}`), joined with AND, as the
+API server's `labelSelector=a=b,c=d` and `fieldSelector=` parameters; the field paths a kind accepts
+are the API server's (every kind: `metadata.name`, `metadata.namespace`; pods also `spec.nodeName`,
+`spec.schedulerName`, `status.phase` and a few more); others are `Invalid`.
 """
 
 from __future__ import annotations
@@ -18,6 +26,58 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 Obj = dict[str, Any]
+Selector = Mapping[str, str]
+
+
+@dataclass(frozen=True, slots=True)
+class Kind:
+    """A Kubernetes resource type as the API server names it: `group` "" is the core group."""
+
+    group: str
+    version: str
+    kind: str
+    plural: str
+    namespaced: bool
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/{self.version}" if self.group else self.version
+
+    def __str__(self) -> str:
+        return f"{self.plural}.{self.group}" if self.group else self.plural
+
+
+NODES = Kind("", "v1", "Node", "nodes", namespaced=False)
+PODS = Kind("", "v1", "Pod", "pods", namespaced=True)
+EVENTS = Kind("", "v1", "Event", "events", namespaced=True)
+NAMESPACES = Kind("", "v1", "Namespace", "namespaces", namespaced=False)
+LEASES = Kind("coordination.k8s.io", "v1", "Lease", "leases", namespaced=True)
+CRDS = Kind("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False)
+# Dynamic Resource Allocation (GA in Kubernetes 1.34: resource.k8s.io/v1).
+RESOURCE_SLICES = Kind("resource.k8s.io", "v1", "ResourceSlice", "resourceslices", namespaced=False)
+RESOURCE_CLAIMS = Kind("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims", namespaced=True)
+DEVICE_CLASSES = Kind("resource.k8s.io", "v1", "DeviceClass", "deviceclasses", namespaced=False)
+
+# Field selectors each kind accepts besides metadata.name / metadata.namespace (the API server's
+# per-kind field label conversion functions); a custom resource accepts only those two.
+FIELD_LABELS: dict[tuple[str, str], frozenset[str]] = {
+    ("v1", "Pod"): frozenset({
+        "spec.nodeName", "spec.restartPolicy", "spec.schedulerName", "spec.serviceAccountName",
+        "status.phase", "status.podIP", "status.nominatedNodeName",
+    }),
+    ("v1", "Node"): frozenset({"spec.unschedulable"}),
+    ("v1", "Event"): frozenset({
+        "involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid",
+        "involvedObject.apiVersion", "involvedObject.resourceVersion", "involvedObject.fieldPath",
+        "reason", "source", "type",
+    }),
+}
+
+
+def field_labels(kind: Kind) -> frozenset[str]:
+    """The field selector paths the API server accepts for `kind`."""
+    common = frozenset({"metadata.name", "metadata.namespace"})
+    return common | FIELD_LABELS.get((kind.api_version, kind.kind), frozenset())
 
 
 class ApiError(Exception):
@@ -63,16 +123,64 @@ class WatchEvent:
 class ClusterPort(Protocol):
     """What services may do with the cluster. Both adapters implement all of it."""
 
+    # --- any kind ---------------------------------------------------------------------------------------
+    async def get_object(self, kind: Kind, name: str, namespace: str | None = None) -> Obj:
+        """One object; `namespace` is required for namespaced kinds."""
+        ...
+
+    async def list_objects(
+        self, kind: Kind, *, namespace: str | None = None, labels: Selector | None = None,
+        fields: Selector | None = None,
+    ) -> tuple[list[Obj], str]:
+        """The matching objects (every namespace when `namespace` is None) and the list's resourceVersion."""
+        ...
+
+    def watch_objects(
+        self, kind: Kind, resource_version: str, *, namespace: str | None = None, labels: Selector | None = None,
+        fields: Selector | None = None,
+    ) -> AsyncIterator[WatchEvent]:
+        """Changes after `resource_version`. With selectors, as the API server does: an object that starts
+        matching arrives as ADDED, one that stops matching as DELETED."""
+        ...
+
+    async def create_object(self, kind: Kind, obj: Obj) -> Obj:
+        """Create; a namespaced object without metadata.namespace goes to `default`."""
+        ...
+
+    async def patch_object(
+        self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None,
+        resource_version: str | None = None, subresource: str | None = None,
+    ) -> Obj:
+        """JSON merge patch (RFC 7386: None removes a key). With `resource_version`, Conflict unless the
+        object is still at that version. `subresource` "status" patches the status subresource."""
+        ...
+
+    async def delete_object(
+        self, kind: Kind, name: str, *, namespace: str | None = None, uid: str | None = None
+    ) -> None:
+        """Delete (graceful: with finalizers it only gets a deletionTimestamp); `uid` is a precondition."""
+        ...
+
     # --- reading ----------------------------------------------------------------------------------------
-    async def list_nodes(self) -> tuple[list[Obj], str]:
+    async def list_nodes(
+        self, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> tuple[list[Obj], str]:
         """All nodes and the list's resourceVersion (start a watch from it)."""
         ...
 
-    async def list_pods(self) -> tuple[list[Obj], str]: ...
+    async def list_pods(
+        self, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> tuple[list[Obj], str]:
+        """Pods of every namespace; `fields={"spec.nodeName": node}` lists one node's pods."""
+        ...
 
-    def watch_nodes(self, resource_version: str) -> AsyncIterator[WatchEvent]: ...
+    def watch_nodes(
+        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> AsyncIterator[WatchEvent]: ...
 
-    def watch_pods(self, resource_version: str) -> AsyncIterator[WatchEvent]: ...
+    def watch_pods(
+        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
+    ) -> AsyncIterator[WatchEvent]: ...
 
     async def get_node(self, name: str) -> Obj: ...
 
