@@ -44,6 +44,10 @@ class AgentConfig(BaseModel):
     cdi_kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$")
     mps_root: Path = Path("/run/gpupool/mps")  # host dir; <mps_root>/<GPU UUID> is that GPU's pipe dir
     mps_container_dir: str = "/run/gpupool/mps"  # where the pipe dir appears in the container
+    # The Allocate checkpoint (answers given to kubelet). Default: a directory inside device_plugin_dir, which
+    # the DaemonSet mounts from the host already; kubelet's start-up clean-up removes files there, not
+    # directories.
+    checkpoint_dir: Path | None = None
     watch_interval_s: float = Field(default=0.2, gt=0, le=1.0)  # how often kubelet.sock is checked
     reprobe_interval_s: float = Field(default=30.0, gt=0)  # unhealthy GPUs are re-probed this often
     inventory_interval_s: float = Field(default=30.0, gt=0)  # rediscovery and inventory refresh
@@ -66,6 +70,11 @@ class AgentConfig(BaseModel):
     @property
     def plugin_socket_path(self) -> Path:
         return self.device_plugin_dir / self.socket_name
+
+    @property
+    def checkpoint_path(self) -> Path:
+        """The directory of the Allocate checkpoint."""
+        return self.checkpoint_dir or self.device_plugin_dir / "gpupool-agent"
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.model_dump().items())

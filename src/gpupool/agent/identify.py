@@ -1,26 +1,32 @@
-"""Which pod is kubelet's Allocate call for? Decided from API objects only, and never by guessing.
+"""Which pod is kubelet's Allocate call for? Decided from API objects and the agent's own checkpoint only,
+and never by guessing.
 
 Kubelet's Allocate carries device IDs but no pod identity. The scheduler takes the node's bind lock
 (`gpupool.io/bind-lock`, gpupool.api.lock) naming the pod before it binds it here, and writes the pod's
-`gpupool.io/allocation`. The agent accepts the lock holder only when every check below holds; otherwise
-the Allocate fails with the reason (the pod fails admission and its controller recreates it, which is
-better than a container running with another pod's limits):
+`gpupool.io/allocation`. The call can only be for a *candidate*: a pod bound to this node, not finished
+and not being deleted, with a container asking for exactly as many gpupool.io/gpu as kubelet sends, that
+either still waits for its Allocate (not Running, no `gpupool.io/allocated` marker) or was answered these
+very device IDs before (the checkpoint: kubelet repeats a call after its own restart). Then:
 
-1. the node carries a readable bind lock;
-2. the pod it names exists on this node with the same UID, is not finished, and has not already been
-   served (no `gpupool.io/allocated` marker);
-3. its allocation annotation is readable, is for this node and for this pod UID;
-4. exactly one of its containers asks for gpupool.io/gpu, and kubelet asks for as many devices as the
-   allocation grants;
-5. no *other* pod on this node is also waiting for an Allocate of the same size: that happens only when a
-   lock was taken over after its timeout while the earlier pod's Allocate was still pending, and then
-   kubelet's call could be for either pod.
+- exactly one candidate, answered these devices before → a *repeat*: the same answer again;
+- otherwise the lock holder, when every check below holds and it is the only candidate:
+  1. the node carries a readable bind lock;
+  2. the pod it names exists on this node with the same UID, is not finished, and has not already been
+     served (no `gpupool.io/allocated` marker);
+  3. its allocation annotation is readable, is for this node and for this pod UID;
+  4. exactly one of its containers asks for gpupool.io/gpu, and kubelet asks for as many devices as the
+     allocation grants;
+  5. no *other* candidate: a pod whose lock was taken over after its timeout while its Allocate was still
+     pending, or a GPU pod without an allocation (bound with `spec.nodeName`, bypassing the scheduler),
+     could be the subject of this call as well as the lock holder;
+- else the Allocate fails with the reason (the pod fails admission and its controller recreates it, which
+  is better than a container running with another pod's share).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +40,7 @@ from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, RESOURCE_GPU
 Obj = Mapping[str, Any]
 # A Running pod has had all its Allocate calls; a finished one needs none.
 _NOT_WAITING = {"Running", "Succeeded", "Failed"}
+_FINISHED = {"Succeeded", "Failed"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +51,15 @@ class Identified:
     allocation: AllocationDoc
     lock: BindLock
     resource_version: str | None = None  # of the pod as read: the marker write is conditional on it
+
+
+@dataclass(frozen=True, slots=True)
+class Repeat:
+    """Kubelet asks again for devices the agent already answered for this pod: answer the same."""
+
+    namespace: str
+    name: str
+    uid: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,11 +129,77 @@ def read_lock(node: Obj) -> BindLock | Unidentified:
         return Unidentified(f"node {name}: {e}")
 
 
-def identify(node: Obj, pods: Iterable[Obj], node_name: str, device_count: int) -> Identified | Unidentified:
+def is_alive_on(pod: Obj, node_name: str) -> bool:
+    """Bound to this node, not finished, not being deleted: kubelet may still hold devices for it."""
+    return (
+        (pod.get("spec") or {}).get("nodeName") == node_name
+        and (pod.get("status") or {}).get("phase") not in _FINISHED
+        and not _meta(pod).get("deletionTimestamp")
+    )
+
+
+def is_candidate(pod: Obj, node_name: str, device_count: int, answered: Collection[str] = ()) -> bool:
+    """Could kubelet's Allocate of `device_count` devices be for this pod? `answered` holds the UIDs of pods
+    the agent answered these exact device IDs before."""
+    if not is_alive_on(pod, node_name):
+        return False
+    if all(count != device_count for _, count in gpu_containers(pod)):
+        return False  # kubelet sends exactly one container's gpupool.io/gpu limit
+    if _meta(pod).get("uid") in answered:
+        return True
+    return (pod.get("status") or {}).get("phase") != "Running" and ANN_ALLOCATED not in _annotations(pod)
+
+
+def _describe(pod: Obj, node_name: str, answered: Collection[str]) -> str:
+    if _meta(pod).get("uid") in answered:
+        return f"{_label(pod)} (was answered these devices before)"
+    if waiting_for_allocate(pod, node_name) is None:
+        return f"{_label(pod)} (a GPU pod without a {ANN_ALLOCATION} for this node: bound without gpupool's scheduler?)"
+    return _label(pod)
+
+
+def identify(
+    node: Obj, pods: Iterable[Obj], node_name: str, device_count: int, answered: Collection[str] = ()
+) -> Identified | Repeat | Unidentified:
+    """Which pod this Allocate of `device_count` devices is for. `answered`: UIDs of the pods the agent's
+    checkpoint says were answered exactly the device IDs of this call."""
+    pods = list(pods)
+    candidates = [p for p in pods if is_candidate(p, node_name, device_count, answered)]
+    repeats = [p for p in candidates if _meta(p).get("uid") in answered]
+    if len(repeats) == 1 and len(candidates) == 1:
+        meta = _meta(repeats[0])
+        return Repeat(meta.get("namespace", "default"), meta.get("name", "?"), meta.get("uid", ""))
+    if repeats:
+        names = ", ".join(sorted(_describe(p, node_name, answered) for p in candidates))
+        return Unidentified(
+            f"ambiguous: {names} could each be the pod this Allocate of {device_count} device(s) on {node_name} is "
+            "for; refusing to guess"
+        )
+    holder = _lock_holder(node, pods, node_name, device_count)
+    if isinstance(holder, Unidentified):
+        return holder
+    if all(_meta(p).get("uid") != holder.uid for p in candidates):
+        holder_pod = next(p for p in pods if _meta(p).get("uid") == holder.uid)
+        limits = ", ".join(str(n) for _, n in gpu_containers(holder_pod))
+        return Unidentified(
+            f"kubelet asks for {device_count} device(s) but the GPU container of pod {holder.namespace}/{holder.name} "
+            f"asks for {limits}: the call is not for the pod holding the bind lock"
+        )
+    rivals = [_describe(p, node_name, answered) for p in candidates if _meta(p).get("uid") != holder.uid]
+    if rivals:
+        return Unidentified(
+            f"ambiguous: pod {holder.namespace}/{holder.name} (uid {holder.uid}) holds the bind lock, but "
+            f"{', '.join(sorted(rivals))} also wait(s) for an Allocate of {device_count} device(s) on {node_name}; "
+            "refusing to guess which pod this call is for"
+        )
+    return holder
+
+
+def _lock_holder(node: Obj, pods: list[Obj], node_name: str, device_count: int) -> Identified | Unidentified:
+    """The pod the bind lock names, if it passes checks 1-4."""
     lock = read_lock(node)
     if isinstance(lock, Unidentified):
         return lock
-    pods = list(pods)
     holder_label = f"{lock.namespace}/{lock.name} (uid {lock.pod_uid})"
     holder = next((p for p in pods if _meta(p).get("uid") == lock.pod_uid), None)
     if holder is None:
@@ -154,18 +236,6 @@ def identify(node: Obj, pods: Iterable[Obj], node_name: str, device_count: int) 
         return Unidentified(
             f"kubelet asks for {device_count} device(s) but pod {holder_label} was granted {len(doc.gpus)} GPU(s): "
             "the call is not for the pod holding the bind lock"
-        )
-    rivals = [
-        _label(p)
-        for p in pods
-        if _meta(p).get("uid") != lock.pod_uid
-        and (other := waiting_for_allocate(p, node_name)) is not None
-        and len(other.gpus) == device_count
-    ]
-    if rivals:
-        return Unidentified(
-            f"ambiguous: pod {holder_label} holds the bind lock, but {', '.join(sorted(rivals))} also wait(s) for an "
-            f"Allocate of {device_count} device(s) on {node_name}; refusing to guess which pod this call is for"
         )
     return Identified(lock.namespace, lock.name, lock.pod_uid, doc, lock, _meta(holder).get("resourceVersion"))
 

@@ -3,21 +3,42 @@
 All handlers are `async def` on grpc.aio (mixing sync handlers with streaming in the aio server has
 known hang reports). Allocate is served one call at a time: identification reads and then clears the
 node's bind lock, and two interleaved calls must not see the same lock.
+
+Allocate, step by step (gpupool.agent.identify says how the pod is found):
+1. read the node and the pods bound to it (a field selector: never the whole cluster's pods);
+2. identify the pod; a repeat of an earlier call is answered from the checkpoint, byte for byte;
+3. build the answer and write it to the checkpoint (atomically) — from here on the answer is fixed;
+4. write the `gpupool.io/allocated` marker on the pod (conditional on its resourceVersion);
+5. release the node's bind lock if it still names the pod;
+6. return the answer.
+A crash between any two steps leaves a state the restarted agent completes (`recover`): a checkpointed pod
+that is still alive gets its marker and its lock released, and kubelet asking again gets the same answer.
+Before step 3 nothing was written, so kubelet's retry starts over.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 
+from gpupool.agent.checkpoint import Checkpoint, Served
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.grant import ContainerGrant, Refused, build_grant
-from gpupool.agent.identify import ANN_ALLOCATED, Identified, Unidentified, allocated_marker, identify, read_lock
+from gpupool.agent.identify import (
+    Repeat,
+    Unidentified,
+    allocated_marker,
+    identify,
+    is_alive_on,
+    read_lock,
+)
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -25,13 +46,20 @@ from gpupool.agent.slots import preferred, slot_gpu
 from gpupool.agent.table import DeviceTable
 from gpupool.api.allocation import AllocationError, decode_allocation
 from gpupool.api.lock import ANN_BIND_LOCK, format_time
-from gpupool.api.names import ANN_ALLOCATION
-from gpupool.cluster.port import ApiError, Conflict, NotFound
+from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
+from gpupool.cluster.port import ApiError, Conflict
 
 log = logging.getLogger("gpupool.agent.plugin")
 
 API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
+# The steps of an Allocate after which `step` hooks run (tests inject crashes there).
+STEP_READ, STEP_CHECKPOINTED, STEP_MARKED, STEP_RELEASED = "read", "checkpointed", "marked", "released"
+Obj = dict[str, Any]
+
+
+def _no_step(step: str) -> None:
+    pass
 
 
 class AllocateStats:
@@ -48,11 +76,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         table: DeviceTable,
         cluster: AgentCluster,
         wall_clock: Callable[[], float] = time.time,
+        checkpoint: Checkpoint | None = None,
+        step: Callable[[str], None] = _no_step,
     ) -> None:
         self.config = config
         self.table = table
         self.cluster = cluster
         self.wall_clock = wall_clock
+        self.checkpoint = checkpoint or Checkpoint(config.checkpoint_path, config.node_name)
+        self.step = step  # called after each step of Allocate: a crash injected there is a crash between steps
         self.stats = AllocateStats()
         self._allocate_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -151,7 +183,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             await self._refuse(context, code, reason)
             raise AssertionError("unreachable")  # _refuse aborts
         self.stats.served += 1
-        return pb.AllocateResponse(container_responses=[_to_proto(outcome)])
+        return pb.AllocateResponse(container_responses=[outcome])
 
     def _is_slot(self, device_id: str) -> bool:
         uuid = slot_gpu(device_id)
@@ -163,70 +195,143 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         log.warning("Allocate refused: %s", reason)
         await context.abort(code, f"gpupool agent on {self.config.node_name}: {reason}")
 
-    async def _allocate(self, ids: list[str]) -> ContainerGrant | tuple[grpc.StatusCode, str]:
+    async def _read(self) -> tuple[Obj, list[Obj]]:
+        node = await self.cluster.get_node(self.config.node_name)
+        pods = await self.cluster.list_pods_on_node(self.config.node_name)
+        return node, pods
+
+    async def _allocate(self, ids: list[str]) -> pb.ContainerAllocateResponse | tuple[grpc.StatusCode, str]:
         node_name = self.config.node_name
         try:
-            node = await self.cluster.get_node(node_name)
-            pods = await self.cluster.list_pods_on_node(node_name)
+            node, pods = await self._read()
         except Exception as e:  # API error or transport failure: the same answer for kubelet
             return grpc.StatusCode.UNAVAILABLE, f"cannot read node {node_name} or its pods: {e!r}"
-        who = identify(node, pods, node_name, len(ids))
+        self.step(STEP_READ)
+        answered = {e.pod_uid for e in self.checkpoint.for_devices(ids)}
+        who = identify(node, pods, node_name, len(ids), answered)
         if isinstance(who, Unidentified):
             return grpc.StatusCode.FAILED_PRECONDITION, who.reason
+        if isinstance(who, Repeat):
+            served = self.checkpoint.entries[who.uid]
+            pod = next(p for p in pods if (p.get("metadata") or {}).get("uid") == who.uid)
+            await self._complete(served, pod, node)
+            log.info("allocated %s to pod %s again (a repeated call): the same answer", ",".join(ids), served.label)
+            again: pb.ContainerAllocateResponse = pb.ContainerAllocateResponse.FromString(served.response)
+            return again
         label = f"{who.namespace}/{who.name}"
         grant = build_grant(who.allocation, self.table.known, self.table.unhealthy(), self.config, label)
         if isinstance(grant, Refused):
             return grpc.StatusCode.FAILED_PRECONDITION, grant.reason
-        marker = allocated_marker(node_name, ids, format_time(self.wall_clock()))
-        problem = await self._mark_served(who, marker)
+        response = _to_proto(grant)
+        now = format_time(self.wall_clock())
+        answer = response.SerializeToString(deterministic=True)
+        served = Served(who.uid, who.namespace, who.name, tuple(sorted(ids)), answer, now)
+        keep = {uid for p in pods if is_alive_on(p, node_name) and (uid := (p.get("metadata") or {}).get("uid"))}
+        try:
+            await asyncio.to_thread(self.checkpoint.record, served, keep)
+        except OSError as e:
+            return grpc.StatusCode.UNAVAILABLE, f"cannot write the checkpoint {self.checkpoint.path}: {e}"
+        self.step(STEP_CHECKPOINTED)
+        marker = allocated_marker(node_name, list(served.devices), now)
+        problem = await self._mark_served(served, marker, who.resource_version)
         if problem is not None:
             return grpc.StatusCode.UNAVAILABLE, f"cannot record the allocation on pod {label}: {problem}"
-        await self._release_lock(who, node)
+        self.step(STEP_MARKED)
+        await self._release_lock(served, node)
+        self.step(STEP_RELEASED)
         log.info("allocated %s to pod %s: %s", ",".join(ids), label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
-        return grant
+        return response
 
-    async def _mark_served(self, who: Identified, marker: str) -> str | None:
+    async def recover(self) -> None:
+        """Complete what a previous run of the agent left half done: every checkpointed pod that is still
+        alive on this node gets its marker, and the bind lock is released if it names one of them; entries of
+        pods gone or finished are dropped. Other pods are never written."""
+        async with self._allocate_lock:
+            try:
+                node, pods = await self._read()
+            except Exception as e:  # the API being down must not stop the agent; a repeat completes later
+                log.warning("could not complete the checkpoint of node %s at start: %s", self.config.node_name, e)
+                return
+            alive = {
+                uid: p for p in pods if is_alive_on(p, self.config.node_name) and (uid := p["metadata"].get("uid"))
+            }
+            try:
+                await asyncio.to_thread(self.checkpoint.prune, set(alive))
+            except OSError as e:
+                log.warning("could not rewrite the checkpoint %s: %s", self.checkpoint.path, e)
+            for served in list(self.checkpoint.entries.values()):
+                if served.pod_uid in alive:
+                    await self._complete(served, alive[served.pod_uid], node)
+
+    async def _complete(self, served: Served, pod: Obj, node: Obj) -> None:
+        """Steps 4 and 5 for an answer already fixed in the checkpoint; failures are logged (the answer
+        stands, and the next repeat or restart tries again)."""
+        meta = pod.get("metadata") or {}
+        if ANN_ALLOCATED not in (meta.get("annotations") or {}):
+            marker = allocated_marker(self.config.node_name, list(served.devices), served.time)
+            problem = await self._mark_served(served, marker, meta.get("resourceVersion"))
+            if problem is not None:
+                log.warning("could not mark pod %s as served: %s", served.label, problem)
+                return
+        await self._release_lock(served, node)
+
+    async def _mark_served(self, served: Served, marker: str, resource_version: str | None) -> str | None:
         """Write `gpupool.io/allocated` on the pod we identified, conditional on its resourceVersion, so a
         pod deleted and re-created under the same name in between is never marked. A 409 from an unrelated
         update (status) is re-read and retried while it is still the same, unserved pod."""
-        rv = who.resource_version
+        rv = resource_version
         for _ in range(5):
             try:
-                await self.cluster.patch_pod_annotations(who.namespace, who.name, {ANN_ALLOCATED: marker}, rv)
+                await self.cluster.patch_pod_annotations(served.namespace, served.name, {ANN_ALLOCATED: marker}, rv)
                 return None
             except Conflict:
                 try:
-                    pod = await self.cluster.get_pod(who.namespace, who.name)
+                    pod = await self.cluster.get_pod(served.namespace, served.name)
                 except ApiError as e:
                     return str(e)
                 meta = pod.get("metadata") or {}
-                if meta.get("uid") != who.uid:
+                if meta.get("uid") != served.pod_uid:
                     return f"the pod was replaced by another with uid {meta.get('uid')}"
                 if ANN_ALLOCATED in (meta.get("annotations") or {}):
-                    return "the pod was already served by another Allocate"
+                    return _already_marked(meta["annotations"][ANN_ALLOCATED], served)
                 rv = meta.get("resourceVersion")
             except ApiError as e:
                 return str(e)
         return "the pod kept changing (repeated conflicts)"
 
-    async def _release_lock(self, who: Identified, node: dict) -> None:
+    async def _release_lock(self, served: Served, node: Obj) -> None:
         """Remove the bind lock if it still names the pod we served (a 409 means: re-read, decide again).
         A failure here is logged, not returned: the pod is served correctly and the scheduler takes over
         a lock whose holder is running or past its timeout."""
         for _ in range(5):
             lock = read_lock(node)
-            if isinstance(lock, Unidentified) or lock.pod_uid != who.uid:
+            if isinstance(lock, Unidentified) or lock.pod_uid != served.pod_uid:
                 return
             rv = (node.get("metadata") or {}).get("resourceVersion")
             try:
                 await self.cluster.patch_node_annotations(self.config.node_name, {ANN_BIND_LOCK: None}, rv)
                 return
             except Conflict:
-                node = await self.cluster.get_node(self.config.node_name)
-            except (NotFound, ApiError) as e:
-                log.warning("could not release the bind lock of %s/%s: %s", who.namespace, who.name, e)
+                try:
+                    node = await self.cluster.get_node(self.config.node_name)
+                except ApiError as e:
+                    log.warning("could not release the bind lock of %s: %s", served.label, e)
+                    return
+            except ApiError as e:
+                log.warning("could not release the bind lock of %s: %s", served.label, e)
                 return
-        log.warning("gave up releasing the bind lock of %s/%s after repeated conflicts", who.namespace, who.name)
+        log.warning("gave up releasing the bind lock of %s after repeated conflicts", served.label)
+
+
+def _already_marked(text: str, served: Served) -> str | None:
+    """None when the marker on the pod is this very answer (written by an earlier, interrupted run)."""
+    try:
+        devices = json.loads(text).get("devices")
+    except (ValueError, AttributeError):
+        devices = None
+    if isinstance(devices, list) and tuple(sorted(str(d) for d in devices)) == served.devices:
+        return None
+    return "the pod was already served by another Allocate"
 
 
 def _to_proto(grant: ContainerGrant) -> pb.ContainerAllocateResponse:

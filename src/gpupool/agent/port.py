@@ -1,8 +1,8 @@
 """The few cluster operations the agent needs, and the adapter onto gpupool.cluster's ClusterPort.
 
-Kept narrow on purpose: the agent reads its own node and the pods bound to it, and writes only
-annotations and labels on its node and one annotation on pods it served (least privilege for the
-DaemonSet's RBAC).
+Kept narrow on purpose: the agent reads its own node and the pods bound to it (a `spec.nodeName` field
+selector), and writes only annotations and labels on its node and one annotation on pods it served (least
+privilege for the DaemonSet's RBAC: nodes get/patch, pods list/get/patch).
 """
 
 from __future__ import annotations
@@ -50,12 +50,10 @@ class ClusterPortAgent:
         return await self.port.get_pod(namespace, name)
 
     async def list_pods_on_node(self, node: str) -> list[Obj]:
-        lister = getattr(self.port, "list_pods_on_node", None)
-        if lister is not None:  # a field-selector list, where the adapter offers one
-            pods: list[Obj] = await lister(node)
-            return pods
-        everything, _ = await self.port.list_pods()
-        return [p for p in everything if (p.get("spec") or {}).get("nodeName") == node]
+        # The API server filters by spec.nodeName: an Allocate never reads, nor is allowed to need, the pods
+        # of the rest of the cluster. The filter below only guards against an adapter that ignored it.
+        pods, _ = await self.port.list_pods(fields={"spec.nodeName": node})
+        return [p for p in pods if (p.get("spec") or {}).get("nodeName") == node]
 
     async def patch_node_annotations(
         self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None

@@ -1,9 +1,11 @@
 """The node agent: discovery, health, inventory and the device plugin, kept alive across kubelet restarts.
 
-Start-up never touches pods: everything the agent must know about running pods (their allocations, the
-`gpupool.io/allocated` markers, the bind lock) lives in the API and is read when needed, so a restarted
-agent re-adopts the node as it finds it. Slot IDs depend only on GPU UUIDs, so kubelet's checkpoint stays
-valid across agent restarts.
+Start-up writes only to finish what a previous run left half done: everything the agent must know about
+running pods (their allocations, the `gpupool.io/allocated` markers, the bind lock) lives in the API, and
+the answers it gave kubelet live in its checkpoint on the node's disk. A checkpointed pod still alive on the
+node gets its marker and its bind lock released if an earlier run crashed before doing so
+(`DevicePluginService.recover`); no other pod is written. Slot IDs depend only on GPU UUIDs, so kubelet's
+checkpoint stays valid across agent restarts.
 
 Kubelet restarts are detected by polling (every `watch_interval_s`) the identity of kubelet.sock (inode
 and change time) and the presence of our own socket: when kubelet re-creates its socket, or deletes ours,
@@ -20,14 +22,16 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpupool.agent.checkpoint import Checkpoint
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
 from gpupool.agent.health import HealthTracker
-from gpupool.agent.identify import ANN_ALLOCATED, Unidentified, read_lock, waiting_for_allocate
+from gpupool.agent.identify import Unidentified, read_lock, waiting_for_allocate
 from gpupool.agent.inventory import InventoryPublisher
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.table import DeviceTable
+from gpupool.api.names import ANN_ALLOCATED
 
 log = logging.getLogger("gpupool.agent")
 
@@ -48,8 +52,10 @@ class Agent:
         cluster: AgentCluster,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        step: Callable[[str], None] | None = None,
     ) -> None:
         self.config = config
+        self.step = step  # the Allocate step hook (tests inject crashes between steps)
         self.backend = backend
         self.cluster = cluster
         self.clock = clock
@@ -87,8 +93,16 @@ class Agent:
             ", ".join(f"{d.index}:{d.model}:{d.uuid}" for d in discovered.devices) or "none",
         )
         await self._publish()
+        checkpoint = Checkpoint(self.config.checkpoint_path, self.config.node_name)
+        problem = await asyncio.to_thread(checkpoint.load)
+        if problem is not None:
+            log.warning("%s", problem)
+        extra = {} if self.step is None else {"step": self.step}
+        self.service = DevicePluginService(
+            self.config, self.table, self.cluster, self.wall_clock, checkpoint=checkpoint, **extra
+        )
+        await self.service.recover()
         await self._adopt()
-        self.service = DevicePluginService(self.config, self.table, self.cluster, self.wall_clock)
         self.server = PluginServer(self.service, self.config.plugin_socket_path)
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
         await self.server.start()
@@ -103,8 +117,8 @@ class Agent:
 
     async def _adopt(self) -> None:
         """Read (never write) what the API says about this node's pods, so a restarted agent knows where it
-        stands: pods already served keep running untouched; a pod waiting for Allocate is served from its
-        annotations and the bind lock when kubelet calls."""
+        stands (logged): pods already served keep running untouched; a pod waiting for Allocate is served
+        from its annotations and the bind lock when kubelet calls."""
         try:
             pods = await self.cluster.list_pods_on_node(self.config.node_name)
             node = await self.cluster.get_node(self.config.node_name)
