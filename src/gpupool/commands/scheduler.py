@@ -34,6 +34,7 @@ def scheduler(
     default_policy: str | None, leader_elect: bool | None, lease_namespace: str | None, log_level: str,
 ) -> None:
     """Serve /filter, /prioritize and /bind for kube-scheduler (see docs/scheduler.md for its config)."""
+    from gpupool.scheduler.auth import server_security
     from gpupool.scheduler.config import ConfigError, load_config
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -43,6 +44,7 @@ def scheduler(
     }
     try:
         config = load_config(config_file, flags)
+        server_security(config)  # a non-loopback listener without TLS or a token never starts
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     click.echo(f"gpupool scheduler config: {config.describe()}")

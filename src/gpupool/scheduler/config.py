@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -35,6 +35,18 @@ class SchedulerConfig(BaseModel):
     # another node fits: bursts spread instead of queueing on one lock (gpupool.scheduler.busy).
     avoid_busy_nodes: bool = True
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # larger request bodies get 413
+    # Who may call the extender (checked by gpupool.scheduler.auth): "none" is allowed on a loopback host
+    # only; "tls" serves HTTPS and requires a client certificate signed by tls_client_ca_file (what
+    # kube-scheduler's extender tlsConfig sends); "token" requires "Authorization: Bearer <token_file>".
+    auth: Literal["none", "tls", "token"] = "none"
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    tls_client_ca_file: str | None = None
+    token_file: str | None = None  # a mounted Secret; read at start
+    # A slow client must not hold a connection: headers within header_timeout_s, the body within
+    # body_timeout_s of the headers, else the connection is closed (408 for a late body).
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=10.0, gt=0)
     scheduler_name: str = "gpupool-scheduler"  # reported as the source of Events
     # Cluster access (the `gpupool scheduler` command).
     kubeconfig: str | None = None  # None = in-cluster config, else this file

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from gpupool.cluster.port import ClusterPort
 from gpupool.scheduler.app import RouteFactory, create_app
+from gpupool.scheduler.auth import server_security
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.leader import LeaderElector
 from gpupool.scheduler.metrics import SchedulerMetrics
@@ -44,9 +45,10 @@ async def start_replica(
 ) -> Replica:
     """Sync the cache, serve HTTP, and campaign for the lease when `config.leader_elect`. A replica that
     wins a term re-lists before it serves (`/readyz` and binds stay refused until then)."""
+    security = server_security(config)  # ConfigError before anything starts
     service = ExtenderService(cluster, config, metrics)
     await service.start()
-    server = await serve_in_background(create_app(service, extra_routes), config.host, config.port)
+    server = await serve_in_background(create_app(service, extra_routes), config.host, config.port, security=security)
     if not config.leader_elect:
         return Replica(service, server, None, None)
 

@@ -1,14 +1,22 @@
-"""Run an ASGI app under uvicorn inside the current event loop (demo, tests, benchmarks, the command)."""
+"""Run an ASGI app under uvicorn inside the current event loop (demo, tests, benchmarks, the command), with
+the extender's transport rules: TLS with client certificates or a bearer token (`ServerSecurity`, from
+gpupool.scheduler.auth), and read timeouts so that a client sending its headers or body a byte at a time
+(slowloris) loses its connection instead of holding it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import socket
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
 import uvicorn
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gpupool.scheduler.auth import BearerToken, ServerSecurity, is_loopback
 
 
 @dataclass(slots=True)
@@ -17,10 +25,12 @@ class ServerHandle:
     task: asyncio.Task[None]
     host: str
     port: int
+    scheme: str = "http"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{self.port}"
 
     async def stop(self) -> None:
         self.server.should_exit = True
@@ -37,17 +47,126 @@ class _Server(uvicorn.Server):
         yield
 
 
+def _header_timeout_protocol(timeout_s: float) -> type[HttpToolsProtocol]:
+    """uvicorn bounds the idle time between requests (timeout_keep_alive) but not the time a request's
+    headers take to arrive; this protocol closes a connection whose headers are not complete within
+    `timeout_s` of the connection or of the request's first byte."""
+
+    class HeaderTimeoutProtocol(HttpToolsProtocol):
+        _header_timer: asyncio.TimerHandle | None = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._header_timer = self.loop.call_later(timeout_s, self._headers_too_slow)
+
+        def _disarm(self) -> None:
+            if self._header_timer is not None:
+                self._header_timer.cancel()
+                self._header_timer = None
+
+        def _headers_too_slow(self) -> None:
+            self._header_timer = None
+            if not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm()
+
+        def on_headers_complete(self) -> None:
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            # Between requests uvicorn's keep-alive timer applies; the next request re-arms at its first byte.
+            self._disarm()
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return HeaderTimeoutProtocol
+
+
+class BodyTimeout:
+    """ASGI middleware: a request body not complete within `timeout_s` of the headers gets 408 and the
+    connection is closed; the app sees a disconnect (app.py answers nothing more for it)."""
+
+    def __init__(self, app: ASGIApp, timeout_s: float) -> None:
+        self.app, self.timeout_s = app, timeout_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout_s
+        body_done = False
+        timed_out = False
+
+        async def timed_receive() -> Message:
+            nonlocal body_done, timed_out
+            if body_done:
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                timed_out = True
+                return {"type": "http.disconnect"}
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if not timed_out:
+                await send(message)
+
+        try:
+            await self.app(scope, timed_receive, guarded_send)
+        except Exception:
+            if not timed_out:  # an app that does not expect a disconnect may raise on it; we answer 408
+                raise
+        if timed_out:
+            body = b'{"Error":"request body not received in time"}'
+            await send({"type": "http.response.start", "status": 408, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),  # the rest of the body must not be read as the next request
+            ]})
+            await send({"type": "http.response.body", "body": body})
+
+
 async def serve_in_background(
-    app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 10.0
+    app: Any, host: str = "127.0.0.1", port: int = 0, timeout_s: float = 10.0,
+    security: ServerSecurity | None = None,
 ) -> ServerHandle:
-    """Bind `host:port` (0 = a free port), start serving, and return once the server accepts requests."""
+    """Bind `host:port` (0 = a free port), start serving, and return once the server accepts requests.
+    Without TLS or a token only a loopback host is accepted (see gpupool.scheduler.auth)."""
+    security = security or ServerSecurity()
+    if security.tls is None and security.token is None and not is_loopback(host):
+        raise ValueError(f"refusing to serve on {host!r} without TLS client certificates or a bearer token")
+    wrapped: ASGIApp = BodyTimeout(app, security.body_timeout_s)
+    if security.token is not None:
+        wrapped = BearerToken(wrapped, security.token)
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it on Linux
     sock.bind((host, port))
     actual_port = sock.getsockname()[1]
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30)
+    tls: dict[str, Any] = {}
+    if security.tls is not None:
+        # The client CA and CERT_REQUIRED make the TLS handshake itself fail for a client without a
+        # certificate from that CA (auth.server_ssl_context checked the files at config time).
+        tls = {"ssl_certfile": security.tls.cert_file, "ssl_keyfile": security.tls.key_file,
+               "ssl_ca_certs": security.tls.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    config = uvicorn.Config(
+        wrapped, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30,
+        http=_header_timeout_protocol(security.header_timeout_s), **tls,
+    )
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
     loop = asyncio.get_running_loop()
@@ -58,4 +177,4 @@ async def serve_in_background(
         if loop.time() > deadline:
             raise TimeoutError(f"HTTP server on {host}:{actual_port} did not start within {timeout_s}s")
         await asyncio.sleep(0.01)
-    return ServerHandle(server, task, host, actual_port)
+    return ServerHandle(server, task, host, actual_port, "https" if security.tls is not None else "http")

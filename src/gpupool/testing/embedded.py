@@ -28,6 +28,7 @@ from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import Conflict, NotFound, Obj
 from gpupool.core.model import GPU
 from gpupool.scheduler.app import RouteFactory, create_app
+from gpupool.scheduler.auth import server_security
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.ledger import counted_allocation
 from gpupool.scheduler.metrics import SchedulerMetrics
@@ -339,5 +340,7 @@ async def start_embedded(
     kubelet = FakeKubelet(cluster)
     if fake_kubelet:
         await kubelet.start()
-    server = await serve_in_background(create_app(service, extra_routes), config.host, config.port)
+    server = await serve_in_background(
+        create_app(service, extra_routes), config.host, config.port, security=server_security(config)
+    )
     return Embedded(cluster, service, server, kubelet, scenario, names)
