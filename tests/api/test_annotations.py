@@ -18,7 +18,7 @@ def test_allocation_round_trip() -> None:
     ("text", "fragment"),
     [
         ("{", "invalid gpupool.io/allocation at document"),
-        ('{"version": 2, "pod_uid": "u", "node": "n", "gpus": []}', "at version"),
+        ('{"version": 3, "pod_uid": "u", "node": "n", "gpus": []}', "at version"),
         ('{"pod_uid": "u", "node": "n", "gpus": [{"uuid": "g", "index": 0, "memory_mib": 1, "cores": 150}]}',
          "at gpus.0.cores"),
     ],

@@ -43,10 +43,14 @@ def test_whole_gpus_and_memory_only_shares() -> None:
     ("limits", "annotations", "fragment"),
     [
         ({"gpupool.io/gpu": "1", "gpupool.io/gpu-cores": "150"}, {}, "gpu-cores=150 must be between 1 and 100"),
-        ({"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": "-5"}, {}, "gpu-memory=-5 must be a positive"),
+        ({"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": "-5"}, {}, "gpu-memory '-5': must not be negative"),
+        ({"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": "500m"}, {}, "gpu-memory=0 must be a positive number"),
+        ({"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": "12Q"}, {}, "gpu-memory '12Q': not a Kubernetes quantity"),
+        ({"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": "1.5"}, {}, "a number of MiB must be whole"),
+        ({"gpupool.io/gpu": "1.5"}, {}, "gpupool.io/gpu '1.5': must be a whole number"),
         ({"gpupool.io/gpu-cores": "30"}, {}, "need gpupool.io/gpu"),
         ({"gpupool.io/gpu": "0"}, {}, "must be at least 1"),
-        ({"gpupool.io/gpu": "two"}, {}, "'two' is not a number"),
+        ({"gpupool.io/gpu": "two"}, {}, "container main: gpupool.io/gpu 'two': not a Kubernetes quantity"),
         ({"gpupool.io/gpu": "2", "gpupool.io/gpu-cores": "50"}, {}, "can only be asked for with gpupool.io/gpu: 1"),
         ({"gpupool.io/gpu": "1"}, {"gpupool.io/isolation": "magic"}, "use one of mps, hook, mig, none"),
     ],
@@ -57,10 +61,7 @@ def test_bad_requests_are_named(limits: dict[str, str], annotations: dict[str, s
     assert any(fragment in e for e in parsed.errors), parsed.errors
 
 
-def test_two_gpu_containers_are_refused_and_cpu_errors_are_named() -> None:
-    other = {"name": "side", "resources": {"limits": {"gpupool.io/gpu": "1"}}}
-    parsed = parse_pod(pod({"gpupool.io/gpu": "1"}, extra_containers=[other]))
-    assert parsed.request is None and "found: main, side" in parsed.errors[0]
+def test_cpu_errors_are_named() -> None:
     bad_cpu = parse_pod(pod({"gpupool.io/gpu": "1"}, requests={"cpu": "lots"}))
     assert bad_cpu.request is None and "container main: cpu 'lots'" in bad_cpu.errors[0]
 

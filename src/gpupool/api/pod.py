@@ -1,12 +1,29 @@
-"""Reading what a Kubernetes pod asks of gpupool (its resources and annotations) into a PodRequest.
+"""The one reader of what a Kubernetes pod asks of gpupool: its resources and its annotations.
+
+Webhook, scheduler, agent and exporter all read pods through `parse_pod`, so that a pod means the same
+thing to each of them. The rules:
+
+* Quantities are read as the API server writes them (`gpupool.api.quantity`): `10Gi`, `16G`, `10240`,
+  `1e3`, `500m`. `gpupool.io/gpu-memory` without a unit is MiB (gpupool's unit for it); container
+  `memory` without a unit is bytes (Kubernetes' unit).
+* For extended resources (gpupool.io/*) limits are authoritative (Kubernetes requires requests to equal
+  them); for cpu and memory the request counts, and a limit stands in for a missing request (the API
+  server defaults it so).
+* The pod's effective request is Kubernetes' rule (KEP-753, as the scheduler and kubelet compute it), for
+  each resource separately: max(sum over app containers and sidecars, for each init container: its
+  request plus the sidecars started before it). A sidecar is an init container with
+  `restartPolicy: Always`: it keeps running beside the app containers, so it adds to their sum.
+* Several containers may ask for GPUs (see `GPU_CONTAINERS_DOC` below for what is supported without the
+  placement engine knowing about containers); each GPU container's own request is kept in
+  `ParsedPod.containers` so that the allocation can say which container holds what.
 
 Errors are collected, not raised: the webhook shows them all at once and the scheduler rejects the pod
-on every node with the same text.
+on every node with the same text. Every error starts with where it is (`container main: ...`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,10 +39,47 @@ from gpupool.api.names import (
     RESOURCE_GPU,
     RESOURCE_MEMORY,
 )
+from gpupool.api.quantity import QuantityError, cpu_milli, gpu_memory_mib, memory_mib, whole_number
 from gpupool.core.model import MILLI_PER_GPU, GPURequest, PodRequest
-from gpupool.core.quantity import QuantityError, parse_memory_mib
 
 _GPUPOOL_RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_CORES)
+
+# Kinds of container, as they are named in errors and in the allocation annotation.
+APP = "container"
+INIT = "init container"
+SIDECAR = "sidecar"
+
+GPU_CONTAINERS_DOC = """\
+Several containers of one pod may ask for GPUs when either
+- every GPU container asks for whole GPUs (no gpu-cores below 100, no gpu-memory): the pod takes as many
+  GPUs as its effective request says (app containers and sidecars add up, init containers reuse them),
+  and each running container gets its own GPUs; or
+- every GPU container asks for a share of one GPU (gpu: 1 with gpu-cores and/or gpu-memory), all with
+  gpu-memory or all without it: the pod takes one GPU with the effective share (running containers add
+  up, at most 100 % of the GPU) and each container gets its own part of it.
+Anything else (whole GPUs in one container and a share in another, memory given in some containers only)
+is refused with the reason."""
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerGPU:
+    """One container's own GPU request (per GPU: `milli` compute, `memory_mib` memory or None = the
+    same fraction of the card as the compute)."""
+
+    name: str
+    kind: str  # APP, INIT or SIDECAR
+    count: int
+    milli: int = MILLI_PER_GPU
+    memory_mib: int | None = None
+
+    @property
+    def whole(self) -> bool:
+        return self.milli >= MILLI_PER_GPU and self.memory_mib is None
+
+    @property
+    def runs_with_app(self) -> bool:
+        """Whether it runs beside the app containers (app containers and sidecars do; init ones finish first)."""
+        return self.kind != INIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,7 +87,17 @@ class ParsedPod:
     request: PodRequest | None  # None when errors is not empty
     isolation: str = DEFAULT_ISOLATION
     errors: list[str] = field(default_factory=list)
-    container: str | None = None  # the container that asks for GPUs
+    container: str | None = None  # the (first) container that asks for GPUs
+    containers: tuple[ContainerGPU, ...] = ()  # every container that asks for GPUs, in start order
+
+
+@dataclass(frozen=True, slots=True)
+class _Spec:
+    """A container as the effective-request rule sees it."""
+
+    name: str
+    kind: str
+    body: Mapping[str, Any]
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -41,43 +105,66 @@ def pod_key(pod: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
 
 
-def _resources(container: Mapping[str, Any]) -> dict[str, Any]:
+def _is_sidecar(container: Mapping[str, Any]) -> bool:
+    return container.get("restartPolicy") == "Always"
+
+
+def _ordered(pod: Mapping[str, Any]) -> list[_Spec]:
+    """Init containers (with sidecars among them, in order), then app containers."""
+    spec = pod.get("spec") or {}
+    out: list[_Spec] = []
+    for c in spec.get("initContainers") or []:
+        if isinstance(c, Mapping):
+            out.append(_Spec(str(c.get("name", "?")), SIDECAR if _is_sidecar(c) else INIT, c))
+    for c in spec.get("containers") or []:
+        if isinstance(c, Mapping):
+            out.append(_Spec(str(c.get("name", "?")), APP, c))
+    return out
+
+
+def _section(container: Mapping[str, Any], name: str) -> Mapping[str, Any]:
     res = container.get("resources") or {}
-    merged: dict[str, Any] = dict(res.get("requests") or {})
-    merged.update(res.get("limits") or {})  # extended resources: limits are authoritative
-    return merged
+    value = res.get(name) if isinstance(res, Mapping) else None
+    return value if isinstance(value, Mapping) else {}
+
+
+def _extended(container: Mapping[str, Any]) -> dict[str, Any]:
+    """gpupool resources of a container: limits are authoritative (requests must equal them)."""
+    merged: dict[str, Any] = dict(_section(container, "requests"))
+    merged.update(_section(container, "limits"))
+    return {k: v for k, v in merged.items() if k in _GPUPOOL_RESOURCES}
+
+
+def _request(container: Mapping[str, Any], resource: str) -> Any:
+    """A cpu/memory request, or the limit when no request is written (the API server's defaulting)."""
+    requests = _section(container, "requests")
+    return requests[resource] if resource in requests else _section(container, "limits").get(resource)
 
 
 def wants_gpu(pod: Mapping[str, Any]) -> bool:
-    """Whether any container asks for a gpupool resource."""
-    spec = pod.get("spec") or {}
-    for c in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
-        if any(r in _resources(c) for r in _GPUPOOL_RESOURCES):
-            return True
-    return False
+    """Whether any container (init containers and sidecars included) asks for a gpupool resource."""
+    return any(_extended(s.body) for s in _ordered(pod))
+
+
+def effective(values: Sequence[tuple[str, int]]) -> int:
+    """Kubernetes' effective request of one resource from (kind, amount) in start order: max(sum of app
+    containers and sidecars, each init container plus the sidecars started before it)."""
+    running = sidecars = init_peak = 0
+    for kind, amount in values:
+        if kind == SIDECAR:
+            running += amount
+            sidecars += amount
+            init_peak = max(init_peak, sidecars)
+        elif kind == INIT:
+            init_peak = max(init_peak, amount + sidecars)
+        else:
+            running += amount
+    return max(running, init_peak)
 
 
 def parse_cpu_milli(value: Any) -> int:
-    text = str(value).strip()
-    try:
-        if text.endswith("m"):
-            return int(float(text[:-1]))
-        return int(float(text) * 1000)
-    except ValueError:
-        raise QuantityError(f"cpu {value!r}: expected cores such as 2 or 500m") from None
-
-
-def _int(value: Any, what: str, errors: list[str]) -> int | None:
-    try:
-        text = str(value).strip().removesuffix("%")
-        number = float(text)
-    except ValueError:
-        errors.append(f"{what} {value!r} is not a number")
-        return None
-    if number != int(number):
-        errors.append(f"{what} {value!r} must be a whole number")
-        return None
-    return int(number)
+    """CPU in milli-cores (`2`, `500m`, `0.5`); kept for callers that read a node's allocatable."""
+    return cpu_milli(value)
 
 
 def _csv(annotations: Mapping[str, str], key: str) -> frozenset[str]:
@@ -85,73 +172,128 @@ def _csv(annotations: Mapping[str, str], key: str) -> frozenset[str]:
     return frozenset(p.strip() for p in str(raw).split(",") if p.strip())
 
 
+def _container_gpu(s: _Spec, res: Mapping[str, Any], errors: list[str]) -> ContainerGPU | None:
+    """One container's GPU request, or None with the problems appended to `errors`."""
+    where = f"{s.kind} {s.name}"
+    before = len(errors)
+    count: int | None = None
+    if RESOURCE_GPU not in res:
+        errors.append(f"{where}: {RESOURCE_MEMORY}/{RESOURCE_CORES} need {RESOURCE_GPU} (how many GPUs)")
+    else:
+        try:
+            count = whole_number(res[RESOURCE_GPU], RESOURCE_GPU)
+        except QuantityError as e:
+            errors.append(f"{where}: {e}")
+        if count is not None and count <= 0:
+            errors.append(f"{where}: {RESOURCE_GPU} must be at least 1, got {count}")
+    milli = MILLI_PER_GPU
+    if RESOURCE_CORES in res:
+        try:
+            cores = whole_number(res[RESOURCE_CORES], RESOURCE_CORES)
+        except QuantityError as e:
+            errors.append(f"{where}: {e}")
+        else:
+            if not 0 < cores <= 100:
+                errors.append(f"{where}: {RESOURCE_CORES}={cores} must be between 1 and 100 (percent of one GPU)")
+            else:
+                milli = cores * 10
+    memory: int | None = None
+    if RESOURCE_MEMORY in res:
+        try:
+            memory = gpu_memory_mib(res[RESOURCE_MEMORY], RESOURCE_MEMORY)
+        except QuantityError as e:
+            errors.append(f"{where}: {e}")
+        else:
+            if memory <= 0:
+                errors.append(f"{where}: {RESOURCE_MEMORY}={memory} must be a positive number of MiB")
+            elif RESOURCE_CORES not in res:
+                # A memory-only share takes no fixed compute slice: it competes for compute (soft).
+                milli = 1
+    if count is not None and count > 1 and (milli < MILLI_PER_GPU or memory is not None):
+        errors.append(f"{where}: a share (cores/memory) can only be asked for with {RESOURCE_GPU}: 1")
+    if len(errors) > before or count is None:
+        return None
+    return ContainerGPU(s.name, s.kind, count, milli, memory)
+
+
+def _pod_gpu(containers: Sequence[ContainerGPU], errors: list[str]) -> tuple[int, int, int | None] | None:
+    """The pod's one uniform request (count, milli, memory) that covers every GPU container, or None
+    with the reason why the placement engine cannot express it (see GPU_CONTAINERS_DOC)."""
+    if len(containers) == 1:
+        c = containers[0]
+        return c.count, c.milli, c.memory_mib
+    names = ", ".join(f"{c.kind} {c.name}" for c in containers)
+    if all(c.whole for c in containers):
+        return effective([(c.kind, c.count) for c in containers]), MILLI_PER_GPU, None
+    if any(c.whole for c in containers):
+        errors.append(
+            f"containers asking for GPUs ({names}) mix whole GPUs and shares of a GPU; a pod's containers "
+            "must all ask for whole GPUs or all for shares of one GPU"
+        )
+        return None
+    with_memory = [c.memory_mib is not None for c in containers]
+    if any(with_memory) and not all(with_memory):
+        errors.append(
+            f"containers asking for GPU shares ({names}): give {RESOURCE_MEMORY} in all of them or in none "
+            "(they share one GPU, and a share without memory means a fraction of the card)"
+        )
+        return None
+    milli = effective([(c.kind, c.milli) for c in containers])
+    if milli > MILLI_PER_GPU:
+        errors.append(
+            f"containers asking for GPU shares ({names}) run together with {milli / 10:g} % of one GPU's "
+            "compute, more than 100 %; the shares of one pod are placed on one GPU"
+        )
+        return None
+    memory = effective([(c.kind, c.memory_mib or 0) for c in containers]) if all(with_memory) else None
+    return 1, milli, memory
+
+
 def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
     """Translate a pod object (Kubernetes JSON shape) into a PodRequest, or the list of what is wrong."""
     errors: list[str] = []
     meta = pod.get("metadata") or {}
     annotations: Mapping[str, str] = meta.get("annotations") or {}
-    spec = pod.get("spec") or {}
-    containers = list(spec.get("containers") or [])
+    specs = _ordered(pod)
 
-    cpu = mem = 0
-    gpu_containers: list[tuple[str, dict[str, Any]]] = []
-    for c in containers:
-        requests = (c.get("resources") or {}).get("requests") or {}
-        name = c.get("name", "?")
+    cpus: list[tuple[str, int]] = []
+    mems: list[tuple[str, int]] = []
+    gpu_containers: list[ContainerGPU] = []
+    for s in specs:
+        where = f"{s.kind} {s.name}"
         try:
-            cpu += parse_cpu_milli(requests["cpu"]) if "cpu" in requests else 0
-            mem += parse_memory_mib(str(requests["memory"])) if "memory" in requests else 0
+            raw_cpu, raw_mem = _request(s.body, "cpu"), _request(s.body, "memory")
+            cpus.append((s.kind, 0 if raw_cpu is None else cpu_milli(raw_cpu)))
+            mems.append((s.kind, 0 if raw_mem is None else memory_mib(raw_mem)))
         except QuantityError as e:
-            errors.append(f"container {name}: {e}")
-        res = _resources(c)
-        if any(r in res for r in _GPUPOOL_RESOURCES):
-            gpu_containers.append((name, res))
+            errors.append(f"{where}: {e}")
+        res = _extended(s.body)
+        if res:
+            one = _container_gpu(s, res, errors)
+            if one is not None:
+                gpu_containers.append(one)
 
     isolation = str(annotations.get(ANN_ISOLATION, DEFAULT_ISOLATION)).strip() or DEFAULT_ISOLATION
     if isolation not in ISOLATION_MODES:
         errors.append(f"annotation {ANN_ISOLATION}={isolation!r}: use one of {', '.join(ISOLATION_MODES)}")
 
-    gpu = GPURequest(count=0)
-    container_name: str | None = None
-    if len(gpu_containers) > 1:
-        names = ", ".join(n for n, _ in gpu_containers)
-        errors.append(f"only one container per pod may ask for {RESOURCE_GPU} (found: {names})")
-    elif gpu_containers:
-        container_name, res = gpu_containers[0]
-        where = f"container {container_name}"
-        count = _int(res[RESOURCE_GPU], f"{where}: {RESOURCE_GPU}", errors) if RESOURCE_GPU in res else None
-        if count is None and RESOURCE_GPU not in res:
-            errors.append(f"{where}: {RESOURCE_MEMORY}/{RESOURCE_CORES} need {RESOURCE_GPU} (how many GPUs)")
-        elif count is not None and count <= 0:
-            errors.append(f"{where}: {RESOURCE_GPU} must be at least 1, got {count}")
-        milli = MILLI_PER_GPU
-        if RESOURCE_CORES in res:
-            cores = _int(res[RESOURCE_CORES], f"{where}: {RESOURCE_CORES}", errors)
-            if cores is not None and not 0 < cores <= 100:
-                errors.append(f"{where}: {RESOURCE_CORES}={cores} must be between 1 and 100 (percent of one GPU)")
-            elif cores is not None:
-                milli = cores * 10
-        memory: int | None = None
-        if RESOURCE_MEMORY in res:
-            memory = _int(res[RESOURCE_MEMORY], f"{where}: {RESOURCE_MEMORY}", errors)
-            if memory is not None and memory <= 0:
-                errors.append(f"{where}: {RESOURCE_MEMORY}={memory} must be a positive number of MiB")
-            if memory is not None and memory > 0 and RESOURCE_CORES not in res:
-                # A memory-only share takes no fixed compute slice: it competes for compute (soft).
-                milli = 1
-        if count is not None and count > 1 and (milli < MILLI_PER_GPU or memory is not None):
-            errors.append(f"{where}: a share (cores/memory) can only be asked for with {RESOURCE_GPU}: 1")
-        if not errors and count is not None:
-            gpu = GPURequest(
-                count=count,
-                milli=milli,
-                memory_mib=memory,
-                models=_csv(annotations, ANN_MODEL),
-                include_uuids=_csv(annotations, ANN_UUID),
-                exclude_uuids=_csv(annotations, ANN_EXCLUDE),
-            )
+    first = gpu_containers[0].name if gpu_containers else next((s.name for s in specs if _extended(s.body)), None)
+    shape = _pod_gpu(gpu_containers, errors) if gpu_containers and not errors else None
     if errors:
-        return ParsedPod(None, isolation, errors, container_name)
+        return ParsedPod(None, isolation, errors, first, tuple(gpu_containers))
+    gpu = GPURequest(count=0)
+    if shape is not None:
+        count, milli, memory = shape
+        gpu = GPURequest(
+            count=count,
+            milli=milli,
+            memory_mib=memory,
+            models=_csv(annotations, ANN_MODEL),
+            include_uuids=_csv(annotations, ANN_UUID),
+            exclude_uuids=_csv(annotations, ANN_EXCLUDE),
+        )
     policy = annotations.get(ANN_POLICY)
-    request = PodRequest(key=pod_key(pod), cpu_milli=cpu, memory_mib=mem, gpu=gpu, policy=policy or None)
-    return ParsedPod(request, isolation, [], container_name)
+    request = PodRequest(
+        key=pod_key(pod), cpu_milli=effective(cpus), memory_mib=effective(mems), gpu=gpu, policy=policy or None
+    )
+    return ParsedPod(request, isolation, [], first, tuple(gpu_containers))

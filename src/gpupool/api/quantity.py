@@ -1,0 +1,130 @@
+"""Kubernetes quantities (`10Gi`, `16G`, `500m`, `1e3`, `10240`) read exactly, then converted to the
+units gpupool counts in: milli-CPU, MiB, whole numbers of GPUs and percent.
+
+The grammar is the API server's (resource.Quantity): a signed decimal number, then one suffix: a binary
+SI one (Ki Mi Gi Ti Pi Ei), a decimal SI one (n u m k M G T P E, or none) or a decimal exponent (e3,
+E-2). The number is kept as a Fraction so that `0.1Gi` or `1.5e3` convert without float error.
+
+`core.quantity.parse_memory_mib` reads the common subset; this module is the full reader for the wire
+and says, in each error, which value broke which rule.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from fractions import Fraction
+
+from gpupool.core.quantity import QuantityError
+
+__all__ = ["QuantityError", "parse_quantity", "format_quantity", "cpu_milli", "bytes_to_mib", "memory_mib",
+           "gpu_memory_mib", "whole_number"]
+
+_NUMBER = r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)"
+_QUANTITY_RE = re.compile(rf"^({_NUMBER})(Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$")
+
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {
+    "n": Fraction(1, 10**9), "u": Fraction(1, 10**6), "m": Fraction(1, 1000), "": Fraction(1),
+    "k": Fraction(10**3), "M": Fraction(10**6), "G": Fraction(10**9), "T": Fraction(10**12),
+    "P": Fraction(10**15), "E": Fraction(10**18),
+}
+_MIB = 2**20
+# Longer text is not a quantity anyone means; refusing it early keeps a hostile pod from making the
+# reader build huge integers (`1e999999999`).
+_MAX_TEXT = 64
+_MAX_EXPONENT = 30
+
+
+def _describe(what: str, value: object) -> str:
+    return f"{what} {value!r}"
+
+
+def parse_quantity(value: object, what: str = "quantity") -> tuple[Fraction, bool]:
+    """(the number in base units, whether it had a suffix). `what` names the value in errors."""
+    if isinstance(value, bool) or value is None:
+        raise QuantityError(f"{_describe(what, value)}: expected a quantity such as 10Gi, 500m or 2")
+    if isinstance(value, int):
+        return Fraction(value), False
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise QuantityError(f"{_describe(what, value)}: not a finite number")
+        return Fraction(value), False
+    text = str(value).strip()
+    if len(text) > _MAX_TEXT:
+        raise QuantityError(f"{_describe(what, text[:20] + '...')}: longer than {_MAX_TEXT} characters")
+    m = _QUANTITY_RE.match(text)
+    if m is None:
+        raise QuantityError(
+            f"{_describe(what, value)}: not a Kubernetes quantity (a number with an optional suffix: "
+            "Ki, Mi, Gi, Ti, m, k, M, G, T or an exponent like e3)"
+        )
+    number, suffix = Fraction(m.group(1)), m.group(2) or ""
+    if suffix in _BINARY:
+        return number * _BINARY[suffix], True
+    if suffix in _DECIMAL:
+        return number * _DECIMAL[suffix], suffix != ""
+    exponent = int(suffix[1:])
+    if abs(exponent) > _MAX_EXPONENT:
+        raise QuantityError(f"{_describe(what, value)}: exponent {exponent} is out of range")
+    # An exponent only scales the number: `1e3` is "1000", still unitless.
+    return number * Fraction(10) ** exponent, False
+
+
+def format_quantity(amount: Fraction, suffix: str = "") -> str:
+    """Write `amount` (base units) with `suffix` as the API server would accept it back; only exact
+    representations are written (the caller picks a suffix that divides the amount)."""
+    scale = Fraction(_BINARY[suffix]) if suffix in _BINARY else _DECIMAL[suffix]
+    value = amount / scale
+    if value.denominator != 1:
+        raise ValueError(f"{amount} is not a whole number of {suffix or 'units'}")
+    return f"{value.numerator}{suffix}"
+
+
+def _non_negative(amount: Fraction, what: str, value: object) -> None:
+    if amount < 0:
+        raise QuantityError(f"{_describe(what, value)}: must not be negative")
+
+
+def cpu_milli(value: object, what: str = "cpu") -> int:
+    """CPU in milli-cores, rounded up as the API server does (`0.0001` -> 1m)."""
+    amount, _ = parse_quantity(value, what)
+    _non_negative(amount, what, value)
+    return math.ceil(amount * 1000)
+
+
+def bytes_to_mib(amount: Fraction, round_up: bool) -> int:
+    mib = amount / _MIB
+    return math.ceil(mib) if round_up else math.floor(mib)
+
+
+def memory_mib(value: object, what: str = "memory") -> int:
+    """Container memory (`resources.requests.memory`): unitless is bytes, as in Kubernetes. Rounded up to
+    whole MiB: a request is what the pod needs, so a fraction of a MiB still needs that MiB."""
+    amount, _ = parse_quantity(value, what)
+    _non_negative(amount, what, value)
+    return bytes_to_mib(amount, round_up=True)
+
+
+def gpu_memory_mib(value: object, what: str = "gpupool.io/gpu-memory") -> int:
+    """GPU memory per GPU: unitless (`10240`, `1e3`) is MiB, gpupool's unit for this resource; with a
+    suffix (`10Gi`, `16G`) the quantity is bytes, rounded down to whole MiB (granting a fraction of a MiB
+    more than asked could overcommit a card)."""
+    amount, has_suffix = parse_quantity(value, what)
+    _non_negative(amount, what, value)
+    if not has_suffix:
+        if amount.denominator != 1:
+            raise QuantityError(f"{_describe(what, value)}: a number of MiB must be whole (or give a unit: 1536Mi)")
+        return int(amount)
+    return bytes_to_mib(amount, round_up=False)
+
+
+def whole_number(value: object, what: str) -> int:
+    """A count or percent: a quantity that must be a whole number (`2`, `1e2`, `30`; `30%` is accepted
+    because gpupool's docs once showed it, and means 30)."""
+    if isinstance(value, str) and value.strip().endswith("%"):
+        value = value.strip()[:-1]
+    amount, _ = parse_quantity(value, what)
+    if amount.denominator != 1:
+        raise QuantityError(f"{_describe(what, value)}: must be a whole number")
+    return int(amount)
