@@ -31,11 +31,10 @@ import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
 sys.path.insert(0, str(ROOT))
 
-import fleet  # noqa: E402
-import testbed as tb  # noqa: E402
+from gpupool.testing import fleet  # noqa: E402
+from gpupool.testing import testbed as tb  # noqa: E402
 
 
 def chart_config() -> dict | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -22,12 +21,10 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
-
-import fleet  # noqa: E402
-import testbed as tb  # noqa: E402
 
 from gpupool.cluster.kube import KubeCluster  # noqa: E402
+from gpupool.testing import fleet  # noqa: E402
+from gpupool.testing import testbed as tb  # noqa: E402
 
 # Leader election fast enough for a test (the chart's defaults are 15 s / 10 s / 2 s).
 LEASE = {"LEASE_DURATION_S": "3", "RENEW_DEADLINE_S": "2", "RETRY_PERIOD_S": "0.5"}
@@ -53,8 +50,8 @@ def _binaries_or_build() -> None:
     with log.open("wb") as out:
         # A build already running elsewhere (another pytest session) is not waited for: this run fails.
         env = {**os.environ, "GPUPOOL_K8S_NOWAIT": "1"}
-        done = subprocess.run(["bash", str(tb.BUILD_SCRIPT)], stdout=out, stderr=subprocess.STDOUT, env=env,
-                              check=False)
+        build = ROOT / "scripts" / "k8s" / "build.sh"
+        done = subprocess.run(["bash", str(build)], stdout=out, stderr=subprocess.STDOUT, env=env, check=False)
     if done.returncode != 0:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-30:])
         pytest.fail(f"building the Kubernetes test binaries failed (log {log}):\n{tail}", pytrace=False)

@@ -10,9 +10,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-import fleet
 import pytest
-import testbed as tb
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.fake import FakeBackend, parse_fake_description
@@ -23,6 +21,8 @@ from gpupool.agent.slots import slot_gpu
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY, RESOURCE_GPU
+from gpupool.testing import fleet
+from gpupool.testing import testbed as tb
 from gpupool.testing.kubelet import StandInKubelet
 from tests.e2e.conftest import Extender, kube_cluster
 from tests.e2e.e2e_checks import allocation_problems, eventually

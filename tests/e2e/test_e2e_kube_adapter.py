@@ -7,13 +7,13 @@ import asyncio
 import contextlib
 import itertools
 
-import fleet
 import pytest
 
 from gpupool.api.lock import ANN_BIND_LOCK, decode_lock, encode_lock
 from gpupool.cluster.kube import KubeCluster
 from gpupool.cluster.port import Conflict, NotFound, WatchEvent
 from gpupool.scheduler.leader import LeaderElector
+from gpupool.testing import fleet
 from tests.e2e.conftest import kube_cluster
 from tests.e2e.e2e_checks import eventually
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 import asyncio
 import random
 
-import fleet
 import httpx
 import pytest
 
 from gpupool.api.names import ANN_ALLOCATION
+from gpupool.testing import fleet
 from tests.e2e.conftest import Extender
 from tests.e2e.e2e_checks import allocation_problems, eventually
 

@@ -13,12 +13,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import fleet
 import httpx
 import pytest
-import testbed as tb
 import yaml
 
+from gpupool.testing import fleet
+from gpupool.testing import testbed as tb
 from tests.e2e.conftest import ROOT
 from tests.e2e.kubectl_tool import kubectl_binary
 from tests.webhook.helpers import make_tls

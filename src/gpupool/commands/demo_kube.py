@@ -1,10 +1,11 @@
 """`gpupool demo --kube`: the same demo on a real control plane (etcd, kube-apiserver, kube-scheduler 1.20
-from scripts/k8s-testbed) instead of the embedded cluster, so a user can watch the real kube-scheduler call
+built by scripts/k8s-testbed) instead of the embedded cluster, so a user can watch the real kube-scheduler call
 the gpupool extender, e.g. with `kubectl --kubeconfig <printed path> get pods -A -o wide -w`.
 
-Needs a source checkout (the testbed code lives in scripts/k8s/) and the binaries built once with
-`scripts/k8s-testbed build`. Wiring (in commands/demo.py): a `--kube` flag that calls
-`run_kube_demo(nodes, pods, policy, serve)` instead of the embedded run and exits with its return code.
+The control plane and the fake nodes come from the test harness (gpupool.testing.testbed and .fleet); the
+binaries are built once with `scripts/k8s-testbed build`. Wiring (in commands/demo.py): a `--kube` flag
+that calls `run_kube_demo(nodes, pods, policy, serve)` instead of the embedded run and exits with its
+return code.
 """
 
 from __future__ import annotations
@@ -12,42 +13,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import sys
 import time
-from pathlib import Path
-from typing import Any
 
 import click
 
-SCRIPTS = Path(__file__).resolve().parents[3] / "scripts" / "k8s"
-
-
-def _testbed_modules() -> tuple[Any, Any]:
-    if not (SCRIPTS / "testbed.py").is_file():
-        raise click.UsageError(
-            "--kube needs a gpupool source checkout (scripts/k8s/testbed.py not found next to the package)"
-        )
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
-    import fleet
-    import testbed
-
-    return testbed, fleet
+from gpupool.testing import fleet, testbed
 
 
 def run_kube_demo(nodes: int | None, pods: int | None, policy: str | None, serve: bool) -> int:
     """Run the demo on the real control plane; returns the process exit code."""
-    testbed, fleet = _testbed_modules()
     try:
         testbed.find_binaries()
     except testbed.TestbedError as e:
         raise click.ClickException(str(e)) from None
     with contextlib.suppress(KeyboardInterrupt):
-        return asyncio.run(_run(testbed, fleet, nodes or 20, 200 if pods is None else pods, policy, serve))
+        return asyncio.run(_run(nodes or 20, 200 if pods is None else pods, policy, serve))
     return 130
 
 
-async def _run(testbed: Any, fleet: Any, nodes: int, pods: int, policy: str | None, serve: bool) -> int:
+async def _run(nodes: int, pods: int, policy: str | None, serve: bool) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table

@@ -180,7 +180,8 @@ class StandInKubelet:
         reply = await self.plugins[resource].stub.Allocate(
             pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=ids)])
         )
-        return reply.container_responses[0]
+        response: pb.ContainerAllocateResponse = reply.container_responses[0]
+        return response
 
     def release(self, pod: str) -> None:
         self.assigned.pop(pod, None)

@@ -62,7 +62,7 @@ class KubeApi:
             except ValueError:
                 status = {"message": r.text}
             raise ApiStatus(r.status_code, str(status.get("reason", "")), str(status.get("message", r.text)))
-        return r.json() if r.content else {}  # type: ignore[no-any-return]
+        return r.json() if r.content else {}
 
     async def get(self, path: str) -> Obj:
         return await self.request("GET", path)

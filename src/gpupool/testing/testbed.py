@@ -1,0 +1,392 @@
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-scheduler (1.20, built from
+Debian's source package by scripts/k8s/build.sh), for the end-to-end tests, the e2e benchmark and
+`gpupool demo --kube`.
+
+Standard library only (gpupool/__init__ and gpupool/testing/__init__ import nothing), so the
+`scripts/k8s-testbed` command runs without the project's virtualenv.
+
+- The API server listens on 127.0.0.1 on a free port, serves a self-signed certificate (--cert-dir) and
+  knows three bearer tokens (token file): an administrator, the gpupool scheduler and the gpupool agent,
+  named like the Helm chart's service accounts so the webhook's trusted-user rules apply as in a cluster.
+  All three are in system:masters (no RBAC is under test here).
+- There is no controller-manager and no kubelet: nodes are API objects whose status the caller writes,
+  and a bound pod stays Pending with spec.nodeName set. ServiceAccount admission is off (nobody mints
+  tokens).
+- kube-scheduler is started separately (`start_scheduler`), because its configuration names the
+  extender's URL, which is only known once the extender runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CACHE_ENV = "GPUPOOL_K8S_CACHE"
+
+ADMIN_USER = "gpupool-e2e-admin"
+# The users the chart's webhook trusts (release "gp" in namespace "gpupool-system").
+SCHEDULER_USER = "system:serviceaccount:gpupool-system:gp-gpupool-scheduler"
+AGENT_USER = "system:serviceaccount:gpupool-system:gp-gpupool-agent"
+
+
+class TestbedError(RuntimeError):
+    """The testbed cannot start; the message says what is missing or which component failed, and how."""
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gpupool-k8s")
+
+
+@dataclass(frozen=True)
+class Binaries:
+    etcd: Path
+    kube_apiserver: Path
+    kube_scheduler: Path
+
+
+def find_binaries() -> Binaries:
+    """The three binaries, or a TestbedError that says how to build them (never a silent skip)."""
+    bin_dir = cache_dir() / "bin"
+    etcd = shutil.which("etcd")
+    missing = [str(bin_dir / n) for n in ("kube-apiserver", "kube-scheduler") if not os.access(bin_dir / n, os.X_OK)]
+    if etcd is None:
+        missing.append("etcd (Debian package etcd-server)")
+    if missing:
+        raise TestbedError(
+            "Kubernetes test binaries missing: " + ", ".join(missing) + ". Build them once with "
+            "`scripts/k8s-testbed build` (about 10 minutes on 2 cores; needs apt-get and root or sudo)."
+        )
+    return Binaries(Path(etcd), bin_dir / "kube-apiserver", bin_dir / "kube-scheduler")  # type: ignore[arg-type]
+
+
+def gpupool_argv() -> list[str]:
+    """How to run the `gpupool` command of the running interpreter's environment."""
+    exe = Path(sys.executable).with_name("gpupool")
+    if exe.is_file():
+        return [str(exe)]
+    return [sys.executable, "-c", "import sys; from gpupool.cli import main; sys.exit(main())"]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def die_with_parent() -> None:
+    """In the child: get SIGKILL when the thread that started us ends (a killed pytest or demo must not
+    leave an API server behind). Linux only; elsewhere a no-op. So start the testbed from a thread that
+    lives as long as it (the main thread), never from a short-lived worker thread."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass
+
+
+def _token() -> str:
+    return os.urandom(16).hex()
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            text = self.log.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(text[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.popen.poll() is not None:
+            return
+        self.popen.send_signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout)
+
+    def kill(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.kill()
+            self.popen.wait(10)
+
+
+@dataclass
+class Testbed:
+    """One control plane. `start()` returns once the API server answers /readyz; `stop()` ends everything
+    and removes the state directory (unless `keep`)."""
+
+    workdir: Path | None = None
+    keep: bool = False
+    binaries: Binaries | None = None
+    tokens: dict[str, str] = field(default_factory=dict)
+    api_port: int = 0
+    processes: dict[str, Process] = field(default_factory=dict)
+
+    # --- paths ----------------------------------------------------------------------------------------
+    @property
+    def dir(self) -> Path:
+        assert self.workdir is not None, "testbed not started"
+        return self.workdir
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def admin_token(self) -> str:
+        return self.tokens[ADMIN_USER]
+
+    def kubeconfig(self, user: str = ADMIN_USER) -> Path:
+        """A kubeconfig file for one of the testbed's users (written on first use)."""
+        safe = user.replace(":", "_")
+        path = self.dir / f"kubeconfig-{safe}.yaml"
+        if not path.exists():
+            doc = {
+                "apiVersion": "v1",
+                "kind": "Config",
+                # Self-signed serving certificate on loopback: the client does not verify it.
+                "clusters": [{"name": "testbed", "cluster": {"server": self.url, "insecure-skip-tls-verify": True}}],
+                "users": [{"name": safe, "user": {"token": self.tokens[user]}}],
+                "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": safe}}],
+                "current-context": "testbed",
+            }
+            path.write_text(json.dumps(doc, indent=1))  # JSON is YAML
+        return path
+
+    # --- lifecycle ------------------------------------------------------------------------------------
+    def start(self, timeout_s: float = 120.0) -> Testbed:
+        self.binaries = self.binaries or find_binaries()
+        if self.workdir is None:
+            self.workdir = Path(tempfile.mkdtemp(prefix="gpupool-k8s-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start_etcd(timeout_s)
+            self._start_apiserver(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for name in ("kube-scheduler", "kube-apiserver", "etcd"):
+            proc = self.processes.pop(name, None)
+            if proc is not None:
+                proc.stop()
+        for proc in self.processes.values():
+            proc.stop()
+        self.processes.clear()
+        if self.workdir is not None and not self.keep:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Testbed:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _spawn(self, name: str, argv: list[str]) -> Process:
+        log = self.dir / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=die_with_parent)
+        proc = Process(name, popen, log)
+        self.processes[name] = proc
+        return proc
+
+    def _wait(self, proc: Process, ready: object, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not proc.alive():
+                raise TestbedError(f"{proc.name} exited with status {proc.popen.returncode}; log {proc.log}:\n"
+                                   f"{proc.tail()}")
+            if ready():  # type: ignore[operator]
+                return
+            if time.monotonic() > deadline:
+                raise TestbedError(f"{proc.name} not ready after {timeout_s:.0f}s; log {proc.log}:\n{proc.tail()}")
+            time.sleep(0.2)
+
+    def _start_etcd(self, timeout_s: float) -> None:
+        assert self.binaries is not None
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        proc = self._spawn("etcd", [
+            str(self.binaries.etcd),
+            "--name", "testbed",
+            "--data-dir", str(self.dir / "etcd"),
+            "--listen-client-urls", self.etcd_url,
+            "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", f"testbed=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync",  # throwaway data: fsync would only measure the disk
+            "--log-level", "warn",
+        ])
+
+        def healthy() -> bool:
+            try:
+                with urllib.request.urlopen(self.etcd_url + "/health", timeout=2) as r:
+                    return b'"true"' in r.read()
+            except (OSError, urllib.error.URLError):
+                return False
+
+        self._wait(proc, healthy, timeout_s)
+
+    def _start_apiserver(self, timeout_s: float) -> None:
+        assert self.binaries is not None
+        self.tokens = {u: _token() for u in (ADMIN_USER, SCHEDULER_USER, AGENT_USER)}
+        (self.dir / "tokens.csv").write_text(
+            "".join(f'{tok},{user},{user},"system:masters"\n' for user, tok in self.tokens.items())
+        )
+        sa_key = self.dir / "sa.key"
+        subprocess.run(["openssl", "genrsa", "-out", str(sa_key), "2048"], check=True, capture_output=True)
+        subprocess.run(["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(self.dir / "sa.pub")],
+                       check=True, capture_output=True)
+        self.api_port = free_port()
+        proc = self._spawn("kube-apiserver", [
+            str(self.binaries.kube_apiserver),
+            "--etcd-servers", self.etcd_url,
+            "--bind-address", "127.0.0.1",
+            "--advertise-address", "127.0.0.1",
+            "--secure-port", str(self.api_port),
+            "--insecure-port", "0",
+            "--cert-dir", str(self.dir / "certs"),
+            "--token-auth-file", str(self.dir / "tokens.csv"),
+            "--authorization-mode", "RBAC",
+            "--service-account-key-file", str(self.dir / "sa.pub"),
+            "--service-account-signing-key-file", str(sa_key),
+            "--service-account-issuer", "https://gpupool-testbed.invalid",
+            "--disable-admission-plugins", "ServiceAccount",
+            "--service-cluster-ip-range", "10.96.0.0/16",
+            "--allow-privileged",
+            # Large e2e bursts: the default in-flight limits would throttle the benchmark, not Kubernetes.
+            "--max-requests-inflight", "2000",
+            "--max-mutating-requests-inflight", "1000",
+            "--v", "1",
+        ])
+        ctx = ssl.create_default_context()
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+
+        def ready() -> bool:
+            req = urllib.request.Request(self.url + "/readyz", headers={"Authorization": f"Bearer {self.admin_token}"})
+            try:
+                with urllib.request.urlopen(req, timeout=3, context=ctx) as r:
+                    return bool(r.status == 200)
+            except (OSError, urllib.error.URLError):
+                return False
+
+        self._wait(proc, ready, timeout_s)
+        # The default namespace exists once the API server's bootstrap controller ran; callers create pods in it.
+        self._wait(proc, lambda: self._get("/api/v1/namespaces/default", ctx) is not None, timeout_s)
+
+    def _get(self, path: str, ctx: ssl.SSLContext) -> dict[str, Any] | None:
+        req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.admin_token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=3, context=ctx) as r:
+                return json.loads(r.read())  # type: ignore[no-any-return]
+        except (OSError, urllib.error.URLError, ValueError):
+            return None
+
+    # --- kube-scheduler -------------------------------------------------------------------------------
+    def start_scheduler(self, config_text: str, verbosity: int = 2) -> Process:
+        """Start kube-scheduler with a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1)
+        whose clientConnection is filled in here. Replaces a running one."""
+        assert self.binaries is not None
+        self.stop_scheduler()
+        path = self.dir / "kube-scheduler.yaml"
+        path.write_text(config_text.replace("__KUBECONFIG__", str(self.kubeconfig())))
+        proc = self._spawn("kube-scheduler", [
+            str(self.binaries.kube_scheduler),
+            "--config", str(path),
+            "--port", "0",  # no insecure HTTP port
+            "--secure-port", "0",  # nor HTTPS (health is judged by pods getting bound)
+            "--v", str(verbosity),
+        ])
+        time.sleep(0.5)
+        if not proc.alive():
+            raise TestbedError(f"kube-scheduler exited with status {proc.popen.returncode}; log {proc.log}:\n"
+                               f"{proc.tail()}")
+        return proc
+
+    def stop_scheduler(self) -> None:
+        proc = self.processes.pop("kube-scheduler", None)
+        if proc is not None:
+            proc.stop()
+
+    def describe(self) -> dict[str, str]:
+        return {
+            "server": self.url,
+            "kubeconfig": str(self.kubeconfig()),
+            "scheduler_kubeconfig": str(self.kubeconfig(SCHEDULER_USER)),
+            "agent_kubeconfig": str(self.kubeconfig(AGENT_USER)),
+            "workdir": str(self.dir),
+        }
+
+
+def scheduler_config(extender_url: str, chart_config: dict[str, Any] | None = None,
+                     scheduler_name: str = "gpupool-scheduler", qps: int = 1000) -> str:
+    """kube-scheduler 1.20 configuration (v1beta1) with the gpupool extender.
+
+    `chart_config` is the chart's `scheduler-config.yaml` (kubescheduler.config.k8s.io/v1, parsed): its
+    extender entry and profiles are kept as they are, only the API version (1.20 reads v1beta1, whose
+    extender fields are the same), the extender URL, the client connection and leader election (one
+    instance) are changed. Without it, an equivalent entry is written here. A `default-scheduler` profile
+    is added so pods that do not ask for gpupool are scheduled by the same instance.
+    """
+    health_port = free_port()
+    if chart_config is not None:
+        extenders = [dict(e) for e in chart_config.get("extenders") or []]
+        if len(extenders) != 1:
+            raise TestbedError(f"expected one extender in the chart's scheduler config, found {len(extenders)}")
+        profiles = [dict(p) for p in chart_config.get("profiles") or []]
+    else:
+        extenders = [{
+            "filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 1,
+            "enableHTTPS": False, "nodeCacheCapable": True, "httpTimeout": "10s", "ignorable": False,
+            "managedResources": [
+                {"name": "gpupool.io/gpu", "ignoredByScheduler": False},
+                {"name": "gpupool.io/gpu-memory", "ignoredByScheduler": True},
+                {"name": "gpupool.io/gpu-cores", "ignoredByScheduler": True},
+            ],
+        }]
+        profiles = [{"schedulerName": scheduler_name}]
+    extenders[0]["urlPrefix"] = extender_url
+    if not any(p.get("schedulerName") == "default-scheduler" for p in profiles):
+        profiles.append({"schedulerName": "default-scheduler"})
+    doc = {
+        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": "__KUBECONFIG__", "qps": qps, "burst": qps * 2},
+        "leaderElection": {"leaderElect": False},
+        # Its own free port for health and metrics (the default 0.0.0.0:10251 clashes between testbeds).
+        "healthzBindAddress": f"127.0.0.1:{health_port}",
+        "metricsBindAddress": f"127.0.0.1:{health_port}",
+        "profiles": profiles,
+        "extenders": extenders,
+    }
+    return json.dumps(doc, indent=1)
+
