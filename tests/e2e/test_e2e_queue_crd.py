@@ -10,10 +10,10 @@ import time
 from pathlib import Path
 
 import pytest
-import testbed as tb
 
 from gpupool.api.queue import read_queues
 from gpupool.core.queues import Quota
+from gpupool.testing import testbed as tb
 from tests.e2e.kubectl_tool import kubectl_binary
 
 pytestmark = pytest.mark.e2e
