@@ -30,12 +30,6 @@ from gpupool.testing import testbed as tb  # noqa: E402
 LEASE = {"LEASE_DURATION_S": "3", "RENEW_DEADLINE_S": "2", "RETRY_PERIOD_S": "0.5"}
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers", "e2e: end-to-end test on a real kube-apiserver/etcd/kube-scheduler (scripts/k8s-testbed)"
-    )
-
-
 def _binaries_or_build() -> None:
     """Build the binaries when they are missing (once per machine; ~10 min cold on 2 cores), so a clean CI
     machine runs the suite for real; GPUPOOL_K8S_BUILD=0 turns that into an immediate failure instead."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import copy
 import os
+import ssl
 import subprocess
 import time
 from collections.abc import Iterator
@@ -55,10 +56,11 @@ def webhook_process(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactor
         )
     try:
         deadline = time.monotonic() + 60
+        trust = ssl.create_default_context(cafile=str(tls.ca))
         while True:
             assert proc.poll() is None, log.read_text()
             try:
-                if httpx.get(f"https://127.0.0.1:{port}/healthz", verify=str(tls.ca), timeout=2).status_code == 200:
+                if httpx.get(f"https://127.0.0.1:{port}/healthz", verify=trust, timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
