@@ -1,5 +1,6 @@
 """The project's static gates run as tests, so that CI fails when they fail."""
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,105 @@ def test_core_imports_nothing_outside_the_domain() -> None:
                 if any(module == f or module.startswith(f + ".") for f in forbidden):
                     offenders.append(f"{path.relative_to(ROOT)}: {line.strip()}")
     assert offenders == []
+
+
+# --- layers (ARCHITECTURE.md, "Layers") ------------------------------------------------------------------
+
+SRC = ROOT / "src" / "gpupool"
+SERVICES = ("scheduler", "agent", "webhook", "exporter", "dashboard", "sim")
+# Which gpupool packages each package may import (besides itself). `testing` is the harness (fake
+# kube-scheduler, embedded cluster, stand-in kubelet, testbed): no production package may import it, only
+# the entry layer (commands/ runs `gpupool demo` on it).
+MAY_IMPORT: dict[str, set[str]] = {
+    "core": set(),
+    "api": {"core"},
+    "cluster": {"core", "api"},
+    **{service: {"core", "api", "cluster"} for service in SERVICES},
+    "testing": {"core", "api", "cluster", *SERVICES},
+    "commands": {"core", "api", "cluster", *SERVICES, "testing"},
+    "cli": {"commands"},
+    "__main__": {"cli"},
+    "__init__": set(),
+}
+# Third-party libraries that belong to one adapter (ARCHITECTURE.md: one adapter per external system).
+ONLY_IN = {
+    "lightkube": ("gpupool.cluster",),
+    "pynvml": ("gpupool.agent.nvml",),
+    "grpc": ("gpupool.agent", "gpupool.testing"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imports(module: str, source: str, is_package: bool = False) -> list[tuple[int, str]]:
+    """Every module imported anywhere in `source` (function-local imports included), relative ones resolved."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    out: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                out.append((node.lineno, ".".join([*base, *([node.module] if node.module else [])])))
+            elif node.module:
+                out.append((node.lineno, node.module))
+    return out
+
+
+def _layer(module: str) -> str:
+    """gpupool.scheduler.app -> scheduler; gpupool.cli -> cli; gpupool -> __init__."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _violations(module: str, source: str, is_package: bool = False) -> list[str]:
+    mine = _layer(module)
+    out = []
+    for line, imported in _imports(module, source, is_package):
+        if imported.startswith("gpupool."):
+            target = _layer(imported)
+            if target != mine and target not in MAY_IMPORT[mine]:
+                out.append(f"{line}: {mine} imports {imported}")
+        owners = ONLY_IN.get(imported.split(".")[0])
+        if owners and not any(module == o or module.startswith(o + ".") for o in owners):
+            out.append(f"{line}: {imported} belongs in {' or '.join(owners)}")
+    return out
+
+
+def test_every_package_is_in_the_layer_table() -> None:
+    found = {_layer(_module_name(p)) for p in SRC.rglob("*.py")}
+    assert found <= set(MAY_IMPORT), f"add {sorted(found - set(MAY_IMPORT))} to MAY_IMPORT"
+
+
+def test_imports_only_point_down_the_layers_and_adapter_libraries_stay_in_their_adapter() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{v}"
+        for path in sorted(SRC.rglob("*.py"))
+        for v in _violations(_module_name(path), path.read_text(), path.name == "__init__.py")
+    ]
+    assert offenders == []
+
+
+def test_the_layer_check_catches_what_it_should() -> None:
+    """The checker on made-up modules: a relative import into another service, the harness imported by a
+    service, lightkube outside the cluster adapter, and lazy (function-local) imports are all caught."""
+    source = (
+        "from ..scheduler import service\n"
+        "def later():\n"
+        "    import gpupool.testing.embedded\n"
+        "    from lightkube import AsyncClient\n"
+        "from . import config\n"
+        "from gpupool.api import pod\n"
+    )
+    assert _violations("gpupool.webhook.bad", source) == [
+        "1: webhook imports gpupool.scheduler",
+        "3: webhook imports gpupool.testing.embedded",
+        "4: lightkube belongs in gpupool.cluster",
+    ]
+    # The entry layer may run the demo on the harness; core may import nothing of gpupool.
+    assert _violations("gpupool.commands.demo", "from gpupool.testing import embedded\n") == []
+    assert _violations("gpupool.core.fit", "from ..api import pod\n") == ["1: core imports gpupool.api"]
