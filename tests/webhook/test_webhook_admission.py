@@ -101,7 +101,7 @@ async def test_chosen_isolation_is_not_overwritten(served: Served) -> None:
 async def test_already_routed_pod_gets_no_patch(served: Served) -> None:
     obj = pod(
         {RESOURCE_GPU: "1", RESOURCE_MEMORY: "2048"},
-        annotations={ANN_ISOLATION: "none"},
+        annotations={ANN_ISOLATION: "mps"},  # as strong as the default policy's hook, so allowed as is
         spec={"schedulerName": "gpupool-scheduler"},
     )
     resp = await admit(served, "/mutate", review(obj))
@@ -198,8 +198,8 @@ async def test_impossible_requests_are_refused_by_both_webhooks(
     ("memory", "expected"),
     [
         ("96Gi", "98304 MiB is more than any GPU in the cluster has (largest: 81920 MiB)"),
-        ("12Q", "unknown unit 'Q'"),
-        ("500m", "unknown unit 'm'"),
+        ("12Q", "gpu-memory '12Q': not a Kubernetes quantity"),
+        ("500m", "gpu-memory=0 must be a positive number of MiB"),  # 0.5 bytes, rounded down
     ],
 )
 async def test_memory_units_are_checked_when_mutating(served: Served, memory: str, expected: str) -> None:
@@ -207,11 +207,14 @@ async def test_memory_units_are_checked_when_mutating(served: Served, memory: st
     assert not resp["allowed"] and expected in resp["status"]["message"], resp
 
 
-async def test_unnormalised_memory_is_refused_by_validate(served: Served) -> None:
-    # If another mutating webhook (re)wrote the unit after ours, the scheduler could not read it.
+async def test_unnormalised_memory_is_read_by_validate_like_the_scheduler(served: Served) -> None:
+    # Another mutating webhook may (re)write the unit after ours: every component reads pods with the same
+    # reader (gpupool.api.pod), so 8Gi means 8192 MiB to all of them and is admitted.
     obj = pod({RESOURCE_GPU: "1", RESOURCE_MEMORY: "8Gi"}, spec={"schedulerName": "gpupool-scheduler"})
     resp = await admit(served, "/validate", review(obj))
-    assert not resp["allowed"] and "'8Gi' is not a number" in resp["status"]["message"]
+    assert resp["allowed"], resp
+    request = parse_pod(obj).request
+    assert request is not None and request.gpu.memory_mib == 8192
 
 
 async def test_all_problems_are_listed_at_once(served: Served) -> None:

@@ -69,18 +69,12 @@ def webhook(config_file: Path | None, **flags: object) -> None:
 
 
 async def _run(config: WebhookConfig) -> None:
-    from gpupool.webhook.admission import Settings
     from gpupool.webhook.app import create_app
     from gpupool.webhook.inventory import InventoryView, follow
     from gpupool.webhook.server import build_server, serve
 
     assert config.cert_file is not None and config.key_file is not None  # checked by the command
-    settings = Settings(
-        scheduler_name=config.scheduler_name,
-        default_isolation=config.default_isolation,
-        trusted_users=frozenset(config.trusted_users),
-        allow_privileged=config.allow_privileged,
-    )
+    settings = config.settings()  # the admission settings and namespace policies
     inventory = InventoryView()
     background: list[asyncio.Task[None]] = []
     port = None

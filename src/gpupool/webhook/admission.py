@@ -6,6 +6,9 @@ the default isolation mode. Validating (`validate`): refuse what could never be 
 break accounting, with one message that lists every problem and where it is.
 
 Both run the same checks, so a pod is refused by whichever webhook sees it first with the same text.
+Every pod (GPU or not) is also checked for what no container may bring (`forbidden`), under the
+namespace's admission policy (`policy`: isolation modes, strict mode, host access). Ephemeral containers
+added later (`pods/ephemeralcontainers`) get the same checks, and updates may not change the isolation.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.api.logsafe import shown
 from gpupool.api.names import (
     ANN_ALLOCATED,
     ANN_ALLOCATION,
@@ -31,11 +35,13 @@ from gpupool.api.names import (
     RESOURCE_MEMORY,
 )
 from gpupool.api.pod import parse_pod, pod_key, wants_gpu
+from gpupool.api.quantity import QuantityError, gpu_memory_mib
 from gpupool.core.model import GPURequest
 from gpupool.core.policies import policy_names
-from gpupool.core.quantity import QuantityError, parse_memory_mib
+from gpupool.webhook.forbidden import pod_problems
 from gpupool.webhook.inventory import Limits
 from gpupool.webhook.patch import Patcher
+from gpupool.webhook.policy import DEFAULT_POLICY, AdmissionPolicy, judge_isolation, make_policy
 
 API_VERSION = "admission.k8s.io/v1"
 # Annotations only gpupool components write: the scheduler's grant and the agent's "devices handed out"
@@ -53,12 +59,29 @@ class ReviewError(ValueError):
     """The AdmissionReview itself is malformed (answered with HTTP 400, not with a denial)."""
 
 
+class UnknownPolicy(LookupError):
+    """A webhook path names a policy the configuration does not have (a chart/config mismatch)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     scheduler_name: str = "gpupool-scheduler"
     default_isolation: str = "hook"  # "" = do not write the annotation
     trusted_users: frozenset[str] = frozenset()
-    allow_privileged: bool = False
+    allow_privileged: bool = False  # the default policy's host access (privileged, /dev mounts, ...)
+    # The default namespace policy; None = built from default_isolation and allow_privileged.
+    default_policy: AdmissionPolicy | None = None
+    policies: Mapping[str, AdmissionPolicy] = field(default_factory=dict)  # by the name in the webhook path
+
+    def policy(self, name: str | None = None) -> AdmissionPolicy:
+        if name:
+            if name in self.policies:
+                return self.policies[name]
+            if name != DEFAULT_POLICY:
+                raise UnknownPolicy(f"no admission policy named {shown(name)!r} in the webhook configuration")
+        if self.default_policy is not None:
+            return self.default_policy
+        return make_policy(DEFAULT_POLICY, self.default_isolation or "hook", allow_host_access=self.allow_privileged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +119,16 @@ def _normalise(pod: dict[str, Any], patcher: Patcher, errors: list[str]) -> None
     """GPU memory in MiB; whole-GPU requests made explicit. Edits `pod` through `patcher`."""
     for kind, i, c in _containers(pod):
         resources = c.get("resources") or {}
-        where = f"{'init container' if kind == 'initContainers' else 'container'} {c.get('name', i)}"
+        where = f"{'init container' if kind == 'initContainers' else 'container'} {shown(c.get('name', i))}"
         for section in ("limits", "requests"):
             values = resources.get(section) or {}
             if RESOURCE_MEMORY not in values:
                 continue
             raw = values[RESOURCE_MEMORY]
             try:
-                mib = parse_memory_mib(str(raw))
+                mib = gpu_memory_mib(raw)
             except QuantityError as e:
-                errors.append(f"{where}: {RESOURCE_MEMORY}: {e}")
+                errors.append(f"{where}: {e}")
                 continue
             if str(mib) != str(raw):
                 patcher.set(("spec", kind, i, "resources", section, RESOURCE_MEMORY), str(mib))
@@ -131,23 +154,40 @@ def _route(pod: dict[str, Any], settings: Settings, patcher: Patcher, errors: li
     patcher.set(("spec", "schedulerName"), settings.scheduler_name)
 
 
-def mutate(pod: Mapping[str, Any], settings: Settings, limits: Limits | None, user: str = "") -> Decision:
+def _isolation(work: dict[str, Any], settings: Settings, policy: AdmissionPolicy, patcher: Patcher,
+               warnings: list[str]) -> None:
+    """Write the namespace's default isolation into pods without one, and raise a weaker choice to it
+    when the policy says so (refusals are check_create's)."""
+    verdict = judge_isolation(_annotations(work), policy, mutating=True)
+    if verdict.raised_from:
+        patcher.set(("metadata", "annotations", ANN_ISOLATION), verdict.mode)
+        warnings.append(
+            f"gpupool: annotation {ANN_ISOLATION}={verdict.raised_from!r} is weaker than the policy "
+            f"{policy.name!r} of this namespace allows; the pod runs with {verdict.mode!r}"
+        )
+    elif ANN_ISOLATION not in _annotations(work) and (policy.name != DEFAULT_POLICY or settings.default_isolation):
+        patcher.set(("metadata", "annotations", ANN_ISOLATION), policy.default_isolation)
+
+
+def mutate(pod: Mapping[str, Any], settings: Settings, limits: Limits | None, user: str = "",
+           policy: AdmissionPolicy | None = None) -> Decision:
+    policy = policy or settings.policy()
     if not touches_gpupool(pod):
-        return Decision(True)
+        return check_create(pod, settings, limits, user, policy)
     work = copy.deepcopy(dict(pod))
     patcher = Patcher(work)
     errors: list[str] = []
+    warnings: list[str] = []
     if wants_gpu(work):
         _normalise(work, patcher, errors)
         _route(work, settings, patcher, errors)
-        if settings.default_isolation and ANN_ISOLATION not in _annotations(work):
-            patcher.set(("metadata", "annotations", ANN_ISOLATION), settings.default_isolation)
+        _isolation(work, settings, policy, patcher, warnings)
     if errors:
         return _deny(pod, errors, 422)
-    decision = check_create(work, settings, limits, user)
+    decision = check_create(work, settings, limits, user, policy)
     if not decision.allowed:
         return decision
-    return Decision(True, patch=patcher.ops, warnings=decision.warnings)
+    return Decision(True, patch=patcher.ops, warnings=warnings + decision.warnings)
 
 
 # --- validation -------------------------------------------------------------------------------------------
@@ -156,7 +196,7 @@ def mutate(pod: Mapping[str, Any], settings: Settings, limits: Limits | None, us
 def _deny(pod: Mapping[str, Any], errors: list[str], code: int) -> Decision:
     meta = pod.get("metadata") or {}
     name = meta.get("name") or f"{meta.get('generateName', '')}<generated>"
-    who = f"{meta.get('namespace') or 'default'}/{name}"
+    who = shown(f"{meta.get('namespace') or 'default'}/{name}")
     return Decision(False, f"gpupool refused pod {who}: " + "; ".join(errors), code)
 
 
@@ -227,58 +267,79 @@ def _spec_problems(pod: Mapping[str, Any], settings: Settings) -> list[str]:
             f"spec.nodeName={spec['nodeName']!r}: a GPU pod must go through the gpupool scheduler, "
             "which picks the node and the GPU share; use a nodeSelector instead"
         )
-    for volume in spec.get("volumes") or []:
-        path = str((volume.get("hostPath") or {}).get("path", ""))
-        if path.rstrip("/") == "/dev" or path.startswith("/dev/nvidia"):
-            out.append(f"volume {volume.get('name')}: hostPath {path} exposes GPU devices outside the pool's grant")
-    if not settings.allow_privileged:
-        for kind, i, c in _containers(pod):
-            if (c.get("securityContext") or {}).get("privileged") is True:
-                out.append(
-                    f"{'init container' if kind == 'initContainers' else 'container'} {c.get('name', i)}: "
-                    "privileged containers see every GPU of the node, which defeats sharing"
-                )
     return out
 
 
-def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | None, user: str) -> Decision:
+def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | None, user: str,
+                 policy: AdmissionPolicy | None = None) -> Decision:
     """Everything that makes a new pod unacceptable; allowed (maybe with warnings) otherwise."""
+    policy = policy or settings.policy()
+    gpu = wants_gpu(pod)
+    # What the namespace's policy forbids (403): in every pod, GPU or not.
+    forbidden = pod_problems(pod, policy.strict, policy.allow_host_access, gpu)
     if not touches_gpupool(pod):
-        return Decision(True)
+        return _deny(pod, forbidden, 403) if forbidden else Decision(True)
     errors = _annotation_problems(pod, user, settings)
+    if user not in settings.trusted_users and any(k in _annotations(pod) for k in RESERVED_ANNOTATIONS):
+        forbidden.extend(errors)
+        errors = []
     parsed = parse_pod(pod)
     errors.extend(parsed.errors)
     warnings: list[str] = []
-    if wants_gpu(pod):
+    if gpu:
         errors.extend(_spec_problems(pod, settings))
+        verdict = judge_isolation(_annotations(pod), policy, mutating=False)
+        if verdict.error:
+            forbidden.append(verdict.error)
         if parsed.request is not None:
             if limits is None:
                 warnings.append("gpupool: GPU inventory not known yet; request not checked against GPU sizes")
             else:
                 errors.extend(_capacity_problems(limits, parsed.request.gpu, warnings))
-    if errors:
-        # 403 when the pod tries to write what only the scheduler may; 422 for an impossible request.
-        forbidden = any(k in _annotations(pod) for k in RESERVED_ANNOTATIONS) and user not in settings.trusted_users
-        return _deny(pod, errors, 403 if forbidden else 422)
+    if forbidden or errors:
+        # 403 when the pod asks for what the policy (or gpupool's own records) forbid; 422 when the
+        # request is only impossible.
+        return _deny(pod, forbidden + errors, 403 if forbidden else 422)
     return Decision(True, warnings=warnings)
 
 
+# Annotations a tenant may not change once the pod exists: the scheduler records the isolation in the
+# allocation at bind time, so a later change would bypass the policy checked at creation.
+IMMUTABLE_ANNOTATIONS = (ANN_ISOLATION,)
+
+
 def check_update(pod: Mapping[str, Any], old: Mapping[str, Any], settings: Settings, user: str) -> Decision:
-    """Pod specs are (nearly) immutable; what a user could still break is the allocation record."""
+    """Pod specs are (nearly) immutable; what a user could still break is the allocation record and the
+    isolation chosen at creation."""
     if user in settings.trusted_users:
         return Decision(True)
     new, before = _annotations(pod), _annotations(old)
-    changed = [k for k in RESERVED_ANNOTATIONS if new.get(k) != before.get(k)]
-    if changed:
-        return _deny(
-            pod,
-            [
-                f"annotation {k} is written by gpupool itself (scheduler or node agent) only; leave it unchanged"
-                for k in changed
-            ],
-            403,
-        )
-    return Decision(True)
+    problems = [
+        f"annotation {k} is written by gpupool itself (scheduler or node agent) only; leave it unchanged"
+        for k in RESERVED_ANNOTATIONS
+        if new.get(k) != before.get(k)
+    ]
+    problems += [
+        f"annotation {k} cannot change after the pod is created (it was {before.get(k)!r}); recreate the pod"
+        for k in IMMUTABLE_ANNOTATIONS
+        if new.get(k) != before.get(k)
+    ]
+    return _deny(pod, problems, 403) if problems else Decision(True)
+
+
+def check_ephemeral(pod: Mapping[str, Any], old: Mapping[str, Any] | None, settings: Settings,
+                    policy: AdmissionPolicy | None = None) -> Decision:
+    """`pods/ephemeralcontainers` (e.g. `kubectl debug`): the containers it adds get the checks every
+    container gets at creation. Ones already there were checked when they were added."""
+    policy = policy or settings.policy()
+
+    def names(obj: Mapping[str, Any] | None) -> set[str]:
+        spec = (obj or {}).get("spec") or {}
+        return {str(c.get("name")) for c in spec.get("ephemeralContainers") or [] if isinstance(c, Mapping)}
+
+    added = frozenset(names(pod) - names(old))
+    problems = pod_problems(pod, policy.strict, policy.allow_host_access, wants_gpu(pod), only_ephemeral=added)
+    return _deny(pod, problems, 403) if problems else Decision(True)
 
 
 # --- AdmissionReview in and out ---------------------------------------------------------------------------
@@ -292,6 +353,7 @@ class Request:
     user: str
     obj: Mapping[str, Any] | None
     old: Mapping[str, Any] | None
+    sub_resource: str = ""  # "ephemeralcontainers" for kubectl debug; "" for the pod itself
 
 
 def parse_review(body: Any) -> Request:
@@ -313,16 +375,27 @@ def parse_review(body: Any) -> Request:
             raise ReviewError(f"request.{key}: expected an object")
     kind = (req.get("kind") or {}).get("kind", "") if isinstance(req.get("kind"), dict) else ""
     user = (req.get("userInfo") or {}).get("username", "") if isinstance(req.get("userInfo"), dict) else ""
-    return Request(uid, str(req.get("operation", "")), str(kind), str(user), req.get("object"), req.get("oldObject"))
+    sub = req.get("subResource") or ""
+    return Request(uid, str(req.get("operation", "")), str(kind), str(user), req.get("object"), req.get("oldObject"),
+                   str(sub))
 
 
-def decide(request: Request, mutating: bool, settings: Settings, limits: Limits | None) -> Decision:
+def decide(request: Request, mutating: bool, settings: Settings, limits: Limits | None,
+           policy: AdmissionPolicy | None = None) -> Decision:
+    """The answer to one review under `policy` (the namespace's, as named by the webhook path)."""
     if request.kind != "Pod" or request.obj is None:
         return Decision(True)  # not ours (a misrouted rule must not block the cluster)
+    policy = policy or settings.policy()
+    if request.sub_resource == "ephemeralcontainers":
+        if mutating:
+            return Decision(True)
+        return check_ephemeral(request.obj, request.old, settings, policy)
+    if request.sub_resource:
+        return Decision(True)  # status, binding, ...: not a tenant's way to change the pod's containers
     if request.operation == "CREATE":
         if mutating:
-            return mutate(request.obj, settings, limits, request.user)
-        return check_create(request.obj, settings, limits, request.user)
+            return mutate(request.obj, settings, limits, request.user, policy)
+        return check_create(request.obj, settings, limits, request.user, policy)
     if request.operation == "UPDATE" and not mutating and request.old is not None:
         return check_update(request.obj, request.old, settings, request.user)
     return Decision(True)

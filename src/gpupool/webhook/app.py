@@ -1,6 +1,10 @@
 """HTTP layer of the webhook: POST /mutate and /validate (AdmissionReview v1), /healthz, /readyz,
 /metrics. Thin adapters around `admission`; every bad request gets a status and a reason, and the
 server keeps serving the others.
+
+`/mutate/<policy>` and `/validate/<policy>` decide under the named admission policy: the chart points
+the webhook entry of each policy's namespaces (selected by label) at its path. The plain paths use the
+default policy.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from gpupool.webhook.admission import ReviewError, Settings, decide, key_of, parse_review, response
+from gpupool.api.logsafe import shown
+from gpupool.webhook.admission import ReviewError, Settings, UnknownPolicy, decide, key_of, parse_review, response
 from gpupool.webhook.inventory import InventoryView
 
 log = logging.getLogger("gpupool.webhook")
@@ -75,6 +80,13 @@ def create_app(
         async def endpoint(request: Request) -> Response:
             start = time.perf_counter()
             try:
+                policy = settings.policy(request.path_params.get("policy"))
+            except UnknownPolicy as e:
+                # A chart/config mismatch: answered as an error, so the entry's failurePolicy applies.
+                metrics.reviews.labels(name, "bad_request").inc()
+                log.error("%s: %s", name, e)
+                return JSONResponse({"error": str(e)}, status_code=404)
+            try:
                 body = await _read_limited(request, max_body_bytes)
             except BodyTooLarge:
                 metrics.reviews.labels(name, "too_large").inc()
@@ -91,16 +103,17 @@ def create_app(
                 metrics.reviews.labels(name, "bad_request").inc()
                 return JSONResponse({"error": f"not a valid AdmissionReview: {e}"}, status_code=400)
             try:
-                decision = decide(review, mutating, settings, inventory.limits)
+                decision = decide(review, mutating, settings, inventory.limits, policy)
             except Exception:  # a bug must cost one answer, not the server
-                log.exception("%s failed on %s", name, key_of(review))
+                log.exception("%s failed on %s", name, shown(key_of(review)))
                 metrics.reviews.labels(name, "error").inc()
                 return JSONResponse({"error": "internal error while deciding; see the webhook log"}, 500)
             outcome = "allowed" if decision.allowed else "denied"
             if decision.patch:
                 outcome = "patched"
             if not decision.allowed:
-                log.info("%s denied %s %s: %s", name, review.operation, key_of(review), decision.message)
+                log.info("%s denied %s %s: %s", name, shown(review.operation), shown(key_of(review)),
+                         shown(decision.message, 4000))
             metrics.reviews.labels(name, outcome).inc()
             answer = JSONResponse(response(review.uid, decision))
             metrics.latency.labels(name).observe(time.perf_counter() - start)
@@ -121,6 +134,8 @@ def create_app(
         routes=[
             Route("/mutate", handler(True), methods=["POST"]),
             Route("/validate", handler(False), methods=["POST"]),
+            Route("/mutate/{policy}", handler(True), methods=["POST"]),
+            Route("/validate/{policy}", handler(False), methods=["POST"]),
             Route("/healthz", healthz, methods=["GET"]),
             Route("/readyz", readyz, methods=["GET"]),
             Route("/metrics", metrics_endpoint, methods=["GET"]),

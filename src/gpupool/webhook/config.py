@@ -1,19 +1,23 @@
 """The webhook's one configuration object, loaded in one place: flag > environment > file > default.
 
 Environment variables are named GPUPOOL_WEBHOOK_<FIELD> (e.g. GPUPOOL_WEBHOOK_PORT); the file is YAML
-with the field names as keys. Nothing else in the webhook reads the environment.
+with the field names as keys. Lists in the environment are comma-separated; `policies` is JSON (the chart
+writes it with toJson). Nothing else in the webhook reads the environment.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from gpupool.api.names import ISOLATION_MODES
+from gpupool.webhook.admission import Settings
+from gpupool.webhook.policy import DEFAULT_POLICY, AdmissionPolicy, make_policy
 
 ENV_PREFIX = "GPUPOOL_WEBHOOK_"
 CONFIG_VERSION = "webhook.gpupool.io/v1"
@@ -21,6 +25,27 @@ CONFIG_VERSION = "webhook.gpupool.io/v1"
 
 class ConfigError(ValueError):
     pass
+
+
+class PolicyConfig(BaseModel):
+    """One namespace admission policy (see gpupool.webhook.policy)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    default_isolation: str = "hook"
+    allowed_isolation: tuple[str, ...] = ()  # empty = the default and every stronger mode
+    weaker_isolation: Literal["refuse", "raise"] = "refuse"
+    strict: bool = False
+    allow_host_access: bool = False
+
+    def build(self, name: str) -> AdmissionPolicy:
+        return make_policy(name, self.default_isolation, self.allowed_isolation, self.weaker_isolation,
+                           self.strict, self.allow_host_access)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> PolicyConfig:
+        self.build("this")  # raises ValueError naming what is inconsistent
+        return self
 
 
 class WebhookConfig(BaseModel):
@@ -39,7 +64,15 @@ class WebhookConfig(BaseModel):
     # Users (e.g. system:serviceaccount:<ns>:<scheduler>) allowed to write gpupool.io/allocation.
     trusted_users: tuple[str, ...] = ()
     # A privileged container sees every GPU of the node, which defeats sharing: refused unless allowed.
+    # (The default policy's host access: privileged, SYS_ADMIN/MKNOD, host mounts of /, /dev, /proc.)
     allow_privileged: bool = False
+    # The default admission policy (namespaces without a policy label): isolation modes pods may choose
+    # (empty = default_isolation and every stronger one), what a weaker choice gets, strict envFrom.
+    allowed_isolation: tuple[str, ...] = ()
+    weaker_isolation: Literal["refuse", "raise"] = "refuse"
+    strict: bool = False
+    # Named policies, picked per namespace by label through the webhook path /validate/<name>.
+    policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     # An AdmissionReview carries the object and the old object (each at most ~1.5 MiB in etcd).
     max_body_bytes: int = Field(default=3 * 1024 * 1024, ge=1024)
     # Read node inventories from the cluster (to refuse memory larger than any GPU); off for local runs.
@@ -54,6 +87,37 @@ class WebhookConfig(BaseModel):
         if v and v not in ISOLATION_MODES:
             raise ValueError(f"must be one of {', '.join(ISOLATION_MODES)} or empty")
         return v
+
+    @field_validator("policies")
+    @classmethod
+    def _policy_names(cls, v: dict[str, PolicyConfig]) -> dict[str, PolicyConfig]:
+        for name in v:
+            # The name is a URL path segment and a label value: keep it to what both allow.
+            if not name or len(name) > 63 or not all(ch.isalnum() or ch in "-_." for ch in name):
+                raise ValueError(f"policy name {name!r}: use up to 63 letters, digits, '-', '_' or '.'")
+            if name == DEFAULT_POLICY:
+                raise ValueError(f"policy name {name!r} is the built-in default policy; set its fields at top level")
+        return v
+
+    @model_validator(mode="after")
+    def _default_policy(self) -> WebhookConfig:
+        self.default_policy()
+        return self
+
+    def default_policy(self) -> AdmissionPolicy:
+        return make_policy(DEFAULT_POLICY, self.default_isolation or "hook", self.allowed_isolation,
+                           self.weaker_isolation, self.strict, self.allow_privileged)
+
+    def settings(self) -> Settings:
+        """The admission settings this configuration describes."""
+        return Settings(
+            scheduler_name=self.scheduler_name,
+            default_isolation=self.default_isolation,
+            trusted_users=frozenset(self.trusted_users),
+            allow_privileged=self.allow_privileged,
+            default_policy=self.default_policy(),
+            policies={name: p.build(name) for name, p in self.policies.items()},
+        )
 
     @field_validator("apiVersion")
     @classmethod
@@ -81,8 +145,16 @@ def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
         raw = env.get(ENV_PREFIX + name.upper())
         if raw is None:
             continue
-        # Lists come as comma-separated text; pydantic converts the rest from strings itself.
-        out[name] = tuple(p.strip() for p in raw.split(",") if p.strip()) if name == "trusted_users" else raw
+        if name in ("trusted_users", "allowed_isolation"):
+            # Lists come as comma-separated text; pydantic converts the rest from strings itself.
+            out[name] = tuple(p.strip() for p in raw.split(",") if p.strip())
+        elif name == "policies":
+            try:
+                out[name] = json.loads(raw) if raw.strip() else {}
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{ENV_PREFIX}POLICIES: not JSON ({e})") from None
+        else:
+            out[name] = raw
     return out
 
 

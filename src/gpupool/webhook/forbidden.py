@@ -1,0 +1,162 @@
+"""What no container may bring into a pod, GPU pod or not: the ways around the pool's grant.
+
+Every check looks at every container: `containers`, `initContainers` (sidecars included) and
+`ephemeralContainers` (added later through the `pods/ephemeralcontainers` subresource, e.g. by
+`kubectl debug`). Why each one:
+
+* Environment variables the NVIDIA container runtime or gpupool interpret. With the toolkit's default
+  `accept-nvidia-visible-devices-envvar-when-unprivileged = true`, `NVIDIA_VISIBLE_DEVICES=all` in *any*
+  pod on a GPU node hands it every GPU; `GPUPOOL_*`, `CUDA_MPS_*` and `LD_PRELOAD` would override the
+  limits and the interception library the agent hands the container; `CUDA_VISIBLE_DEVICES` re-maps
+  which GPU a process uses.
+* `envFrom` (strict namespaces): a ConfigMap or Secret can carry any of those names, and the webhook
+  cannot see its content (it may not even exist yet).
+* hostPath volumes at `/`, `/dev` or `/proc`, or below them, after normalising the path (`//dev`, `/./dev`,
+  `/dev/../dev`, trailing slashes): the device files of every GPU, or the host's root through
+  `/proc/1/root`.
+* `privileged: true`, capabilities `SYS_ADMIN`, `MKNOD` or `ALL` (with or without `CAP_`, any case): a
+  privileged container sees every device; MKNOD creates device nodes; SYS_ADMIN mounts.
+* `hostPID` / `hostIPC` for GPU pods: the host's processes (including other tenants' CUDA processes and
+  the MPS control daemons) and their shared memory.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpupool.api.logsafe import shown
+
+FORBIDDEN_ENV = frozenset({
+    "NVIDIA_VISIBLE_DEVICES",
+    "NVIDIA_DRIVER_CAPABILITIES",
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "NVIDIA_MIG_MONITOR_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "LD_PRELOAD",
+})
+FORBIDDEN_ENV_PREFIXES = ("GPUPOOL_", "CUDA_MPS_")
+FORBIDDEN_CAPABILITIES = frozenset({"SYS_ADMIN", "MKNOD", "ALL"})
+HOST_ROOTS = ("/dev", "/proc")  # and "/" itself
+
+_KINDS = (("containers", "container"), ("initContainers", "init container"),
+          ("ephemeralContainers", "ephemeral container"))
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    kind: str  # "container", "init container" or "ephemeral container"
+    name: str
+    body: Mapping[str, Any]
+
+    @property
+    def where(self) -> str:
+        return f"{self.kind} {shown(self.name)}"
+
+
+def containers(pod: Mapping[str, Any], only: frozenset[str] | None = None) -> Iterator[Container]:
+    """Every container of the pod; with `only`, just the ephemeral containers of those names."""
+    spec = pod.get("spec") or {}
+    for key, kind in _KINDS:
+        if only is not None and key != "ephemeralContainers":
+            continue
+        for i, c in enumerate(spec.get(key) or []):
+            if not isinstance(c, Mapping):
+                continue
+            name = str(c.get("name", i))
+            if only is None or name in only:
+                yield Container(kind, name, c)
+
+
+def env_forbidden(name: str) -> bool:
+    return name in FORBIDDEN_ENV or name.startswith(FORBIDDEN_ENV_PREFIXES)
+
+
+def normal_host_path(path: str) -> str:
+    """The path as the kernel resolves it (without symlinks): `//dev`, `/./dev/`, `/x/../dev` -> `/dev`.
+    posixpath keeps a leading `//` (POSIX leaves it implementation-defined); Linux treats it as `/`."""
+    return posixpath.normpath("/" + path.lstrip("/"))
+
+
+def host_path_forbidden(path: str) -> bool:
+    norm = normal_host_path(path)
+    return norm == "/" or any(norm == root or norm.startswith(root + "/") for root in HOST_ROOTS)
+
+
+def _capability(value: object) -> str:
+    return str(value).strip().upper().removeprefix("CAP_")
+
+
+def env_problems(c: Container, strict: bool) -> list[str]:
+    out: list[str] = []
+    for var in c.body.get("env") or []:
+        name = str(var.get("name", "")) if isinstance(var, Mapping) else ""
+        if env_forbidden(name):
+            out.append(
+                f"{c.where}: environment variable {shown(name)} is set by gpupool or the NVIDIA runtime only "
+                "(it could reach GPUs or limits outside the pool's grant)"
+            )
+    if strict and c.body.get("envFrom"):
+        out.append(
+            f"{c.where}: envFrom is not allowed in this namespace (strict policy): the webhook cannot check "
+            "which variables a ConfigMap or Secret sets; list them under env instead"
+        )
+    return out
+
+
+def host_problems(c: Container) -> list[str]:
+    out: list[str] = []
+    security = c.body.get("securityContext") or {}
+    if not isinstance(security, Mapping):
+        return out
+    if security.get("privileged") is True:
+        out.append(f"{c.where}: privileged containers see every GPU of the node, which defeats sharing")
+    added = (security.get("capabilities") or {}).get("add") or []
+    bad = sorted({_capability(a) for a in added if isinstance(a, str)} & FORBIDDEN_CAPABILITIES)
+    if bad:
+        out.append(
+            f"{c.where}: capabilities {', '.join(bad)} are not allowed (they give access to devices "
+            "outside the pool's grant)"
+        )
+    return out
+
+
+def volume_problems(pod: Mapping[str, Any]) -> list[str]:
+    out: list[str] = []
+    for volume in (pod.get("spec") or {}).get("volumes") or []:
+        if not isinstance(volume, Mapping):
+            continue
+        host = volume.get("hostPath")
+        if not isinstance(host, Mapping):
+            continue
+        path = str(host.get("path", ""))
+        if host_path_forbidden(path):
+            norm = normal_host_path(path)
+            same = norm == path.rstrip("/") or norm == path
+            out.append(
+                f"volume {shown(str(volume.get('name', '?')))}: hostPath {shown(path)}"
+                f"{'' if same else f' (= {shown(norm)})'} exposes GPU devices outside the pool's grant"
+            )
+    return out
+
+
+def pod_problems(pod: Mapping[str, Any], strict: bool, host_access: bool, gpu: bool,
+                 only_ephemeral: frozenset[str] | None = None) -> list[str]:
+    """Everything forbidden in `pod` (or, with `only_ephemeral`, in those newly added ephemeral containers)."""
+    out: list[str] = []
+    for c in containers(pod, only_ephemeral):
+        out.extend(env_problems(c, strict))
+        if not host_access:
+            out.extend(host_problems(c))
+    if only_ephemeral is None and not host_access:
+        out.extend(volume_problems(pod))
+        spec = pod.get("spec") or {}
+        if gpu:
+            for key in ("hostPID", "hostIPC"):
+                if spec.get(key) is True:
+                    out.append(f"spec.{key}: a GPU pod may not share the host's "
+                               f"{'processes' if key == 'hostPID' else 'IPC namespace'} (other tenants' CUDA and "
+                               "MPS processes live there)")
+    return out
