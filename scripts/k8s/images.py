@@ -1,0 +1,210 @@
+"""Container images for the real-node testbed, built from local files and imported into containerd.
+
+Nothing is pulled from a registry: each image is one uncompressed layer written here from files of this
+machine, packed as an OCI image layout archive that `ctr images import` reads.
+
+- `pause`   a static C program (compiled here with `cc -static`) that waits for SIGTERM/SIGINT and reaps
+            children: the pod sandbox image of containerd's CRI plugin (`sandbox_image`).
+- `busybox` /bin/busybox from Debian's `busybox-static` with a link per applet, plus gpupool's test
+            programs under /gpupool (shell scripts that print what the container received).
+
+Archives are cached in <cache>/images/ under a name that includes a digest of their inputs, so a second
+run imports without rebuilding. Standard library only (runs without the project's virtualenv).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import platform
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+PAUSE_IMAGE = "gpupool.local/pause:1"
+BUSYBOX_IMAGE = "gpupool.local/busybox:1"
+
+PAUSE_C = r"""
+/* The pod sandbox's process: hold the namespaces until told to stop; reap zombies if it is PID 1. */
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static volatile sig_atomic_t stop;
+static void on_stop(int sig) { (void)sig; stop = 1; }
+static void on_child(int sig) { (void)sig; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+
+int main(void) {
+    struct sigaction a = {0}, c = {0};
+    a.sa_handler = on_stop;
+    sigaction(SIGINT, &a, 0);
+    sigaction(SIGTERM, &a, 0);
+    c.sa_handler = on_child;
+    c.sa_flags = SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &c, 0);
+    while (!stop) pause();
+    return 0;
+}
+"""
+
+# gpupool's test programs: what a container received, in a form a test parses without guessing.
+GRANT_SCRIPT = """#!/bin/sh
+# Print the container's gpupool grant: its GPU variables, then the mounts the runtime added for it.
+env | grep -E '^(NVIDIA_|GPUPOOL_|CUDA_MPS_)' | sort | sed 's/^/env /'
+grep -E ' /run/gpupool| /gpupool-' /proc/self/mountinfo | awk '{print "mount " $5}' | sort
+"""
+
+
+class ImageError(RuntimeError):
+    """An image cannot be built or imported; the message says which tool failed and how."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    files: dict[str, tuple[bytes, int]]  # path in the image -> (content, mode)
+    links: dict[str, str]  # symlink path -> target
+
+
+def _arch() -> str:
+    machine = platform.machine()
+    return {"x86_64": "amd64", "aarch64": "arm64"}.get(machine, machine)
+
+
+def _layer_tar(layer: Layer) -> bytes:
+    """A deterministic layer (fixed mtimes, owner root, sorted entries): same inputs, same digest."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        dirs = sorted({str(Path(p).parent) for p in [*layer.files, *layer.links]} - {"."})
+        seen: set[str] = set()
+        for d in dirs:
+            parts = Path(d).parts
+            for i in range(1, len(parts) + 1):
+                sub = str(Path(*parts[:i]))
+                if sub not in seen:
+                    seen.add(sub)
+                    info = tarfile.TarInfo(sub)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tar.addfile(info)
+        for path in sorted(layer.files):
+            data, mode = layer.files[path]
+            info = tarfile.TarInfo(path)
+            info.size, info.mode = len(data), mode
+            tar.addfile(info, io.BytesIO(data))
+        for path in sorted(layer.links):
+            info = tarfile.TarInfo(path)
+            info.type, info.linkname = tarfile.SYMTYPE, layer.links[path]
+            tar.addfile(info)
+    return buf.getvalue()
+
+
+def _blob(out: tarfile.TarFile, data: bytes) -> str:
+    digest = "sha256:" + hashlib.sha256(data).hexdigest()
+    info = tarfile.TarInfo("blobs/sha256/" + digest.split(":", 1)[1])
+    info.size = len(data)
+    out.addfile(info, io.BytesIO(data))
+    return digest
+
+
+def write_archive(path: Path, name: str, layer: Layer, config: dict[str, object]) -> None:
+    """An OCI image layout tar with one image `name` (registry/repo:tag) made of one layer."""
+    layer_bytes = _layer_tar(layer)
+    layer_digest = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    arch = _arch()
+    image_config = {
+        "architecture": arch,
+        "os": "linux",
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    }
+    tmp = path.with_suffix(".tmp")
+    with tarfile.open(tmp, mode="w") as out:
+        _blob(out, layer_bytes)
+        config_bytes = json.dumps(image_config, sort_keys=True).encode()
+        config_digest = _blob(out, config_bytes)
+        manifest = {
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest,
+                       "size": len(config_bytes)},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest,
+                        "size": len(layer_bytes)}],
+        }
+        manifest_bytes = json.dumps(manifest, sort_keys=True).encode()
+        manifest_digest = _blob(out, manifest_bytes)
+        index = {
+            "schemaVersion": 2,
+            "manifests": [{
+                "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": manifest_digest,
+                "size": len(manifest_bytes), "platform": {"architecture": arch, "os": "linux"},
+                # containerd names the image after this annotation (the full reference).
+                "annotations": {"io.containerd.image.name": name,
+                                "org.opencontainers.image.ref.name": name.rsplit(":", 1)[1]},
+            }],
+        }
+        for member, doc in (("oci-layout", {"imageLayoutVersion": "1.0.0"}), ("index.json", index)):
+            data = json.dumps(doc).encode()
+            info = tarfile.TarInfo(member)
+            info.size = len(data)
+            out.addfile(info, io.BytesIO(data))
+    tmp.replace(path)
+
+
+def _run(argv: list[str], what: str) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise ImageError(f"{what} failed (exit {done.returncode}): {' '.join(argv)}\n{done.stderr.strip()}")
+
+
+def pause_layer(work: Path) -> Layer:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise ImageError("no C compiler (cc) to build the pause image: apt-get install gcc libc6-dev")
+    src, binary = work / "pause.c", work / "pause"
+    src.write_text(PAUSE_C)
+    _run([cc, "-static", "-Os", "-s", "-o", str(binary), str(src)], "compiling the static pause program")
+    return Layer({"pause": (binary.read_bytes(), 0o755)}, {})
+
+
+def busybox_layer() -> Layer:
+    busybox = Path("/bin/busybox")
+    if not busybox.is_file():
+        raise ImageError("/bin/busybox missing: apt-get install busybox-static")
+    probe = subprocess.run([str(busybox), "--list"], capture_output=True, text=True, check=False)
+    data = busybox.read_bytes()
+    # A dynamically linked busybox would not run in an image without libc: its ELF interpreter path sits
+    # in the first page (PT_INTERP); the static one has none.
+    if probe.returncode != 0 or b"/ld-linux" in data[:4096]:
+        raise ImageError(f"{busybox} is not Debian's busybox-static (apt-get install busybox-static)")
+    links = {f"bin/{a}": "busybox" for a in probe.stdout.split() if a and a != "busybox"}
+    files = {"bin/busybox": (data, 0o755), "gpupool/grant": (GRANT_SCRIPT.encode(), 0o755)}
+    return Layer(files, links)
+
+
+def build_images(cache: Path) -> dict[str, Path]:
+    """Image name -> archive path, building what is not cached yet."""
+    cache.mkdir(parents=True, exist_ok=True)
+    work = cache / "work"
+    work.mkdir(exist_ok=True)
+    specs = [
+        (PAUSE_IMAGE, lambda: pause_layer(work), {"Entrypoint": ["/pause"]}, PAUSE_C.encode()),
+        (BUSYBOX_IMAGE, busybox_layer, {"Cmd": ["sh"], "Env": ["PATH=/bin"]},
+         Path("/bin/busybox").read_bytes() + GRANT_SCRIPT.encode() if Path("/bin/busybox").is_file() else b""),
+    ]
+    out: dict[str, Path] = {}
+    for name, make, config, inputs in specs:
+        key = hashlib.sha256(inputs + json.dumps(config).encode()).hexdigest()[:16]
+        path = cache / f"{name.split('/')[-1].replace(':', '-')}-{key}.oci.tar"
+        if not path.exists():
+            write_archive(path, name, make(), config)
+        out[name] = path
+    return out
+
+
+def import_images(archives: dict[str, Path], containerd_socket: Path, ctr: str = "ctr") -> None:
+    """Import into containerd's `k8s.io` namespace (the one its CRI plugin, hence kubelet, sees)."""
+    for name, path in archives.items():
+        _run([ctr, "--address", str(containerd_socket), "-n", "k8s.io", "images", "import", str(path)],
+             f"importing {name}")

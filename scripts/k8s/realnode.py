@@ -1,0 +1,394 @@
+"""Real nodes for the testbed: one containerd and one kubelet 1.20 per node, all on this machine.
+
+Standard library only (the `scripts/k8s-testbed up --nodes N` command runs without the virtualenv).
+
+Each node has its own directory (containerd root, state and socket; kubelet root dir, certificates and
+device-plugin dir), its own cgroup root (`--cgroup-root`) and its own loopback address. Why each choice:
+
+- One containerd per kubelet: a kubelet garbage-collects every container of its runtime that it does not
+  know, so two kubelets on one containerd would remove each other's pods.
+- Own cgroup root: with the cgroupfs driver a kubelet removes pod cgroups under its `kubepods` it does not
+  know (orphan clean-up), which would kill the other nodes' containers.
+- Own mount namespace: kubelet 1.20 has the device-plugin directory compiled in
+  (/var/lib/kubelet/device-plugins). containerd runs under `unshare --mount --propagation slave` with the
+  node's own directory bind-mounted there, and kubelet joins that namespace (`nsenter`); the host's mounts
+  still propagate in, the node's mounts do not leak out. Both share the namespace so the volumes kubelet
+  mounts are the ones containerd sees. The gpupool agent runs outside and uses the node's directory.
+- The node's name is a loopback address (127.x.y.z): kubelet refuses a loopback --node-ip, but a name that
+  parses as an IP becomes the node's InternalIP and Hostname address unvalidated, so the API server reaches
+  this kubelet (exec, logs) on loopback without /etc/hosts entries or other API server flags.
+- `restrict_oom_score_adj`: kubelet asks for oom_score_adj -998 for pod sandboxes; lowering it needs
+  CAP_SYS_RESOURCE, which some sandboxed machines (this project's Firecracker VMs) drop from the bounding
+  set, and runc then fails with "failed to update /proc/self/oom_score_adj: Permission denied". containerd
+  clamps the value to its own instead.
+- No CNI: pods use hostNetwork. containerd's CRI reports the network ready once it has read any CNI
+  configuration, so each node gets a loopback-only one whose plugin is never run for hostNetwork pods.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import images
+import testbed as tb
+
+DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # compiled into kubelet 1.20
+CGROUP_FS = Path("/sys/fs/cgroup")
+REAL_NODE_LABEL = "gpupool.io/real-node"
+NOT_READY_TAINT = "node.kubernetes.io/not-ready"
+
+
+def missing_tools() -> list[str]:
+    """What this machine lacks to run real nodes (each with the package that provides it)."""
+    need = {"containerd": "containerd", "ctr": "containerd", "runc": "runc", "unshare": "util-linux",
+            "nsenter": "util-linux", "cc": "gcc"}
+    out = [f"{tool} (apt-get install {pkg})" for tool, pkg in need.items() if shutil.which(tool) is None]
+    if not Path("/bin/busybox").is_file():
+        out.append("/bin/busybox (apt-get install busybox-static)")
+    kubelet = tb.cache_dir() / "bin" / "kubelet"
+    if not os.access(kubelet, os.X_OK):
+        out.append(f"{kubelet} (scripts/k8s-testbed build)")
+    if os.geteuid() != 0:
+        out.append("root (kubelet and containerd manage cgroups and mounts)")
+    return out
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _cgroup_hierarchies() -> list[Path]:
+    """The cgroup v1 hierarchies kubelet's cgroupfs driver writes to (named `systemd` included)."""
+    if not (CGROUP_FS / "memory").is_dir():
+        raise tb.TestbedError(f"no cgroup v1 memory hierarchy under {CGROUP_FS}: kubelet 1.20 with the cgroupfs "
+                              "driver needs the v1 controllers mounted there")
+    return sorted(p for p in CGROUP_FS.iterdir() if p.is_dir() and not p.is_symlink() and p.name != "unified"
+                  and (p / "cgroup.procs").exists())
+
+
+def _containerd_config(node: RealNode) -> str:
+    d = node.dir
+    cri = '[plugins."io.containerd.grpc.v1.cri"'
+    return f"""version = 2
+root = "{d}/containerd/root"
+state = "{d}/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
+[grpc]
+  address = "{node.containerd_socket}"
+[ttrpc]
+  address = "{node.containerd_socket}.ttrpc"
+[debug]
+  address = ""
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{d}/containerd/opt"
+{cri}]
+  sandbox_image = "{images.PAUSE_IMAGE}"
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  disable_apparmor = true
+  restrict_oom_score_adj = true
+{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+{cri}.containerd.runtimes.runc.options]
+  Root = "{d}/runc"
+  SystemdCgroup = false
+{cri}.cni]
+  conf_dir = "{d}/cni/conf"
+  bin_dir = "{d}/cni/bin"
+"""
+
+
+@dataclass
+class RealNode:
+    """One node: containerd + kubelet (restartable on their own), registered as `name`."""
+
+    bed: tb.Testbed
+    name: str  # a loopback address, also the kubelet's listen address
+    dir: Path
+    cgroup_root: str
+    labels: dict[str, str] = field(default_factory=dict)
+    kubelet_port: int = 0
+    containerd: tb.Process | None = None
+    kubelet: tb.Process | None = None
+    kubelet_starts: int = 0
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.dir / "containerd.sock"
+
+    @property
+    def device_plugin_dir(self) -> Path:
+        """Where kubelet.sock of this node is, seen from outside its mount namespace (agent's view)."""
+        return self.dir / "device-plugins"
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.dir / "kubelet"
+
+    def _spawn(self, name: str, argv: list[str]) -> tb.Process:
+        log = self.dir / f"{name}.log"
+        with log.open("ab") as out:
+            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True, preexec_fn=tb.die_with_parent)
+        return tb.Process(f"{name}@{self.name}", popen, log)
+
+    # --- containerd -----------------------------------------------------------------------------------
+    def start_containerd(self, archives: dict[str, Path], timeout_s: float = 60.0) -> None:
+        for sub in ("containerd", "runc", "cni/conf", "cni/bin", "device-plugins", "kubelet", "mps"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        (self.dir / "cni/conf/10-hostnetwork-only.conflist").write_text(json.dumps(
+            {"cniVersion": "0.4.0", "name": "gpupool-hostnetwork-only", "plugins": [{"type": "loopback"}]}))
+        config = self.dir / "containerd.toml"
+        config.write_text(_containerd_config(self))
+        DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)  # the mount point inside the namespace
+        script = (f'mount --bind "{self.device_plugin_dir}" "{DEVICE_PLUGIN_DIR}" && '
+                  f'exec containerd --config "{config}" --log-level warn')
+        self.containerd = self._spawn("containerd", ["unshare", "--mount", "--propagation", "slave",
+                                                     "sh", "-c", script])
+        deadline = time.monotonic() + timeout_s
+        while not self._ctr_ok():
+            if not self.containerd.alive():
+                raise tb.TestbedError(f"containerd of {self.name} exited ({self.containerd.popen.returncode}); "
+                                      f"log {self.containerd.log}:\n{self.containerd.tail()}")
+            if time.monotonic() > deadline:
+                raise tb.TestbedError(f"containerd of {self.name} not answering after {timeout_s:.0f}s:\n"
+                                      f"{self.containerd.tail()}")
+            time.sleep(0.2)
+        try:
+            images.import_images(archives, self.containerd_socket)
+        except images.ImageError as e:
+            raise tb.TestbedError(str(e)) from None
+
+    def _ctr_ok(self) -> bool:
+        if not self.containerd_socket.exists():
+            return False
+        done = subprocess.run(["ctr", "--address", str(self.containerd_socket), "version"], capture_output=True,
+                              check=False, timeout=30)
+        return done.returncode == 0
+
+    # --- kubelet --------------------------------------------------------------------------------------
+    def _cgroup_dirs(self) -> list[Path]:
+        return [h / self.cgroup_root.strip("/") for h in _cgroup_hierarchies()]
+
+    def _make_cgroup_root(self) -> None:
+        for d in self._cgroup_dirs():
+            d.mkdir(exist_ok=True)
+            if d.parent.name == "cpuset":  # a new v1 cpuset starts empty; no task could run in it
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (d / f).read_text().strip():
+                        (d / f).write_text((d.parent / f).read_text())
+
+    def start_kubelet(self, verbosity: int = 1) -> tb.Process:
+        assert self.containerd is not None and self.containerd.alive(), "containerd of this node is not running"
+        self._make_cgroup_root()
+        if not self.kubelet_port:
+            self.kubelet_port = _free_port(self.name)
+        labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
+        argv = [
+            "nsenter", "--target", str(self.containerd.popen.pid), "--mount", "--",
+            str(tb.cache_dir() / "bin" / "kubelet"),
+            "--kubeconfig", str(self.bed.kubeconfig()),
+            "--root-dir", str(self.kubelet_root),
+            "--cert-dir", str(self.kubelet_root / "pki"),
+            "--hostname-override", self.name,
+            "--address", self.name,
+            "--port", str(self.kubelet_port),
+            "--read-only-port", "0",
+            "--healthz-port", "0",
+            "--container-runtime", "remote",
+            "--container-runtime-endpoint", f"unix://{self.containerd_socket}",
+            "--runtime-request-timeout", "2m",
+            "--cgroup-driver", "cgroupfs",
+            "--cgroup-root", self.cgroup_root,
+            "--fail-swap-on=false",
+            "--pod-infra-container-image", images.PAUSE_IMAGE,
+            # The images are imported, not pullable: never garbage-collect them, never evict for disk.
+            "--image-gc-high-threshold", "100", "--image-gc-low-threshold", "99",
+            "--eviction-hard", "memory.available<1Mi,nodefs.available<1%,imagefs.available<1%",
+            "--make-iptables-util-chains=false",  # no kube-proxy, no CNI: leave the host's firewall alone
+            "--volume-plugin-dir", str(self.kubelet_root / "volume-plugins"),
+            "--node-labels", labels,
+            "--node-status-update-frequency", "4s",
+            "--kube-api-qps", "100", "--kube-api-burst", "200",
+            "--serialize-image-pulls=false",
+            "--v", str(verbosity),
+        ]
+        self.kubelet = self._spawn("kubelet", argv)
+        self.kubelet_starts += 1
+        return self.kubelet
+
+    def stop_kubelet(self, kill: bool = False) -> None:
+        if self.kubelet is not None:
+            self.kubelet.kill() if kill else self.kubelet.stop()
+            self.kubelet = None
+
+    # --- teardown -------------------------------------------------------------------------------------
+    def _pids_in_cgroups(self) -> set[int]:
+        pids: set[int] = set()
+        for d in self._cgroup_dirs():
+            for procs in d.rglob("cgroup.procs") if d.exists() else []:
+                with contextlib.suppress(OSError):
+                    pids.update(int(x) for x in procs.read_text().split())
+        return pids
+
+    def _pids_in_namespace(self, ns: str | None) -> set[int]:
+        """Processes in this node's mount namespace (containerd, kubelet, the runc shims)."""
+        if ns is None:
+            return set()
+        out = set()
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    if os.readlink(entry / "ns" / "mnt") == ns:
+                        out.add(int(entry.name))
+                except OSError:
+                    pass
+        return out
+
+    def stop(self) -> None:
+        """Stop kubelet, then every container of this node, then containerd and its shims; remove the
+        node's cgroups. Processes are found by this node's cgroup root and mount namespace only."""
+        ns = None
+        if self.containerd is not None and self.containerd.alive():
+            try:
+                ns = os.readlink(f"/proc/{self.containerd.popen.pid}/ns/mnt")
+            except OSError:
+                ns = None
+        self.stop_kubelet()
+        for pid in self._pids_in_cgroups():
+            _kill(pid)
+        if self.containerd is not None:
+            self.containerd.stop()
+        for pid in self._pids_in_namespace(ns):
+            _kill(pid)
+        deadline = time.monotonic() + 20
+        for d in self._cgroup_dirs():
+            for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [d]:
+                while sub.exists():
+                    try:
+                        sub.rmdir()
+                    except OSError:
+                        if time.monotonic() > deadline:
+                            break
+                        time.sleep(0.1)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+@dataclass
+class RealNodes:
+    """N real nodes on one testbed. `start()` returns when every node is registered, Ready and untainted."""
+
+    bed: tb.Testbed
+    count: int
+    labels: dict[str, str] = field(default_factory=dict)
+    keep: bool = False
+    nodes: list[RealNode] = field(default_factory=list)
+    root: Path | None = None
+
+    def start(self, timeout_s: float = 180.0) -> RealNodes:
+        problems = missing_tools()
+        if problems:
+            raise tb.TestbedError("real nodes need: " + "; ".join(problems))
+        # Unix socket paths must stay short (108 bytes): a short directory directly under /tmp.
+        self.root = Path(tempfile.mkdtemp(prefix="gpn-", dir="/tmp"))
+        tag = self.root.name[4:]
+        block = random.randint(2, 250)  # several testbeds at once: distinct node addresses
+        archives = images.build_images(tb.cache_dir() / "images")
+        try:
+            for i in range(self.count):
+                node = RealNode(self.bed, f"127.{block}.0.{i + 1}", self.root / f"n{i}", f"/gpupool-{tag}-n{i}",
+                                {REAL_NODE_LABEL: tag, **self.labels})
+                self.nodes.append(node)
+                node.start_containerd(archives)
+                node.start_kubelet()
+            for node in self.nodes:
+                wait_node_ready(self.bed, node, timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+        for node in self.nodes:  # the Node objects go too: nothing else (no controller-manager) removes them
+            api_request(self.bed, "DELETE", f"/api/v1/nodes/{node.name}")
+        if self.root is not None and not self.keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def describe(self) -> list[dict[str, str]]:
+        return [{"name": n.name, "dir": str(n.dir), "device_plugin_dir": str(n.device_plugin_dir),
+                 "containerd": str(n.containerd_socket)} for n in self.nodes]
+
+
+def api_request(bed: tb.Testbed, method: str, path: str, body: object = None,
+                content_type: str = "application/merge-patch+json") -> dict | None:
+    """One call to the testbed's API server as its administrator; None on any failure (404 included)."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(bed.url + path, data=data, method=method,
+                                 headers={"Authorization": f"Bearer {bed.admin_token}", "Content-Type": content_type})
+    try:
+        with urllib.request.urlopen(req, timeout=10, context=ctx) as r:
+            return json.loads(r.read())  # type: ignore[no-any-return]
+    except (OSError, urllib.error.URLError, ValueError):
+        return None
+
+
+def _ready(node: dict) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def wait_node_ready(bed: tb.Testbed, node: RealNode, timeout_s: float) -> dict:
+    """Wait for the kubelet to register its node and report Ready, then remove the not-ready taint the API
+    server put on the new node (the node-lifecycle controller's job; there is no controller-manager)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if node.kubelet is None or not node.kubelet.alive():
+            proc = node.kubelet
+            raise tb.TestbedError(f"kubelet of {node.name} is not running; log {proc.log if proc else '-'}:\n"
+                                  f"{proc.tail() if proc else ''}")
+        obj = api_request(bed, "GET", f"/api/v1/nodes/{node.name}")
+        if obj is not None and _ready(obj):
+            taints = (obj.get("spec") or {}).get("taints") or []
+            keep = [t for t in taints if t.get("key") != NOT_READY_TAINT]
+            if len(keep) == len(taints):
+                return obj
+            rv = obj["metadata"]["resourceVersion"]
+            api_request(bed, "PATCH", f"/api/v1/nodes/{node.name}",
+                        {"metadata": {"resourceVersion": rv}, "spec": {"taints": keep or None}})
+            continue  # a conflict (kubelet wrote meanwhile) simply goes round again
+        if time.monotonic() > deadline:
+            assert node.kubelet is not None
+            raise tb.TestbedError(f"node {node.name} not Ready after {timeout_s:.0f}s; kubelet log "
+                                  f"{node.kubelet.log}:\n{node.kubelet.tail()}")
+        time.sleep(0.3)
