@@ -122,8 +122,9 @@ def review(
     old: dict[str, Any] | None = None,
     user: str = "alice",
     uid: str = "705ab4f5-6393-11e8-b7cc-42010a800002",
+    sub_resource: str = "",
 ) -> dict[str, Any]:
-    return {
+    body = {
         "apiVersion": "admission.k8s.io/v1",
         "kind": "AdmissionReview",
         "request": {
@@ -138,6 +139,9 @@ def review(
             "dryRun": False,
         },
     }
+    if sub_resource:
+        body["request"]["subResource"] = sub_resource  # type: ignore[index]
+    return body
 
 
 @dataclass
@@ -148,9 +152,9 @@ class Served:
 
 
 async def start_webhook(
-    tls: TLSFiles, inventory: InventoryView, max_body_bytes: int = 256 * 1024
+    tls: TLSFiles, inventory: InventoryView, max_body_bytes: int = 256 * 1024, settings: Settings | None = None
 ) -> tuple[Any, asyncio.Task[None], int]:
-    settings = Settings(trusted_users=frozenset({SCHEDULER_SA}))
+    settings = settings or Settings(trusted_users=frozenset({SCHEDULER_SA}))
     app = create_app(settings, inventory, max_body_bytes)
     server = build_server(app, "127.0.0.1", 0, tls.cert, tls.key, "warning")
     task = asyncio.create_task(serve(server, 0.05, []))
