@@ -365,7 +365,8 @@ def test_webhooks_fail_closed_and_skip_system_namespaces(render: Render, variant
         ("MutatingWebhookConfiguration", "/mutate", ["CREATE"]),
         ("ValidatingWebhookConfiguration", "/validate", ["CREATE", "UPDATE"]),
     ):
-        (hook,) = one(objs, kind)["webhooks"]
+        # The GPU-pod entry (the one that fails closed); the other pods' entry is in tests/security.
+        (hook,) = [h for h in one(objs, kind)["webhooks"] if h["name"] == f"{path[1:]}.gpupool.io"]
         assert hook["failurePolicy"] == "Fail" and hook["sideEffects"] == "None"
         assert hook["admissionReviewVersions"] == ["v1"]
         assert hook["clientConfig"]["service"] == {
@@ -374,8 +375,9 @@ def test_webhooks_fail_closed_and_skip_system_namespaces(render: Render, variant
             "path": path,
             "port": 443,
         }
+        resources = ["pods"] if path == "/mutate" else ["pods", "pods/ephemeralcontainers"]  # kubectl debug
         assert hook["rules"] == [
-            {"operations": ops, "apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"], "scope": "Namespaced"}
+            {"operations": ops, "apiGroups": [""], "apiVersions": ["v1"], "resources": resources, "scope": "Namespaced"}
         ]
         (expr,) = hook["namespaceSelector"]["matchExpressions"]
         assert expr["key"] == "kubernetes.io/metadata.name" and expr["operator"] == "NotIn"

@@ -8,6 +8,7 @@ writes it with toJson). Nothing else in the webhook reads the environment.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -20,6 +21,7 @@ from gpupool.webhook.admission import Settings
 from gpupool.webhook.policy import DEFAULT_POLICY, AdmissionPolicy, make_policy
 
 ENV_PREFIX = "GPUPOOL_WEBHOOK_"
+_POLICY_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 CONFIG_VERSION = "webhook.gpupool.io/v1"
 
 
@@ -92,9 +94,10 @@ class WebhookConfig(BaseModel):
     @classmethod
     def _policy_names(cls, v: dict[str, PolicyConfig]) -> dict[str, PolicyConfig]:
         for name in v:
-            # The name is a URL path segment and a label value: keep it to what both allow.
-            if not name or len(name) > 63 or not all(ch.isalnum() or ch in "-_." for ch in name):
-                raise ValueError(f"policy name {name!r}: use up to 63 letters, digits, '-', '_' or '.'")
+            # The name is a URL path segment, a label value and part of a webhook's DNS name: an RFC 1123
+            # label satisfies all three (the chart's schema has the same pattern).
+            if not _POLICY_NAME.fullmatch(name):
+                raise ValueError(f"policy name {name!r}: use up to 63 lower-case letters, digits and '-'")
             if name == DEFAULT_POLICY:
                 raise ValueError(f"policy name {name!r} is the built-in default policy; set its fields at top level")
         return v
