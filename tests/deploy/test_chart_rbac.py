@@ -30,7 +30,7 @@ REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = 
     ],
     ("ClusterRole", "gp-gpupool-agent", ""): [
         (("",), ("nodes",), (), ("get", "patch")),
-        (("",), ("pods",), (), ("list", "patch")),
+        (("",), ("pods",), (), ("get", "list", "patch")),
     ],
     ("ClusterRole", "gp-gpupool-webhook", ""): [
         (("",), ("nodes",), (), ("list", "watch")),
