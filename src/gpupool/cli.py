@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "agent": "Run the node agent (kubelet device plugin, discovery, health).",
     "webhook": "Serve the admission webhook.",
     "top": "Show the pool in the terminal.",
+    "hook": "The CUDA interception library behind hook isolation (gpupool hook path).",
     "mig": "MIG geometry, layouts and what-if planning per isolation.",
 }
 

@@ -1,0 +1,119 @@
+/* Internal interface between the modules of libgpupool_hook.so. */
+#ifndef GP_H
+#define GP_H
+
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gpupool_cuda.h"
+
+#define GP_MAX_DEV 16
+#define GP_MAX_SLOTS 256
+#define GP_PPM 1000000LL
+#define GP_FILE_NAME "usage.v1"
+#define GP_MAGIC 0x314c4f4f50555047ULL /* "GPUPOOL1" little-endian */
+#define GP_VERSION 1
+
+enum gp_mode { GP_HARD = 0, GP_ELASTIC = 1 };
+
+/* Pod-wide compute state of one GPU, in the shared file (64 bytes; offsets documented for the agent). */
+struct gp_devstate {
+    int64_t tokens;        /* device-time credit, ns (negative = debt the next launch sleeps off) */
+    int64_t refill_at;     /* CLOCK_MONOTONIC ns of the last refill */
+    int64_t rate_ppm;      /* device time granted per wall time, parts per million */
+    int64_t cost_ns;       /* estimated device time of one launch (measured, averaged) */
+    uint64_t launches;     /* launches paced, cumulative */
+    uint64_t busy_ns;      /* the pod's device busy time as measured from NVML, cumulative */
+    uint64_t charged_ns;   /* estimates charged at launch, cumulative */
+    uint64_t others_ns;    /* busy time of other processes on the GPU, cumulative */
+};
+
+struct gp_slot {           /* one process of the pod (264 bytes) */
+    int64_t pid;           /* 0 = free; liveness is the OFD lock on byte 1 + index, not this pid */
+    uint64_t used[GP_MAX_DEV];  /* bytes the process allocated through hooked calls */
+    uint64_t ctx[GP_MAX_DEV];   /* bytes NVML reports for the process beyond `used` (contexts) */
+};
+
+/* The shared file: the pod's accounting; the agent reads it (gpupool/agent/hookdir.py mirrors it). */
+struct gp_shared {
+    uint64_t magic;                       /* 0 */
+    uint32_t version;                     /* 8 */
+    uint32_t ndev;                        /* 12 */
+    uint64_t limit[GP_MAX_DEV];           /* 16: bytes, 0 = unlimited */
+    uint64_t cores_ppm[GP_MAX_DEV];       /* 144 */
+    uint64_t mode;                        /* 272 */
+    int64_t poller_pid;                   /* 280: the process measuring for the pod */
+    int64_t poller_lease;                 /* 288: CLOCK_MONOTONIC ns until which its lease holds */
+    uint64_t updated_ns;                  /* 296: CLOCK_REALTIME ns of the last measurement */
+    struct gp_devstate dev[GP_MAX_DEV];   /* 304 */
+    uint8_t pad[2048 - 304 - GP_MAX_DEV * 64];
+    struct gp_slot slots[GP_MAX_SLOTS];   /* 2048 */
+};
+
+struct gp_config {
+    int ndev;                             /* values given in the limits (0 = no limits at all) */
+    uint64_t limit[GP_MAX_DEV];           /* bytes, 0 = unlimited */
+    int64_t cores_ppm[GP_MAX_DEV];        /* GP_PPM = unlimited */
+    int mode;
+    int by_uuid;                          /* NVIDIA_VISIBLE_DEVICES lists UUIDs: match devices by UUID */
+    int nuuid;
+    char uuid[GP_MAX_DEV][64];
+    int poll_ms;
+};
+
+extern struct gp_config gp_cfg;
+
+#define GP_EXPORT __attribute__((visibility("default")))
+
+struct gp_hook {
+    const char *name;     /* the exported driver/NVML symbol */
+    void *wrapper;        /* our function with the same ABI */
+    void *real;           /* the driver's, resolved on first cuGetProcAddress */
+};
+extern struct gp_hook gp_mem_hooks[], gp_compute_hooks[], gp_nvml_hooks[];
+
+/* gp_main.c */
+void gp_init(void);
+void gp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void *gp_cuda_sym(const char *name);
+void *gp_nvml_sym(const char *name);
+int64_t gp_now_ns(void);
+int gp_device_index(CUdevice dev);    /* limit index of a CUDA ordinal, -1 = not limited */
+int gp_current_index(void);           /* limit index of the current context's device */
+
+/* gp_shared.c */
+struct gp_shared *gp_shm(void);       /* the pod's shared state (private memory when no hook dir) */
+int gp_slot_index(void);
+int gp_mem_reserve(int li, uint64_t bytes);   /* 0 = reserved, -1 = over the cap */
+void gp_mem_release(int li, uint64_t bytes);
+void gp_mem_adjust(int li, int64_t delta);    /* pool growth measured after the fact */
+uint64_t gp_pod_used(int li);
+uint64_t gp_own_used(int li);
+void gp_set_ctx_bytes(int li, uint64_t bytes);
+int gp_pod_pids(int64_t *pids, int max);
+void gp_shared_after_fork(void);
+
+/* gp_mem.c */
+void gp_pools_refresh(void);
+void gp_mem_after_fork(void);
+
+/* gp_compute.c */
+void gp_pace(int li);
+void gp_compute_after_fork(void);
+
+/* gp_nvml.c */
+nvmlDevice_t gp_nvml_device(int li);
+int gp_nvml_index(nvmlDevice_t dev);
+void gp_refresh_ctx(int li);
+
+/* Resolve the real driver function once; the cache is a plain pointer (racing writers store the same). */
+#define GP_REAL(type, var, name)                                                   \
+    static __typeof__(type) var;                                                   \
+    do {                                                                           \
+        if (__atomic_load_n(&var, __ATOMIC_ACQUIRE) == NULL)                       \
+            __atomic_store_n(&var, (type)gp_cuda_sym(name), __ATOMIC_RELEASE);     \
+    } while (0)
+
+#endif

@@ -1,0 +1,286 @@
+/* Compute: pace kernel launches so that the pod's share of the GPU's time converges to its cap.
+ *
+ * A token bucket counted in *device time*, pod-wide in the shared file: credit accrues at rate x wall time
+ * (rate = the cap, in ppm); each launch is charged an estimate of its device time and, when that leaves
+ * the bucket in debt, the launching thread sleeps the debt off. Estimates are then replaced by facts: one
+ * process of the pod (the poller, holding a lease) reads NVML's per-process utilisation samples, which
+ * the driver derives from when the pod's kernels really occupied the GPU, and corrects the bucket by
+ * (charged - measured). Over any long period the pod's measured busy time is therefore rate x time plus at
+ * most one burst, however wrong the per-launch estimate is; the estimate (measured busy / launches) only
+ * smooths the pacing between corrections. HAMi's design moves a token share up and down by a step that
+ * depends on the SM count and so oscillates; this one has no gain to tune.
+ *
+ * elastic: the rate may rise above the cap to what the other processes on the GPU leave idle (measured the
+ * same way), and falls back within one poll period (GPUPOOL_HOOK_POLL_MS, 20 ms) of a neighbour's kernels
+ * showing up in the samples. */
+#include "gp.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define DEFAULT_COST_NS 100000     /* 0.1 ms until the first measurement */
+#define BURST_WINDOW_NS 10000000   /* credit kept across idle time: 10 ms of the rate */
+#define ELASTIC_MARGIN_PPM 20000   /* elastic leaves 2 % of the GPU free so a neighbour is seen waking */
+
+static int poller_state; /* 0 none, 1 running */
+static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void sleep_ns(int64_t ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+}
+
+static void refill(struct gp_devstate *d, int64_t now, int64_t rate, int64_t cost) {
+    int64_t last = __atomic_load_n(&d->refill_at, __ATOMIC_ACQUIRE);
+    if (last == 0) {
+        __atomic_compare_exchange_n(&d->refill_at, &last, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+        return;
+    }
+    if (now <= last || !__atomic_compare_exchange_n(&d->refill_at, &last, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return;
+    int64_t add = (int64_t)((__int128)(now - last) * rate / GP_PPM);
+    int64_t burst = BURST_WINDOW_NS / GP_PPM * rate > 4 * cost ? BURST_WINDOW_NS / GP_PPM * rate : 4 * cost;
+    int64_t t = __atomic_add_fetch(&d->tokens, add, __ATOMIC_ACQ_REL);
+    while (t > burst && !__atomic_compare_exchange_n(&d->tokens, &t, burst, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    }
+}
+
+/* ---- the poller: measure, correct, set the rate ------------------------------------------------------- */
+struct devmeter {
+    unsigned long long last_ts;   /* newest NVML sample timestamp consumed (us) */
+    unsigned long long period_us; /* NVML's sample period, learnt as the smallest gap between samples */
+    uint64_t charged_seen;
+    uint64_t launches_seen;
+    int seen_pod;                 /* NVML has reported one of the pod's processes on this GPU */
+};
+static struct devmeter meters[GP_MAX_DEV];
+
+typedef nvmlReturn_t (*util_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *, unsigned long long);
+
+static int cmp_ts(const void *a, const void *b) {
+    const nvmlProcessUtilizationSample_t *x = a, *y = b;
+    return x->timeStamp < y->timeStamp ? -1 : x->timeStamp > y->timeStamp;
+}
+
+static void measure(int li, struct gp_shared *s, int64_t window_ns) {
+    static util_fn get;
+    if (get == NULL) get = (util_fn)gp_nvml_sym("nvmlDeviceGetProcessUtilization");
+    nvmlDevice_t h = gp_nvml_device(li);
+    struct devmeter *m = &meters[li];
+    struct gp_devstate *d = &s->dev[li];
+    if (get == NULL || h == NULL) return;
+    unsigned int n = 0;
+    nvmlReturn_t r = get(h, NULL, &n, m->last_ts);
+    if ((r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE) || n == 0) n = 0;
+    nvmlProcessUtilizationSample_t *buf = n ? calloc(n + 16, sizeof *buf) : NULL;
+    if (buf != NULL) {
+        n += 16;
+        if (get(h, buf, &n, m->last_ts) != NVML_SUCCESS) n = 0;
+    } else {
+        n = 0;
+    }
+    int64_t pids[GP_MAX_SLOTS];
+    int npids = gp_pod_pids(pids, GP_MAX_SLOTS);
+    qsort(buf, n, sizeof *buf, cmp_ts);
+    double pod_ns = 0, other_ns = 0;
+    unsigned long long prev = m->last_ts;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned long long ts = buf[i].timeStamp;
+        if (ts <= m->last_ts) continue;
+        if (prev != 0 && ts > prev && (m->period_us == 0 || ts - prev < m->period_us)) m->period_us = ts - prev;
+        if (ts > prev) prev = ts;
+        unsigned long long period = m->period_us ? m->period_us : (unsigned long long)window_ns / 1000;
+        double busy = buf[i].smUtil / 100.0 * (double)period * 1000.0;
+        int mine = 0;
+        for (int k = 0; k < npids; k++) mine |= pids[k] == (int64_t)buf[i].pid;
+        if (mine) pod_ns += busy;
+        else other_ns += busy;
+    }
+    if (prev > m->last_ts) m->last_ts = prev;
+    free(buf);
+    if (pod_ns > 0) m->seen_pod = 1;
+
+    uint64_t charged = __atomic_load_n(&d->charged_ns, __ATOMIC_ACQUIRE);
+    uint64_t launches = __atomic_load_n(&d->launches, __ATOMIC_ACQUIRE);
+    uint64_t dc = charged - m->charged_seen, dl = launches - m->launches_seen;
+    m->charged_seen = charged;
+    m->launches_seen = launches;
+    __atomic_add_fetch(&d->busy_ns, (uint64_t)pod_ns, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&d->others_ns, (uint64_t)other_ns, __ATOMIC_RELAXED);
+    if (m->seen_pod) /* replace the estimates charged by what the GPU measured */
+        __atomic_add_fetch(&d->tokens, (int64_t)dc - (int64_t)pod_ns, __ATOMIC_ACQ_REL);
+    if (dl > 0 && pod_ns > 0) {
+        int64_t c = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED);
+        int64_t sample = (int64_t)(pod_ns / (double)dl);
+        __atomic_store_n(&d->cost_ns, c <= 0 ? sample : (c * 7 + sample * 3) / 10, __ATOMIC_RELAXED);
+    }
+    int64_t cap = gp_cfg.cores_ppm[li];
+    int64_t rate = cap;
+    if (gp_cfg.mode == GP_ELASTIC && window_ns > 0) {
+        int64_t others = (int64_t)(other_ns / (double)window_ns * GP_PPM);
+        int64_t room = GP_PPM - others - ELASTIC_MARGIN_PPM;
+        if (room > rate) rate = room;
+    }
+    __atomic_store_n(&d->rate_ppm, rate, __ATOMIC_RELEASE);
+}
+
+static void *poller(void *arg) {
+    (void)arg;
+    int64_t me = getpid();
+    int64_t period = (int64_t)gp_cfg.poll_ms * 1000000LL;
+    int64_t last = gp_now_ns();
+    for (;;) {
+        sleep_ns(period);
+        struct gp_shared *s = gp_shm();
+        int64_t now = gp_now_ns();
+        int64_t owner = __atomic_load_n(&s->poller_pid, __ATOMIC_ACQUIRE);
+        if (owner != me) {
+            if (__atomic_load_n(&s->poller_lease, __ATOMIC_ACQUIRE) > now) {
+                last = now;
+                continue;
+            }
+            if (!__atomic_compare_exchange_n(&s->poller_pid, &owner, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+            memset(meters, 0, sizeof meters); /* the previous poller's progress is not ours to know */
+        }
+        __atomic_store_n(&s->poller_lease, now + 5 * period, __ATOMIC_RELEASE);
+        for (int li = 0; li < gp_cfg.ndev; li++) measure(li, s, now - last);
+        struct timespec wall;
+        clock_gettime(CLOCK_REALTIME, &wall);
+        __atomic_store_n(&s->updated_ns, (uint64_t)wall.tv_sec * 1000000000ULL + (uint64_t)wall.tv_nsec,
+                         __ATOMIC_RELEASE);
+        last = now;
+    }
+    return NULL;
+}
+
+static void ensure_poller(void) {
+    if (__atomic_load_n(&poller_state, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&start_mu);
+    if (!poller_state) {
+        (void)gp_slot_index(); /* the poller counts this process's samples only once it has a slot */
+        pthread_t t;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        if (pthread_create(&t, &a, poller, NULL) != 0) gp_log("cannot start the utilisation poller");
+        pthread_attr_destroy(&a);
+        __atomic_store_n(&poller_state, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&start_mu);
+}
+
+void gp_pace(int li) {
+    if (li < 0) return;
+    ensure_poller(); /* also measures uncapped pods, for the agent's busy-time metric */
+    int64_t cap = gp_cfg.cores_ppm[li];
+    if (cap >= GP_PPM) return;
+    struct gp_devstate *d = &gp_shm()->dev[li];
+    int64_t rate = __atomic_load_n(&d->rate_ppm, __ATOMIC_ACQUIRE);
+    if (rate <= 0) rate = cap;
+    int64_t cost = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED);
+    if (cost <= 0) cost = DEFAULT_COST_NS;
+    int64_t now = gp_now_ns();
+    refill(d, now, rate, cost);
+    __atomic_add_fetch(&d->charged_ns, (uint64_t)cost, __ATOMIC_RELAXED);
+    __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
+    int64_t t = __atomic_sub_fetch(&d->tokens, cost, __ATOMIC_ACQ_REL);
+    if (t < 0) {
+        int64_t wait = (int64_t)((__int128)(-t) * GP_PPM / rate);
+        sleep_ns(wait < 2000000000LL ? wait : 2000000000LL); /* a bounded wait: a stale debt never hangs */
+    }
+}
+
+void gp_compute_after_fork(void) {
+    pthread_mutex_init(&start_mu, NULL);
+    poller_state = 0; /* threads do not survive fork */
+    memset(meters, 0, sizeof meters);
+}
+
+/* ---- launch entry points ------------------------------------------------------------------------------ */
+typedef CUresult (*launch_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                              CUstream, void **, void **);
+typedef CUresult (*launch_ex_fn)(const CUlaunchConfig *, CUfunction, void **, void **);
+typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            CUstream, void **);
+typedef CUresult (*graph_fn)(CUgraphExec, CUstream);
+
+#define LAUNCH_BODY(real_name, call)                     \
+    GP_REAL(launch_fn, real, real_name);                 \
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED; \
+    gp_init();                                           \
+    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());   \
+    return call;
+
+GP_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                                  unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
+    LAUNCH_BODY("cuLaunchKernel", real(f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+}
+
+GP_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                       unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                                       void **extra) {
+    LAUNCH_BODY("cuLaunchKernel_ptsz", real(f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+}
+
+GP_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) {
+    GP_REAL(launch_ex_fn, real, "cuLaunchKernelEx");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    gp_init();
+    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    return real(cfg, f, params, extra);
+}
+
+GP_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) {
+    GP_REAL(launch_ex_fn, real, "cuLaunchKernelEx_ptsz");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    gp_init();
+    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    return real(cfg, f, params, extra);
+}
+
+GP_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                             unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
+    GP_REAL(coop_fn, real, "cuLaunchCooperativeKernel");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    gp_init();
+    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    return real(f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+
+GP_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                                  unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
+                                                  void **params) {
+    GP_REAL(coop_fn, real, "cuLaunchCooperativeKernel_ptsz");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    gp_init();
+    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    return real(f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+
+GP_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
+    GP_REAL(graph_fn, real, "cuGraphLaunch");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    gp_init();
+    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    return real(g, s);
+}
+
+GP_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
+    GP_REAL(graph_fn, real, "cuGraphLaunch_ptsz");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    gp_init();
+    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    return real(g, s);
+}
+
+struct gp_hook gp_compute_hooks[] = {
+#define H(n) {#n, (void *)n, NULL},
+    H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx) H(cuLaunchKernelEx_ptsz)
+    H(cuLaunchCooperativeKernel) H(cuLaunchCooperativeKernel_ptsz) H(cuGraphLaunch) H(cuGraphLaunch_ptsz)
+#undef H
+    {NULL, NULL, NULL},
+};

@@ -1,0 +1,97 @@
+/* NVML: the library's own view (device handles, per-process memory for context accounting) and the two
+ * memory queries it answers with the pod's share, so nvidia-smi inside the container shows the cap. */
+#include "gp.h"
+
+#include <string.h>
+#include <unistd.h>
+
+static nvmlDevice_t handles[GP_MAX_DEV];
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+
+static void open_nvml(void) {
+    gp_init();
+    nvmlReturn_t (*init)(void) = (nvmlReturn_t(*)(void))gp_nvml_sym("nvmlInit_v2");
+    if (init == NULL || init() != NVML_SUCCESS) return;
+    nvmlReturn_t (*by_uuid)(const char *, nvmlDevice_t *) =
+        (nvmlReturn_t(*)(const char *, nvmlDevice_t *))gp_nvml_sym("nvmlDeviceGetHandleByUUID");
+    nvmlReturn_t (*by_index)(unsigned, nvmlDevice_t *) =
+        (nvmlReturn_t(*)(unsigned, nvmlDevice_t *))gp_nvml_sym("nvmlDeviceGetHandleByIndex_v2");
+    for (int i = 0; i < gp_cfg.ndev; i++) {
+        nvmlDevice_t h = NULL;
+        if (gp_cfg.by_uuid && by_uuid != NULL) by_uuid(gp_cfg.uuid[i], &h);
+        if (h == NULL && by_index != NULL) by_index((unsigned)i, &h);
+        handles[i] = h;
+    }
+}
+
+nvmlDevice_t gp_nvml_device(int li) {
+    pthread_once(&nvml_once, open_nvml);
+    return li >= 0 && li < GP_MAX_DEV ? handles[li] : NULL;
+}
+
+int gp_nvml_index(nvmlDevice_t dev) {
+    pthread_once(&nvml_once, open_nvml);
+    for (int i = 0; i < gp_cfg.ndev; i++)
+        if (handles[i] != NULL && handles[i] == dev) return i;
+    return -1;
+}
+
+/* What NVML says this process holds beyond what it allocated through us is context and module memory:
+ * counted as the pod's, so the pod's usage as NVML reports it stays within the cap. */
+void gp_refresh_ctx(int li) {
+    static int64_t last[GP_MAX_DEV];
+    int64_t now = gp_now_ns();
+    if (li < 0 || (last[li] != 0 && now - last[li] < 100000000LL)) return;
+    last[li] = now;
+    typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+    static procs_fn get;
+    if (get == NULL) get = (procs_fn)gp_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v3");
+    nvmlDevice_t h = gp_nvml_device(li);
+    if (get == NULL || h == NULL) return;
+    nvmlProcessInfo_t info[64];
+    unsigned int n = 64;
+    if (get(h, &n, info) != NVML_SUCCESS) return;
+    unsigned int me = (unsigned int)getpid();
+    for (unsigned i = 0; i < n && i < 64; i++) {
+        if (info[i].pid != me) continue;
+        uint64_t own = gp_own_used(li);
+        gp_set_ctx_bytes(li, info[i].usedGpuMemory > own ? info[i].usedGpuMemory - own : 0);
+    }
+}
+
+static int share(nvmlDevice_t dev, unsigned long long *total, unsigned long long *free_b,
+                 unsigned long long *used) {
+    int li = gp_nvml_index(dev);
+    if (li < 0 || gp_cfg.limit[li] == 0) return 0;
+    uint64_t limit = gp_cfg.limit[li];
+    uint64_t u = gp_pod_used(li);
+    *total = limit < *total ? limit : *total;
+    *used = u;
+    *free_b = u >= *total ? 0 : *total - u;
+    return 1;
+}
+
+GP_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem) {
+    static nvmlReturn_t (*real)(nvmlDevice_t, nvmlMemory_t *);
+    if (real == NULL) real = (nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *))gp_nvml_sym("nvmlDeviceGetMemoryInfo");
+    if (real == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t r = real(dev, mem);
+    if (r == NVML_SUCCESS && mem != NULL) share(dev, &mem->total, &mem->free, &mem->used);
+    return r;
+}
+
+GP_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem) {
+    static nvmlReturn_t (*real)(nvmlDevice_t, nvmlMemory_v2_t *);
+    if (real == NULL)
+        real = (nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_v2_t *))gp_nvml_sym("nvmlDeviceGetMemoryInfo_v2");
+    if (real == NULL) return NVML_ERROR_FUNCTION_NOT_FOUND;
+    nvmlReturn_t r = real(dev, mem);
+    if (r == NVML_SUCCESS && mem != NULL && share(dev, &mem->total, &mem->free, &mem->used)) mem->reserved = 0;
+    return r;
+}
+
+struct gp_hook gp_nvml_hooks[] = {
+    {"nvmlDeviceGetMemoryInfo", (void *)nvmlDeviceGetMemoryInfo, NULL},
+    {"nvmlDeviceGetMemoryInfo_v2", (void *)nvmlDeviceGetMemoryInfo_v2, NULL},
+    {NULL, NULL, NULL},
+};

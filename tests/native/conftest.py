@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.native.native_helpers import Built, Pod, Probe, build_all, have_cc
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    if not have_cc():
+        pytest.skip("no C compiler")
+    return build_all(tmp_path_factory.mktemp("native"))
+
+
+@pytest.fixture
+def device(tmp_path: Path) -> Path:
+    """A fresh simulated GPU (its state file) for one test."""
+    return tmp_path / "fake-gpu-state"
+
+
+class PodFactory:
+    def __init__(self, built: Built, device: Path, root: Path) -> None:
+        self.built, self.device, self.root = built, device, root
+        self.probes: list[Probe] = []
+        self.count = 0
+
+    def pod(self, **kwargs: object) -> Pod:
+        self.count += 1
+        hook_dir = self.root / f"pod-{self.count}"
+        hook_dir.mkdir()
+        return Pod(self.built, self.device, hook_dir, **kwargs)  # type: ignore[arg-type]
+
+    def start(self, pod: Pod, mode: str = "direct") -> Probe:
+        probe = pod.start(mode)
+        self.probes.append(probe)
+        return probe
+
+
+@pytest.fixture
+def pods(built: Built, device: Path, tmp_path: Path) -> Iterator[PodFactory]:
+    factory = PodFactory(built, device, tmp_path)
+    yield factory
+    for probe in factory.probes:
+        if probe.proc.poll() is None:
+            probe.proc.kill()
+        probe.close()

@@ -1,0 +1,252 @@
+/* The test driver: a small CUDA "application" linked against libcuda.so.1 (the fake) that reads commands
+ * on stdin and answers one line each, so Python tests can drive the interception library through a real
+ * process. argv[1] picks how it finds driver entry points, one of the three paths an application uses:
+ *   direct  the linked symbols (what LD_PRELOAD interposes)
+ *   dlsym   dlopen("libcuda.so.1") + dlsym of the versioned names
+ *   gpa     cuGetProcAddress(base name, CUDA 12.4)        gpa2  cuGetProcAddress_v2 (the CUDA 12/13 form)
+ * Commands:  alloc KIND BYTES -> "<rc> <id>" | free ID -> "<rc>" | info -> "<rc> free total"
+ *            total -> "<rc> bytes" | nvml -> "<rc> total free used" | echo -> cuFakeEcho(1) via dlsym
+ *            launch KIND BLOCKS SECONDS SYNC_EVERY -> "<rc> launches"
+ *            threads N OPS CAP SEED SIZE... -> "<rc> max_live successes failures other_codes"
+ *            stress BYTES -> never answers (alloc/free forever, for kill -9 tests) */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../../../native/gpupool_cuda.h"
+
+CUresult cuInit(unsigned);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
+CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+CUresult cuStreamSynchronize(CUstream);
+CUresult cuMemPoolCreate(CUmemoryPool *, const void *);
+#define D(name, ret, args) ret name args;
+#include "probe_syms.h"
+#undef D
+
+static const char *mode;
+static void *libcuda;
+
+/* one table: direct address, versioned name (dlsym), base name (cuGetProcAddress) */
+#define D(name, ret, args) static ret(*p_##name) args;
+#include "probe_syms.h"
+#undef D
+
+static void *find(const char *exact, const char *base, void *direct) {
+    void *p = NULL;
+    if (strcmp(mode, "direct") == 0) return direct;
+    if (strcmp(mode, "dlsym") == 0) return dlsym(libcuda, exact);
+    CUresult (*gpa)(const char *, void **, int, cuuint64_t) = (void *)dlsym(libcuda, "cuGetProcAddress");
+    CUresult (*gpa2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
+        (void *)dlsym(libcuda, "cuGetProcAddress_v2");
+    int ptsz = strstr(exact, "_ptsz") != NULL;
+    cuuint64_t flags = ptsz ? CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM : CU_GET_PROC_ADDRESS_DEFAULT;
+    if (strcmp(mode, "gpa") == 0) gpa(base, &p, 12040, flags);
+    else {
+        CUdriverProcAddressQueryResult st;
+        gpa2(base, &p, 12040, flags, &st);
+    }
+    return p;
+}
+
+static void resolve(void) {
+    libcuda = dlopen("libcuda.so.1", RTLD_NOW);
+    char base[128];
+#define D(name, ret, args)                                       \
+    snprintf(base, sizeof base, "%s", #name);                    \
+    if (strstr(base, "_ptsz")) *strstr(base, "_ptsz") = '\0';    \
+    if (strstr(base, "_v2")) *strstr(base, "_v2") = '\0';        \
+    p_##name = (ret(*) args)find(#name, base, (void *)name);
+#include "probe_syms.h"
+#undef D
+}
+
+/* ---- allocations by kind ------------------------------------------------------------------------------ */
+static CUmemoryPool user_pool;
+
+static CUresult alloc(const char *kind, unsigned long long n, unsigned long long *id) {
+    CUdeviceptr p = 0;
+    CUresult r;
+    if (!strcmp(kind, "mem")) r = p_cuMemAlloc_v2(&p, n);
+    else if (!strcmp(kind, "mem1")) {
+        CUdeviceptr_v1 q = 0;
+        r = p_cuMemAlloc(&q, (unsigned)n);
+        p = q;
+    } else if (!strcmp(kind, "pitch")) {
+        size_t pitch;
+        r = p_cuMemAllocPitch_v2(&p, &pitch, n / 4, 4, 4);
+    } else if (!strcmp(kind, "managed")) r = p_cuMemAllocManaged(&p, n, 1);
+    else if (!strcmp(kind, "async")) r = p_cuMemAllocAsync(&p, n, NULL);
+    else if (!strcmp(kind, "async_ptsz")) r = p_cuMemAllocAsync_ptsz(&p, n, NULL);
+    else if (!strcmp(kind, "pool")) {
+        if (user_pool == NULL) cuMemPoolCreate(&user_pool, NULL);
+        r = p_cuMemAllocFromPoolAsync(&p, n, user_pool, NULL);
+    } else if (!strcmp(kind, "vmm")) {
+        CUmemAllocationProp prop;
+        memset(&prop, 0, sizeof prop);
+        prop.type = 1;
+        prop.location.type = 1;
+        prop.location.id = 0;
+        r = p_cuMemCreate(&p, n, &prop, 0);
+    } else if (!strcmp(kind, "array")) {
+        CUDA_ARRAY_DESCRIPTOR d = {n / 8, 2, CU_AD_FORMAT_UNSIGNED_INT16, 2};
+        r = p_cuArrayCreate_v2((CUarray *)&p, &d);
+    } else if (!strcmp(kind, "array3d")) {
+        CUDA_ARRAY3D_DESCRIPTOR d = {n / 16, 2, 2, CU_AD_FORMAT_FLOAT, 1, 0};
+        r = p_cuArray3DCreate_v2((CUarray *)&p, &d);
+    } else if (!strcmp(kind, "mipmap")) {
+        CUDA_ARRAY3D_DESCRIPTOR d = {n, 0, 0, CU_AD_FORMAT_UNSIGNED_INT8, 1, 0};
+        r = p_cuMipmappedArrayCreate((CUmipmappedArray *)&p, &d, 1);
+    } else return CUDA_ERROR_INVALID_VALUE;
+    *id = p;
+    return r;
+}
+
+static CUresult release(const char *kind, unsigned long long id) {
+    if (!strcmp(kind, "mem1")) return p_cuMemFree((CUdeviceptr_v1)id);
+    if (!strcmp(kind, "async") || !strcmp(kind, "async_ptsz") || !strcmp(kind, "pool")) {
+        CUresult r = p_cuMemFreeAsync(id, NULL);
+        cuStreamSynchronize(NULL);
+        if (user_pool != NULL) p_cuMemPoolTrimTo(user_pool, 0);
+        return r;
+    }
+    if (!strcmp(kind, "vmm")) return p_cuMemRelease(id);
+    if (!strcmp(kind, "array") || !strcmp(kind, "array3d")) return p_cuArrayDestroy((CUarray)(uintptr_t)id);
+    if (!strcmp(kind, "mipmap")) return p_cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)id);
+    return p_cuMemFree_v2(id);
+}
+
+/* ---- threads ------------------------------------------------------------------------------------------ */
+static long long live, max_live, successes, failures, others;
+static int nsizes, ops;
+static unsigned long long sizes[64];
+static pthread_mutex_t live_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void *worker(void *arg) {
+    unsigned seed = (unsigned)(uintptr_t)arg;
+    unsigned long long held[32], held_n[32];
+    int nh = 0;
+    for (int i = 0; i < ops; i++) {
+        if (nh > 0 && (rand_r(&seed) % 2 == 0 || nh == 32)) {
+            int k = (int)(rand_r(&seed) % (unsigned)nh);
+            pthread_mutex_lock(&live_mu);
+            live -= (long long)held_n[k]; /* before the free: live never exceeds what is accounted */
+            pthread_mutex_unlock(&live_mu);
+            p_cuMemFree_v2(held[k]);
+            held[k] = held[--nh];
+            held_n[k] = held_n[nh];
+            continue;
+        }
+        unsigned long long n = sizes[rand_r(&seed) % (unsigned)nsizes], id;
+        CUresult r = p_cuMemAlloc_v2(&id, n);
+        pthread_mutex_lock(&live_mu);
+        if (r == CUDA_SUCCESS) {
+            live += (long long)n;
+            if (live > max_live) max_live = live;
+            successes++;
+            held[nh] = id;
+            held_n[nh++] = n;
+        } else if (r == CUDA_ERROR_OUT_OF_MEMORY) failures++;
+        else others++;
+        pthread_mutex_unlock(&live_mu);
+    }
+    for (int k = 0; k < nh; k++) p_cuMemFree_v2(held[k]);
+    return NULL;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char **argv) {
+    mode = argc > 1 ? argv[1] : "direct";
+    cuInit(0);
+    CUcontext ctx;
+    cuCtxCreate_v2(&ctx, 0, 0);
+    resolve();
+    char line[4096], kind[32];
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        unsigned long long n, id;
+        if (sscanf(line, "alloc %31s %llu", kind, &n) == 2) {
+            CUresult r = alloc(kind, n, &id);
+            printf("%d %llu\n", r, id);
+        } else if (sscanf(line, "free %31s %llu", kind, &id) == 2) {
+            printf("%d\n", release(kind, id));
+        } else if (!strncmp(line, "info", 4)) {
+            size_t f = 0, t = 0;
+            CUresult r = p_cuMemGetInfo_v2(&f, &t);
+            printf("%d %zu %zu\n", r, f, t);
+        } else if (!strncmp(line, "total", 5)) {
+            size_t t = 0;
+            CUresult r = p_cuDeviceTotalMem_v2(&t, 0);
+            printf("%d %zu\n", r, t);
+        } else if (!strncmp(line, "nvml", 4)) {
+            void *h = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+            nvmlReturn_t (*init)(void) = (nvmlReturn_t(*)(void))dlsym(h, "nvmlInit_v2");
+            nvmlReturn_t (*get)(unsigned, nvmlDevice_t *) =
+                (nvmlReturn_t(*)(unsigned, nvmlDevice_t *))dlsym(h, "nvmlDeviceGetHandleByIndex_v2");
+            nvmlReturn_t (*mem)(nvmlDevice_t, nvmlMemory_t *) =
+                (nvmlReturn_t(*)(nvmlDevice_t, nvmlMemory_t *))dlsym(h, "nvmlDeviceGetMemoryInfo");
+            nvmlDevice_t dev;
+            nvmlMemory_t m = {0, 0, 0};
+            init();
+            get(0, &dev);
+            nvmlReturn_t r = mem(dev, &m);
+            printf("%d %llu %llu %llu\n", r, m.total, m.free, m.used);
+        } else if (!strncmp(line, "echo", 4)) {
+            int (*echo)(int) = (int (*)(int))dlsym(libcuda, "cuFakeEcho");
+            void *nv = dlopen("libnvidia-ml.so.1", RTLD_NOW);
+            int (*echo2)(int) = (int (*)(int))dlsym(nv, "nvmlFakeEcho");
+            void *p = NULL;
+            CUresult r = cuGetProcAddress("cuFakeEcho", &p, 12040, 0);
+            printf("%d %d %d %d\n", echo(1), echo2(1), r, p != NULL ? ((int (*)(int))p)(2) : -1);
+        } else if (sscanf(line, "launch %31s %llu %llu %llu", kind, &n, &id, &(unsigned long long){0}) >= 3) {
+            unsigned long long every = 4;
+            double secs;
+            sscanf(line, "launch %31s %llu %lf %llu", kind, &n, &secs, &every);
+            double end = now_s() + secs;
+            long long count = 0;
+            CUresult r = CUDA_SUCCESS;
+            CUlaunchConfig cfg = {(unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL, 0};
+            while (now_s() < end && r == CUDA_SUCCESS) {
+                if (!strcmp(kind, "kernel")) r = p_cuLaunchKernel(NULL, (unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+                else if (!strcmp(kind, "kernel_ptsz")) r = p_cuLaunchKernel_ptsz(NULL, (unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+                else if (!strcmp(kind, "ex")) r = p_cuLaunchKernelEx(&cfg, NULL, NULL, NULL);
+                else if (!strcmp(kind, "coop")) r = p_cuLaunchCooperativeKernel(NULL, (unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL);
+                else r = p_cuGraphLaunch((CUgraphExec)(uintptr_t)(n / 1000), NULL); /* n blocks = n us */
+                if (++count % (long long)every == 0) cuStreamSynchronize(NULL);
+            }
+            cuStreamSynchronize(NULL);
+            printf("%d %lld\n", r, count);
+        } else if (sscanf(line, "threads %d %d", &nsizes, &ops) == 2) {
+            int nthreads = nsizes;
+            unsigned seed;
+            char *p = line;
+            for (int skip = 0; skip < 3; skip++) p = strchr(p, ' ') + 1;
+            seed = (unsigned)strtoul(p, &p, 10);
+            nsizes = 0;
+            while (*p && *p != '\n' && nsizes < 64) sizes[nsizes++] = strtoull(p, &p, 10);
+            pthread_t t[64];
+            for (int i = 0; i < nthreads && i < 64; i++) pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)(seed + (unsigned)i));
+            for (int i = 0; i < nthreads && i < 64; i++) pthread_join(t[i], NULL);
+            printf("0 %lld %lld %lld %lld\n", max_live, successes, failures, others);
+        } else if (sscanf(line, "stress %llu", &n) == 1) {
+            printf("started\n");
+            for (;;) {
+                if (p_cuMemAlloc_v2(&id, n) == CUDA_SUCCESS) p_cuMemFree_v2(id);
+            }
+        } else {
+            printf("? %s", line);
+        }
+    }
+    return 0;
+}

@@ -1,0 +1,169 @@
+"""Build the fake driver, the fake NVML, the probe and the interception library into a temporary folder,
+and drive probes (tests/native/fakes/probe.c) as child processes."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import shutil
+import struct
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[2]
+FAKES = Path(__file__).resolve().parent / "fakes"
+GIB = 1 << 30
+MIB = 1 << 20
+CC_FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
+
+
+def native_build() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("gpupool_native_build", ROOT / "native" / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def have_cc() -> bool:
+    return shutil.which(os.environ.get("CC", "cc")) is not None
+
+
+def _cc(*args: str) -> None:
+    subprocess.run([os.environ.get("CC", "cc"), *args], check=True, capture_output=True, text=True)
+
+
+@dataclass(frozen=True)
+class Built:
+    dir: Path
+    hook: Path
+    probe: Path
+
+
+def build_all(out: Path, extra: list[str] | None = None) -> Built:
+    """Fakes are linked -Bsymbolic: their internal calls must not come back through the library under test
+    (a real libcuda does not call its own exports through the PLT)."""
+    extra = extra or []
+    out.mkdir(parents=True, exist_ok=True)
+    shared = [*CC_FLAGS, *extra, "-fPIC", "-shared", "-Wl,-Bsymbolic"]
+    _cc(*shared, "-o", str(out / "libcuda.so.1"), str(FAKES / "fake_cuda.c"), "-lpthread")
+    _cc(*shared, "-o", str(out / "libnvidia-ml.so.1"), str(FAKES / "fake_nvml.c"), "-lpthread")
+    _cc(*CC_FLAGS, *extra, "-o", str(out / "probe"), str(FAKES / "probe.c"), f"-L{out}", "-l:libcuda.so.1",
+        "-ldl", "-lpthread")
+    hook = native_build().compile_library(out / "libgpupool_hook.so", extra)
+    return Built(out, hook, out / "probe")
+
+
+@dataclass
+class Pod:
+    """One pod: its hook directory and limits; `env` is what the agent would give its containers."""
+
+    built: Built
+    state: Path
+    hook_dir: Path
+    memory_mib: str | None = None
+    cores: str | None = None
+    mode: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+    preload: bool = True
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "FAKE_GPU_"))}
+        env.pop("LD_PRELOAD", None)
+        env.update(LD_LIBRARY_PATH=str(self.built.dir), FAKE_GPU_STATE=str(self.state),
+                   GPUPOOL_HOOK_DIR=str(self.hook_dir))
+        if self.preload:
+            env["LD_PRELOAD"] = str(self.built.hook)
+        for key, value in (("GPUPOOL_MEMORY_LIMIT_MIB", self.memory_mib), ("GPUPOOL_CORES_PERCENT", self.cores),
+                           ("GPUPOOL_CORES_MODE", self.mode)):
+            if value is not None:
+                env[key] = value
+        env.update(self.extra)
+        return env
+
+    def start(self, mode: str = "direct") -> Probe:
+        return Probe(subprocess.Popen(
+            [str(self.built.probe), mode], env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, bufsize=1,
+        ))
+
+
+class Probe:
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def ask(self, command: str) -> list[int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        line = self.proc.stdout.readline()
+        assert line, f"probe died on {command!r}: {self.stderr()}"
+        return [int(x) for x in line.split()]
+
+    def alloc(self, kind: str, nbytes: int) -> tuple[int, int]:
+        rc, handle = self.ask(f"alloc {kind} {nbytes}")
+        return rc, handle
+
+    def send(self, command: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
+    def stderr(self) -> str:
+        if self.proc.poll() is None or self.proc.stderr is None or self.proc.stderr.closed:
+            return ""
+        return self.proc.stderr.read()
+
+    def close(self) -> str:
+        """End the probe (EOF on its stdin) and return what it wrote on stderr."""
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        err = ""
+        if self.proc.stderr is not None and not self.proc.stderr.closed:
+            err = self.proc.stderr.read()
+        for stream in (self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                stream.close()
+        return err
+
+
+# ---- the fake device's kernel log (layout of struct fake_state in fakes/fake_state.h) -----------------------
+_PROCS, _IVS = 256, 1 << 16
+_IV_OFFSET = 32 + _PROCS * 24
+
+
+def kernel_log(state: Path) -> list[tuple[int, int, int]]:
+    data = state.read_bytes()
+    (count,) = struct.unpack_from("<Q", data, 24)
+    first = max(0, count - _IVS)
+    out = []
+    for k in range(first, count):
+        out.append(struct.unpack_from("<qqq", data, _IV_OFFSET + (k % _IVS) * 24))
+    return out
+
+
+def busy_share(state: Path, pids: set[int], t0: int, t1: int) -> float:
+    """Share of [t0, t1] (CLOCK_MONOTONIC ns) during which kernels of `pids` occupied the fake device."""
+    busy = 0
+    for pid, start, end in kernel_log(state):
+        if pid in pids:
+            busy += max(0, min(end, t1) - max(start, t0))
+    return busy / (t1 - t0)
+
+
+def now_ns() -> int:
+    return time.monotonic_ns()
