@@ -3,6 +3,7 @@ processes, a daemon per GPU, killed and restarted."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -32,10 +33,8 @@ def sup(tmp_path: Path) -> Iterator[MpsSupervisor]:
     for gpu in GPUS:  # end the daemons this test started, by their own pid files
         pidfile = supervisor.pipe_dir(gpu) / "nvidia-cuda-mps-control.pid"
         if pidfile.exists():
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(int(pidfile.read_text()), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     shutil.rmtree(root, ignore_errors=True)
 
 
@@ -49,7 +48,8 @@ def test_one_daemon_per_gpu_with_its_own_pipe_and_log_directories(sup: MpsSuperv
         assert f"devices {gpu}" in (sup.log_dir(gpu) / "control.log").read_text()
         # the per-client defaults were sent to it
         env = {**os.environ, "CUDA_MPS_PIPE_DIRECTORY": str(sup.pipe_dir(gpu))}
-        answer = run_control([FAKE], env, "get_default_active_thread_percentage\nget_default_device_pinned_mem_limit 0\n", 5)
+        asked = "get_default_active_thread_percentage\nget_default_device_pinned_mem_limit 0\n"
+        answer = run_control([FAKE], env, asked, 5)
         assert answer.ok and answer.output.split() == ["50", "4096M"]
         assert sup.refuses(gpu) is None
 
