@@ -47,7 +47,15 @@ class SchedulerConfig(BaseModel):
     # body_timeout_s of the headers, else the connection is closed (408 for a late body).
     header_timeout_s: float = Field(default=10.0, gt=0)
     body_timeout_s: float = Field(default=10.0, gt=0)
-    scheduler_name: str = "gpupool-scheduler"  # reported as the source of Events
+    # Only pods with this spec.schedulerName are placed or bound (and it is the source of Events).
+    scheduler_name: str = "gpupool-scheduler"
+    # Trust boundary (gpupool.scheduler.pods, pending, framework.plugins.nominate): a pod missing from the
+    # watch cache is read once within this time; at most this many nominations at once; pending pods kept
+    # for the pool views, each for this long after its last filter.
+    pod_lookup_timeout_s: float = Field(default=2.0, gt=0)
+    max_nominations: int = Field(default=512, ge=0)
+    max_pending_pods: int = Field(default=10_000, gt=0)
+    pending_ttl_s: float = Field(default=900.0, gt=0)
     # Cluster access (the `gpupool scheduler` command).
     kubeconfig: str | None = None  # None = in-cluster config, else this file
     context: str | None = None
