@@ -10,14 +10,12 @@ bytes were there.
 
 from __future__ import annotations
 
-import unicodedata
-
 # Kubernetes names are at most 253 characters; a little more keeps a namespace/name pair whole.
 MAX_SHOWN = 300
 
-# Bidirectional overrides and isolates reorder what a terminal shows ("Trojan Source"); zero-width
-# characters hide text. Unicode category Cf holds them; Cc/Cs/Co/Cn are control, surrogate, private, unassigned.
-_ESCAPED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+# str.isprintable is False for every control (Cc), format (Cf: bidirectional overrides that reorder what a
+# terminal shows, "Trojan Source"; zero-width characters that hide text), surrogate, private-use,
+# unassigned and separator character except the plain space: exactly what must not reach a reader raw.
 
 
 def _escape(ch: str) -> str:
@@ -38,10 +36,8 @@ def shown(text: object, limit: int = MAX_SHOWN) -> str:
     for ch in head:
         if ch == "\\":
             out.append("\\\\")
-        elif ch.isascii():
-            out.append(ch if ch.isprintable() else _escape(ch))
         else:
-            out.append(_escape(ch) if unicodedata.category(ch) in _ESCAPED_CATEGORIES else ch)
+            out.append(ch if ch.isprintable() else _escape(ch))
     if rest > 0:
         out.append(f"...(+{rest} characters)")
     return "".join(out)

@@ -1,6 +1,10 @@
 """`gpupool top`: the pool in the terminal: who holds which share of which GPU, and what waits.
 
 Reads the pool snapshot JSON that the scheduler (or `gpupool demo --serve`) serves at GET /pool.
+
+Every name in the snapshot (pods, namespaces, nodes, models, pending reasons) comes from tenants or from
+the scheduler's callers: it is shown through `_text`, which escapes control characters (no terminal
+escape sequence or OSC-8 link reaches the terminal) and never lets rich read it as markup (`x[/]`).
 """
 
 from __future__ import annotations
@@ -12,8 +16,11 @@ import click
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
+    from rich.text import Text
 
     from gpupool.api.snapshot import GPUView, Snapshot
+
+from gpupool.api.logsafe import shown
 
 DEFAULT_URL = "http://127.0.0.1:8888/pool"
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
@@ -35,13 +42,20 @@ def fetch(url: str, timeout: float) -> Snapshot:
     except httpx.HTTPError as e:
         raise FetchError(f"cannot reach {url}: {e or type(e).__name__}") from None
     if r.status_code != 200:
-        raise FetchError(f"{url} answered HTTP {r.status_code}: {r.text[:200].strip()}")
+        raise FetchError(f"{url} answered HTTP {r.status_code}: {shown(r.text[:200].strip())}")
     try:
         return Snapshot.model_validate_json(r.content)
     except ValidationError as e:
         first = e.errors()[0]
         where = ".".join(map(str, first["loc"])) or "document"
-        raise FetchError(f"{url} did not return a pool snapshot ({where}: {first['msg']})") from None
+        raise FetchError(f"{url} did not return a pool snapshot ({shown(where)}: {shown(first['msg'])})") from None
+
+
+def _text(value: object, style: str = "") -> Text:
+    """A name as rich shows it: plain text (never markup), control characters escaped, length bounded."""
+    from rich.text import Text
+
+    return Text(shown(value), style=style)
 
 
 def _bar(gpu: GPUView, colour_of: dict[str, str]) -> RenderableType:
@@ -80,32 +94,34 @@ def render(snap: Snapshot, query: str = "", max_gpus: int = 0) -> RenderableType
     for col in ("node", "gpu", "model", "compute", "used", "memory", "pods"):
         table.add_column(col, no_wrap=col != "pods", justify="right" if col in ("gpu", "used") else "left")
     colour_of: dict[str, str] = {}
-    shown = hidden = 0
+    listed = hidden = 0
     for node in snap.nodes:
         for gpu in node.gpus:
             names = [f"{g.namespace}/{g.pod}" if g.namespace else g.pod for g in gpu.grants]
             if q and not any(q in n.lower() for n in names):
                 continue
-            if max_gpus and shown >= max_gpus:
+            if max_gpus and listed >= max_gpus:
                 hidden += 1
                 continue
-            shown += 1
+            listed += 1
             pods = Text()
             for g, name in zip(gpu.grants, names, strict=True):
                 key = f"{g.namespace}/{g.pod}"
                 colour_of.setdefault(key, COLOURS[len(colour_of) % len(COLOURS)])
-                pods.append(f"{name} ", style=colour_of[key])
-                pods.append(f"{g.cores_percent:g}% {g.memory_mib}Mi  ", style="dim")
-            health = "" if gpu.healthy else " [bold red]unhealthy[/]"
+                pods.append_text(_text(name, colour_of[key]))
+                pods.append(f" {g.cores_percent:g}% {g.memory_mib}Mi  ", style="dim")
+            model = _text(gpu.model)
+            if not gpu.healthy:
+                model.append(" unhealthy", style="bold red")
             table.add_row(
-                node.name, str(gpu.index), gpu.model + health, _bar(gpu, colour_of),
+                _text(node.name), str(gpu.index), model, _bar(gpu, colour_of),
                 f"{gpu.allocated_cores_percent:g}%", f"{gpu.allocated_memory_mib}/{gpu.memory_mib} Mi", pods,
             )
     parts: list[RenderableType] = [summary, table]
     if hidden:
         parts.append(Text(f"... {hidden} more GPU(s) not shown (use --query or --max-gpus)", style="dim"))
-    if q and not shown:
-        parts.append(Text(f"no GPU holds a pod matching {query!r}", style="dim"))
+    if q and not listed:
+        parts.append(Text(f"no GPU holds a pod matching {shown(query)!r}", style="dim"))
     pending = [p for p in snap.pending if not q or q in f"{p.namespace}/{p.pod}".lower()]
     if pending:
         waiting = Table(title="pending GPU pods", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
@@ -113,7 +129,7 @@ def render(snap: Snapshot, query: str = "", max_gpus: int = 0) -> RenderableType
         waiting.add_column("pod", no_wrap=True)
         waiting.add_column("why it waits")
         for p in pending:
-            waiting.add_row(f"{p.namespace}/{p.pod}" if p.namespace else p.pod, p.reason)
+            waiting.add_row(_text(f"{p.namespace}/{p.pod}" if p.namespace else p.pod), _text(p.reason, style=""))
         parts.append(waiting)
     return Group(*parts)
 

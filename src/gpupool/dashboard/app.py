@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, Response
@@ -40,7 +40,9 @@ MAX_QUERY = 200  # characters of a search; longer input is cut rather than rejec
 def _environment() -> Environment:
     env = Environment(
         loader=PackageLoader("gpupool.dashboard", "templates"),
-        autoescape=select_autoescape(["html"]),
+        # Every template is HTML and every name in it comes from tenants or scheduler callers: escape all
+        # of them, whatever the template's file name (select_autoescape would skip a .txt or .j2 file).
+        autoescape=True,
         trim_blocks=True,
         lstrip_blocks=True,
     )
