@@ -36,9 +36,18 @@ mode = "auto"
 def test_toolkit_setting_is_judged(tmp_path: Path, text: str, safe: bool, fragment: str) -> None:
     path = tmp_path / "config.toml"
     path.write_text(text)
-    result = check_toolkit(path)
+    result = check_toolkit(path, cdi=True)
     assert result.found and result.safe is safe
     assert all(fragment in p for p in result.problems) and (safe or result.problems)
+
+
+def test_safe_setting_needs_the_agents_cdi_mode(tmp_path: Path) -> None:
+    # With the variable ignored for unprivileged containers, the agent's own NVIDIA_VISIBLE_DEVICES is
+    # ignored too: without CDI, gpupool's pods would get no GPU.
+    path = tmp_path / "config.toml"
+    path.write_text(SAFE)
+    (problem,) = check_toolkit(path, cdi=False).problems
+    assert "GPU pods would start without their GPUs; run the agent with --cdi" in problem
 
 
 def test_warning_is_logged_and_a_missing_file_is_not_an_error(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -67,7 +67,7 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
     log.info("gpupool agent starting: %s", config.describe())
     from gpupool.agent.toolkit_check import warn_if_unsafe
 
-    warn_if_unsafe()  # NVIDIA_VISIBLE_DEVICES=all from any pod: warned about, see docs/install.md
+    warn_if_unsafe(cdi=config.cdi)  # NVIDIA_VISIBLE_DEVICES=all from any pod: see docs/install.md
     backend = _backend(config)
     if dry_run:
         _print_plan(config, backend)
