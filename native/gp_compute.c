@@ -85,7 +85,7 @@ static void measure(int li, struct gp_shared *s, int64_t window_ns) {
     }
     int64_t pids[GP_MAX_SLOTS];
     int npids = gp_pod_pids(pids, GP_MAX_SLOTS);
-    qsort(buf, n, sizeof *buf, cmp_ts);
+    if (n > 0) qsort(buf, n, sizeof *buf, cmp_ts);
     double pod_ns = 0, other_ns = 0;
     unsigned long long prev = m->last_ts;
     for (unsigned i = 0; i < n; i++) {

@@ -37,7 +37,11 @@ void gp_log(const char *fmt, ...) {
 typedef void *(*dlsym_fn)(void *, const char *);
 static dlsym_fn real_dlsym_ptr;
 
-static dlsym_fn real_dlsym(void) {
+/* dlsym runs inside sanitizer runtimes' own start-up (they look up the functions they wrap), before their
+ * shadow memory exists: the lookup path must not be instrumented. */
+#define GP_UNINSTRUMENTED __attribute__((no_sanitize("address", "undefined")))
+
+GP_UNINSTRUMENTED static dlsym_fn real_dlsym(void) {
     dlsym_fn f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
     if (f != NULL) return f;
     /* dlvsym is not interposed, so asking it for the next "dlsym" never comes back here. The version
@@ -231,7 +235,7 @@ static void resolve_hooks(void) {
     FOR_HOOKS(h) h->real = strncmp(h->name, "nvml", 4) == 0 ? gp_nvml_sym(h->name) : gp_cuda_sym(h->name);
 }
 
-static void *hook_by_name(const char *name) {
+GP_UNINSTRUMENTED static void *hook_by_name(const char *name) {
     FOR_HOOKS(h) if (strcmp(h->name, name) == 0) return h->wrapper;
     return NULL;
 }
@@ -257,7 +261,7 @@ static void *substitute(void *p, const char *symbol) {
     return p;
 }
 
-GP_EXPORT void *dlsym(void *handle, const char *name) {
+GP_EXPORT GP_UNINSTRUMENTED void *dlsym(void *handle, const char *name) {
     dlsym_fn f = real_dlsym();
     if (f == NULL) return NULL;
     void *p = f(handle, name);

@@ -7,7 +7,7 @@
  * Commands:  alloc KIND BYTES -> "<rc> <id>" | free ID -> "<rc>" | info -> "<rc> free total"
  *            total -> "<rc> bytes" | nvml -> "<rc> total free used" | echo -> cuFakeEcho(1) via dlsym
  *            launch KIND BLOCKS SECONDS SYNC_EVERY -> "<rc> launches"
- *            threads N OPS CAP SEED SIZE... -> "<rc> max_live successes failures other_codes"
+ *            threads N OPS SEED SIZE... -> "<rc> max_live successes failures other_codes"
  *            stress BYTES -> never answers (alloc/free forever, for kill -9 tests) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -156,7 +156,12 @@ static void *worker(void *arg) {
         else others++;
         pthread_mutex_unlock(&live_mu);
     }
-    for (int k = 0; k < nh; k++) p_cuMemFree_v2(held[k]);
+    for (int k = 0; k < nh; k++) {
+        pthread_mutex_lock(&live_mu);
+        live -= (long long)held_n[k];
+        pthread_mutex_unlock(&live_mu);
+        p_cuMemFree_v2(held[k]);
+    }
     return NULL;
 }
 
@@ -222,7 +227,7 @@ int main(int argc, char **argv) {
                 else if (!strcmp(kind, "kernel_ptsz")) r = p_cuLaunchKernel_ptsz(NULL, (unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
                 else if (!strcmp(kind, "ex")) r = p_cuLaunchKernelEx(&cfg, NULL, NULL, NULL);
                 else if (!strcmp(kind, "coop")) r = p_cuLaunchCooperativeKernel(NULL, (unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL);
-                else r = p_cuGraphLaunch((CUgraphExec)(uintptr_t)(n / 1000), NULL); /* n blocks = n us */
+                else r = p_cuGraphLaunch((CUgraphExec)(uintptr_t)n, NULL); /* a graph of n us: n blocks at 1 us */
                 if (++count % (long long)every == 0) cuStreamSynchronize(NULL);
             }
             cuStreamSynchronize(NULL);
@@ -239,6 +244,7 @@ int main(int argc, char **argv) {
             for (int i = 0; i < nthreads && i < 64; i++) pthread_create(&t[i], NULL, worker, (void *)(uintptr_t)(seed + (unsigned)i));
             for (int i = 0; i < nthreads && i < 64; i++) pthread_join(t[i], NULL);
             printf("0 %lld %lld %lld %lld\n", max_live, successes, failures, others);
+            max_live = successes = failures = others = 0;
         } else if (sscanf(line, "stress %llu", &n) == 1) {
             printf("started\n");
             for (;;) {
