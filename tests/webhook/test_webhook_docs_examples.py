@@ -11,7 +11,7 @@ import kubernetes_validate
 import yaml
 
 from gpupool.api.pod import parse_pod
-from gpupool.webhook.admission import Settings, mutate
+from gpupool.webhook.admission import Settings, check_create, mutate
 from gpupool.webhook.inventory import InventoryView, Limits
 from tests.webhook.helpers import CLUSTER_NODES
 
@@ -25,9 +25,10 @@ def _limits() -> Limits | None:
 
 
 def test_sample_pod_is_admitted_as_described() -> None:
-    block = re.search(r"```yaml\n(.*?)```", DOC.read_text(), re.S)
-    assert block is not None
-    pod = yaml.safe_load(block.group(1))
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.S)]
+    pods = [b for b in blocks if isinstance(b, dict) and b.get("kind") == "Pod"]
+    assert pods, "docs/install.md has no sample pod"
+    pod = pods[0]
     pod["metadata"]["namespace"] = "default"
     pod["spec"]["schedulerName"] = "default-scheduler"  # what API-server defaulting gives the webhook
     decision = mutate(pod, Settings(), _limits())
@@ -53,4 +54,18 @@ def test_refusal_example_is_the_real_message() -> None:
     # The doc wraps the message over two comment lines; compare it unwrapped.
     documented = re.search(r"denied the request: (gpupool refused.*?\))\n", text, re.S)
     assert documented is not None
+    assert re.sub(r"\s*\n#\s*", " ", documented.group(1)) == decision.message
+
+
+def test_forbidden_variable_example_is_the_real_message() -> None:
+    text = DOC.read_text()
+    pattern = r'"pods\.validate\.gpupool\.io" denied the request: (gpupool\n?#? ?refused.*?grant\))'
+    documented = re.search(pattern, text, re.S)
+    assert documented is not None
+    # kubectl run sneaky --image=busybox --env=NVIDIA_VISIBLE_DEVICES=all: one container named like the pod.
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sneaky", "namespace": "default"},
+           "spec": {"containers": [{"name": "sneaky", "image": "busybox",
+                                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}}
+    decision = check_create(pod, Settings(), _limits(), "alice")
+    assert not decision.allowed and decision.code == 403
     assert re.sub(r"\s*\n#\s*", " ", documented.group(1)) == decision.message
