@@ -34,13 +34,15 @@ def gpu_pod(name: str, cores: int | str | None = 50, memory: int | str | None = 
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": namespace, "annotations": dict(annotations or {})},
-        "spec": {"containers": [{"name": "main", "resources": {"limits": limits}}]},
+        "spec": {"schedulerName": "gpupool-scheduler",
+                 "containers": [{"name": "main", "resources": {"limits": limits}}]},
     }
 
 
 def plain_pod(name: str) -> dict:
     return {"metadata": {"name": name, "namespace": "default"},
-            "spec": {"containers": [{"name": "main", "resources": {"requests": {"cpu": "1"}}}]}}
+            "spec": {"schedulerName": "gpupool-scheduler",
+                     "containers": [{"name": "main", "resources": {"requests": {"cpu": "1"}}}]}}
 
 
 @pytest.fixture

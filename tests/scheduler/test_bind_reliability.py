@@ -361,21 +361,21 @@ async def test_prioritize_reserves_the_winner_so_the_next_filter_sees_it():
         await cluster.patch_pod_status("default", f"w{i}", {"phase": "Running"})  # its Allocate happened
     a = await cluster.create_pod(gpu_pod("a", cores=60))
     b = await cluster.create_pod(gpu_pod("b", cores=60))
-    assert svc.filter(ExtenderArgs(Pod=a, NodeNames=names)).NodeNames == ["gpu-0001"]  # one node left: reserved
+    assert (await svc.filter(ExtenderArgs(Pod=a, NodeNames=names))).NodeNames == ["gpu-0001"]  # one node left: reserved
     # b is filtered while a's bind is still on its way: the 60 % a will get is already taken.
-    assert svc.filter(ExtenderArgs(Pod=b, NodeNames=names)).NodeNames == []
+    assert (await svc.filter(ExtenderArgs(Pod=b, NodeNames=names))).NodeNames == []
     # a new cycle for a itself does not count its own reservation against it
-    assert svc.filter(ExtenderArgs(Pod=a, NodeNames=names)).NodeNames == ["gpu-0001"]
+    assert (await svc.filter(ExtenderArgs(Pod=a, NodeNames=names))).NodeNames == ["gpu-0001"]
     assert (await svc.bind(_args(a, node="gpu-0001"))).Error == ""
-    assert svc.filter(ExtenderArgs(Pod=b, NodeNames=names)).NodeNames == []
+    assert (await svc.filter(ExtenderArgs(Pod=b, NodeNames=names))).NodeNames == []
     # A reservation whose bind never comes is dropped after nominate_timeout_s.
     c = await cluster.create_pod(gpu_pod("c", cores=30))
     d = await cluster.create_pod(gpu_pod("d", cores=20))
-    assert [h for h, _ in svc.prioritize(ExtenderArgs(Pod=c, NodeNames=names))] == ["gpu-0001"]
-    assert svc.filter(ExtenderArgs(Pod=d, NodeNames=names)).NodeNames == []  # 60 + 30 + 20 > 100
+    assert [h for h, _ in (await svc.prioritize(ExtenderArgs(Pod=c, NodeNames=names)))] == ["gpu-0001"]
+    assert (await svc.filter(ExtenderArgs(Pod=d, NodeNames=names))).NodeNames == []  # 60 + 30 + 20 > 100
     now[0] += 11
     svc.ledger.expire(now[0])
-    assert svc.filter(ExtenderArgs(Pod=d, NodeNames=names)).NodeNames == ["gpu-0001"]
+    assert (await svc.filter(ExtenderArgs(Pod=d, NodeNames=names))).NodeNames == ["gpu-0001"]
     await svc.stop()
 
 
@@ -390,7 +390,7 @@ async def test_a_new_cycle_during_a_slow_bind_keeps_that_bind_reservation():
 
     async def retry_meanwhile(step: str) -> None:
         if step == "locked":  # kube-scheduler timed out waiting and starts a new cycle for the pod
-            svc.filter(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000", "gpu-0001"]))
+            await svc.filter(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000", "gpu-0001"]))
             seen.append(pod["metadata"]["uid"] in svc.ledger.entries)
 
     svc.step_hook = retry_meanwhile
@@ -402,17 +402,17 @@ async def test_a_new_cycle_during_a_slow_bind_keeps_that_bind_reservation():
 
 
 async def test_bind_after_the_filtered_pod_was_re_created_binds_nothing():
-    """Bind uses the pod object of the scheduling cycle instead of reading it again, unless the watch
-    showed the pod deleted: a re-created pod of the same name must not be bound with the old decision."""
+    """Bind reads its pod from the watch cache by UID; once the watch showed the old pod deleted, the old UID
+    is read from the API server, which has a new pod of that name: the old decision must not bind it."""
     from gpupool.api.extender import ExtenderArgs
 
     cluster = await _cluster_with_nodes()
     svc = ExtenderService(cluster, CONFIG)
     await svc.start()
     old = await cluster.create_pod(gpu_pod("again", cores=30))
-    assert svc.filter(ExtenderArgs(Pod=old, NodeNames=["gpu-0000"])).NodeNames == ["gpu-0000"]
+    assert (await svc.filter(ExtenderArgs(Pod=old, NodeNames=["gpu-0000"]))).NodeNames == ["gpu-0000"]
     await cluster.delete_pod("default", "again")
-    await _wait(lambda: old["metadata"]["uid"] not in svc._offered)
+    await _wait(lambda: svc.pods.get(old["metadata"]["uid"]) is None)
     new = await cluster.create_pod(gpu_pod("again", cores=30))
     result = await svc.bind(_args(old))
     assert "was re-created" in result.Error
@@ -421,18 +421,22 @@ async def test_bind_after_the_filtered_pod_was_re_created_binds_nothing():
     await svc.stop()
 
 
-async def test_bind_uses_the_pod_sent_with_the_scheduling_cycle():
+async def test_bind_reads_its_pod_from_the_watch_cache():
     from gpupool.api.extender import ExtenderArgs
 
     cluster = await _cluster_with_nodes()
     svc = ExtenderService(cluster, CONFIG)
     await svc.start()
     pod = await cluster.create_pod(gpu_pod("p", cores=30))
-    svc.filter(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000"]))
+    uid = pod["metadata"]["uid"]
+    await _wait(lambda: svc.pods.get(uid) is not None)
+    await svc.filter(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000"]))
     reads = record_pod_reads(cluster)
     assert (await svc.bind(_args(pod))).Error == ""
-    assert reads == []
-    assert (await svc.bind(_args(pod))).Error == ""  # replayed: no cycle copy left, so it reads, finds it done
-    assert reads == ["p"]
+    assert reads == []  # the cache had it
+    await _wait(lambda: (svc.pods.get(uid) or {}).get("spec", {}).get("nodeName") == "gpu-0000")
+    bindings = cluster.bindings
+    assert (await svc.bind(_args(pod))).Error == ""  # replayed: the cache shows it bound with its allocation
+    assert reads == [] and cluster.bindings == bindings
     assert await settle(svc) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
     await svc.stop()

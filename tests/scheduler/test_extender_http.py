@@ -12,15 +12,21 @@ async def _create(emb, pod):
     return await emb.cluster.create_pod(pod)
 
 
+async def _cpu_node(emb, name: str = "cpu-only-node") -> str:
+    await emb.cluster.create_node({"metadata": {"name": name}, "status": {"allocatable": {"cpu": "8"}}})
+    return name
+
+
 async def test_filter_node_cache_capable_returns_feasible_names_and_reasons(embedded, client):
     pod = await _create(embedded, gpu_pod("p", cores=50, memory=4096))
-    names = embedded.node_names + ["cpu-only-node"]
+    names = embedded.node_names + [await _cpu_node(embedded), "no-such-node"]
     r = await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": names, "Nodes": None})
     assert r.status_code == 200
     body = r.json()
     assert set(body) >= {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
     assert body["NodeNames"] == embedded.node_names
     assert "no gpupool inventory" in body["FailedAndUnresolvableNodes"]["cpu-only-node"]
+    assert body["FailedAndUnresolvableNodes"]["no-such-node"] == "node no-such-node does not exist"
     assert body["Error"] == ""
 
 
@@ -35,7 +41,7 @@ async def test_filter_full_node_objects_mode(embedded, client):
 
 async def test_pod_without_gpupool_resources_passes_through(embedded, client):
     pod = await _create(embedded, plain_pod("web"))
-    names = embedded.node_names + ["cpu-only-node"]
+    names = embedded.node_names + [await _cpu_node(embedded)]
     body = (await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": names})).json()
     assert body["NodeNames"] == names and body["FailedNodes"] == {}
     bind = {"PodName": "web", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": "cpu-only-node"}
@@ -97,7 +103,7 @@ async def test_bad_input_gets_clear_errors_and_the_service_keeps_serving(embedde
     assert r.status_code == 413 and "limit" in r.json()["Error"]
     for name, cores, memory, expect in [
         ("too-much", 150, None, "between 1 and 100"),
-        ("negative", 50, -100, "positive number of MiB"),
+        ("negative", 50, -100, "negative"),
     ]:
         pod = await _create(embedded, gpu_pod(name, cores=cores, memory=memory))
         body = (await client.post(f"{url}/filter", json={"Pod": pod, "NodeNames": embedded.node_names})).json()
@@ -141,5 +147,5 @@ async def test_not_ready_before_sync():
 
     svc = ExtenderService(MemoryCluster(), SchedulerConfig(leader_elect=False))
     assert not svc.ready
-    result = svc.filter(ExtenderArgs(Pod=gpu_pod("p"), NodeNames=["a"]))
+    result = (await svc.filter(ExtenderArgs(Pod=gpu_pod("p"), NodeNames=["a"])))
     assert result.NodeNames == [] and "not ready" in result.Error

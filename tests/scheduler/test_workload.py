@@ -52,16 +52,23 @@ def test_seed_from_placed_pods_only_when_nothing_was_observed():
     assert [t.gpu_milli for t in w.current] == [500]
 
 
-async def test_the_scheduler_plans_for_the_pods_it_filtered():
+async def test_the_scheduler_learns_from_bound_pods_only():
+    """Filters teach nothing (anyone may send one); a pod counts once the API shows it bound."""
     svc = await started_service(nodes=2)
+    svc.workload.min_pods = 8
     cluster = svc.cluster
     assert (await svc.debug_ledger())["workload"] == []  # nothing seen: the policies' default
     names = ["gpu-0000", "gpu-0001"]
-    for i in range(svc.workload.min_pods):
-        pod = await cluster.create_pod(gpu_pod(f"p{i}", cores=30 if i % 4 else 100))
-        svc.filter(ExtenderArgs(Pod=pod, NodeNames=names))
+    pods = [await cluster.create_pod(gpu_pod(f"p{i}", cores=30 if i % 4 else None)) for i in range(8)]
+    for pod in pods:
+        await svc.filter(ExtenderArgs(Pod=pod, NodeNames=names))
+    assert svc.workload.current == ()
+    for i, pod in enumerate(pods):
+        assert (await svc.bind(bind_args(pod, names[i % 2]))).Error == ""
+        await cluster.patch_pod_status("default", f"p{i}", {"phase": "Running"})  # allocated: lock free
+    await eventually(lambda: svc.workload.current != ())
     shapes = {(s["gpu_milli"], s["weight"]) for s in (await svc.debug_ledger())["workload"]}
-    # min_pods = 100 pods: every 4th asks for a whole GPU (25), the others 30 % (75).
+    # 8 pods: every 4th asks for a whole GPU (2), the others 30 % (6).
     assert shapes == {(300, 0.75), (1000, 0.25)}
     await svc.stop()
 
@@ -69,7 +76,7 @@ async def test_the_scheduler_plans_for_the_pods_it_filtered():
 async def _winner(svc: ExtenderService, name: str, cores: int) -> str:
     """The node prioritize picks for a new pod; its cycle then ends without a bind (nothing reserved)."""
     pod = await svc.cluster.create_pod(gpu_pod(name, cores=cores))
-    scores = dict(svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000", "gpu-0001"])))
+    scores = dict(await svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000", "gpu-0001"])))
     svc.ledger.forget(pod["metadata"]["uid"])
     svc.busy.release(pod["metadata"]["uid"])
     return max(scores, key=lambda n: scores[n])
@@ -81,19 +88,25 @@ async def test_what_was_observed_changes_where_a_share_goes():
       on gpu-0000: 0.6 free -> 0.3 free: whole: 0.6 -> 0.3 (-0.3), half: 0 -> 0.3 (+0.3), quarter: 0 -> 0
                    => 0, the best;
       on gpu-0001: 1.0 free -> 0.7 free: whole: 0 -> 0.7 (+0.7), half and quarter: 0 => +0.233.
-    Observed workload of 60 % pods only: on gpu-0000 the 0.3 left is a fragment (+0.3); on gpu-0001 the
-    0.7 left still takes a 60 % pod (0) => gpu-0001."""
+    Observed workload of (almost only) 60 % pods: on gpu-0000 the 0.3 left is a fragment (+0.3); on gpu-0001
+    the 0.7 left still takes a 60 % pod (0) => gpu-0001. The 60 % pods are learned by binding them (to
+    gpu-0001) and deleting them again, so the capacity is as before."""
     svc = await started_service(nodes=2, gpus=1)
+    svc.workload.min_pods = svc.workload.refresh_every = 20
     cluster = svc.cluster
     held = await cluster.create_pod(gpu_pod("held", cores=40))
     assert (await svc.bind(bind_args(held))).Error == ""
     await cluster.patch_pod_status("default", "held", {"phase": "Running"})  # allocated: the node is not busy
     await eventually(lambda: not svc.busy.names(svc.clock()))
     assert await _winner(svc, "before", cores=30) == "gpu-0000"
-    for i in range(svc.workload.min_pods):
+    for i in range(19):  # with "held": 20 bound pods, 19 of them 60 %
         pod = await cluster.create_pod(gpu_pod(f"w{i}", cores=60))
-        # Both nodes have 60 % free: filter keeps both and reserves nothing.
-        assert svc.filter(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000", "gpu-0001"])).NodeNames == [
-            "gpu-0000", "gpu-0001"]
+        assert (await svc.bind(bind_args(pod, "gpu-0001"))).Error == ""
+        await eventually(lambda p=pod: p["metadata"]["uid"] in svc.ledger.confirmed())
+        await cluster.delete_pod("default", f"w{i}")
+        await eventually(lambda p=pod: p["metadata"]["uid"] not in svc.ledger.entries)
+    await eventually(lambda: svc.workload.current != ())
+    assert [t.gpu_milli for t in svc.workload.current][0] == 600
+    await eventually(lambda: not svc.busy.names(svc.clock()))
     assert await _winner(svc, "after", cores=30) == "gpu-0001"
     await svc.stop()

@@ -1,4 +1,5 @@
-"""HTTP face of the extender (Starlette): thin handlers around `ExtenderService`.
+"""HTTP face of the extender (Starlette): thin handlers around `ExtenderService` (whose verbs are adapters
+over the scheduling framework, gpupool.scheduler.extender).
 
 Bad input never reaches the service: malformed JSON is a 400 naming the problem, a body over the limit is
 a 413, and an unexpected error answers 500 for that request only.
@@ -78,10 +79,10 @@ def create_app(service: ExtenderService, extra_routes: RouteFactory | None = Non
         return endpoint
 
     async def do_filter(body: bytes) -> bytes:
-        return service.filter(parse_args(body)).model_dump_json().encode()
+        return (await service.filter(parse_args(body))).model_dump_json().encode()
 
     async def do_prioritize(body: bytes) -> bytes:
-        return dump_priorities(service.prioritize(parse_args(body)))
+        return dump_priorities(await service.prioritize(parse_args(body)))
 
     async def do_bind(body: bytes) -> bytes:
         return (await service.bind(parse_binding_args(body))).model_dump_json().encode()

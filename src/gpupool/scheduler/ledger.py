@@ -6,8 +6,16 @@ a `gpupool.io/allocation` annotation written for its own UID and node. The ledge
 watch shows the pod bound with the same allocation, and forgotten when the bind fails or their deadline
 passes. Capacity is consumed through `ClusterState.allocate`, which refuses anything over capacity.
 
+Shares per GPU: the ledger also counts, per GPU, the pods holding a share of it (and how many of them are
+MPS clients), with each node's limit from its inventory (`split`, the device-plugin slots per GPU) and
+MPS_CLIENTS_PER_GPU for MPS. Core has no such count; the scheduler keeps it here, incrementally, and the
+`shares_per_gpu` plugin hides full GPUs from a pod. `assume` refuses a grant on a full GPU (what the API
+confirms is counted regardless: it is the truth, and the diff reports it).
+
 `recompute` rebuilds the same view from API objects alone; `diff` compares the two (the invariant
-checker behind the debug endpoint and the tests).
+checker behind the debug endpoint and the tests). The recomputation also checks every allocation against
+its pod's own spec (a grant larger or smaller than the pod asks is reported) and every GPU against its
+share limit, so state forged through the API shows in the diff.
 """
 
 from __future__ import annotations
@@ -20,15 +28,19 @@ from typing import Any
 import numpy as np
 
 from gpupool.api.allocation import AllocationError, decode_allocation
-from gpupool.api.inventory import InventoryError, node_from_object
+from gpupool.api.inventory import InventoryError, decode_inventory, node_from_object
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.api.pod import parse_pod, pod_key
-from gpupool.core.model import Allocation, Node, PodRequest
-from gpupool.core.state import ClusterState
+from gpupool.core.model import MILLI_PER_GPU, Allocation, Node, PodRequest
+from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 log = logging.getLogger(__name__)
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
+# An MPS control daemon serves at most 48 client processes per GPU (Volta and newer); gpupool counts one
+# client per pod (a pod with several CUDA processes needs more, which this limit cannot see).
+MPS_CLIENTS_PER_GPU = 48
+DEFAULT_SPLIT = 10  # an inventory without `split` (the field's default in gpupool.api.inventory)
 
 
 @dataclass(slots=True)
@@ -39,6 +51,7 @@ class Entry:
     allocation: Allocation  # pod = uid
     assumed: bool
     deadline: float = 0.0  # assumed entries are forgotten after this time
+    mps: bool = False  # an MPS client on its GPUs (isolation "mps")
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +62,8 @@ class Counted:
     key: str
     request: PodRequest
     allocation: Allocation
+    mps: bool = False
+    spec_errors: tuple[str, ...] = ()  # the pod's own spec could not be read (it asks for nothing valid)
 
 
 def grants_signature(a: Allocation) -> tuple[str, tuple[tuple[str, int, int, int], ...]]:
@@ -73,7 +88,29 @@ def counted_allocation(pod: Mapping[str, Any]) -> Counted | None:
         return None
     parsed = parse_pod(pod)
     request = parsed.request or PodRequest(key=uid)
-    return Counted(uid, pod_key(pod), replace(request, key=uid), doc.allocation(uid))
+    return Counted(uid, pod_key(pod), replace(request, key=uid), doc.allocation(uid), parsed.isolation == "mps",
+                   tuple(parsed.errors))
+
+
+def beyond_spec(c: Counted, node: Node) -> str | None:
+    """Why the allocation is not what the pod's own spec asks on this node (None: it is exactly that).
+    The scheduler grants `count` GPUs of `milli` compute and `memory_on(card)` memory each
+    (ClusterState.grants_for); anything else was not decided from the pod."""
+    if c.spec_errors:
+        return f"{c.key}: holds {_fmt(c.allocation)} but its spec asks for no valid share ({'; '.join(c.spec_errors)})"
+    g = c.request.gpu
+    if len(c.allocation.grants) != g.count:
+        return f"{c.key}: holds {len(c.allocation.grants)} GPU(s) ({_fmt(c.allocation)}), its spec asks for {g.count}"
+    cards = {gpu.index: gpu for gpu in node.gpus}
+    for grant in c.allocation.grants:
+        card = cards.get(grant.index)
+        if card is None:
+            continue  # a grant for a GPU the node does not have: ClusterState.allocate reports it
+        milli, memory = min(g.milli, MILLI_PER_GPU), g.memory_on(card.memory_mib)
+        if grant.milli != milli or grant.memory_mib != memory:
+            return (f"{c.key}: holds {grant.milli / 10:g} percent / {grant.memory_mib} MiB on GPU {grant.index} of "
+                    f"{node.name}, its spec asks for {milli / 10:g} percent / {memory} MiB")
+    return None
 
 
 def nodes_from_objects(objs: Iterable[Mapping[str, Any]]) -> tuple[list[Node], dict[str, str]]:
@@ -114,18 +151,52 @@ class Recomputed:
 
 
 def recompute(node_objs: Iterable[Mapping[str, Any]], pod_objs: Iterable[Mapping[str, Any]]) -> Recomputed:
+    node_objs = list(node_objs)
     nodes, _ = nodes_from_objects(node_objs)
+    splits = {str((o.get("metadata") or {}).get("name", "")): inventory_split(o) for o in node_objs}
     state = ClusterState(nodes)
     out = Recomputed()
+    pods_on: dict[str, list[str]] = {}  # GPU uuid -> pods holding a share of it
+    mps_on: dict[str, list[str]] = {}
     for pod in pod_objs:
         c = counted_allocation(pod)
         if c is None:
             continue
         out.allocations[c.uid] = c
+        i = state.index.get(c.allocation.node)
+        unasked = beyond_spec(c, state.nodes[i]) if i is not None else None
         refused = state.allocate(c.request, c.allocation)
         if refused is not None:
             out.overcommitted[c.uid] = f"{c.key}: {refused}"
+        elif unasked is not None:
+            out.overcommitted[c.uid] = unasked
+        for g in c.allocation.grants:
+            pods_on.setdefault(g.uuid, []).append(c.key)
+            if c.mps:
+                mps_on.setdefault(g.uuid, []).append(c.key)
+    for n in nodes:
+        split = splits.get(n.name, DEFAULT_SPLIT)
+        for gpu in n.gpus:
+            held, clients = pods_on.get(gpu.uuid, []), mps_on.get(gpu.uuid, [])
+            if len(held) > split:
+                out.overcommitted[f"{gpu.uuid}/split"] = (
+                    f"GPU {gpu.index} of {n.name} is shared by {len(held)} pods, over its limit of {split} (split)")
+            if len(clients) > MPS_CLIENTS_PER_GPU:
+                out.overcommitted[f"{gpu.uuid}/mps"] = (
+                    f"GPU {gpu.index} of {n.name} serves {len(clients)} MPS clients, over the limit of "
+                    f"{MPS_CLIENTS_PER_GPU}")
     return out
+
+
+def inventory_split(obj: Mapping[str, Any]) -> int:
+    """The node's pods-per-GPU limit: its inventory's `split` (DEFAULT_SPLIT when unreadable)."""
+    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANN_INVENTORY)
+    if not text:
+        return DEFAULT_SPLIT
+    try:
+        return decode_inventory(str(text)).split
+    except InventoryError:
+        return DEFAULT_SPLIT
 
 
 class Ledger:
@@ -138,11 +209,17 @@ class Ledger:
         self._signatures: dict[str, tuple[Any, ...]] = {}
         # Parsed nodes by name with the signature they were parsed from: a rebuild re-reads only the
         # nodes that changed (decoding thousands of inventories took most of a rebuild's time).
-        self._parsed: dict[str, tuple[tuple[Any, ...], Node | None, str | None]] = {}
+        self._parsed: dict[str, tuple[tuple[Any, ...], Node | None, str | None, int]] = {}
         self.node_errors: dict[str, str] = {}
         self.generation = 0  # bumped whenever `state` is replaced
         self.state = ClusterState([])
         self.rank = np.zeros(0, dtype=np.int64)
+        # Shares per GPU, aligned with `state` ([node, GPU slot]): pods holding a share, the MPS clients
+        # among them, and each node's limit (its inventory's split). `full_gpus` counts GPUs at a limit.
+        self.split: IntArray = np.zeros(0, dtype=np.int64)
+        self.sharers: IntArray = np.zeros((0, 1), dtype=np.int64)
+        self.mps_sharers: IntArray = np.zeros((0, 1), dtype=np.int64)
+        self.full_gpus = 0
         for obj in node_objs:
             name = str(obj["metadata"]["name"])
             self.node_objs[name] = obj
@@ -151,41 +228,44 @@ class Ledger:
 
     # --- nodes ----------------------------------------------------------------------------------------
 
-    def _node(self, name: str, obj: Mapping[str, Any]) -> tuple[Node | None, str | None]:
+    def _node(self, name: str, obj: Mapping[str, Any]) -> tuple[Node | None, str | None, int]:
         sig = self._signatures[name]
         cached = self._parsed.get(name)
         if cached is not None and cached[0] == sig:
-            return cached[1], cached[2]
+            return cached[1], cached[2], cached[3]
         try:
             node, error = node_from_object(obj), None
         except InventoryError as e:
             node, error = None, str(e)
-        self._parsed[name] = (sig, node, error)
-        return node, error
+        split = inventory_split(obj) if node is not None else DEFAULT_SPLIT
+        self._parsed[name] = (sig, node, error, split)
+        return node, error, split
 
     def _rebuild_state(self) -> None:
-        nodes: list[Node] = []
+        nodes: list[tuple[Node, int]] = []
         self.node_errors = {}
         for name, obj in self.node_objs.items():
-            node, error = self._node(name, obj)
+            node, error, split = self._node(name, obj)
             if error is not None:
                 self.node_errors[name] = error
             elif node is not None:
-                nodes.append(node)
+                nodes.append((node, split))
         for gone in set(self._parsed) - set(self.node_objs):
             del self._parsed[gone]
-        nodes.sort(key=lambda n: n.name)
-        self.state = ClusterState(nodes)
+        nodes.sort(key=lambda ns: ns[0].name)
+        self.state = ClusterState(n for n, _ in nodes)
         self.rank = np.arange(len(nodes), dtype=np.int64)
+        self.split = np.array([s for _, s in nodes], dtype=np.int64)
+        self.sharers = np.zeros((len(nodes), self.state.width), dtype=np.int64)
+        self.mps_sharers = np.zeros_like(self.sharers)
+        self.full_gpus = 0
         self.generation += 1
         entries = sorted(self.entries.values(), key=lambda e: e.assumed)  # confirmed ones first
         entries += list(self.stranded.values())
         self.entries, self.stranded = {}, {}
         for e in entries:
-            refused = self.state.allocate(e.request, e.allocation)
-            if refused is None:
-                self.entries[e.uid] = e
-            elif not e.assumed:
+            refused = self._take(e)
+            if refused is not None and not e.assumed:
                 log.warning("pod %s no longer fits after a node change: %s", e.key, refused)
                 self.stranded[e.uid] = e
 
@@ -211,12 +291,49 @@ class Ledger:
         self._signatures = {n: node_signature(o) for n, o in self.node_objs.items()}
         self._rebuild_state()
 
+    # --- shares per GPU -------------------------------------------------------------------------------
+
+    def _count(self, entry: Entry, step: int) -> None:
+        i = self.state.index[entry.allocation.node]
+        limit = int(self.split[i])
+        for g in entry.allocation.grants:
+            before = int(self.sharers[i, g.index])
+            self.sharers[i, g.index] = before + step
+            self.full_gpus += (before + step >= limit) - (before >= limit)
+            if entry.mps:
+                before = int(self.mps_sharers[i, g.index])
+                self.mps_sharers[i, g.index] = before + step
+                self.full_gpus += (before + step >= MPS_CLIENTS_PER_GPU) - (before >= MPS_CLIENTS_PER_GPU)
+
+    def full(self, nodes: IntArray, mps: bool) -> BoolArray:
+        """[len(nodes), width]: GPUs of `nodes` that cannot take one more pod (an MPS client when `mps`)."""
+        out: BoolArray = self.sharers[nodes] >= self.split[nodes][:, None]
+        if mps:
+            out |= self.mps_sharers[nodes] >= MPS_CLIENTS_PER_GPU
+        return out
+
+    def share_limit(self, node: int, mps: bool) -> int:
+        limit = int(self.split[node])
+        return min(limit, MPS_CLIENTS_PER_GPU) if mps else limit
+
+    def _over_share_limit(self, entry: Entry) -> str | None:
+        i = self.state.index.get(entry.allocation.node)
+        if i is None:
+            return None  # ClusterState.allocate refuses it with its own reason
+        full = self.full(np.array([i], dtype=np.int64), entry.mps)[0]
+        for g in entry.allocation.grants:
+            if 0 <= g.index < len(full) and full[g.index]:
+                return (f"GPU {g.index} of {entry.allocation.node} already holds "
+                        f"{self.share_limit(i, entry.mps)} pods, its limit")
+        return None
+
     # --- pods -----------------------------------------------------------------------------------------
 
     def _take(self, entry: Entry) -> str | None:
         refused = self.state.allocate(entry.request, entry.allocation)
         if refused is None:
             self.entries[entry.uid] = entry
+            self._count(entry, +1)
         return refused
 
     def release(self, uid: str) -> Entry | None:
@@ -224,13 +341,18 @@ class Ledger:
         entry = self.entries.pop(uid, None)
         if entry is not None:
             self.state.release(uid)
+            self._count(entry, -1)
         return entry
 
-    def assume(self, uid: str, key: str, request: PodRequest, allocation: Allocation, deadline: float) -> str | None:
-        """Reserve capacity for a bind in flight. Returns None, or why it cannot be reserved."""
+    def assume(
+        self, uid: str, key: str, request: PodRequest, allocation: Allocation, deadline: float, mps: bool = False
+    ) -> str | None:
+        """Reserve capacity for a bind in flight. Returns None, or why it cannot be reserved (over capacity,
+        or a GPU already shared by as many pods as its node allows)."""
         if uid in self.entries:
             return f"pod {key} already holds an allocation on {self.entries[uid].allocation.node}"
-        return self._take(Entry(uid, key, replace(request, key=uid), replace(allocation, pod=uid), True, deadline))
+        entry = Entry(uid, key, replace(request, key=uid), replace(allocation, pod=uid), True, deadline, mps)
+        return self._over_share_limit(entry) or self._take(entry)
 
     def forget(self, uid: str) -> None:
         """Drop an assumed entry (bind failed); a confirmed entry stays."""
@@ -246,12 +368,14 @@ class Ledger:
             self.release(e.uid)
         return stale
 
-    def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> None:
+    def apply_pod(self, event_type: str, pod: Mapping[str, Any]) -> Entry | None:
+        """Follow a pod event. Returns the entry when the event confirms a pod's allocation (a newly bound
+        pod, as the API shows it), else None."""
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))
         if event_type == "DELETED" or (pod.get("status") or {}).get("phase") in TERMINAL_PHASES:
             self.release(uid)
-            return
+            return None
         counted = counted_allocation(pod)
         entry = self.entries.get(uid)
         if counted is None:
@@ -259,17 +383,19 @@ class Ledger:
             # lost its annotation and no longer holds anything.
             if entry is not None and not entry.assumed:
                 self.release(uid)
-            return
+            return None
         if entry is not None and grants_signature(entry.allocation) == grants_signature(counted.allocation):
+            confirmed = entry.assumed
             entry.assumed = False
-            return
+            return entry if confirmed else None
         if entry is not None or uid in self.stranded:
             self.release(uid)
-        new = Entry(uid, counted.key, counted.request, counted.allocation, False)
+        new = Entry(uid, counted.key, counted.request, counted.allocation, False, mps=counted.mps)
         refused = self._take(new)
         if refused is not None:
             log.error("pod %s is bound with an allocation that exceeds capacity: %s", counted.key, refused)
             self.stranded[uid] = new
+        return new
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """Resynchronise with a fresh pod list: confirmed entries are rebuilt from it; assumed entries

@@ -1,0 +1,98 @@
+"""What one scheduling or binding cycle knows: the pod (as the API shows it) and what plugins derived
+from it, and the candidate nodes with the reasons of those that were rejected."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+import numpy as np
+
+from gpupool.api.pod import ParsedPod
+from gpupool.cluster.port import Obj
+from gpupool.core.model import Allocation, PodRequest
+from gpupool.core.policy import Policy
+from gpupool.core.state import BoolArray, IntArray
+from gpupool.scheduler.framework.status import Code
+
+
+class Phase(StrEnum):
+    """Which extender call the cycle serves: filter and prioritize are kube-scheduler's scheduling cycle
+    (they may nominate), bind is its binding cycle."""
+
+    FILTER = "filter"
+    PRIORITIZE = "prioritize"
+    BIND = "bind"
+
+
+@dataclass(slots=True)
+class CycleState:
+    pod: Obj  # from the scheduler's pod cache (or the API server), never from the request body
+    phase: Phase
+    uid: str
+    key: str  # namespace/name
+    now: float
+    # Set by PreFilter plugins (gpu_request): None = the pod asks for no gpupool resource.
+    parsed: ParsedPod | None = None
+    request: PodRequest | None = None
+    policy: Policy | None = None
+    # gpu_fit: per node (rows of the ledger's ClusterState) the GPU slots that can take the pod's share;
+    # Filter plugins after it may only narrow it. Rows of nodes not checked are all False.
+    gpu_ok: BoolArray | None = None
+    # node index -> why some of its GPUs are not offered to this pod (shares_per_gpu); GPU choice honours
+    # gpu_ok, so these nodes need no other treatment.
+    narrowed: dict[int, str] = field(default_factory=dict)
+    allocation: Allocation | None = None  # the reservation made or kept by Reserve
+    data: dict[str, Any] = field(default_factory=dict)  # plugin-private, keyed by plugin name
+
+    @property
+    def wants_gpu(self) -> bool:
+        return self.request is not None
+
+
+class NodeSet:
+    """The nodes a request offers, by name, with the ledger's index of each (-1: not a gpupool node).
+    Filter plugins see the `nodes()` still feasible and `reject` some with a reason; reasons are kept by
+    name, split by code as the extender answers them."""
+
+    def __init__(self, names: list[str], index: dict[str, int]) -> None:
+        self.names = names
+        try:
+            found = list(map(index.__getitem__, names))  # the common case, at C speed
+        except KeyError:
+            found = [index.get(n, -1) for n in names]
+        self.index: IntArray = np.asarray(found, dtype=np.int64)
+        self.alive: IntArray = np.arange(len(names), dtype=np.int64)  # positions into names
+        self.failed: dict[str, str] = {}
+        self.unresolvable: dict[str, str] = {}
+        self._all_alive = True
+
+    def __len__(self) -> int:
+        return len(self.alive)
+
+    def nodes(self) -> IntArray:
+        """Ledger indices of the nodes still feasible (-1 for those not yet rejected as unknown)."""
+        return self.index if self._all_alive else self.index[self.alive]
+
+    def alive_names(self) -> list[str]:
+        if self._all_alive:
+            return self.names
+        names = self.names
+        return [names[p] for p in self.alive.tolist()]
+
+    def reject(self, bad: BoolArray, reasons: Sequence[str], code: Code) -> None:
+        """Reject the feasible nodes where `bad` (aligned with `nodes()`) is True, `reasons` one per
+        rejected node in order."""
+        positions = self.alive[bad]
+        if not len(positions):
+            return
+        names = self.names
+        target = self.unresolvable if code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE else self.failed
+        target.update(zip([names[p] for p in positions.tolist()], reasons, strict=True))
+        self.alive = self.alive[~bad]
+        self._all_alive = False
+
+    def reject_all(self, reason: str, code: Code) -> None:
+        self.reject(np.ones(len(self.alive), dtype=bool), [reason] * len(self.alive), code)

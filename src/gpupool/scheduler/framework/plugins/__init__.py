@@ -1,0 +1,1 @@
+"""The scheduler's plugins, one module each (registered in gpupool.scheduler.framework.registry)."""

@@ -1,0 +1,120 @@
+"""The scheduler's watch loops: list nodes and pods, then follow their watch streams into the ledger (the
+framework's cache), the pod cache, busy nodes, pending pods and the observed workload. A 410 lists again;
+any other failure retries with back-off, so a broken stream never stops the service.
+
+The learned workload (gpupool.scheduler.workload) learns here, from pods the API shows bound with an
+allocation, and nowhere else: a request body teaches it nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+from gpupool.api.pod import pod_key
+from gpupool.cluster.port import Gone, Obj, WatchEvent
+from gpupool.scheduler.framework.interface import Handle
+
+log = logging.getLogger(__name__)
+
+
+class Watcher:
+    def __init__(self, handle: Handle) -> None:
+        self.h = handle
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopping = False
+
+    async def start(self) -> None:
+        """List nodes and pods (synchronously into the caches), then follow both streams."""
+        h = self.h
+        self._stopping = False
+        nodes, node_rv = await h.cluster.list_nodes()
+        pods, pod_rv = await h.cluster.list_pods()
+        self._replace_nodes(nodes)
+        self._replace_pods(pods)
+        h.workload.seed(e.request for e in h.ledger.entries.values())
+        log.info("ledger synced: %d gpupool nodes, %d GPUs, %d allocations, %d pods",
+                 len(h.ledger.state), h.ledger.state.total_gpus, len(h.ledger.entries), len(h.pods))
+        self._tasks = [
+            asyncio.create_task(self._follow("node", node_rv)),
+            asyncio.create_task(self._follow("pod", pod_rv)),
+            asyncio.create_task(self._expire_loop()),
+        ]
+
+    async def stop(self) -> None:
+        self._stopping = True
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._tasks = []
+
+    # --- applying events ------------------------------------------------------------------------------
+
+    def _replace_nodes(self, objs: list[Obj]) -> None:
+        self.h.ledger.replace_nodes(objs)
+
+    def _replace_pods(self, objs: list[Obj]) -> None:
+        self.h.ledger.replace_pods(objs)
+        self.h.pods.replace(objs)
+
+    def _node_event(self, event: WatchEvent) -> None:
+        h = self.h
+        h.ledger.apply_node(event.type, event.object)
+        h.busy.on_node(event.object)
+        h.wake(str(event.object["metadata"]["name"]))
+
+    def _pod_event(self, event: WatchEvent) -> None:
+        h, pod = self.h, event.object
+        confirmed = h.ledger.apply_pod(event.type, pod)
+        h.pods.apply(event.type, pod)
+        if confirmed is not None and confirmed.request.gpu.count:
+            h.workload.observe(confirmed.uid, confirmed.request)
+        node = (pod.get("spec") or {}).get("nodeName")
+        if event.type == "DELETED" or node:
+            h.pending.discard(pod_key(pod))
+        h.busy.on_pod(event.type, pod)
+        if node:
+            # A pod on this node changed: if it was the lock holder and now runs, a waiting bind may go.
+            h.wake(str(node))
+
+    async def _follow(self, kind: str, resource_version: str) -> None:
+        h = self.h
+        watch: Callable[[str], AsyncIterator[WatchEvent]]
+        lister: Callable[[], Awaitable[tuple[list[Obj], str]]]
+        if kind == "node":
+            watch, lister, apply, replace = h.cluster.watch_nodes, h.cluster.list_nodes, self._node_event, \
+                self._replace_nodes
+        else:
+            watch, lister, apply, replace = h.cluster.watch_pods, h.cluster.list_pods, self._pod_event, \
+                self._replace_pods
+        rv = resource_version
+        backoff = 0.1
+        while not self._stopping:
+            try:
+                async for event in watch(rv):
+                    apply(event)
+                    rv = str(event.object["metadata"]["resourceVersion"])
+                    backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Gone:
+                log.info("%s watch expired; listing again", kind)
+                objs, rv = await lister()
+                replace(objs)
+            except Exception as e:  # keep following: a broken watch must not stop the service
+                log.warning("%s watch failed (%s); retrying in %.1fs", kind, e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _expire_loop(self) -> None:
+        h = self.h
+        while True:
+            await asyncio.sleep(h.config.expire_interval_s)
+            forgotten = h.ledger.expire(h.clock())
+            if forgotten:
+                h.metrics.forgotten.inc(len(forgotten))
+            h.pending.expire()
