@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.api.inventory import InventoryError, node_from_object
+from gpupool.api.logsafe import shown
 from gpupool.api.names import ANN_INVENTORY
 from gpupool.cluster.port import ClusterPort, Gone
 from gpupool.core.model import Node
@@ -74,7 +75,7 @@ class InventoryView:
             node = node_from_object(obj)
         except InventoryError as e:
             # A broken inventory must not make admission fail; the scheduler reports it on the node.
-            log.warning("ignoring node %s: %s", name, e)
+            log.warning("ignoring node %s: %s", shown(name), shown(e, 1000))
             return
         if node is not None:
             self._nodes[name] = node
