@@ -9,8 +9,10 @@ Each run has two parts, each in a fresh namespace:
 - latency: `--latency-pods` pods arrive at a steady rate (half the measured throughput unless --rate),
   latency per pod = binding seen by a watch - its create request sent (client clock); p99 over the run.
 A status-only kubelet marks bound pods Running, which hands the node's bind lock to the next pod (as the
-agent's Allocate would). `--trivial` runs the same with a do-nothing extender, as the machine's baseline.
-The figures are the medians over the runs. Last line: one JSON object.
+agent's Allocate would). `--trivial` runs the same with a do-nothing extender, as the machine's baseline;
+`--compare` runs that baseline and then gpupool in the same invocation (each on a fresh control plane) and
+adds the baseline's figures and gpupool's share of its pods/s (`vs_trivial`). The figures are the medians
+over the runs. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -63,7 +65,7 @@ def start_extender(bed: tb.Testbed, policy: str | None, trivial: bool) -> tuple[
     else:
         argv = [*tb.gpupool_argv(), "scheduler",
                 "--kubeconfig", str(bed.kubeconfig(tb.SCHEDULER_USER)), "--host", "127.0.0.1", "--port", str(port),
-                "--lease-namespace", "kube-system", "--log-level", "warning"]
+                "--no-leader-elect", "--log-level", "warning"]  # as the chart runs it
         if policy:
             argv += ["--default-policy", policy]
     log = (bed.dir / "extender.log").open("ab")
@@ -239,11 +241,24 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--trivial", action="store_true",
                         help="baseline: a do-nothing extender instead of gpupool (same pods, same control plane)")
+    parser.add_argument("--compare", action="store_true",
+                        help="run the trivial baseline, then gpupool, and report gpupool's share of the baseline")
     args = parser.parse_args()
     args.pods = args.pods or min(args.nodes, 1000)
-    what = "trivial extender (baseline)" if args.trivial else "gpupool extender"
-    print(f"cores: {os.cpu_count()}; {what}; nodes {args.nodes}, {args.pods} pods per run, {args.runs} runs")
-    result = asyncio.run(main_async(args))
+    result: dict[str, float] = {}
+    for trivial in ([True, False] if args.compare else [args.trivial]):
+        args.trivial = trivial
+        what = "trivial extender (baseline)" if trivial else "gpupool extender"
+        print(f"cores: {os.cpu_count()}; {what}; nodes {args.nodes}, {args.pods} pods per run, {args.runs} runs",
+              flush=True)
+        figures = asyncio.run(main_async(args))
+        if trivial and args.compare:
+            result = {"trivial_pods_per_s": figures["pods_per_s"],
+                      "trivial_p99_bind_latency_ms": figures["p99_bind_latency_ms"]}
+        else:
+            result = {**figures, **result}
+    if args.compare and result["trivial_pods_per_s"] > 0:
+        result["vs_trivial"] = round(result["pods_per_s"] / result["trivial_pods_per_s"], 2)
     print(json.dumps(result))
 
 

@@ -2,6 +2,11 @@
 scripts/k8s-testbed), the real `gpupool scheduler` process as kube-scheduler's extender, and REST/lightkube
 clients. A missing binary fails the tests with the command that builds it; nothing here skips.
 
+Components run as in a cluster: under the chart's own ServiceAccounts, with the chart's RBAC rendered by
+helm and applied to the testbed (`chart_rbac`), each with a service-account token (`identities`).
+kube-scheduler and the extender share the scheduler's account, as the two containers of the chart's pod do.
+test_e2e_rbac.py compares what each one asked the API server for (its audit log) with those rules.
+
 Every test here is marked `e2e` (run them alone with `pytest -m e2e`).
 """
 
@@ -26,8 +31,22 @@ from gpupool.cluster.kube import KubeCluster  # noqa: E402
 from gpupool.testing import fleet  # noqa: E402
 from gpupool.testing import testbed as tb  # noqa: E402
 
-# Leader election fast enough for a test (the chart's defaults are 15 s / 10 s / 2 s).
-LEASE = {"LEASE_DURATION_S": "3", "RENEW_DEADLINE_S": "2", "RETRY_PERIOD_S": "0.5"}
+RELEASE, NAMESPACE = "gp", "gpupool-system"  # the chart's service-account names follow from these
+# The chart's templates that define who the components are and what they may do.
+RBAC_TEMPLATES = [f"templates/{c}/{t}.yaml" for c in ("scheduler", "agent", "webhook")
+                  for t in ("serviceaccount", "rbac")]
+RBAC_PATHS = {
+    "ServiceAccount": "/api/v1/namespaces/{ns}/serviceaccounts",
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/roles",
+    "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/{ns}/rolebindings",
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """test_e2e_rbac.py reads the audit log of the whole session: it runs after every other test."""
+    items.sort(key=lambda item: item.path.name == "test_e2e_rbac.py")
 
 
 def _binaries_or_build() -> None:
@@ -88,6 +107,47 @@ def kube_cluster(kubeconfig: Path) -> KubeCluster:
     return KubeCluster.from_config(str(kubeconfig))
 
 
+def helm_template(*args: str) -> str:
+    """`helm template gp <chart> --namespace gpupool-system ARGS` with the helm of the test extra."""
+    from tests.deploy.helm_tool import helm_binary
+
+    helm = helm_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
+    out = subprocess.run(
+        [str(helm), "template", RELEASE, str(ROOT / "deploy" / "helm" / "gpupool"), "--namespace", NAMESPACE,
+         *args], capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture(scope="session")
+def chart_rbac(testbed: tb.Testbed) -> list[dict[str, Any]]:
+    """The chart's ServiceAccounts, ClusterRoles, Roles and their bindings, applied to the testbed."""
+    rendered = helm_template(*(a for t in RBAC_TEMPLATES for a in ("--show-only", t)))
+    docs = [d for d in yaml.safe_load_all(rendered) if d]
+    testbed.ensure("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    for doc in docs:
+        path = RBAC_PATHS[doc["kind"]].format(ns=doc["metadata"].get("namespace", NAMESPACE))
+        testbed.ensure(path, doc)
+    return docs
+
+
+@dataclass(frozen=True)
+class Identities:
+    """A kubeconfig per component, each a token of the chart's ServiceAccount for it."""
+
+    scheduler: Path  # kube-scheduler and the gpupool extender (one pod, one account)
+    agent: Path
+    webhook: Path
+
+
+@pytest.fixture(scope="session")
+def identities(testbed: tb.Testbed, chart_rbac: list[dict[str, Any]]) -> Identities:
+    accounts = {d["metadata"]["labels"]["app.kubernetes.io/component"]: d["metadata"]["name"]
+                for d in chart_rbac if d["kind"] == "ServiceAccount"}
+    return Identities(**{c: testbed.service_account_kubeconfig(NAMESPACE, name) for c, name in accounts.items()})
+
+
 # --- the gpupool scheduler (extender) as a real process --------------------------------------------------
 
 @dataclass
@@ -97,6 +157,7 @@ class Extender:
     testbed: tb.Testbed
     port: int
     log: Path
+    kubeconfig: Path
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -106,15 +167,15 @@ class Extender:
 
     def start(self) -> None:
         env = dict(os.environ)
-        env.update({f"GPUPOOL_SCHEDULER_{k}": v for k, v in LEASE.items()})
         env["GPUPOOL_SCHEDULER_IDENTITY"] = f"e2e-extender-{self.starts}"
         self.starts += 1
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [*tb.gpupool_argv(), "scheduler",
-                 "--kubeconfig", str(self.testbed.kubeconfig(tb.SCHEDULER_USER)),
-                 "--host", "127.0.0.1", "--port", str(self.port), "--lease-namespace", "kube-system",
-                 "--log-level", "warning"],
+                 # As the chart runs it: the scheduler's account, no election of its own (only the
+                 # kube-scheduler holding its lock calls it).
+                 "--kubeconfig", str(self.kubeconfig), "--no-leader-elect",
+                 "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"],
                 stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True, preexec_fn=tb.die_with_parent,
             )
 
@@ -156,8 +217,8 @@ class Extender:
 
 
 @pytest.fixture(scope="session")
-def extender(testbed: tb.Testbed) -> Iterator[Extender]:
-    ext = Extender(testbed, tb.free_port(), testbed.dir / "gpupool-scheduler.log")
+def extender(testbed: tb.Testbed, identities: Identities) -> Iterator[Extender]:
+    ext = Extender(testbed, tb.free_port(), testbed.dir / "gpupool-scheduler.log", identities.scheduler)
     ext.start()
     try:
         ext.wait_ready()
@@ -168,23 +229,16 @@ def extender(testbed: tb.Testbed) -> Iterator[Extender]:
 
 def chart_scheduler_config() -> dict[str, Any]:
     """The kube-scheduler configuration the Helm chart ships (rendered by helm from the test extra)."""
-    from tests.deploy.helm_tool import helm_binary
-
-    helm = helm_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
-    out = subprocess.run(
-        [str(helm), "template", "gp", str(ROOT / "deploy" / "helm" / "gpupool"), "--namespace", "gpupool-system",
-         "--show-only", "templates/scheduler/configmap.yaml"],
-        capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert out.returncode == 0, out.stderr
-    configmap = yaml.safe_load(out.stdout)
+    configmap = yaml.safe_load(helm_template("--show-only", "templates/scheduler/configmap.yaml"))
     return yaml.safe_load(configmap["data"]["scheduler-config.yaml"])  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")
-def kube_scheduler(testbed: tb.Testbed, extender: Extender) -> Iterator[tb.Process]:
-    """kube-scheduler 1.20 with the chart's extender entry pointing at the extender process."""
-    proc = testbed.start_scheduler(tb.scheduler_config(extender.url, chart_scheduler_config()))
+def kube_scheduler(testbed: tb.Testbed, extender: Extender, identities: Identities) -> Iterator[tb.Process]:
+    """kube-scheduler 1.20 with the chart's extender entry pointing at the extender process, under the
+    scheduler's account and with the chart's leader election (its Lease is one of the chart's rules)."""
+    config = tb.scheduler_config(extender.url, chart_scheduler_config(), leader_election=True)
+    proc = testbed.start_scheduler(config, kubeconfig=identities.scheduler)
     try:
         yield proc
     finally:

@@ -24,7 +24,7 @@ from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY, RESOURCE_GPU
 from gpupool.testing import fleet
 from gpupool.testing import testbed as tb
 from gpupool.testing.kubelet import StandInKubelet
-from tests.e2e.conftest import Extender, kube_cluster
+from tests.e2e.conftest import Extender, Identities, kube_cluster
 from tests.e2e.e2e_checks import allocation_problems, eventually
 
 pytestmark = pytest.mark.e2e
@@ -41,13 +41,13 @@ GPUS = {
 
 
 async def test_each_container_gets_exactly_its_own_allocation(
-    testbed: tb.Testbed, api: fleet.KubeApi, extender: Extender, kube_scheduler: object
+    testbed: tb.Testbed, api: fleet.KubeApi, extender: Extender, kube_scheduler: object, identities: Identities
 ) -> None:
     await api.ensure_namespace(NS)
     # The node as kubelet registers it, before the agent ran: no inventory, no GPU slots.
     await fleet.create_node(api, fleet.gpu_node(NODE, labels=GROUP, inventory=False))
     directory = Path(tempfile.mkdtemp(prefix="e2e-", dir="/tmp"))  # unix socket paths must stay short
-    cluster = kube_cluster(testbed.kubeconfig(tb.AGENT_USER))
+    cluster = kube_cluster(identities.agent)  # the chart's agent account and rules
     (directory / "gpus.yaml").write_text(json.dumps(GPUS))
     config = AgentConfig(node_name=NODE, backend="fake", fake_file=directory / "gpus.yaml", split=10,
                          device_plugin_dir=directory, watch_interval_s=0.05, inventory_interval_s=5)

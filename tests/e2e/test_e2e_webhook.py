@@ -20,7 +20,7 @@ import yaml
 
 from gpupool.testing import fleet
 from gpupool.testing import testbed as tb
-from tests.e2e.conftest import ROOT
+from tests.e2e.conftest import ROOT, Identities
 from tests.e2e.kubectl_tool import kubectl_binary
 from tests.webhook.helpers import make_tls
 
@@ -34,7 +34,9 @@ CONFIGS = {
 
 
 @pytest.fixture(scope="module")
-def webhook_process(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+def webhook_process(
+    testbed: tb.Testbed, identities: Identities, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, Any]]:
     # One GPU node the webhook's inventory watch will see (never used for scheduling: no pod selects it).
     node = fleet.gpu_node("e2e-webhook-node", gpus=2, model="A100-80GB", memory_mib=81920,
                           labels={"e2e/group": "webhook"})
@@ -49,8 +51,9 @@ def webhook_process(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactor
         proc = subprocess.Popen(
             [*tb.gpupool_argv(), "webhook",
              "--host", "127.0.0.1", "--port", str(port), "--cert-file", str(tls.cert), "--key-file", str(tls.key),
-             # Reads the nodes' GPU inventories from the testbed (refuses shares larger than any GPU).
-             "--kubeconfig", str(testbed.kubeconfig()),
+             # Reads the nodes' GPU inventories from the testbed (refuses shares larger than any GPU),
+             # under the chart's webhook account and rules.
+             "--kubeconfig", str(identities.webhook),
              "--trusted-user", tb.SCHEDULER_USER, "--trusted-user", tb.AGENT_USER],
             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=tb.die_with_parent,
         )

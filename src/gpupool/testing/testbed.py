@@ -6,18 +6,22 @@ Standard library only (gpupool/__init__ and gpupool/testing/__init__ import noth
 `scripts/k8s-testbed` command runs without the project's virtualenv.
 
 - The API server listens on 127.0.0.1 on a free port, serves a self-signed certificate (--cert-dir) and
-  knows three bearer tokens (token file): an administrator, the gpupool scheduler and the gpupool agent,
-  named like the Helm chart's service accounts so the webhook's trusted-user rules apply as in a cluster.
-  All three are in system:masters (no RBAC is under test here).
+  knows three static bearer tokens (token file), all in system:masters: an administrator, and two users
+  named like the Helm chart's scheduler and agent service accounts, for the demo and the benchmark.
+- RBAC as in a cluster: `service_account_kubeconfig` creates a ServiceAccount and its token Secret (a
+  legacy service-account JWT signed with the API server's key, what 1.20's token controller would mint)
+  and returns a kubeconfig for it, so the e2e suite runs each component with exactly the chart's rules.
+- Every request made by a service account is written to an audit log (`audit_events`), so a test can
+  compare the verbs a component used with the ones the chart grants it.
 - There is no controller-manager and no kubelet: nodes are API objects whose status the caller writes,
-  and a bound pod stays Pending with spec.nodeName set. ServiceAccount admission is off (nobody mints
-  tokens).
+  and a bound pod stays Pending with spec.nodeName set. ServiceAccount admission is off.
 - kube-scheduler is started separately (`start_scheduler`), because its configuration names the
   extender's URL, which is only known once the extender runs.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -160,22 +164,103 @@ class Testbed:
     def admin_token(self) -> str:
         return self.tokens[ADMIN_USER]
 
+    @property
+    def audit_log(self) -> Path:
+        return self.dir / "audit.log"
+
     def kubeconfig(self, user: str = ADMIN_USER) -> Path:
         """A kubeconfig file for one of the testbed's users (written on first use)."""
         safe = user.replace(":", "_")
         path = self.dir / f"kubeconfig-{safe}.yaml"
         if not path.exists():
-            doc = {
-                "apiVersion": "v1",
-                "kind": "Config",
-                # Self-signed serving certificate on loopback: the client does not verify it.
-                "clusters": [{"name": "testbed", "cluster": {"server": self.url, "insecure-skip-tls-verify": True}}],
-                "users": [{"name": safe, "user": {"token": self.tokens[user]}}],
-                "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": safe}}],
-                "current-context": "testbed",
-            }
-            path.write_text(json.dumps(doc, indent=1))  # JSON is YAML
+            self._write_kubeconfig(path, safe, self.tokens[user])
         return path
+
+    def _write_kubeconfig(self, path: Path, safe: str, token: str) -> None:
+        doc = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            # Self-signed serving certificate on loopback: the client does not verify it.
+            "clusters": [{"name": "testbed", "cluster": {"server": self.url, "insecure-skip-tls-verify": True}}],
+            "users": [{"name": safe, "user": {"token": token}}],
+            "contexts": [{"name": "testbed", "context": {"cluster": "testbed", "user": safe}}],
+            "current-context": "testbed",
+        }
+        path.write_text(json.dumps(doc, indent=1))  # JSON is YAML
+
+    # --- service accounts and their requests -----------------------------------------------------------
+    def admin_request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One REST call with the administrator's token; raises TestbedError with the API's answer."""
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        req = urllib.request.Request(
+            self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
+            headers={"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
+                answer: dict[str, Any] = json.loads(r.read() or b"{}")
+                return answer
+        except urllib.error.HTTPError as e:
+            raise TestbedError(f"{method} {path}: HTTP {e.code}: {e.read()[:500].decode(errors='replace')}") from None
+
+    def ensure(self, collection: str, obj: dict[str, Any]) -> dict[str, Any]:
+        """Create `obj` under `collection` unless one of that name exists; returns the stored object."""
+        try:
+            return self.admin_request("POST", collection, obj)
+        except TestbedError as e:
+            if "HTTP 409" not in str(e):
+                raise
+        return self.admin_request("GET", f"{collection}/{obj['metadata']['name']}")
+
+    def service_account_kubeconfig(self, namespace: str, name: str) -> Path:
+        """A kubeconfig that authenticates as ServiceAccount `namespace/name` (created if missing), with a
+        token Secret as Kubernetes 1.20's token controller writes one: a legacy service-account JWT
+        signed with the API server's service-account key. The API server checks it against the Secret
+        and the ServiceAccount's UID, and RBAC sees system:serviceaccount:<namespace>:<name>."""
+        path = self.dir / f"kubeconfig-sa-{namespace}-{name}.yaml"
+        if path.exists():
+            return path
+        self.ensure("/api/v1/namespaces", {"metadata": {"name": namespace}})
+        sa = self.ensure(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}})
+        secret = f"{name}-token"
+        claims = {
+            "iss": "kubernetes/serviceaccount",
+            "sub": f"system:serviceaccount:{namespace}:{name}",
+            "kubernetes.io/serviceaccount/namespace": namespace,
+            "kubernetes.io/serviceaccount/secret.name": secret,
+            "kubernetes.io/serviceaccount/service-account.name": name,
+            "kubernetes.io/serviceaccount/service-account.uid": sa["metadata"]["uid"],
+        }
+        token = self._sign_jwt(claims)
+        self.admin_request("POST", f"/api/v1/namespaces/{namespace}/secrets", {
+            "metadata": {"name": secret, "annotations": {
+                "kubernetes.io/service-account.name": name,
+                "kubernetes.io/service-account.uid": sa["metadata"]["uid"],
+            }},
+            "type": "kubernetes.io/service-account-token",
+            "data": {"token": base64.b64encode(token.encode()).decode()},
+        })
+        self._write_kubeconfig(path, f"sa-{namespace}-{name}", token)
+        return path
+
+    def _sign_jwt(self, claims: dict[str, Any]) -> str:
+        def b64(data: bytes) -> str:
+            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+        signing_input = b64(json.dumps({"alg": "RS256", "typ": "JWT"}).encode()) + "." + b64(
+            json.dumps(claims, separators=(",", ":")).encode())
+        signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.dir / "sa.key")],
+                                   input=signing_input.encode(), capture_output=True, check=True).stdout
+        return signing_input + "." + b64(signature)
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """The audit log so far: one event per request made with a service-account token."""
+        try:
+            lines = self.audit_log.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        return [json.loads(line) for line in lines if line.strip()]
 
     # --- lifecycle ------------------------------------------------------------------------------------
     def start(self, timeout_s: float = 120.0) -> Testbed:
@@ -266,6 +351,11 @@ class Testbed:
         subprocess.run(["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(self.dir / "sa.pub")],
                        check=True, capture_output=True)
         self.api_port = free_port()
+        # Metadata (who, verb, resource, answer) of every request made with a service-account token.
+        (self.dir / "audit-policy.json").write_text(json.dumps({
+            "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
+            "rules": [{"level": "Metadata", "userGroups": ["system:serviceaccounts"]}, {"level": "None"}],
+        }))
         proc = self._spawn("kube-apiserver", [
             str(self.binaries.kube_apiserver),
             "--etcd-servers", self.etcd_url,
@@ -285,6 +375,9 @@ class Testbed:
             # Large e2e bursts: the default in-flight limits would throttle the benchmark, not Kubernetes.
             "--max-requests-inflight", "2000",
             "--max-mutating-requests-inflight", "1000",
+            "--audit-policy-file", str(self.dir / "audit-policy.json"),
+            "--audit-log-path", str(self.audit_log),
+            "--audit-log-mode", "blocking",  # an event is on disk before the answer: tests read it at once
             "--v", "1",
         ])
         ctx = ssl.create_default_context()
@@ -312,13 +405,14 @@ class Testbed:
             return None
 
     # --- kube-scheduler -------------------------------------------------------------------------------
-    def start_scheduler(self, config_text: str, verbosity: int = 2) -> Process:
+    def start_scheduler(self, config_text: str, verbosity: int = 2, kubeconfig: Path | None = None) -> Process:
         """Start kube-scheduler with a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1)
-        whose clientConnection is filled in here. Replaces a running one."""
+        whose clientConnection is filled in here (`kubeconfig`, default the administrator's). Replaces a
+        running one."""
         assert self.binaries is not None
         self.stop_scheduler()
         path = self.dir / "kube-scheduler.yaml"
-        path.write_text(config_text.replace("__KUBECONFIG__", str(self.kubeconfig())))
+        path.write_text(config_text.replace("__KUBECONFIG__", str(kubeconfig or self.kubeconfig())))
         proc = self._spawn("kube-scheduler", [
             str(self.binaries.kube_scheduler),
             "--config", str(path),
@@ -348,14 +442,16 @@ class Testbed:
 
 
 def scheduler_config(extender_url: str, chart_config: dict[str, Any] | None = None,
-                     scheduler_name: str = "gpupool-scheduler", qps: int = 1000) -> str:
+                     scheduler_name: str = "gpupool-scheduler", qps: int = 1000,
+                     leader_election: bool = False) -> str:
     """kube-scheduler 1.20 configuration (v1beta1) with the gpupool extender.
 
     `chart_config` is the chart's `scheduler-config.yaml` (kubescheduler.config.k8s.io/v1, parsed): its
     extender entry and profiles are kept as they are, only the API version (1.20 reads v1beta1, whose
     extender fields are the same), the extender URL, the client connection and leader election (one
-    instance) are changed. Without it, an equivalent entry is written here. A `default-scheduler` profile
-    is added so pods that do not ask for gpupool are scheduled by the same instance.
+    instance, unless `leader_election` keeps the chart's) are changed. Without it, an equivalent entry is
+    written here. A `default-scheduler` profile is added so pods that do not ask for gpupool are scheduled
+    by the same instance.
     """
     health_port = free_port()
     if chart_config is not None:
@@ -388,5 +484,8 @@ def scheduler_config(extender_url: str, chart_config: dict[str, Any] | None = No
         "profiles": profiles,
         "extenders": extenders,
     }
+    if leader_election and chart_config is not None:
+        # The chart's lock (a Lease its Role names); 1.20 defaults to endpointsleases, which it does not grant.
+        doc["leaderElection"] = {**chart_config["leaderElection"], "resourceLock": "leases"}
     return json.dumps(doc, indent=1)
 
