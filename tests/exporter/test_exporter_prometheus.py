@@ -70,6 +70,7 @@ def free_port() -> int:
 def prometheus(tmp_path: Path) -> Iterator[Any]:
     """Start Prometheus scraping a given target every second; yields a function target -> base URL."""
     procs: list[subprocess.Popen[bytes]] = []
+    logs: list[Any] = []
 
     def start(target: str) -> str:
         port = free_port()
@@ -79,7 +80,8 @@ def prometheus(tmp_path: Path) -> Iterator[Any]:
             "scrape_configs": [{"job_name": "gpupool", "static_configs": [{"targets": [target]}]}],
         }
         (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
-        log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 (closed with the process)
+        log = open(tmp_path / "prometheus.log", "wb")  # noqa: SIM115 (closed after the process ends)
+        logs.append(log)
         proc = subprocess.Popen(
             [binary("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
              f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
@@ -95,6 +97,8 @@ def prometheus(tmp_path: Path) -> Iterator[Any]:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+    for log in logs:
+        log.close()  # an unclosed file is a ResourceWarning, an error under filterwarnings = error
 
 
 def query(prom: str, promql: str) -> list[dict[str, Any]]:
