@@ -31,15 +31,24 @@ def grant(d: AllocationDoc, unhealthy: dict[str, str] | None = None, **kw: objec
     return g
 
 
-def test_hook_share_sets_limits_for_the_shim() -> None:
-    g = grant(doc(("G1", 10240, 25.0)))
+def test_hook_share_sets_limits_and_injects_the_interception_library() -> None:
+    g = grant(doc(("G1", 10240, 25.0)), hook_root=Path("/host/hook"))
     assert g.envs == {
         "NVIDIA_VISIBLE_DEVICES": "G1",
         "GPUPOOL_MEMORY_LIMIT_MIB": "10240",
         "GPUPOOL_CORES_PERCENT": "25",
         "GPUPOOL_ISOLATION": "hook",
+        "GPUPOOL_HOOK_DIR": "/run/gpupool/hook",
+        "GPUPOOL_CORES_MODE": "hard",
     }
-    assert g.mounts == [] and g.cdi_devices == []
+    # the library and the preload list read-only, the pod's own accounting directory read-write
+    assert [(m.container_path, m.host_path, m.read_only) for m in g.mounts] == [
+        ("/usr/local/lib/gpupool/libgpupool_hook.so", "/host/hook/lib/libgpupool_hook.so", True),
+        ("/etc/ld.so.preload", "/host/hook/lib/ld.so.preload", True),
+        ("/run/gpupool/hook", "/host/hook/pods/u", False),
+    ]
+    assert g.hook_pod is not None and g.hook_pod.dir == Path("/host/hook/pods/u") and g.hook_pod.gpus == ("G1",)
+    assert g.cdi_devices == []
 
 
 def test_mps_share_sets_mps_limits_and_mounts_the_gpus_pipe_dir() -> None:

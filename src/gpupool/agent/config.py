@@ -44,6 +44,8 @@ class AgentConfig(BaseModel):
     cdi_kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$")
     mps_root: Path = Path("/run/gpupool/mps")  # host dir; <mps_root>/<GPU UUID> is that GPU's pipe dir
     mps_container_dir: str = "/run/gpupool/mps"  # where the pipe dir appears in the container
+    # isolation hook: host dir with the interception library and one directory per pod (agent/hookdir.py)
+    hook_root: Path = Path("/run/gpupool/hook")
     # The Allocate checkpoint (answers given to kubelet). Default: a directory inside device_plugin_dir, which
     # the DaemonSet mounts from the host already; kubelet's start-up clean-up removes files there, not
     # directories.

@@ -8,6 +8,11 @@ Environment contract (read by the interception shim and by users):
   image default of `all` cannot widen the grant);
 - GPUPOOL_MEMORY_LIMIT_MIB / GPUPOOL_CORES_PERCENT: one value per visible GPU, comma-separated, in the
   order of NVIDIA_VISIBLE_DEVICES (a single number for the usual one-GPU share);
+- isolation `hook`: the interception library (gpupool/native) and /etc/ld.so.preload naming it, both mounted
+  read-only, so every dynamically linked process of the container loads it; the pod's hook directory
+  (<hook_root>/pods/<pod UID>, created by the agent before it answers) mounted read-write at
+  GPUPOOL_HOOK_DIR for the pod-wide accounting; GPUPOOL_CORES_MODE (hard or elastic, from the pod's
+  `gpupool.io/cores-mode` annotation) beside the limits above;
 - isolation `mps` on a shared GPU: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
   (`0=<MiB>M`) and CUDA_MPS_PIPE_DIRECTORY, with the GPU's pipe directory (<mps_root>/<UUID>, one MPS
   control daemon per GPU, so one tenant's fault cannot stall other GPUs) mounted there.
@@ -20,6 +25,17 @@ from dataclasses import dataclass, field
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DeviceInfo
+from gpupool.agent.hookdir import (
+    ANN_CORES_MODE,
+    CONTAINER_HOOK_DIR,
+    CONTAINER_LIBRARY,
+    CONTAINER_PRELOAD,
+    CORES_MODES,
+    HookPod,
+    hook_paths,
+    pod_dir,
+    valid_uid,
+)
 from gpupool.api.allocation import AllocationDoc
 
 
@@ -36,6 +52,7 @@ class ContainerGrant:
     mounts: list[MountSpec] = field(default_factory=list)
     cdi_devices: list[str] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
+    hook_pod: HookPod | None = None  # isolation hook: the host directory to prepare before answering
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +70,7 @@ def build_grant(
     unhealthy: Mapping[str, str],
     config: AgentConfig,
     pod_label: str,
+    cores_mode: str = "hard",
 ) -> ContainerGrant | Refused:
     if not doc.gpus:
         return Refused(f"pod {pod_label}: its allocation grants no GPUs")
@@ -98,4 +116,19 @@ def build_grant(
         envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={g.memory_mib}M"
         envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_container_dir
         mounts.append(MountSpec(config.mps_container_dir, str(config.mps_root / g.uuid)))
-    return ContainerGrant(envs=envs, mounts=mounts, cdi_devices=cdi)
+    hook_pod = None
+    if isolation == "hook":
+        if cores_mode not in CORES_MODES:
+            return Refused(f"pod {pod_label}: {ANN_CORES_MODE}={cores_mode!r} is not one of {', '.join(CORES_MODES)}")
+        if not valid_uid(doc.pod_uid):
+            return Refused(f"pod {pod_label}: its allocation names pod UID {doc.pod_uid!r}, which is not a UID")
+        paths = hook_paths(config.hook_root)
+        hook_pod = HookPod(doc.pod_uid, pod_label, tuple(uuids), pod_dir(config.hook_root, doc.pod_uid))
+        envs["GPUPOOL_HOOK_DIR"] = CONTAINER_HOOK_DIR
+        envs["GPUPOOL_CORES_MODE"] = cores_mode
+        mounts += [
+            MountSpec(CONTAINER_LIBRARY, str(paths.library), read_only=True),
+            MountSpec(CONTAINER_PRELOAD, str(paths.preload), read_only=True),
+            MountSpec(CONTAINER_HOOK_DIR, str(hook_pod.dir)),
+        ]
+    return ContainerGrant(envs=envs, mounts=mounts, cdi_devices=cdi, hook_pod=hook_pod)

@@ -31,6 +31,7 @@ import grpc
 from gpupool.agent.checkpoint import Checkpoint, Served
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.grant import ContainerGrant, Refused, build_grant
+from gpupool.agent.hookdir import cores_mode_of, prepare_hook_pod
 from gpupool.agent.identify import (
     Repeat,
     Unidentified,
@@ -219,9 +220,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             again: pb.ContainerAllocateResponse = pb.ContainerAllocateResponse.FromString(served.response)
             return again
         label = f"{who.namespace}/{who.name}"
-        grant = build_grant(who.allocation, self.table.known, self.table.unhealthy(), self.config, label)
+        mode = cores_mode_of(pods, who.uid)
+        grant = build_grant(who.allocation, self.table.known, self.table.unhealthy(), self.config, label, mode)
         if isinstance(grant, Refused):
             return grpc.StatusCode.FAILED_PRECONDITION, grant.reason
+        if grant.hook_pod is not None:  # isolation hook: the pod's accounting directory must exist first
+            try:
+                await asyncio.to_thread(prepare_hook_pod, self.config.hook_root, grant.hook_pod, pods)
+            except OSError as e:
+                return grpc.StatusCode.UNAVAILABLE, f"cannot prepare the hook directory of pod {label}: {e}"
         response = _to_proto(grant)
         now = format_time(self.wall_clock())
         answer = response.SerializeToString(deterministic=True)

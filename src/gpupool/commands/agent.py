@@ -72,6 +72,11 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
     if dry_run:
         _print_plan(config, backend)
         return
+    from gpupool.agent.hookdir import install_packaged_library
+
+    problem = install_packaged_library(config.hook_root)
+    if problem is not None:
+        log.error("isolation hook cannot be enforced: the CUDA interception library %s", problem)
     asyncio.run(_run(config, backend))
 
 

@@ -1,0 +1,228 @@
+"""The host side of `hook` isolation: where the interception library and each pod's hook directory live,
+and what the library wrote there (the pod's usage, read for metrics).
+
+Host layout under `hook_root` (AgentConfig, default /run/gpupool/hook):
+    lib/libgpupool_hook.so   copied from the agent's own package at start (kubelet mounts host paths)
+    lib/ld.so.preload        one line: the library's path inside the container
+    pods/<pod UID>/          the pod's hook directory, mounted read-write; the library keeps usage.v1 there
+    pods/<pod UID>/pod.json  who the pod is (written at Allocate), for metric labels
+
+usage.v1 is the library's shared accounting file; its layout is `struct gp_shared` in native/gp.h (the
+offsets below are checked there with static assertions). A process's slot counts only while someone holds
+the process's OFD lock on byte 1 + slot, which the kernel drops when the process dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import shutil
+import struct
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ANN_CORES_MODE = "gpupool.io/cores-mode"  # hard (default) or elastic; read from the pod at Allocate
+CORES_MODES = ("hard", "elastic")
+CONTAINER_LIBRARY = "/usr/local/lib/gpupool/libgpupool_hook.so"
+CONTAINER_PRELOAD = "/etc/ld.so.preload"
+CONTAINER_HOOK_DIR = "/run/gpupool/hook"
+USAGE_FILE = "usage.v1"
+POD_FILE = "pod.json"
+
+# Kubernetes UIDs are UUIDs; any name that is safe as one path component is accepted (no "/", no "..").
+_UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+_MAGIC = 0x314C4F4F50555047
+_MAX_DEV, _SLOTS = 16, 256
+_DEV_OFFSET, _SLOT_OFFSET, _SLOT_SIZE = 304, 2048, 264
+_FILE_SIZE = _SLOT_OFFSET + _SLOTS * _SLOT_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class HookPaths:
+    library: Path
+    preload: Path
+    pods: Path
+
+
+@dataclass(frozen=True, slots=True)
+class HookPod:
+    """What the agent prepares on the host before answering Allocate for a `hook` pod."""
+
+    uid: str
+    label: str  # namespace/name
+    gpus: tuple[str, ...]
+    dir: Path
+
+
+@dataclass(frozen=True, slots=True)
+class PodGpuUsage:
+    pod_uid: str
+    label: str
+    gpu: str  # UUID when pod.json names it, else the index among the pod's GPUs
+    limit_bytes: int  # 0 = no memory cap
+    used_bytes: int  # live processes only: allocations plus context memory
+    busy_seconds: float  # cumulative device busy time measured by the library (NVML samples)
+    cores_percent: float
+    mode: str
+    processes: int
+
+
+def hook_paths(root: Path) -> HookPaths:
+    return HookPaths(root / "lib" / "libgpupool_hook.so", root / "lib" / "ld.so.preload", root / "pods")
+
+
+def valid_uid(uid: str) -> bool:
+    return _UID.match(uid) is not None
+
+
+def pod_dir(root: Path, uid: str) -> Path:
+    if not valid_uid(uid):  # it becomes a path: nothing but a UID may reach the file system
+        raise ValueError(f"not usable as a pod UID: {uid!r}")
+    return hook_paths(root).pods / uid
+
+
+def parse_cores_mode(annotations: Mapping[str, str]) -> str | None:
+    """The pod's cores mode, or None when the annotation holds something else."""
+    mode = annotations.get(ANN_CORES_MODE, "hard")
+    return mode if mode in CORES_MODES else None
+
+
+def cores_mode_of(pods: Iterable[Mapping[str, Any]], uid: str) -> str:
+    """The raw annotation of pod `uid` (validated by build_grant), "hard" when absent."""
+    for pod in pods:
+        meta = pod.get("metadata") or {}
+        if meta.get("uid") == uid:
+            return str((meta.get("annotations") or {}).get(ANN_CORES_MODE, "hard"))
+    return "hard"
+
+
+# ---- effects (agent start, Allocate, sweeps) ------------------------------------------------------------
+def install_library(root: Path, source: Path) -> HookPaths:
+    """Copy the library and write the preload list, each atomically: running pods map the old file."""
+    paths = hook_paths(root)
+    paths.library.parent.mkdir(parents=True, exist_ok=True)
+    paths.pods.mkdir(parents=True, exist_ok=True)
+    tmp = paths.library.with_name(f".{paths.library.name}.tmp")
+    shutil.copyfile(source, tmp)
+    tmp.chmod(0o755)
+    os.replace(tmp, paths.library)
+    tmp = paths.preload.with_name(f".{paths.preload.name}.tmp")
+    tmp.write_text(CONTAINER_LIBRARY + "\n")
+    tmp.chmod(0o644)
+    os.replace(tmp, paths.preload)
+    return paths
+
+
+def install_packaged_library(root: Path) -> str | None:
+    """`gpupool agent` at start: put the library this package was built with on the host; the problem, if
+    any (pods asking for hook isolation then fail to start, on the missing mount, instead of running
+    unenforced)."""
+    from gpupool.hook import library_path
+
+    source = library_path()
+    if not source.is_file():
+        return f"{source} is missing (the package was installed without building it)"
+    try:
+        install_library(root, source)
+    except OSError as e:
+        return f"cannot install it under {root}: {e}"
+    return None
+
+
+def prepare_pod(pod: HookPod) -> None:
+    pod.dir.mkdir(parents=True, exist_ok=True)
+    pod.dir.chmod(0o777)  # the pod's processes may run as any user; only this pod mounts the directory
+    (pod.dir / POD_FILE).write_text(json.dumps({"uid": pod.uid, "pod": pod.label, "gpus": list(pod.gpus)}))
+
+
+def prepare_hook_pod(root: Path, pod: HookPod, pods_on_node: Iterable[Mapping[str, Any]]) -> bool:
+    """At Allocate: create this pod's directory, and remove those of pods no longer on the node. Does
+    nothing (False) where `gpupool agent` did not install the library: an embedded agent (tests, demo)
+    never writes to the host's /run."""
+    if not hook_paths(root).pods.is_dir():
+        return False
+    prepare_pod(pod)
+    live = {str((p.get("metadata") or {}).get("uid")) for p in pods_on_node}
+    remove_gone(root, live | {pod.uid})
+    return True
+
+
+def remove_gone(root: Path, live_uids: Iterable[str]) -> list[str]:
+    """Remove the hook directories of pods that are no longer on the node; returns their UIDs."""
+    pods = hook_paths(root).pods
+    keep = set(live_uids)
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in pods.iterdir():
+            if entry.is_dir() and valid_uid(entry.name) and entry.name not in keep:
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry.name)
+    return removed
+
+
+# ---- reading usage ------------------------------------------------------------------------------------
+def _held_by_someone(fd: int, offset: int) -> bool:
+    probe = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, offset, 1, 0)
+    answer = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, probe)
+    kind: int = struct.unpack_from("h", answer)[0]
+    return kind != fcntl.F_UNLCK
+
+
+def read_usage(directory: Path) -> list[PodGpuUsage]:
+    """One record per GPU of the pod; [] when the library has not written (or not finished) the file."""
+    try:
+        fd = os.open(directory / USAGE_FILE, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return []
+    try:
+        data = os.read(fd, _FILE_SIZE)
+        if len(data) < _FILE_SIZE or struct.unpack_from("<Q", data, 0)[0] != _MAGIC:
+            return []
+        ndev = min(struct.unpack_from("<I", data, 12)[0], _MAX_DEV)
+        limits = struct.unpack_from(f"<{_MAX_DEV}Q", data, 16)
+        cores = struct.unpack_from(f"<{_MAX_DEV}Q", data, 144)
+        (mode,) = struct.unpack_from("<Q", data, 272)
+        live = [i for i in range(_SLOTS) if struct.unpack_from("<q", data, _SLOT_OFFSET + i * _SLOT_SIZE)[0] != 0
+                and _held_by_someone(fd, 1 + i)]
+    finally:
+        os.close(fd)
+    info = _pod_info(directory)
+    gpus = info.get("gpus") or []
+    out = []
+    for d in range(ndev):
+        used = 0
+        for i in live:
+            base = _SLOT_OFFSET + i * _SLOT_SIZE + 8  # after the pid: used[16], then ctx[16]
+            used += struct.unpack_from("<Q", data, base + 8 * d)[0]
+            used += struct.unpack_from("<Q", data, base + 128 + 8 * d)[0]
+        (busy_ns,) = struct.unpack_from("<Q", data, _DEV_OFFSET + 64 * d + 40)
+        out.append(PodGpuUsage(
+            pod_uid=directory.name, label=str(info.get("pod", "")),
+            gpu=str(gpus[d]) if d < len(gpus) else str(d), limit_bytes=limits[d], used_bytes=used,
+            busy_seconds=busy_ns / 1e9, cores_percent=cores[d] / 1e4, mode=CORES_MODES[1] if mode else CORES_MODES[0],
+            processes=len(live),
+        ))
+    return out
+
+
+def _pod_info(directory: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads((directory / POD_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def read_all(root: Path) -> list[PodGpuUsage]:
+    pods = hook_paths(root).pods
+    out: list[PodGpuUsage] = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in sorted(pods.iterdir()):
+            if entry.is_dir() and valid_uid(entry.name):
+                out.extend(read_usage(entry))
+    return out
