@@ -237,7 +237,7 @@ class MigManager:
                 best = (key, s, overlap)
         if best is None:
             return MigRefused(f"no free slices for {profile} on {gpu} at start(s) {starts} "
-                              "(instances in use are in the way)")
+                              "(instances in use, or not made by gpupool, are in the way)")
         return best[1], best[2]
 
     def _create(self, pod: str, gpu: str, profile: str, start: int) -> MigGranted | MigRefused:
