@@ -1,0 +1,116 @@
+"""The host side of isolation hook: install, per-pod directories, and usage read back from what the real
+library (built here, against the fake driver) writes."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.grant import Refused, build_grant
+from gpupool.agent.hook_metrics import HookUsageCollector
+from gpupool.agent.hookdir import (
+    CONTAINER_LIBRARY,
+    HookPod,
+    cores_mode_of,
+    hook_paths,
+    install_library,
+    pod_dir,
+    prepare_hook_pod,
+    read_all,
+    read_usage,
+)
+from gpupool.api.allocation import AllocationDoc, GrantDoc
+from tests.native.native_helpers import GIB, Built, Pod, build_all, have_cc
+
+UID_A = "6b1e0d2c-8e0a-4a4c-9d1e-3f2a1b0c9d8e"
+UID_B = "0f0e0d0c-0b0a-4909-8807-060504030201"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    if not have_cc():
+        pytest.skip("no C compiler")
+    return build_all(tmp_path_factory.mktemp("native"))
+
+
+def test_install_puts_the_library_and_a_preload_list_naming_its_container_path(tmp_path: Path) -> None:
+    source = tmp_path / "lib.so"
+    source.write_bytes(b"\x7fELF-fake")
+    paths = install_library(tmp_path / "root", source)
+    assert paths.library.read_bytes() == b"\x7fELF-fake"
+    assert paths.preload.read_text() == CONTAINER_LIBRARY + "\n"
+    assert paths.pods.is_dir()
+
+
+def test_pod_directories_are_made_at_allocate_and_swept_when_the_pod_is_gone(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    pod_a = HookPod(UID_A, "ns/a", ("GPU-1",), pod_dir(root, UID_A))
+    assert prepare_hook_pod(root, pod_a, []) is False  # not installed: an embedded agent writes nothing
+    assert not root.exists()
+    hook_paths(root).pods.mkdir(parents=True)
+    assert prepare_hook_pod(root, pod_a, [])
+    assert pod_a.dir.is_dir() and (pod_a.dir.stat().st_mode & 0o777) == 0o777
+    pod_b = HookPod(UID_B, "ns/b", ("GPU-1",), pod_dir(root, UID_B))
+    prepare_hook_pod(root, pod_b, [{"metadata": {"uid": UID_A}}])
+    assert pod_a.dir.is_dir() and pod_b.dir.is_dir()
+    prepare_hook_pod(root, pod_b, [{"metadata": {"uid": UID_B}}])  # pod A left the node
+    assert not pod_a.dir.exists() and pod_b.dir.is_dir()
+
+
+@pytest.mark.parametrize("uid", ["../etc", "a/b", "", ".."])
+def test_a_uid_never_escapes_the_pods_directory(tmp_path: Path, uid: str) -> None:
+    with pytest.raises(ValueError):
+        pod_dir(tmp_path, uid)
+
+
+def _doc() -> AllocationDoc:
+    return AllocationDoc(version=1, pod_uid=UID_A, node="n", policy="", isolation="hook", time="",
+                         gpus=[GrantDoc(uuid="G0", index=0, memory_mib=1024, cores=30.0)], containers=[])
+
+
+def test_the_cores_mode_comes_from_the_pods_annotation_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    from gpupool.agent.devices import DeviceInfo
+
+    devices = {"G0": DeviceInfo(uuid="G0", index=0, model="A100", memory_mib=40960)}
+    config = AgentConfig(node_name="n", hook_root=tmp_path)
+    pods = [{"metadata": {"uid": UID_A, "annotations": {"gpupool.io/cores-mode": "elastic"}}}]
+    mode = cores_mode_of(pods, UID_A)
+    grant = build_grant(_doc(), devices, {}, config, "ns/a", mode)
+    assert not isinstance(grant, Refused) and grant.envs["GPUPOOL_CORES_MODE"] == "elastic"
+    refused = build_grant(_doc(), devices, {}, config, "ns/a", "greedy")
+    assert isinstance(refused, Refused) and "gpupool.io/cores-mode='greedy'" in refused.reason
+
+
+def test_usage_written_by_the_library_is_read_back_and_dead_processes_drop_out(
+    built: Built, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    hook_paths(root).pods.mkdir(parents=True)
+    pod = HookPod(UID_A, "team/trainer", ("GPU-11111111-2222-3333-4444-555555555555",), pod_dir(root, UID_A))
+    prepare_hook_pod(root, pod, [])
+    probe = Pod(built, tmp_path / "gpu", pod.dir, memory_mib="10240", cores="50",
+                extra={"NVIDIA_VISIBLE_DEVICES": pod.gpus[0]}).start()
+    try:
+        assert probe.alloc("mem", 3 * GIB)[0] == 0
+        probe.ask("launch kernel 2000 0.3 4")
+        time.sleep(0.1)  # one more poll period: the last samples reach the file
+        (usage,) = read_usage(pod.dir)
+        assert (usage.limit_bytes, usage.used_bytes, usage.processes) == (10 * GIB, 3 * GIB, 1)
+        assert usage.gpu == pod.gpus[0] and usage.label == "team/trainer" and usage.cores_percent == 50
+        assert 0.05 < usage.busy_seconds < 0.3  # capped at 50 % of ~0.3 s
+        registry = CollectorRegistry()
+        registry.register(HookUsageCollector(root))
+        text = generate_latest(registry).decode()
+        assert (f'gpupool_pod_gpu_memory_used_bytes{{gpu="{pod.gpus[0]}",pod="team/trainer",'
+                f'pod_uid="{UID_A}"}} 3.221225472e+09') in text
+        assert "gpupool_pod_gpu_busy_seconds_total{" in text
+    finally:
+        probe.proc.send_signal(signal.SIGKILL)
+        probe.close()
+    (usage,) = read_all(root)
+    assert (usage.used_bytes, usage.processes) == (0, 0)  # kill -9: nothing left counted
