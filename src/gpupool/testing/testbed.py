@@ -405,15 +405,16 @@ class Testbed:
             return None
 
     # --- kube-scheduler -------------------------------------------------------------------------------
-    def start_scheduler(self, config_text: str, verbosity: int = 2, kubeconfig: Path | None = None) -> Process:
+    def start_scheduler(self, config_text: str, verbosity: int = 2, kubeconfig: Path | None = None,
+                        name: str = "kube-scheduler") -> Process:
         """Start kube-scheduler with a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1)
         whose clientConnection is filled in here (`kubeconfig`, default the administrator's). Replaces a
-        running one."""
+        running one of the same `name` (a second name runs a second instance beside it)."""
         assert self.binaries is not None
-        self.stop_scheduler()
-        path = self.dir / "kube-scheduler.yaml"
+        self.stop_scheduler(name)
+        path = self.dir / f"{name}.yaml"
         path.write_text(config_text.replace("__KUBECONFIG__", str(kubeconfig or self.kubeconfig())))
-        proc = self._spawn("kube-scheduler", [
+        proc = self._spawn(name, [
             str(self.binaries.kube_scheduler),
             "--config", str(path),
             "--port", "0",  # no insecure HTTP port
@@ -426,8 +427,8 @@ class Testbed:
                                f"{proc.tail()}")
         return proc
 
-    def stop_scheduler(self) -> None:
-        proc = self.processes.pop("kube-scheduler", None)
+    def stop_scheduler(self, name: str = "kube-scheduler") -> None:
+        proc = self.processes.pop(name, None)
         if proc is not None:
             proc.stop()
 
