@@ -1,9 +1,10 @@
 """Latency of the extender's /filter, /prioritize and /bind over real HTTP with nodeCacheCapable bodies.
 
 The extender (embedded cluster + uvicorn on 127.0.0.1) runs in a child process; it is first filled with one
-pod per node through the fake kube-scheduler (its /bind latencies are recorded there). The parent then sends
-/filter with every node name and /prioritize with the feasible ones, one request at a time on a keep-alive
-connection, as kube-scheduler does.
+pod per node through the fake kube-scheduler (its /bind latencies are recorded there). The child then creates
+the probe pod in the cluster (the extender decides from its own watch cache, so a pod it cannot find is
+refused), and the parent sends /filter with every node name and /prioritize with the feasible ones for it, one
+request at a time on a keep-alive connection, as kube-scheduler does.
 
 Usage: python benchmarks/extender_latency.py --nodes 5000 [--requests 300] [--runs 3]
 Last line: {"nodes": N, "filter_p50_ms", "filter_p99_ms", "prioritize_p99_ms", "bind_p99_ms"}
@@ -36,7 +37,9 @@ def _serve(nodes: int, conn: Any) -> None:
         emb = await start_embedded(scenario)
         driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
         stats = await driver.run(workload_pods(scenario, nodes))
-        conn.send({"url": emb.url, "names": emb.node_names, "bind_s": driver.bind_seconds, "bound": stats.bound})
+        probe = await emb.cluster.create_pod(_pod())
+        conn.send({"url": emb.url, "names": emb.node_names, "bind_s": driver.bind_seconds, "bound": stats.bound,
+                   "probe": probe})
         await driver.close()
         await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # wait for "stop"
         await emb.stop()
@@ -47,16 +50,14 @@ def _serve(nodes: int, conn: Any) -> None:
 def _pod() -> dict:
     from gpupool.testing.embedded import PodShape, pod_object
 
-    pod = pod_object("probe", "bench", PodShape(weight=1, gpu=1, cores=30, memory_mib=8192))
-    pod["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
-    return pod
+    return pod_object("probe", "bench", PodShape(weight=1, gpu=1, cores=30, memory_mib=8192))
 
 
-async def _measure(url: str, names: list[str], requests: int) -> tuple[list[float], list[float]]:
+async def _measure(url: str, names: list[str], probe: dict, requests: int) -> tuple[list[float], list[float]]:
     from gpupool.testing.extender_client import JsonClient
 
     client = JsonClient(url)
-    pod = json.dumps(_pod()).encode()
+    pod = json.dumps(probe).encode()
     all_names = json.dumps(names).encode()
     filter_body = b'{"Pod":' + pod + b',"Nodes":null,"NodeNames":' + all_names + b"}"
     f_ms, p_ms = [], []
@@ -64,6 +65,9 @@ async def _measure(url: str, names: list[str], requests: int) -> tuple[list[floa
         t = time.perf_counter()
         result = await client.post("/filter", filter_body)
         f_ms.append((time.perf_counter() - t) * 1000)
+        if result.get("Error") or not result.get("NodeNames"):  # measure decisions, not refusals
+            why = result.get("Error") or result.get("FailedAndUnresolvableNodes")
+            raise SystemExit(f"the probe pod was refused: {why}")
         feasible = json.dumps(result["NodeNames"]).encode()
         body = b'{"Pod":' + pod + b',"Nodes":null,"NodeNames":' + feasible + b"}"
         t = time.perf_counter()
@@ -89,7 +93,7 @@ def main() -> None:
     bind_p99 = float(np.percentile(np.array(info["bind_s"]) * 1000, 99)) if info["bind_s"] else float("nan")
     runs = []
     for i in range(args.runs):
-        f_ms, p_ms = asyncio.run(_measure(info["url"], info["names"], args.requests))
+        f_ms, p_ms = asyncio.run(_measure(info["url"], info["names"], info["probe"], args.requests))
         run = {
             "filter_p50_ms": float(np.percentile(f_ms, 50)),
             "filter_p99_ms": float(np.percentile(f_ms, 99)),
