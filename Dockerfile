@@ -7,9 +7,14 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
-COPY pyproject.toml README.md ./
+# The wheel carries the CUDA interception library (native/), compiled with the system C compiler.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends gcc libc6-dev \
+ && rm -rf /var/lib/apt/lists/*
+COPY pyproject.toml setup.py MANIFEST.in README.md ./
 COPY src ./src
 COPY data ./data
+COPY native ./native
 # Build a wheel and install it (not editable) into a self-contained virtual environment; the wheel puts the
 # bundled trace (for `gpupool simulate`) under /opt/gpupool/share/gpupool/traces.
 RUN python -m venv /opt/gpupool \

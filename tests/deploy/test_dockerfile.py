@@ -18,8 +18,8 @@ def instructions(name: str) -> list[str]:
 def test_build_context_sources_exist_and_are_not_ignored() -> None:
     ignored = {line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()}
     sources = [c.split()[0] for c in instructions("COPY") if not c.startswith("--from")]
-    assert sources == ["pyproject.toml", "src", "data"]
-    for source in [*sources, "README.md"]:
+    assert sources == ["pyproject.toml", "src", "data", "native"]
+    for source in [*sources, "README.md", "setup.py", "MANIFEST.in"]:
         assert (ROOT / source).exists(), source
         assert source not in ignored, source
     assert {"tests", ".venv", ".git"} <= ignored
@@ -38,3 +38,11 @@ def test_the_image_installs_the_wheel_into_the_venv_it_runs() -> None:
     assert "/opt/gpupool/bin/pip install /tmp/wheels/*.whl" in DOCKERFILE
     assert "COPY --from=build /opt/gpupool /opt/gpupool" in DOCKERFILE
     assert "ENV PATH=/opt/gpupool/bin:$PATH" in DOCKERFILE
+
+
+def test_the_build_stage_can_compile_the_interception_library() -> None:
+    # setup.py compiles native/ into the wheel with the system C compiler; the slim image has none.
+    build_stage = DOCKERFILE.split("\nFROM ", 2)[1]
+    assert "gcc" in build_stage and "libc6-dev" in build_stage
+    assert "COPY native ./native" in build_stage
+    assert "setup.py" in build_stage
