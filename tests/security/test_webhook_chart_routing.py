@@ -12,7 +12,17 @@ import pytest
 from gpupool.api.names import ANN_ISOLATION, RESOURCE_GPU
 from gpupool.webhook.config import ConfigError, load_config
 from tests.deploy.conftest import NAMESPACE, Render, helm, render  # noqa: F401 (fixtures)
-from tests.deploy.test_chart_match_conditions import pod
+
+def pod(limits: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {"name": "main", "image": "busybox"}
+    if limits is not None:
+        c["resources"] = {"limits": limits, "requests": limits}
+    meta: dict[str, Any] = {"name": "p", "namespace": "ml"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "sidecar", "image": "busybox"}, c]}}
+
 
 POLICIES = {
     "secure": {"defaultIsolation": "mps", "allowedIsolation": ["mps"], "weakerIsolation": "raise", "strict": True},
