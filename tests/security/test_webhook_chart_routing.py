@@ -13,6 +13,7 @@ from gpupool.api.names import ANN_ISOLATION, RESOURCE_GPU
 from gpupool.webhook.config import ConfigError, load_config
 from tests.deploy.conftest import NAMESPACE, Render, helm, render  # noqa: F401 (fixtures)
 
+
 def pod(limits: dict[str, str] | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
     c: dict[str, Any] = {"name": "main", "image": "busybox"}
     if limits is not None:
