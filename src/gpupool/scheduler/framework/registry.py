@@ -23,6 +23,7 @@ from gpupool.scheduler.framework.plugins import (
     gpu_fit,
     gpu_node,
     gpu_request,
+    mig,
     node_exists,
     node_lock,
     nominate,
@@ -54,6 +55,7 @@ REGISTRY: dict[str, PluginSpec] = {
     "node_lock": PluginSpec(node_lock.NodeLock, node_lock.Args),
     "binding": PluginSpec(binding.Binding, binding.Args),
     "pending_note": PluginSpec(pending_note.PendingNote, pending_note.Args),
+    "mig_placement": PluginSpec(mig.MigPlacement, mig.Args),  # not in PROFILE yet: needs MIG layouts fed
 }
 
 # Where each plugin runs:
