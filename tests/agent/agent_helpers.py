@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,13 +45,17 @@ def four_gpus() -> Discovered:
     )
 
 
-def pod_object(name: str, gpus: int, namespace: str = "default") -> dict[str, Any]:
+def pod_object(name: str, gpus: int, namespace: str = "default", node: str | None = None) -> dict[str, Any]:
+    """A GPU pod; with `node`, bound there directly (spec.nodeName), the way a pod bypasses the scheduler."""
+    spec: dict[str, Any] = {
+        "schedulerName": "gpupool-scheduler",
+        "containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU: str(gpus)}}}],
+    }
+    if node is not None:
+        spec["nodeName"] = node
     return {
         "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}-{next(_uid)}", "annotations": {}},
-        "spec": {
-            "schedulerName": "gpupool-scheduler",
-            "containers": [{"name": "main", "resources": {"limits": {RESOURCE_GPU: str(gpus)}}}],
-        },
+        "spec": spec,
         "status": {"phase": "Pending"},
     }
 
@@ -92,10 +96,11 @@ class Rig:
     agent: Agent
     config: AgentConfig
 
-    async def restart_agent(self) -> None:
-        """Stop the agent and start a new one on the same node, backend state and kubelet."""
+    async def restart_agent(self, step: Callable[[str], None] | None = None) -> None:
+        """Stop the agent and start a new one on the same node, backend state, kubelet and checkpoint
+        directory; `step` is the new agent's Allocate step hook."""
         await self.agent.stop()
-        self.agent = Agent(self.config, self.backend, ClusterPortAgent(self.cluster))
+        self.agent = Agent(self.config, self.backend, ClusterPortAgent(self.cluster), step=step)
         await self.agent.start()
 
 
@@ -116,10 +121,15 @@ def agent_config(directory: Path, **overrides: Any) -> AgentConfig:
 
 
 @asynccontextmanager
-async def rig(discovered: Discovered | None = None, **overrides: Any) -> AsyncIterator[Rig]:
+async def rig(
+    discovered: Discovered | None = None,
+    cluster: MemoryCluster | None = None,
+    step: Callable[[str], None] | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Rig]:
     # unix socket paths are limited to ~107 bytes: keep the directory short
     directory = Path(tempfile.mkdtemp(prefix="gpa-", dir="/tmp"))
-    cluster = MemoryCluster()
+    cluster = cluster or MemoryCluster()
     await cluster.create_node(
         {
             "metadata": {"name": NODE, "annotations": {"keep/me": "yes"}, "labels": {"zone": "a"}},
@@ -130,7 +140,7 @@ async def rig(discovered: Discovered | None = None, **overrides: Any) -> AsyncIt
     config = agent_config(directory, **overrides)
     kubelet = StandInKubelet(directory)
     await kubelet.start()
-    agent = Agent(config, backend, ClusterPortAgent(cluster))
+    agent = Agent(config, backend, ClusterPortAgent(cluster), step=step)
     await agent.start()
     r = Rig(cluster, backend, kubelet, agent, config)
     try:
