@@ -98,3 +98,34 @@ def test_missing_program_and_bad_config_are_clear(tmp_path: Path) -> None:
     assert "no MPS daemon managed" in (s.refuses("GPU-other") or "")
     assert MpsConfig(tmp_path, tmp_path, default_thread_percentage=0).problems() == [
         "MPS default thread percentage 0 must be 1-100"]
+
+
+async def test_supervise_restarts_a_killed_daemon_until_stopped(sup: MpsSupervisor) -> None:
+    import asyncio
+
+    from gpupool.agent.mps import supervise
+
+    stop = asyncio.Event()
+    task = asyncio.create_task(supervise(sup, stop, interval_s=0.05))
+    for _ in range(400):  # the first check starts both daemons
+        if all(h.up for h in sup.health.values()):
+            break
+        await asyncio.sleep(0.01)
+    first = pid_of(sup, GPUS[0])
+    os.kill(first, signal.SIGKILL)
+    for _ in range(400):  # a later check finds it dead and starts a new one
+        if sup.health[GPUS[0]].restarts == 1 and sup.health[GPUS[0]].up:
+            break
+        await asyncio.sleep(0.01)
+    assert sup.health[GPUS[0]].restarts == 1 and pid_of(sup, GPUS[0]) != first
+    stop.set()
+    await asyncio.wait_for(task, 5)
+    assert sup.refuses(GPUS[0]) is None  # left running for the next agent
+
+
+def test_agent_supervisor_keeps_logs_out_of_the_pods_mount(tmp_path: Path) -> None:
+    from gpupool.agent.mps import agent_supervisor
+
+    s = agent_supervisor(tmp_path / "mps", ["GPU-1"], clock=lambda: 0.0)
+    assert s.pipe_dir("GPU-1") == tmp_path / "mps" / "GPU-1"
+    assert s.log_dir("GPU-1") == tmp_path / "mps-log" / "GPU-1"

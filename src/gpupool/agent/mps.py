@@ -17,6 +17,8 @@ and they apply only to MPS servers started afterwards.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import subprocess
 from collections.abc import Callable, Sequence
@@ -186,3 +188,35 @@ def metric_samples(health: dict[str, DaemonHealth]) -> list[tuple[str, dict[str,
 def inventory_fields(health: dict[str, DaemonHealth]) -> dict[str, dict[str, str | int]]:
     """Per GPU, what the node inventory shows about its MPS daemon."""
     return {gpu: {"mps": "up" if h.up else "down", "mps_restarts": h.restarts} for gpu, h in sorted(health.items())}
+
+
+CHECK_INTERVAL_S = 10.0
+_log = logging.getLogger("gpupool.agent.mps")
+
+
+async def supervise(supervisor: MpsSupervisor, stop: asyncio.Event, interval_s: float = CHECK_INTERVAL_S) -> None:
+    """Check (and restart) the daemons every `interval_s` until `stop` is set; log each change of state.
+    Daemons are left running at stop: an agent restart must not take MPS away from running pods (the next
+    agent keeps a daemon that answers)."""
+    seen: dict[str, bool] = {}
+    while True:
+        health = await asyncio.to_thread(supervisor.check)
+        for gpu, h in sorted(health.items()):
+            if seen.get(gpu) != h.up:
+                if h.up:
+                    _log.info("MPS daemon of %s is up (restarts: %d)", gpu, h.restarts)
+                else:
+                    _log.error("MPS daemon of %s is down: %s; MPS pods on it are refused", gpu, h.last_error)
+                seen[gpu] = h.up
+        try:
+            await asyncio.wait_for(stop.wait(), interval_s)
+            return
+        except TimeoutError:
+            continue
+
+
+def agent_supervisor(mps_root: Path, gpus: Sequence[str], clock: Callable[[], float]) -> MpsSupervisor:
+    """The agent's supervisor: pipe directories under `mps_root` (what Allocate mounts into pods), logs in
+    a sibling `<mps_root>-log` directory that pods never see."""
+    log_root = mps_root.with_name(mps_root.name + "-log")
+    return MpsSupervisor(MpsConfig(pipe_root=mps_root, log_root=log_root), list(gpus), clock)
