@@ -8,7 +8,8 @@
  *            total -> "<rc> bytes" | nvml -> "<rc> total free used" | echo -> cuFakeEcho(1) via dlsym
  *            launch KIND BLOCKS SECONDS SYNC_EVERY -> "<rc> launches"
  *            threads N OPS SEED SIZE... -> "<rc> max_live successes failures other_codes"
- *            stress BYTES -> never answers (alloc/free forever, for kill -9 tests) */
+ *            stress BYTES -> never answers (alloc/free forever, for kill -9 tests)
+ *            bench launch|alloc N -> "<rc> picoseconds per call" (an empty kernel; a 1 MiB alloc + free) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -245,6 +246,14 @@ int main(int argc, char **argv) {
             for (int i = 0; i < nthreads && i < 64; i++) pthread_join(t[i], NULL);
             printf("0 %lld %lld %lld %lld\n", max_live, successes, failures, others);
             max_live = successes = failures = others = 0;
+        } else if (sscanf(line, "bench %31s %llu", kind, &n) == 2) {
+            CUresult r = CUDA_SUCCESS;
+            double t0 = now_s();
+            for (unsigned long long i = 0; i < n && r == CUDA_SUCCESS; i++) {
+                if (!strcmp(kind, "launch")) r = p_cuLaunchKernel(NULL, 0, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+                else if ((r = p_cuMemAlloc_v2(&id, 1 << 20)) == CUDA_SUCCESS) r = p_cuMemFree_v2(id);
+            }
+            printf("%d %lld\n", r, (long long)((now_s() - t0) / (double)n * 1e12));
         } else if (sscanf(line, "stress %llu", &n) == 1) {
             printf("started\n");
             for (;;) {
