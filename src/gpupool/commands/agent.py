@@ -123,11 +123,28 @@ async def _run(config: Any, backend: Any) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node_agent.request_stop)
     await node_agent.start()
+    mps_stop = asyncio.Event()
+    mps_task = _start_mps(config, backend, mps_stop)
     try:
         await node_agent.wait()
     finally:
+        mps_stop.set()
+        if mps_task is not None:
+            await mps_task
         await node_agent.stop()
         await port.close()
+
+
+def _start_mps(config: Any, backend: Any, stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """Isolation mps: one MPS control daemon per GPU, restarted when it dies (docs/mig-mps.md)."""
+    if config.isolation != "mps":
+        return None
+    import time
+
+    from gpupool.agent.mps import agent_supervisor, supervise
+
+    gpus = [d.uuid for d in backend.discover().devices]
+    return asyncio.create_task(supervise(agent_supervisor(config.mps_root, gpus, time.monotonic), stop))
 
 
 def _cluster_port(config: Any) -> Any:
