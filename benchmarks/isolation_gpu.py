@@ -1,0 +1,171 @@
+"""gpupool's CUDA interception library on a real NVIDIA GPU, with PyTorch (never changes GPU settings).
+
+Without a GPU (or without PyTorch with CUDA) it says so and exits 0. Otherwise it builds the library and:
+1. memory: a process with a 10 GiB share (GPUPOOL_MEMORY_LIMIT_MIB=10240) allocates in 64 MiB, then 1 MiB
+   steps until refused (PyTorch's caching off, so every tensor is one cuMemAlloc), then tries 1 MiB more;
+   it reports what torch.cuda.mem_get_info and nvidia-smi (run under the same preload) say the card holds;
+2. compute: the same matmul loop alone uncapped, then in two processes capped 30 and 70 at once: their
+   throughputs, ratio and each one's share of the uncapped rate;
+3. overhead at cap 100: a matmul loop and a small-kernel loop with and without the library.
+The last line is one JSON object.
+
+    python benchmarks/isolation_gpu.py [--seconds 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MEMORY_CHILD = r"""
+import json, shutil, subprocess, torch
+free, total = torch.cuda.mem_get_info()
+held, step, refused_at = [], 64 << 20, None
+while step >= 1 << 20:
+    try:
+        held.append(torch.empty(step, dtype=torch.uint8, device="cuda"))
+    except torch.cuda.OutOfMemoryError:
+        step //= 64 if step == 64 << 20 else 2
+allocated = sum(t.numel() for t in held)
+try:
+    held.append(torch.empty(1 << 20, dtype=torch.uint8, device="cuda"))
+    beyond = "succeeded"
+except torch.cuda.OutOfMemoryError:
+    beyond = "refused"
+smi = ""
+if shutil.which("nvidia-smi"):  # under the same LD_PRELOAD: NVML's memory figures are the share
+    smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader"],
+                         capture_output=True, text=True).stdout.strip().splitlines()[0]
+print(json.dumps({"reported_total_mib": total >> 20, "reported_free_mib": free >> 20,
+                  "allocated_mib": allocated / 2**20, "one_mib_beyond": beyond, "nvidia_smi": smi}))
+"""
+
+LOOP_CHILD = r"""
+import json, sys, time, torch
+kind, seconds = sys.argv[1], float(sys.argv[2])
+if kind == "matmul":
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    step = lambda: a @ a
+else:
+    x = torch.zeros(1024, device="cuda")
+    step = lambda: x.add_(1)
+for _ in range(20):
+    step()
+torch.cuda.synchronize()
+n, t0 = 0, time.perf_counter()
+while time.perf_counter() - t0 < seconds:
+    for _ in range(10):
+        step()
+    torch.cuda.synchronize()
+    n += 10
+print(json.dumps({"rate": n / (time.perf_counter() - t0)}))
+"""
+
+
+def gpu_available() -> str | None:
+    """None when usable, else why not."""
+    try:
+        import torch
+    except ImportError:
+        return "PyTorch is not installed"
+    if not torch.cuda.is_available():
+        return "no NVIDIA GPU visible to PyTorch"
+    return None
+
+
+def child_env(lib: Path | None, hook_dir: Path, **limits: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.pop("LD_PRELOAD", None)
+    if lib is not None:
+        env["LD_PRELOAD"] = str(lib)
+        env["GPUPOOL_HOOK_DIR"] = str(hook_dir)
+        env.update(limits)
+    env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
+    return env
+
+
+def run_child(code: str, env: dict[str, str], *args: str) -> dict[str, Any]:
+    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"child failed ({done.returncode}): {done.stderr[-2000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
+
+
+def start_child(code: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def collect(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    out, err = proc.communicate()
+    if proc.returncode != 0:
+        raise SystemExit(f"child failed ({proc.returncode}): {err[-2000:]}")
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    if args.seconds <= 0:
+        parser.error("--seconds must be positive")
+    why = gpu_available()
+    if why is not None:
+        print(f"isolation_gpu needs an NVIDIA GPU and PyTorch with CUDA: {why}; nothing measured")
+        print(json.dumps({"benchmark": "isolation_gpu", "skipped": why}))
+        return
+    if shutil.which(os.environ.get("CC", "cc")) is None:
+        raise SystemExit("needs a C compiler (cc) to build the library")
+    spec = importlib.util.spec_from_file_location("gpupool_native_build", ROOT / "native" / "build.py")
+    assert spec is not None and spec.loader is not None
+    native = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(native)
+
+    secs = str(args.seconds)
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        lib: Path = native.compile_library(root / "libgpupool_hook.so")
+        dirs = [root / f"pod{i}" for i in range(4)]
+        for d in dirs:
+            d.mkdir()
+        memory = run_child(MEMORY_CHILD, child_env(lib, dirs[0], GPUPOOL_MEMORY_LIMIT_MIB="10240"))
+        print("memory, 10 GiB share:", json.dumps(memory))
+        alone = run_child(LOOP_CHILD, child_env(None, dirs[1]), "matmul", secs)["rate"]
+        a = start_child(LOOP_CHILD, child_env(lib, dirs[2], GPUPOOL_CORES_PERCENT="30"), "matmul", secs)
+        b = start_child(LOOP_CHILD, child_env(lib, dirs[3], GPUPOOL_CORES_PERCENT="70"), "matmul", secs)
+        rate30, rate70 = collect(a)["rate"], collect(b)["rate"]
+        print(f"matmul it/s: uncapped alone {alone:.1f}; capped 30 -> {rate30:.1f}, capped 70 -> {rate70:.1f}")
+        overhead = {}
+        for kind in ("matmul", "small"):
+            plain = run_child(LOOP_CHILD, child_env(None, dirs[1]), kind, secs)["rate"]
+            hooked = run_child(LOOP_CHILD, child_env(lib, dirs[1], GPUPOOL_CORES_PERCENT="100",
+                                                     GPUPOOL_MEMORY_LIMIT_MIB="10240"), kind, secs)["rate"]
+            overhead[kind] = round((plain - hooked) / plain * 100, 2)
+            print(f"{kind} loop at cap 100: {plain:.1f} it/s without, {hooked:.1f} with ({overhead[kind]} % slower)")
+    print(json.dumps({
+        "benchmark": "isolation_gpu",
+        "memory": memory,
+        "matmul_rate_alone": round(alone, 2),
+        "rate_30": round(rate30, 2),
+        "rate_70": round(rate70, 2),
+        "ratio_70_over_30": round(rate70 / rate30, 3) if rate30 else None,
+        "share_30_of_alone": round(rate30 / alone, 3),
+        "share_70_of_alone": round(rate70 / alone, 3),
+        "overhead_percent_at_cap_100": overhead,
+    }))
+
+
+if __name__ == "__main__":
+    main()
