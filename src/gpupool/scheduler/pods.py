@@ -93,7 +93,6 @@ class PodCache:
         self.lookup_timeout_s = lookup_timeout_s
         self._lookups = asyncio.Semaphore(max_lookups)
         self._by_uid: dict[str, Obj] = {}
-        self._uid_of: dict[str, str] = {}  # namespace/name -> uid
         self._unknown: OrderedDict[str, None] = OrderedDict()  # UIDs the API server did not know
         self.fetches = 0  # GETs made on cache misses (tests and metrics read it)
 
@@ -103,20 +102,16 @@ class PodCache:
     # --- fed by the watch -----------------------------------------------------------------------------
 
     def replace(self, pods: Iterable[Mapping[str, Any]]) -> None:
-        self._by_uid, self._uid_of = {}, {}
+        self._by_uid = {}
         for p in pods:
             self.apply("ADDED", p)
 
     def apply(self, event_type: str, pod: Mapping[str, Any]) -> None:
-        meta = pod.get("metadata") or {}
-        uid, key = str(meta.get("uid", "")), pod_key(pod)
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
         if event_type == "DELETED":
             self._by_uid.pop(uid, None)
-            if self._uid_of.get(key) == uid:
-                del self._uid_of[key]
-            return
-        self._by_uid[uid] = _slim(pod)
-        self._uid_of[key] = uid
+        else:
+            self._by_uid[uid] = _slim(pod)
 
     def get(self, uid: str) -> Obj | None:
         return self._by_uid.get(uid)
