@@ -8,10 +8,10 @@ from typing import Any
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from gpupool.agent.identify import ANN_ALLOCATED, Identified, Unidentified, identify
+from gpupool.agent.identify import Identified, Repeat, Unidentified, identify
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
-from gpupool.api.names import ANN_ALLOCATION, RESOURCE_GPU
+from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, RESOURCE_GPU
 
 N = "node-1"
 
@@ -46,7 +46,7 @@ def node(holder: str | None) -> dict[str, Any]:
     return {"metadata": {"name": N, "annotations": annotations}}
 
 
-def reason(result: Identified | Unidentified) -> str:
+def reason(result: Identified | Repeat | Unidentified) -> str:
     assert isinstance(result, Unidentified), result
     return result.reason
 
@@ -83,12 +83,44 @@ def test_a_rival_of_the_same_size_makes_it_ambiguous() -> None:
     assert isinstance(identify(node("b"), [pod("a", allocated=True), pod("b")], N, 1), Identified)
 
 
-STATES = {
+def rogue(name: str, count: int = 1) -> dict[str, Any]:
+    """A GPU pod bound with spec.nodeName: no allocation, never seen by the scheduler."""
+    p = pod(name, count=count)
+    del p["metadata"]["annotations"][ANN_ALLOCATION]
+    return p
+
+
+def test_a_gpu_pod_without_an_allocation_makes_the_lock_ambiguous() -> None:
+    text = reason(identify(node("a"), [pod("a"), rogue("b")], N, 1))
+    assert "ambiguous" in text and "ns/b" in text and "bound without gpupool's scheduler" in text
+    # it cannot be the subject of a call of another size, and once finished it is no candidate at all
+    assert isinstance(identify(node("a"), [pod("a"), rogue("b", count=2)], N, 1), Identified)
+    failed = rogue("b")
+    failed["status"]["phase"] = "Failed"
+    assert isinstance(identify(node("a"), [pod("a"), failed], N, 1), Identified)
+
+
+def test_a_repeat_is_answered_only_when_no_other_pod_could_be_the_subject() -> None:
+    served = pod("a", allocated=True, phase="Running")
+    assert identify(node(None), [served], N, 1, answered={"uid-a"}) == Repeat("ns", "a", "uid-a")
+    # the lock holder waits for an Allocate of the same size: the devices may have moved on to it
+    assert "ambiguous" in reason(identify(node("b"), [served, pod("b")], N, 1, answered={"uid-a"}))
+    # a finished pod's devices are free again: no repeat for it
+    done = pod("a", allocated=True, phase="Succeeded")
+    assert isinstance(identify(node("b"), [done, pod("b")], N, 1, answered={"uid-a"}), Identified)
+
+
+STATES: dict[str, dict[str, Any]] = {
     "waiting": {},
     "served": {"allocated": True},
     "running": {"phase": "Running", "allocated": True},
     "failed": {"phase": "Failed"},
+    "rogue": {},  # no allocation: bound with spec.nodeName
 }
+
+
+def make(name: str, count: int, state: str) -> dict[str, Any]:
+    return rogue(name, count) if state == "rogue" else pod(name, count=count, **STATES[state])
 
 
 @given(
@@ -96,14 +128,24 @@ STATES = {
     st.data(),
 )
 def test_a_served_call_is_always_for_the_pod_kubelet_admits(specs: list[tuple[int, str]], data: st.DataObject) -> None:
-    """Safety (R3): kubelet calls Allocate for some waiting pod S. Whatever the lock says, if identify names
-    a pod, it is S."""
-    pods = [pod(f"p{i}", count=c, **STATES[state]) for i, (c, state) in enumerate(specs)]
-    waiting = [p for p, (_, state) in zip(pods, specs, strict=True) if state == "waiting"]
-    assume(waiting)
-    subject = data.draw(st.sampled_from(waiting))
+    """Safety (R3): kubelet calls Allocate for some pod S that waits (a gpupool pod or a rogue one), or
+    repeats a call for a served pod S with the devices it was answered. Whatever the lock and the
+    checkpoint say, if identify names a pod, it is S."""
+    pods = [make(f"p{i}", c, state) for i, (c, state) in enumerate(specs)]
+    states = [state for _, state in specs]
+    waiting = [p for p, state in zip(pods, states, strict=True) if state in ("waiting", "rogue")]
+    served = [p for p, state in zip(pods, states, strict=True) if state in ("served", "running")]
+    assume(waiting or served)
+    subject = data.draw(st.sampled_from(waiting + served))
     holder = data.draw(st.sampled_from([None] + [p["metadata"]["name"] for p in pods]))
+    # The checkpoint names the pods answered exactly these device IDs: besides S (when S repeats), pods that
+    # finished, or served pods whose admission failed after the answer (kubelet freed their devices before
+    # the API shows them Failed).
+    others = [p["metadata"]["uid"] for p, state in zip(pods, states, strict=True) if state != "waiting"]
+    answered = set(data.draw(st.lists(st.sampled_from(others), unique=True))) if others else set()
+    if subject in served:
+        answered.add(subject["metadata"]["uid"])
     count = int(subject["spec"]["containers"][0]["resources"]["limits"][RESOURCE_GPU])  # kubelet asks this many
-    result = identify(node(holder), pods, N, count)
-    if isinstance(result, Identified):
+    result = identify(node(holder), pods, N, count, answered)
+    if isinstance(result, Identified | Repeat):
         assert result.uid == subject["metadata"]["uid"]

@@ -103,7 +103,8 @@ def decode(text: bytes, node: str) -> dict[str, Served]:
 def write_atomically(path: Path, data: bytes) -> None:
     """Replace `path` with `data` so that a crash at any point leaves either the old or the new file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)  # a leftover of a crash mid-write; created afresh so the mode below holds
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
         os.write(fd, data)
         os.fsync(fd)

@@ -1,0 +1,93 @@
+"""The Allocate checkpoint on disk: round trip, atomic replacement, damage detection, pruning."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupool.agent.checkpoint import Checkpoint, Served, decode, encode
+
+NODE = "node-1"
+
+
+def served(uid: str, devices: tuple[str, ...] = ("GPU-a::0",), response: bytes = b"\x0a\x01x") -> Served:
+    return Served(uid, "ns", f"pod-{uid}", devices, response, "2026-11-24T09:00:00Z")
+
+
+def test_entries_survive_a_reload_and_are_found_by_their_exact_devices(tmp_path: Path) -> None:
+    c = Checkpoint(tmp_path, NODE)
+    assert c.load() is None and c.entries == {}
+    c.record(served("u1", ("GPU-a::0", "GPU-b::1")), keep=set())
+    c.record(served("u2", ("GPU-a::1",)), keep={"u1"})
+    again = Checkpoint(tmp_path, NODE)
+    assert again.load() is None
+    assert again.entries == c.entries
+    # the device order kubelet used does not matter; a subset or superset is another call
+    assert [e.pod_uid for e in again.for_devices(["GPU-b::1", "GPU-a::0"])] == ["u1"]
+    assert again.for_devices(["GPU-a::0"]) == []
+
+
+def test_record_drops_pods_that_are_gone(tmp_path: Path) -> None:
+    c = Checkpoint(tmp_path, NODE)
+    c.record(served("u1"), keep=set())
+    c.record(served("u2"), keep=set())  # u1 is no longer alive on the node
+    assert set(c.entries) == {"u2"}
+    assert c.prune({"u2"}) is False  # nothing to drop: no write
+    assert c.prune(set()) is True and c.entries == {}
+    reloaded = Checkpoint(tmp_path, NODE)
+    reloaded.load()
+    assert reloaded.entries == {}
+
+
+def test_a_damaged_file_is_set_aside_and_the_agent_starts_empty(tmp_path: Path) -> None:
+    c = Checkpoint(tmp_path, NODE)
+    c.record(served("u1"), keep=set())
+    text = c.path.read_text().replace("pod-u1", "pod-u9")  # an edit the checksum does not cover
+    c.path.write_text(text)
+    damaged = Checkpoint(tmp_path, NODE)
+    warning = damaged.load()
+    assert warning is not None and "checksum mismatch" in warning
+    assert damaged.entries == {} and not damaged.path.exists()
+    assert (tmp_path / "allocations.json.unreadable").read_text() == text
+
+
+def test_a_checkpoint_of_another_node_is_not_trusted(tmp_path: Path) -> None:
+    Checkpoint(tmp_path, "node-2").record(served("u1"), keep=set())
+    c = Checkpoint(tmp_path, NODE)
+    warning = c.load()
+    assert warning is not None and "written for node 'node-2'" in warning and c.entries == {}
+
+
+def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
+    c = Checkpoint(tmp_path, NODE)
+    c.record(served("u1"), keep=set())
+    # a crash after writing the temporary file, before the rename: the temporary file is left over
+    (tmp_path / ".allocations.json.tmp").write_bytes(b'{"half": ')
+    again = Checkpoint(tmp_path, NODE)
+    assert again.load() is None and set(again.entries) == {"u1"}
+    again.record(served("u2"), keep={"u1"})  # and the next write replaces the leftover
+    assert set(decode(c.path.read_bytes(), NODE)) == {"u1", "u2"}
+    assert oct(os.stat(c.path).st_mode & 0o777) == "0o600"
+
+
+uids = st.text("abcdef0123456789-", min_size=1, max_size=12)
+entries = st.lists(
+    st.builds(
+        served,
+        uids,
+        st.lists(st.text("GPU-ab:0123", min_size=1, max_size=10), min_size=1, max_size=4).map(
+            lambda d: tuple(sorted(d))
+        ),
+        st.binary(max_size=64),
+    ),
+    max_size=5,
+    unique_by=lambda e: e.pod_uid,
+)
+
+
+@given(entries)
+def test_encode_decode_round_trip(items: list[Served]) -> None:
+    assert decode(encode(NODE, items), NODE) == {e.pod_uid: e for e in items}
