@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 from fractions import Fraction
+from functools import lru_cache
 
 from gpupool.core.quantity import QuantityError
 
@@ -40,8 +41,25 @@ def _describe(what: str, value: object) -> str:
     return f"{what} {value!r}"
 
 
+# Pods repeat the same few quantities ("1", "30", "8Gi") and the scheduler reads every pod again at each
+# restart: remembering the last few thousand texts makes a parse a dictionary hit. Bounded, so hostile
+# values cannot grow it; errors are not remembered (they are raised again each time).
+_CACHE = 4096
+
+
 def parse_quantity(value: object, what: str = "quantity") -> tuple[Fraction, bool]:
     """(the number in base units, whether it had a suffix). `what` names the value in errors."""
+    if isinstance(value, str):
+        return _parse_text(value, what)
+    return _parse(value, what)
+
+
+@lru_cache(maxsize=_CACHE)
+def _parse_text(value: str, what: str) -> tuple[Fraction, bool]:
+    return _parse(value, what)
+
+
+def _parse(value: object, what: str) -> tuple[Fraction, bool]:
     if isinstance(value, bool) or value is None:
         raise QuantityError(f"{_describe(what, value)}: expected a quantity such as 10Gi, 500m or 2")
     if isinstance(value, int):
@@ -86,8 +104,22 @@ def _non_negative(amount: Fraction, what: str, value: object) -> None:
         raise QuantityError(f"{_describe(what, value)}: must not be negative")
 
 
+@lru_cache(maxsize=_CACHE)
+def _cached(convert: str, value: str, what: str) -> int:
+    return int(_CONVERTERS[convert](value, what))
+
+
+def _fast(convert: str, value: object, what: str) -> int | None:
+    return _cached(convert, value, what) if isinstance(value, str) else None
+
+
 def cpu_milli(value: object, what: str = "cpu") -> int:
     """CPU in milli-cores, rounded up as the API server does (`0.0001` -> 1m)."""
+    fast = _fast("cpu", value, what)
+    return fast if fast is not None else _cpu_milli(value, what)
+
+
+def _cpu_milli(value: object, what: str) -> int:
     amount, _ = parse_quantity(value, what)
     _non_negative(amount, what, value)
     return math.ceil(amount * 1000)
@@ -101,6 +133,11 @@ def bytes_to_mib(amount: Fraction, round_up: bool) -> int:
 def memory_mib(value: object, what: str = "memory") -> int:
     """Container memory (`resources.requests.memory`): unitless is bytes, as in Kubernetes. Rounded up to
     whole MiB: a request is what the pod needs, so a fraction of a MiB still needs that MiB."""
+    fast = _fast("memory", value, what)
+    return fast if fast is not None else _memory_mib(value, what)
+
+
+def _memory_mib(value: object, what: str) -> int:
     amount, _ = parse_quantity(value, what)
     _non_negative(amount, what, value)
     return bytes_to_mib(amount, round_up=True)
@@ -110,6 +147,11 @@ def gpu_memory_mib(value: object, what: str = "gpupool.io/gpu-memory") -> int:
     """GPU memory per GPU: unitless (`10240`, `1e3`) is MiB, gpupool's unit for this resource; with a
     suffix (`10Gi`, `16G`) the quantity is bytes, rounded down to whole MiB (granting a fraction of a MiB
     more than asked could overcommit a card)."""
+    fast = _fast("gpu-memory", value, what)
+    return fast if fast is not None else _gpu_memory_mib(value, what)
+
+
+def _gpu_memory_mib(value: object, what: str) -> int:
     amount, has_suffix = parse_quantity(value, what)
     _non_negative(amount, what, value)
     if not has_suffix:
@@ -122,9 +164,17 @@ def gpu_memory_mib(value: object, what: str = "gpupool.io/gpu-memory") -> int:
 def whole_number(value: object, what: str) -> int:
     """A count or percent: a quantity that must be a whole number (`2`, `1e2`, `30`; `30%` is accepted
     because gpupool's docs once showed it, and means 30)."""
+    fast = _fast("whole", value, what)
+    return fast if fast is not None else _whole_number(value, what)
+
+
+def _whole_number(value: object, what: str) -> int:
     if isinstance(value, str) and value.strip().endswith("%"):
         value = value.strip()[:-1]
     amount, _ = parse_quantity(value, what)
     if amount.denominator != 1:
         raise QuantityError(f"{_describe(what, value)}: must be a whole number")
     return int(amount)
+
+
+_CONVERTERS = {"cpu": _cpu_milli, "memory": _memory_mib, "gpu-memory": _gpu_memory_mib, "whole": _whole_number}
