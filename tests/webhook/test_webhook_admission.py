@@ -374,3 +374,29 @@ async def test_health_readiness_and_metrics(served: Served) -> None:
     await admit(served, "/mutate", review(pod({RESOURCE_GPU: "1", RESOURCE_CORES: "300"})))
     text = (await served.client.get("/metrics")).text
     assert 'gpupool_webhook_reviews_total{outcome="denied",webhook="mutate"} 1.0' in text
+
+
+# --- several containers, init containers and sidecars -----------------------------------------------------
+
+
+async def test_gpu_containers_that_share_one_placement_are_admitted(served: Served) -> None:
+    obj = pod({RESOURCE_GPU: "1", RESOURCE_CORES: "20", RESOURCE_MEMORY: "16G"})
+    obj["spec"]["initContainers"] = [{"name": "log", "image": "busybox", "restartPolicy": "Always", "resources": {
+        "limits": {RESOURCE_GPU: "1", RESOURCE_CORES: "10", RESOURCE_MEMORY: "1e3"}}}]
+    result = await mutate_then_validate(served, obj)
+    sidecar = result["spec"]["initContainers"][0]["resources"]["limits"]
+    # 16G = 16e9 B = 15258.79 MiB -> 15258; 1e3 unitless = 1000 MiB (already MiB, rewritten as a plain number)
+    assert result["spec"]["containers"][0]["resources"]["limits"][RESOURCE_MEMORY] == "15258"
+    assert sidecar[RESOURCE_MEMORY] == "1000"
+    request = parse_pod(result).request
+    # the sidecar runs beside the app: 20 % + 10 % = 300 milli, 15258 + 1000 = 16258 MiB on one GPU
+    assert request is not None and (request.gpu.count, request.gpu.milli, request.gpu.memory_mib) == (1, 300, 16258)
+
+
+async def test_gpu_containers_that_cannot_share_a_placement_are_refused(served: Served) -> None:
+    obj = pod({RESOURCE_GPU: "1", RESOURCE_CORES: "20"})
+    obj["spec"]["containers"].append({"name": "whole", "image": "busybox",
+                                      "resources": {"limits": {RESOURCE_GPU: "1"}}})
+    resp = await admit(served, "/mutate", review(obj))
+    assert not resp["allowed"] and resp["status"]["code"] == 422
+    assert "(container main, container whole) mix whole GPUs and shares" in resp["status"]["message"]
