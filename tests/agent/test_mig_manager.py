@@ -129,6 +129,9 @@ def test_restart_finishes_an_instance_whose_compute_instance_was_never_made(tmp_
         mgr.ensure("pod-a", GPU, "2g.10gb", start=0)
     drv.create_compute_instance = real  # type: ignore[method-assign]
     again = MigManager(drv, tmp_path / "mig.json", clock, idle_after_s=60)
+    # before reconciling, the half-made instance is not doubled by a retried Allocate
+    r = again.ensure("pod-a", GPU, "2g.10gb", start=2)
+    assert isinstance(r, MigRefused) and "reconcile first" in r.reason
     report = again.reconcile({"pod-a": None})  # the pod is still waiting for its device
     assert report.finished == [f"{GPU} 2g.10gb@0"]
     g = granted(again.ensure("pod-a", GPU, "2g.10gb", start=0))

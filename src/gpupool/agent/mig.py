@@ -183,6 +183,8 @@ class MigManager:
         held = self.holder(pod)
         if held is not None and held.uuid is not None:
             return MigGranted(held.uuid, held.gpu, held.profile, held.start, created=False)
+        if any(e.pod == pod for e in self.entries):  # half-made before a crash: reconcile decides, not a 2nd one
+            return MigRefused(f"pod {pod}: its instance was being made when the agent stopped; reconcile first")
         if gpu not in self.backend.gpu_uuids():
             return MigRefused(f"pod {pod}: no GPU {gpu} on this node")
         if not self.backend.mig_enabled(gpu):
