@@ -52,9 +52,11 @@ int main(void) {
 
 # gpupool's test programs: what a container received, in a form a test parses without guessing.
 GRANT_SCRIPT = """#!/bin/sh
-# Print the container's gpupool grant: its GPU variables, then the mounts the runtime added for it.
+# Print the container's gpupool grant: its GPU variables, then the mount points the runtime added for it
+# (field 5 of mountinfo; the interception library, /etc/ld.so.preload, anything under /run/gpupool).
 env | grep -E '^(NVIDIA_|GPUPOOL_|CUDA_MPS_)' | sort | sed 's/^/env /'
-grep -E ' /run/gpupool| /gpupool-' /proc/self/mountinfo | awk '{print "mount " $5}' | sort
+awk '$5 ~ "^/run/gpupool" || $5 ~ "^/usr/local/lib/gpupool" || $5 == "/etc/ld.so.preload" {print "mount " $5}' \\
+  /proc/self/mountinfo | sort
 """
 
 
