@@ -16,10 +16,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpupool.api.errors import first_problem
 from gpupool.api.names import ANN_INVENTORY
+from gpupool.api.quantity import QuantityError, bytes_to_mib, parse_quantity
 from gpupool.core.model import GPU, Node
-from gpupool.core.quantity import QuantityError, parse_memory_mib
 
-INVENTORY_VERSION = 1
+INVENTORY_VERSION: Literal[1] = 1
 
 
 class InventoryError(ValueError):
@@ -107,7 +107,8 @@ def node_from_object(obj: Mapping[str, Any]) -> Node | None:
     alloc = (obj.get("status") or {}).get("allocatable") or {}
     try:
         cpu = parse_cpu_milli(alloc.get("cpu", "0"))
-        mem = parse_memory_mib(str(alloc.get("memory", "0")))
+        # Kubernetes writes node memory in bytes (usually with Ki); rounded down: never promise more.
+        mem = bytes_to_mib(parse_quantity(alloc.get("memory", "0"), "allocatable memory")[0], round_up=False)
     except QuantityError as e:
         raise InventoryError(f"node {meta.get('name')}: {e}") from None
     return Node(
