@@ -22,7 +22,7 @@
 #include <unistd.h>
 
 #define DEFAULT_COST_NS 100000     /* 0.1 ms until the first measurement */
-#define BURST_WINDOW_NS 10000000   /* credit kept across idle time: 10 ms of the rate */
+#define BURST_WINDOW_NS 40000000   /* credit kept across idle time: 40 ms of the rate */
 #define ELASTIC_MARGIN_PPM 20000   /* elastic leaves 2 % of the GPU free so a neighbour is seen waking */
 
 static int poller_state; /* 0 none, 1 running */
