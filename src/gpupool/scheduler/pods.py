@@ -130,7 +130,7 @@ class PodCache:
                 raise PodRefused(f"UID {ref.uid} belongs to pod {pod_key(pod)}, not {ref.short()}")
             return pod
         if ref.uid in self._unknown:
-            raise PodRefused(f"pod {ref.short()} with UID {ref.uid} does not exist")
+            raise PodRefused(f"pod {ref.short()} does not exist")
         return await self.fetch(ref)
 
     async def fetch(self, ref: PodRef) -> Obj:

@@ -38,9 +38,12 @@ class CycleState:
     parsed: ParsedPod | None = None
     request: PodRequest | None = None
     policy: Policy | None = None
-    # gpu_fit: per node (rows of the ledger's ClusterState) the GPU slots that can take the pod's share;
-    # Filter plugins after it may only narrow it. Rows of nodes not checked are all False.
-    gpu_ok: BoolArray | None = None
+    # gpu_fit's answer: the nodes it checked and, per node, the GPU slots that can take the pod's share (see
+    # `gpu_ok`, built from them only when a plugin needs it: most filters never do).
+    fit_nodes: IntArray | None = None
+    fit_rows: BoolArray | None = None
+    fit_shape: tuple[int, int] = (0, 0)  # the ledger's ClusterState: (nodes, GPU slots per node)
+    _gpu_ok: BoolArray | None = None
     # node index -> why some of its GPUs are not offered to this pod (shares_per_gpu); GPU choice honours
     # gpu_ok, so these nodes need no other treatment.
     narrowed: dict[int, str] = field(default_factory=dict)
@@ -50,6 +53,19 @@ class CycleState:
     @property
     def wants_gpu(self) -> bool:
         return self.request is not None
+
+    def set_fit(self, nodes: IntArray, rows: BoolArray, shape: tuple[int, int]) -> None:
+        self.fit_nodes, self.fit_rows, self.fit_shape, self._gpu_ok = nodes, rows, shape, None
+
+    @property
+    def gpu_ok(self) -> BoolArray | None:
+        """Per node (rows of the ledger's ClusterState) the GPU slots that can take the pod's share, as
+        gpu_fit found them; Filter plugins after it may only narrow it (in place). Rows of nodes not checked
+        are all False. None before gpu_fit ran."""
+        if self._gpu_ok is None and self.fit_nodes is not None and self.fit_rows is not None:
+            self._gpu_ok = np.zeros(self.fit_shape, dtype=bool)
+            self._gpu_ok[self.fit_nodes] = self.fit_rows
+        return self._gpu_ok
 
 
 class NodeSet:

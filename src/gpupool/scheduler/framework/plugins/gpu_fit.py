@@ -32,9 +32,7 @@ class GPUFit:
         state = self.handle.ledger.state
         idx = nodes.nodes()
         fit = check(state, cycle.request, idx)
-        if cycle.gpu_ok is None:
-            cycle.gpu_ok = np.zeros((len(state), state.width), dtype=bool)
-        cycle.gpu_ok[idx] = fit.gpu_fit
+        cycle.set_fit(idx, fit.gpu_fit, (len(state), state.width))
         bad = fit.code != OK
         if not bad.any():
             return

@@ -111,7 +111,7 @@ class Nominate:
         now = self.handle.clock()
         self._prune(now)
         start, count = self._recent.pop(cycle.uid, (now, 0))
-        if now - start >= self.args.window_s:
+        if not 0 <= now - start < self.args.window_s:  # a new window (or the wall clock went back)
             start, count = now, 0
         self._recent[cycle.uid] = (start, count)
         while len(self._recent) > 4 * max(self.args.max_nominations, 1):

@@ -39,9 +39,11 @@ class SharesPerGPU:
 
     def filter(self, cycle: CycleState, nodes: NodeSet) -> None:
         ledger = self.handle.ledger
-        request, gpu_ok = cycle.request, cycle.gpu_ok
-        if not ledger.full_gpus or request is None or gpu_ok is None:
+        request = cycle.request
+        if not ledger.full_gpus or request is None or cycle.fit_nodes is None:
             return  # no GPU is at its limit: nothing to hide (the common case costs nothing)
+        gpu_ok = cycle.gpu_ok
+        assert gpu_ok is not None
         mps = cycle.parsed is not None and cycle.parsed.isolation == "mps"
         idx = nodes.nodes()
         full = ledger.full(idx, mps)
