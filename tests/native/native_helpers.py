@@ -165,5 +165,14 @@ def busy_share(state: Path, pids: set[int], t0: int, t1: int) -> float:
     return busy / (t1 - t0)
 
 
+def active_window(state: Path, pids: list[int], skip_ns: int, trim_ns: int) -> tuple[int, int]:
+    """From `skip_ns` after the last of `pids` launched its first kernel to `trim_ns` before the first of
+    them launched its last: the time they all ran, whatever the machine's load did to their start-up."""
+    log = kernel_log(state)
+    firsts = [min(s for p, s, _ in log if p == pid) for pid in pids]
+    lasts = [max(e for p, _, e in log if p == pid) for pid in pids]
+    return max(firsts) + skip_ns, min(lasts) - trim_ns
+
+
 def now_ns() -> int:
     return time.monotonic_ns()
