@@ -98,6 +98,27 @@ def kind_path(kind: Kind, namespace: str | None = None, name: str | None = None)
     return "/".join(parts)
 
 
+def _by_status_code(e: Exception, context: str) -> Exception:
+    """An HTTP client error that lightkube did not turn into its ApiError — a streamed answer fails before
+    lightkube reads the Status body, and a 404 for a kind the server does not serve is plain text — as the
+    port's error for its status code; anything else (a transport error) unchanged."""
+    code = getattr(getattr(e, "response", None), "status_code", None)
+    if not isinstance(code, int):
+        return e
+    message = f"{context}{e}".splitlines()[0]
+    if code == 410:
+        return Gone(message)
+    if code in (400, 422):
+        return Invalid(message)
+    if code == 404:
+        return NotFound(message)
+    if code == 409:
+        return Conflict(message)
+    err = ApiError(message)
+    err.status = code
+    return err
+
+
 def _selector(selector: Selector | None) -> Any:
     return dict(selector) if selector else None
 
@@ -156,6 +177,8 @@ class KubeCluster:
             return await coro
         except LightkubeApiError as e:
             raise translate_error(e) from None
+        except Exception as e:
+            raise _by_status_code(e, "") from None
 
     async def _list(
         self, kind: Kind, namespace: str | None, labels: Selector | None, fields: Selector | None
@@ -168,6 +191,8 @@ class KubeCluster:
             items = [to_obj(o) async for o in it]
         except LightkubeApiError as e:
             raise translate_error(e) from None
+        except Exception as e:
+            raise _by_status_code(e, "") from None
         return items, str(it.resourceVersion)
 
     async def _watch(
@@ -186,17 +211,7 @@ class KubeCluster:
         except LightkubeApiError as e:
             raise translate_error(e) from None
         except Exception as e:
-            # A streamed answer fails with the HTTP client's status error before lightkube reads the Status
-            # body (httpx or httpx2 depending on the lightkube version): map it by its status code.
-            code = getattr(getattr(e, "response", None), "status_code", None)
-            if code is None:
-                raise
-            if code == 410:
-                raise Gone(f"watch from resourceVersion {resource_version}: expired") from None
-            if code in (400, 422):
-                raise Invalid(str(e)) from None
-            err = NotFound(str(e)) if code == 404 else ApiError(str(e))
-            raise err from None
+            raise _by_status_code(e, f"watch {kind} from resourceVersion {resource_version}: ") from None
 
     # --- any kind -------------------------------------------------------------------------------------
 

@@ -146,8 +146,8 @@ def _through(match: _Match | None, event: WatchEvent, before: Obj | None) -> Wat
         return event
     if now:
         return WatchEvent("ADDED", event.object)
-    if was:
-        return WatchEvent("DELETED", event.object)
+    if was:  # as the API server's watch cache: the last state that matched
+        return WatchEvent("DELETED", before) if before is not None else event
     return None
 
 
