@@ -27,6 +27,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpupool.core.model import Allocation, PodRequest
+from gpupool.core.placement import Placement, place
 from gpupool.scheduler.framework.cycle import CycleState, Phase
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Status, unschedulable
@@ -151,17 +152,22 @@ class Nominate:
         return cycle.parsed is not None and cycle.parsed.isolation == "mps"
 
     def _place(self, cycle: CycleState, node: str) -> Allocation | None:
-        """The GPUs the pod's policy picks on `node` among those the Filter plugins left (as
-        gpupool.core.placement.place does for one node: score it, then choose)."""
+        """The GPUs the pod's policy picks on `node` (gpupool.core.placement.place on that node). Where a
+        Filter plugin narrowed the node's GPUs (cycle.narrowed), the same steps over the GPUs it left:
+        score the node, then choose among them."""
         request, policy, gpu_ok = cycle.request, cycle.policy, cycle.gpu_ok
         state = self.handle.ledger.state
         i = state.index.get(node)
         if request is None or policy is None or gpu_ok is None or i is None:
             return None
+        ctx = self.handle.context()
+        nodes = np.array([i], dtype=np.int64)
+        if i not in cycle.narrowed:
+            result = place(state, request, policy, ctx, nodes)
+            return result.allocation if isinstance(result, Placement) else None
         row = gpu_ok[i]
         if int(row.sum()) < request.gpu.count:
             return None
-        ctx = self.handle.context()
-        policy.score(state, request, np.array([i], dtype=np.int64), row[None, :], ctx)  # choose() centres on it
+        policy.score(state, request, nodes, row[None, :], ctx)  # choose() centres on this score
         gpus = policy.choose(state, request, i, row, ctx) if request.gpu.count else ()
         return Allocation(pod=request.key, node=node, grants=state.grants_for(i, request, gpus), policy=policy.name)
