@@ -30,6 +30,7 @@ POD = {"apiVersion": "v1", "kind": "Pod",
 class FakeApiServer:
     def __init__(self) -> None:
         self.requests: list[tuple[str, str, str, dict | None]] = []
+        self.queries: list[dict[str, str]] = []
         self.bound = False
 
     async def handle(self, request: Request) -> JSONResponse:
@@ -37,6 +38,7 @@ class FakeApiServer:
         body = json.loads(raw) if raw else None
         path = request.url.path
         self.requests.append((request.method, path, request.headers.get("content-type", ""), body))
+        self.queries.append(dict(request.query_params))
         if request.method == "GET" and path == "/api/v1/pods" and request.query_params.get("watch") == "true":
             self.watch_params = dict(request.query_params)
             if request.query_params.get("resourceVersion") == "1":
@@ -189,3 +191,34 @@ async def test_node_labels_are_a_merge_patch(fake):
     assert (method, path, ctype) == ("PATCH", "/api/v1/nodes/n1", "application/merge-patch+json")
     assert body == {"metadata": {"labels": {"gpupool.io/model": "H100-80GB", "old": None}}}
     assert node["metadata"]["labels"]["gpupool.io/model"] == "H100-80GB"
+
+
+async def test_selectors_become_query_parameters(fake):
+    server, cluster = fake
+    pods, _ = await cluster.list_pods(fields={"spec.nodeName": "gpu-node-1"}, labels={"team": "a"})
+    assert server.requests[-1][:2] == ("GET", "/api/v1/pods")
+    assert server.queries[-1]["fieldSelector"] == "spec.nodeName=gpu-node-1"
+    assert server.queries[-1]["labelSelector"] == "team=a"
+
+
+async def test_the_agent_lists_its_own_nodes_pods_only(fake):
+    """Through the kube adapter the agent's pod list carries spec.nodeName: the API server (and the agent's
+    RBAC audit trail) sees a node-scoped list, never a list of every pod of the cluster."""
+    from gpupool.agent.port import ClusterPortAgent
+
+    server, cluster = fake
+    await ClusterPortAgent(cluster).list_pods_on_node("gpu-node-1")
+    pod_lists = [q for (m, path, _, _), q in zip(server.requests, server.queries, strict=True)
+                 if (m, path) == ("GET", "/api/v1/pods")]
+    assert pod_lists == [{"fieldSelector": "spec.nodeName=gpu-node-1"}]
+
+
+async def test_a_kind_the_server_does_not_serve_is_not_found(fake):
+    from gpupool.cluster.port import Kind
+
+    _, cluster = fake
+    queues = Kind("gpupool.io", "v1alpha1", "GPUQueue", "gpuqueues", namespaced=False)
+    with pytest.raises(NotFound):
+        await cluster.list_objects(queues)
+    with pytest.raises(NotFound):
+        await cluster.get_object(queues, "q")
