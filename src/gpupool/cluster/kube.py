@@ -39,6 +39,7 @@ from gpupool.cluster.port import (
     NotFound,
     Obj,
     Selector,
+    TooManyRequests,
     WatchEvent,
 )
 
@@ -63,6 +64,8 @@ def translate_error(e: LightkubeApiError) -> ApiError:
         return Gone(message)
     if code in (400, 422):
         return Invalid(message)
+    if code == 429:
+        return TooManyRequests(message)
     err = ApiError(message)
     err.status = code or 500
     return err
@@ -302,6 +305,19 @@ class KubeCluster:
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
         await self.delete_object(PODS, name, namespace=namespace, uid=uid)
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        path = kind_path(PODS, namespace, name) + "/eviction"
+        options = {"preconditions": {"uid": uid}}
+        body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
+                     "deleteOptions": options}
+        try:
+            await self._call(self._request("POST", path, body))
+        except (Invalid, NotFound) as e:
+            if "policy/v1" not in str(e) and "no kind" not in str(e).lower():
+                raise
+            # Kubernetes before 1.22 knows only policy/v1beta1 Evictions.
+            await self._call(self._request("POST", path, {**body, "apiVersion": "policy/v1beta1"}))
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None

@@ -23,6 +23,7 @@ from gpupool.cluster.port import (
     CRDS,
     LEASES,
     NODES,
+    PDBS,
     PODS,
     AlreadyExists,
     Conflict,
@@ -32,6 +33,7 @@ from gpupool.cluster.port import (
     NotFound,
     Obj,
     Selector,
+    TooManyRequests,
     WatchEvent,
     field_labels,
 )
@@ -422,6 +424,33 @@ class MemoryCluster:
         return await self.create_object(PODS, pod)
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
+        await self.delete_object(PODS, name, namespace=namespace, uid=uid)
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        await self._io()
+        pod = self._get(PODS, namespace, name)
+        if pod["metadata"]["uid"] != uid:  # checked before a budget is charged, as the API server does
+            raise Conflict(f"pod {namespace}/{name}: UID precondition failed ({uid} is not the current object)")
+        labels = pod["metadata"].get("labels") or {}
+        status = pod.get("status") or {}
+        if status.get("phase") in ("Pending", "Succeeded", "Failed"):
+            labels = {}  # as the API server: budgets protect running pods only
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        # The disruption controller keeps a budget's status; the embedded cluster has none, so it trusts what
+        # the status says (tests set it) and charges this eviction to it, with the API server's rules.
+        for pdb in self._list(PDBS, namespace)[0]:
+            wanted = ((pdb.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+            if not labels or not wanted or any(labels.get(k) != v for k, v in wanted.items()):
+                continue
+            budget = pdb.get("status") or {}
+            healthy, desired = int(budget.get("currentHealthy", 0)), int(budget.get("desiredHealthy", 0))
+            if not ready and healthy >= desired > 0:
+                break  # a pod that is not ready counts for nothing: taking it costs the budget nothing
+            allowed = int(budget.get("disruptionsAllowed", 0))
+            if allowed <= 0:
+                raise TooManyRequests("Cannot evict pod as it would violate the pod's disruption budget.")
+            self._patch(PDBS, pdb["metadata"]["name"], {"status": {"disruptionsAllowed": allowed - 1}},
+                        namespace, None, "status")
         await self.delete_object(PODS, name, namespace=namespace, uid=uid)
 
     async def remove_finalizers(self, namespace: str, name: str) -> None:

@@ -57,6 +57,7 @@ CRDS = Kind("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customres
 RESOURCE_SLICES = Kind("resource.k8s.io", "v1", "ResourceSlice", "resourceslices", namespaced=False)
 RESOURCE_CLAIMS = Kind("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims", namespaced=True)
 DEVICE_CLASSES = Kind("resource.k8s.io", "v1", "DeviceClass", "deviceclasses", namespaced=False)
+PDBS = Kind("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", namespaced=True)
 
 # Field selectors each kind accepts besides metadata.name / metadata.namespace (the API server's
 # per-kind field label conversion functions); a custom resource accepts only those two.
@@ -112,6 +113,13 @@ class Gone(ApiError):
 
 class Invalid(ApiError):
     status = 422
+
+
+class TooManyRequests(ApiError):
+    """429: an eviction a PodDisruptionBudget forbids right now (or the API server's rate limit): not now,
+    try later or another victim."""
+
+    status = 429
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,6 +202,11 @@ class ClusterPort(Protocol):
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
         """Delete a pod (graceful: with finalizers it only gets a deletionTimestamp). `uid` is a
         precondition: a different pod of the same name is left alone (Conflict)."""
+        ...
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Evict through the Eviction API (the pod's PodDisruptionBudgets are honoured): the pod is deleted
+        gracefully. TooManyRequests when a budget forbids it now; Conflict when `uid` is no longer the pod."""
         ...
 
     async def patch_pod_annotations(
