@@ -50,11 +50,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "cluster": {"core", "api"},
     **{service: {"core", "api", "cluster"} for service in SERVICES},
     "testing": {"core", "api", "cluster", *SERVICES},
-    "commands": {"core", "api", "cluster", *SERVICES, "testing"},
+    "commands": {"core", "api", "cluster", *SERVICES, "testing", "hook"},
     "cli": {"commands"},
     "__main__": {"cli"},
     "__init__": set(),
+    "hook": set(),  # where the built CUDA interception library lies (native/): imports nothing of gpupool
 }
+MAY_IMPORT["agent"] |= {"hook"}  # the agent installs the library on the host for isolation hook
 # Third-party libraries that belong to one adapter (ARCHITECTURE.md: one adapter per external system).
 ONLY_IN = {
     "lightkube": ("gpupool.cluster",),
