@@ -10,7 +10,7 @@ on every offered node in `FailedAndUnresolvableNodes` (filter), no scores (prior
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,10 +36,10 @@ NOT_READY = "gpupool scheduler not ready (cache not synced or not the leader)"
 
 
 class Extender:
-    def __init__(self, handle: Handle, framework: Framework, ready: Any) -> None:
+    def __init__(self, handle: Handle, framework: Framework, ready: Callable[[], bool]) -> None:
         self.h = handle
         self.fw = framework
-        self._ready = ready  # () -> bool
+        self._ready = ready  # the service: caches synced and leading
 
     async def _start(self, ref: PodRef, phase: Phase) -> CycleState | Status:
         """A cycle for the pod `ref` names, after PreFilter; or why there is none."""
