@@ -12,7 +12,8 @@ device-plugin dir), its own cgroup root (`--cgroup-root`) and its own loopback a
 - Own mount namespace: kubelet 1.20 has the device-plugin directory compiled in
   (/var/lib/kubelet/device-plugins). containerd runs under `unshare --mount --propagation slave` with the
   node's own directory bind-mounted there, and kubelet joins that namespace (`nsenter`); the host's mounts
-  still propagate in, the node's mounts do not leak out. Both share the namespace so the volumes kubelet
+  still propagate in, the node's mounts do not leak out. /var/log/pods and /var/log/containers (also
+  compiled in) are the node's own the same way. Both share the namespace so the volumes kubelet
   mounts are the ones containerd sees. The gpupool agent runs outside and uses the node's directory.
 - The node's name is a loopback address (127.x.y.z): kubelet refuses a loopback --node-ip, but a name that
   parses as an IP becomes the node's InternalIP and Hostname address unvalidated, so the API server reaches
@@ -47,6 +48,9 @@ import images
 import testbed as tb
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # compiled into kubelet 1.20
+# Also compiled in; kubelet's container GC deletes the log directories of pods it does not know, so on a
+# shared /var/log/pods each kubelet would delete the other nodes' container logs (kubectl logs: empty).
+POD_LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
 CGROUP_FS = Path("/sys/fs/cgroup")
 REAL_NODE_LABEL = "gpupool.io/real-node"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
@@ -162,9 +166,12 @@ class RealNode:
             {"cniVersion": "0.4.0", "name": "gpupool-hostnetwork-only", "plugins": [{"type": "loopback"}]}))
         config = self.dir / "containerd.toml"
         config.write_text(_containerd_config(self))
-        DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)  # the mount point inside the namespace
-        script = (f'mount --bind "{self.device_plugin_dir}" "{DEVICE_PLUGIN_DIR}" && '
-                  f'exec containerd --config "{config}" --log-level warn')
+        mounts = [(self.device_plugin_dir, DEVICE_PLUGIN_DIR), *((self.dir / "log" / p.name, p) for p in POD_LOG_DIRS)]
+        for source, target in mounts:
+            source.mkdir(parents=True, exist_ok=True)
+            target.mkdir(parents=True, exist_ok=True)  # the mount points, outside the namespace
+        binds = " && ".join(f'mount --bind "{source}" "{target}"' for source, target in mounts)
+        script = f'{binds} && exec containerd --config "{config}" --log-level warn'
         self.containerd = self._spawn("containerd", ["unshare", "--mount", "--propagation", "slave",
                                                      "sh", "-c", script])
         deadline = time.monotonic() + timeout_s

@@ -12,8 +12,10 @@ from gpupool.api.names import ANN_ALLOCATION, ANN_UUID
 from tests.e2e.e2e_checks import allocation_problems
 from tests.e2e.real_node_fixtures import (
     RealCluster,
+    describe_pod,
     expected_grant,
     parse_grant,
+    phase,
     real_cluster,  # noqa: F401  (module fixture)
     share_pod,
     wait_for,
@@ -93,3 +95,85 @@ def test_containers_get_exactly_their_allocation(real_cluster: RealCluster) -> N
 
     c.delete_pods(names)
     wait_for(lambda: not c.pods(), 60, "pods gone (kubelet confirmed each deletion)")
+
+
+def _containers(pod: dict) -> list[tuple[str, int, str]]:
+    """(container ID, restart count, start time) of each container: what changes if a pod is touched."""
+    return [(s.get("containerID", ""), int(s.get("restartCount", 0)),
+             ((s.get("state") or {}).get("running") or {}).get("startedAt", ""))
+            for s in (pod.get("status") or {}).get("containerStatuses") or []]
+
+
+def _check_own_grant(c: RealCluster, pods: list[dict]) -> None:
+    for pod in pods:
+        assert c.grant(pod["metadata"]["name"]) == expected_grant(pod), pod["metadata"]["name"]
+
+
+def test_kubelet_restarted_ten_times_while_pods_come_and_go(real_cluster: RealCluster) -> None:  # noqa: F811
+    c = real_cluster
+    node, agent, n0 = c.node(0), c.agent(0), c.node(0).name
+    residents = [share_pod(f"stay-{i}", n0, 4096, 20) for i in range(2)]
+    c.apply(residents)
+    before = {p["metadata"]["name"]: p for p in c.wait_running([p["metadata"]["name"] for p in residents])}
+    came: list[str] = []
+    for i in range(10):
+        registrations = agent.registrations()
+        node.stop_kubelet(kill=i % 2 == 1)  # SIGTERM and SIGKILL in turn
+        if len(came) >= 2:  # a pod leaves while kubelet is down: deleted in the API, stopped once it is back
+            c.delete_pods([came.pop(0)])
+        node.start_kubelet()
+        wait_for(lambda n=registrations: agent.registrations() > n, 90,  # type: ignore[misc]
+                 f"agent re-registered after restart {i + 1}", agent.tail)
+        name = f"come-{i}"
+        c.apply([share_pod(name, n0, 2048, 5)])
+        came.append(name)
+        c.wait_running([name])
+    assert agent.registrations() >= 11  # the first registration and one after each restart
+    after = {p["metadata"]["name"]: p for p in c.wait_running([*before, *came])}
+    for name, pod in before.items():
+        assert after[name]["metadata"]["uid"] == pod["metadata"]["uid"]
+        assert _containers(after[name]) == _containers(pod), f"{name} was touched by a kubelet restart"
+    _check_own_grant(c, list(after.values()))
+    assigned = c.checkpoint(0)
+    every = [d for uid, ids in assigned.items() for d in ids]
+    assert len(every) == len(set(every))  # no slot held by two pods after all the restarts
+    for pod in after.values():
+        assert {slot_gpu(d) for d in assigned[pod["metadata"]["uid"]]} == set(_gpus(pod))
+    c.delete_pods([*before, *came])
+    wait_for(lambda: not c.pods(), 60, "pods gone")
+
+
+def test_agent_restarted_mid_burst(real_cluster: RealCluster) -> None:  # noqa: F811
+    c = real_cluster
+    agent, n1 = c.agent(1), c.node(1).name
+    burst = [f"burst-{i}" for i in range(8)]
+    c.apply([share_pod(n, n1, 2048, 10) for n in burst])
+    wait_for(lambda: sum(phase(p) == "Running" for p in c.pods()) >= 2, 120, "two burst pods running")
+    running = {p["metadata"]["name"]: p for p in c.pods() if phase(p) == "Running"}
+    agent.kill()  # SIGKILL: no clean-up
+    agent.start()
+
+    def settled() -> list[dict] | None:
+        pods = c.pods()
+        done = all(phase(p) in ("Running", "Failed") for p in pods) and len(pods) == len(burst)
+        return pods if done else None
+
+    pods = wait_for(settled, 180, "every burst pod running or refused",
+                    lambda: "; ".join(describe_pod(p) for p in c.pods()))
+    ran = [p for p in pods if phase(p) == "Running"]
+    refused = [p for p in pods if phase(p) == "Failed"]
+    # A pod whose admission met the agent down is refused by kubelet before any container starts; none runs
+    # without its grant, and the pods that were running are untouched.
+    for pod in refused:
+        assert pod["status"].get("reason") == "UnexpectedAdmissionError", describe_pod(pod)
+        assert not any(cid for cid, _, _ in _containers(pod))
+    _check_own_grant(c, ran)
+    by_name = {p["metadata"]["name"]: p for p in pods}
+    for name, pod in running.items():
+        assert _containers(by_name[name]) == _containers(pod)
+    # After the restart, new pods are served again.
+    c.apply([share_pod("after-agent", n1, 2048, 10)])
+    _check_own_grant(c, c.wait_running(["after-agent"]))
+    c.delete_pods([p["metadata"]["name"] for p in c.pods()])
+    wait_for(lambda: not c.pods(), 60, "pods gone")
+    print(f"agent restart mid-burst: {len(ran)} ran, {len(refused)} refused at admission")
