@@ -263,3 +263,16 @@ async def test_pending_entries_are_bounded_and_expire(clocked, http):
     assert sorted(svc.pending) == [f"default/big-{i}" for i in range(5, 8)]
     now[0] += 60
     assert len(svc.pending) == 0
+
+
+async def test_node_names_from_the_caller_reach_reasons_and_the_pending_list_escaped(emb, http):
+    pod = await emb.cluster.create_pod(gpu_pod("p", cores=50))
+    evil = "n\x1b[2J\x1b]8;;http://evil\x1b\\" + "y" * 1000
+    answer = (await http.post(f"{emb.url}/filter", json={"Pod": pod, "NodeNames": [evil]})).json()
+    reason = answer["FailedAndUnresolvableNodes"][evil]
+    assert "\x1b" not in reason and reason.startswith("node n\\x1b[2J\\x1b]8;;http://evil\\x1b\\\\yyy")
+    assert len(reason) < 120  # 64 characters of the name shown, the rest counted
+    why, _ = emb.service.pending["default/p"]
+    assert "\x1b" not in why and len(why) < 200
+    error = (await http.post(f"{emb.url}/bind", json=bind_body(pod, evil))).json()["Error"]
+    assert "\x1b" not in error and "does not exist" in error

@@ -20,6 +20,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from gpupool.api.logsafe import shown
 from gpupool.api.pod import pod_key
 from gpupool.cluster.port import Obj
 from gpupool.core.fit import Fit
@@ -241,5 +242,5 @@ class Framework:
     def _refusal(cycle: CycleState, nodes: NodeSet, node: str) -> Status:
         if node in nodes.unresolvable:
             return Status(Code.UNSCHEDULABLE_AND_UNRESOLVABLE,
-                          f"cannot bind {cycle.key} to {node[:64]}: {nodes.unresolvable[node]}")
-        return unschedulable(f"pod {cycle.key} does not fit on {node[:64]}: {nodes.failed.get(node, 'rejected')}")
+                          f"cannot bind {cycle.key} to {shown(node, 64)}: {nodes.unresolvable[node]}")
+        return unschedulable(f"pod {cycle.key} does not fit on {shown(node, 64)}: {nodes.failed.get(node, 'rejected')}")

@@ -1,5 +1,6 @@
 """Filter `node_exists`: a node the cluster does not have is UNSCHEDULABLE_AND_UNRESOLVABLE, for every
-pod (the API server accepts a Binding to any node name; gpupool does not)."""
+pod (the API server accepts a Binding to any node name; gpupool does not). The name comes from the caller:
+the reason shows it escaped and bounded (gpupool.api.logsafe)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from gpupool.api.logsafe import shown
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import Code
@@ -37,5 +39,5 @@ class NodeExists:
         if missing:
             bad = np.zeros(len(idx), dtype=bool)
             bad[missing] = True
-            nodes.reject(bad, [f"node {names[k][:MAX_NAME_SHOWN]} does not exist" for k in missing],
+            nodes.reject(bad, [f"node {shown(names[k], MAX_NAME_SHOWN)} does not exist" for k in missing],
                          Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
