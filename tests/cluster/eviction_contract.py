@@ -41,10 +41,11 @@ async def _running(cluster: ClusterPort, namespace: str, name: str, labels: dict
 
 async def check_eviction(cluster: ClusterPort, namespace: str, pdb_kind: Kind = PDBS) -> None:
     """`pdb_kind`: policy/v1 by default; Kubernetes 1.20 (the testbed) serves only policy/v1beta1."""
-    free = await cluster.create_pod(_pod("free", namespace, {"app": "free"}))
+    # Running: for a pending pod the API server retries a failed precondition for 10 s before answering.
+    free = await _running(cluster, namespace, "free", {"app": "free"})
     with pytest.raises(Conflict):
         await cluster.evict_pod(namespace, "free", "not-its-uid")
-    await cluster.evict_pod(namespace, "free", free["metadata"]["uid"])
+    await cluster.evict_pod(namespace, "free", free)
     with pytest.raises(NotFound):
         await cluster.get_pod(namespace, "free")
 
