@@ -50,6 +50,7 @@ import click
 @click.option("--inventory-interval-s", type=float, default=None, help="Rediscover and refresh inventory [30].")
 @click.option("--kubeconfig", default=None, help="Kubeconfig file (default: in-cluster credentials).")
 @click.option("--context", default=None, help="Kubeconfig context.")
+@click.option("--metrics-port", type=int, default=None, help="Serve /metrics on this port (0: a free one) [off].")
 @click.option("--log-level", default=None, help="critical, error, warning, info or debug [info].")
 @click.option("--dry-run", is_flag=True, help="Discover the GPUs, print what would be advertised, and exit.")
 def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
@@ -123,11 +124,14 @@ async def _run(config: Any, backend: Any) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node_agent.request_stop)
     await node_agent.start()
+    metrics = None if config.metrics_port is None else await _metrics(node_agent, config)
     mps_stop = asyncio.Event()
     mps_task = _start_mps(config, backend, mps_stop)
     try:
         await node_agent.wait()
     finally:
+        if metrics is not None:
+            await metrics.stop()
         mps_stop.set()
         if mps_task is not None:
             await mps_task
@@ -145,6 +149,12 @@ def _start_mps(config: Any, backend: Any, stop: asyncio.Event) -> asyncio.Task[N
 
     gpus = [d.uuid for d in backend.discover().devices]
     return asyncio.create_task(supervise(agent_supervisor(config.mps_root, gpus, time.monotonic), stop))
+
+
+async def _metrics(node_agent: Any, config: Any) -> Any:
+    from gpupool.agent.metrics_server import start_metrics_server
+
+    return await start_metrics_server(node_agent, config.metrics_host, config.metrics_port)
 
 
 def _cluster_port(config: Any) -> Any:
