@@ -15,7 +15,7 @@ import marshal
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -69,6 +69,7 @@ _Key = tuple[str, str]  # (namespace or "", name)
 _Match = Callable[[Obj], bool]
 # Groups the API server serves without a CustomResourceDefinition.
 _BUILT_IN_GROUPS = {"", "apps", "batch", "policy", "autoscaling"}
+_INDEXED = {("v1", "Pod"): "spec.nodeName"}
 # Built-in kinds whose status is a subresource: a patch of the main resource leaves status alone.
 _STATUS_SUBRESOURCE = {("v1", "Pod"), ("v1", "Node"), ("v1", "Namespace"), ("resource.k8s.io/v1", "ResourceClaim")}
 
@@ -84,6 +85,22 @@ class _Kind:
         self.dropped_before = 0  # resourceVersions at or below this may be missing from history
         self.last: dict[_Key, Obj] = {}  # each object as its latest event carries it (shared, read-only)
         self.watchers: set[asyncio.Queue[Any]] = set()
+        # The field the API server's watch cache indexes for this kind (pods: spec.nodeName), so a node's
+        # pods are found without a scan: value -> keys, and each key's current value.
+        self.indexed = _INDEXED.get((kind.api_version, kind.kind))
+        self.index: dict[str, set[_Key]] = {}
+        self.index_of: dict[_Key, str] = {}
+
+    def reindex(self, key: _Key, obj: Obj | None) -> None:
+        if self.indexed is None:
+            return
+        before = self.index_of.pop(key, None)
+        if before is not None:
+            self.index[before].discard(key)
+        if obj is not None:
+            value = field_value(obj, self.indexed)
+            self.index_of[key] = value
+            self.index.setdefault(value, set()).add(key)
 
 
 def merge_patch(target: Any, patch: Any) -> Any:
@@ -121,17 +138,19 @@ def selector_match(
         raise Invalid(f"{kind}: field label not supported: {', '.join(unsupported)}")
     if namespace is None and not labels and not fields:
         return None
-    wanted_labels = dict(labels or {})
-    wanted_fields = dict(fields or {})
+    wanted_labels = list((labels or {}).items())
+    wanted_fields = list((fields or {}).items())
 
     def match(obj: Obj) -> bool:
         meta = obj.get("metadata") or {}
         if namespace is not None and meta.get("namespace", "") != namespace:
             return False
-        have = meta.get("labels") or {}
-        if any(have.get(k) != v for k, v in wanted_labels.items()):
-            return False
-        return all(field_value(obj, path) == v for path, v in wanted_fields.items())
+        if wanted_labels:
+            have = meta.get("labels") or {}
+            for k, v in wanted_labels:
+                if have.get(k) != v:
+                    return False
+        return all(field_value(obj, path) == v for path, v in wanted_fields)
 
     return match
 
@@ -242,6 +261,7 @@ class MemoryCluster:
         k = self._kind(kind)
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         k.objects[key] = obj
+        k.reindex(key, obj)
         self._emit(k, type_, obj)
         return _copy(obj)
 
@@ -273,7 +293,10 @@ class MemoryCluster:
         self, kind: Kind, namespace: str | None = None, labels: Selector | None = None, fields: Selector | None = None
     ) -> tuple[list[Obj], str]:
         match = selector_match(kind, namespace if kind.namespaced else None, labels, fields)
-        objects = self._kind(kind).objects.values()
+        store = self._kind(kind)
+        objects: Iterable[Obj] = store.objects.values()
+        if store.indexed is not None and fields and store.indexed in fields:
+            objects = [store.objects[key] for key in store.index.get(fields[store.indexed], ())]
         return [copy_obj(o) for o in objects if match is None or match(o)], str(self._rv)
 
     async def _watch(
@@ -307,7 +330,9 @@ class MemoryCluster:
 
     def _remove(self, kind_: Kind, obj: Obj) -> None:
         kind = self._kind(kind_)
-        del kind.objects[(obj["metadata"].get("namespace", ""), obj["metadata"]["name"])]
+        key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
+        del kind.objects[key]
+        kind.reindex(key, None)
         obj["metadata"]["resourceVersion"] = self._next_rv()
         self._emit(kind, "DELETED", obj)
 
