@@ -7,6 +7,8 @@ from pathlib import Path
 import click
 
 DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,gpupool"
+# Policies by replay time on the bundled traces, slowest first (an ordering for load balance only).
+SLOW_FIRST = {"gpupool": 0, "fgd": 1, "random": 2, "clustering": 3, "packing": 4, "bestfit": 5, "dotprod": 6}
 
 
 def _int_list(text: str) -> list[int]:
@@ -25,10 +27,12 @@ def _int_list(text: str) -> list[int]:
 @click.option("--seeds", default=None, help="Comma-separated seeds (default 42 and up, see --num-seeds).")
 @click.option("--num-seeds", type=click.IntRange(1, 100), default=3, show_default=True,
               help="Number of seeds starting at 42, when --seeds is not given.")
+@click.option("--jobs", "workers", type=click.IntRange(1, 256), default=None,
+              help="Replays run at once, one process each (default: the number of usable cores).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("sim-out"),
               show_default=True, help="Directory for results.json and allocation.png.")
 def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | None, num_seeds: int,
-             out: Path) -> None:
+             workers: int | None, out: Path) -> None:
     """Replay a GPU cluster trace on a simulated cluster and compare placement policies.
 
     Follows the FGD (ATC '23) protocol: pods shuffled per seed, topped up to 130 % of the cluster's GPU
@@ -36,15 +40,17 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     demand = 100 % (mean ± std over seeds) and writes results.json and allocation.png.
     """
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
     from rich.table import Table
 
+    from gpupool.commands.sim_progress import run_with_bar
     from gpupool.core.policies import REGISTRY, policy_names
+    from gpupool.sim.parallel import Job, available_cores
     from gpupool.sim.replay import replay
     from gpupool.sim.report import plot, summarise, write_results
     from gpupool.sim.trace import NODES_FILE, TRACE_DIR, TraceError, load_nodes, load_pods, resolve_trace
 
     console = Console()
+    workers = workers or available_cores()
     names = [p.strip() for p in policies.split(",") if p.strip()]
     unknown = [p for p in names if p not in REGISTRY]
     if unknown or not names:
@@ -66,21 +72,14 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
         raise SystemExit(2)
     console.print(f"trace [bold]{trace}[/bold]: {len(pods):,} pods on {len(node_list):,} nodes with {gpus:,} GPUs; "
                   f"seeds {seed_list}; policies {', '.join(names)}")
+    jobs = [Job(name, seed) for name in names for seed in seed_list]
+    # Slowest first, so that no core is left with one long replay at the end.
+    order = sorted(range(len(jobs)), key=lambda k: SLOW_FIRST.get(jobs[k].policy, len(SLOW_FIRST)))
+    logs = run_with_bar(console, replay, node_list, pods, [jobs[k] for k in order], workers)
+    by_job = dict(zip(order, logs, strict=True))
     results = {}
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeRemainingColumn(), console=console, transient=True) as bar:
-        for name in names:
-            logs = []
-            for seed in seed_list:
-                task = bar.add_task(f"{name} seed {seed}", total=None)
-
-                def tick(done: int, total: int, task: int = task) -> None:
-                    if done % 250 == 0 or done == total:
-                        bar.update(task, completed=done, total=total)
-
-                logs.append(replay(node_list, pods, name, seed, progress=tick))
-                bar.remove_task(task)
-            results[name] = summarise(logs)
+    for name in names:
+        results[name] = summarise([by_job[k] for k, job in enumerate(jobs) if job.policy == name])
     table = Table(title=f"Unallocated GPU % at arrived demand = 100 % ({trace}, {len(seed_list)} seeds)")
     for col in ("policy", "unallocated @100 %", "± std", "unallocated @130 %", "frag @100 %", "s/seed"):
         table.add_column(col, justify="right" if col != "policy" else "left")

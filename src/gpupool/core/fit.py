@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpupool.core.model import MILLI_PER_GPU, PodRequest
+from gpupool.core.model import MILLI_PER_GPU, GPURequest, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 OK = 0
@@ -55,9 +55,8 @@ class Fit:
         return _TEXT.get(code, "fits")
 
 
-def _allowed_gpus(state: ClusterState, pod: PodRequest, nodes: IntArray) -> BoolArray:
+def _allowed_gpus(state: ClusterState, g: GPURequest, nodes: IntArray) -> BoolArray:
     ok = state.gpu_present[nodes] & state.gpu_healthy[nodes]
-    g = pod.gpu
     if g.models:
         ids = [state.model_id(m) for m in g.models]
         ok &= np.isin(state.gpu_model[nodes], ids)
@@ -74,24 +73,29 @@ def _allowed_gpus(state: ClusterState, pod: PodRequest, nodes: IntArray) -> Bool
     return ok
 
 
+def gpu_rows(state: ClusterState, g: GPURequest, idx: IntArray) -> tuple[BoolArray, IntArray]:
+    """The GPU part of `check` for nodes `idx`: per GPU slot whether it takes the share, and per node OK or
+    the GPU code that fails. Row by row, so a cache may recompute only the nodes that changed."""
+    code = np.zeros(len(idx), dtype=np.int64)
+    if g.count == 0:
+        return np.zeros((len(idx), state.width), dtype=bool), code
+    allowed = _allowed_gpus(state, g, idx)
+    mem_total = state.gpu_mem_total[idx]
+    need_mem = mem_total * g.milli // MILLI_PER_GPU if g.memory_mib is None else g.memory_mib
+    gpu_fit = allowed & (state.gpu_milli_free[idx] >= g.milli) & (state.gpu_mem_free[idx] >= need_mem)
+    code[gpu_fit.sum(axis=1) < g.count] = NO_GPU_SHARE
+    too_few = allowed.sum(axis=1) < g.count
+    constrained = bool(g.models or g.include_uuids or g.exclude_uuids)
+    code[too_few] = NO_MODEL if constrained else NO_GPU_COUNT
+    return gpu_fit, code
+
+
 def check(state: ClusterState, pod: PodRequest, nodes: IntArray | None = None) -> Fit:
     """Which of `nodes` (default: all) can host `pod`; per GPU, which slots can take its share."""
     idx = np.arange(len(state), dtype=np.int64) if nodes is None else np.asarray(nodes, dtype=np.int64)
-    code = np.zeros(len(idx), dtype=np.int64)
-    g = pod.gpu
     if pod.problems():
         return Fit(idx, np.full(len(idx), BAD_REQUEST, dtype=np.int64), np.zeros((len(idx), state.width), bool))
-    if g.count == 0:
-        gpu_fit = np.zeros((len(idx), state.width), dtype=bool)
-    else:
-        allowed = _allowed_gpus(state, pod, idx)
-        mem_total = state.gpu_mem_total[idx]
-        need_mem = mem_total * g.milli // MILLI_PER_GPU if g.memory_mib is None else g.memory_mib
-        gpu_fit = allowed & (state.gpu_milli_free[idx] >= g.milli) & (state.gpu_mem_free[idx] >= need_mem)
-        code[gpu_fit.sum(axis=1) < g.count] = NO_GPU_SHARE
-        too_few = allowed.sum(axis=1) < g.count
-        constrained = bool(g.models or g.include_uuids or g.exclude_uuids)
-        code[too_few] = NO_MODEL if constrained else NO_GPU_COUNT
+    gpu_fit, code = gpu_rows(state, pod.gpu, idx)
     code[state.mem_free[idx] < pod.memory_mib] = NO_MEMORY
     code[state.cpu_free[idx] < pod.cpu_milli] = NO_CPU
     return Fit(idx, code, gpu_fit)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.model import PodRequest
+from gpupool.core.model import MILLI_PER_GPU, PodRequest
 from gpupool.core.policy import FloatArray, TaskShape
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
@@ -69,6 +69,11 @@ class WorkloadArrays:
     count: IntArray  # [M]
     weight: FloatArray  # [M]
     model_ok: BoolArray  # [N, M]
+    # Per free value v = 0..1000 and task m: whether a GPU with v free takes m's share, and the idle
+    # compute it leaves as a fragment for m (v if it does not take it). Sums of these over a node's GPUs
+    # are the counts and fragments of `node_fragmentation`, and change by one GPU's row when a share lands.
+    fit_table: IntArray  # [1001, M]
+    small_table: IntArray  # [1001, M]
 
     @staticmethod
     def build(state: ClusterState, workload: tuple[TaskShape, ...]) -> WorkloadArrays:
@@ -77,12 +82,17 @@ class WorkloadArrays:
         for j, t in enumerate(workload):
             if t.models:
                 ok[:, j] = np.isin(node_model, [state.model_id(m) for m in t.models])
+        milli = np.array([t.gpu_milli for t in workload], dtype=np.int64)
+        values = np.arange(MILLI_PER_GPU + 1, dtype=np.int64)[:, None]
+        fits = values >= milli[None, :]
         return WorkloadArrays(
             cpu=np.array([t.cpu_milli for t in workload], dtype=np.int64),
-            milli=np.array([t.gpu_milli for t in workload], dtype=np.int64),
+            milli=milli,
             count=np.array([t.gpu_count for t in workload], dtype=np.int64),
             weight=np.array([t.weight for t in workload], dtype=np.float64),
             model_ok=ok,
+            fit_table=fits.astype(np.int64),
+            small_table=np.where(fits, 0, values),
         )
 
 
@@ -107,6 +117,34 @@ def node_fragmentation(
     frag = np.where(host, small, total)
     result: FloatArray = frag @ w.weight
     return result
+
+
+def _fragment(cnt: IntArray, small: IntArray, total: IntArray, cpu_free: IntArray, model_ok: BoolArray,
+              w: WorkloadArrays) -> FloatArray:
+    host = model_ok & (cpu_free[..., None] >= w.cpu) & (cnt >= w.count) & (w.milli > 0)
+    frag = np.where(host, small, total)
+    result: FloatArray = frag @ w.weight
+    return result
+
+
+def table_fragmentation(free: IntArray, cpu_free: IntArray, model_ok: BoolArray, w: WorkloadArrays) -> FloatArray:
+    """`node_fragmentation` of K nodes ([K, G] free, each 0..1000) through the workload's tables."""
+    cnt = w.fit_table[free].sum(axis=-2)
+    small = w.small_table[free].sum(axis=-2)
+    return _fragment(cnt, small, free.sum(axis=-1)[..., None], cpu_free, model_ok, w)
+
+
+def share_fragmentation(free: IntArray, cpu_after: IntArray, model_ok: BoolArray, milli: int,
+                        w: WorkloadArrays) -> FloatArray:
+    """[K, G]: the fragmentation of each of K nodes once a share of `milli` takes GPU c (column c; where
+    it does not fit the free compute floors at 0, as `after_pod` does). Equal to `node_fragmentation` of
+    those K x G after-states, but each candidate changes one GPU's row of the node's sums, not all G."""
+    fit_before, small_before = w.fit_table[free], w.small_table[free]  # [K, G, M]
+    after = np.maximum(free - milli, 0)
+    cnt = fit_before.sum(axis=1)[:, None, :] - fit_before + w.fit_table[after]
+    small = small_before.sum(axis=1)[:, None, :] - small_before + w.small_table[after]
+    total = (free.sum(axis=1)[:, None] - free + after)[..., None]
+    return _fragment(cnt, small, total, cpu_after[:, None], model_ok[:, None, :], w)
 
 
 def cluster_fragmentation(state: ClusterState, w: WorkloadArrays) -> FloatArray:

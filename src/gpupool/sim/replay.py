@@ -16,15 +16,15 @@ import numpy as np
 from gpupool.core.frag import (
     WorkloadArrays,
     cluster_fragmentation,
-    node_fragmentation,
+    table_fragmentation,
     typical_workload,
     usable_free,
 )
 from gpupool.core.model import MILLI_PER_GPU, Node, PodRequest
-from gpupool.core.placement import Placement, place
 from gpupool.core.policies import get_policy
 from gpupool.core.policy import PolicyContext
 from gpupool.core.state import ClusterState
+from gpupool.sim.engine import Placer
 
 TUNE = 1.3
 
@@ -39,6 +39,9 @@ class ReplayLog:
     capacity_milli: int
     failed: int
     seconds: float
+    # Per submitted pod: the node index it went to (-1: failed) and its GPUs as a bit set (GPU j = 1 << j).
+    node: np.ndarray | None = None
+    gpus: np.ndarray | None = None
 
     def curve(self) -> list[tuple[int, float]]:
         """Mean allocated % per integer bucket of arrived % (the artifact's post-processing)."""
@@ -134,24 +137,29 @@ def replay(
     allocated = np.zeros(n)
     arrived = np.zeros(n)
     fragmented = np.zeros(n)
+    placed_node = np.full(n, -1, dtype=np.int64)
+    placed_gpus = np.zeros(n, dtype=np.int64)
     arrived_total = 0
     failed = 0
+    placer = Placer(state, policy, ctx)
+    allocated_total = state.allocated_milli()
     for k, pod in enumerate(submitted):
         arrived_total += pod.gpu.total_milli
-        decision = place(state, pod, policy, ctx)
-        if isinstance(decision, Placement):
-            reason = state.allocate(pod, decision.allocation)
-            if reason is not None:  # cannot happen unless a policy is wrong: fail loudly
-                raise RuntimeError(f"policy {policy_name} chose an infeasible placement: {reason}")
+        choice = placer.decide(pod)
+        if choice is not None:
+            allocated_total += placer.take(pod, choice)
+            placed_node[k] = choice.node
+            placed_gpus[k] = sum(1 << j for j in choice.gpus)
             # Only the chosen node changed: refresh its share of the cluster's fragmentation.
-            i = np.array([state.index[decision.allocation.node]], dtype=np.int64)
-            frag[i] = node_fragmentation(usable_free(state, i), state.cpu_free[i], measure.model_ok[i], measure)
+            i = np.array([choice.node], dtype=np.int64)
+            frag[i] = table_fragmentation(usable_free(state, i), state.cpu_free[i], measure.model_ok[i], measure)
         else:
             failed += 1
-        allocated[k] = state.allocated_milli()
+        allocated[k] = allocated_total
         arrived[k] = arrived_total
         fragmented[k] = frag.sum()
         if progress is not None:
             progress(k + 1, n)
-    return ReplayLog(allocated, arrived, fragmented, capacity, failed, time.perf_counter() - start)
+    return ReplayLog(allocated, arrived, fragmented, capacity, failed, time.perf_counter() - start,
+                     placed_node, placed_gpus)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -52,6 +53,7 @@ class Clustering:
     (25-50), only other classes (0-25); fuller nodes score higher within a band."""
 
     name: str = "clustering"
+    node_local: ClassVar[bool] = True  # a node's score depends on it and the pod only
 
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext

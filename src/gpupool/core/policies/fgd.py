@@ -8,12 +8,19 @@ one node, so a pod of a shape seen recently needs only the nodes changed since t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.frag import DEFAULT_WORKLOAD, WorkloadArrays, node_fragmentation, usable_free
+from gpupool.core.frag import (
+    DEFAULT_WORKLOAD,
+    WorkloadArrays,
+    node_fragmentation,
+    share_fragmentation,
+    table_fragmentation,
+    usable_free,
+)
 from gpupool.core.model import PodRequest
 from gpupool.core.policy import FloatArray, PolicyContext
 from gpupool.core.state import BoolArray, ClusterState, IntArray
@@ -57,7 +64,7 @@ class FragCache:
         st = self.state
         stale = nodes[self.frag_version[nodes] != st.node_version[nodes]]
         if len(stale):
-            self.frag[stale] = node_fragmentation(
+            self.frag[stale] = table_fragmentation(
                 usable_free(st, stale), st.cpu_free[stale], self.workload.model_ok[stale], self.workload
             )
             self.frag_version[stale] = st.node_version[stale]
@@ -89,11 +96,13 @@ def after_pod(
 
 def _fragmentation_after(cache: FragCache, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> FloatArray:
     """Fragmentation after the pod: [K, G] for a share (inf where it does not fit), else [K]."""
-    free, cpu_after = after_pod(cache.state, pod, nodes, gpu_fit)
     model_ok = cache.workload.model_ok[nodes]
     if not is_share(pod):
+        free, cpu_after = after_pod(cache.state, pod, nodes, gpu_fit)
         return node_fragmentation(free, cpu_after, model_ok, cache.workload)
-    frag = node_fragmentation(free, cpu_after, model_ok[:, None, :], cache.workload)
+    st = cache.state
+    frag = share_fragmentation(usable_free(st, nodes), st.cpu_free[nodes] - pod.cpu_milli, model_ok,
+                               pod.gpu.milli, cache.workload)
     result: FloatArray = np.where(gpu_fit, frag, np.inf)
     return result
 
@@ -142,6 +151,7 @@ def sigmoid_score(delta: FloatArray) -> FloatArray:
 @dataclass(frozen=True, slots=True)
 class FGD:
     name: str = "fgd"
+    node_local: ClassVar[bool] = True  # a node's score depends on it and the pod only
 
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext

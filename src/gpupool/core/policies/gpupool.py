@@ -23,10 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from gpupool.core.frag import DEFAULT_WORKLOAD, WorkloadArrays, node_fragmentation, usable_free
+from gpupool.core.frag import (
+    DEFAULT_WORKLOAD,
+    WorkloadArrays,
+    node_fragmentation,
+    share_fragmentation,
+    table_fragmentation,
+    usable_free,
+)
 from gpupool.core.model import PodRequest
 from gpupool.core.policies.fgd import after_pod, is_share, sigmoid_score
-from gpupool.core.policies.waste import feed_ratio, node_waste, pairing_table
+from gpupool.core.policies.waste import feed_ratio, node_waste, pairing_table, share_waste
 from gpupool.core.policy import FloatArray, PolicyContext
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
@@ -101,15 +108,16 @@ class _Cache:
             stale, fit = nodes[pos], gpu_fit[pos]
             free, cpu, model_ok = usable_free(st, stale), st.cpu_free[stale], w.model_ok[stale]
             feed = None if self.feed is None else self.feed[stale]
-            frag0, waste0 = node_fragmentation(free, cpu, model_ok, w), node_waste(free, cpu, self.pairing, feed)
-            after, cpu1 = after_pod(st, pod, stale, fit)
+            frag0, waste0 = table_fragmentation(free, cpu, model_ok, w), node_waste(free, cpu, self.pairing, feed)
             if is_share(pod):
-                frag = frag0[:, None] - node_fragmentation(after, cpu1, model_ok[:, None, :], w)
-                d.waste[stale] = waste0[:, None] - node_waste(
-                    after, cpu1, self.pairing, None if feed is None else feed[:, None])
+                cpu1 = cpu - pod.cpu_milli
+                frag = frag0[:, None] - share_fragmentation(free, cpu1, model_ok, pod.gpu.milli, w)
+                d.waste[stale] = waste0[:, None] - share_waste(
+                    free, cpu1, pod.gpu.milli, self.pairing, None if feed is None else feed[:, None])
                 d.value[stale] = frag + GAMMA * d.waste[stale]
                 d.ok[stale] = fit
             else:
+                after, cpu1 = after_pod(st, pod, stale, fit)
                 d.value[stale], d.waste[stale], d.ok[stale] = 0.0, 0.0, False
                 d.waste[stale, 0] = waste0 - node_waste(after, cpu1, self.pairing, feed)
                 d.value[stale, 0] = frag0 - node_fragmentation(after, cpu1, model_ok, w) + GAMMA * d.waste[stale, 0]

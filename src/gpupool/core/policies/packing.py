@@ -4,6 +4,7 @@ BestFit, DotProd (Tetris-style dot product) and GPU Packing. Each places a share
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -34,6 +35,7 @@ class BestFit(_TightestGPU):
     """Least leftover wins: 1 − (½·CPU left / 128 cores + ½·GPU left / 8 GPUs), as an integer percent."""
 
     name: str = "bestfit"
+    node_local: ClassVar[bool] = True  # a node's score depends on it and the pod only
 
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
@@ -49,6 +51,7 @@ class DotProd(_TightestGPU):
     """Tetris-style: the node whose free (CPU, GPU) vector aligns least with the request wins."""
 
     name: str = "dotprod"
+    node_local: ClassVar[bool] = True  # a node's score depends on it and the pod only
 
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
@@ -66,6 +69,7 @@ class Packing(_TightestGPU):
     (3) an idle node (0-33). Pods without GPUs score 0 everywhere (node order decides)."""
 
     name: str = "packing"
+    node_local: ClassVar[bool] = True  # a node's score depends on it and the pod only
 
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext

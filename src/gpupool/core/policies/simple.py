@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -17,6 +18,7 @@ class FirstFit:
     """Every feasible node scores the same; the tie-break order (node rank) decides."""
 
     name: str = "firstfit"
+    node_local: ClassVar[bool] = True  # a node's score depends on it and the pod only
 
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext

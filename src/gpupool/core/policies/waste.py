@@ -64,3 +64,18 @@ def node_waste(free: npt.NDArray[np.int64], cpu_free: IntArray, pairing: FloatAr
         return paired
     result: FloatArray = np.maximum(paired, free.sum(axis=-1) - np.maximum(cpu_free, 0) * feed)
     return result
+
+
+def share_waste(free: npt.NDArray[np.int64], cpu_after: IntArray, milli: int, pairing: FloatArray,
+                feed: FloatArray | None) -> FloatArray:
+    """[K, G]: `node_waste` of K nodes once a share of `milli` takes GPU c (column c; the free compute
+    floors at 0 where it does not fit). One GPU's term of the pairing sum changes per candidate; the
+    table holds whole numbers, so the sums are exact in any order."""
+    after = np.maximum(free - milli, 0)
+    before = pairing[np.clip(free, 0, MILLI_PER_GPU)]
+    paired: FloatArray = before.sum(axis=-1)[:, None] - before + pairing[after]
+    if feed is None:
+        return paired
+    total = free.sum(axis=-1)[:, None] - free + after
+    result: FloatArray = np.maximum(paired, total - np.maximum(cpu_after, 0)[:, None] * feed)
+    return result
