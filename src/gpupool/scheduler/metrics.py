@@ -39,14 +39,9 @@ class SchedulerMetrics:
             "Extender requests refused before any decision (no such pod, not gpupool's, invalid request), by verb",
             ["verb"], registry=r,
         )
-        self.pending = Gauge("gpupool_pending_pods", "GPU pods noted as fitting no node (bounded, expiring)",
-                             registry=r)
 
     def track_ledger(self, assumed: Callable[[], int], confirmed: Callable[[], int], gpus: Callable[[], int]) -> None:
         """Read the ledger sizes at scrape time (no bookkeeping on the hot path)."""
         self.ledger_entries.labels("assumed").set_function(assumed)
         self.ledger_entries.labels("confirmed").set_function(confirmed)
         self.gpus.set_function(gpus)
-
-    def track_pending(self, pending: Callable[[], int]) -> None:
-        self.pending.set_function(pending)

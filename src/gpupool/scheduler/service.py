@@ -31,6 +31,7 @@ from gpupool.scheduler.ledger import Ledger, recompute
 from gpupool.scheduler.metrics import SchedulerMetrics
 from gpupool.scheduler.pending import PendingPods
 from gpupool.scheduler.pods import PodCache
+from gpupool.scheduler.queues import QueueCache
 from gpupool.scheduler.watch import Watcher
 from gpupool.scheduler.workload import ObservedWorkload
 
@@ -58,6 +59,7 @@ class ExtenderService:
         self.pending = PendingPods(clock, max_entries=config.max_pending_pods, ttl_s=config.pending_ttl_s)
         self.handle = Handle(cluster, config, self.ledger, self.pods, self.busy, self.pending, self.workload,
                              self.metrics, clock, step_hook)
+        self.queues = self.handle.queues = QueueCache(cluster, self.ledger, config.default_queue)
         self.framework = Framework(self.handle, build_plugins(self.handle))
         self.extender = Extender(self.handle, self.framework, lambda: self.ready)
         self.watcher = Watcher(self.handle)
@@ -68,7 +70,6 @@ class ExtenderService:
             lambda: len(self.ledger.confirmed()),
             lambda: self.ledger.state.total_gpus,
         )
-        self.metrics.track_pending(lambda: len(self.pending))
         self.metrics.ready.set_function(lambda: 1.0 if self.ready else 0.0)
 
     @property
@@ -88,11 +89,13 @@ class ExtenderService:
     async def start(self) -> None:
         """List nodes and pods into the caches, then follow their watch streams."""
         await self.watcher.start()
+        await self.queues.start()
         self.synced = True
 
     async def stop(self) -> None:
         self.synced = False
         await self.watcher.stop()
+        await self.queues.stop()
 
     async def resync(self) -> None:
         """Start over from a fresh list (a new leadership term must not trust an old cache)."""
