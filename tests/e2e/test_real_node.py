@@ -4,7 +4,11 @@ sees from inside (its logs, `kubectl exec`) is exactly its own pod's allocation.
 
 from __future__ import annotations
 
+from typing import Any
+
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.agent.slots import slot_gpu
 from gpupool.api.allocation import decode_allocation
@@ -20,6 +24,7 @@ from tests.e2e.real_node_fixtures import (
     share_pod,
     wait_for,
 )
+from tests.exporter.test_exporter_prometheus import dashboard_queries, prometheus, query  # noqa: F401
 
 pytestmark = pytest.mark.e2e
 
@@ -177,3 +182,76 @@ def test_agent_restarted_mid_burst(real_cluster: RealCluster) -> None:  # noqa: 
     c.delete_pods([p["metadata"]["name"] for p in c.pods()])
     wait_for(lambda: not c.pods(), 60, "pods gone")
     print(f"agent restart mid-burst: {len(ran)} ran, {len(refused)} refused at admission")
+
+
+def test_agent_metrics_scraped_while_real_pods_run(real_cluster: RealCluster, prometheus: Any) -> None:  # noqa: F811
+    c = real_cluster
+    agent, n0 = c.agent(0), c.node(0).name
+    c.apply([share_pod("m-0", n0, 4096, 20), share_pod("m-1", n0, 2048, 10)])
+    pods = {p["metadata"]["name"]: p for p in c.wait_running(["m-0", "m-1"])}
+    # The agent's own endpoint: one FB_USED series per pod, on exactly the GPUs of its allocation.
+    text = httpx.get(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    per_pod = {(s.labels["pod"], s.labels["UUID"]) for s in families["DCGM_FI_DEV_FB_USED"].samples if s.labels["pod"]}
+    assert per_pod == {(name, g) for name, pod in pods.items() for g in _gpus(pod)}
+    free = families["DCGM_FI_DEV_FB_FREE"].samples
+    assert sorted(s.labels["UUID"] for s in free) == sorted(agent.gpu_uuids)
+    assert {s.labels["Hostname"] for s in free} == {n0}
+    # A real Prometheus scrapes it: every device query of the Grafana dashboard returns series.
+    prom = prometheus(f"127.0.0.1:{agent.metrics_port}")
+    device_queries = [q for q in dashboard_queries() if "DCGM_" in q]
+    assert device_queries
+    for q in device_queries:
+        wait_for(lambda q=q: _prom_series(prom, q), 90, f"series for the dashboard query {q}")  # type: ignore[misc]
+    c.delete_pods(list(pods))
+    wait_for(lambda: not c.pods(), 60, "pods gone")
+
+
+def _prom_series(prom: str, promql: str) -> list[dict]:
+    try:
+        return query(prom, promql)
+    except httpx.HTTPError:
+        return []  # Prometheus still starting
+
+
+def test_stopped_kubelet_node_leaves_the_ledger_only_as_kubernetes_says(real_cluster: RealCluster) -> None:  # noqa: F811
+    """Runs last: it stops node 1's kubelet for good and deletes the node."""
+    c = real_cluster
+    node, n0, n1 = c.node(1), c.node(0).name, c.node(1).name
+    c.apply([share_pod("d-0", n1, 4096, 20), share_pod("d-1", n1, 4096, 20)])
+    c.wait_running(["d-0", "d-1"])
+    node.stop_kubelet()
+
+    def entries() -> dict[str, dict]:
+        return {e["pod"]: e for e in c.extender.ledger()["ledger"]["entries"]}
+
+    barriers = iter(range(100))
+
+    def barrier() -> dict[str, dict]:
+        """A pod placed on node 0 now: once the ledger holds it, it has seen every change made before."""
+        name = f"barrier-{next(barriers)}"
+        c.apply([share_pod(name, n0, 2048, 5)])
+        return wait_for(lambda: (e := entries()) and f"e2e-real/{name}" in e and e, 90,  # type: ignore[no-any-return]
+                        f"{name} in the ledger")
+
+    # Nothing says the pods are gone: the ledger keeps them and their GPUs.
+    assert {"e2e-real/d-0", "e2e-real/d-1"} <= set(barrier())
+    # A graceful deletion only marks the pod (its kubelet would stop the containers and confirm): kept.
+    c.delete_pods(["d-0"])
+    wait_for(lambda: (c.pod("d-0") or {}).get("metadata", {}).get("deletionTimestamp"), 60, "d-0 terminating")
+    assert "e2e-real/d-0" in barrier()
+    # A forced deletion removes the pod object: now Kubernetes says it is gone, and so does the ledger.
+    c.delete_pods(["d-0"], force=True)
+    wait_for(lambda: "e2e-real/d-0" not in entries(), 60, "d-0 out of the ledger")
+    assert "e2e-real/d-1" in entries()
+    # Deleting the node object takes its GPUs out of the pool; d-1 leaves only with its pod object.
+    gpus = c.extender.ledger()["ledger"]["gpus"]
+    c.kubectl("delete", "node", n1, "--wait=false")
+    wait_for(lambda: c.extender.ledger()["ledger"]["gpus"] == gpus - 3, 60, "node 1's GPUs out of the pool")
+    c.delete_pods(["d-1"], force=True)
+
+    def d1_gone() -> bool:
+        led = c.extender.ledger()["ledger"]
+        return all(e["pod"] != "e2e-real/d-1" for e in led["entries"] + led["stranded"])
+
+    wait_for(d1_gone, 60, "d-1 out of the ledger")
