@@ -40,17 +40,25 @@ class JsonClient:
                 tls.check_hostname, tls.verify_mode = False, ssl.CERT_NONE
             if cert is not None:
                 tls.load_cert_chain(*cert)
-        self._client = httpx.AsyncClient(
-            base_url=str(url).rstrip("/"),
-            timeout=timeout_s,
-            headers=headers,
-            verify=tls,
+        self._settings: dict[str, Any] = {
+            "base_url": str(url).rstrip("/"),
+            "timeout": timeout_s,
+            "headers": headers,
+            "verify": tls,
             # One connection per concurrent bind at most; kube-scheduler keeps its connections alive too.
-            limits=httpx.Limits(max_connections=64, max_keepalive_connections=64),
-        )
+            "limits": httpx.Limits(max_connections=64, max_keepalive_connections=64),
+        }
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def _http(self) -> httpx.AsyncClient:
+        # Made on first use and again after close(), so one JsonClient serves several runs.
+        if self._client is None:
+            self._client = httpx.AsyncClient(**self._settings)
+        return self._client
 
     async def post_raw(self, path: str, body: bytes) -> tuple[int, bytes]:
-        response = await self._client.post(path, content=body)
+        response = await self._http.post(path, content=body)
         return response.status_code, response.content
 
     async def post(self, path: str, payload: Any) -> Any:
@@ -61,4 +69,7 @@ class JsonClient:
         return json.loads(data)
 
     async def close(self) -> None:
-        await self._client.aclose()
+        """Close the connections (a later request opens new ones)."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None

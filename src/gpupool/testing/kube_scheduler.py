@@ -134,22 +134,27 @@ class KubeSchedulerDriver:
 
         if pending == 0:
             return self.stats
-        while not done.is_set():
-            getter = asyncio.create_task(queue.get())
-            waiter = asyncio.create_task(done.wait())
-            await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
-            if not getter.done():
-                getter.cancel()
+        try:
+            while not done.is_set():
+                getter = asyncio.create_task(queue.get())
+                waiter = asyncio.create_task(done.wait())
+                await asyncio.wait({getter, waiter}, return_when=asyncio.FIRST_COMPLETED)
+                if not getter.done():
+                    getter.cancel()
+                    waiter.cancel()
+                    break
                 waiter.cancel()
-                break
-            waiter.cancel()
-            pod, attempt = getter.result()
-            node, why = await self.decide(pod)
-            if node is None:
-                finish(Outcome(pod_key(pod), None, why, attempt))
-                continue
-            task = asyncio.create_task(bind_later(pod, node, attempt))
-            binds.add(task)
-            task.add_done_callback(binds.discard)
-        await asyncio.gather(*binds)
+                pod, attempt = getter.result()
+                node, why = await self.decide(pod)
+                if node is None:
+                    finish(Outcome(pod_key(pod), None, why, attempt))
+                    continue
+                task = asyncio.create_task(bind_later(pod, node, attempt))
+                binds.add(task)
+                task.add_done_callback(binds.discard)
+            await asyncio.gather(*binds)
+        finally:
+            # Idle keep-alive connections would outlive a caller that never calls close() (a resource
+            # warning, an error under the test settings); the next run opens new ones.
+            await self._client.close()
         return self.stats
