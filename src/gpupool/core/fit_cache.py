@@ -34,25 +34,32 @@ class FitCache:
         self.state = state
         self._rows: dict[GPURequest, _GpuRows] = {}
 
-    def feasible(self, pod: PodRequest) -> tuple[IntArray, BoolArray]:
+    def gpu_rows(self, gpu: GPURequest) -> tuple[BoolArray, BoolArray]:
+        """For every node: whether it passes the GPU checks for `gpu`, and which GPU slots take it.
+        The arrays are the cache's own: read, never write."""
         st = self.state
-        if pod.problems():
-            return np.zeros(0, dtype=np.int64), np.zeros((0, st.width), dtype=bool)
-        rows = self._rows.get(pod.gpu)
+        rows = self._rows.get(gpu)
         if rows is None:
             n = len(st)
             rows = _GpuRows(np.zeros(n, dtype=bool), np.zeros((n, st.width), dtype=bool),
                             np.full(n, -1, dtype=np.int64))
-            self._rows[pod.gpu] = rows
+            self._rows[gpu] = rows
         stale = np.flatnonzero(rows.version != st.node_version)
         if len(stale):
-            fit, code = gpu_rows(st, pod.gpu, stale)
+            fit, code = gpu_rows(st, gpu, stale)
             rows.gpu_fit[stale] = fit
             rows.ok[stale] = code == 0
             rows.version[stale] = st.node_version[stale]
-        ok = rows.ok & (st.mem_free >= pod.memory_mib) & (st.cpu_free >= pod.cpu_milli)
-        feasible = np.flatnonzero(ok)
-        return feasible, rows.gpu_fit[feasible]
+        return rows.ok, rows.gpu_fit
+
+    def feasible(self, pod: PodRequest) -> tuple[IntArray, BoolArray]:
+        """The nodes where `check` says OK, and their GPU rows."""
+        st = self.state
+        if pod.problems():
+            return np.zeros(0, dtype=np.int64), np.zeros((0, st.width), dtype=bool)
+        gpu_ok, gpu_fit = self.gpu_rows(pod.gpu)
+        feasible = np.flatnonzero(gpu_ok & (st.mem_free >= pod.memory_mib) & (st.cpu_free >= pod.cpu_milli))
+        return feasible, gpu_fit[feasible]
 
 
 @dataclass(slots=True)

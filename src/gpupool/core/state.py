@@ -74,6 +74,9 @@ class ClusterState:
         self.node_pods: list[set[str]] = [set() for _ in self.nodes]  # pod keys holding capacity per node
         # Bumped on every change of a node; policies key their per-node caches on it.
         self.node_version: IntArray = np.zeros(n_nodes, dtype=np.int64)
+        # Bumped on every change of any node: a memo of something that depends on the whole cluster
+        # (not one node) is valid while this is unchanged.
+        self.version = 0
 
     def __len__(self) -> int:
         return len(self.nodes)
@@ -114,6 +117,7 @@ class ClusterState:
         self.cpu_free[i] -= pod.cpu_milli
         self.mem_free[i] -= pod.memory_mib
         self.node_version[i] += 1
+        self.version += 1
         self.held[pod.key] = Held(allocation, i, pod.cpu_milli, pod.memory_mib)
         self.node_pods[i].add(pod.key)
         return None
@@ -132,12 +136,14 @@ class ClusterState:
         self.cpu_free[i] += held.cpu_milli
         self.mem_free[i] += held.memory_mib
         self.node_version[i] += 1
+        self.version += 1
         return held.allocation
 
     def set_gpu_health(self, node: str, index: int, healthy: bool) -> None:
         i = self.index[node]
         self.gpu_healthy[i, index] = healthy
         self.node_version[i] += 1
+        self.version += 1
 
     # --- summaries ------------------------------------------------------------------------------------
 

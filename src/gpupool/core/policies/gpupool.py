@@ -12,6 +12,11 @@ Centring dV on its best candidate keeps the sigmoid out of saturation when a pod
 everywhere (a cluster short of CPU), where it would otherwise score every node alike. Multi-GPU pods:
 the set of fitting GPUs with the most NVLink links, then the fewest NUMA nodes, then the lowest indices
 (the trace has no topology). With no observed workload, both measures use whole, half and quarter GPUs.
+
+Every answer is a function of the cluster state, the pod and the context's workload only: the best dV is
+taken over every node where the pod fits (gpupool.core.fit), not over the nodes of the call, so a node's
+score does not depend on which other nodes were asked about, and `choose` needs no memory of an earlier
+`score` (the caches below are memos keyed on node and cluster versions).
 On the bundled traces this leaves fewer GPUs unallocated than FGD on every seed of all three
 (docs/placement.md, where GAMMA was chosen).
 """
@@ -23,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from gpupool.core.fit_cache import FitCache
 from gpupool.core.frag import (
     DEFAULT_WORKLOAD,
     WorkloadArrays,
@@ -34,7 +40,7 @@ from gpupool.core.frag import (
 from gpupool.core.model import PodRequest
 from gpupool.core.policies.fgd import after_pod, is_share, sigmoid_score
 from gpupool.core.policies.waste import feed_ratio, node_waste, pairing_table, share_waste
-from gpupool.core.policy import FloatArray, PolicyContext
+from gpupool.core.policy import FloatArray, PolicyContext, TaskShape
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 GAMMA = 6.0  # weight of the waste decrease against FGD's; chosen on seeds 42-45 (docs/placement.md)
@@ -78,24 +84,45 @@ class _Deltas:
 @dataclass(slots=True)
 class _Cache:
     state: ClusterState
+    source: tuple[TaskShape, ...]  # the context's workload these arrays were built from
     workload: WorkloadArrays
     pairing: FloatArray
     feed: FloatArray | None
+    fit: FitCache
     shapes: dict[Any, _Deltas] = field(default_factory=dict)
-    last: tuple[str, float] | None = None  # pod key and best dV of the last score (what choose() centres on)
+    # Best dV per pod shape at `centres_version` of the cluster (a memo: cleared when the cluster changes).
+    centres: dict[Any, float] = field(default_factory=dict)
+    centres_version: int = -1
 
     @staticmethod
     def of(state: ClusterState, ctx: PolicyContext) -> _Cache:
         cache = ctx.cache.get("gpupool")
-        if not isinstance(cache, _Cache) or cache.state is not state:
+        if (not isinstance(cache, _Cache) or cache.state is not state
+                or (cache.source is not ctx.workload and cache.source != ctx.workload)):
             w = WorkloadArrays.build(state, ctx.workload or DEFAULT_WORKLOAD)
-            cache = _Cache(state, w, pairing_table(w), feed_ratio(state, w))
+            cache = _Cache(state, ctx.workload, w, pairing_table(w), feed_ratio(state, w), FitCache(state))
             ctx.cache["gpupool"] = cache
         return cache
 
-    def deltas(self, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> _Deltas:
+    def centre(self, pod: PodRequest) -> float:
+        """The best dV over every node where the pod fits now (0 when it fits nowhere)."""
+        st = self.state
+        if self.centres_version != st.version:
+            self.centres.clear()
+            self.centres_version = st.version
+        key = (pod.cpu_milli, pod.memory_mib, pod.gpu)
+        best = self.centres.get(key)
+        if best is None:
+            feasible, _ = self.fit.feasible(pod)
+            top_waste = self.deltas(pod, feasible).top_waste[feasible]
+            best = float(top_waste.max()) if len(feasible) and np.isfinite(top_waste.max()) else 0.0
+            self.centres[key] = best
+        return best
+
+    def deltas(self, pod: PodRequest, nodes: IntArray) -> _Deltas:
         """dF + GAMMA * dV, dV and the candidate mask for `nodes`, recomputing only nodes changed since this shape's
-        last look (a placement changes one node)."""
+        last look (a placement changes one node). Candidates are the GPUs that take the pod's request
+        (gpupool.core.fit), whatever a caller narrows them to later."""
         st, w = self.state, self.workload
         d = self.shapes.get((pod.cpu_milli, pod.gpu))
         if d is None:
@@ -105,7 +132,8 @@ class _Cache:
             self.shapes[(pod.cpu_milli, pod.gpu)] = d
         pos = np.flatnonzero(d.version[nodes] != st.node_version[nodes])
         if len(pos):
-            stale, fit = nodes[pos], gpu_fit[pos]
+            stale = nodes[pos]
+            fit = self.fit.gpu_rows(pod.gpu)[1][stale]
             free, cpu, model_ok = usable_free(st, stale), st.cpu_free[stale], w.model_ok[stale]
             feed = None if self.feed is None else self.feed[stale]
             frag0, waste0 = table_fragmentation(free, cpu, model_ok, w), node_waste(free, cpu, self.pairing, feed)
@@ -128,19 +156,26 @@ class _Cache:
             d.top[stale] = np.where(ok, d.value[stale], -np.inf).max(axis=1)
         return d
 
-    def scores(self, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> tuple[FloatArray, float]:
-        """Each node's best integer score, and the best dV they are centred on."""
-        d = self.deltas(pod, nodes, gpu_fit)
-        top_waste = d.top_waste[nodes]
-        best_waste = float(top_waste.max()) if len(nodes) and np.isfinite(top_waste.max()) else 0.0
+    def scores(self, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray) -> FloatArray:
+        """Each node's best integer score over the candidates `gpu_fit` leaves (a share), centred on the
+        pod's best dV."""
+        d = self.deltas(pod, nodes)
+        best_waste = self.centre(pod)
         top = d.top[nodes]
+        if is_share(pod):
+            narrowed = (gpu_fit != d.ok[nodes]).any(axis=1)
+            if narrowed.any():  # a caller left fewer GPUs than fit: the best over those only
+                rows = nodes[narrowed]
+                top = top.copy()
+                top[narrowed] = np.where(gpu_fit[narrowed] & d.ok[rows], d.value[rows], -np.inf).max(axis=1)
         score: FloatArray = np.where(np.isfinite(top), sigmoid_score(top - GAMMA * best_waste), -1.0)
-        return score, best_waste
+        return score
 
-    def gpu_on(self, pod: PodRequest, node: int, gpu_fit: BoolArray, best_waste: float) -> int:
-        """The first GPU of `node` reaching its best integer score (a share)."""
-        d = self.deltas(pod, np.array([node], dtype=np.int64), gpu_fit[None, :])
-        score = np.where(d.ok[node], sigmoid_score(d.value[node] - GAMMA * best_waste), -1.0)
+    def gpu_on(self, pod: PodRequest, node: int, gpu_fit: BoolArray) -> int:
+        """The first GPU of `node` left by `gpu_fit` reaching its best integer score (a share)."""
+        d = self.deltas(pod, np.array([node], dtype=np.int64))
+        ok = d.ok[node] & gpu_fit
+        score = np.where(ok, sigmoid_score(d.value[node] - GAMMA * self.centre(pod)), -1.0)
         return int(np.argmax(score))
 
 
@@ -151,10 +186,7 @@ class GpupoolPolicy:
     def score(
         self, state: ClusterState, pod: PodRequest, nodes: IntArray, gpu_fit: BoolArray, ctx: PolicyContext
     ) -> FloatArray:
-        cache = _Cache.of(state, ctx)
-        score, best_waste = cache.scores(pod, nodes, gpu_fit)
-        cache.last = (pod.key, best_waste)
-        return score
+        return _Cache.of(state, ctx).scores(pod, nodes, gpu_fit)
 
     def choose(
         self, state: ClusterState, pod: PodRequest, node: int, gpu_fit: BoolArray, ctx: PolicyContext
@@ -164,9 +196,4 @@ class GpupoolPolicy:
             return linked_gpus(state, node, fitting, pod.gpu.count)
         if not is_share(pod):
             return tuple(fitting[: pod.gpu.count])
-        cache = _Cache.of(state, ctx)
-        if cache.last is not None and cache.last[0] == pod.key:
-            best_waste = cache.last[1]  # centred as when it was scored against every candidate (place())
-        else:  # not scored just before (a bind on one node): centre on this node alone
-            _, best_waste = cache.scores(pod, np.array([node], dtype=np.int64), gpu_fit[None, :])
-        return (cache.gpu_on(pod, node, gpu_fit, best_waste),)
+        return (_Cache.of(state, ctx).gpu_on(pod, node, gpu_fit),)
