@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import itertools
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,7 @@ from gpupool.cluster.port import (
     Obj,
     WatchEvent,
 )
+from gpupool.cluster.reflector import Reflector
 from gpupool.testing import testbed as tb
 
 QUEUES = Kind("gpupool.io", "v1alpha1", "GPUQueue", "gpuqueues", namespaced=False)
@@ -367,3 +369,59 @@ async def test_memory_watch_too_old_is_gone() -> None:
     with pytest.raises(Gone):
         async for _ in c.watch_pods("3"):
             pass
+
+
+# --- the shared reflector on both adapters ---------------------------------------------------------------
+
+
+class _StaleFirstWatch:
+    """The port, except that its first watch starts from resourceVersion 1, older than the server's history.
+    The embedded cluster (history trimmed here) answers 410 Gone and the reflector relists; kube-apiserver
+    1.20 with a watch cache that has not wrapped yet replays its current objects as ADDED instead (measured
+    on the testbed), which the reflector must take as no change."""
+
+    def __init__(self, port: ClusterPort) -> None:
+        self.port = port
+        self.watches = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.port, name)
+
+    def watch_objects(self, kind: Kind, resource_version: str, **selectors: Any) -> AsyncIterator[WatchEvent]:
+        self.watches += 1
+        return self.port.watch_objects(kind, "1" if self.watches == 1 else resource_version, **selectors)
+
+
+async def test_the_reflector_follows_the_server_from_a_stale_version(cluster: ClusterPort, ns: str) -> None:
+    embedded = isinstance(cluster, MemoryCluster)
+    if isinstance(cluster, MemoryCluster):
+        cluster._kind(PODS).dropped_before = 2  # the embedded server's history "trimmed" below version 2
+    before = await cluster.create_pod(_pod("before", ns))
+    port = _StaleFirstWatch(cluster)
+    changes: list[tuple[str, str]] = []
+    seen = asyncio.Event()
+
+    def record(type_: str, obj: Obj, old: Obj | None) -> None:
+        changes.append((type_, obj["metadata"]["name"]))
+        seen.set()
+
+    reflector = Reflector(port, PODS, namespace=ns, on_event=record)
+    reflector.start()
+    try:
+        await asyncio.wait_for(reflector.wait_synced(), 10)
+        await cluster.create_pod(_pod("after", ns))
+        await cluster.delete_pod(ns, "before")
+        while ("DELETED", "before") not in changes or ("ADDED", "after") not in changes:
+            seen.clear()
+            await asyncio.wait_for(seen.wait(), 10)
+        # "before" was added once (a replay of it is no change) and deleted last (the real server shows the
+        # deletionTimestamp as a MODIFIED first)
+        mine = [c for c in changes if c[1] == "before"]
+        assert mine[0] == ("ADDED", "before") and mine[-1] == ("DELETED", "before")
+        assert set(mine[1:-1]) <= {("MODIFIED", "before")} and len(mine) <= 3
+        assert {k[1] for k in reflector.store} == {"after"}
+        assert reflector.get_by_uid(before["metadata"]["uid"]) is None
+        if embedded:
+            assert reflector.lists == 2 and "Gone" in reflector.last_error
+    finally:
+        await reflector.stop()

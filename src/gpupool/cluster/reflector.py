@@ -193,7 +193,8 @@ class Reflector:
                 await self._notify(DELETED, old, None)
                 old = None
             self._put(key, obj)
-            await self._notify(ADDED if old is None else MODIFIED, obj, old)
+            if old is None or _rv(old) != _rv(obj):  # a server replaying what the store has is no change
+                await self._notify(ADDED if old is None else MODIFIED, obj, old)
         elif event.type == DELETED:
             old = self.store.get(key)
             if old is not None:
