@@ -5,10 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupool.agent.checkpoint import Checkpoint, Served, decode, encode
+from gpupool.agent.checkpoint import Checkpoint, CheckpointError, Served, decode, encode
 
 NODE = "node-1"
 
@@ -91,3 +92,10 @@ entries = st.lists(
 @given(entries)
 def test_encode_decode_round_trip(items: list[Served]) -> None:
     assert decode(encode(NODE, items), NODE) == {e.pod_uid: e for e in items}
+
+
+def test_an_unusable_directory_is_a_clear_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(CheckpointError, match="checkpoint directory .* \\(agent setting checkpoint_dir\\)"):
+        Checkpoint(blocker / "sub", NODE).load()

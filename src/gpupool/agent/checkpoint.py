@@ -128,13 +128,20 @@ class Checkpoint:
         self.entries: dict[str, Served] = {}
 
     def load(self) -> str | None:
-        """Read the file; returns a warning when it had to be set aside (the agent logs it)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Read the file; returns a warning when it had to be set aside (the agent logs it). Raises
+        CheckpointError when the directory cannot be created or read: without a checkpoint the agent could
+        not answer a repeat the same way, so it does not start."""
         try:
+            self.directory.mkdir(parents=True, exist_ok=True)
             data = self.path.read_bytes()
         except FileNotFoundError:
             self.entries = {}
             return None
+        except OSError as e:
+            raise CheckpointError(
+                f"cannot use the Allocate checkpoint directory {self.directory} (agent setting checkpoint_dir): "
+                f"{e.strerror or e}"
+            ) from None
         try:
             self.entries = decode(data, self.node)
             return None
