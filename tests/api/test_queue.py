@@ -53,3 +53,8 @@ def test_an_inconsistent_tree_applies_no_queue_rather_than_half_of_one() -> None
                           gq("t2", parent="org", guaranteed={"gpus": "1"})])
     assert set(queues.tree.specs) == {"default"}
     assert "children are guaranteed more" in queues.errors["org"]
+
+
+def test_a_queue_counts_the_dimensions_its_object_declares() -> None:
+    assert queue_spec(gq("a", guaranteed={"gpus": "1"}, maximum={"gpuCores": 300})).dims == {"gpu_milli", "cores"}
+    assert queue_spec(gq("b")).dims == {"gpu_milli", "memory_mib", "cores"}

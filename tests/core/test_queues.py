@@ -168,3 +168,13 @@ def test_admitted_usage_never_passes_capacity_nor_reserved_guarantees(
                 assert (usage[queue] + usage[other].elementwise_max(reserve)).fits_in(gpus(4))
             else:
                 assert usage[queue].fits_in(guaranteed)
+
+
+def test_only_the_declared_dimensions_count() -> None:
+    # team-a declares GPUs only: a whole 80 GiB GPU is within its 1-GPU guarantee whatever its memory.
+    tree = QueueTree.build([QueueSpec("team-a", Quota(1000, 0, 0), dims=frozenset({"gpu_milli"})),
+                            QueueSpec("team-b", Quota(1000, 0, 0), dims=frozenset({"gpu_milli"}))])
+    assert admit(tree, {}, "team-a", gpus(1)) == Admitted(borrowing=False)
+    # A second GPU borrows team-b's idle one (a 1 + 1 = 2 <= the two guarantees).
+    assert admit(tree, {"team-a": gpus(1)}, "team-a", gpus(1)) == Admitted(borrowing=True)
+    assert statuses(tree, {"team-a": gpus(2)}, {})[0].borrowed == Quota(1000, 0, 0)

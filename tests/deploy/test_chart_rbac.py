@@ -18,6 +18,10 @@ SA = f"{NAMESPACE}/gp-gpupool"
 REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = {
     ("ClusterRole", "gp-gpupool-scheduler", ""): [
         (("",), ("nodes",), (), ("get", "list", "watch", "patch")),
+        # team queues: GPUQueue objects and the namespace label that joins a queue; reclaim evicts
+        (("gpupool.io",), ("gpuqueues",), (), ("list", "watch")),
+        (("",), ("namespaces",), (), ("list", "watch")),
+        (("",), ("pods/eviction",), (), ("create",)),
     ],
     ("Role", "gp-gpupool-scheduler-leases", NAMESPACE): [
         (("coordination.k8s.io",), ("leases",), (), ("create",)),

@@ -126,6 +126,10 @@ def chart_rbac(testbed: tb.Testbed) -> list[dict[str, Any]]:
     rendered = helm_template(*(a for t in RBAC_TEMPLATES for a in ("--show-only", t)))
     docs = [d for d in yaml.safe_load_all(rendered) if d]
     testbed.ensure("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    # The chart's CRDs (helm installs crds/ before everything else), so the scheduler watches queues from
+    # its start.
+    for crd in sorted((ROOT / "deploy" / "helm" / "gpupool" / "crds").glob("*.yaml")):
+        testbed.ensure("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", yaml.safe_load(crd.read_text()))
     for doc in docs:
         path = RBAC_PATHS[doc["kind"]].format(ns=doc["metadata"].get("namespace", NAMESPACE))
         testbed.ensure(path, doc)

@@ -30,7 +30,7 @@ from gpupool.api.errors import first_problem
 from gpupool.api.names import DOMAIN
 from gpupool.core.model import MILLI_PER_GPU
 from gpupool.core.quantity import QuantityError, parse_memory_mib
-from gpupool.core.queues import UNLIMITED, QueueConfigError, QueueSpec, QueueTree, Quota
+from gpupool.core.queues import DIMENSIONS, UNLIMITED, QueueConfigError, QueueSpec, QueueTree, Quota
 
 GROUP = DOMAIN
 VERSION = "v1alpha1"
@@ -71,6 +71,10 @@ class AmountDoc(BaseModel):
             raise ValueError(str(e)) from None
         return str(value)
 
+    def declared(self) -> set[str]:
+        names = {"gpus": "gpu_milli", "gpu_memory": "memory_mib", "gpu_cores": "cores"}
+        return {d for f, d in names.items() if getattr(self, f) is not None}
+
     def quota(self, unset: int) -> Quota:
         """The amount, with `unset` for every dimension left out."""
         gpus = unset if self.gpus is None else round(float(self.gpus) * MILLI_PER_GPU)
@@ -106,6 +110,8 @@ def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
         weight=doc.weight,
         lend=doc.lend,
         borrow=doc.borrow,
+        # The dimensions its object declares; none declared: all (a zero guarantee, borrowing only).
+        dims=frozenset(doc.guaranteed.declared() | doc.maximum.declared() or DIMENSIONS),
     )
 
 

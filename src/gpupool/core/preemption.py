@@ -101,7 +101,7 @@ def _reason(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemptor, p
         branch = name
     held = [d for d, v in zip(("gpu_milli", "memory_mib", "cores"), pod.charge.values(), strict=True) if v > 0]
     for name in {pod.queue, branch}:
-        over = (sub[name] - tree.specs[name].guaranteed).positive()
+        over = tree.specs[name].borrowed(sub[name])
         if not any(getattr(over, d) > 0 for d in held):
             return None
     return REASON_RECLAIM
@@ -118,7 +118,7 @@ def plan_preemption(
     """The least disruptive set of victims on one node after whose eviction the preemptor is admitted by
     its queue and fits on that node (`fits(node, victim uids)`), or None when no such set exists."""
     spec = tree.specs.get(preemptor.queue)
-    in_quota = spec is not None and (usage.get(preemptor.queue, Quota()) + preemptor.charge).fits_in(spec.guaranteed)
+    in_quota = spec is not None and spec.within_guarantee(usage.get(preemptor.queue, Quota()) + preemptor.charge)
     by_node: dict[str, list[Running]] = {}
     for pod in running:
         by_node.setdefault(pod.node, []).append(pod)

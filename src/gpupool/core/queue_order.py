@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from gpupool.core.queues import QueueTree, Quota
+from gpupool.core.queues import DIMENSIONS, QueueTree, Quota
 
 ORDERS = ("fifo", "priority", "fair")
 
@@ -31,8 +31,8 @@ def dominant_share(tree: QueueTree, usage: Mapping[str, Quota], queue: str) -> f
         return float("inf")
     used = tree.subtree_usage(usage)[queue].values()
     share = 0.0
-    for u, g in zip(used, spec.guaranteed.values(), strict=True):
-        if u > 0:
+    for d, u, g in zip(DIMENSIONS, used, spec.guaranteed.values(), strict=True):
+        if u > 0 and d in spec.dims:
             share = max(share, u / g if g > 0 else float("inf"))
     if share == 0.0:
         return 0.0

@@ -107,6 +107,26 @@ class QueueSpec:
     weight: int = 1  # share of what is left over (used by the replay's fair ordering)
     lend: bool = True
     borrow: bool = True
+    # The dimensions this queue's quota counts (those its object declares): a queue that sets only GPUs is
+    # not held to a GPU-memory guarantee of zero.
+    dims: frozenset[str] = frozenset(DIMENSIONS)
+
+    def over_guarantee(self, amount: Quota) -> list[str]:
+        return [d for d in amount.exceeds(self.guaranteed) if d in self.dims]
+
+    def within_guarantee(self, amount: Quota) -> bool:
+        return not self.over_guarantee(amount)
+
+    def borrowed(self, usage: Quota) -> Quota:
+        """Usage beyond the guarantee, in the counted dimensions."""
+        return self._counted((usage - self.guaranteed).positive())
+
+    def idle(self, usage: Quota) -> Quota:
+        """Guarantee not in use, in the counted dimensions."""
+        return self._counted((self.guaranteed - usage).positive())
+
+    def _counted(self, amount: Quota) -> Quota:
+        return Quota(*(v if d in self.dims else 0 for d, v in zip(DIMENSIONS, amount.values(), strict=True)))
 
 
 class QueueConfigError(ValueError):
@@ -159,8 +179,9 @@ class QueueTree:
             if parent is None:
                 continue
             total = sum((by_name[k].guaranteed for k in kids), ZERO)
-            if not total.fits_in(by_name[parent].guaranteed):
-                dims = ", ".join(total.exceeds(by_name[parent].guaranteed))
+            over = by_name[parent].over_guarantee(total)
+            if over:
+                dims = ", ".join(over)
                 problems.append(f"queue {parent!r}: its children are guaranteed more than it is ({dims})")
         if problems:
             raise QueueConfigError(sorted(set(problems)))
@@ -242,7 +263,7 @@ def admit(tree: QueueTree, usage: Mapping[str, Quota], queue: str, charge: Quota
             return Refused(_over(name, "maximum", over, after[name], spec.maximum), name)
     for name in chain:
         spec = tree.specs[name]
-        over = after[name].exceeds(spec.guaranteed)
+        over = spec.over_guarantee(after[name])
         if not over:
             # Within this level's guarantee: what its siblings borrowed is reclaimed for it if need be.
             return Admitted(borrowing=name != queue)
@@ -255,12 +276,15 @@ def admit(tree: QueueTree, usage: Mapping[str, Quota], queue: str, charge: Quota
             used = after.get(sib, sub[sib])
             s = tree.specs[sib]
             total = total + (used if s.lend else used.elementwise_max(s.guaranteed))
-        limit = tree.root_guarantee() if parent is None else tree.specs[parent].guaranteed
-        if total.fits_in(limit):
+        if parent is None:
+            limit, counted = tree.root_guarantee(), set(over)
+        else:
+            limit, counted = tree.specs[parent].guaranteed, set(over) & tree.specs[parent].dims
+        if all(getattr(total, d) <= getattr(limit, d) for d in counted):
             return Admitted(borrowing=True)  # the parent's guarantee covers what this level borrows
         if parent is None:
             return Refused(f"{head}, cannot borrow: cohort full", name, final=False)
-        if after[parent].fits_in(tree.specs[parent].guaranteed):
+        if not set(tree.specs[parent].over_guarantee(after[parent])) & set(over):
             # The parent is within its guarantee, but siblings that do not lend keep theirs reserved.
             return Refused(f"{head}, cannot borrow: queue {parent} full", name, final=False)
         # The whole parent subtree is past its guarantee: it borrows one level up.
@@ -287,8 +311,8 @@ def statuses(tree: QueueTree, usage: Mapping[str, Quota], pending: Mapping[str, 
     for name in sorted(tree.specs):
         spec = tree.specs[name]
         used = sub[name]
-        lent = (spec.guaranteed - used).positive() if spec.lend else ZERO
+        lent = spec.idle(used) if spec.lend else ZERO
         waiting = sum(n for leaf, n in pending.items() if leaf in tree.specs and name in tree.chain(leaf))
-        out.append(QueueStatus(name, used, spec.guaranteed, spec.maximum, (used - spec.guaranteed).positive(),
+        out.append(QueueStatus(name, used, spec.guaranteed, spec.maximum, spec.borrowed(used),
                                lent, waiting))
     return out

@@ -56,6 +56,9 @@ class SchedulerConfig(BaseModel):
     max_nominations: int = Field(default=512, ge=0)
     max_pending_pods: int = Field(default=10_000, gt=0)
     pending_ttl_s: float = Field(default=900.0, gt=0)
+    # Team queues (GPUQueue objects; off while none exists): namespaces without the gpupool.io/queue label
+    # join this queue.
+    default_queue: str = Field(default="default", min_length=1, max_length=253)
     # Cluster access (the `gpupool scheduler` command).
     kubeconfig: str | None = None  # None = in-cluster config, else this file
     context: str | None = None

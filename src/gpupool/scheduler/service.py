@@ -127,4 +127,4 @@ class ExtenderService:
             for t in self.workload.current
         ]
         return {"ready": self.ready, "ledger": self.ledger.dump(), "diff": self.ledger.diff(truth),
-                "workload": workload}
+                "workload": workload, "queues": self.queues.describe()}

@@ -23,7 +23,7 @@ import asyncio
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -41,6 +41,9 @@ from gpupool.scheduler.metrics import SchedulerMetrics
 from gpupool.scheduler.pending import PendingPods
 from gpupool.scheduler.pods import PodCache
 from gpupool.scheduler.workload import ObservedWorkload
+
+if TYPE_CHECKING:
+    from gpupool.scheduler.queues import QueueCache
 
 # Called after each bind step: "assumed", "locked", "bound" (fault injection in tests; may be a coroutine
 # function).
@@ -70,6 +73,7 @@ class Handle:
     metrics: SchedulerMetrics
     clock: Callable[[], float]
     step_hook: StepHook | None = None
+    queues: QueueCache | None = None  # team queues (gpupool.scheduler.queues); None: no queue plugin acts
     binding: dict[str, int] = field(default_factory=dict)  # pod UID -> binds of it in progress
     _ctx: PolicyContext = field(default_factory=PolicyContext)
     _ctx_generation: int = -1

@@ -30,6 +30,8 @@ from gpupool.scheduler.framework.plugins import (
     pending_note,
     pod_pending,
     policy_score,
+    queue_admission,
+    queue_reclaim,
     scheduler_name,
     shares_per_gpu,
 )
@@ -55,15 +57,17 @@ REGISTRY: dict[str, PluginSpec] = {
     "node_lock": PluginSpec(node_lock.NodeLock, node_lock.Args),
     "binding": PluginSpec(binding.Binding, binding.Args),
     "pending_note": PluginSpec(pending_note.PendingNote, pending_note.Args),
+    "queue_admission": PluginSpec(queue_admission.QueueAdmission, queue_admission.Args),
+    "queue_reclaim": PluginSpec(queue_reclaim.QueueReclaim, queue_reclaim.Args),
     "mig_placement": PluginSpec(mig.MigPlacement, mig.Args),  # not in PROFILE yet: needs MIG layouts fed
 }
 
 # Where each plugin runs:
 #   PreFilter   scheduler_name, pod_pending, gpu_request, nominate
-#   Filter      node_exists, gpu_node, gpu_fit, shares_per_gpu
-#   PostFilter  pending_note
+#   Filter      node_exists, gpu_node, gpu_fit, shares_per_gpu, queue_admission
+#   PostFilter  pending_note, queue_reclaim
 #   Score       policy_score, busy_nodes
-#   Reserve     nominate              Unreserve  node_lock, nominate
+#   Reserve     nominate, queue_admission        Unreserve  node_lock, nominate
 #   Permit      node_lock             Bind       binding
 PROFILE: tuple[str, ...] = (
     "scheduler_name",
@@ -76,9 +80,11 @@ PROFILE: tuple[str, ...] = (
     "policy_score",
     "busy_nodes",
     "nominate",
+    "queue_admission",
     "node_lock",
     "binding",
     "pending_note",
+    "queue_reclaim",
 )
 
 

@@ -1,0 +1,194 @@
+"""PostFilter `queue_reclaim`: when a GPU pod fits no node, take capacity back for it: from queues that
+borrowed beyond their guarantee (reclaim, for a pod within its own queue's guarantee) or, inside its queue,
+from pods of lower priority. Victims are chosen by gpupool.core.preemption (fewest pods, lowest priority,
+least run time lost, on the node where the pod then fits) and evicted through the Eviction API, so
+PodDisruptionBudgets hold: a victim whose budget says no (429) is left alone for `blocked_s` and the next
+cycle chooses others.
+
+Never a loop: while the victims chosen for a pod are still terminating it chooses none again (their GPUs
+come back through the watch and kube-scheduler's retry of the pod takes them), a pod is never evicted twice,
+and core's rules make a reclaim unanswerable by a reclaim back. Each eviction is recorded on both pods as
+an Event. Only confirmed allocations (pods bound and seen by the watch) are candidates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import OrderedDict
+from datetime import datetime
+from typing import ClassVar
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpupool.api.lock import format_time
+from gpupool.api.logsafe import shown
+from gpupool.cluster.port import ApiError, Conflict, NotFound, Obj, TooManyRequests
+from gpupool.core.fit import OK, check
+from gpupool.core.preemption import Plan, Preemptor, Running, Victim, plan_preemption
+from gpupool.core.queues import charge_of_allocation, charge_of_request
+from gpupool.scheduler.framework.cycle import CycleState, NodeSet
+from gpupool.scheduler.framework.interface import Handle
+from gpupool.scheduler.framework.status import SUCCESS, Status
+from gpupool.scheduler.queues import QueueCache, namespace_of
+
+log = logging.getLogger(__name__)
+
+
+class Args(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    blocked_s: float = Field(default=30.0, gt=0)  # a victim a disruption budget protected is skipped this long
+    waiting_s: float = Field(default=120.0, gt=0)  # the longest a pod waits for its victims to go
+
+
+def _started(pod: Obj | None) -> float:
+    text = ((pod or {}).get("status") or {}).get("startTime") or ((pod or {}).get("metadata") or {}).get(
+        "creationTimestamp")
+    if not text:
+        return 0.0
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def priority_of(pod: Obj | None) -> int:
+    value = ((pod or {}).get("spec") or {}).get("priority")
+    return int(value) if isinstance(value, int) else 0
+
+
+class QueueReclaim:
+    name: ClassVar[str] = "queue_reclaim"
+    gpu_only: ClassVar[bool] = True
+
+    def __init__(self, handle: Handle, args: Args) -> None:
+        self.handle = handle
+        self.args = args
+        self._waiting: OrderedDict[str, tuple[frozenset[str], float]] = OrderedDict()  # preemptor -> victims
+        self._evicted: set[str] = set()  # victims once asked to go (never twice)
+        self._blocked: dict[str, float] = {}  # victim uid -> until when a budget protects it
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.plans: list[Plan] = []  # the latest plans (bounded), for tests and the debug view
+
+    def post_filter(self, cycle: CycleState, nodes: NodeSet) -> Status:
+        cache = self.handle.queues
+        if cache is None or not cache.enabled or cycle.request is None:
+            return SUCCESS
+        now = self.handle.clock()
+        if self._still_waiting(cycle.uid, now):
+            return SUCCESS
+        # Only nodes that did not fit for now (not those that never can) may be freed.
+        state = self.handle.ledger.state
+        candidates = {n for n in nodes.failed if n in state.index}
+        if not candidates:
+            return SUCCESS
+        running = self._running(cache, candidates, now)
+        queue = cache.queue_of(namespace_of(cycle.key))
+        preemptor = Preemptor(cycle.uid, queue, priority_of(cycle.pod),
+                              charge_of_request(cycle.request.gpu, cache.largest_gpu_mib()))
+        usage = cache.usage(without=cycle.uid)
+        plan = plan_preemption(cache.queues.tree, usage, preemptor, running, self._fits(cycle), now)
+        if plan is None:
+            return SUCCESS
+        self._start(cycle, preemptor, plan, now)
+        return SUCCESS
+
+    def _still_waiting(self, uid: str, now: float) -> bool:
+        waiting = self._waiting.get(uid)
+        if waiting is None:
+            return False
+        victims, since = waiting
+        gone = all(v not in self.handle.ledger.entries for v in victims)
+        if gone or now - since > self.args.waiting_s:
+            del self._waiting[uid]
+            return False
+        return True
+
+    def _running(self, cache: QueueCache, nodes: set[str], now: float) -> list[Running]:
+        memory = cache.gpu_memory()
+        out: list[Running] = []
+        for uid, entry in self.handle.ledger.confirmed().items():
+            if entry.allocation.node not in nodes or uid in self._evicted:
+                continue
+            if self._blocked.get(uid, 0.0) > now:
+                continue
+            pod = self.handle.pods.get(uid)
+            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            out.append(Running(uid, entry.key, cache.queue_of(namespace_of(entry.key)), entry.allocation.node,
+                               priority_of(pod), charge_of_allocation(entry.allocation, memory), _started(pod)))
+        return out
+
+    def _fits(self, cycle: CycleState):  # type: ignore[no-untyped-def]
+        """Does the pod fit on `node` once `victims` are gone? Asked of core on the ledger's state with the
+        victims' allocations taken out for the question and put back at once (no await in between)."""
+        ledger = self.handle.ledger
+        request = cycle.request
+        assert request is not None
+
+        def fits(node: str, victims: frozenset[str]) -> bool:
+            state = ledger.state
+            i = state.index[node]
+            taken = [(uid, state.release(uid)) for uid in victims]
+            try:
+                return bool(check(state, request, np.asarray([i], dtype=np.int64)).code[0] == OK)
+            finally:
+                for uid, allocation in taken:
+                    entry = ledger.entries.get(uid)
+                    if allocation is not None and entry is not None:
+                        state.allocate(entry.request, allocation)
+        return fits
+
+    def _start(self, cycle: CycleState, preemptor: Preemptor, plan: Plan, now: float) -> None:
+        victims = frozenset(v.pod.uid for v in plan.victims)
+        self._waiting[cycle.uid] = (victims, now)
+        while len(self._waiting) > 4096:
+            self._waiting.popitem(last=False)
+        self._evicted |= victims
+        self.plans = [*self.plans[-31:], plan]
+        log.info("%s: evicting %s on %s", cycle.key, ", ".join(v.pod.key for v in plan.victims), plan.node)
+        task = asyncio.get_running_loop().create_task(self._evict(cycle, preemptor, plan))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _evict(self, cycle: CycleState, preemptor: Preemptor, plan: Plan) -> None:
+        for victim in plan.victims:
+            namespace, name = victim.pod.key.split("/", 1)
+            try:
+                await self.handle.cluster.evict_pod(namespace, name, victim.pod.uid)
+            except TooManyRequests:
+                self._blocked[victim.pod.uid] = self.handle.clock() + self.args.blocked_s
+                self._evicted.discard(victim.pod.uid)
+                self._waiting.pop(cycle.uid, None)  # choose again at the pod's next cycle
+                await self._event(victim.pod.key, victim.pod.uid, "PreemptionBlocked",
+                                  f"not evicted for {cycle.key}: its PodDisruptionBudget allows no disruption now")
+                continue
+            except (NotFound, Conflict):
+                continue  # gone or replaced meanwhile: its capacity comes back anyway
+            except ApiError as e:
+                log.warning("evicting %s for %s failed: %s", victim.pod.key, cycle.key, e)
+                self._evicted.discard(victim.pod.uid)
+                continue
+            await self._record(cycle, preemptor, victim)
+
+    async def _record(self, cycle: CycleState, preemptor: Preemptor, victim: Victim) -> None:
+        await self._event(victim.pod.key, victim.pod.uid, "Preempted", victim.message(preemptor))
+        await self._event(cycle.key, cycle.uid, "Preempting",
+                          f"evicted {victim.pod.key} on {victim.pod.node} ({victim.reason})")
+
+    async def _event(self, key: str, uid: str, reason: str, message: str) -> None:
+        namespace, name = key.split("/", 1)
+        now = format_time(self.handle.clock())
+        event: Obj = {
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {"kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
+            "reason": reason, "message": shown(message, 1000),
+            "type": "Normal" if reason == "Preempting" else "Warning",
+            "source": {"component": self.handle.config.scheduler_name},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }
+        with contextlib.suppress(Exception):  # events are best effort
+            await self.handle.cluster.create_event(event)

@@ -1,0 +1,99 @@
+"""The scheduler's view of team queues: the GPUQueue objects and namespace labels from their watch caches,
+and each queue's usage derived from the ledger (never from what a pod says about itself).
+
+No GPUQueue in the cluster (or no CRD installed): queues are off and every queue plugin passes. The
+reflectors retry with back-off while the CRD is missing, so installing it later turns queues on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from gpupool.api.logsafe import shown
+from gpupool.api.queue import GROUP, KIND, PLURAL, VERSION, Queues, read_queues
+from gpupool.cluster.port import NAMESPACES, ClusterPort, Kind, Obj
+from gpupool.cluster.reflector import Reflector
+from gpupool.core.model import MILLI_PER_GPU
+from gpupool.core.queues import Quota, charge_of_allocation
+from gpupool.scheduler.ledger import Ledger
+
+log = logging.getLogger(__name__)
+
+GPUQUEUES = Kind(GROUP, VERSION, KIND, PLURAL, namespaced=False)
+
+
+def namespace_of(key: str) -> str:
+    return key.split("/", 1)[0]
+
+
+class QueueCache:
+    def __init__(self, cluster: ClusterPort, ledger: Ledger, default_queue: str = "default") -> None:
+        self.ledger = ledger
+        self.default_queue = default_queue
+        self._queues_ref = Reflector(cluster, GPUQUEUES, on_event=self._queues_changed)
+        self._ns_ref = Reflector(cluster, NAMESPACES)
+        self._queues: Queues | None = None
+        self._memory_generation = -1
+        self._capacity_generation = -1
+        self._memory: dict[str, int] = {}
+
+    async def start(self) -> None:
+        self._queues_ref.start()
+        self._ns_ref.start()
+
+    async def stop(self) -> None:
+        await self._queues_ref.stop()
+        await self._ns_ref.stop()
+
+    def _queues_changed(self, type_: str, obj: Obj, old: Obj | None) -> None:
+        self._queues = None  # rebuilt at the next read: many events in a burst cost one rebuild
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._queues_ref.store)
+
+    @property
+    def queues(self) -> Queues:
+        if self._queues is None or self._capacity_generation != self.ledger.generation:
+            # The root lends what nobody is guaranteed: the cluster's GPUs as the ledger knows them.
+            state = self.ledger.state
+            gpus = [g for n in state.nodes for g in n.gpus]
+            capacity = Quota(len(gpus) * MILLI_PER_GPU, sum(g.memory_mib for g in gpus), len(gpus) * 100)
+            self._capacity_generation = self.ledger.generation
+            self._queues = read_queues(self._queues_ref.items(), capacity=capacity, default=self.default_queue)
+            for name, problem in self._queues.errors.items():
+                log.warning("GPUQueue %s ignored: %s", shown(name, 64), shown(problem, 300))
+        return self._queues
+
+    def queue_of(self, namespace: str) -> str:
+        ns = self._ns_ref.get(namespace)
+        labels: Mapping[str, str] = ((ns or {}).get("metadata") or {}).get("labels") or {}
+        return self.queues.queue_of(labels)
+
+    def gpu_memory(self) -> dict[str, int]:
+        """GPU memory by UUID (for charging shares by the card they sit on)."""
+        if self._memory_generation != self.ledger.generation:
+            self._memory = {g.uuid: g.memory_mib for n in self.ledger.state.nodes for g in n.gpus}
+            self._memory_generation = self.ledger.generation
+        return self._memory
+
+    def largest_gpu_mib(self) -> int:
+        return max(self.gpu_memory().values(), default=0)
+
+    def usage(self, without: str = "") -> dict[str, Quota]:
+        """Per leaf queue, what the ledger's allocations (bound and in flight) charge; `without` leaves
+        one pod UID out (the pod being decided)."""
+        memory = self.gpu_memory()
+        out: dict[str, Quota] = {}
+        for uid, entry in self.ledger.entries.items():
+            if uid == without:
+                continue
+            queue = self.queue_of(namespace_of(entry.key))
+            out[queue] = out.get(queue, Quota()) + charge_of_allocation(entry.allocation, memory)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """For the debug view: queue names and the objects that could not be used."""
+        return {"enabled": self.enabled, "queues": sorted(self.queues.tree.specs), "errors": dict(self.queues.errors)}
