@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: keep its info lines off the output
@@ -116,6 +117,10 @@ async def allocate_latencies(n: int, other_pods: int) -> tuple[list[float], list
     return first, again
 
 
+def registered(n: int) -> Callable[[StandInKubelet], bool]:
+    return lambda k: len(k.registrations) == n
+
+
 async def reregister_times(restarts: int) -> list[float]:
     directory = Path(tempfile.mkdtemp(prefix="gpb-", dir="/tmp"))
     _, kubelet, agent = await start(directory)
@@ -124,7 +129,7 @@ async def reregister_times(restarts: int) -> list[float]:
         for i in range(restarts):
             await kubelet.restart()  # returns once the new kubelet.sock is being served
             t0 = time.perf_counter()
-            await kubelet.wait_for(lambda k, n=i + 2: len(k.registrations) == n, timeout=30)
+            await kubelet.wait_for(registered(i + 2), timeout=30)  # registrations so far, this one included
             out.append(time.perf_counter() - t0)
     finally:
         await agent.stop()
