@@ -1,6 +1,7 @@
 """Real nodes for the e2e tests: containerd + kubelet 1.20 per node (scripts/k8s/realnode.py) on the
 session's control plane, and one `gpupool agent` per node run as its DaemonSet would run it (the real
-command, the fake GPU backend, the node's device-plugin directory, the chart's agent user).
+command, the fake GPU backend, the node's device-plugin directory, the chart's agent ServiceAccount and
+RBAC).
 
 A test module imports `real_cluster` (module scope: one set of nodes per module, started once) and the
 helpers. Missing tools fail the tests with the command that installs them; nothing here skips.
@@ -25,7 +26,7 @@ import pytest
 from gpupool.api.allocation import AllocationDoc, decode_allocation
 from gpupool.api.names import ANN_ALLOCATION, RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
 from gpupool.testing import testbed as tb
-from tests.e2e.conftest import Extender
+from tests.e2e.conftest import Extender, Identities
 from tests.e2e.kubectl_tool import kubectl_binary
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -297,8 +298,10 @@ def share_pod(name: str, node: str, memory_mib: int | None, cores: int | None, g
 
 
 @pytest.fixture(scope="module")
-def real_cluster(testbed: tb.Testbed, extender: Extender, kube_scheduler: object) -> Iterator[RealCluster]:
-    """Two real nodes with 3 fake GPUs each (10 slots per GPU), an agent per node, registered and Ready."""
+def real_cluster(testbed: tb.Testbed, extender: Extender, kube_scheduler: object,
+                 identities: Identities) -> Iterator[RealCluster]:
+    """Two real nodes with 3 fake GPUs each (10 slots per GPU), an agent per node, registered and Ready.
+    The agents use the chart's agent ServiceAccount token (its RBAC); the kubelets the administrator's."""
     _ensure_tools()
     nodes = realnode.RealNodes(testbed, 2, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1")
     try:
@@ -313,7 +316,7 @@ def real_cluster(testbed: tb.Testbed, extender: Extender, kube_scheduler: object
             "metadata": {"name": NAMESPACE, "labels": {"kubernetes.io/metadata.name": NAMESPACE}}},
             content_type="application/json")
         for node in nodes.nodes:
-            agent = NodeAgent(node, testbed.kubeconfig(tb.AGENT_USER), tb.free_port())
+            agent = NodeAgent(node, identities.agent, tb.free_port())
             cluster.agents[node.name] = agent
             agent.start()
         for i, node in enumerate(nodes.nodes):
