@@ -158,10 +158,11 @@ def test_kube_scheduler_uses_the_loopback_extender(render: Render, variant: str,
     assert config["leaderElection"]["resourceNamespace"] == NAMESPACE
     (extender,) = config["extenders"]
     assert extender["urlPrefix"] == f"http://127.0.0.1:{port}"
-    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"]) == (
+    assert (extender["filterVerb"], extender["prioritizeVerb"], extender["bindVerb"], extender["preemptVerb"]) == (
         "filter",
         "prioritize",
         "bind",
+        "preempt",
     )
     assert extender["nodeCacheCapable"] is True and extender["ignorable"] is False and extender["weight"] > 0
     # Slots are real node resources; shares are accounted by the extender alone.

@@ -67,6 +67,42 @@ class ExtenderBindingResult(_Wire):
     Error: str = ""
 
 
+class MetaPod(_Wire):
+    UID: str
+
+
+class MetaVictims(_Wire):
+    Pods: list[MetaPod] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+
+class Victims(_Wire):
+    Pods: list[dict[str, Any]] = Field(default_factory=list)
+    NumPDBViolations: int = 0
+
+    def meta(self) -> MetaVictims:
+        uids = [str((p.get("metadata") or {}).get("uid", "")) for p in self.Pods]
+        return MetaVictims(Pods=[MetaPod(UID=u) for u in uids if u], NumPDBViolations=self.NumPDBViolations)
+
+
+class ExtenderPreemptionArgs(_Wire):
+    """Body of the preempt verb: kube-scheduler's candidate victims per node (`NodeNameToMetaVictims` when
+    nodeCacheCapable, else whole pods in `NodeNameToVictims`)."""
+
+    Pod: dict[str, Any]
+    NodeNameToVictims: dict[str, Victims] | None = None
+    NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
+
+    def candidates(self) -> dict[str, MetaVictims]:
+        if self.NodeNameToMetaVictims is not None:
+            return self.NodeNameToMetaVictims
+        return {node: v.meta() for node, v in (self.NodeNameToVictims or {}).items()}
+
+
+class ExtenderPreemptionResult(_Wire):
+    NodeNameToMetaVictims: dict[str, MetaVictims] = Field(default_factory=dict)
+
+
 HostPriorityList = TypeAdapter(list[HostPriority])
 
 
@@ -88,6 +124,13 @@ def parse_binding_args(body: bytes) -> ExtenderBindingArgs:
         return ExtenderBindingArgs.model_validate_json(body)
     except ValidationError as e:
         raise _explain(e, "ExtenderBindingArgs") from None
+
+
+def parse_preemption_args(body: bytes) -> ExtenderPreemptionArgs:
+    try:
+        return ExtenderPreemptionArgs.model_validate_json(body)
+    except ValidationError as e:
+        raise _explain(e, "ExtenderPreemptionArgs") from None
 
 
 def dump_priorities(priorities: list[tuple[str, int]]) -> bytes:

@@ -80,7 +80,7 @@ def _usage_without(usage: Mapping[str, Quota], taken: Iterable[Running]) -> dict
     return out
 
 
-def _reason(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemptor, pod: Running,
+def victim_reason(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemptor, pod: Running,
             in_quota: bool) -> str | None:
     """Why `pod` may be taken for `preemptor` with the queues at `usage` (victims chosen so far removed), or
     None if it may not."""
@@ -145,7 +145,7 @@ def _plan_on_node(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemp
     for pod in order:
         if _satisfied(tree, usage, preemptor, node, taken, fits):
             break
-        why = _reason(tree, _usage_without(usage, (v.pod for v in taken)), preemptor, pod, in_quota)
+        why = victim_reason(tree, _usage_without(usage, (v.pod for v in taken)), preemptor, pod, in_quota)
         if why is not None:
             taken.append(Victim(pod, why))
     if not taken or not _satisfied(tree, usage, preemptor, node, taken, fits):

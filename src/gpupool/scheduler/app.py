@@ -18,7 +18,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from gpupool.api.extender import ExtenderRequestError, dump_priorities, parse_args, parse_binding_args
+from gpupool.api.extender import (
+    ExtenderRequestError,
+    dump_priorities,
+    parse_args,
+    parse_binding_args,
+    parse_preemption_args,
+)
 from gpupool.scheduler.service import ExtenderService
 
 log = logging.getLogger(__name__)
@@ -87,6 +93,9 @@ def create_app(service: ExtenderService, extra_routes: RouteFactory | None = Non
     async def do_bind(body: bytes) -> bytes:
         return (await service.bind(parse_binding_args(body))).model_dump_json().encode()
 
+    async def do_preempt(body: bytes) -> bytes:
+        return (await service.preempt(parse_preemption_args(body))).model_dump_json().encode()
+
     async def healthz(request: Request) -> Response:
         return PlainTextResponse("ok")
 
@@ -108,6 +117,7 @@ def create_app(service: ExtenderService, extra_routes: RouteFactory | None = Non
             Route("/filter", verb("filter", do_filter), methods=["POST"]),
             Route("/prioritize", verb("prioritize", do_prioritize), methods=["POST"]),
             Route("/bind", verb("bind", do_bind), methods=["POST"]),
+            Route("/preempt", verb("preempt", do_preempt), methods=["POST"]),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", prom),

@@ -19,7 +19,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpupool.api.extender import ExtenderArgs, ExtenderBindingArgs, ExtenderBindingResult, ExtenderFilterResult
+from gpupool.api.extender import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    ExtenderPreemptionArgs,
+    ExtenderPreemptionResult,
+)
 from gpupool.cluster.port import ClusterPort
 from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.config import SchedulerConfig
@@ -31,6 +38,7 @@ from gpupool.scheduler.ledger import Ledger, recompute
 from gpupool.scheduler.metrics import SchedulerMetrics
 from gpupool.scheduler.pending import PendingPods
 from gpupool.scheduler.pods import PodCache
+from gpupool.scheduler.preempt_verb import preempt
 from gpupool.scheduler.queues import QueueCache
 from gpupool.scheduler.watch import Watcher
 from gpupool.scheduler.workload import ObservedWorkload
@@ -112,6 +120,11 @@ class ExtenderService:
 
     async def bind(self, args: ExtenderBindingArgs) -> ExtenderBindingResult:
         return await self.extender.bind(args)
+
+    async def preempt(self, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
+        if not self.ready:
+            return ExtenderPreemptionResult()
+        return await preempt(self.handle, self.framework, args)
 
     # --- debug ----------------------------------------------------------------------------------------
 

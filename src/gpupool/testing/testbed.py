@@ -462,7 +462,8 @@ def scheduler_config(extender_url: str, chart_config: dict[str, Any] | None = No
         profiles = [dict(p) for p in chart_config.get("profiles") or []]
     else:
         extenders = [{
-            "filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind", "weight": 1,
+            "filterVerb": "filter", "prioritizeVerb": "prioritize", "bindVerb": "bind", "preemptVerb": "preempt",
+            "weight": 1,
             "enableHTTPS": False, "nodeCacheCapable": True, "httpTimeout": "10s", "ignorable": False,
             "managedResources": [
                 {"name": "gpupool.io/gpu", "ignoredByScheduler": False},

@@ -17,22 +17,22 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import datetime
 from typing import ClassVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpupool.api.lock import format_time
 from gpupool.api.logsafe import shown
 from gpupool.cluster.port import ApiError, Conflict, NotFound, Obj, TooManyRequests
-from gpupool.core.fit import OK, check
 from gpupool.core.preemption import Plan, Preemptor, Running, Victim, plan_preemption
 from gpupool.core.queues import charge_of_allocation, charge_of_request
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Status
 from gpupool.scheduler.queues import QueueCache, namespace_of
+from gpupool.scheduler.what_if import fits_without
 
 log = logging.getLogger(__name__)
 
@@ -121,25 +121,10 @@ class QueueReclaim:
                                priority_of(pod), charge_of_allocation(entry.allocation, memory), _started(pod)))
         return out
 
-    def _fits(self, cycle: CycleState):  # type: ignore[no-untyped-def]
-        """Does the pod fit on `node` once `victims` are gone? Asked of core on the ledger's state with the
-        victims' allocations taken out for the question and put back at once (no await in between)."""
-        ledger = self.handle.ledger
-        request = cycle.request
+    def _fits(self, cycle: CycleState) -> Callable[[str, frozenset[str]], bool]:
+        ledger, request = self.handle.ledger, cycle.request
         assert request is not None
-
-        def fits(node: str, victims: frozenset[str]) -> bool:
-            state = ledger.state
-            i = state.index[node]
-            taken = [(uid, state.release(uid)) for uid in victims]
-            try:
-                return bool(check(state, request, np.asarray([i], dtype=np.int64)).code[0] == OK)
-            finally:
-                for uid, allocation in taken:
-                    entry = ledger.entries.get(uid)
-                    if allocation is not None and entry is not None:
-                        state.allocate(entry.request, allocation)
-        return fits
+        return lambda node, victims: fits_without(ledger, request, node, victims)
 
     def _start(self, cycle: CycleState, preemptor: Preemptor, plan: Plan, now: float) -> None:
         victims = frozenset(v.pod.uid for v in plan.victims)
