@@ -227,6 +227,7 @@ class RealNode:
             "--container-runtime", "remote",
             "--container-runtime-endpoint", f"unix://{self.containerd_socket}",
             "--runtime-request-timeout", "2m",
+            "--containerd", str(self.containerd_socket),  # cAdvisor's view of the same containerd
             "--cgroup-driver", "cgroupfs",
             "--cgroup-root", self.cgroup_root,
             "--fail-swap-on=false",

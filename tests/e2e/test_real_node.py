@@ -151,7 +151,7 @@ def test_kubelet_restarted_ten_times_while_pods_come_and_go(real_cluster: RealCl
 def test_agent_restarted_mid_burst(real_cluster: RealCluster) -> None:  # noqa: F811
     c = real_cluster
     agent, n1 = c.agent(1), c.node(1).name
-    burst = [f"burst-{i}" for i in range(8)]
+    burst = [f"burst-{i}" for i in range(6)]
     c.apply([share_pod(n, n1, 2048, 10) for n in burst])
     wait_for(lambda: sum(phase(p) == "Running" for p in c.pods()) >= 2, 120, "two burst pods running")
     running = {p["metadata"]["name"]: p for p in c.pods() if phase(p) == "Running"}
