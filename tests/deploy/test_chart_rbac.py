@@ -20,6 +20,7 @@ REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = 
         (("",), ("nodes",), (), ("get", "list", "watch", "patch")),
         # team queues: GPUQueue objects and the namespace label that joins a queue; reclaim evicts
         (("gpupool.io",), ("gpuqueues",), (), ("list", "watch")),
+        (("gpupool.io",), ("gpuqueues/status",), (), ("patch",)),
         (("",), ("namespaces",), (), ("list", "watch")),
         (("",), ("pods/eviction",), (), ("create",)),
     ],

@@ -68,6 +68,13 @@ async def test_the_owner_gets_its_guarantee_back_from_a_flooding_queue(
         preempted = [e for e in events if e["reason"] == "Preempted"]
         assert len(preempted) == 2 and all("reclaimed for queue e2e-qb" in e["message"] for e in preempted)
         assert extender.ledger()["diff"] == {"missing": [], "extra": [], "different": [], "overcommitted": []}
+
+        # The leading scheduler writes each queue's status: e2e-qa back at its guarantee, nothing borrowed.
+        async def status_written() -> bool:
+            status = (await kube.get_object(GPUQUEUES, "e2e-qa")).get("status") or {}
+            return status.get("usage", {}).get("gpus") == "2" and status.get("borrowed", {}).get("gpus") == "0"
+
+        await eventually(status_written, timeout_s=30, what="the GPUQueue status")
         print(f"reclaim: owner's 2 pods bound {took:.1f} s after submit")
     finally:
         for q in QUEUES:

@@ -157,3 +157,32 @@ async def test_without_queues_nothing_changes() -> None:
     answer = await svc.filter(ExtenderArgs(Pod=second, NodeNames=["gpu-0000"]))
     assert answer.NodeNames == [] and not svc.queues.enabled and reclaim(svc).plans == []
     await svc.stop()
+
+
+async def test_queue_status_and_metrics_show_usage_borrowing_and_pending() -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    svc = await with_queues({"team-a": {"guaranteed": {"gpus": "1"}, "maximum": {"gpus": "2"}},
+                             "team-b": {"guaranteed": {"gpus": "1"}}})
+    await run(svc, "a1", "team-a")
+    await run(svc, "a2", "team-a")
+    third = await pending(svc, "a3", "team-a")  # past team-a's maximum: pending, with the reason
+    await svc.filter(ExtenderArgs(Pod=third, NodeNames=["gpu-0000"]))
+    assert await svc.queue_status.write_once() == 2
+    status = (await svc.cluster.get_object(GPUQUEUES, "team-a"))["status"]
+    # team-a: 2 GPUs used of 1 guaranteed: 1 borrowed, nothing lent.
+    assert status["usage"]["gpus"] == "2" and status["borrowed"]["gpus"] == "1" and status["lent"]["gpus"] == "0"
+    assert status["pendingPods"] == 1
+    assert (await svc.queue_status.write_once()) == 0  # unchanged: nothing written again
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families(generate_latest(svc.metrics.registry).decode())
+               for s in f.samples if s.name.startswith("gpupool_queue_")}
+    assert samples[("gpupool_queue_usage", (("queue", "team-a"), ("resource", "gpus")))] == 2.0
+    assert samples[("gpupool_queue_borrowed", (("queue", "team-a"), ("resource", "gpus")))] == 1.0
+    assert samples[("gpupool_queue_lent", (("queue", "team-b"), ("resource", "gpus")))] == 1.0
+    assert samples[("gpupool_queue_pending_pods", (("queue", "team-a"),))] == 1.0
+    assert samples[("gpupool_queue_maximum", (("queue", "team-a"), ("resource", "gpus")))] == 2.0
+    # No maximum set: no maximum series (unlimited).
+    assert ("gpupool_queue_maximum", (("queue", "team-b"), ("resource", "gpus"))) not in samples
+    await svc.stop()

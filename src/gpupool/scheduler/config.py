@@ -59,6 +59,7 @@ class SchedulerConfig(BaseModel):
     # Team queues (GPUQueue objects; off while none exists): namespaces without the gpupool.io/queue label
     # join this queue.
     default_queue: str = Field(default="default", min_length=1, max_length=253)
+    queue_status_interval_s: float = Field(default=5.0, gt=0)  # how often GPUQueue status is brought up to date
     # Cluster access (the `gpupool scheduler` command).
     kubeconfig: str | None = None  # None = in-cluster config, else this file
     context: str | None = None

@@ -50,6 +50,9 @@ class QueueCache:
     def _queues_changed(self, type_: str, obj: Obj, old: Obj | None) -> None:
         self._queues = None  # rebuilt at the next read: many events in a burst cost one rebuild
 
+    def objects(self) -> list[Obj]:
+        return self._queues_ref.items()
+
     @property
     def enabled(self) -> bool:
         return bool(self._queues_ref.store)

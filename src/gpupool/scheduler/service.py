@@ -39,6 +39,8 @@ from gpupool.scheduler.metrics import SchedulerMetrics
 from gpupool.scheduler.pending import PendingPods
 from gpupool.scheduler.pods import PodCache
 from gpupool.scheduler.preempt_verb import preempt
+from gpupool.scheduler.queue_status import QueueStatusWriter
+from gpupool.scheduler.queue_status import register as register_queue_metrics
 from gpupool.scheduler.queues import QueueCache
 from gpupool.scheduler.watch import Watcher
 from gpupool.scheduler.workload import ObservedWorkload
@@ -68,6 +70,9 @@ class ExtenderService:
         self.handle = Handle(cluster, config, self.ledger, self.pods, self.busy, self.pending, self.workload,
                              self.metrics, clock, step_hook)
         self.queues = self.handle.queues = QueueCache(cluster, self.ledger, config.default_queue)
+        self.queue_status = QueueStatusWriter(cluster, self.queues, self.pending, lambda: self.ready, clock,
+                                              config.queue_status_interval_s)
+        register_queue_metrics(self.metrics.registry, self.queues, self.pending)
         self.framework = Framework(self.handle, build_plugins(self.handle))
         self.extender = Extender(self.handle, self.framework, lambda: self.ready)
         self.watcher = Watcher(self.handle)
@@ -98,11 +103,13 @@ class ExtenderService:
         """List nodes and pods into the caches, then follow their watch streams."""
         await self.watcher.start()
         await self.queues.start()
+        self.queue_status.start()
         self.synced = True
 
     async def stop(self) -> None:
         self.synced = False
         await self.watcher.stop()
+        await self.queue_status.stop()
         await self.queues.stop()
 
     async def resync(self) -> None:
