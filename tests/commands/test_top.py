@@ -158,3 +158,16 @@ def test_refreshes_until_interrupted() -> None:
                 proc.kill()
     assert proc.returncode == 0, err
     assert "team-z/late" in out
+
+
+def test_team_queues_are_shown() -> None:
+    from gpupool.api.snapshot import QueueView, Snapshot
+
+    snap = Snapshot.model_validate_json(snapshot_json()).model_copy(update={"queues": [
+        QueueView(name="team-a", used_gpus=2.5, guaranteed_gpus=2, maximum_gpus=None, borrowed_gpus=0.5, pending=1)]})
+    with serve(pool_app(snap.model_dump_json())) as url:
+        result = run_top("--once", "--url", f"{url}/pool")
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.strip().startswith("team-a "))
+    # queue, used, guaranteed, maximum (none: unlimited), borrowed, lent, pending
+    assert row.split() == ["team-a", "2.5", "2", "-", "0.5", "0", "1"]

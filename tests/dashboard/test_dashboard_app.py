@@ -176,3 +176,21 @@ def test_simulation_not_configured(cluster: ClusterState, serve_app: Any) -> Non
     with serve_app(mounted(lambda: build_snapshot(cluster, {}))) as url:
         page = httpx.get(f"{url}/ui/simulation")
         assert page.status_code == 404 and "No simulation results configured" in page.text
+
+
+def test_team_queues_are_listed_with_escaped_names(cluster: ClusterState, serve_app: Any) -> None:
+    from gpupool.api.snapshot import QueueView
+
+    def provider() -> Snapshot:
+        return build_snapshot(cluster, {}).model_copy(update={"queues": [
+            QueueView(name="team-a", used_gpus=2, guaranteed_gpus=1, maximum_gpus=2, borrowed_gpus=1, pending=3),
+            QueueView(name="<b>x</b>", used_gpus=0, guaranteed_gpus=1, lent_gpus=1)]})
+
+    with serve_app(mounted(provider)) as url:
+        page = httpx.get(f"{url}/ui/", follow_redirects=True).text
+    row = page[page.index('data-queue="team-a"'):]
+    row = row[:row.index("</tr>")]
+    # used, guaranteed, maximum, borrowed, lent, pending
+    assert [c.split("<")[0] for c in row.split("<td>")[1:]] == ["team-a", "2", "1", "2", "1", "0", "3"]
+    assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page
+    assert "<td>-</td>" in page  # no maximum: unlimited

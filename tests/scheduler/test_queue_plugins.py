@@ -186,3 +186,19 @@ async def test_queue_status_and_metrics_show_usage_borrowing_and_pending() -> No
     # No maximum set: no maximum series (unlimited).
     assert ("gpupool_queue_maximum", (("queue", "team-b"), ("resource", "gpus"))) not in samples
     await svc.stop()
+
+
+async def test_the_pool_snapshot_shows_the_queues() -> None:
+    from gpupool.commands.pool_views import snapshot_of
+
+    svc = await with_queues({"team-a": {"guaranteed": {"gpus": "1"}, "maximum": {"gpus": "2"}},
+                             "team-b": {"guaranteed": {"gpus": "1"}}})
+    await run(svc, "a1", "team-a")
+    await run(svc, "a2", "team-a")
+    snap = snapshot_of(svc)
+    views = {v.name: v for v in snap.queues}
+    # team-a: 2 used of 1 guaranteed (1 borrowed), maximum 2; team-b lends its idle 1; default: no guarantee.
+    assert (views["team-a"].used_gpus, views["team-a"].borrowed_gpus, views["team-a"].maximum_gpus) == (2, 1, 2)
+    assert (views["team-b"].lent_gpus, views["team-b"].maximum_gpus) == (1, None)
+    assert set(views) == {"team-a", "team-b", "default"}
+    await svc.stop()

@@ -73,6 +73,18 @@ class PendingPod(_Wire):
     since: float | None = None  # unix seconds the pod started waiting, when the scheduler knows it
 
 
+class QueueView(_Wire):
+    """A team queue (gpupool.io GPUQueue) in GPUs; None where unlimited."""
+
+    name: str
+    used_gpus: float = Field(ge=0)
+    guaranteed_gpus: float = Field(ge=0)
+    maximum_gpus: float | None = None
+    borrowed_gpus: float = Field(default=0, ge=0)
+    lent_gpus: float = Field(default=0, ge=0)
+    pending: int = Field(default=0, ge=0)
+
+
 class Totals(_Wire):
     nodes: int = Field(ge=0)
     gpus: int = Field(ge=0)
@@ -94,6 +106,7 @@ class Snapshot(_Wire):
     nodes: list[NodeView]
     pending: list[PendingPod]
     totals: Totals
+    queues: list[QueueView] = Field(default_factory=list)  # empty when the cluster defines no queue
 
     def gpu_count(self) -> int:
         return sum(len(n.gpus) for n in self.nodes)

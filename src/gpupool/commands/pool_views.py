@@ -12,24 +12,39 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
-from gpupool.api.snapshot import Snapshot, build_snapshot
+from gpupool.api.snapshot import QueueView, Snapshot, build_snapshot
+from gpupool.core.model import MILLI_PER_GPU
+from gpupool.core.queues import UNLIMITED, QueueStatus, Quota
 from gpupool.dashboard.app import create_dashboard
 from gpupool.exporter.http import metrics_route
 from gpupool.exporter.pool import PoolCollector
 from gpupool.scheduler.app import RouteFactory
+from gpupool.scheduler.queue_status import current as current_queues
 from gpupool.scheduler.service import ExtenderService
 
 
 def snapshot_of(service: ExtenderService) -> Snapshot:
     ledger = service.ledger
     pending = dict(service.pending)
-    return build_snapshot(
+    snap = build_snapshot(
         ledger.state,
         {key: why for key, (why, _) in pending.items()},
         names={uid: entry.key for uid, entry in ledger.entries.items()},
         pending_since={key: since for key, (_, since) in pending.items()},
         now=service.clock(),
     )
+    if not service.queues.enabled:
+        return snap
+    return snap.model_copy(update={"queues": [queue_view(s) for s in current_queues(service.queues, pending)]})
+
+
+def queue_view(s: QueueStatus) -> QueueView:
+    def gpus(q: Quota) -> float:
+        return q.gpu_milli / MILLI_PER_GPU
+
+    limit = None if s.maximum.gpu_milli >= UNLIMITED // 2 else gpus(s.maximum)
+    return QueueView(name=s.name, used_gpus=gpus(s.usage), guaranteed_gpus=gpus(s.guaranteed), maximum_gpus=limit,
+                     borrowed_gpus=gpus(s.borrowed), lent_gpus=gpus(s.lent), pending=s.pending)
 
 
 def pool_views(sim_results_dir: Path | None = None) -> RouteFactory:

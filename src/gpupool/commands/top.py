@@ -122,6 +122,16 @@ def render(snap: Snapshot, query: str = "", max_gpus: int = 0) -> RenderableType
         parts.append(Text(f"... {hidden} more GPU(s) not shown (use --query or --max-gpus)", style="dim"))
     if q and not listed:
         parts.append(Text(f"no GPU holds a pod matching {shown(query)!r}", style="dim"))
+    if snap.queues:
+        queues = Table(title="team queues (GPUs)", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
+                       pad_edge=False)
+        for column in ("queue", "used", "guaranteed", "maximum", "borrowed", "lent", "pending"):
+            queues.add_column(column, no_wrap=True, justify="left" if column == "queue" else "right")
+        for v in snap.queues:
+            limit = "-" if v.maximum_gpus is None else f"{v.maximum_gpus:g}"
+            queues.add_row(_text(v.name), f"{v.used_gpus:g}", f"{v.guaranteed_gpus:g}", limit, f"{v.borrowed_gpus:g}",
+                           f"{v.lent_gpus:g}", str(v.pending))
+        parts.append(queues)
     pending = [p for p in snap.pending if not q or q in f"{p.namespace}/{p.pod}".lower()]
     if pending:
         waiting = Table(title="pending GPU pods", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,

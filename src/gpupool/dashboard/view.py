@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpupool.api.snapshot import GPUView, NodeView, PendingPod, Snapshot, Totals
+from gpupool.api.snapshot import GPUView, NodeView, PendingPod, QueueView, Snapshot, Totals
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,7 @@ class PoolView:
     matches: int  # nodes, grants and pending pods matching the search (0 without a search)
     taken_at: float | None
     hidden_nodes: int = 0  # nodes left out to keep the page small (see `max_nodes`)
+    queues: tuple[QueueView, ...] = ()  # team queues, when the cluster defines any
 
 
 def pod_name(namespace: str, pod: str) -> str:
@@ -87,4 +88,4 @@ def pool_view(snap: Snapshot, q: str = "", max_nodes: int = 0) -> PoolView:
     pending = tuple(p for p in snap.pending if not q or _matches(q, p.namespace, p.pod))
     if q:
         matches += len(pending)
-    return PoolView(snap.totals, tuple(rows), pending, q, matches, snap.taken_at, hidden)
+    return PoolView(snap.totals, tuple(rows), pending, q, matches, snap.taken_at, hidden, tuple(snap.queues))
