@@ -214,6 +214,27 @@ def _prom_series(prom: str, promql: str) -> list[dict]:
         return []  # Prometheus still starting
 
 
+def test_pod_with_two_gpu_containers_is_refused_with_the_agents_reason(real_cluster: RealCluster) -> None:  # noqa: F811
+    """The agent serves one GPU container per pod today: kubelet's second Allocate cannot be told apart, so
+    the pod must fail admission with the agent's reason rather than start with a share that is not its own."""
+    c = real_cluster
+    pod = share_pod("two-c", c.node(0).name, 2048, 10)
+    second = dict(pod["spec"]["containers"][0], name="second")
+    pod["spec"]["containers"].append(second)
+    c.apply([pod])
+    failed = wait_for(lambda: (p := c.pod("two-c")) and phase(p) in ("Running", "Failed") and p, 120,
+                      "two-c admitted or refused", lambda: describe_pod(c.pod("two-c")))
+    assert phase(failed) == "Failed", describe_pod(failed)
+    assert failed["status"].get("reason") == "UnexpectedAdmissionError"
+    assert "exactly one GPU container per pod" in failed["status"].get("message", "")
+    assert not any(cid for cid, _, _ in _containers(failed))  # no container ever started
+    # The node goes on serving: the next pod runs with its own grant.
+    c.apply([share_pod("after-two-c", c.node(0).name, 2048, 10)])
+    _check_own_grant(c, c.wait_running(["after-two-c"]))
+    c.delete_pods(["two-c", "after-two-c"])
+    wait_for(lambda: not c.pods(), 60, "pods gone")
+
+
 def test_stopped_kubelet_node_leaves_the_ledger_only_as_kubernetes_says(real_cluster: RealCluster) -> None:  # noqa: F811
     """Runs last: it stops node 1's kubelet for good and deletes the node."""
     c = real_cluster
