@@ -40,3 +40,43 @@ def test_malformed_csv_exits_2_with_location(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["simulate", "--trace", str(bad), "--out", str(tmp_path)])
     assert result.exit_code == 2
     assert "bad.csv:2: column memory_mib: 'oops' is not a whole number" in result.output
+
+
+TIMED = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,scheduled_time,deletion_time\n" + "".join(
+    f"p{i},4000,8192,1,{(250, 500, 1000)[i % 3]},{10 * i},,{10 * i + 600}\n" for i in range(12)
+)
+
+
+def test_timeline_writes_its_section_and_plot(tmp_path: Path) -> None:
+    (tmp_path / "nodes.csv").write_text(NODES)
+    (tmp_path / "pods.csv").write_text(TIMED)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                       str(tmp_path / "nodes.csv"), "--policies", "bestfit,gpupool", "--timeline",
+                                       "--target-wait-p99", "1m", "--jobs", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "results.json").read_text())["timeline"]
+    # 12 pods of 4 cores on 5 nodes of 32 cores and 10 GPUs: everything fits at once, nobody waits.
+    assert doc["policies"]["bestfit"]["wait_p99_s"] == 0 and doc["policies"]["gpupool"]["never_ran"] == 0
+    # Peak: all 12 running (created 0..110, each 600 s): 4 x 0.25 + 4 x 0.5 + 4 x 1 = 7 GPUs on 4 nodes of 2.
+    assert doc["capacity"]["policies"]["bestfit"]["nodes"] == 4
+    assert (out / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_names_the_missing_time_column(tmp_path: Path) -> None:
+    (tmp_path / "pods.csv").write_text(PODS)
+    result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--timeline",
+                                       "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "missing column(s) creation_time, scheduled_time, deletion_time" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_unreachable_wait_target_exits_2_with_the_best_found(tmp_path: Path) -> None:
+    (tmp_path / "nodes.csv").write_text(NODES)
+    (tmp_path / "pods.csv").write_text(TIMED.replace("p0,4000,8192,1,250", "p0,4000,8192,4,1000"))
+    result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                       str(tmp_path / "nodes.csv"), "--policies", "fgd", "--timeline",
+                                       "--target-wait-p99", "60", "--jobs", "1", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "no cluster size" in result.output and "best:" in result.output

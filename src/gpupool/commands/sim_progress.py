@@ -8,11 +8,11 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from gpupool.core.model import Node, PodRequest
+from gpupool.core.model import Node
 from gpupool.sim.parallel import Job, run_all
 
 
-def run_with_bar(console: Console, fn: Callable[..., Any], nodes: Sequence[Node], pods: Sequence[PodRequest],
+def run_with_bar(console: Console, fn: Callable[..., Any], nodes: Sequence[Node], pods: Sequence[Any],
                  jobs: Sequence[Job], workers: int, **options: Any) -> list[Any]:
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, transient=True) as bar:

@@ -29,25 +29,46 @@ def _int_list(text: str) -> list[int]:
               help="Number of seeds starting at 42, when --seeds is not given.")
 @click.option("--jobs", "workers", type=click.IntRange(1, 256), default=None,
               help="Replays run at once, one process each (default: the number of usable cores).")
+@click.option("--timeline", is_flag=True,
+              help="Replay on the trace's own clock (creation, scheduled, deletion times) with a FIFO queue.")
+@click.option("--speedup", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
+              help="With --timeline: compress the time axis of timeline.png (display only, never the figures).")
+@click.option("--target-wait-p99", "target", default=None,
+              help="With --timeline: find the smallest scaled node list whose p99 wait meets this (90s, 5m, 2h).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("sim-out"),
               show_default=True, help="Directory for results.json and allocation.png.")
 def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | None, num_seeds: int,
-             workers: int | None, out: Path) -> None:
+             workers: int | None, timeline: bool, speedup: float, target: str | None, out: Path) -> None:
     """Replay a GPU cluster trace on a simulated cluster and compare placement policies.
 
     Follows the FGD (ATC '23) protocol: pods shuffled per seed, topped up to 130 % of the cluster's GPU
     capacity, placed one at a time, dropped when they fit nowhere. Prints unallocated GPU % at arrived
     demand = 100 % (mean ± std over seeds) and writes results.json and allocation.png.
+
+    With --timeline, replays the trace on its own clock instead (first seed only; seeds only break ties):
+    waits, pods that never ran, GPU allocation and fragmentation over time, timeline.png; with
+    --target-wait-p99, also the nodes each policy needs (exit 2 when no size tried meets it).
     """
     from rich.console import Console
     from rich.table import Table
 
+    from gpupool.commands import sim_timeline
     from gpupool.commands.sim_progress import run_with_bar
+    from gpupool.commands.sim_timeline import parse_duration
     from gpupool.core.policies import REGISTRY, policy_names
     from gpupool.sim.parallel import Job, available_cores
     from gpupool.sim.replay import replay
     from gpupool.sim.report import plot, summarise, write_results
-    from gpupool.sim.trace import NODES_FILE, TRACE_DIR, TraceError, load_nodes, load_pods, resolve_trace
+    from gpupool.sim.timeline import timed_pods
+    from gpupool.sim.trace import (
+        NODES_FILE,
+        TRACE_DIR,
+        TraceError,
+        load_nodes,
+        load_pods,
+        load_times,
+        resolve_trace,
+    )
 
     console = Console()
     workers = workers or available_cores()
@@ -60,9 +81,13 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     seed_list = _int_list(seeds) if seeds else list(range(42, 42 + num_seeds))
     if not seed_list:
         raise click.BadParameter("no seeds given", param_hint="--seeds")
+    if target is not None and not timeline:
+        raise click.UsageError("--target-wait-p99 needs --timeline")
+    target_s = parse_duration(target) if target is not None else None
     try:
         node_list = load_nodes(nodes_path or TRACE_DIR / NODES_FILE)
         pods = load_pods(resolve_trace(trace))
+        times = load_times(resolve_trace(trace)) if timeline else None
     except TraceError as e:
         click.echo(f"error: {e}", err=True)  # plain echo: rich would wrap the file:line:column text
         raise SystemExit(2) from None
@@ -72,6 +97,10 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
         raise SystemExit(2)
     console.print(f"trace [bold]{trace}[/bold]: {len(pods):,} pods on {len(node_list):,} nodes with {gpus:,} GPUs; "
                   f"seeds {seed_list}; policies {', '.join(names)}")
+    if times is not None:
+        code = sim_timeline.run(console, trace, node_list, timed_pods(pods, times), names, seed_list[0], workers,
+                                out, speedup, target_s)
+        raise SystemExit(code)
     jobs = [Job(name, seed) for name in names for seed in seed_list]
     # Slowest first, so that no core is left with one long replay at the end.
     order = sorted(range(len(jobs)), key=lambda k: SLOW_FIRST.get(jobs[k].policy, len(SLOW_FIRST)))

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.core.model import Node, PodRequest
+from gpupool.core.model import Node
 
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMEXPR_NUM_THREADS")
 PROGRESS_EVERY = 500  # pods between progress reports from a worker
@@ -43,7 +43,7 @@ def available_cores() -> int:
 _worker: dict[str, Any] = {}
 
 
-def _init(nodes: Sequence[Node], pods: Sequence[PodRequest], updates: Any) -> None:
+def _init(nodes: Sequence[Node], pods: Sequence[Any], updates: Any) -> None:
     _worker.update(nodes=nodes, pods=pods, updates=updates)
 
 
@@ -71,7 +71,7 @@ def _single_threaded_children() -> Iterator[None]:
                 os.environ[k] = v
 
 
-def run_all(fn: Callable[..., Any], nodes: Sequence[Node], pods: Sequence[PodRequest], jobs: Sequence[Job],
+def run_all(fn: Callable[..., Any], nodes: Sequence[Node], pods: Sequence[Any], jobs: Sequence[Job],
             workers: int, progress: Progress | None = None, finished: Callable[[int], None] | None = None,
             **options: Any) -> list[Any]:
     """fn(nodes, pods, job.policy, job.seed, progress=..., **options) for every job, `workers` at a

@@ -118,3 +118,24 @@ def load_pods(path: Path) -> list[PodRequest]:
                        memory_mib=_int(path, line, row, "memory_mib"), gpu=gpu)
         )
     return pods
+
+
+TIME_COLUMNS = ("creation_time", "scheduled_time", "deletion_time")
+
+
+def load_times(path: Path) -> list[tuple[int, int | None, int]]:
+    """(creation, scheduled or None, deletion) seconds per pod, in file order (as `load_pods`)."""
+    out: list[tuple[int, int | None, int]] = []
+    try:
+        rows = _rows(path, POD_COLUMNS + TIME_COLUMNS)
+    except TraceError as e:
+        raise TraceError(f"{e}; a timeline replay needs the columns {', '.join(TIME_COLUMNS)}") from None
+    for line, row in rows:
+        created = _int(path, line, row, "creation_time")
+        deleted = _int(path, line, row, "deletion_time")
+        scheduled = _int(path, line, row, "scheduled_time") if (row.get("scheduled_time") or "").strip() else None
+        start = scheduled if scheduled is not None else created
+        if deleted < start:
+            raise TraceError(f"{path}:{line}: column deletion_time: {deleted} is before the pod started ({start})")
+        out.append((created, scheduled, deleted))
+    return out

@@ -1,0 +1,92 @@
+"""`gpupool simulate --timeline [--target-wait-p99 D]`: the trace on its own clock, and how many nodes it
+needs for a wait target (gpupool.sim.timeline, gpupool.sim.capacity)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from gpupool.commands.sim_progress import run_with_bar
+from gpupool.core.model import Node
+from gpupool.sim.capacity import PRECISION, TimelineResult, timeline_job
+from gpupool.sim.parallel import Job
+from gpupool.sim.timeline import TimedPod
+from gpupool.sim.timeline_report import plot_timeline, summarise_timeline
+
+_UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> float:
+    """'90', '90s', '5m', '1.5h', '2d' -> seconds."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|min|h|d)?\s*", text)
+    if not m:
+        raise click.BadParameter(f"{text!r}: expected a duration such as 90s, 5m or 2h", param_hint="--target-wait-p99")
+    return float(m.group(1)) * _UNITS[m.group(2) or ""]
+
+
+def _seconds(x: float) -> str:
+    if x == float("inf"):
+        return "never"
+    return f"{x:,.0f} s" if x < 3600 else f"{x / 3600:,.1f} h"
+
+
+def run(console: Console, trace: str, nodes: Sequence[Node], pods: Sequence[TimedPod], names: list[str], seed: int,
+        workers: int, out: Path, speedup: float, target_s: float | None) -> int:
+    """Replay, print, write; returns the exit code (2: no size tried meets the target)."""
+    jobs = [Job(name, seed) for name in names]
+    results: list[TimelineResult] = run_with_bar(console, timeline_job, nodes, pods, jobs, workers, target_s=target_s)
+    summary = {name: summarise_timeline(r.log) for name, r in zip(names, results, strict=True)}
+    table = Table(title=f"Timeline replay ({trace}, {len(nodes):,} nodes, seed {seed}; waits over all pods, "
+                        "never ran = waits forever)")
+    for col in ("policy", "wait p50", "p95", "p99", "never ran", "GPUs alloc mean", "p10", "mean %", "frag mean %"):
+        table.add_column(col, justify="left" if col == "policy" else "right")
+    for name, s in summary.items():
+        table.add_row(name, _seconds(s["wait_p50_s"]), _seconds(s["wait_p95_s"]), _seconds(s["wait_p99_s"]),
+                      f"{s['never_ran']} ({s['never_ran_pct']:.2f} %)", f"{s['gpu_alloc_mean']:.1f}",
+                      f"{s['gpu_alloc_p10']:.1f}", f"{s['gpu_alloc_mean_pct']:.2f}", f"{s['frag_mean_pct']:.2f}")
+    console.print(table)
+    doc: dict[str, Any] = {"seed": seed, "nodes": len(nodes), "policies": summary}
+    code = 0
+    if target_s is not None:
+        cap = Table(title=f"Nodes needed for wait p99 <= {_seconds(target_s)} (bisection to {PRECISION:.0%} of the "
+                          "answer or 1 node; node mix kept)")
+        for col in ("policy", "nodes", "GPUs", "wait p99 there", "sizes tried"):
+            cap.add_column(col, justify="left" if col == "policy" else "right")
+        doc["capacity"] = {"target_wait_p99_s": target_s, "precision": PRECISION, "policies": {}}
+        for name, r in zip(names, results, strict=True):
+            a = r.capacity
+            assert a is not None
+            doc["capacity"]["policies"][name] = {"nodes": a.nodes, "gpus": a.gpus,
+                                                 "tried": {str(k): v for k, v in sorted(a.tried.items())}}
+            if a.nodes is None:
+                best_n, best_w = a.best
+                cap.add_row(name, "none", "-", f"best: {_seconds(best_w)} at {best_n:,} nodes", str(len(a.tried)))
+                code = 2
+            else:
+                cap.add_row(name, f"{a.nodes:,}", f"{a.gpus:,}", _seconds(a.tried[a.nodes]), str(len(a.tried)))
+        console.print(cap)
+        if code:
+            click.echo(f"error: no cluster size up to 4x the node list meets wait p99 <= {_seconds(target_s)} for "
+                       "every policy (best found shown above)", err=True)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "results.json"
+    current: dict[str, Any] = {}
+    if path.exists():
+        try:
+            current = json.loads(path.read_text())
+        except ValueError:
+            current = {}
+    if current.get("trace") != trace:
+        current = {"trace": trace}
+    current["timeline"] = doc
+    path.write_text(json.dumps(current, indent=1))
+    png = plot_timeline(out, trace, {name: r.log for name, r in zip(names, results, strict=True)}, speedup)
+    console.print(f"wrote {path} and {png}")
+    return code
