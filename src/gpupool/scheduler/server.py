@@ -114,7 +114,8 @@ class BodyTimeout:
             if body_done:
                 return await receive()
             try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                async with asyncio.timeout_at(deadline):  # no task per call, unlike wait_for
+                    message = await receive()
             except TimeoutError:
                 timed_out = True
                 return {"type": "http.disconnect"}
