@@ -35,10 +35,13 @@ def _int_list(text: str) -> list[int]:
               help="With --timeline: compress the time axis of timeline.png (display only, never the figures).")
 @click.option("--target-wait-p99", "target", default=None,
               help="With --timeline: find the smallest scaled node list whose p99 wait meets this (90s, 5m, 2h).")
+@click.option("--constrain-models", "constrain", type=click.FloatRange(0, 1), default=None,
+              help="Make this share of GPU pods name GPU models of the node list (seeded variant, seed 0).")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("sim-out"),
               show_default=True, help="Directory for results.json and allocation.png.")
 def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | None, num_seeds: int,
-             workers: int | None, timeline: bool, speedup: float, target: str | None, out: Path) -> None:
+             workers: int | None, timeline: bool, speedup: float, target: str | None, constrain: float | None,
+             out: Path) -> None:
     """Replay a GPU cluster trace on a simulated cluster and compare placement policies.
 
     Follows the FGD (ATC '23) protocol: pods shuffled per seed, topped up to 130 % of the cluster's GPU
@@ -56,6 +59,7 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     from gpupool.commands.sim_progress import run_with_bar
     from gpupool.commands.sim_timeline import parse_duration
     from gpupool.core.policies import REGISTRY, policy_names
+    from gpupool.sim.constrain import constrain_models
     from gpupool.sim.parallel import Job, available_cores
     from gpupool.sim.replay import replay
     from gpupool.sim.report import plot, summarise, write_results
@@ -91,6 +95,8 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     except TraceError as e:
         click.echo(f"error: {e}", err=True)  # plain echo: rich would wrap the file:line:column text
         raise SystemExit(2) from None
+    if constrain is not None:
+        pods = constrain_models(pods, node_list, constrain)
     gpus = sum(len(n.gpus) for n in node_list)
     if gpus == 0:
         click.echo("error: the node list has no GPUs", err=True)
