@@ -35,7 +35,7 @@ def main() -> None:
         pods = constrain_models(base, nodes, fraction)
         jobs = [Job(p, s) for p in POLICIES for s in seeds]
         logs = run_all(replay, nodes, pods, jobs, args.jobs)
-        table = {p: {} for p in POLICIES}
+        table: dict[str, dict[int, float]] = {p: {} for p in POLICIES}
         for job, log in zip(jobs, logs, strict=True):
             table[job.policy][job.seed] = round(100.0 - log.allocated_at(100), 3)
         doc[f"{fraction:g}"] = table
