@@ -151,32 +151,38 @@ def test_kubelet_restarted_ten_times_while_pods_come_and_go(real_cluster: RealCl
 def test_agent_restarted_mid_burst(real_cluster: RealCluster) -> None:  # noqa: F811
     c = real_cluster
     agent, n1 = c.agent(1), c.node(1).name
-    burst = [f"burst-{i}" for i in range(6)]
-    c.apply([share_pod(n, n1, 2048, 10) for n in burst])
-    wait_for(lambda: sum(phase(p) == "Running" for p in c.pods()) >= 2, 120, "two burst pods running")
-    running = {p["metadata"]["name"]: p for p in c.pods() if phase(p) == "Running"}
+    first = [f"burst-a{i}" for i in range(3)]
+    c.apply([share_pod(n, n1, 2048, 10) for n in first])
+    wait_for(lambda: sum(phase(p) == "Running" for p in c.pods()) >= 1, 120, "a first burst pod running")
+    running = {p["metadata"]["name"]: p for p in c.wait_running(first)}
+    registrations = agent.registrations()
     agent.kill()  # SIGKILL: no clean-up
+    # The rest of the burst arrives while the agent is down, and is bound and admitted meanwhile.
+    second = [f"burst-b{i}" for i in range(3)]
+    c.apply([share_pod(n, n1, 2048, 10) for n in second])
     agent.start()
+    wait_for(lambda: agent.registrations() > registrations, 90, "the restarted agent registered", agent.tail)
 
     def settled() -> list[dict] | None:
         pods = c.pods()
-        done = all(phase(p) in ("Running", "Failed") for p in pods) and len(pods) == len(burst)
+        done = len(pods) == len(first + second) and all(phase(p) in ("Running", "Failed") for p in pods)
         return pods if done else None
 
     pods = wait_for(settled, 180, "every burst pod running or refused",
                     lambda: "; ".join(describe_pod(p) for p in c.pods()))
     ran = [p for p in pods if phase(p) == "Running"]
     refused = [p for p in pods if phase(p) == "Failed"]
-    # A pod whose admission met the agent down is refused by kubelet before any container starts; none runs
-    # without its grant, and the pods that were running are untouched.
+    # A pod admitted while the agent was away is refused by kubelet before any container starts; none runs
+    # without its own grant, and the pods that were running are untouched.
     for pod in refused:
+        assert pod["metadata"]["name"] in second, describe_pod(pod)
         assert pod["status"].get("reason") == "UnexpectedAdmissionError", describe_pod(pod)
         assert not any(cid for cid, _, _ in _containers(pod))
     _check_own_grant(c, ran)
     by_name = {p["metadata"]["name"]: p for p in pods}
     for name, pod in running.items():
         assert _containers(by_name[name]) == _containers(pod)
-    # After the restart, new pods are served again.
+    # Once registered again, the agent serves new pods.
     c.apply([share_pod("after-agent", n1, 2048, 10)])
     _check_own_grant(c, c.wait_running(["after-agent"]))
     c.delete_pods([p["metadata"]["name"] for p in c.pods()])
