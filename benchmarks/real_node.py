@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     bed = tb.Testbed().start()
     # Token-file users named like the chart's accounts (not the chart's RBAC: see tests/e2e for that).
     ext = Extender(bed, tb.free_port(), bed.dir / "gpupool-scheduler.log", bed.kubeconfig(tb.SCHEDULER_USER))
-    nodes = realnode.RealNodes(bed, args.nodes)
+    nodes = realnode.RealNodes(bed, args.nodes, taint=True)
     agents: list[NodeAgent] = []
     try:
         ext.start()

@@ -133,6 +133,7 @@ class RealNode:
     dir: Path
     cgroup_root: str
     labels: dict[str, str] = field(default_factory=dict)
+    taints: list[str] = field(default_factory=list)  # key=value:Effect, registered by kubelet
     kubelet_port: int = 0
     containerd: tb.Process | None = None
     kubelet: tb.Process | None = None
@@ -238,6 +239,7 @@ class RealNode:
             "--make-iptables-util-chains=false",  # no kube-proxy, no CNI: leave the host's firewall alone
             "--volume-plugin-dir", str(self.kubelet_root / "volume-plugins"),
             "--node-labels", labels,
+            *(["--register-with-taints", ",".join(self.taints)] if self.taints else []),
             "--node-status-update-frequency", "4s",
             "--kube-api-qps", "100", "--kube-api-burst", "200",
             "--serialize-image-pulls=false",
@@ -316,6 +318,9 @@ class RealNodes:
     count: int
     labels: dict[str, str] = field(default_factory=dict)
     keep: bool = False
+    # Taint the nodes (gpupool.io/real-node=<tag>:NoSchedule) so that only pods tolerating it land there:
+    # in a shared test session, pods other tests left pending must not take these nodes' GPUs.
+    taint: bool = False
     nodes: list[RealNode] = field(default_factory=list)
     root: Path | None = None
 
@@ -330,8 +335,9 @@ class RealNodes:
         archives = images.build_images(tb.cache_dir() / "images")
         try:
             for i in range(self.count):
+                taints = [f"{REAL_NODE_LABEL}={tag}:NoSchedule"] if self.taint else []
                 node = RealNode(self.bed, f"127.{block}.0.{i + 1}", self.root / f"n{i}", f"/gpupool-{tag}-n{i}",
-                                {REAL_NODE_LABEL: tag, **self.labels})
+                                {REAL_NODE_LABEL: tag, **self.labels}, taints)
                 self.nodes.append(node)
                 node.start_containerd(archives)
                 node.start_kubelet()

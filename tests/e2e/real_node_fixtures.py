@@ -289,6 +289,7 @@ def share_pod(name: str, node: str, memory_mib: int | None, cores: int | None, g
             "terminationGracePeriodSeconds": 1,
             "enableServiceLinks": False,
             "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{
                 "name": "main", "image": images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                 "command": GRANT_COMMAND, "resources": {"limits": limits} if limits else {},
@@ -303,7 +304,7 @@ def real_cluster(testbed: tb.Testbed, extender: Extender, kube_scheduler: object
     """Two real nodes with 3 fake GPUs each (10 slots per GPU), an agent per node, registered and Ready.
     The agents use the chart's agent ServiceAccount token (its RBAC); the kubelets the administrator's."""
     _ensure_tools()
-    nodes = realnode.RealNodes(testbed, 2, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1")
+    nodes = realnode.RealNodes(testbed, 2, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1", taint=True)
     try:
         nodes.start()
     except tb.TestbedError as e:
