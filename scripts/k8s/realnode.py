@@ -312,7 +312,8 @@ def _kill(pid: int) -> None:
 
 @dataclass
 class RealNodes:
-    """N real nodes on one testbed. `start()` returns when every node is registered, Ready and untainted."""
+    """N real nodes on one testbed. `start()` returns when every node is registered and Ready, without the
+    API server's not-ready taint."""
 
     bed: tb.Testbed
     count: int
