@@ -7,6 +7,9 @@ machine, packed as an OCI image layout archive that `ctr images import` reads.
             children: the pod sandbox image of containerd's CRI plugin (`sandbox_image`).
 - `busybox` /bin/busybox from Debian's `busybox-static` with a link per applet, plus gpupool's test
             programs under /gpupool (shell scripts that print what the container received).
+- `cuda-probe` busybox, plus the interception library's fake CUDA driver (libcuda.so.1) and its test
+            program (/usr/local/bin/probe, tests/native/fakes), compiled here, with the C library they and
+            the interception library (mounted by the agent, preloaded via /etc/ld.so.preload) need.
 
 Archives are cached in <cache>/images/ under a name that includes a digest of their inputs, so a second
 run imports without rebuilding. Standard library only (runs without the project's virtualenv).
@@ -21,11 +24,17 @@ import platform
 import shutil
 import subprocess
 import tarfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PAUSE_IMAGE = "gpupool.local/pause:1"
 BUSYBOX_IMAGE = "gpupool.local/busybox:1"
+PROBE_IMAGE = "gpupool.local/cuda-probe:1"
+REPO = Path(__file__).resolve().parents[2]
+FAKES = REPO / "tests" / "native" / "fakes"  # the interception library's fake CUDA driver and test program
+HOOK_LIBRARY = REPO / "src" / "gpupool" / "hook" / "libgpupool_hook.so"
+PROBE_LIB_DIR = "usr/lib/gpupool-fake"
+LAYOUT = b"2"
 
 PAUSE_C = r"""
 /* The pod sandbox's process: hold the namespaces until told to stop; reap zombies if it is PID 1. */
@@ -68,6 +77,7 @@ class ImageError(RuntimeError):
 class Layer:
     files: dict[str, tuple[bytes, int]]  # path in the image -> (content, mode)
     links: dict[str, str]  # symlink path -> target
+    dirs: dict[str, int] = field(default_factory=dict)  # empty directories -> mode
 
 
 def _arch() -> str:
@@ -90,6 +100,10 @@ def _layer_tar(layer: Layer) -> bytes:
                     info = tarfile.TarInfo(sub)
                     info.type, info.mode = tarfile.DIRTYPE, 0o755
                     tar.addfile(info)
+        for path in sorted(set(layer.dirs) - seen):
+            info = tarfile.TarInfo(path)
+            info.type, info.mode = tarfile.DIRTYPE, layer.dirs[path]
+            tar.addfile(info)
         for path in sorted(layer.files):
             data, mode = layer.files[path]
             info = tarfile.TarInfo(path)
@@ -185,6 +199,41 @@ def busybox_layer() -> Layer:
     return Layer(files, links)
 
 
+def _ldd(path: Path) -> list[Path]:
+    """The shared objects `path` loads (resolved paths, the ELF interpreter included)."""
+    done = subprocess.run(["ldd", str(path)], capture_output=True, text=True, check=False)
+    out = []
+    for line in done.stdout.splitlines():
+        words = line.split()
+        target = words[2] if len(words) > 2 and words[1] == "=>" else words[0] if words else ""
+        if target.startswith("/"):
+            out.append(Path(target))
+    return out
+
+
+def probe_layer(work: Path) -> Layer:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None or not (FAKES / "probe.c").is_file():
+        raise ImageError(f"cuda-probe image: needs cc and {FAKES}/probe.c, fake_cuda.c")
+    lib = work / "libcuda.so.1"
+    probe = work / "probe"
+    # -Bsymbolic: the fake's internal calls must not come back through the interception library.
+    _run([cc, "-std=c11", "-O2", "-fPIC", "-shared", "-Wl,-Bsymbolic", "-o", str(lib), str(FAKES / "fake_cuda.c"),
+          "-lpthread"], "compiling the fake CUDA driver")
+    _run([cc, "-std=c11", "-O2", "-o", str(probe), str(FAKES / "probe.c"), f"-L{work}", "-l:libcuda.so.1", "-ldl",
+          "-lpthread", f"-Wl,-rpath,/{PROBE_LIB_DIR}"], "compiling the probe")
+    base = busybox_layer()
+    files = dict(base.files)
+    files["usr/local/bin/probe"] = (probe.read_bytes(), 0o755)
+    files[f"{PROBE_LIB_DIR}/libcuda.so.1"] = (lib.read_bytes(), 0o755)
+    needed = _ldd(probe) + (_ldd(HOOK_LIBRARY) if HOOK_LIBRARY.is_file() else [])
+    for so in needed:
+        if so.name != "libcuda.so.1":
+            files[str(so).lstrip("/")] = (so.read_bytes(), 0o755)
+    # The fake driver keeps its device state in /tmp (FAKE_GPU_STATE's default).
+    return Layer(files, base.links, {"tmp": 0o1777})
+
+
 def build_images(cache: Path) -> dict[str, Path]:
     """Image name -> archive path, building what is not cached yet."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -195,9 +244,14 @@ def build_images(cache: Path) -> dict[str, Path]:
         (BUSYBOX_IMAGE, busybox_layer, {"Cmd": ["sh"], "Env": ["PATH=/bin"]},
          Path("/bin/busybox").read_bytes() + GRANT_SCRIPT.encode() if Path("/bin/busybox").is_file() else b""),
     ]
+    probe_inputs = b"".join(p.read_bytes() for p in (FAKES / "probe.c", FAKES / "fake_cuda.c", HOOK_LIBRARY)
+                            if p.is_file())
+    specs.append((PROBE_IMAGE, lambda: probe_layer(work), {"Cmd": ["sh"], "Env": ["PATH=/bin:/usr/local/bin"]},
+                  specs[1][3] + probe_inputs))
     out: dict[str, Path] = {}
     for name, make, config, inputs in specs:
-        key = hashlib.sha256(inputs + json.dumps(config).encode()).hexdigest()[:16]
+        # LAYOUT: bump when this module changes what goes into an image, so cached archives are rebuilt.
+        key = hashlib.sha256(LAYOUT + inputs + json.dumps(config).encode()).hexdigest()[:16]
         path = cache / f"{name.split('/')[-1].replace(':', '-')}-{key}.oci.tar"
         if not path.exists():
             write_archive(path, name, make(), config)

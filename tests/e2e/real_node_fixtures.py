@@ -269,7 +269,8 @@ def expected_grant(pod: Obj, default_isolation: str = "hook") -> tuple[dict[str,
 
 
 def share_pod(name: str, node: str, memory_mib: int | None, cores: int | None, gpus: int = 1,
-              annotations: dict[str, str] | None = None, scheduler: str = "gpupool-scheduler") -> Obj:
+              annotations: dict[str, str] | None = None, scheduler: str = "gpupool-scheduler",
+              image: str = images.BUSYBOX_IMAGE, command: list[str] | None = None) -> Obj:
     """A GPU share pod as the webhook leaves it, pinned to one real node, printing its grant."""
     limits: dict[str, str] = {}
     if gpus:
@@ -291,8 +292,8 @@ def share_pod(name: str, node: str, memory_mib: int | None, cores: int | None, g
             "nodeSelector": {"kubernetes.io/hostname": node},
             "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{
-                "name": "main", "image": images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                "command": GRANT_COMMAND, "resources": {"limits": limits} if limits else {},
+                "name": "main", "image": image, "imagePullPolicy": "Never",
+                "command": command or GRANT_COMMAND, "resources": {"limits": limits} if limits else {},
             }],
         },
     }

@@ -18,6 +18,7 @@ from tests.e2e.real_node_fixtures import (
     RealCluster,
     describe_pod,
     expected_grant,
+    images,
     parse_grant,
     phase,
     real_cluster,  # noqa: F401  (module fixture)
@@ -240,6 +241,24 @@ def test_pod_with_two_gpu_containers_is_refused_with_the_agents_reason(real_clus
     c.apply([share_pod("after-two-c", c.node(0).name, 2048, 10)])
     _check_own_grant(c, c.wait_running(["after-two-c"]))
     c.delete_pods(["two-c", "after-two-c"])
+    wait_for(lambda: not c.pods(), 60, "pods gone")
+
+
+def test_container_is_stopped_at_its_memory_cap(real_cluster: RealCluster) -> None:  # noqa: F811
+    """The interception library, mounted and preloaded by the agent, caps a CUDA program in a real container
+    (the fake driver reports 80 GiB, so a refusal at 1 GiB is the cap's)."""
+    c = real_cluster
+    mib = 1 << 20
+    # 768 MiB fits the 1024 MiB share; another 768 MiB does not; 16 bytes still do.
+    script = (f"printf 'alloc mem {768 * mib}\\nalloc mem {768 * mib}\\nalloc mem 16\\n' | probe direct; "
+              "exec sleep 1000000")
+    c.apply([share_pod("capped", c.node(0).name, 1024, 20, image=images.PROBE_IMAGE, command=["sh", "-c", script])])
+    c.wait_running(["capped"])
+    lines = wait_for(lambda: (out := c.kubectl("logs", "-n", "e2e-real", "capped").split("\n")) and len(out) > 3
+                     and out, 60, "the probe's answers", lambda: c.kubectl("logs", "-n", "e2e-real", "capped"))
+    codes = [int(line.split()[0]) for line in lines[:3]]
+    assert codes == [0, 2, 0], lines  # 2 = CUDA_ERROR_OUT_OF_MEMORY
+    c.delete_pods(["capped"])
     wait_for(lambda: not c.pods(), 60, "pods gone")
 
 
