@@ -56,7 +56,7 @@ class AgentConfig(BaseModel):
     event_wait_s: float = Field(default=1.0, gt=0, le=10.0)  # one NVML event wait (bounds shutdown time)
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"
-    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # /metrics (agent/metrics_server.py); None: off
+    metrics_port: int | None = Field(default=None, ge=0, le=65535)  # /metrics (commands/agent_metrics.py); None: off
     metrics_host: str = "0.0.0.0"  # Prometheus scrapes the DaemonSet pod's address
     kubeconfig: str | None = None  # None = in-cluster credentials
     context: str | None = None

@@ -152,7 +152,7 @@ def _start_mps(config: Any, backend: Any, stop: asyncio.Event) -> asyncio.Task[N
 
 
 async def _metrics(node_agent: Any, config: Any) -> Any:
-    from gpupool.agent.metrics_server import start_metrics_server
+    from gpupool.commands.agent_metrics import start_metrics_server
 
     return await start_metrics_server(node_agent, config.metrics_host, config.metrics_port)
 

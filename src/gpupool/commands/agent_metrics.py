@@ -1,5 +1,6 @@
 """The agent's /metrics: per-GPU and per-pod device metrics of this node (dcgm-exporter names), plus the
-usage the interception library measured per pod.
+usage the interception library measured per pod. It joins two services (the agent's state, the exporter's
+families), so it lives in the entry layer, beside `gpupool agent` that starts it.
 
 What is exported, and from where:
 - DCGM_FI_DEV_* per GPU of this node (gpupool.exporter.device), from the agent's device table: total
