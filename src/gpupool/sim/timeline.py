@@ -66,6 +66,17 @@ class FifoQueue:
 Admit = Callable[[TimedPod, ClusterState], bool]
 
 
+class Hooks(Protocol):
+    """Team queues in the replay (gpupool.sim.team_queues): told of every start and end, asked whether a pod
+    may start, and, when it may not or does not fit, which running pods to evict for it."""
+
+    def admit(self, k: int) -> bool: ...
+    def started(self, k: int, state: ClusterState, t: int) -> None: ...
+    def ended(self, k: int, t: int) -> None: ...
+    def victims(self, k: int, state: ClusterState, t: int) -> list[int]: ...
+    def group(self, k: int) -> str: ...  # pods of one group and shape are refused alike within an instant
+
+
 @dataclass(frozen=True, slots=True)
 class TimelineLog:
     """One policy's replay. Per pod: start time (-1: never ran), node and GPUs. Per event instant t[k]: allocated GPU
@@ -82,6 +93,8 @@ class TimelineLog:
     node: np.ndarray  # per pod: node index it ran on (-1: never ran)
     gpus: np.ndarray  # per pod: its GPUs as a bit set (GPU j = 1 << j)
     seconds: float = 0.0
+    evicted: np.ndarray | None = None  # per pod: times it was evicted (with hooks)
+    lost_gpu_s: float = 0.0  # GPU-seconds of work lost to evictions (run time before each, x its GPUs)
 
     @property
     def waits(self) -> np.ndarray:
@@ -100,8 +113,10 @@ def timed_pods(requests: Sequence[PodRequest], times: Sequence[tuple[int, int | 
 
 def run_timeline(nodes: Sequence[Node], pods: Sequence[TimedPod], policy_name: str, seed: int,
                  progress: Callable[[int, int], None] | None = None, queue: PendingQueue | None = None,
-                 admit: Admit | None = None, end: int | None = None) -> TimelineLog:
-    """Replay `pods` on `nodes` with one policy. `seed` draws the node order that breaks score ties."""
+                 admit: Admit | None = None, end: int | None = None, hooks: Hooks | None = None) -> TimelineLog:
+    """Replay `pods` on `nodes` with one policy. `seed` draws the node order that breaks score ties. With
+    `hooks`, an evicted pod goes back to the queue and runs again in full later (its work is lost); `start`
+    keeps its first start."""
     state = ClusterState(nodes)
     requests = [p.request for p in pods]
     rng = np.random.default_rng(seed)
@@ -117,7 +132,11 @@ def run_timeline(nodes: Sequence[Node], pods: Sequence[TimedPod], policy_name: s
     start = np.full(n, -1, dtype=np.int64)
     node = np.full(n, -1, dtype=np.int64)
     gpus = np.zeros(n, dtype=np.int64)
-    running: list[tuple[int, int]] = []  # heap of (departure time, pod index)
+    running: list[tuple[int, int, int]] = []  # heap of (departure time, pod index, run number)
+    runs = np.zeros(n, dtype=np.int64)  # an evicted pod's heap entry is stale once its run number moved on
+    began = np.full(n, -1, dtype=np.int64)  # start of the current run
+    evicted = np.zeros(n, dtype=np.int64)
+    lost_milli_s = 0
     t_log: list[int] = []
     alloc_log: list[int] = []
     pending_log: list[int] = []
@@ -131,7 +150,11 @@ def run_timeline(nodes: Sequence[Node], pods: Sequence[TimedPod], policy_name: s
         changed: set[int] = set()
         freed = False
         while running and running[0][0] <= t:
-            _, k = heapq.heappop(running)
+            _, k, run = heapq.heappop(running)
+            if run != runs[k]:
+                continue  # evicted meanwhile
+            if hooks is not None:
+                hooks.ended(k, t)
             held = state.held[requests[k].key]
             allocated -= sum(g.milli for g in held.allocation.grants)
             changed.add(held.node_index)
@@ -155,19 +178,39 @@ def run_timeline(nodes: Sequence[Node], pods: Sequence[TimedPod], policy_name: s
         failed: set[Any] = set()
         for k in tried:
             pod = pods[k]
-            shape = (pod.request.cpu_milli, pod.request.memory_mib, pod.request.gpu)
+            shape = (pod.request.cpu_milli, pod.request.memory_mib, pod.request.gpu,
+                     hooks.group(k) if hooks is not None else "")
             if shape in failed or (admit is not None and not admit(pod, state)):
                 continue
-            choice = placer.decide(pod.request)
+            choice = placer.decide(pod.request) if hooks is None or hooks.admit(k) else None
+            if choice is None and hooks is not None:
+                gone = hooks.victims(k, state, t)
+                for v in gone:
+                    held = state.held[requests[v].key]
+                    milli = sum(g.milli for g in held.allocation.grants)
+                    allocated -= milli
+                    lost_milli_s += milli * (t - int(began[v]))
+                    changed.add(held.node_index)
+                    state.release(requests[v].key)
+                    hooks.ended(v, t)
+                    runs[v] += 1
+                    evicted[v] += 1
+                    queue.push(v, pods[v])
+                if gone and hooks.admit(k):
+                    choice = placer.decide(pod.request)
             if choice is None:
                 failed.add(shape)
                 continue
             allocated += placer.take(pod.request, choice)
             changed.add(choice.node)
             queue.remove(k)
-            start[k], node[k] = t, choice.node
+            if start[k] < 0:
+                start[k] = t
+            began[k], node[k] = t, choice.node
             gpus[k] = sum(1 << j for j in choice.gpus)
-            heapq.heappush(running, (t + pod.runs_for, k))
+            heapq.heappush(running, (t + pod.runs_for, k, int(runs[k])))
+            if hooks is not None:
+                hooks.started(k, state, t)
         if changed:
             i = np.array(sorted(changed), dtype=np.int64)
             frag[i] = table_fragmentation(usable_free(state, i), state.cpu_free[i], measure.model_ok[i], measure)
@@ -188,4 +231,6 @@ def run_timeline(nodes: Sequence[Node], pods: Sequence[TimedPod], policy_name: s
         end=horizon,
         node=node,
         gpus=gpus,
+        evicted=evicted if hooks is not None else None,
+        lost_gpu_s=lost_milli_s / MILLI_PER_GPU,
     )
