@@ -220,6 +220,7 @@ class Ledger:
         self.sharers: IntArray = np.zeros((0, 1), dtype=np.int64)
         self.mps_sharers: IntArray = np.zeros((0, 1), dtype=np.int64)
         self.full_gpus = 0
+        self.node_full: IntArray = np.zeros(0, dtype=np.int64)  # per node: its GPUs at a limit (either kind)
         for obj in node_objs:
             name = str(obj["metadata"]["name"])
             self.node_objs[name] = obj
@@ -259,6 +260,7 @@ class Ledger:
         self.sharers = np.zeros((len(nodes), self.state.width), dtype=np.int64)
         self.mps_sharers = np.zeros_like(self.sharers)
         self.full_gpus = 0
+        self.node_full = np.zeros(len(nodes), dtype=np.int64)
         self.generation += 1
         entries = sorted(self.entries.values(), key=lambda e: e.assumed)  # confirmed ones first
         entries += list(self.stranded.values())
@@ -296,14 +298,18 @@ class Ledger:
     def _count(self, entry: Entry, step: int) -> None:
         i = self.state.index[entry.allocation.node]
         limit = int(self.split[i])
+        change = 0
         for g in entry.allocation.grants:
             before = int(self.sharers[i, g.index])
             self.sharers[i, g.index] = before + step
-            self.full_gpus += (before + step >= limit) - (before >= limit)
+            change += (before + step >= limit) - (before >= limit)
             if entry.mps:
                 before = int(self.mps_sharers[i, g.index])
                 self.mps_sharers[i, g.index] = before + step
-                self.full_gpus += (before + step >= MPS_CLIENTS_PER_GPU) - (before >= MPS_CLIENTS_PER_GPU)
+                change += (before + step >= MPS_CLIENTS_PER_GPU) - (before >= MPS_CLIENTS_PER_GPU)
+        if change:
+            self.full_gpus += change
+            self.node_full[i] += change
 
     def full(self, nodes: IntArray, mps: bool) -> BoolArray:
         """[len(nodes), width]: GPUs of `nodes` that cannot take one more pod (an MPS client when `mps`)."""

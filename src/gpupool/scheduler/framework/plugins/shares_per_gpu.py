@@ -42,18 +42,22 @@ class SharesPerGPU:
         request = cycle.request
         if not ledger.full_gpus or request is None or cycle.fit_nodes is None:
             return  # no GPU is at its limit: nothing to hide (the common case costs nothing)
-        gpu_ok = cycle.gpu_ok
-        assert gpu_ok is not None
         mps = cycle.parsed is not None and cycle.parsed.isolation == "mps"
         idx = nodes.nodes()
-        full = ledger.full(idx, mps)
-        hit = (gpu_ok[idx] & full).any(axis=1)
+        near = np.flatnonzero(ledger.node_full[idx] > 0)  # nodes with a GPU at a limit: usually few
+        if not len(near):
+            return
+        gpu_ok = cycle.gpu_ok
+        assert gpu_ok is not None
+        full = ledger.full(idx[near], mps)
+        hit = (gpu_ok[idx[near]] & full).any(axis=1)
         if not hit.any():
             return
-        state = ledger.state
-        hit_pos = np.flatnonzero(hit)
+        full = full[hit]
+        hit_pos = near[hit]
         hit_idx = idx[hit_pos]
-        hidden = {int(i): [int(j) for j in np.flatnonzero(full[k])] for k, i in zip(hit_pos, hit_idx, strict=True)}
+        state = ledger.state
+        hidden = {int(i): [int(j) for j in np.flatnonzero(full[k])] for k, i in enumerate(hit_idx)}
         uuids = {state.nodes[i].gpus[j].uuid for i, js in hidden.items() for j in js}
         derived = replace(request, gpu=replace(request.gpu, exclude_uuids=request.gpu.exclude_uuids | uuids))
         fit = check(state, derived, hit_idx)
