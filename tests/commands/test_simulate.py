@@ -80,3 +80,31 @@ def test_unreachable_wait_target_exits_2_with_the_best_found(tmp_path: Path) -> 
                                        "--target-wait-p99", "60", "--jobs", "1", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert "no cluster size" in result.output and "best:" in result.output
+
+
+def test_timeline_with_team_queues(tmp_path: Path) -> None:
+    (tmp_path / "nodes.csv").write_text(NODES)
+    (tmp_path / "pods.csv").write_text(TIMED)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                       str(tmp_path / "nodes.csv"), "--policies", "gpupool", "--timeline",
+                                       "--queues", "2", "--order", "fair", "--jobs", "1", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "results.json").read_text())["timeline"]["queues"]
+    per = doc["policies"]["gpupool"]
+    # 12 pods spread over q0 and q1 by the hash of their names; nobody waits on 10 GPUs (see above).
+    assert doc["order"] == "fair" and per["q0"]["pods"] + per["q1"]["pods"] == 12
+    assert per["q0"]["wait_p99_s"] == 0 and per["q0"]["preemptions"] == 0 and per["_lost_gpu_hours"] == 0
+    assert "Team queues" in result.output
+
+
+def test_bad_queues_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "pods.csv").write_text(TIMED)
+    base = ["simulate", "--trace", str(tmp_path / "pods.csv"), "--out", str(tmp_path)]
+    no_timeline = CliRunner().invoke(main, [*base, "--queues", "2"])
+    assert no_timeline.exit_code == 2 and "--queues needs --timeline" in no_timeline.output
+    (tmp_path / "q.yaml").write_text("queues:\n  - {name: a, parent: ghost}\n")
+    bad = CliRunner().invoke(main, [*base, "--timeline", "--queues", str(tmp_path / "q.yaml")])
+    assert bad.exit_code == 2 and "parent 'ghost' does not exist" in bad.output and "Traceback" not in bad.output
+    neither = CliRunner().invoke(main, [*base, "--timeline", "--queues", "lots"])
+    assert neither.exit_code == 2 and "neither a number of queues nor a YAML file" in neither.output

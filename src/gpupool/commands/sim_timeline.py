@@ -15,8 +15,10 @@ from rich.table import Table
 
 from gpupool.commands.sim_progress import run_with_bar
 from gpupool.core.model import Node
+from gpupool.core.queues import QueueConfigError, QueueSpec, QueueTree
 from gpupool.sim.capacity import PRECISION, TimelineResult, timeline_job
 from gpupool.sim.parallel import Job
+from gpupool.sim.team_queues import QueueFileError, even_queues, queues_from_file
 from gpupool.sim.timeline import TimedPod
 from gpupool.sim.timeline_report import plot_timeline, summarise_timeline
 
@@ -37,11 +39,52 @@ def _seconds(x: float) -> str:
     return f"{x:,.0f} s" if x < 3600 else f"{x / 3600:,.1f} h"
 
 
+def queue_specs(arg: str, nodes: Sequence[Node]) -> list[QueueSpec]:
+    """--queues N (each guaranteed 1/N of the GPUs) or --queues FILE.yaml; a usage error otherwise."""
+    if arg.strip().isdigit():
+        count = int(arg)
+        if not 1 <= count <= 1000:
+            raise click.BadParameter(f"{arg}: between 1 and 1000 queues", param_hint="--queues")
+        return even_queues(count, nodes)
+    path = Path(arg)
+    if not path.is_file():
+        raise click.BadParameter(f"{arg!r} is neither a number of queues nor a YAML file", param_hint="--queues")
+    try:
+        specs = queues_from_file(path)
+        QueueTree.build(specs)
+    except (QueueFileError, QueueConfigError) as e:
+        raise click.BadParameter(str(e), param_hint="--queues") from None
+    return specs
+
+
+def _queue_table(console: Console, results: Sequence[TimelineResult], names: list[str]) -> dict[str, Any]:
+    table = Table(title="Team queues (waits over the queue's pods; GPU-hours until the replay's end)")
+    for col in ("policy", "queue", "pods", "wait p50", "p99", "never ran", "GPU-h served", "GPU-h guaranteed",
+                "preempted"):
+        table.add_column(col, justify="left" if col in ("policy", "queue") else "right")
+    doc: dict[str, Any] = {}
+    for name, r in zip(names, results, strict=True):
+        assert r.queues is not None
+        doc[name] = r.queues
+        for q, f in r.queues.items():
+            if q.startswith("_"):
+                continue
+            table.add_row(name, q, f"{f['pods']:,}", _seconds(f["wait_p50_s"]), _seconds(f["wait_p99_s"]),
+                          str(f["never_ran"]), f"{f['gpu_hours_served']:,.1f}", f"{f['gpu_hours_guaranteed']:,.1f}",
+                          str(f["preemptions"]))
+        table.add_row(name, "(all)", "", "", "", "", "", f"lost to evictions: {r.queues['_lost_gpu_hours']:,.1f}",
+                      "")
+    console.print(table)
+    return doc
+
+
 def run(console: Console, trace: str, nodes: Sequence[Node], pods: Sequence[TimedPod], names: list[str], seed: int,
-        workers: int, out: Path, speedup: float, target_s: float | None) -> int:
+        workers: int, out: Path, speedup: float, target_s: float | None,
+        queues: Sequence[QueueSpec] | None = None, order: str = "fifo") -> int:
     """Replay, print, write; returns the exit code (2: no size tried meets the target)."""
     jobs = [Job(name, seed) for name in names]
-    results: list[TimelineResult] = run_with_bar(console, timeline_job, nodes, pods, jobs, workers, target_s=target_s)
+    results: list[TimelineResult] = run_with_bar(console, timeline_job, nodes, pods, jobs, workers, target_s=target_s,
+                                                 queues=queues, order=order)
     summary = {name: summarise_timeline(r.log) for name, r in zip(names, results, strict=True)}
     table = Table(title=f"Timeline replay ({trace}, {len(nodes):,} nodes, seed {seed}; waits over all pods, "
                         "never ran = waits forever)")
@@ -53,6 +96,8 @@ def run(console: Console, trace: str, nodes: Sequence[Node], pods: Sequence[Time
                       f"{s['gpu_alloc_p10']:.1f}", f"{s['gpu_alloc_mean_pct']:.2f}", f"{s['frag_mean_pct']:.2f}")
     console.print(table)
     doc: dict[str, Any] = {"seed": seed, "nodes": len(nodes), "policies": summary}
+    if queues:
+        doc["queues"] = {"order": order, "policies": _queue_table(console, results, names)}
     code = 0
     if target_s is not None:
         cap = Table(title=f"Nodes needed for wait p99 <= {_seconds(target_s)} (bisection to {PRECISION:.0%} of the "

@@ -37,11 +37,16 @@ def _int_list(text: str) -> list[int]:
               help="With --timeline: find the smallest scaled node list whose p99 wait meets this (90s, 5m, 2h).")
 @click.option("--constrain-models", "constrain", type=click.FloatRange(0, 1), default=None,
               help="Make this share of GPU pods name GPU models of the node list (seeded variant, seed 0).")
+@click.option("--queues", "queues_arg", default=None,
+              help="With --timeline: team queues, N (each guaranteed 1/N of the GPUs, pods by a hash of their "
+                   "name) or a YAML file (docs/queues.md).")
+@click.option("--order", "queue_order", type=click.Choice(["fifo", "priority", "fair"]), default="fifo", show_default=True,
+              help="With --queues: the order pending pods are tried in.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("sim-out"),
               show_default=True, help="Directory for results.json and allocation.png.")
 def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | None, num_seeds: int,
              workers: int | None, timeline: bool, speedup: float, target: str | None, constrain: float | None,
-             out: Path) -> None:
+             queues_arg: str | None, queue_order: str, out: Path) -> None:
     """Replay a GPU cluster trace on a simulated cluster and compare placement policies.
 
     Follows the FGD (ATC '23) protocol: pods shuffled per seed, topped up to 130 % of the cluster's GPU
@@ -50,7 +55,8 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
 
     With --timeline, replays the trace on its own clock instead (first seed only; seeds only break ties):
     waits, pods that never ran, GPU allocation and fragmentation over time, timeline.png; with
-    --target-wait-p99, also the nodes each policy needs (exit 2 when no size tried meets it).
+    --target-wait-p99, also the nodes each policy needs (exit 2 when no size tried meets it); with
+    --queues, pods join team queues with the scheduler's admission and reclaim rules.
     """
     from rich.console import Console
     from rich.table import Table
@@ -88,6 +94,8 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     if target is not None and not timeline:
         raise click.UsageError("--target-wait-p99 needs --timeline")
     target_s = parse_duration(target) if target is not None else None
+    if queues_arg is not None and not timeline:
+        raise click.UsageError("--queues needs --timeline")
     try:
         node_list = load_nodes(nodes_path or TRACE_DIR / NODES_FILE)
         pods = load_pods(resolve_trace(trace))
@@ -101,11 +109,12 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     if gpus == 0:
         click.echo("error: the node list has no GPUs", err=True)
         raise SystemExit(2)
+    queue_specs = sim_timeline.queue_specs(queues_arg, node_list) if queues_arg is not None else None
     console.print(f"trace [bold]{trace}[/bold]: {len(pods):,} pods on {len(node_list):,} nodes with {gpus:,} GPUs; "
                   f"seeds {seed_list}; policies {', '.join(names)}")
     if times is not None:
         code = sim_timeline.run(console, trace, node_list, timed_pods(pods, times), names, seed_list[0], workers,
-                                out, speedup, target_s)
+                                out, speedup, target_s, queue_specs, queue_order)
         raise SystemExit(code)
     jobs = [Job(name, seed) for name in names for seed in seed_list]
     # Slowest first, so that no core is left with one long replay at the end.

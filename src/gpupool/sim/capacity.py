@@ -14,8 +14,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from gpupool.core.model import Node
+from gpupool.core.queues import QueueSpec, QueueTree
+from gpupool.sim.team_queues import TeamPending, TeamQueues
 from gpupool.sim.timeline import TimedPod, TimelineLog, run_timeline
 from gpupool.sim.timeline_report import wait_percentile
 
@@ -106,17 +109,26 @@ def search(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: i
 class TimelineResult:
     log: TimelineLog
     capacity: CapacityAnswer | None
+    queues: dict[str, Any] | None = None  # per team queue (gpupool.sim.team_queues), when replayed with queues
 
 
 def timeline_job(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: int,
                  progress: Callable[[int, int], None] | None = None,
-                 target_s: float | None = None) -> TimelineResult:
+                 target_s: float | None = None, queues: Sequence[QueueSpec] | None = None,
+                 order: str = "fifo") -> TimelineResult:
     """One policy on the timeline with the node list as given, then (with a target) the capacity search:
-    the unit of work `gpupool simulate --timeline` sends to a worker process."""
+    the unit of work `gpupool simulate --timeline` sends to a worker process. With `queues`, pods join team
+    queues (gpupool.sim.team_queues) tried in `order`; the capacity search stays without queues."""
     import time
 
     start = time.perf_counter()
-    log = run_timeline(nodes, pods, policy, seed, progress=progress)
+    per_queue: dict[str, Any] | None = None
+    if queues:
+        hooks = TeamQueues(QueueTree.build(queues), pods)
+        log = run_timeline(nodes, pods, policy, seed, progress=progress, queue=TeamPending(hooks, order), hooks=hooks)
+        per_queue = hooks.summary(log.start, log.created, log.end, log.lost_gpu_s)
+    else:
+        log = run_timeline(nodes, pods, policy, seed, progress=progress)
     log = replace(log, seconds=time.perf_counter() - start)
     answer = search(nodes, pods, policy, seed, target_s) if target_s is not None else None
-    return TimelineResult(log, answer)
+    return TimelineResult(log, answer, per_queue)
