@@ -61,3 +61,16 @@ async def test_a_forged_pod_gets_no_candidates(embedded, client):
     assert r.status_code == 200 and r.json() == {"NodeNameToMetaVictims": {}}
     bad = await client.post(f"{embedded.url}/preempt", json={"NodeNameToMetaVictims": {}})
     assert bad.status_code == 400 and "ExtenderPreemptionArgs at Pod" in bad.json()["Error"]
+
+
+async def test_nodes_with_budget_violations_are_not_offered(embedded, client):
+    node, _ = embedded.node_names
+    uids = [await _bound(embedded, client, f"w{i}", node, None, 0) for i in range(8)]
+    preemptor = await embedded.cluster.create_pod(gpu_pod("high", cores=None))
+    # kube-scheduler would delete the victim directly, past its PodDisruptionBudget: not through gpupool.
+    guarded = {"Pods": [{"UID": uids[0]}], "NumPDBViolations": 1}
+    body = {"Pod": preemptor, "NodeNameToMetaVictims": {node: guarded}}
+    assert (await client.post(f"{embedded.url}/preempt", json=body)).json() == {"NodeNameToMetaVictims": {}}
+    body = {"Pod": preemptor, "NodeNameToMetaVictims": {node: _meta(uids[0])}}
+    assert (await client.post(f"{embedded.url}/preempt", json=body)).json()["NodeNameToMetaVictims"][node] == _meta(
+        uids[0])

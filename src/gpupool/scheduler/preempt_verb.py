@@ -9,7 +9,11 @@ actually make room for the pod's GPU share (kube-scheduler replaces its candidat
 - with team queues, a pod of another queue is never taken unless gpupool.core.preemption allows it (its queue
   borrowing, the preemptor within its own guarantee): no preemption lets one queue borrow from another's
   guarantee;
-- pods without GPUs stay as proposed (kube-scheduler needed them for CPU or memory).
+- pods without GPUs stay as proposed (kube-scheduler needed them for CPU or memory);
+- nodes where kube-scheduler counts PodDisruptionBudget violations are dropped: kube-scheduler deletes its
+  victims directly, so a budget would not be honoured (gpupool's own reclaim evicts through the Eviction API);
+- while gpupool's own reclaim is evicting victims for the pod, no node is offered, so the pod never costs two
+  sets of victims.
 
 The pod is read from the scheduler's cache by the reference the body gives; the rest of the body is only a
 list of UIDs, each checked against the ledger's allocations on that node.
@@ -23,7 +27,7 @@ from gpupool.core.preemption import Preemptor, Running, victim_reason
 from gpupool.core.queues import Quota, charge_of_allocation, charge_of_request
 from gpupool.scheduler.framework.cycle import Phase
 from gpupool.scheduler.framework.interface import Handle
-from gpupool.scheduler.framework.plugins.queue_reclaim import priority_of
+from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim, priority_of
 from gpupool.scheduler.framework.runtime import Framework
 from gpupool.scheduler.pods import PodRef, PodRefused
 from gpupool.scheduler.queues import namespace_of
@@ -38,7 +42,10 @@ async def preempt(handle: Handle, framework: Framework, args: ExtenderPreemption
     cycle = framework.cycle(pod, Phase.FILTER)
     if not framework.pre_filter(cycle).ok:
         return ExtenderPreemptionResult()
-    candidates = args.candidates()
+    candidates = {n: v for n, v in args.candidates().items() if v.NumPDBViolations == 0}
+    reclaim = next((p for p in framework.plugins if isinstance(p, QueueReclaim)), None)
+    if reclaim is not None and reclaim.waiting_for(cycle.uid):
+        return ExtenderPreemptionResult()
     request = cycle.request
     if request is None or request.gpu.count == 0:
         return ExtenderPreemptionResult(NodeNameToMetaVictims=candidates)  # no GPU share: nothing to judge

@@ -95,6 +95,11 @@ class QueueReclaim:
         self._start(cycle, preemptor, plan, now)
         return SUCCESS
 
+    def waiting_for(self, uid: str) -> bool:
+        """True while the victims chosen for this pod are still going (kube-scheduler's own preemption must
+        not pick more for it meanwhile)."""
+        return self._still_waiting(uid, self.handle.clock())
+
     def _still_waiting(self, uid: str, now: float) -> bool:
         waiting = self._waiting.get(uid)
         if waiting is None:
