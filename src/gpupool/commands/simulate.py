@@ -40,7 +40,8 @@ def _int_list(text: str) -> list[int]:
 @click.option("--queues", "queues_arg", default=None,
               help="With --timeline: team queues, N (each guaranteed 1/N of the GPUs, pods by a hash of their "
                    "name) or a YAML file (docs/queues.md).")
-@click.option("--order", "queue_order", type=click.Choice(["fifo", "priority", "fair"]), default="fifo", show_default=True,
+@click.option("--order", "queue_order", type=click.Choice(["fifo", "priority", "fair"]), default="fifo",
+              show_default=True,
               help="With --queues: the order pending pods are tried in.")
 @click.option("--out", type=click.Path(file_okay=False, path_type=Path), default=Path("sim-out"),
               show_default=True, help="Directory for results.json and allocation.png.")
