@@ -299,6 +299,20 @@ def share_pod(name: str, node: str, memory_mib: int | None, cores: int | None, g
     }
 
 
+@pytest.fixture(autouse=True)
+def no_pods_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each real-node test (passed or failed), its pods are force-deleted, so a failure stays its own
+    and the next test starts on empty nodes."""
+    yield
+    if "real_cluster" not in request.fixturenames:
+        return
+    cluster: RealCluster = request.getfixturevalue("real_cluster")
+    names = [p["metadata"]["name"] for p in cluster.pods()]
+    if names:
+        cluster.delete_pods(names, force=True)
+        wait_for(lambda: not cluster.pods(), 60, "pods of the previous test deleted")
+
+
 @pytest.fixture(scope="module")
 def real_cluster(testbed: tb.Testbed, extender: Extender, kube_scheduler: object,
                  identities: Identities) -> Iterator[RealCluster]:

@@ -19,6 +19,7 @@ from tests.e2e.real_node_fixtures import (
     describe_pod,
     expected_grant,
     images,
+    no_pods_left,  # noqa: F401  (autouse: each test leaves empty nodes)
     parse_grant,
     phase,
     real_cluster,  # noqa: F401  (module fixture)
@@ -199,10 +200,18 @@ def test_agent_metrics_scraped_while_real_pods_run(real_cluster: RealCluster, pr
     c.apply([share_pod("m-0", n0, 4096, 20), share_pod("m-1", n0, 2048, 10)])
     pods = {p["metadata"]["name"]: p for p in c.wait_running(["m-0", "m-1"])}
     # The agent's own endpoint: one FB_USED series per pod, on exactly the GPUs of its allocation.
-    text = httpx.get(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10).text
-    families = {f.name: f for f in text_string_to_metric_families(text)}
-    per_pod = {(s.labels["pod"], s.labels["UUID"]) for s in families["DCGM_FI_DEV_FB_USED"].samples if s.labels["pod"]}
-    assert per_pod == {(name, g) for name, pod in pods.items() for g in _gpus(pod)}
+    want = {(name, g) for name, pod in pods.items() for g in _gpus(pod)}
+    families: dict[str, Any] = {}
+
+    def per_pod() -> set[tuple[str, str]]:
+        """(pod, GPU) of the per-pod series; the agent refreshes its list of the node's pods in the
+        background, so a pod appears a moment after it runs."""
+        text = httpx.get(f"http://127.0.0.1:{agent.metrics_port}/metrics", timeout=10).text
+        families.update({f.name: f for f in text_string_to_metric_families(text)})
+        return {(s.labels["pod"], s.labels["UUID"]) for s in families["DCGM_FI_DEV_FB_USED"].samples
+                if s.labels["pod"]}
+
+    wait_for(lambda: per_pod() == want, 60, "one series per pod and granted GPU", lambda: str(per_pod()))
     free = families["DCGM_FI_DEV_FB_FREE"].samples
     assert sorted(s.labels["UUID"] for s in free) == sorted(agent.gpu_uuids)
     assert {s.labels["Hostname"] for s in free} == {n0}
