@@ -193,6 +193,26 @@ class RealCluster:
         return wait_for(check, timeout_s, f"pods {names} Running",  # type: ignore[no-any-return]
                         lambda: "; ".join(describe_pod(self.pod(n)) for n in names))
 
+    def run_pod(self, pod: Obj, attempts: int = 3) -> tuple[Obj, int]:
+        """Create `pod` and wait for it to run; a pod kubelet refused at admission is created again, as its
+        controller would (right after a kubelet restart, kubelet can admit a pod before the re-registered
+        plugin has sent its device list). Returns the running pod and how many refusals it took."""
+        name = pod["metadata"]["name"]
+        for refusals in range(attempts):
+            self.apply([pod])
+
+            def settled() -> Obj | None:
+                p = self.pod(name)
+                return p if p is not None and phase(p) in ("Running", "Failed") else None
+
+            got: Obj = wait_for(settled, 150, f"{name} running or refused", lambda: describe_pod(self.pod(name)))
+            if phase(got) == "Running":
+                return got, refusals
+            assert got["status"].get("reason") == "UnexpectedAdmissionError", describe_pod(got)
+            self.delete_pods([name], force=True)
+            wait_for(lambda: self.pod(name) is None, 60, f"refused {name} deleted")
+        raise AssertionError(f"{name} refused at admission {attempts} times")
+
     def delete_pods(self, names: list[str], force: bool = False) -> None:
         extra = ["--grace-period=0", "--force"] if force else []
         self.kubectl("delete", "pod", "-n", NAMESPACE, "--wait=false", "--ignore-not-found", *extra, *names)
