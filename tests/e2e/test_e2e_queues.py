@@ -4,13 +4,16 @@ retrying the owner's pods), under the chart's RBAC."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
+from dataclasses import replace
 
 import pytest
 
 from gpupool.api.queue import LABEL_QUEUE
 from gpupool.cluster.kube import KubeCluster
-from gpupool.cluster.port import EVENTS
+from gpupool.cluster.port import EVENTS, PDBS
 from gpupool.scheduler.queues import GPUQUEUES
 from gpupool.testing import fleet
 from tests.e2e.conftest import Extender
@@ -82,3 +85,61 @@ async def test_the_owner_gets_its_guarantee_back_from_a_flooding_queue(
             pods, _ = await api.list_pods(q)
             for p in pods:
                 await kube.delete_pod(q, p["metadata"]["name"])
+
+
+async def test_priority_preemption_in_a_queue_moves_past_a_pod_its_budget_protects(
+    api: fleet.KubeApi, kube: KubeCluster, extender: Extender, kube_scheduler: object
+) -> None:
+    group, ns = {"e2e/group": "priority"}, "e2e-qp"
+    node = fleet.gpu_node("e2e-priority-0", gpus=2, labels=group)
+    await fleet.create_nodes(api, [node])
+    await api.ensure_namespace(ns, labels={LABEL_QUEUE: ns})
+    with contextlib.suppress(fleet.ApiStatus):  # one PriorityClass for the session
+        await api.post("/apis/scheduling.k8s.io/v1/priorityclasses", {
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": "e2e-high"},
+            "value": 1000})
+    await kube.create_object(GPUQUEUES, {"apiVersion": "gpupool.io/v1alpha1", "kind": "GPUQueue",
+                                         "metadata": {"name": ns}, "spec": {"guaranteed": {"gpus": "2"}}})
+    try:
+        await eventually(lambda: ns in extender.ledger()["queues"]["queues"], timeout_s=60, what="the queue")
+        async with fleet.StatusKubelet(api, nodes={node["metadata"]["name"]}):
+            # `older` starts first; `guarded` (newer: less run time lost, so the first choice) has a budget
+            # that allows no disruption (the status the disruption controller would write).
+            for name, labels in (("older", {}), ("guarded", {"app": "guarded"})):
+                pod = _whole(name, ns, group)
+                pod["metadata"]["labels"] = labels
+                await api.create_pod(pod)
+
+                async def running(name: str = name) -> bool:
+                    pods, _ = await api.list_pods(ns)
+                    return any(p["metadata"]["name"] == name and p["status"].get("phase") == "Running" for p in pods)
+
+                await eventually(running, timeout_s=60, what=f"{name} running")
+                # Start times have one-second resolution: keep `guarded` strictly the newer of the two.
+                await asyncio.sleep(1.1)
+            pdb = replace(PDBS, version="v1beta1")  # 1.20 serves no policy/v1
+            await kube.create_object(pdb, {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
+                                           "metadata": {"name": "guard", "namespace": ns},
+                                           "spec": {"minAvailable": 1,
+                                                    "selector": {"matchLabels": {"app": "guarded"}}}})
+            current = await kube.get_object(pdb, "guard", ns)
+            await kube.patch_object(pdb, "guard", {"status": {
+                "disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1,
+                "observedGeneration": current["metadata"].get("generation", 1)}}, namespace=ns, subresource="status")
+            high = _whole("high", ns, group)
+            high["spec"]["priorityClassName"] = "e2e-high"
+            await api.create_pod(high)
+
+            async def high_bound() -> bool:
+                return "high" in await _bound(api, ns)
+
+            await eventually(high_bound, timeout_s=120, what="the high-priority pod bound")
+        assert await _bound(api, ns) == ["guarded", "high"]  # the budget kept `guarded`; `older` made room
+        events, _ = await kube.list_objects(EVENTS, namespace=ns)
+        reasons = {(e["involvedObject"]["name"], e["reason"]) for e in events}
+        assert ("guarded", "PreemptionBlocked") in reasons and ("older", "Preempted") in reasons
+    finally:
+        await kube.delete_object(GPUQUEUES, ns)
+        pods, _ = await api.list_pods(ns)
+        for p in pods:
+            await kube.delete_pod(ns, p["metadata"]["name"])

@@ -131,8 +131,11 @@ async def test_priority_preemption_inside_a_queue_and_a_budget_moves_it_to_anoth
     assert [v.pod.key for v in first.victims] == ["team-a/low"] and first.victims[0].reason == "priority"
     await eventually(lambda: any(r == "PreemptionBlocked" for r, _ in _sync_events(svc, "team-a", "low")))
     assert svc.ledger.entries.get(low["metadata"]["uid"]) is not None  # the budget kept it
-    # The next cycle of the pod chooses the other lower-priority pod.
+    # Refused with 429, it chooses the other lower-priority pod at once (a later cycle of the pod adds nothing
+    # while that eviction is under way).
+    await eventually(lambda: len(reclaim(svc).plans) == 2)
     await svc.filter(ExtenderArgs(Pod=high, NodeNames=["gpu-0000"]))
+    assert len(reclaim(svc).plans) == 2
     second = reclaim(svc).plans[-1]
     assert [v.pod.key for v in second.victims] == ["team-a/lower"]
     await eventually(lambda: svc.ledger.entries.get(lower["metadata"]["uid"]) is None)

@@ -8,7 +8,7 @@ reflectors retry with back-off while the CRD is missing, so installing it later 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from gpupool.api.logsafe import shown
@@ -85,13 +85,13 @@ class QueueCache:
     def largest_gpu_mib(self) -> int:
         return max(self.gpu_memory().values(), default=0)
 
-    def usage(self, without: str = "") -> dict[str, Quota]:
+    def usage(self, without: str = "", gone: Collection[str] = ()) -> dict[str, Quota]:
         """Per leaf queue, what the ledger's allocations (bound and in flight) charge; `without` leaves
-        one pod UID out (the pod being decided)."""
+        one pod UID out (the pod being decided), `gone` more (pods being evicted)."""
         memory = self.gpu_memory()
         out: dict[str, Quota] = {}
         for uid, entry in self.ledger.entries.items():
-            if uid == without:
+            if uid == without or uid in gone:
                 continue
             queue = self.queue_of(namespace_of(entry.key))
             out[queue] = out.get(queue, Quota()) + charge_of_allocation(entry.allocation, memory)

@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
 from datetime import datetime
 from typing import ClassVar
 
@@ -81,19 +80,26 @@ class QueueReclaim:
             return SUCCESS
         # Only nodes that did not fit for now (not those that never can) may be freed.
         state = self.handle.ledger.state
-        candidates = {n for n in nodes.failed if n in state.index}
-        if not candidates:
-            return SUCCESS
-        running = self._running(cache, candidates, now)
+        candidates = frozenset(n for n in nodes.failed if n in state.index)
+        chosen = self._choose(cycle, candidates, now) if candidates else None
+        if chosen is not None:
+            self._start(cycle, candidates, *chosen, now)
+        return SUCCESS
+
+    def _choose(self, cycle: CycleState, candidates: frozenset[str], now: float) -> tuple[Preemptor, Plan] | None:
+        """The victims for the pod on `candidates`, pods already being evicted counted as gone."""
+        cache = self.handle.queues
+        assert cache is not None and cycle.request is not None
+        going = frozenset(u for u in self._evicted if u in self.handle.ledger.entries)
+        running = self._running(cache, set(candidates), now)
         queue = cache.queue_of(namespace_of(cycle.key))
         preemptor = Preemptor(cycle.uid, queue, priority_of(cycle.pod),
                               charge_of_request(cycle.request.gpu, cache.largest_gpu_mib()))
-        usage = cache.usage(without=cycle.uid)
-        plan = plan_preemption(cache.queues.tree, usage, preemptor, running, self._fits(cycle), now)
-        if plan is None:
-            return SUCCESS
-        self._start(cycle, preemptor, plan, now)
-        return SUCCESS
+        usage = cache.usage(without=cycle.uid, gone=going)
+        ledger, request = self.handle.ledger, cycle.request
+        plan = plan_preemption(cache.queues.tree, usage, preemptor, running,
+                               lambda node, victims: fits_without(ledger, request, node, victims | going), now)
+        return None if plan is None else (preemptor, plan)
 
     def waiting_for(self, uid: str) -> bool:
         """True while the victims chosen for this pod are still going (kube-scheduler's own preemption must
@@ -126,12 +132,14 @@ class QueueReclaim:
                                priority_of(pod), charge_of_allocation(entry.allocation, memory), _started(pod)))
         return out
 
-    def _fits(self, cycle: CycleState) -> Callable[[str, frozenset[str]], bool]:
-        ledger, request = self.handle.ledger, cycle.request
-        assert request is not None
-        return lambda node, victims: fits_without(ledger, request, node, victims)
+    def _start(self, cycle: CycleState, candidates: frozenset[str], preemptor: Preemptor, plan: Plan,
+               now: float) -> None:
+        self._remember(cycle, plan, now)
+        task = asyncio.get_running_loop().create_task(self._evict(cycle, candidates, preemptor, plan))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
-    def _start(self, cycle: CycleState, preemptor: Preemptor, plan: Plan, now: float) -> None:
+    def _remember(self, cycle: CycleState, plan: Plan, now: float) -> None:
         victims = frozenset(v.pod.uid for v in plan.victims)
         self._waiting[cycle.uid] = (victims, now)
         while len(self._waiting) > 4096:
@@ -139,22 +147,27 @@ class QueueReclaim:
         self._evicted |= victims
         self.plans = [*self.plans[-31:], plan]
         log.info("%s: evicting %s on %s", cycle.key, ", ".join(v.pod.key for v in plan.victims), plan.node)
-        task = asyncio.get_running_loop().create_task(self._evict(cycle, preemptor, plan))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
-    async def _evict(self, cycle: CycleState, preemptor: Preemptor, plan: Plan) -> None:
-        for victim in plan.victims:
+    async def _evict(self, cycle: CycleState, candidates: frozenset[str], preemptor: Preemptor, plan: Plan,
+                     tries: int = 3) -> None:
+        for k, victim in enumerate(plan.victims):
             namespace, name = victim.pod.key.split("/", 1)
             try:
                 await self.handle.cluster.evict_pod(namespace, name, victim.pod.uid)
             except TooManyRequests:
-                self._blocked[victim.pod.uid] = self.handle.clock() + self.args.blocked_s
-                self._evicted.discard(victim.pod.uid)
-                self._waiting.pop(cycle.uid, None)  # choose again at the pod's next cycle
+                now = self.handle.clock()
+                self._blocked[victim.pod.uid] = now + self.args.blocked_s
+                # The rest of this plan is no longer needed as such: choose again without the protected pod
+                # (those already evicted count as gone), now rather than at the pod's next cycle.
+                self._evicted -= {v.pod.uid for v in plan.victims[k:]}
+                self._waiting.pop(cycle.uid, None)
                 await self._event(victim.pod.key, victim.pod.uid, "PreemptionBlocked",
                                   f"not evicted for {cycle.key}: its PodDisruptionBudget allows no disruption now")
-                continue
+                again = self._choose(cycle, candidates, now) if tries > 1 else None
+                if again is not None:
+                    self._remember(cycle, again[1], now)
+                    await self._evict(cycle, candidates, preemptor, again[1], tries - 1)
+                return
             except (NotFound, Conflict):
                 continue  # gone or replaced meanwhile: its capacity comes back anyway
             except ApiError as e:
