@@ -202,12 +202,18 @@ def test_nothing_outside_the_pod_reaches_the_extender(render: Render) -> None:
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
-def test_host_paths_are_only_the_device_plugin_and_mps_dirs(render: Render, variant: str) -> None:
+def test_host_paths_are_only_the_device_plugin_mps_and_hook_dirs(render: Render, variant: str) -> None:
     specs = pod_specs(objects(render, variant))
     for component, spec in specs.items():
         host_paths = sorted(v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v)
-        expected = ["/run/gpupool/mps", "/var/lib/kubelet/device-plugins"] if component == "agent" else []
+        expected = ["/run/gpupool/hook", "/run/gpupool/mps", "/var/lib/kubelet/device-plugins"] \
+            if component == "agent" else []
         assert host_paths == expected, component
+        if component == "agent":  # the agent is told where the host's hook directory is mounted
+            (agent,) = spec["containers"]
+            env = {e["name"]: e.get("value") for e in agent["env"]}
+            mounts = {m["mountPath"] for m in agent["volumeMounts"]}
+            assert env["GPUPOOL_AGENT_HOOK_ROOT"] == "/run/gpupool/hook" and "/run/gpupool/hook" in mounts
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
