@@ -108,3 +108,24 @@ def test_bad_queues_exit_2(tmp_path: Path) -> None:
     assert bad.exit_code == 2 and "parent 'ghost' does not exist" in bad.output and "Traceback" not in bad.output
     neither = CliRunner().invoke(main, [*base, "--timeline", "--queues", "lots"])
     assert neither.exit_code == 2 and "neither a number of queues nor a YAML file" in neither.output
+
+
+def test_max_shares_per_gpu_holds_each_gpu_to_that_many_pods(tmp_path: Path) -> None:
+    # One node with one GPU; 30 pods of a tenth of a GPU (topped up to 130 % of capacity by the protocol).
+    (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,320000,1310720,1,T4\n")
+    (tmp_path / "pods.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n" + "".join(
+        f"p{i},100,128,1,100\n" for i in range(30)))
+
+    def unallocated(*extra: str) -> float:
+        out = tmp_path / ("out" + "".join(extra))
+        result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                           str(tmp_path / "nodes.csv"), "--policies", "bestfit", "--seeds", "42",
+                                           "--jobs", "1", "--out", str(out), *extra])
+        assert result.exit_code == 0, result.output
+        return float(json.loads((out / "results.json").read_text())["policies"]["bestfit"]["unallocated_pct_at_100"])
+
+    # Without a limit ten tenths fill the GPU: nothing unallocated. Held to 4 pods, 0.4 of it is used: 60 %.
+    assert unallocated() == 0.0
+    assert unallocated("--max-shares-per-gpu", "4") == 60.0
+    both = CliRunner().invoke(main, ["simulate", "--timeline", "--max-shares-per-gpu", "4", "--out", str(tmp_path)])
+    assert both.exit_code == 2 and "applies to the static replay" in both.output

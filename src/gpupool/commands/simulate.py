@@ -37,6 +37,9 @@ def _int_list(text: str) -> list[int]:
               help="With --timeline: find the smallest scaled node list whose p99 wait meets this (90s, 5m, 2h).")
 @click.option("--constrain-models", "constrain", type=click.FloatRange(0, 1), default=None,
               help="Make this share of GPU pods name GPU models of the node list (seeded variant, seed 0).")
+@click.option("--max-shares-per-gpu", "max_sharers", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Hold each GPU to this many pods, as the scheduler holds it to its node's split (0: no limit, "
+                   "FGD's protocol).")
 @click.option("--queues", "queues_arg", default=None,
               help="With --timeline: team queues, N (each guaranteed 1/N of the GPUs, pods by a hash of their "
                    "name) or a YAML file (docs/queues.md).")
@@ -47,7 +50,7 @@ def _int_list(text: str) -> list[int]:
               show_default=True, help="Directory for results.json and allocation.png.")
 def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | None, num_seeds: int,
              workers: int | None, timeline: bool, speedup: float, target: str | None, constrain: float | None,
-             queues_arg: str | None, queue_order: str, out: Path) -> None:
+             max_sharers: int, queues_arg: str | None, queue_order: str, out: Path) -> None:
     """Replay a GPU cluster trace on a simulated cluster and compare placement policies.
 
     Follows the FGD (ATC '23) protocol: pods shuffled per seed, topped up to 130 % of the cluster's GPU
@@ -97,6 +100,8 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     target_s = parse_duration(target) if target is not None else None
     if queues_arg is not None and not timeline:
         raise click.UsageError("--queues needs --timeline")
+    if max_sharers and timeline:
+        raise click.UsageError("--max-shares-per-gpu applies to the static replay, not to --timeline")
     try:
         node_list = load_nodes(nodes_path or TRACE_DIR / NODES_FILE)
         pods = load_pods(resolve_trace(trace))
@@ -120,7 +125,8 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     jobs = [Job(name, seed) for name in names for seed in seed_list]
     # Slowest first, so that no core is left with one long replay at the end.
     order = sorted(range(len(jobs)), key=lambda k: SLOW_FIRST.get(jobs[k].policy, len(SLOW_FIRST)))
-    logs = run_with_bar(console, replay, node_list, pods, [jobs[k] for k in order], workers)
+    logs = run_with_bar(console, replay, node_list, pods, [jobs[k] for k in order], workers,
+                        **({"max_sharers": max_sharers} if max_sharers else {}))
     by_job = dict(zip(order, logs, strict=True))
     results = {}
     for name in names:

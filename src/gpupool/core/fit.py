@@ -83,6 +83,8 @@ def gpu_rows(state: ClusterState, g: GPURequest, idx: IntArray) -> tuple[BoolArr
     mem_total = state.gpu_mem_total[idx]
     need_mem = mem_total * g.milli // MILLI_PER_GPU if g.memory_mib is None else g.memory_mib
     gpu_fit = allowed & (state.gpu_milli_free[idx] >= g.milli) & (state.gpu_mem_free[idx] >= need_mem)
+    if state.max_sharers:
+        gpu_fit &= state.gpu_sharers[idx] < state.max_sharers
     code[gpu_fit.sum(axis=1) < g.count] = NO_GPU_SHARE
     too_few = allowed.sum(axis=1) < g.count
     constrained = bool(g.models or g.include_uuids or g.exclude_uuids)

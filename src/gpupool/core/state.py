@@ -54,6 +54,9 @@ class ClusterState:
         self.gpu_milli_free: IntArray = np.zeros(shape, dtype=np.int64)
         self.gpu_mem_free: IntArray = np.zeros(shape, dtype=np.int64)
         self.gpu_sharers: IntArray = np.zeros(shape, dtype=np.int64)
+        # Pods one GPU may hold at most (0: no limit). The scheduler holds each GPU to its node's `split` in a
+        # Filter plugin; the simulator sets this for --max-shares-per-gpu (off by default, as in FGD's protocol).
+        self.max_sharers = 0
         self.models: list[str] = []
         model_ids: dict[str, int] = {}
         self.gpu_model: IntArray = np.full(shape, -1, dtype=np.int64)

@@ -126,11 +126,14 @@ def replay(
     seed: int,
     tune: float = TUNE,
     progress: Callable[[int, int], None] | None = None,
+    max_sharers: int = 0,
 ) -> ReplayLog:
+    """One policy, one seed, FGD's protocol. `max_sharers` > 0 holds each GPU to that many pods."""
     start = time.perf_counter()
     policy = get_policy(policy_name)
     run = setup(nodes, pods, seed, tune)
     state, submitted, ctx, capacity = run.state, run.submitted, run.ctx, run.capacity_milli
+    state.max_sharers = max_sharers
     measure = WorkloadArrays.build(state, ctx.workload)
     frag = cluster_fragmentation(state, measure)
     n = len(submitted)
