@@ -58,6 +58,11 @@ def pod(containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = No
         ("1.5Gi", 1536),
         ("0.5Ti", 524288),
         ("1048576Ki", 1024),
+        # The API server stores 20000 as "20k" and 8000 as "8k": counts of MiB, not 20 kB (which would be 0).
+        ("20k", 20000),
+        ("8k", 8000),
+        ("1.5k", 1500),
+        ("80G", 76293),  # 80e9 B / 2**20 = 76293.9: bytes, as 80 G MiB no GPU has
     ],
 )
 def test_gpu_memory_quantities(text: str, mib: int) -> None:

@@ -143,10 +143,18 @@ def _memory_mib(value: object, what: str) -> int:
     return bytes_to_mib(amount, round_up=True)
 
 
+# The API server rewrites a quantity in its canonical form, so a unitless MiB count arrives with a decimal
+# suffix: `20000` is stored as `20k`, `2000000` as `2M`. A decimal-suffixed amount below this many is such
+# a count of MiB (as bytes it would be under 2 MiB, which nobody asks of a GPU); from it up it is bytes
+# (`16G`; as MiB it would be over 2 TiB, which no GPU has).
+DECIMAL_MIB_BELOW = 2 * 2**20
+
+
 def gpu_memory_mib(value: object, what: str = "gpupool.io/gpu-memory") -> int:
     """GPU memory per GPU: unitless (`10240`, `1e3`) is MiB, gpupool's unit for this resource; with a
-    suffix (`10Gi`, `16G`) the quantity is bytes, rounded down to whole MiB (granting a fraction of a MiB
-    more than asked could overcommit a card)."""
+    binary suffix (`10Gi`) the quantity is bytes; with a decimal one, bytes (`16G`) unless it is the API
+    server's canonical form of a unitless count (`20k` for 20000 MiB; DECIMAL_MIB_BELOW). Bytes are rounded
+    down to whole MiB (granting a fraction of a MiB more than asked could overcommit a card)."""
     fast = _fast("gpu-memory", value, what)
     return fast if fast is not None else _gpu_memory_mib(value, what)
 
@@ -154,7 +162,8 @@ def gpu_memory_mib(value: object, what: str = "gpupool.io/gpu-memory") -> int:
 def _gpu_memory_mib(value: object, what: str) -> int:
     amount, has_suffix = parse_quantity(value, what)
     _non_negative(amount, what, value)
-    if not has_suffix:
+    decimal = has_suffix and isinstance(value, str) and value.strip()[-1:] in ("k", "M", "G", "T", "P", "E")
+    if not has_suffix or (decimal and amount < DECIMAL_MIB_BELOW):
         if amount.denominator != 1:
             raise QuantityError(f"{_describe(what, value)}: a number of MiB must be whole (or give a unit: 1536Mi)")
         return int(amount)
