@@ -214,6 +214,9 @@ def test_host_paths_are_only_the_device_plugin_mps_and_hook_dirs(render: Render,
             env = {e["name"]: e.get("value") for e in agent["env"]}
             mounts = {m["mountPath"] for m in agent["volumeMounts"]}
             assert env["GPUPOOL_AGENT_HOOK_ROOT"] == "/run/gpupool/hook" and "/run/gpupool/hook" in mounts
+            # ... and serves its per-pod GPU metrics on the port the pod declares.
+            assert env["GPUPOOL_AGENT_METRICS_PORT"] == "9400"
+            assert agent["ports"] == [{"name": "metrics", "containerPort": 9400}]
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
