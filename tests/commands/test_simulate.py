@@ -129,3 +129,20 @@ def test_max_shares_per_gpu_holds_each_gpu_to_that_many_pods(tmp_path: Path) -> 
     assert unallocated("--max-shares-per-gpu", "4") == 60.0
     both = CliRunner().invoke(main, ["simulate", "--timeline", "--max-shares-per-gpu", "4", "--out", str(tmp_path)])
     assert both.exit_code == 2 and "applies to the static replay" in both.output
+
+
+def test_what_if_every_gpu_were_one_model(tmp_path: Path) -> None:
+    (tmp_path / "nodes.csv").write_text(NODES)
+    (tmp_path / "pods.csv").write_text(PODS)
+    result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                       str(tmp_path / "nodes.csv"), "--gpu-model", "H100-80GB",
+                                       "--isolation", "whole,mig,hook"])
+    assert result.exit_code == 0, result.output
+    # The same table as `gpupool mig whatif`: one row per isolation.
+    direct = CliRunner().invoke(main, ["mig", "whatif", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                       str(tmp_path / "nodes.csv"), "--gpu-model", "H100-80GB",
+                                       "--isolation", "whole,mig,hook"])
+    assert direct.exit_code == 0 and result.output == direct.output
+    assert all(name in result.output for name in ("whole", "mig", "hook"))
+    unknown = CliRunner().invoke(main, ["simulate", "--gpu-model", "Z80", "--out", str(tmp_path)])
+    assert unknown.exit_code == 2 and "H100-80GB" in unknown.output

@@ -37,6 +37,10 @@ def _int_list(text: str) -> list[int]:
               help="With --timeline: find the smallest scaled node list whose p99 wait meets this (90s, 5m, 2h).")
 @click.option("--constrain-models", "constrain", type=click.FloatRange(0, 1), default=None,
               help="Make this share of GPU pods name GPU models of the node list (seeded variant, seed 0).")
+@click.option("--gpu-model", default=None,
+              help="What-if: replay as if every GPU were this model, per --isolation (gpupool mig whatif).")
+@click.option("--isolation", default="whole,mig,hook", show_default=True,
+              help="With --gpu-model: the isolations to compare (whole, mig, hook).")
 @click.option("--max-shares-per-gpu", "max_sharers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Hold each GPU to this many pods, as the scheduler holds it to its node's split (0: no limit, "
                    "FGD's protocol).")
@@ -50,7 +54,8 @@ def _int_list(text: str) -> list[int]:
               show_default=True, help="Directory for results.json and allocation.png.")
 def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | None, num_seeds: int,
              workers: int | None, timeline: bool, speedup: float, target: str | None, constrain: float | None,
-             max_sharers: int, queues_arg: str | None, queue_order: str, out: Path) -> None:
+             gpu_model: str | None, isolation: str, max_sharers: int, queues_arg: str | None, queue_order: str,
+             out: Path) -> None:
     """Replay a GPU cluster trace on a simulated cluster and compare placement policies.
 
     Follows the FGD (ATC '23) protocol: pods shuffled per seed, topped up to 130 % of the cluster's GPU
@@ -84,6 +89,13 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
         resolve_trace,
     )
 
+    if gpu_model is not None:
+        from gpupool.commands.mig import whatif
+
+        click.get_current_context().invoke(whatif, trace=trace, nodes_path=nodes_path, gpu_model=gpu_model,
+                                           isolation=isolation, seed=int(seeds.split(",")[0]) if seeds else 42,
+                                           as_json=False)
+        return
     console = Console()
     workers = workers or available_cores()
     names = [p.strip() for p in policies.split(",") if p.strip()]
