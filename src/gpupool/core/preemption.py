@@ -107,6 +107,12 @@ def victim_reason(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemp
     return REASON_RECLAIM
 
 
+def in_quota(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemptor) -> bool:
+    """Whether the preemptor stays within its own queue's guarantee once admitted: only then may it reclaim."""
+    spec = tree.specs.get(preemptor.queue)
+    return spec is not None and spec.within_guarantee(usage.get(preemptor.queue, Quota()) + preemptor.charge)
+
+
 def plan_preemption(
     tree: QueueTree,
     usage: Mapping[str, Quota],
@@ -117,14 +123,13 @@ def plan_preemption(
 ) -> Plan | None:
     """The least disruptive set of victims on one node after whose eviction the preemptor is admitted by
     its queue and fits on that node (`fits(node, victim uids)`), or None when no such set exists."""
-    spec = tree.specs.get(preemptor.queue)
-    in_quota = spec is not None and spec.within_guarantee(usage.get(preemptor.queue, Quota()) + preemptor.charge)
+    reclaims = in_quota(tree, usage, preemptor)
     by_node: dict[str, list[Running]] = {}
     for pod in running:
         by_node.setdefault(pod.node, []).append(pod)
     best: Plan | None = None
     for node in sorted(by_node):
-        plan = _plan_on_node(tree, usage, preemptor, by_node[node], fits, now, in_quota, node)
+        plan = _plan_on_node(tree, usage, preemptor, by_node[node], fits, now, reclaims, node)
         if plan is not None and (best is None or plan.cost(now) < best.cost(now)):
             best = plan
     return best

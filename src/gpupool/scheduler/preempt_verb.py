@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from gpupool.api.extender import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
 from gpupool.core.model import GPURequest
-from gpupool.core.preemption import Preemptor, Running, victim_reason
-from gpupool.core.queues import Quota, charge_of_allocation, charge_of_request
+from gpupool.core.preemption import Preemptor, Running, in_quota, victim_reason
+from gpupool.core.queues import charge_of_allocation, charge_of_request
 from gpupool.scheduler.framework.cycle import Phase
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim, priority_of
@@ -76,14 +76,13 @@ def _allowed(handle: Handle, uid: str, key: str, priority: int, gpu: GPURequest,
     usage = cache.usage(without=uid)
     queue = cache.queue_of(namespace_of(key))
     preemptor = Preemptor(uid, queue, priority, charge_of_request(gpu, cache.largest_gpu_mib()))
-    spec = tree.specs.get(queue)
-    in_quota = spec is not None and spec.within_guarantee(usage.get(queue, Quota()) + preemptor.charge)
+    reclaims = in_quota(tree, usage, preemptor)
     allowed: set[str] = set()
     for victim_uid in sorted(proposed):
         entry = handle.ledger.entries[victim_uid]
         running = Running(victim_uid, entry.key, cache.queue_of(namespace_of(entry.key)), entry.allocation.node,
                           priority_of(handle.pods.get(victim_uid)), charge_of_allocation(entry.allocation, memory), 0.0)
-        if victim_reason(tree, usage, preemptor, running, in_quota) is not None:
+        if victim_reason(tree, usage, preemptor, running, reclaims) is not None:
             allowed.add(victim_uid)
             usage[running.queue] = usage[running.queue] - running.charge
     return allowed

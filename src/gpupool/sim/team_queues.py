@@ -27,7 +27,7 @@ import yaml
 from gpupool.api.queue import QueueError, queue_spec
 from gpupool.core.fit import OK, check
 from gpupool.core.model import MILLI_PER_GPU, Node
-from gpupool.core.preemption import Preemptor, Running, plan_preemption
+from gpupool.core.preemption import Preemptor, Running, in_quota, plan_preemption
 from gpupool.core.queue_order import Waiting, order
 from gpupool.core.queues import Admitted, QueueSpec, QueueTree, Quota, admit, charge_of_allocation, charge_of_request
 from gpupool.core.state import ClusterState
@@ -130,9 +130,8 @@ class TeamQueues:
         if pod.request.gpu.count == 0:
             return []
         queue = self.queue[k]
-        spec = self.tree.specs[queue]
         preemptor = Preemptor(str(k), queue, 0, charge_of_request(pod.request.gpu, self._card_mib))
-        if not spec.within_guarantee(self.usage[queue] + preemptor.charge):
+        if not in_quota(self.tree, self.usage, preemptor):
             return []  # only a pod within its queue's guarantee reclaims (trace pods have no priorities)
         borrowing = {q for q, s in self.tree.specs.items() if s.borrowed(self.usage[q]).gpu_milli > 0}
         if not borrowing:
