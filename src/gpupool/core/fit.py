@@ -6,6 +6,7 @@ turned into text only for the nodes that fail.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -101,3 +102,16 @@ def check(state: ClusterState, pod: PodRequest, nodes: IntArray | None = None) -
     code[state.mem_free[idx] < pod.memory_mib] = NO_MEMORY
     code[state.cpu_free[idx] < pod.cpu_milli] = NO_CPU
     return Fit(idx, code, gpu_fit)
+
+
+def fits_without(state: ClusterState, pod: PodRequest, node: int, gone: Iterable[PodRequest]) -> bool:
+    """Would `pod` fit on node `node` if the pods `gone` (holding allocations in `state`, by key) were gone?
+    Their allocations are released for the question and taken again before it returns, so the state is
+    unchanged afterwards (callers must not yield in between). Reclaim and preemption ask it."""
+    taken = [(p, state.release(p.key)) for p in gone]
+    try:
+        return bool(check(state, pod, np.asarray([node], dtype=np.int64)).code[0] == OK)
+    finally:
+        for p, allocation in taken:
+            if allocation is not None:
+                state.allocate(p, allocation)

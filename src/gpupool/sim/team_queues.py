@@ -25,7 +25,7 @@ import numpy as np
 import yaml
 
 from gpupool.api.queue import QueueError, queue_spec
-from gpupool.core.fit import OK, check
+from gpupool.core.fit import fits_without
 from gpupool.core.model import MILLI_PER_GPU, Node
 from gpupool.core.preemption import Preemptor, Running, in_quota, plan_preemption
 from gpupool.core.queue_order import Waiting, order
@@ -142,13 +142,7 @@ class TeamQueues:
         index = {name: i for i, name in enumerate(names)}
 
         def fits(node: str, gone: frozenset[str]) -> bool:
-            taken = [(v, state.release(self.pods[int(v)].request.key)) for v in gone]
-            try:
-                return bool(check(state, pod.request, np.asarray([index[node]], dtype=np.int64)).code[0] == OK)
-            finally:
-                for v, allocation in taken:
-                    if allocation is not None:
-                        state.allocate(self.pods[int(v)].request, allocation)
+            return fits_without(state, pod.request, index[node], [self.pods[int(v)].request for v in gone])
 
         plan = plan_preemption(self.tree, self.usage, preemptor, running, fits, float(t))
         if plan is None:
