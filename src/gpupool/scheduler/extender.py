@@ -22,8 +22,8 @@ from gpupool.api.extender import (
     ExtenderFilterResult,
     NodeList,
 )
-from gpupool.api.lock import format_time
 from gpupool.cluster.port import ApiError, Obj
+from gpupool.scheduler.events import pod_event
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet, Phase
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.runtime import Framework
@@ -153,22 +153,5 @@ class Extender:
 
     async def _event(self, pod: Obj, reason: str, message: str, type_: str) -> None:
         meta = pod.get("metadata") or {}
-        now = format_time(self.h.clock())
-        event: Obj = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name')}.", "namespace": meta.get("namespace") or "default"},
-            "involvedObject": {"kind": "Pod", "namespace": meta.get("namespace") or "default",
-                               "name": meta.get("name"), "uid": meta.get("uid")},
-            "reason": reason,
-            "message": message[:1024],
-            "type": type_,
-            "source": {"component": self.h.config.scheduler_name},
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
-        try:  # events are best effort
-            await self.h.cluster.create_event(event)
-        except Exception as e:
-            log.debug("event for %s not written: %s", meta.get("name"), e)
+        await pod_event(self.h, meta.get("namespace") or "default", str(meta.get("name")), str(meta.get("uid")),
+                        reason, message[:1024], type_)

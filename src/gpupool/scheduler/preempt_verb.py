@@ -23,11 +23,11 @@ from __future__ import annotations
 
 from gpupool.api.extender import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
 from gpupool.core.model import GPURequest
-from gpupool.core.preemption import Preemptor, Running, in_quota, victim_reason
-from gpupool.core.queues import charge_of_allocation, charge_of_request
+from gpupool.core.preemption import Preemptor, in_quota, victim_reason
+from gpupool.core.queues import charge_of_request
 from gpupool.scheduler.framework.cycle import Phase
 from gpupool.scheduler.framework.interface import Handle
-from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim, priority_of
+from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim, candidate, priority_of
 from gpupool.scheduler.framework.runtime import Framework
 from gpupool.scheduler.pods import PodRef, PodRefused
 from gpupool.scheduler.queues import namespace_of
@@ -79,9 +79,7 @@ def _allowed(handle: Handle, uid: str, key: str, priority: int, gpu: GPURequest,
     reclaims = in_quota(tree, usage, preemptor)
     allowed: set[str] = set()
     for victim_uid in sorted(proposed):
-        entry = handle.ledger.entries[victim_uid]
-        running = Running(victim_uid, entry.key, cache.queue_of(namespace_of(entry.key)), entry.allocation.node,
-                          priority_of(handle.pods.get(victim_uid)), charge_of_allocation(entry.allocation, memory), 0.0)
+        running = candidate(cache, handle.ledger.entries[victim_uid], handle.pods.get(victim_uid), memory)
         if victim_reason(tree, usage, preemptor, running, reclaims) is not None:
             allowed.add(victim_uid)
             usage[running.queue] = usage[running.queue] - running.charge

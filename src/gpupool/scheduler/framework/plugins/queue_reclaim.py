@@ -14,22 +14,23 @@ an Event. Only confirmed allocations (pods bound and seen by the watch) are cand
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import Mapping
 from datetime import datetime
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpupool.api.lock import format_time
 from gpupool.api.logsafe import shown
 from gpupool.cluster.port import ApiError, Conflict, NotFound, Obj, TooManyRequests
 from gpupool.core.preemption import Plan, Preemptor, Running, Victim, plan_preemption
 from gpupool.core.queues import charge_of_allocation, charge_of_request
+from gpupool.scheduler.events import pod_event
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Status
+from gpupool.scheduler.ledger import Entry
 from gpupool.scheduler.queues import QueueCache, namespace_of
 from gpupool.scheduler.what_if import fits_without
 
@@ -51,6 +52,12 @@ def _started(pod: Obj | None) -> float:
         return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
+
+
+def candidate(cache: QueueCache, entry: Entry, pod: Obj | None, memory: Mapping[str, int]) -> Running:
+    """A ledger entry as a possible victim: its queue, priority, charge and start (from its pod)."""
+    return Running(entry.uid, entry.key, cache.queue_of(namespace_of(entry.key)), entry.allocation.node,
+                   priority_of(pod), charge_of_allocation(entry.allocation, memory), _started(pod))
 
 
 def priority_of(pod: Obj | None) -> int:
@@ -128,8 +135,7 @@ class QueueReclaim:
             pod = self.handle.pods.get(uid)
             if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
                 continue
-            out.append(Running(uid, entry.key, cache.queue_of(namespace_of(entry.key)), entry.allocation.node,
-                               priority_of(pod), charge_of_allocation(entry.allocation, memory), _started(pod)))
+            out.append(candidate(cache, entry, pod, memory))
         return out
 
     def _start(self, cycle: CycleState, candidates: frozenset[str], preemptor: Preemptor, plan: Plan,
@@ -183,15 +189,5 @@ class QueueReclaim:
 
     async def _event(self, key: str, uid: str, reason: str, message: str) -> None:
         namespace, name = key.split("/", 1)
-        now = format_time(self.handle.clock())
-        event: Obj = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {"kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
-            "reason": reason, "message": shown(message, 1000),
-            "type": "Normal" if reason == "Preempting" else "Warning",
-            "source": {"component": self.handle.config.scheduler_name},
-            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
-        }
-        with contextlib.suppress(Exception):  # events are best effort
-            await self.handle.cluster.create_event(event)
+        await pod_event(self.handle, namespace, name, uid, reason, shown(message, 1000),
+                        "Normal" if reason == "Preempting" else "Warning")
