@@ -18,7 +18,7 @@ def whole(key: str, created: int, runs: int) -> TimedPod:
 
 def replay(pods: list[TimedPod], queues: list[str], order: str = "fifo") -> tuple[TeamQueues, object]:
     tree = QueueTree.build(even_queues(2, [NODE]))  # q0 and q1, one GPU guaranteed each
-    hooks = TeamQueues(tree, pods, assignment=queues)
+    hooks = TeamQueues(tree, pods, [NODE], assignment=queues)
     log = run_timeline([NODE], pods, "bestfit", 0, queue=TeamPending(hooks, order), hooks=hooks)
     return hooks, log
 
@@ -74,3 +74,19 @@ def test_bad_queue_file_says_where(tmp_path: Path) -> None:
     good = tmp_path / "ok.yaml"
     good.write_text("queues:\n  - {name: a, guaranteed: {gpus: '3'}}\n  - {name: b, weight: 2}\n")
     assert [q.name for q in queues_from_file(good)] == ["a", "b"]
+
+
+def test_a_share_is_charged_its_memory_fraction_from_the_first_admission() -> None:
+    from gpupool.core.queues import QueueSpec, Quota
+
+    # q0 may hold at most one GPU. Each pod asks 10 % of the compute but 61440 of the card's 81920 MiB:
+    # charged max(100, 750) = 750 milli. Two of them (1500) pass q0's maximum, so the second waits for the
+    # first to end at t=50 even though the node has room.
+    gpu = frozenset({"gpu_milli"})
+    tree = QueueTree.build([QueueSpec("q0", Quota(1000, 0, 0), Quota(1000, 1 << 62, 1 << 62), dims=gpu),
+                            QueueSpec("q1", Quota(1000, 0, 0), dims=gpu)])
+    share = GPURequest(1, 100, 61440)
+    pods = [TimedPod(PodRequest(k, 1000, 1024, share), 0, runs, runs) for k, runs in (("s1", 50), ("s2", 10))]
+    hooks = TeamQueues(tree, pods, [NODE], assignment=["q0", "q0"])
+    log = run_timeline([NODE], pods, "bestfit", 0, queue=TeamPending(hooks, "fifo"), hooks=hooks)
+    assert log.start.tolist() == [0, 50]

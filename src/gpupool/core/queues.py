@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from gpupool.core.model import MILLI_PER_GPU, Allocation, GPURequest
+from gpupool.core.model import MILLI_PER_GPU, Allocation, GPURequest, Node
 
 UNLIMITED = 1 << 62  # a maximum nobody sets: large enough never to bind, small enough to add safely
 
@@ -72,6 +72,11 @@ class Quota:
 
 ZERO = Quota()
 NO_LIMIT = Quota(UNLIMITED, UNLIMITED, UNLIMITED)
+
+
+def card_memory(nodes: Iterable[Node]) -> dict[str, int]:
+    """GPU memory (MiB) by GPU UUID: what a share's memory fraction is measured against."""
+    return {g.uuid: g.memory_mib for n in nodes for g in n.gpus}
 
 
 def charge_of_request(request: GPURequest, gpu_memory_mib: int) -> Quota:

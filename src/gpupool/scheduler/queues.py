@@ -16,7 +16,7 @@ from gpupool.api.queue import GROUP, KIND, PLURAL, VERSION, Queues, read_queues
 from gpupool.cluster.port import NAMESPACES, ClusterPort, Kind, Obj
 from gpupool.cluster.reflector import Reflector
 from gpupool.core.model import MILLI_PER_GPU
-from gpupool.core.queues import Quota, charge_of_allocation
+from gpupool.core.queues import Quota, card_memory, charge_of_allocation
 from gpupool.scheduler.ledger import Ledger
 
 log = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ class QueueCache:
     def gpu_memory(self) -> dict[str, int]:
         """GPU memory by UUID (for charging shares by the card they sit on)."""
         if self._memory_generation != self.ledger.generation:
-            self._memory = {g.uuid: g.memory_mib for n in self.ledger.state.nodes for g in n.gpus}
+            self._memory = card_memory(self.ledger.state.nodes)
             self._memory_generation = self.ledger.generation
         return self._memory
 

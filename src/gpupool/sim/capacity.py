@@ -124,7 +124,7 @@ def timeline_job(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, s
     start = time.perf_counter()
     per_queue: dict[str, Any] | None = None
     if queues:
-        hooks = TeamQueues(QueueTree.build(queues), pods)
+        hooks = TeamQueues(QueueTree.build(queues), pods, nodes)
         log = run_timeline(nodes, pods, policy, seed, progress=progress, queue=TeamPending(hooks, order), hooks=hooks)
         per_queue = hooks.summary(log.start, log.created, log.end, log.lost_gpu_s)
     else:

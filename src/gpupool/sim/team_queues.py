@@ -29,7 +29,16 @@ from gpupool.core.fit import fits_without
 from gpupool.core.model import MILLI_PER_GPU, Node
 from gpupool.core.preemption import Preemptor, Running, in_quota, plan_preemption
 from gpupool.core.queue_order import Waiting, order
-from gpupool.core.queues import Admitted, QueueSpec, QueueTree, Quota, admit, charge_of_allocation, charge_of_request
+from gpupool.core.queues import (
+    Admitted,
+    QueueSpec,
+    QueueTree,
+    Quota,
+    admit,
+    card_memory,
+    charge_of_allocation,
+    charge_of_request,
+)
 from gpupool.core.state import ClusterState
 from gpupool.sim.timeline import TimedPod
 
@@ -75,6 +84,7 @@ class TeamQueues:
 
     tree: QueueTree
     pods: Sequence[TimedPod]
+    nodes: Sequence[Node]
     assignment: Sequence[str] | None = None  # each pod's queue; None: by the hash of its name
     queue: list[str] = field(init=False)
     usage: dict[str, Quota] = field(init=False)
@@ -92,13 +102,9 @@ class TeamQueues:
         self.charge, self.running_on, self.started_at = {}, {}, {}
         self.served_milli_s = dict.fromkeys(self.tree.specs, 0)
         self.preemptions = dict.fromkeys(self.tree.specs, 0)
-        self._card_mib = 0
-        self._memory: dict[str, int] = {}
-
-    def _setup(self, state: ClusterState) -> None:
-        if not self._memory:
-            self._memory = {g.uuid: g.memory_mib for n in state.nodes for g in n.gpus}
-            self._card_mib = max(self._memory.values(), default=0)
+        # Known before the first admission (a share's charge depends on the card it may get).
+        self._memory = card_memory(self.nodes)
+        self._card_mib = max(self._memory.values(), default=0)
 
     # --- Hooks -------------------------------------------------------------------------------------------
     def group(self, k: int) -> str:
@@ -109,7 +115,6 @@ class TeamQueues:
         return isinstance(admit(self.tree, self.usage, self.queue[k], charge), Admitted)
 
     def started(self, k: int, state: ClusterState, t: int) -> None:
-        self._setup(state)
         held = state.held[self.pods[k].request.key]
         charge = charge_of_allocation(held.allocation, self._memory)
         self.charge[k] = charge
@@ -125,7 +130,6 @@ class TeamQueues:
         self.served_milli_s[q] += charge.gpu_milli * (t - self.started_at.pop(k))
 
     def victims(self, k: int, state: ClusterState, t: int) -> list[int]:
-        self._setup(state)
         pod = self.pods[k]
         if pod.request.gpu.count == 0:
             return []
