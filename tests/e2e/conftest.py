@@ -13,7 +13,6 @@ Every test here is marked `e2e` (run them alone with `pytest -m e2e`).
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -198,18 +197,10 @@ class Extender:
         raise AssertionError(f"gpupool scheduler not ready after {timeout_s}s:\n{self.tail()}")
 
     def kill(self) -> None:
-        """SIGKILL: a crash, no clean-up of any kind."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+        tb.kill_process(self.proc)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        tb.stop_process(self.proc, 15)
 
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])

@@ -123,19 +123,29 @@ class Process:
         return "\n".join(text[-lines:])
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.popen.poll() is not None:
-            return
-        self.popen.send_signal(signal.SIGTERM)
-        try:
-            self.popen.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.popen.kill()
-            self.popen.wait(timeout)
+        stop_process(self.popen, timeout)
 
     def kill(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.kill()
-            self.popen.wait(10)
+        kill_process(self.popen)
+
+
+def stop_process(popen: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within `timeout` (nothing if it already exited)."""
+    if popen is None or popen.poll() is not None:
+        return
+    popen.send_signal(signal.SIGTERM)
+    try:
+        popen.wait(timeout)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait(timeout)
+
+
+def kill_process(popen: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL: a crash, no clean-up of any kind."""
+    if popen is not None and popen.poll() is None:
+        popen.kill()
+        popen.wait(10)
 
 
 @dataclass
