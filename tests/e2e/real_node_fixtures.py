@@ -209,6 +209,13 @@ class RealCluster:
         extra = ["--grace-period=0", "--force"] if force else []
         self.kubectl("delete", "pod", "-n", NAMESPACE, "--wait=false", "--ignore-not-found", *extra, *names)
 
+    def wait_pods_gone(self, timeout_s: float = 240.0) -> None:
+        """Wait until kubelet has confirmed every deletion (the API drops a pod only then). The limit only
+        prevents a hang: after many kubelet restarts a 2-core machine can take minutes to stop them all."""
+        wait_for(lambda: not self.pods(), timeout_s, "pods gone (kubelet confirmed each deletion)",
+                 lambda: "; ".join(describe_pod(p) + f":deleting={bool(p['metadata'].get('deletionTimestamp'))}"
+                                   for p in self.pods()))
+
     def grant(self, name: str) -> tuple[dict[str, str], set[str]]:
         """What the container says it received: its gpupool/NVIDIA/MPS variables and gpupool mounts."""
         text = self.kubectl("logs", "-n", NAMESPACE, name)

@@ -103,7 +103,7 @@ def test_containers_get_exactly_their_allocation(real_cluster: RealCluster) -> N
     assert not any(ledger["diff"].values()), ledger["diff"]  # the ledger equals what the API says
 
     c.delete_pods(names)
-    wait_for(lambda: not c.pods(), 60, "pods gone (kubelet confirmed each deletion)")
+    c.wait_pods_gone()
 
 
 def _containers(pod: dict) -> list[tuple[str, int, str]]:
@@ -149,7 +149,7 @@ def test_kubelet_restarted_ten_times_while_pods_come_and_go(real_cluster: RealCl
     for pod in after.values():
         assert {slot_gpu(d) for d in assigned[pod["metadata"]["uid"]]} == set(_gpus(pod))
     c.delete_pods([*before, *came])
-    wait_for(lambda: not c.pods(), 60, "pods gone")
+    c.wait_pods_gone()
     print(f"kubelet restarts: {refusals} pod(s) refused at admission right after a restart and created again")
 
 
@@ -190,7 +190,7 @@ def test_agent_restarted_mid_burst(real_cluster: RealCluster) -> None:  # noqa: 
     # Once registered again, the agent serves new pods.
     _check_own_grant(c, [c.run_pod(share_pod("after-agent", n1, 2048, 10))[0]])
     c.delete_pods([p["metadata"]["name"] for p in c.pods()])
-    wait_for(lambda: not c.pods(), 60, "pods gone")
+    c.wait_pods_gone()
     print(f"agent restart mid-burst: {len(ran)} ran, {len(refused)} refused at admission")
 
 
@@ -222,7 +222,7 @@ def test_agent_metrics_scraped_while_real_pods_run(real_cluster: RealCluster, pr
     for q in device_queries:
         wait_for(lambda q=q: _prom_series(prom, q), 90, f"series for the dashboard query {q}")  # type: ignore[misc]
     c.delete_pods(list(pods))
-    wait_for(lambda: not c.pods(), 60, "pods gone")
+    c.wait_pods_gone()
 
 
 def _prom_series(prom: str, promql: str) -> list[dict]:
@@ -250,7 +250,7 @@ def test_pod_with_two_gpu_containers_is_refused_with_the_agents_reason(real_clus
     c.apply([share_pod("after-two-c", c.node(0).name, 2048, 10)])
     _check_own_grant(c, c.wait_running(["after-two-c"]))
     c.delete_pods(["two-c", "after-two-c"])
-    wait_for(lambda: not c.pods(), 60, "pods gone")
+    c.wait_pods_gone()
 
 
 def test_container_is_stopped_at_its_memory_cap(real_cluster: RealCluster) -> None:  # noqa: F811
@@ -268,7 +268,7 @@ def test_container_is_stopped_at_its_memory_cap(real_cluster: RealCluster) -> No
     codes = [int(line.split()[0]) for line in lines[:3]]
     assert codes == [0, 2, 0], lines  # 2 = CUDA_ERROR_OUT_OF_MEMORY
     c.delete_pods(["capped"])
-    wait_for(lambda: not c.pods(), 60, "pods gone")
+    c.wait_pods_gone()
 
 
 def test_stopped_kubelet_node_leaves_the_ledger_only_as_kubernetes_says(real_cluster: RealCluster) -> None:  # noqa: F811
