@@ -32,12 +32,22 @@ class AllocationError(ValueError):
     pass
 
 
+class MigGrantDoc(BaseModel):
+    """The MIG instance a grant is served by (isolation `mig`): its profile and start slot on the GPU, as
+    the scheduler's mig_placement chose them; the agent carves (or reuses) exactly that instance."""
+
+    model_config = ConfigDict(extra="forbid")
+    profile: str = Field(min_length=1)
+    start: int = Field(ge=0)
+
+
 class GrantDoc(BaseModel):
     model_config = ConfigDict(extra="forbid")
     uuid: str = Field(min_length=1)
     index: int = Field(ge=0)
     memory_mib: int = Field(ge=0)
     cores: float = Field(gt=0, le=100)  # percent of the GPU's compute
+    mig: MigGrantDoc | None = None  # only for isolation `mig`; left out of the JSON otherwise
 
 
 class ContainerDoc(BaseModel):
@@ -145,7 +155,7 @@ def encode_allocation(
         gpus=[_grant(g) for g in allocation.grants],
         containers=parts,
     )
-    return doc.model_dump_json(exclude_defaults=False, exclude={"containers"} if not parts else set())
+    return doc.model_dump_json(exclude_none=True, exclude={"containers"} if not parts else set())
 
 
 def decode_allocation(text: str) -> AllocationDoc:

@@ -26,6 +26,16 @@ class InventoryError(ValueError):
     pass
 
 
+class MigInstanceDoc(BaseModel):
+    """A MIG instance that exists on a MIG-mode GPU, as the node agent reports it."""
+
+    model_config = ConfigDict(extra="ignore")
+    profile: str = Field(min_length=1)
+    start: int = Field(ge=0)
+    used: bool = False  # a pod holds it
+    uuid: str = ""  # MIG-<uuid> once the compute instance exists
+
+
 class GPUDoc(BaseModel):
     model_config = ConfigDict(extra="ignore")  # newer agents may add fields; old schedulers ignore them
     uuid: str = Field(min_length=1)
@@ -38,6 +48,9 @@ class GPUDoc(BaseModel):
     vendor: str = "nvidia"
     healthy: bool = True
     mig: bool = False
+    mig_instances: list[MigInstanceDoc] = Field(default_factory=list)  # only when `mig`
+    mps: Literal["", "up", "down"] = ""  # the GPU's MPS daemon ("" where the agent runs none)
+    mps_restarts: int = Field(default=0, ge=0)
     pci_bus_id: str = ""
 
     def gpu(self) -> GPU:
