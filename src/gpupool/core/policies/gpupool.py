@@ -39,11 +39,15 @@ from gpupool.core.frag import (
 )
 from gpupool.core.model import PodRequest
 from gpupool.core.policies.fgd import after_pod, is_share, sigmoid_score
+from gpupool.core.policies.model_pressure import confined_demand, node_pressure, pressure
 from gpupool.core.policies.waste import feed_ratio, node_waste, pairing_table, share_waste
 from gpupool.core.policy import FloatArray, PolicyContext, TaskShape
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
 GAMMA = 6.0  # weight of the waste decrease against FGD's; chosen on seeds 42-45 (docs/placement.md)
+# Weight of the model-pool pressure (model_pressure.py), per milli-GPU the pod takes; 0 on traces where no
+# pod names a model. Chosen on the constrained variants (docs/placement.md).
+LAMBDA = 1.0
 
 
 def linked_gpus(state: ClusterState, node: int, candidates: list[int], count: int) -> tuple[int, ...]:
@@ -89,10 +93,13 @@ class _Cache:
     pairing: FloatArray
     feed: FloatArray | None
     fit: FitCache
+    confined: FloatArray  # per model: the share of demand only that model serves
     shapes: dict[Any, _Deltas] = field(default_factory=dict)
-    # Best dV per pod shape at `centres_version` of the cluster (a memo: cleared when the cluster changes).
-    centres: dict[Any, float] = field(default_factory=dict)
+    # Best dV and least model pressure per pod shape, and the pressure per model, at `centres_version`
+    # of the cluster (memos: cleared when the cluster changes).
+    centres: dict[Any, tuple[float, float]] = field(default_factory=dict)
     centres_version: int = -1
+    pressures: FloatArray | None = None
 
     @staticmethod
     def of(state: ClusterState, ctx: PolicyContext) -> _Cache:
@@ -100,24 +107,41 @@ class _Cache:
         if (not isinstance(cache, _Cache) or cache.state is not state
                 or (cache.source is not ctx.workload and cache.source != ctx.workload)):
             w = WorkloadArrays.build(state, ctx.workload or DEFAULT_WORKLOAD)
-            cache = _Cache(state, ctx.workload, w, pairing_table(w), feed_ratio(state, w), FitCache(state))
+            cache = _Cache(state, ctx.workload, w, pairing_table(w), feed_ratio(state, w), FitCache(state),
+                           confined_demand(state, w))
             ctx.cache["gpupool"] = cache
         return cache
 
-    def centre(self, pod: PodRequest) -> float:
-        """The best dV over every node where the pod fits now (0 when it fits nowhere)."""
+    def _fresh(self) -> FloatArray:
         st = self.state
-        if self.centres_version != st.version:
+        if self.centres_version != st.version or self.pressures is None:
             self.centres.clear()
             self.centres_version = st.version
+            self.pressures = pressure(st, self.confined)
+        return self.pressures
+
+    def centre(self, pod: PodRequest) -> tuple[float, float]:
+        """Over every node where the pod fits now: the best dV and the least pressure of the node's model
+        (0, 0 when it fits nowhere)."""
+        per_model = self._fresh()
         key = (pod.cpu_milli, pod.memory_mib, pod.gpu)
         best = self.centres.get(key)
         if best is None:
             feasible, _ = self.fit.feasible(pod)
             top_waste = self.deltas(pod, feasible).top_waste[feasible]
-            best = float(top_waste.max()) if len(feasible) and np.isfinite(top_waste.max()) else 0.0
-            self.centres[key] = best
+            waste = float(top_waste.max()) if len(feasible) and np.isfinite(top_waste.max()) else 0.0
+            least = float(node_pressure(self.state, per_model, feasible).min()) if len(feasible) else 0.0
+            best = self.centres[key] = (waste, least)
         return best
+
+    def offset(self, pod: PodRequest, nodes: IntArray) -> FloatArray:
+        """What each node's value loses before the sigmoid: GAMMA · the pod's best dV (centring), and the
+        pressure of the node's model above the least the pod could find, per milli-GPU it takes."""
+        best_waste, least = self.centre(pod)
+        assert self.pressures is not None  # set by centre
+        extra = node_pressure(self.state, self.pressures, nodes) - least
+        result: FloatArray = GAMMA * best_waste + LAMBDA * pod.gpu.total_milli * extra
+        return result
 
     def deltas(self, pod: PodRequest, nodes: IntArray) -> _Deltas:
         """dF + GAMMA * dV, dV and the candidate mask for `nodes`, recomputing only nodes changed since this shape's
@@ -160,7 +184,7 @@ class _Cache:
         """Each node's best integer score over the candidates `gpu_fit` leaves (a share), centred on the
         pod's best dV."""
         d = self.deltas(pod, nodes)
-        best_waste = self.centre(pod)
+        offset = self.offset(pod, nodes)
         top = d.top[nodes]
         if is_share(pod):
             narrowed = (gpu_fit != d.ok[nodes]).any(axis=1)
@@ -168,14 +192,15 @@ class _Cache:
                 rows = nodes[narrowed]
                 top = top.copy()
                 top[narrowed] = np.where(gpu_fit[narrowed] & d.ok[rows], d.value[rows], -np.inf).max(axis=1)
-        score: FloatArray = np.where(np.isfinite(top), sigmoid_score(top - GAMMA * best_waste), -1.0)
+        score: FloatArray = np.where(np.isfinite(top), sigmoid_score(top - offset), -1.0)
         return score
 
     def gpu_on(self, pod: PodRequest, node: int, gpu_fit: BoolArray) -> int:
         """The first GPU of `node` left by `gpu_fit` reaching its best integer score (a share)."""
-        d = self.deltas(pod, np.array([node], dtype=np.int64))
+        one = np.array([node], dtype=np.int64)
+        d = self.deltas(pod, one)
         ok = d.ok[node] & gpu_fit
-        score = np.where(ok, sigmoid_score(d.value[node] - GAMMA * self.centre(pod)), -1.0)
+        score = np.where(ok, sigmoid_score(d.value[node] - self.offset(pod, one)[0]), -1.0)
         return int(np.argmax(score))
 
 
