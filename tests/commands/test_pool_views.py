@@ -13,9 +13,9 @@ from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 async def test_pool_views_follow_the_ledger() -> None:
     scenario = load_scenario().scaled(6)
     emb = await start_embedded(scenario, extra_routes=pool_views())
+    driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
     try:
         pods = workload_pods(scenario, 12)
-        driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
         stats = await driver.run(pods)
         assert stats.bound > 0
         async with httpx.AsyncClient(base_url=emb.url, timeout=30) as client:
@@ -31,18 +31,19 @@ async def test_pool_views_follow_the_ledger() -> None:
             page = await client.get("/ui/")
             assert page.status_code == 200 and grants[0]["pod"] in page.text
     finally:
+        await driver.close()  # its keep-alive connections, else a ResourceWarning in whichever test GCs them
         await emb.stop()
 
 
 async def test_a_pod_that_fits_nowhere_is_listed_as_pending_with_its_reason() -> None:
     scenario = load_scenario().scaled(2)
     emb = await start_embedded(scenario, extra_routes=pool_views())
+    driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
     try:
         pod = workload_pods(scenario, 1)[0]
         pod["spec"]["containers"][0]["resources"]["limits"]["gpupool.io/gpu"] = "64"  # no node has 64 GPUs
         for key in ("gpupool.io/gpu-cores", "gpupool.io/gpu-memory"):
             pod["spec"]["containers"][0]["resources"]["limits"].pop(key, None)
-        driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
         stats = await driver.run([pod])
         assert stats.bound == 0
         async with httpx.AsyncClient(base_url=emb.url, timeout=30) as client:
@@ -50,4 +51,5 @@ async def test_a_pod_that_fits_nowhere_is_listed_as_pending_with_its_reason() ->
         pending = snap["pending"]
         assert len(pending) == 1 and "64" in str(pending[0]) and "fits no node" in str(pending[0])
     finally:
+        await driver.close()  # its keep-alive connections, else a ResourceWarning in whichever test GCs them
         await emb.stop()
