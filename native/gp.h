@@ -15,6 +15,10 @@
 #define GP_FILE_NAME "usage.v1"
 #define GP_MAGIC 0x314c4f4f50555047ULL /* "GPUPOOL1" little-endian */
 #define GP_VERSION 1
+/* Bits of gp_shared.features: what this library reads of the file beyond version 1's fields. Added fields
+ * live in what was padding (zero in files of older libraries), so GP_VERSION stays 1 and old readers work. */
+#define GP_FEAT_SQUEEZE 1ULL /* honours squeeze_ppm (the agent's reclaim squeeze) */
+#define GP_SQUEEZE_MIN_PPM 10000 /* a squeeze below 1 % is taken as 1 %: the pod must keep making progress */
 
 enum gp_mode { GP_HARD = 0, GP_ELASTIC = 1 };
 
@@ -48,7 +52,13 @@ struct gp_shared {
     int64_t poller_lease;                 /* 288: CLOCK_MONOTONIC ns until which its lease holds */
     uint64_t updated_ns;                  /* 296: CLOCK_REALTIME ns of the last measurement */
     struct gp_devstate dev[GP_MAX_DEV];   /* 304 */
-    uint8_t pad[2048 - 304 - GP_MAX_DEV * 64];
+    uint64_t features;                    /* 1328: GP_FEAT_* bits, set by the library when it maps the file */
+    /* 1336: written by the node agent while the scheduler squeezes the pod to reclaim compute for another
+     * queue: the compute cap (ppm) the pod is lowered to on each GPU, 0 = none. The library enforces
+     * min(GPUPOOL_CORES_PERCENT, squeeze), read at every launch, so the agent can lower and lift it at any
+     * time without the pod restarting. */
+    uint64_t squeeze_ppm[GP_MAX_DEV];
+    uint8_t pad[2048 - 1336 - GP_MAX_DEV * 8];
     struct gp_slot slots[GP_MAX_SLOTS];   /* 2048 */
 };
 
@@ -94,6 +104,7 @@ uint64_t gp_own_used(int li);
 void gp_set_ctx_bytes(int li, uint64_t bytes);
 int gp_pod_pids(int64_t *pids, int max);
 void gp_shared_after_fork(void);
+int64_t gp_cap_ppm(int li);            /* the compute cap in force: the environment's, lowered by a squeeze */
 
 /* gp_mem.c */
 void gp_pools_refresh(void);

@@ -12,7 +12,12 @@
  *
  * elastic: the rate may rise above the cap to what the other processes on the GPU leave idle (measured the
  * same way), and falls back within one poll period (GPUPOOL_HOOK_POLL_MS, 20 ms) of a neighbour's kernels
- * showing up in the samples. */
+ * showing up in the samples.
+ *
+ * squeeze: the cap in force is min(GPUPOOL_CORES_PERCENT, the squeeze the node agent writes into the shared
+ * file), read at every launch and every poll, so a reclaim lowers a running pod's share and lifts it again
+ * without a restart. Launches are counted (and the per-launch cost learnt) even while uncapped, so a squeeze
+ * paces with a good estimate from its first launch, and an uncapped pod carries no token debt into one. */
 #include "gp.h"
 
 #include <errno.h>
@@ -111,14 +116,19 @@ static void measure(int li, struct gp_shared *s, int64_t window_ns) {
     m->launches_seen = launches;
     __atomic_add_fetch(&d->busy_ns, (uint64_t)pod_ns, __ATOMIC_RELAXED);
     __atomic_add_fetch(&d->others_ns, (uint64_t)other_ns, __ATOMIC_RELAXED);
-    if (m->seen_pod) /* replace the estimates charged by what the GPU measured */
+    if (m->seen_pod && gp_cap_ppm(li) < GP_PPM) /* replace the estimates charged by what the GPU measured */
         __atomic_add_fetch(&d->tokens, (int64_t)dc - (int64_t)pod_ns, __ATOMIC_ACQ_REL);
     if (dl > 0 && pod_ns > 0) {
         int64_t c = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED);
         int64_t sample = (int64_t)(pod_ns / (double)dl);
         __atomic_store_n(&d->cost_ns, c <= 0 ? sample : (c * 7 + sample * 3) / 10, __ATOMIC_RELAXED);
     }
-    int64_t cap = gp_cfg.cores_ppm[li];
+    int64_t cap = gp_cap_ppm(li);
+    if (cap >= GP_PPM) { /* uncapped: nothing is paced, so no credit or debt may build up */
+        __atomic_store_n(&d->tokens, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&d->rate_ppm, cap, __ATOMIC_RELEASE);
+        return;
+    }
     int64_t rate = cap;
     if (gp_cfg.mode == GP_ELASTIC && window_ns > 0) {
         int64_t others = (int64_t)(other_ns / (double)window_ns * GP_PPM);
@@ -131,15 +141,16 @@ static void measure(int li, struct gp_shared *s, int64_t window_ns) {
 static void *poller(void *arg) {
     (void)arg;
     int64_t me = getpid();
-    int capped = 0;
-    for (int li = 0; li < gp_cfg.ndev; li++) capped |= gp_cfg.cores_ppm[li] < GP_PPM;
-    /* Uncapped pods are measured for the agent's metrics only: once a second is plenty. */
-    int64_t period = capped ? (int64_t)gp_cfg.poll_ms * 1000000LL : 1000000000LL;
+    int64_t poll = (int64_t)gp_cfg.poll_ms * 1000000LL;
     int64_t last = gp_now_ns();
     for (;;) {
-        sleep_ns(period);
+        sleep_ns(poll);
         struct gp_shared *s = gp_shm();
         int64_t now = gp_now_ns();
+        int capped = 0; /* a squeeze may cap an uncapped pod at any time: looked at on every wake-up */
+        for (int li = 0; li < gp_cfg.ndev; li++) capped |= gp_cap_ppm(li) < GP_PPM;
+        /* Uncapped pods are measured for the agent's metrics only: once a second is plenty. */
+        if (!capped && now - last < 1000000000LL) continue;
         int64_t owner = __atomic_load_n(&s->poller_pid, __ATOMIC_ACQUIRE);
         if (owner != me) {
             if (__atomic_load_n(&s->poller_lease, __ATOMIC_ACQUIRE) > now) {
@@ -149,7 +160,7 @@ static void *poller(void *arg) {
             if (!__atomic_compare_exchange_n(&s->poller_pid, &owner, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
             memset(meters, 0, sizeof meters); /* the previous poller's progress is not ours to know */
         }
-        __atomic_store_n(&s->poller_lease, now + 5 * period, __ATOMIC_RELEASE);
+        __atomic_store_n(&s->poller_lease, now + 5 * (capped ? poll : 1000000000LL), __ATOMIC_RELEASE);
         for (int li = 0; li < gp_cfg.ndev; li++) measure(li, s, now - last);
         struct timespec wall;
         clock_gettime(CLOCK_REALTIME, &wall);
@@ -179,17 +190,19 @@ static void ensure_poller(void) {
 void gp_pace(int li) {
     if (li < 0) return;
     ensure_poller(); /* also measures uncapped pods, for the agent's busy-time metric */
-    int64_t cap = gp_cfg.cores_ppm[li];
-    if (cap >= GP_PPM) return;
     struct gp_devstate *d = &gp_shm()->dev[li];
+    __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
+    int64_t cap = gp_cap_ppm(li);
+    if (cap >= GP_PPM) return;
     int64_t rate = __atomic_load_n(&d->rate_ppm, __ATOMIC_ACQUIRE);
-    if (rate <= 0) rate = cap;
+    /* hard: the cap itself (a squeeze takes effect now, not at the next poll); elastic: the poller's rate,
+     * never below the cap */
+    if (rate <= 0 || gp_cfg.mode != GP_ELASTIC || rate < cap) rate = cap;
     int64_t cost = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED);
     if (cost <= 0) cost = DEFAULT_COST_NS;
     int64_t now = gp_now_ns();
     refill(d, now, rate, cost);
     __atomic_add_fetch(&d->charged_ns, (uint64_t)cost, __ATOMIC_RELAXED);
-    __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
     int64_t t = __atomic_sub_fetch(&d->tokens, cost, __ATOMIC_ACQ_REL);
     if (t < 0) {
         int64_t wait = (int64_t)((__int128)(-t) * GP_PPM / rate);

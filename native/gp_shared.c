@@ -22,6 +22,8 @@
 _Static_assert(sizeof(struct gp_devstate) == 64, "devstate layout is read by the agent");
 _Static_assert(sizeof(struct gp_slot) == 264, "slot layout is read by the agent");
 _Static_assert(offsetof(struct gp_shared, dev) == 304, "layout is read by the agent");
+_Static_assert(offsetof(struct gp_shared, features) == 1328, "layout is read by the agent");
+_Static_assert(offsetof(struct gp_shared, squeeze_ppm) == 1336, "layout is written by the agent");
 _Static_assert(offsetof(struct gp_shared, slots) == 2048, "layout is read by the agent");
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -78,6 +80,7 @@ static struct gp_shared *open_file(const char *dir) {
                 gp_log("limits in the environment differ from the pod's file; the environment's are used");
                 fill_header(s);
             }
+            __atomic_fetch_or(&s->features, GP_FEAT_SQUEEZE, __ATOMIC_RELEASE);
         }
         ofd(fd, F_OFD_SETLK, F_UNLCK, 0);
     }
@@ -216,6 +219,16 @@ uint64_t gp_own_used(int li) {
     uint64_t u = slot >= 0 ? shm->slots[slot].used[li] : 0;
     unlock();
     return u;
+}
+
+int64_t gp_cap_ppm(int li) {
+    int64_t cap = gp_cfg.cores_ppm[li];
+    /* One aligned 64-bit load: the agent's write is seen whole or not at all. Nonsense (0, >= 100 %) is no
+     * squeeze; the agent clamps too, this guards against anything else writing the file. */
+    uint64_t sq = __atomic_load_n(&gp_shm()->squeeze_ppm[li], __ATOMIC_ACQUIRE);
+    if (sq == 0 || sq >= (uint64_t)GP_PPM) return cap;
+    int64_t v = sq < GP_SQUEEZE_MIN_PPM ? GP_SQUEEZE_MIN_PPM : (int64_t)sq;
+    return v < cap ? v : cap;
 }
 
 int gp_pod_pids(int64_t *pids, int max) {

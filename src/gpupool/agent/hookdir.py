@@ -10,6 +10,9 @@ Host layout under `hook_root` (AgentConfig, default /run/gpupool/hook):
 usage.v1 is the library's shared accounting file; its layout is `struct gp_shared` in native/gp.h (the
 offsets below are checked there with static assertions). A process's slot counts only while someone holds
 the process's OFD lock on byte 1 + slot, which the kernel drops when the process dies.
+
+The agent writes one thing into it: the reclaim squeeze (`squeeze_ppm`, per GPU of the pod), which the
+library enforces as min(its cap, the squeeze) from the next launch on (gpupool.api.squeeze, docs/queues.md).
 """
 
 from __future__ import annotations
@@ -39,6 +42,9 @@ _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
 _MAGIC = 0x314C4F4F50555047
 _MAX_DEV, _SLOTS = 16, 256
 _DEV_OFFSET, _SLOT_OFFSET, _SLOT_SIZE = 304, 2048, 264
+_FEATURES_OFFSET, _SQUEEZE_OFFSET = 1328, 1336  # in what version 1 left as padding (zero in older files)
+FEAT_SQUEEZE = 1  # the library in the pod honours the squeeze
+_PPM = 1_000_000
 _FILE_SIZE = _SLOT_OFFSET + _SLOTS * _SLOT_SIZE
 
 
@@ -70,6 +76,7 @@ class PodGpuUsage:
     cores_percent: float
     mode: str
     processes: int
+    squeeze_percent: float = 0.0  # the compute cap a reclaim squeezed the pod to (0: not squeezed)
 
 
 def hook_paths(root: Path) -> HookPaths:
@@ -201,11 +208,12 @@ def read_usage(directory: Path) -> list[PodGpuUsage]:
             used += struct.unpack_from("<Q", data, base + 8 * d)[0]
             used += struct.unpack_from("<Q", data, base + 128 + 8 * d)[0]
         (busy_ns,) = struct.unpack_from("<Q", data, _DEV_OFFSET + 64 * d + 40)
+        (squeeze,) = struct.unpack_from("<Q", data, _SQUEEZE_OFFSET + 8 * d)
         out.append(PodGpuUsage(
             pod_uid=directory.name, label=str(info.get("pod", "")),
             gpu=str(gpus[d]) if d < len(gpus) else str(d), limit_bytes=limits[d], used_bytes=used,
             busy_seconds=busy_ns / 1e9, cores_percent=cores[d] / 1e4, mode=CORES_MODES[1] if mode else CORES_MODES[0],
-            processes=len(live),
+            processes=len(live), squeeze_percent=squeeze / 1e4,
         ))
     return out
 
@@ -226,3 +234,58 @@ def read_all(root: Path) -> list[PodGpuUsage]:
             if entry.is_dir() and valid_uid(entry.name):
                 out.extend(read_usage(entry))
     return out
+
+
+# ---- the reclaim squeeze -------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class SqueezeWritten:
+    changed: bool  # a value in the file was different and has been written
+    enforced: bool  # the library that made the file honours the squeeze (older ones ignore it)
+
+
+def _lock_accounting(fd: int, kind: int) -> None:
+    """The library's accounting lock (byte 0): held while it creates or resets the file, so the agent never
+    writes into a file the library is about to clear."""
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLKW, struct.pack("hhqqi4x", kind, os.SEEK_SET, 0, 1, 0))
+
+
+def write_squeeze(directory: Path, percent: Mapping[int, float]) -> SqueezeWritten | None:
+    """Set the pod's squeeze: the compute cap in percent of each GPU of the pod (by its index among the
+    pod's GPUs, the library's order); a GPU not named is not squeezed. None when the library has not made
+    the file yet (no process of the pod ran): nothing to write into, the caller writes again later."""
+    wanted = [0] * _MAX_DEV
+    for index, value in percent.items():
+        if not 0 <= index < _MAX_DEV:
+            raise ValueError(f"GPU index {index} is outside the pod's {_MAX_DEV} GPUs")
+        if not 0 < value <= 100:
+            raise ValueError(f"squeeze of GPU {index}: {value} is not a percent in (0, 100]")
+        wanted[index] = 0 if value >= 100 else round(value * _PPM / 100)
+    try:
+        fd = os.open(directory / USAGE_FILE, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        _lock_accounting(fd, fcntl.F_WRLCK)
+        try:
+            head = os.pread(fd, _SQUEEZE_OFFSET + 8 * _MAX_DEV, 0)
+            if len(head) < _SQUEEZE_OFFSET + 8 * _MAX_DEV or struct.unpack_from("<Q", head, 0)[0] != _MAGIC:
+                return None
+            (features,) = struct.unpack_from("<Q", head, _FEATURES_OFFSET)
+            current = struct.unpack_from(f"<{_MAX_DEV}Q", head, _SQUEEZE_OFFSET)
+            changed = False
+            for d in range(_MAX_DEV):
+                if current[d] != wanted[d]:  # one aligned 8-byte write each: the library loads it whole
+                    os.pwrite(fd, struct.pack("<Q", wanted[d]), _SQUEEZE_OFFSET + 8 * d)
+                    changed = True
+        finally:
+            _lock_accounting(fd, fcntl.F_UNLCK)
+    finally:
+        os.close(fd)
+    return SqueezeWritten(changed, bool(features & FEAT_SQUEEZE))
+
+
+def squeeze_by_index(directory: Path, cores_by_uuid: Mapping[str, float]) -> dict[int, float]:
+    """The squeeze per GPU index of the pod from the squeezed cores per GPU UUID (its allocation), in the
+    order pod.json lists the pod's GPUs (the order of NVIDIA_VISIBLE_DEVICES, hence the library's)."""
+    gpus = [str(g) for g in _pod_info(directory).get("gpus") or []]
+    return {gpus.index(uuid): cores for uuid, cores in cores_by_uuid.items() if uuid in gpus}

@@ -30,6 +30,7 @@ from gpupool.agent.identify import Unidentified, read_lock, waiting_for_allocate
 from gpupool.agent.inventory import InventoryPublisher
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
+from gpupool.agent.squeeze import follow_squeezes
 from gpupool.agent.table import DeviceTable
 from gpupool.api.names import ANN_ALLOCATED
 
@@ -113,6 +114,8 @@ class Agent:
             asyncio.create_task(self._kubelet_loop(), name="kubelet-watch"),
             asyncio.create_task(self._probe_loop(), name="health-probe"),
             asyncio.create_task(self._inventory_loop(), name="inventory"),
+            asyncio.create_task(follow_squeezes(self.cluster, self.config.node_name, self.config.hook_root,
+                                                self._stop), name="squeeze"),
         ]
 
     async def _adopt(self) -> None:
