@@ -20,7 +20,9 @@ from gpupool.api.squeeze import squeezed_cores
 
 log = logging.getLogger(__name__)
 
-INTERVAL_S = 2.0  # how soon a squeeze (or its lifting) reaches a running pod, at most
+# How soon a squeeze (or its lifting) reaches a running pod, at most. A list of the node's pods (filtered by
+# the API server) per pass, and none while the node has no hook pod.
+INTERVAL_S = 5.0
 
 
 def apply_squeezes(root: Path, pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
@@ -60,9 +62,16 @@ async def follow_squeezes(cluster: AgentCluster, node: str, root: Path, stop: as
     """Until `stop`: every `interval_s`, read the node's pods and apply their squeezes."""
     while not stop.is_set():
         try:
-            pods = await cluster.list_pods_on_node(node)
-            await asyncio.to_thread(apply_squeezes, root, pods)
+            if await asyncio.to_thread(_has_hook_pods, root):
+                pods = await cluster.list_pods_on_node(node)
+                await asyncio.to_thread(apply_squeezes, root, pods)
         except Exception as e:  # API and file errors alike: the next pass tries again
             log.warning("squeezes of node %s not applied: %s", node, e)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=interval_s)
+
+
+def _has_hook_pods(root: Path) -> bool:
+    with contextlib.suppress(OSError):
+        return any(entry.is_dir() for entry in hook_paths(root).pods.iterdir())
+    return False

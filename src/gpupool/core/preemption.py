@@ -12,8 +12,21 @@ Rules, each there to rule out a failure the peers' users report (shared/referenc
   set with the fewest victims wins, then the lowest highest priority, the lowest priority sum, the least run
   time lost, the node name (deterministic, so two cycles never choose differently on the same state).
 
-Whether the pod then fits on a node is the caller's question (`fits(node, victims)`), so placement rules
-(GPU fit, shares per GPU, MIG slices) stay where they live. Pure: time is passed in.
+Time-sharing instead of eviction (`plan_squeeze`, tried before any eviction for a reclaim): a borrowed share
+whose compute the interception library enforces (`Running.squeezable`) may keep running with its compute
+lowered instead of being evicted. Rules:
+- only for reclaim (the preemptor within its own guarantee), and only pods reclaim could take;
+- a pod is squeezed no lower than `floor_milli` per GPU, and its queue (and the branch below the ancestor it
+  shares with the preemptor) no lower than its guarantee in the compute dimensions it counts: a squeeze
+  takes back what was borrowed, never what the borrower is guaranteed;
+- memory cannot be squeezed (what a process allocated stays allocated), so a squeeze helps only where the
+  preemptor's memory is free already; otherwise the caller falls back to `plan_preemption`;
+- least disruption again: the fewest pods squeezed, then the least compute taken, each pod squeezed only as
+  far as the fit needs.
+
+Whether the pod then fits on a node is the caller's question (`fits(node, victims)`, `fits_squeezed(node,
+{uid: milli})`), so placement rules (GPU fit, shares per GPU, MIG slices) stay where they live. Pure: time
+is passed in.
 """
 
 from __future__ import annotations
@@ -21,10 +34,20 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpupool.core.queues import Admitted, QueueTree, Quota, admit
+from gpupool.core.queues import ZERO, Admitted, QueueTree, Quota, admit, charge_of_share
 
 REASON_RECLAIM = "reclaim"
 REASON_PRIORITY = "priority"
+SQUEEZE_FLOOR_MILLI = 100  # a squeezed pod keeps at least 10 % of each of its GPUs: it must still progress
+
+
+@dataclass(frozen=True, slots=True)
+class Share:
+    """One GPU of a running pod, as its queue charges it: compute (milli), memory, and the card's memory."""
+
+    milli: int
+    memory_mib: int
+    card_mib: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +62,16 @@ class Running:
     charge: Quota
     started_at: float
     preemptible: bool = True  # False e.g. while a PodDisruptionBudget forbids its eviction
+    squeezable: bool = False  # its compute cap can be lowered while it runs (isolation hook)
+    shares: tuple[Share, ...] = ()  # its GPUs as now granted (needed to squeeze it)
+
+    def charge_at(self, milli: int) -> Quota:
+        """What the pod is charged with its compute lowered to `milli` per GPU (memory unchanged)."""
+        return sum((charge_of_share(min(s.milli, milli), s.memory_mib, s.card_mib) for s in self.shares), ZERO)
+
+    @property
+    def milli(self) -> int:
+        return max((s.milli for s in self.shares), default=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,3 +194,131 @@ def _plan_on_node(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemp
         if rest and _satisfied(tree, usage, preemptor, node, rest, fits):
             taken = rest
     return Plan(node, tuple(taken))
+
+
+# ---- time-sharing instead of eviction -------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Squeeze:
+    pod: Running
+    milli: int  # the compute per GPU the pod is lowered to
+
+    def message(self, preemptor: Preemptor) -> str:
+        return (f"compute squeezed from {self.pod.milli / 10:g} % to {self.milli / 10:g} % per GPU for queue "
+                f"{preemptor.queue} (pod {preemptor.uid}): queue {self.pod.queue} was using more than its "
+                "guarantee; lifted when it no longer is")
+
+
+@dataclass(frozen=True, slots=True)
+class SqueezePlan:
+    node: str
+    squeezes: tuple[Squeeze, ...]
+
+    def cost(self) -> tuple[int, int, int, str]:
+        taken = sum((s.pod.milli - s.milli) * len(s.pod.shares) for s in self.squeezes)
+        return (len(self.squeezes), taken, max((s.pod.priority for s in self.squeezes), default=0), self.node)
+
+
+def _usage_squeezed(usage: Mapping[str, Quota], squeezes: Mapping[str, tuple[Running, int]]) -> dict[str, Quota]:
+    out = dict(usage)
+    for pod, milli in squeezes.values():
+        out[pod.queue] = out.get(pod.queue, Quota()) - pod.charge + pod.charge_at(milli)
+    return out
+
+
+def _lowest(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemptor, pod: Running,
+            floor_milli: int) -> int:
+    """The lowest compute per GPU `pod` may be squeezed to: its queue, and its branch below the ancestor it
+    shares with the preemptor, stay at or above their guarantees in the compute dimensions they count."""
+    mine = set(tree.chain(preemptor.queue))
+    branch = pod.queue
+    for name in tree.chain(pod.queue):
+        if name in mine:
+            break
+        branch = name
+    sub = tree.subtree_usage(usage)
+
+    def keeps_guarantee(milli: int) -> bool:
+        cut = pod.charge - pod.charge_at(milli)
+        for name in {pod.queue, branch}:
+            spec, after = tree.specs[name], sub[name] - cut
+            for dim in ("gpu_milli", "cores"):
+                if dim in spec.dims and getattr(cut, dim) > 0 and getattr(after, dim) < getattr(spec.guaranteed, dim):
+                    return False
+        return bool({"gpu_milli", "cores"} & tree.specs[pod.queue].dims)
+
+    low, high = min(floor_milli, pod.milli), pod.milli  # keeps_guarantee(high) holds when anything is counted
+    if not keeps_guarantee(high):
+        return high
+    while low < high:  # charges fall as the squeeze deepens: the lowest milli that still keeps the guarantee
+        mid = (low + high) // 2
+        if keeps_guarantee(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return high
+
+
+def plan_squeeze(
+    tree: QueueTree,
+    usage: Mapping[str, Quota],
+    preemptor: Preemptor,
+    running: Iterable[Running],
+    fits_squeezed: Callable[[str, Mapping[str, int]], bool],
+    now: float,
+    floor_milli: int = SQUEEZE_FLOOR_MILLI,
+) -> SqueezePlan | None:
+    """The least disruptive set of compute squeezes on one node after which the preemptor is admitted by its
+    queue and fits there (`fits_squeezed(node, {uid: milli per GPU})`), or None: then evict
+    (`plan_preemption`). Only a reclaim squeezes (see the module doc)."""
+    if not in_quota(tree, usage, preemptor):
+        return None
+    by_node: dict[str, list[Running]] = {}
+    for pod in running:
+        if pod.squeezable and pod.shares and pod.milli > floor_milli:
+            by_node.setdefault(pod.node, []).append(pod)
+    best: SqueezePlan | None = None
+    for node in sorted(by_node):
+        plan = _squeeze_on_node(tree, usage, preemptor, by_node[node], fits_squeezed, now, floor_milli, node)
+        if plan is not None and (best is None or plan.cost() < best.cost()):
+            best = plan
+    return best
+
+
+def _squeeze_on_node(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemptor, pods: list[Running],
+                     fits_squeezed: Callable[[str, Mapping[str, int]], bool], now: float, floor_milli: int,
+                     node: str) -> SqueezePlan | None:
+    def satisfied(chosen: Mapping[str, tuple[Running, int]]) -> bool:
+        left = _usage_squeezed(usage, chosen)
+        if not isinstance(admit(tree, left, preemptor.queue, preemptor.charge), Admitted):
+            return False
+        return fits_squeezed(node, {uid: milli for uid, (_, milli) in chosen.items()})
+
+    order = sorted(pods, key=lambda p: (p.priority, max(0.0, now - p.started_at), -p.started_at, p.uid))
+    chosen: dict[str, tuple[Running, int]] = {}
+    for pod in order:
+        if satisfied(chosen):
+            break
+        left = _usage_squeezed(usage, chosen)
+        if victim_reason(tree, left, preemptor, pod, True) != REASON_RECLAIM:
+            continue
+        lowest = _lowest(tree, left, preemptor, pod, floor_milli)
+        if lowest < pod.milli:
+            chosen[pod.uid] = (pod, lowest)
+    if not chosen or not satisfied(chosen):
+        return None
+    # Squeeze each pod only as far as the fit needs (the last chosen first: the first are the cheapest to
+    # squeeze), and give back those it does not need at all.
+    for uid in reversed(list(chosen)):
+        pod, lowest = chosen[uid]
+        low, high = lowest, pod.milli
+        while low < high:  # the highest milli that still satisfies, the others as they stand
+            mid = (low + high + 1) // 2
+            if satisfied({**chosen, uid: (pod, mid)}):
+                low = mid
+            else:
+                high = mid - 1
+        if low >= pod.milli:
+            del chosen[uid]
+        else:
+            chosen[uid] = (pod, low)
+    return SqueezePlan(node, tuple(Squeeze(pod, milli) for pod, milli in chosen.values()))

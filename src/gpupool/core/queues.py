@@ -97,6 +97,11 @@ def charge_of_allocation(allocation: Allocation, gpu_memory_mib: Mapping[str, in
     return total
 
 
+def charge_of_share(milli: int, memory_mib: int, card_mib: int) -> Quota:
+    """What one GPU's share of `milli` compute and `memory_mib` memory on a card of `card_mib` charges."""
+    return _charge(1, milli, memory_mib, card_mib)
+
+
 def _charge(count: int, milli: int, memory_mib: int, card_mib: int) -> Quota:
     memory_milli = -(-memory_mib * MILLI_PER_GPU // card_mib) if card_mib > 0 else 0  # rounded up: never undercharge
     held = min(MILLI_PER_GPU, max(milli, memory_milli))
