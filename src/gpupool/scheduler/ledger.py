@@ -31,6 +31,7 @@ from gpupool.api.allocation import AllocationError, decode_allocation
 from gpupool.api.inventory import InventoryError, decode_inventory, node_from_object
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.api.pod import parse_pod, pod_key
+from gpupool.api.squeeze import is_squeezed
 from gpupool.core.model import MILLI_PER_GPU, Allocation, Node, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
 
@@ -64,6 +65,7 @@ class Counted:
     allocation: Allocation
     mps: bool = False
     spec_errors: tuple[str, ...] = ()  # the pod's own spec could not be read (it asks for nothing valid)
+    squeezed: bool = False  # a reclaim lowered its compute (gpupool.api.squeeze): less than its spec is right
 
 
 def grants_signature(a: Allocation) -> tuple[str, tuple[tuple[str, int, int, int], ...]]:
@@ -89,7 +91,7 @@ def counted_allocation(pod: Mapping[str, Any]) -> Counted | None:
     parsed = parse_pod(pod)
     request = parsed.request or PodRequest(key=uid)
     return Counted(uid, pod_key(pod), replace(request, key=uid), doc.allocation(uid), parsed.isolation == "mps",
-                   tuple(parsed.errors))
+                   tuple(parsed.errors), is_squeezed(pod))
 
 
 def beyond_spec(c: Counted, node: Node) -> str | None:
@@ -107,7 +109,7 @@ def beyond_spec(c: Counted, node: Node) -> str | None:
         if card is None:
             continue  # a grant for a GPU the node does not have: ClusterState.allocate reports it
         milli, memory = min(g.milli, MILLI_PER_GPU), g.memory_on(card.memory_mib)
-        if grant.milli != milli or grant.memory_mib != memory:
+        if (grant.milli != milli and not (c.squeezed and 0 < grant.milli < milli)) or grant.memory_mib != memory:
             return (f"{c.key}: holds {grant.milli / 10:g} percent / {grant.memory_mib} MiB on GPU {grant.index} of "
                     f"{node.name}, its spec asks for {milli / 10:g} percent / {memory} MiB")
     return None

@@ -23,6 +23,7 @@ from gpupool.cluster.port import ApiError, ClusterPort
 from gpupool.core.model import MILLI_PER_GPU
 from gpupool.core.queues import UNLIMITED, QueueStatus, Quota, statuses
 from gpupool.scheduler.queues import GPUQUEUES, QueueCache, namespace_of
+from gpupool.scheduler.squeeze import DEFAULT_HOLD_S, lift_squeezes
 
 log = logging.getLogger(__name__)
 
@@ -40,12 +41,16 @@ def current(cache: QueueCache, pending: Mapping[str, Any]) -> list[QueueStatus]:
 
 
 class QueueStatusWriter:
-    """Patches each GPUQueue's status when it changed, every `interval_s`, while `active()` (the leader)."""
+    """Patches each GPUQueue's status when it changed, every `interval_s`, while `active()` (the leader); on
+    the same beat, lifts the compute squeezes whose borrowers no longer need to give way
+    (gpupool.scheduler.squeeze.lift_squeezes)."""
 
     def __init__(self, cluster: ClusterPort, cache: QueueCache, pending: Mapping[str, Any],
-                 active: Callable[[], bool], clock: Callable[[], float], interval_s: float = 5.0) -> None:
+                 active: Callable[[], bool], clock: Callable[[], float], interval_s: float = 5.0,
+                 squeeze_hold_s: float = DEFAULT_HOLD_S) -> None:
         self.cluster, self.cache, self.pending = cluster, cache, pending
         self.active, self.clock, self.interval_s = active, clock, interval_s
+        self.squeeze_hold_s = squeeze_hold_s
         self._written: dict[str, dict[str, Any]] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -64,6 +69,10 @@ class QueueStatusWriter:
             await asyncio.sleep(self.interval_s)
             if self.active() and self.cache.enabled:
                 await self.write_once()
+                try:
+                    await lift_squeezes(self.cluster, self.cache, self.pending, self.clock(), self.squeeze_hold_s)
+                except Exception:  # the next beat tries again; status writing must go on
+                    log.exception("lifting compute squeezes failed")
 
     async def write_once(self) -> int:
         """Write the statuses that changed; returns how many were written."""

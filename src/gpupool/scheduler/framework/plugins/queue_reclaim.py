@@ -5,6 +5,10 @@ least run time lost, on the node where the pod then fits) and evicted through th
 PodDisruptionBudgets hold: a victim whose budget says no (429) is left alone for `blocked_s` and the next
 cycle chooses others.
 
+Time-sharing first: for a reclaim, borrowed shares served by the interception library are squeezed
+(their compute lowered, gpupool.scheduler.squeeze) when that makes room, and nothing is evicted; eviction is
+the fallback when no squeeze can (memory cannot be squeezed). `squeeze: false` turns this off.
+
 Never a loop: while the victims chosen for a pod are still terminating it chooses none again (their GPUs
 come back through the watch and kube-scheduler's retry of the pod takes them), a pod is never evicted twice,
 and core's rules make a reclaim unanswerable by a reclaim back. Each eviction is recorded on both pods as
@@ -24,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpupool.api.logsafe import shown
 from gpupool.cluster.port import ApiError, Conflict, NotFound, Obj, TooManyRequests
-from gpupool.core.preemption import Plan, Preemptor, Running, Victim, plan_preemption
+from gpupool.core.preemption import Plan, Preemptor, Running, SqueezePlan, Victim, plan_preemption, plan_squeeze
 from gpupool.core.queues import charge_of_allocation, charge_of_request
 from gpupool.scheduler.events import pod_event
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
@@ -32,6 +36,7 @@ from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Status
 from gpupool.scheduler.ledger import Entry
 from gpupool.scheduler.queues import QueueCache, namespace_of
+from gpupool.scheduler.squeeze import can_squeeze, fits_squeezed, shares_of, squeeze_pod
 from gpupool.scheduler.what_if import fits_without
 
 log = logging.getLogger(__name__)
@@ -41,6 +46,7 @@ class Args(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
     blocked_s: float = Field(default=30.0, gt=0)  # a victim a disruption budget protected is skipped this long
     waiting_s: float = Field(default=120.0, gt=0)  # the longest a pod waits for its victims to go
+    squeeze: bool = True  # squeeze borrowed hook shares' compute before evicting anything
 
 
 def _started(pod: Obj | None) -> float:
@@ -57,7 +63,8 @@ def _started(pod: Obj | None) -> float:
 def candidate(cache: QueueCache, entry: Entry, pod: Obj | None, memory: Mapping[str, int]) -> Running:
     """A ledger entry as a possible victim: its queue, priority, charge and start (from its pod)."""
     return Running(entry.uid, entry.key, cache.queue_of(namespace_of(entry.key)), entry.allocation.node,
-                   priority_of(pod), charge_of_allocation(entry.allocation, memory), _started(pod))
+                   priority_of(pod), charge_of_allocation(entry.allocation, memory), _started(pod),
+                   squeezable=can_squeeze(pod), shares=shares_of(entry, memory))
 
 
 def priority_of(pod: Obj | None) -> int:
@@ -76,7 +83,9 @@ class QueueReclaim:
         self._evicted: set[str] = set()  # victims once asked to go (never twice)
         self._blocked: dict[str, float] = {}  # victim uid -> until when a budget protects it
         self._tasks: set[asyncio.Task[None]] = set()
+        self._squeezing: dict[str, frozenset[str]] = {}  # preemptor -> pods whose squeeze is being written
         self.plans: list[Plan] = []  # the latest plans (bounded), for tests and the debug view
+        self.squeezes: list[SqueezePlan] = []  # likewise, the latest squeezes
 
     def post_filter(self, cycle: CycleState, nodes: NodeSet) -> Status:
         cache = self.handle.queues
@@ -88,10 +97,58 @@ class QueueReclaim:
         # Only nodes that did not fit for now (not those that never can) may be freed.
         state = self.handle.ledger.state
         candidates = frozenset(n for n in nodes.failed if n in state.index)
-        chosen = self._choose(cycle, candidates, now) if candidates else None
+        if not candidates:
+            return SUCCESS
+        squeeze = self._choose_squeeze(cycle, candidates, now) if self.args.squeeze else None
+        if squeeze is not None:
+            self._start_squeeze(cycle, *squeeze, now)
+            return SUCCESS
+        chosen = self._choose(cycle, candidates, now)
         if chosen is not None:
             self._start(cycle, candidates, *chosen, now)
         return SUCCESS
+
+    def _preemptor(self, cache: QueueCache, cycle: CycleState) -> Preemptor:
+        assert cycle.request is not None
+        return Preemptor(cycle.uid, cache.queue_of(namespace_of(cycle.key)), priority_of(cycle.pod),
+                         charge_of_request(cycle.request.gpu, cache.largest_gpu_mib()))
+
+    def _choose_squeeze(self, cycle: CycleState, candidates: frozenset[str],
+                        now: float) -> tuple[Preemptor, SqueezePlan] | None:
+        """Compute squeezes that make room for the pod on one of `candidates` (no eviction), or None."""
+        cache = self.handle.queues
+        assert cache is not None and cycle.request is not None
+        going = frozenset(u for u in self._evicted if u in self.handle.ledger.entries)
+        busy = frozenset(u for uids in self._squeezing.values() for u in uids)
+        running = [r for r in self._running(cache, set(candidates), now) if r.uid not in busy]
+        preemptor = self._preemptor(cache, cycle)
+        usage = cache.usage(without=cycle.uid, gone=going)
+        ledger, request = self.handle.ledger, cycle.request
+        plan = plan_squeeze(cache.queues.tree, usage, preemptor, running,
+                            lambda node, squeezes: fits_squeezed(ledger, request, node, squeezes), now)
+        return None if plan is None else (preemptor, plan)
+
+    def _start_squeeze(self, cycle: CycleState, preemptor: Preemptor, plan: SqueezePlan, now: float) -> None:
+        self._squeezing[cycle.uid] = frozenset(s.pod.uid for s in plan.squeezes)
+        self.squeezes = [*self.squeezes[-31:], plan]
+        log.info("%s: squeezing %s on %s", cycle.key,
+                 ", ".join(f"{s.pod.key} to {s.milli / 10:g} %" for s in plan.squeezes), plan.node)
+        task = asyncio.get_running_loop().create_task(self._squeeze(cycle, preemptor, plan, now))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _squeeze(self, cycle: CycleState, preemptor: Preemptor, plan: SqueezePlan, now: float) -> None:
+        try:
+            for sq in plan.squeezes:
+                pod = self.handle.pods.get(sq.pod.uid)
+                if pod is None or await squeeze_pod(self.handle.cluster, self.handle.ledger, pod, sq.milli,
+                                                    now) is None:
+                    continue  # gone or changed: the pod's next cycle decides again
+                await self._event(sq.pod.key, sq.pod.uid, "Squeezed", sq.message(preemptor))
+                await self._event(cycle.key, cycle.uid, "Squeezing",
+                                  f"squeezed {sq.pod.key} on {sq.pod.node} to {sq.milli / 10:g} % compute (reclaim)")
+        finally:
+            self._squeezing.pop(cycle.uid, None)
 
     def _choose(self, cycle: CycleState, candidates: frozenset[str], now: float) -> tuple[Preemptor, Plan] | None:
         """The victims for the pod on `candidates`, pods already being evicted counted as gone."""
@@ -99,9 +156,7 @@ class QueueReclaim:
         assert cache is not None and cycle.request is not None
         going = frozenset(u for u in self._evicted if u in self.handle.ledger.entries)
         running = self._running(cache, set(candidates), now)
-        queue = cache.queue_of(namespace_of(cycle.key))
-        preemptor = Preemptor(cycle.uid, queue, priority_of(cycle.pod),
-                              charge_of_request(cycle.request.gpu, cache.largest_gpu_mib()))
+        preemptor = self._preemptor(cache, cycle)
         usage = cache.usage(without=cycle.uid, gone=going)
         ledger, request = self.handle.ledger, cycle.request
         plan = plan_preemption(cache.queues.tree, usage, preemptor, running,
@@ -114,6 +169,8 @@ class QueueReclaim:
         return self._still_waiting(uid, self.handle.clock())
 
     def _still_waiting(self, uid: str, now: float) -> bool:
+        if uid in self._squeezing:
+            return True  # its squeezes are being written: the next cycle sees the room they make
         waiting = self._waiting.get(uid)
         if waiting is None:
             return False
