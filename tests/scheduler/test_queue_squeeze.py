@@ -11,7 +11,7 @@ import yaml
 
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.extender import ExtenderArgs
-from gpupool.api.names import ANN_ALLOCATION
+from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.api.queue import LABEL_QUEUE
 from gpupool.api.squeeze import ANN_SQUEEZE, ANN_SQUEEZED
 from gpupool.cluster.port import CRDS, NAMESPACES
@@ -38,14 +38,17 @@ async def with_queues() -> ExtenderService:
 
 
 async def run(svc: ExtenderService, name: str, namespace: str, cores: int, memory: int,
-              annotations: dict | None = None) -> dict:
+              annotations: dict | None = None, started: bool = True) -> dict:
     pod = await svc.cluster.create_pod(gpu_pod(name, cores=cores, memory=memory, namespace=namespace,
                                                annotations=annotations))
     await eventually(lambda: svc.pods.get(pod["metadata"]["uid"]) is not None)
     assert (await svc.bind(bind_args(pod))).Error == ""
     await svc.cluster.patch_pod_status(namespace, name, {"phase": "Running", "startTime": "2026-01-01T00:00:00Z"})
+    if started:  # the agent served its Allocate: its cap is in the container, the squeeze can act on it
+        await svc.cluster.patch_pod_annotations(namespace, name, {ANN_ALLOCATED: "2026-01-01T00:00:00Z"})
     uid = pod["metadata"]["uid"]
-    await eventually(lambda: uid in svc.ledger.entries and not svc.ledger.entries[uid].assumed)
+    await eventually(lambda: uid in svc.ledger.entries and not svc.ledger.entries[uid].assumed
+                     and (not started or ANN_ALLOCATED in svc.pods.get(uid)["metadata"]["annotations"]))  # type: ignore[index]
     return pod
 
 
@@ -129,6 +132,16 @@ async def test_eviction_stays_the_fallback_when_a_squeeze_cannot_make_room() -> 
 async def test_a_pod_that_opted_out_is_evicted_not_squeezed() -> None:
     svc = await with_queues()
     await run(svc, "a1", "team-a", cores=80, memory=2048, annotations={ANN_SQUEEZE: "false"})
+    owner = await pending(svc, "b1", "team-b", cores=30, memory=2048)
+    await svc.filter(ExtenderArgs(Pod=owner, NodeNames=["gpu-0000"]))
+    assert reclaim(svc).squeezes == [] and [v.pod.key for v in reclaim(svc).plans[0].victims] == ["team-a/a1"]
+    await svc.stop()
+
+
+async def test_a_pod_not_yet_started_is_evicted_not_squeezed() -> None:
+    # Its container would be given the squeezed cap at Allocate and keep it after the lift.
+    svc = await with_queues()
+    await run(svc, "a1", "team-a", cores=80, memory=2048, started=False)
     owner = await pending(svc, "b1", "team-b", cores=30, memory=2048)
     await svc.filter(ExtenderArgs(Pod=owner, NodeNames=["gpu-0000"]))
     assert reclaim(svc).squeezes == [] and [v.pod.key for v in reclaim(svc).plans[0].victims] == ["team-a/a1"]

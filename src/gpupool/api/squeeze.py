@@ -9,7 +9,9 @@ compute back (reclaim, docs/queues.md) and the node agent enforces it through th
   (for work that would rather restart elsewhere than run slower).
 
 Only pods whose allocation says isolation `hook` and holds one container's grant (allocation version 1)
-are squeezed: the library is what enforces the lower cap, and a per-container split is not rewritten.
+are squeezed: the library is what enforces the lower cap, and a per-container split is not rewritten. And
+only pods the agent has served (`gpupool.io/allocated`): the cap in a container's environment is fixed at
+Allocate, so a pod started while squeezed would keep the squeezed cap after the lift.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpupool.api.allocation import AllocationDoc, AllocationError, decode_allocation
-from gpupool.api.names import ANN_ALLOCATION, DOMAIN
+from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, DOMAIN
 
 ANN_SQUEEZED = f"{DOMAIN}/squeezed"
 ANN_SQUEEZE = f"{DOMAIN}/squeeze"
@@ -38,10 +40,10 @@ def opted_out(pod: Mapping[str, Any]) -> bool:
 
 
 def squeezable_doc(pod: Mapping[str, Any]) -> AllocationDoc | None:
-    """The pod's allocation when the scheduler may squeeze it (isolation hook, one container's grant, not
-    opted out), else None."""
+    """The pod's allocation when the scheduler may squeeze it (isolation hook, one container's grant, served
+    by the agent, not opted out), else None."""
     text = _annotations(pod).get(ANN_ALLOCATION)
-    if not text or opted_out(pod):
+    if not text or opted_out(pod) or ANN_ALLOCATED not in _annotations(pod):
         return None
     try:
         doc = decode_allocation(str(text))
