@@ -20,7 +20,7 @@ from gpupool.api.quantity import (
     memory_mib,
     parse_quantity,
 )
-from gpupool.core.model import Allocation, GPUGrant
+from gpupool.core.model import Allocation, GPUGrant, MigSlot
 
 GPU, CORES, MEM = "gpupool.io/gpu", "gpupool.io/gpu-cores", "gpupool.io/gpu-memory"
 
@@ -253,3 +253,32 @@ def test_decoder_refuses_containers_holding_gpus_the_pod_lacks() -> None:
     v1_with_containers = text.replace('"version": 2', '"version": 1')
     with pytest.raises(AllocationError, match="version 2 field"):
         decode_allocation(v1_with_containers)
+
+
+def test_mig_isolation_gives_one_instance_to_one_container() -> None:
+    def mig(containers: list[dict[str, Any]], annotations: dict[str, str]) -> list[str]:
+        p = pod(containers)
+        p["metadata"]["annotations"] = annotations
+        return parse_pod(p).errors
+
+    one = {"gpupool.io/isolation": "mig"}
+    assert mig([c("a", limits={"gpupool.io/gpu": "1", "gpupool.io/gpu-cores": "30"})], one) == []
+    assert mig([c("a", limits={"gpupool.io/gpu": "2"})], one) == [
+        "container a: gpupool.io/gpu=2 with gpupool.io/isolation=mig: a pod gets one MIG instance; ask for "
+        "gpupool.io/gpu: 1 (or use whole GPUs without mig)"]
+    two = [c("a", limits={"gpupool.io/gpu": "1", "gpupool.io/gpu-cores": "30"}),
+           c("b", limits={"gpupool.io/gpu": "1", "gpupool.io/gpu-cores": "30"})]
+    assert mig(two, one) == ["gpupool.io/isolation=mig gives a pod one MIG instance for one container, but "
+                             "container a, container b ask for GPUs"]
+    assert mig([c("a", limits={"gpupool.io/gpu": "1"})], {"gpupool.io/mig-profile": "3g.20gb"}) == [
+        "annotation gpupool.io/mig-profile='3g.20gb' needs gpupool.io/isolation: mig (it is 'hook')"]
+
+
+def test_mig_grant_round_trips_through_the_annotation() -> None:
+    grant = GPUGrant("GPU-1", 0, 285, 9850, MigSlot("2g.10gb", 4))
+    text = encode_allocation(Allocation("p", "n1", (grant,)), "uid-1", "mig", "")
+    doc = decode_allocation(text)
+    assert doc.gpus[0].mig is not None and doc.gpus[0].mig.model_dump() == {"profile": "2g.10gb", "start": 4}
+    assert doc.allocation("p").grants == (grant,)
+    plain = encode_allocation(Allocation("p", "n1", (GPUGrant("GPU-1", 0, 500, 100),)), "uid-1", "hook", "")
+    assert '"mig"' not in plain  # left out of the JSON for other isolations

@@ -90,3 +90,15 @@ def test_every_planned_instance_is_valid_and_none_overlap(steps: list[tuple[str,
             gpus[c.gpu] = before.with_instance(c.option.profile, c.option.start)
     for g in gpus:
         assert layout_problems(MODELS[A100], g.layout) == []
+
+
+def test_a_claim_takes_its_slices_and_drops_idle_instances_in_its_way() -> None:
+    # idle 1g.5gb at 4 and 5 lie under a new 2g.10gb@4; the used 3g at 0 and the idle 1g at 6 stay
+    gpu = MigGPU("A100-40GB", (MigInstance("3g.20gb", 0, True), MigInstance("1g.5gb", 4), MigInstance("1g.5gb", 5),
+                               MigInstance("1g.5gb", 6)))
+    after = gpu.with_claim("2g.10gb", 4)
+    assert after.instances == (MigInstance("1g.5gb", 6), MigInstance("2g.10gb", 4, True),
+                               MigInstance("3g.20gb", 0, True))
+    # an idle instance of the claimed profile at that start is taken, not replaced
+    assert gpu.with_claim("1g.5gb", 6).instances[1:] == (MigInstance("1g.5gb", 5), MigInstance("1g.5gb", 6, True),
+                                                         MigInstance("3g.20gb", 0, True))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from gpupool.core.mig_request import ProfileRefusal, profile_by_name, smallest_profile
+from gpupool.core.mig import mig_model
+from gpupool.core.mig_request import ProfileRefusal, grant_share, profile_by_name, profile_for, smallest_profile
+from gpupool.core.model import GPURequest
 
 
 def name(result: object) -> str:
@@ -47,3 +49,22 @@ def test_profile_by_name_is_checked_against_the_model() -> None:
     r = profile_by_name("H100-80GB", "3g.20gb")
     assert isinstance(r, ProfileRefusal) and "does not exist on H100-80GB" in r.reason and "3g.40gb" in r.reason
     assert name(profile_by_name("A100-40GB", "3g.20gb")) == "3g.20gb"
+
+
+def test_profile_for_a_pod_request() -> None:
+    # no share = the whole GPU = 100 % = the full profile
+    assert name(profile_for("A100-40GB", GPURequest(count=1))) == "7g.40gb"
+    # memory only (the reader's 1 milli): the smallest by memory, 4000 MiB -> 1g.5gb (4864 MiB)
+    assert name(profile_for("A100-40GB", GPURequest(count=1, milli=1, memory_mib=4000))) == "1g.5gb"
+    # a named profile is what a pod without a share gets, and must hold an explicit share
+    assert name(profile_for("A100-40GB", GPURequest(count=1), "3g.20gb")) == "3g.20gb"
+    too_small = profile_for("A100-40GB", GPURequest(count=1, milli=500), "3g.20gb")
+    assert isinstance(too_small, ProfileRefusal) and "42.9 % of the compute, less than the 50 %" in too_small.reason
+    little = profile_for("A100-40GB", GPURequest(count=1, milli=1, memory_mib=12000), "2g.10gb")
+    assert isinstance(little, ProfileRefusal) and "9850 MiB, less than the 12000 MiB" in little.reason
+    # grant: compute slices / 7 rounded down (3g: 3000 // 7 = 428), so 4g + 3g = 999 <= 1000
+    a100 = mig_model("A100-40GB")
+    assert a100 is not None
+    shares = {p.name: grant_share(a100, p) for p in a100.profiles}
+    assert shares["3g.20gb"] == (428, 19968) and shares["4g.20gb"] == (571, 19968)
+    assert shares["7g.40gb"] == (1000, 40192)

@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from gpupool.api.errors import first_problem
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.api.pod import INIT, SIDECAR, ContainerGPU
-from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant
+from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, MigSlot
 
 ALLOCATION_VERSION: Literal[1] = 1  # what single-container pods get (readable by every agent release)
 ALLOCATION_VERSION_CONTAINERS: Literal[2] = 2  # adds the per-container field
@@ -90,14 +90,16 @@ class AllocationDoc(BaseModel):
 
     def allocation(self, pod_key: str) -> Allocation:
         grants = tuple(
-            GPUGrant(uuid=g.uuid, index=g.index, milli=round(g.cores * 10), memory_mib=g.memory_mib)
+            GPUGrant(uuid=g.uuid, index=g.index, milli=round(g.cores * 10), memory_mib=g.memory_mib,
+                     mig=MigSlot(g.mig.profile, g.mig.start) if g.mig is not None else None)
             for g in self.gpus
         )
         return Allocation(pod=pod_key, node=self.node, grants=grants, policy=self.policy)
 
 
 def _grant(g: GPUGrant) -> GrantDoc:
-    return GrantDoc(uuid=g.uuid, index=g.index, memory_mib=g.memory_mib, cores=g.milli / 10)
+    mig = MigGrantDoc(profile=g.mig.profile, start=g.mig.start) if g.mig is not None else None
+    return GrantDoc(uuid=g.uuid, index=g.index, memory_mib=g.memory_mib, cores=g.milli / 10, mig=mig)
 
 
 def split_by_container(containers: Sequence[ContainerGPU], grants: Sequence[GPUGrant]) -> list[ContainerDoc]:

@@ -30,6 +30,7 @@ from typing import Any, TypeGuard
 from gpupool.api.names import (
     ANN_EXCLUDE,
     ANN_ISOLATION,
+    ANN_MIG_PROFILE,
     ANN_MODEL,
     ANN_POLICY,
     ANN_UUID,
@@ -254,6 +255,27 @@ def _pod_gpu(containers: Sequence[ContainerGPU], errors: list[str]) -> tuple[int
     return 1, milli, memory
 
 
+def _mig_problems(annotations: Mapping[str, str], isolation: str, containers: Sequence[ContainerGPU]) -> list[str]:
+    """What isolation `mig` cannot serve. A pod gets one MIG instance, handed to one container: the
+    instance is a device of its own (several would be several devices, which the grant cannot name per
+    container), so more GPUs or several GPU containers are refused rather than half served. Which
+    profile fits is the model's question (gpupool.core.mig_request.profile_for), not the reader's."""
+    out: list[str] = []
+    named = str(annotations.get(ANN_MIG_PROFILE, "")).strip()
+    if named and isolation != "mig":
+        out.append(f"annotation {ANN_MIG_PROFILE}={named!r} needs {ANN_ISOLATION}: mig (it is {isolation!r})")
+    if isolation != "mig" or not containers:
+        return out
+    if len(containers) > 1:
+        names = ", ".join(f"{c.kind} {c.name}" for c in containers)
+        out.append(f"{ANN_ISOLATION}=mig gives a pod one MIG instance for one container, but {names} ask for GPUs")
+    elif containers[0].count > 1:
+        c = containers[0]
+        out.append(f"{c.kind} {c.name}: {RESOURCE_GPU}={c.count} with {ANN_ISOLATION}=mig: a pod gets one MIG "
+                   f"instance; ask for {RESOURCE_GPU}: 1 (or use whole GPUs without mig)")
+    return out
+
+
 def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
     """Translate a pod object (Kubernetes JSON shape) into a PodRequest, or the list of what is wrong."""
     errors: list[str] = []
@@ -282,6 +304,7 @@ def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
     if isolation not in ISOLATION_MODES:
         errors.append(f"annotation {ANN_ISOLATION}={isolation!r}: use one of {', '.join(ISOLATION_MODES)}")
 
+    errors.extend(_mig_problems(annotations, isolation, gpu_containers))
     first = gpu_containers[0].name if gpu_containers else next((s.name for s in specs if _extended(s.body)), None)
     shape = _pod_gpu(gpu_containers, errors) if gpu_containers and not errors else None
     if errors:

@@ -46,6 +46,21 @@ class MigGPU:
         rest = tuple(i for i in self.instances if (i.profile, i.start) != (profile, start))
         return MigGPU(self.model, tuple(sorted((*rest, MigInstance(profile, start, used)))))
 
+    def with_claim(self, profile: str, start: int) -> MigGPU:
+        """The GPU once a pod holds `profile`@`start`: an instance there is used, and idle instances in
+        its way are gone (the node agent destroys them before it creates the new one). The scheduler
+        lays its pods' grants over the agent's last report with this until the report catches up."""
+        model = mig_model(self.model)
+        p = model.profile(profile) if model is not None else None
+        mask = p.slots(start) if p is not None else 0
+        keep = []
+        for i in self.instances:
+            q = model.profile(i.profile) if model is not None else None
+            in_way = q is not None and bool(q.slots(i.start) & mask) and (i.profile, i.start) != (profile, start)
+            if not (in_way and not i.used):
+                keep.append(i)
+        return MigGPU(self.model, tuple(keep)).with_instance(profile, start, used=True)
+
     def without_instance(self, start: int) -> MigGPU:
         return MigGPU(self.model, tuple(i for i in self.instances if i.start != start))
 

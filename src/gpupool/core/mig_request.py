@@ -1,8 +1,10 @@
 """Which MIG profile a pod gets: the smallest one that holds its memory and cores request, or one
 named in `gpupool.io/mig-profile`, checked against the GPU model's geometry (gpupool.core.mig).
 
-The webhook and the pod reader call these two functions; both answer with a `MigProfile` or a
-`ProfileRefusal` carrying a sentence for the user, never an exception.
+`profile_for` is the one rule for a pod with isolation `mig` (the webhook checks it against every
+MIG-capable model in the cluster, the scheduler against each MIG GPU's model); it answers with a
+`MigProfile` or a `ProfileRefusal` carrying a sentence for the user, never an exception. `grant_share` is
+what the allocation grants for a profile.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpupool.core.mig import MigModel, MigProfile, known_models, mig_model
+from gpupool.core.model import MILLI_PER_GPU, GPURequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,3 +72,33 @@ def profile_by_name(model: str | MigModel, name: str) -> MigProfile | ProfileRef
             return p
     return ProfileRefusal(f"MIG profile {name!r} does not exist on {m.name} "
                           f"(profiles: {', '.join(p.name for p in m.profiles)})")
+
+
+def profile_for(model: str | MigModel, gpu: GPURequest, named: str | None = None) -> MigProfile | ProfileRefusal:
+    """The profile a pod with isolation `mig` gets on a GPU of `model` for its per-GPU request `gpu`.
+
+    `named` (`gpupool.io/mig-profile`) wins, but must hold an explicit share: memory asked for, and
+    compute when below a whole GPU (a pod that gives no share asks for "the whole GPU", which the named
+    profile then is). Otherwise the smallest profile that holds the memory and the compute (a whole GPU
+    is 100 %, so the full-GPU profile; a memory-only share asks 0.1 % and gets the smallest by memory)."""
+    if named:
+        found = profile_by_name(model, named)
+        if isinstance(found, ProfileRefusal):
+            return found
+        m = _model_or_refusal(model)
+        assert isinstance(m, MigModel)  # profile_by_name resolved it
+        if gpu.memory_mib is not None and gpu.memory_mib > found.memory_mib:
+            return ProfileRefusal(f"MIG profile {found.name} has {found.memory_mib} MiB, less than the "
+                                  f"{gpu.memory_mib} MiB asked for")
+        if gpu.milli < MILLI_PER_GPU and found.compute_slices * MILLI_PER_GPU < gpu.milli * m.compute_slices:
+            return ProfileRefusal(f"MIG profile {found.name} gives {compute_percent(m, found):.1f} % of the "
+                                  f"compute, less than the {gpu.milli / 10:g} % asked for")
+        return found
+    return smallest_profile(model, gpu.memory_mib, min(gpu.milli, MILLI_PER_GPU) / 10)
+
+
+def grant_share(model: MigModel, profile: MigProfile) -> tuple[int, int]:
+    """(milli-GPU of compute, MiB of memory) a grant of `profile` records: its compute slices as a
+    fraction of the GPU's, rounded down so that a full layout never adds up to more than the GPU, and
+    the profile's memory."""
+    return MILLI_PER_GPU * profile.compute_slices // model.compute_slices, profile.memory_mib

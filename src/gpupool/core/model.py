@@ -104,12 +104,21 @@ class PodRequest:
         return out
 
 
+@dataclass(frozen=True, slots=True, order=True)
+class MigSlot:
+    """The MIG instance a grant is served by: its profile and first memory slice on the GPU."""
+
+    profile: str
+    start: int
+
+
 @dataclass(frozen=True, slots=True)
 class GPUGrant:
     uuid: str
     index: int
     milli: int
     memory_mib: int
+    mig: MigSlot | None = None  # isolation mig: the instance (milli and memory are then the profile's)
 
 
 @dataclass(frozen=True, slots=True)
