@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -14,8 +17,10 @@ from gpupool.agent.checkpoint import Checkpoint, CheckpointError, Served, decode
 NODE = "node-1"
 
 
-def served(uid: str, devices: tuple[str, ...] = ("GPU-a::0",), response: bytes = b"\x0a\x01x") -> Served:
-    return Served(uid, "ns", f"pod-{uid}", devices, response, "2026-11-24T09:00:00Z")
+def served(
+    uid: str, devices: tuple[str, ...] = ("GPU-a::0",), response: bytes = b"\x0a\x01x", container: str = "main"
+) -> Served:
+    return Served(uid, "ns", f"pod-{uid}", devices, response, "2026-11-24T09:00:00Z", container)
 
 
 def test_entries_survive_a_reload_and_are_found_by_their_exact_devices(tmp_path: Path) -> None:
@@ -35,7 +40,7 @@ def test_record_drops_pods_that_are_gone(tmp_path: Path) -> None:
     c = Checkpoint(tmp_path, NODE)
     c.record(served("u1"), keep=set())
     c.record(served("u2"), keep=set())  # u1 is no longer alive on the node
-    assert set(c.entries) == {"u2"}
+    assert set(c.entries) == {("u2", "main")}
     assert c.prune({"u2"}) is False  # nothing to drop: no write
     assert c.prune(set()) is True and c.entries == {}
     reloaded = Checkpoint(tmp_path, NODE)
@@ -68,9 +73,9 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path: Path) ->
     # a crash after writing the temporary file, before the rename: the temporary file is left over
     (tmp_path / ".allocations.json.tmp").write_bytes(b'{"half": ')
     again = Checkpoint(tmp_path, NODE)
-    assert again.load() is None and set(again.entries) == {"u1"}
+    assert again.load() is None and set(again.entries) == {("u1", "main")}
     again.record(served("u2"), keep={"u1"})  # and the next write replaces the leftover
-    assert set(decode(c.path.read_bytes(), NODE)) == {"u1", "u2"}
+    assert set(decode(c.path.read_bytes(), NODE)) == {("u1", "main"), ("u2", "main")}
     assert oct(os.stat(c.path).st_mode & 0o777) == "0o600"
 
 
@@ -83,15 +88,40 @@ entries = st.lists(
             lambda d: tuple(sorted(d))
         ),
         st.binary(max_size=64),
+        container=st.sampled_from(["main", "init", "side"]),
     ),
     max_size=5,
-    unique_by=lambda e: e.pod_uid,
+    unique_by=lambda e: e.key,
 )
 
 
 @given(entries)
 def test_encode_decode_round_trip(items: list[Served]) -> None:
-    assert decode(encode(NODE, items), NODE) == {e.pod_uid: e for e in items}
+    assert decode(encode(NODE, items), NODE) == {(e.pod_uid, e.container): e for e in items}
+
+
+def test_each_container_of_a_pod_has_its_own_entry_and_they_go_together(tmp_path: Path) -> None:
+    c = Checkpoint(tmp_path, NODE)
+    c.record(served("u1", ("GPU-a::0",), container="train"), keep=set())
+    c.record(served("u1", ("GPU-a::1",), container="eval"), keep={"u1"})
+    assert {n: e.devices for n, e in c.for_pod("u1").items()} == {"train": ("GPU-a::0",), "eval": ("GPU-a::1",)}
+    assert c.pods() == {"u1"}
+    c.record(served("u2"), keep={"u2"})  # u1 left the node: both its containers' entries go
+    assert set(c.entries) == {("u2", "main")}
+
+
+def test_a_version_1_checkpoint_is_still_read(tmp_path: Path) -> None:
+    """Written by the agent that served one GPU container per pod: one entry per pod, no container field.
+    Its entries carry the container "" (the pod's only GPU container)."""
+    body = [{"podUID": "u1", "namespace": "ns", "name": "pod-u1", "devices": ["GPU-a::0"],
+             "response": base64.b64encode(b"answer").decode(), "time": "2026-11-24T09:00:00Z"}]
+    checksum = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    (tmp_path / "allocations.json").write_text(
+        json.dumps({"version": 1, "node": NODE, "entries": body, "checksum": checksum})
+    )
+    c = Checkpoint(tmp_path, NODE)
+    assert c.load() is None
+    assert c.entries == {("u1", ""): Served("u1", "ns", "pod-u1", ("GPU-a::0",), b"answer", "2026-11-24T09:00:00Z")}
 
 
 def test_an_unusable_directory_is_a_clear_error(tmp_path: Path) -> None:

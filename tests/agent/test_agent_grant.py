@@ -26,7 +26,7 @@ def config(**kw: object) -> AgentConfig:
 
 
 def grant(d: AllocationDoc, unhealthy: dict[str, str] | None = None, **kw: object) -> ContainerGrant:
-    g = build_grant(d, DEVICES, unhealthy or {}, config(**kw), "ns/p")
+    g = build_grant(d, "main", DEVICES, unhealthy or {}, config(**kw), "ns/p")
     assert isinstance(g, ContainerGrant), g
     return g
 
@@ -82,10 +82,10 @@ def test_empty_isolation_uses_the_agent_default() -> None:
         (doc(("G1", 1024, 10.0)), {"G1": "Xid 79"}, "GPU G1, which is unhealthy (Xid 79)"),
         (doc(("G1", 50000, 10.0)), {}, "granted 50000 MiB on GPU G1, which has 40960 MiB"),
         (doc(("G1", 1024, 10.0), isolation="mig"), {}, "isolation mig, which this agent does not provide yet"),
-        (doc(("G0", 1024, 10.0), ("G1", 1024, 10.0), isolation="mps"), {}, "MPS sharing serves one GPU per pod"),
-        (doc(), {}, "grants no GPUs"),
+        (doc(("G0", 1024, 10.0), ("G1", 1024, 10.0), isolation="mps"), {}, "MPS sharing serves one GPU per container"),
+        (doc(), {}, "grants no GPUs to container main"),
     ],
 )
 def test_refusals(d: AllocationDoc, unhealthy: dict[str, str], reason: str) -> None:
-    result = build_grant(d, DEVICES, unhealthy, config(), "ns/p")
+    result = build_grant(d, "main", DEVICES, unhealthy, config(), "ns/p")
     assert isinstance(result, Refused) and reason in result.reason and "ns/p" in result.reason

@@ -80,9 +80,9 @@ def test_the_cores_mode_comes_from_the_pods_annotation_and_a_bad_one_is_refused(
     config = AgentConfig(node_name="n", hook_root=tmp_path)
     pods = [{"metadata": {"uid": UID_A, "annotations": {"gpupool.io/cores-mode": "elastic"}}}]
     mode = cores_mode_of(pods, UID_A)
-    grant = build_grant(_doc(), devices, {}, config, "ns/a", mode)
+    grant = build_grant(_doc(), "main", devices, {}, config, "ns/a", mode)
     assert not isinstance(grant, Refused) and grant.envs["GPUPOOL_CORES_MODE"] == "elastic"
-    refused = build_grant(_doc(), devices, {}, config, "ns/a", "greedy")
+    refused = build_grant(_doc(), "main", devices, {}, config, "ns/a", "greedy")
     assert isinstance(refused, Refused) and "gpupool.io/cores-mode='greedy'" in refused.reason
 
 

@@ -64,7 +64,7 @@ def test_each_rule_refuses() -> None:
     assert "already served" in reason(identify(node("a"), [pod("a", allocated=True)], N, 1))
     assert "is not waiting" in reason(identify(node("a"), [pod("a", phase="Running")], N, 1))
     assert "is not waiting" in reason(identify(node("a"), [pod("a", alloc_node="elsewhere")], N, 1))
-    assert "2 containers asking" in reason(identify(node("a"), [pod("a", containers=2)], N, 1))
+    assert "does not say which container holds" in reason(identify(node("a"), [pod("a", containers=2)], N, 1))
     assert "kubelet asks for 2 device(s)" in reason(identify(node("a"), [pod("a")], N, 2))
     no_alloc = pod("a")
     del no_alloc["metadata"]["annotations"][ANN_ALLOCATION]

@@ -2,15 +2,19 @@
 gets the same answer, even from a restarted agent.
 
 Kubelet's Allocate names devices, never a pod, and kubelet may ask again for the same container (after its
-own restart, before it wrote its checkpoint). The agent writes one entry per served pod — the pod's UID and
-name, the device IDs kubelet asked for, and the exact serialized ContainerAllocateResponse — *before* it
-returns the answer (NVIDIA's DRA driver keeps its prepared claims the same way), so whatever the agent
-answered once it can answer again, byte for byte.
+own restart, before it wrote its checkpoint). The agent writes one entry per served container — the pod's UID
+and name, the container's name, the device IDs kubelet asked for, and the exact serialized
+ContainerAllocateResponse — *before* it returns the answer (NVIDIA's DRA driver keeps its prepared claims
+the same way), so whatever the agent answered once it can answer again, byte for byte.
 
 Writes are atomic: a temporary file in the same directory, fsync, rename over the old file, fsync of the
 directory. A reader sees the old checkpoint or the new one, never half of one. A checksum over the entries
 catches a file damaged some other way; an unreadable file is moved aside and the agent starts with an empty
 checkpoint (repeats are then refused, never answered with a guess).
+
+Version 2 keys entries by (pod UID, container). Version 1 files (one entry per pod, no container: the agent
+then served one GPU container per pod) are still read; their entries carry the container "" =
+"the pod's only GPU container".
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from pathlib import Path
 from typing import Any
 
 FILE_NAME = "allocations.json"
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
+Key = tuple[str, str]  # (pod UID, container name)
 
 
 class CheckpointError(ValueError):
@@ -35,7 +41,7 @@ class CheckpointError(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class Served:
-    """One answer given to kubelet: for which pod, for which devices, and the answer itself."""
+    """One answer given to kubelet: for which pod and container, for which devices, and the answer itself."""
 
     pod_uid: str
     namespace: str
@@ -43,10 +49,15 @@ class Served:
     devices: tuple[str, ...]  # sorted: kubelet's order is not part of the identity
     response: bytes  # the serialized ContainerAllocateResponse
     time: str
+    container: str = ""  # "" in entries read from a version 1 file: the pod's only GPU container
 
     @property
     def label(self) -> str:
-        return f"{self.namespace}/{self.name}"
+        return f"{self.namespace}/{self.name}" + (f" container {self.container}" if self.container else "")
+
+    @property
+    def key(self) -> Key:
+        return self.pod_uid, self.container
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -56,6 +67,7 @@ class Served:
             "devices": list(self.devices),
             "response": base64.b64encode(self.response).decode("ascii"),
             "time": self.time,
+            "container": self.container,
         }
 
     @staticmethod
@@ -69,6 +81,7 @@ class Served:
                 devices=devices,
                 response=base64.b64decode(data["response"], validate=True),
                 time=str(data.get("time", "")),
+                container=str(data.get("container", "")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise CheckpointError(f"bad entry {str(data)[:200]!r}: {e!r}") from None
@@ -79,25 +92,25 @@ def _checksum(entries: list[dict[str, Any]]) -> str:
 
 
 def encode(node: str, entries: Iterable[Served]) -> bytes:
-    body = [e.to_json() for e in sorted(entries, key=lambda e: e.pod_uid)]
+    body = [e.to_json() for e in sorted(entries, key=lambda e: e.key)]
     doc = {"version": VERSION, "node": node, "entries": body, "checksum": _checksum(body)}
     return json.dumps(doc, indent=1, sort_keys=True).encode()
 
 
-def decode(text: bytes, node: str) -> dict[str, Served]:
+def decode(text: bytes, node: str) -> dict[Key, Served]:
     try:
         doc = json.loads(text)
     except ValueError as e:
         raise CheckpointError(f"not JSON: {e}") from None
-    if not isinstance(doc, dict) or doc.get("version") != VERSION:
-        raise CheckpointError(f"expected a version {VERSION} checkpoint")
+    if not isinstance(doc, dict) or doc.get("version") not in READABLE_VERSIONS:
+        raise CheckpointError(f"expected a checkpoint of version {' or '.join(map(str, READABLE_VERSIONS))}")
     if doc.get("node") != node:
         raise CheckpointError(f"written for node {doc.get('node')!r}, this is node {node!r}")
     body = doc.get("entries")
     if not isinstance(body, list) or doc.get("checksum") != _checksum(body):
         raise CheckpointError("checksum mismatch: the file was changed or damaged")
     entries = [Served.from_json(e) for e in body]
-    return {e.pod_uid: e for e in entries}
+    return {e.key: e for e in entries}
 
 
 def write_atomically(path: Path, data: bytes) -> None:
@@ -119,13 +132,13 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 class Checkpoint:
-    """The served pods of this node, by pod UID, mirrored in `<directory>/allocations.json`."""
+    """The served containers of this node, by (pod UID, container), mirrored in `<directory>/allocations.json`."""
 
     def __init__(self, directory: Path, node: str) -> None:
         self.directory = directory
         self.node = node
         self.path = directory / FILE_NAME
-        self.entries: dict[str, Served] = {}
+        self.entries: dict[Key, Served] = {}
 
     def load(self) -> str | None:
         """Read the file; returns a warning when it had to be set aside (the agent logs it). Raises
@@ -157,16 +170,23 @@ class Checkpoint:
         wanted = tuple(sorted(devices))
         return [e for e in self.entries.values() if e.devices == wanted]
 
+    def for_pod(self, pod_uid: str) -> dict[str, Served]:
+        """The served containers of one pod, by container name."""
+        return {e.container: e for e in self.entries.values() if e.pod_uid == pod_uid}
+
+    def pods(self) -> set[str]:
+        return {e.pod_uid for e in self.entries.values()}
+
     def record(self, served: Served, keep: Collection[str]) -> None:
         """Add `served` and drop entries whose pod UID is not in `keep` (pods gone or finished), then write."""
-        entries = {uid: e for uid, e in self.entries.items() if uid in keep}
-        entries[served.pod_uid] = served
+        entries = {key: e for key, e in self.entries.items() if key[0] in keep}
+        entries[served.key] = served
         write_atomically(self.path, encode(self.node, entries.values()))
         self.entries = entries
 
     def prune(self, keep: Collection[str]) -> bool:
         """Drop entries of pods not in `keep`; writes only when something was dropped."""
-        entries = {uid: e for uid, e in self.entries.items() if uid in keep}
+        entries = {key: e for key, e in self.entries.items() if key[0] in keep}
         if len(entries) == len(self.entries):
             return False
         write_atomically(self.path, encode(self.node, entries.values()))

@@ -66,15 +66,19 @@ def _num(value: float) -> str:
 
 def build_grant(
     doc: AllocationDoc,
+    container: str,
     devices: Mapping[str, DeviceInfo],
     unhealthy: Mapping[str, str],
     config: AgentConfig,
     pod_label: str,
     cores_mode: str = "hard",
 ) -> ContainerGrant | Refused:
-    if not doc.gpus:
-        return Refused(f"pod {pod_label}: its allocation grants no GPUs")
-    for g in doc.gpus:
+    """The grant of container `container` of the pod: its own part of the allocation (version 2), or the
+    pod's whole grant (version 1: one GPU container)."""
+    gpus = doc.container_gpus(container)
+    if not gpus:
+        return Refused(f"pod {pod_label}: its allocation grants no GPUs to container {container}")
+    for g in gpus:
         if g.uuid not in devices:
             return Refused(
                 f"pod {pod_label} was granted GPU {g.uuid}, which this node ({config.node_name}) does not have"
@@ -91,10 +95,10 @@ def build_grant(
         return Refused(f"pod {pod_label} asks for isolation mig, which this agent does not provide yet")
     if isolation not in ("mps", "hook", "none"):
         return Refused(f"pod {pod_label}: unknown isolation {isolation!r} (use mps, hook or none)")
-    uuids = [g.uuid for g in doc.gpus]
+    uuids = [g.uuid for g in gpus]
     envs = {
-        "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(g.memory_mib) for g in doc.gpus),
-        "GPUPOOL_CORES_PERCENT": ",".join(_num(g.cores) for g in doc.gpus),
+        "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(g.memory_mib) for g in gpus),
+        "GPUPOOL_CORES_PERCENT": ",".join(_num(g.cores) for g in gpus),
         "GPUPOOL_ISOLATION": isolation,
     }
     cdi: list[str] = []
@@ -104,14 +108,14 @@ def build_grant(
     else:
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
     mounts: list[MountSpec] = []
-    shared = [g for g in doc.gpus if g.cores < 100 or g.memory_mib < devices[g.uuid].memory_mib]
+    shared = [g for g in gpus if g.cores < 100 or g.memory_mib < devices[g.uuid].memory_mib]
     if isolation == "mps" and shared:
-        if len(doc.gpus) != 1:
+        if len(gpus) != 1:
             return Refused(
-                f"pod {pod_label}: MPS sharing serves one GPU per pod (one MPS daemon per GPU), "
-                f"but {len(doc.gpus)} shared GPUs were granted"
+                f"pod {pod_label}: MPS sharing serves one GPU per container (one MPS daemon per GPU), "
+                f"but {len(gpus)} shared GPUs were granted to container {container}"
             )
-        g = doc.gpus[0]
+        g = gpus[0]
         envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = _num(g.cores)
         envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={g.memory_mib}M"
         envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_container_dir
@@ -123,7 +127,9 @@ def build_grant(
         if not valid_uid(doc.pod_uid):
             return Refused(f"pod {pod_label}: its allocation names pod UID {doc.pod_uid!r}, which is not a UID")
         paths = hook_paths(config.hook_root)
-        hook_pod = HookPod(doc.pod_uid, pod_label, tuple(uuids), pod_dir(config.hook_root, doc.pod_uid))
+        # one hook directory per pod, shared by its containers: it names every GPU of the pod
+        pod_gpus = tuple(dict.fromkeys(g.uuid for g in doc.gpus))
+        hook_pod = HookPod(doc.pod_uid, pod_label, pod_gpus, pod_dir(config.hook_root, doc.pod_uid))
         envs["GPUPOOL_HOOK_DIR"] = CONTAINER_HOOK_DIR
         envs["GPUPOOL_CORES_MODE"] = cores_mode
         mounts += [

@@ -14,19 +14,27 @@ very device IDs before (the checkpoint: kubelet repeats a call after its own res
   2. the pod it names exists on this node with the same UID, is not finished, and has not already been
      served (no `gpupool.io/allocated` marker);
   3. its allocation annotation is readable, is for this node and for this pod UID;
-  4. exactly one of its containers asks for gpupool.io/gpu, and kubelet asks for as many devices as the
-     allocation grants;
+  4. it has a container asking for gpupool.io/gpu, and when several do, its allocation (version 2) says
+     which container holds what;
   5. no *other* candidate: a pod whose lock was taken over after its timeout while its Allocate was still
      pending, or a GPU pod without an allocation (bound with `spec.nodeName`, bypassing the scheduler),
      could be the subject of this call as well as the lock holder;
 - else the Allocate fails with the reason (the pod fails admission and its controller recreates it, which
   is better than a container running with another pod's share).
+
+Which container of the pod (`which_container`): kubelet calls Allocate once per container that asks for
+gpupool.io/gpu, init containers first, then app containers, each in spec order, and it asks for the next
+container only after it checkpointed the answer for the previous one. So a call is either for the first
+GPU container the agent has not served yet, or a repeat of the *last* one it served (kubelet restarted
+before it checkpointed that answer). Kubelet hands the devices of a plain init container (not of a sidecar
+or an app container) to the containers after it, so the next container may come with the same device IDs
+as that init container: then kubelet's own checkpoint tells which (gpupool.agent.kubelet_checkpoint).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,11 +88,34 @@ def _label(pod: Obj) -> str:
     return f"{m.get('namespace', 'default')}/{m.get('name', '?')}"
 
 
-def gpu_containers(pod: Obj) -> list[tuple[str, int]]:
-    """(container name, gpupool.io/gpu limit) of every container, init ones included, that asks for GPUs."""
+@dataclass(frozen=True, slots=True)
+class GpuContainer:
+    name: str
+    count: int  # its gpupool.io/gpu limit (-1 when unreadable)
+    reusable: bool  # a plain init container: kubelet may hand its devices to the containers after it
+
+
+@dataclass(frozen=True, slots=True)
+class NextContainer:
+    """Serve this container now."""
+
+    container: GpuContainer
+
+
+@dataclass(frozen=True, slots=True)
+class Again:
+    """Kubelet repeats the call of this container, served before: answer the same."""
+
+    container: str
+
+
+def gpu_containers(pod: Obj) -> list[GpuContainer]:
+    """Every container asking for GPUs, in the order kubelet calls Allocate for them: init containers
+    first, then app containers, each in spec order."""
     spec = pod.get("spec") or {}
-    out: list[tuple[str, int]] = []
-    for c in list(spec.get("initContainers") or []) + list(spec.get("containers") or []):
+    out: list[GpuContainer] = []
+    inits = [(c, True) for c in spec.get("initContainers") or []]
+    for c, is_init in inits + [(c, False) for c in spec.get("containers") or []]:
         res = c.get("resources") or {}
         value = (res.get("limits") or {}).get(RESOURCE_GPU, (res.get("requests") or {}).get(RESOURCE_GPU))
         if value is None:
@@ -94,8 +125,62 @@ def gpu_containers(pod: Obj) -> list[tuple[str, int]]:
         except ValueError:
             count = -1
         if count != 0:
-            out.append((str(c.get("name", "?")), count))
+            reusable = is_init and c.get("restartPolicy") != "Always"  # a sidecar keeps its devices
+            out.append(GpuContainer(str(c.get("name", "?")), count, reusable))
     return out
+
+
+def by_container(containers: list[GpuContainer], served: Mapping[str, Any]) -> dict[str, Any]:
+    """`served` keyed by container name. An entry under "" (checkpoint version 1, written when the agent
+    served one GPU container per pod) stands for the pod's only GPU container."""
+    if "" in served and len(containers) == 1:
+        return {containers[0].name: served[""], **{k: v for k, v in served.items() if k}}
+    return {k: v for k, v in served.items() if k}
+
+
+def _unknown() -> str:
+    return "kubelet's checkpoint was not consulted"
+
+
+def which_container(
+    label: str,
+    containers: list[GpuContainer],
+    served: Mapping[str, tuple[str, ...]],
+    ids: Collection[str],
+    kubelet_recorded: Callable[[], set[str] | str] = _unknown,
+) -> NextContainer | Again | Unidentified:
+    """Which GPU container of pod `label` this call with device IDs `ids` is for, given the device IDs the
+    agent answered each served container (`served`, by container name; see the module's docstring).
+    `kubelet_recorded` gives the pod's containers kubelet's checkpoint records (or why it cannot); it is
+    asked only when a plain init container's devices come again and the next container could take them."""
+    served = by_container(containers, served)
+    wanted = tuple(sorted(ids))
+    done = [c for c in containers if c.name in served]
+    last = done[-1] if done else None
+    nxt = next((c for c in containers if c.name not in served), None)
+    if last is not None and served[last.name] == wanted:
+        if nxt is None or nxt.count != len(wanted) or not last.reusable:
+            return Again(last.name)
+        recorded = kubelet_recorded()  # kubelet may be handing the init container's devices on
+        if isinstance(recorded, str):
+            return Unidentified(
+                f"ambiguous: this call with the device IDs of init container {last.name} of pod {label} is "
+                f"either kubelet asking for {last.name} again or the first call for {nxt.name}, and kubelet's "
+                f"checkpoint cannot tell: {recorded}"
+            )
+        return NextContainer(nxt) if last.name in recorded else Again(last.name)
+    if nxt is None:
+        names = ", ".join(c.name for c in containers)
+        return Unidentified(
+            f"every GPU container of pod {label} ({names}) has been served, and none was answered the device IDs "
+            f"{list(wanted)} of this call (kubelet picked other devices for a container it asked for before?)"
+        )
+    if nxt.count != len(wanted):
+        return Unidentified(
+            f"kubelet asks for {len(wanted)} device(s) but the next GPU container of pod {label}, {nxt.name}, "
+            f"asks for {nxt.count}: the call is not for this pod"
+        )
+    return NextContainer(nxt)
 
 
 def waiting_for_allocate(pod: Obj, node_name: str) -> AllocationDoc | None:
@@ -143,7 +228,7 @@ def is_candidate(pod: Obj, node_name: str, device_count: int, answered: Collecti
     the agent answered these exact device IDs before."""
     if not is_alive_on(pod, node_name):
         return False
-    if all(count != device_count for _, count in gpu_containers(pod)):
+    if all(c.count != device_count for c in gpu_containers(pod)):
         return False  # kubelet sends exactly one container's gpupool.io/gpu limit
     if _meta(pod).get("uid") in answered:
         return True
@@ -168,6 +253,9 @@ def identify(
     repeats = [p for p in candidates if _meta(p).get("uid") in answered]
     if len(repeats) == 1 and len(candidates) == 1:
         meta = _meta(repeats[0])
+        holder = _lock_holder(node, pods, node_name)
+        if isinstance(holder, Identified) and holder.uid == meta.get("uid"):
+            return holder  # still holds the lock: more of its containers may wait (which_container decides)
         return Repeat(meta.get("namespace", "default"), meta.get("name", "?"), meta.get("uid", ""))
     if repeats:
         names = ", ".join(sorted(_describe(p, node_name, answered) for p in candidates))
@@ -175,15 +263,15 @@ def identify(
             f"ambiguous: {names} could each be the pod this Allocate of {device_count} device(s) on {node_name} is "
             "for; refusing to guess"
         )
-    holder = _lock_holder(node, pods, node_name, device_count)
+    holder = _lock_holder(node, pods, node_name)
     if isinstance(holder, Unidentified):
         return holder
     if all(_meta(p).get("uid") != holder.uid for p in candidates):
         holder_pod = next(p for p in pods if _meta(p).get("uid") == holder.uid)
-        limits = ", ".join(str(n) for _, n in gpu_containers(holder_pod))
+        limits = ", ".join(str(c.count) for c in gpu_containers(holder_pod))
         return Unidentified(
-            f"kubelet asks for {device_count} device(s) but the GPU container of pod {holder.namespace}/{holder.name} "
-            f"asks for {limits}: the call is not for the pod holding the bind lock"
+            f"kubelet asks for {device_count} device(s) but pod {holder.namespace}/{holder.name} asks for "
+            f"{limits} in its GPU container(s): the call is not for the pod holding the bind lock"
         )
     rivals = [_describe(p, node_name, answered) for p in candidates if _meta(p).get("uid") != holder.uid]
     if rivals:
@@ -195,7 +283,7 @@ def identify(
     return holder
 
 
-def _lock_holder(node: Obj, pods: list[Obj], node_name: str, device_count: int) -> Identified | Unidentified:
+def _lock_holder(node: Obj, pods: list[Obj], node_name: str) -> Identified | Unidentified:
     """The pod the bind lock names, if it passes checks 1-4."""
     lock = read_lock(node)
     if isinstance(lock, Unidentified):
@@ -226,19 +314,24 @@ def _lock_holder(node: Obj, pods: list[Obj], node_name: str, device_count: int) 
     if doc.pod_uid and doc.pod_uid != lock.pod_uid:
         return Unidentified(f"pod {holder_label}: its allocation was written for pod uid {doc.pod_uid}")
     containers = gpu_containers(holder)
-    if len(containers) != 1:
-        names = ", ".join(n for n, _ in containers) or "none"
-        return Unidentified(
-            f"pod {holder_label} has {len(containers)} containers asking for {RESOURCE_GPU} ({names}); "
-            "the agent supports exactly one GPU container per pod"
-        )
-    if device_count != len(doc.gpus):
-        return Unidentified(
-            f"kubelet asks for {device_count} device(s) but pod {holder_label} was granted {len(doc.gpus)} GPU(s): "
-            "the call is not for the pod holding the bind lock"
-        )
+    if not containers:
+        return Unidentified(f"pod {holder_label} has no container asking for {RESOURCE_GPU}")
+    if len(containers) > 1:
+        if not doc.containers:  # version 1 would hand every container the pod's whole grant
+            return Unidentified(
+                f"pod {holder_label} has {len(containers)} containers asking for {RESOURCE_GPU} "
+                f"({', '.join(c.name for c in containers)}), but its {ANN_ALLOCATION} (version {doc.version}) "
+                "does not say which container holds which GPUs"
+            )
+        missing = [c.name for c in containers if not doc.container_gpus(c.name)]
+        if missing:
+            return Unidentified(
+                f"pod {holder_label} has {len(containers)} containers asking for {RESOURCE_GPU}, but its "
+                f"{ANN_ALLOCATION} (version {doc.version}) gives no GPUs to {', '.join(missing)}"
+            )
     return Identified(lock.namespace, lock.name, lock.pod_uid, doc, lock, _meta(holder).get("resourceVersion"))
 
 
-def allocated_marker(node_name: str, devices: list[str], time: str) -> str:
-    return json.dumps({"node": node_name, "time": time, "devices": devices}, separators=(",", ":"))
+def allocated_marker(node_name: str, devices: Iterable[str], time: str) -> str:
+    """The `gpupool.io/allocated` text: `devices` are those of all the pod's GPU containers (each once)."""
+    return json.dumps({"node": node_name, "time": time, "devices": sorted(set(devices))}, separators=(",", ":"))

@@ -4,16 +4,22 @@ All handlers are `async def` on grpc.aio (mixing sync handlers with streaming in
 known hang reports). Allocate is served one call at a time: identification reads and then clears the
 node's bind lock, and two interleaved calls must not see the same lock.
 
-Allocate, step by step (gpupool.agent.identify says how the pod is found):
+Kubelet calls Allocate once per container asking for gpupool.io/gpu (init containers first). Each call,
+step by step (gpupool.agent.identify says how the pod and its container are found):
 1. read the node and the pods bound to it (a field selector: never the whole cluster's pods);
-2. identify the pod; a repeat of an earlier call is answered from the checkpoint, byte for byte;
-3. build the answer and write it to the checkpoint (atomically) — from here on the answer is fixed;
+2. identify the pod and which of its GPU containers the call is for; a repeat of an earlier call is
+   answered from the checkpoint, byte for byte;
+3. build that container's answer and write it to the checkpoint (atomically, keyed by pod UID and
+   container) — from here on the answer is fixed;
+then, only when this was the pod's last GPU container:
 4. write the `gpupool.io/allocated` marker on the pod (conditional on its resourceVersion);
 5. release the node's bind lock if it still names the pod;
-6. return the answer.
+and 6. return the answer. Until its last GPU container is served the pod keeps the lock, so the node's next
+pod cannot be bound in between.
 A crash between any two steps leaves a state the restarted agent completes (`recover`): a checkpointed pod
-that is still alive gets its marker and its lock released, and kubelet asking again gets the same answer.
-Before step 3 nothing was written, so kubelet's retry starts over.
+that is still alive and has every GPU container served gets its marker and its lock released, and kubelet
+asking again gets the same answer. Before step 3 nothing was written for that container, so kubelet's
+retry starts over.
 """
 
 from __future__ import annotations
@@ -33,13 +39,18 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.grant import ContainerGrant, Refused, build_grant
 from gpupool.agent.hookdir import cores_mode_of, prepare_hook_pod
 from gpupool.agent.identify import (
+    Again,
     Repeat,
     Unidentified,
     allocated_marker,
+    by_container,
+    gpu_containers,
     identify,
     is_alive_on,
     read_lock,
+    which_container,
 )
+from gpupool.agent.kubelet_checkpoint import recorded_containers
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -146,7 +157,13 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             pods = await self.cluster.list_pods_on_node(self.config.node_name)
             holder = next((p for p in pods if (p.get("metadata") or {}).get("uid") == lock.pod_uid), None)
             text = ((holder or {}).get("metadata") or {}).get("annotations", {}).get(ANN_ALLOCATION)
-            return [g.uuid for g in decode_allocation(text).gpus] if text else []
+            if holder is None or not text:
+                return []
+            doc = decode_allocation(text)
+            containers = gpu_containers(holder)  # prefer the GPUs of the container kubelet asks for next
+            served = by_container(containers, self.checkpoint.for_pod(lock.pod_uid))
+            nxt = next((c for c in containers if c.name not in served), None)
+            return [g.uuid for g in (doc.container_gpus(nxt.name) if nxt is not None else doc.gpus)]
         except (ApiError, AllocationError) as e:
             log.info("no preference (cannot read the lock holder's allocation): %s", e)
             return []
@@ -212,16 +229,42 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         who = identify(node, pods, node_name, len(ids), answered)
         if isinstance(who, Unidentified):
             return grpc.StatusCode.FAILED_PRECONDITION, who.reason
-        if isinstance(who, Repeat):
-            served = self.checkpoint.entries[who.uid]
-            pod = next(p for p in pods if (p.get("metadata") or {}).get("uid") == who.uid)
-            await self._complete(served, pod, node)
-            log.info("allocated %s to pod %s again (a repeated call): the same answer", ",".join(ids), served.label)
-            again: pb.ContainerAllocateResponse = pb.ContainerAllocateResponse.FromString(served.response)
-            return again
+        pod = next(p for p in pods if (p.get("metadata") or {}).get("uid") == who.uid)
         label = f"{who.namespace}/{who.name}"
+        containers = gpu_containers(pod)
+        served = by_container(containers, self.checkpoint.for_pod(who.uid))
+        which = which_container(
+            label,
+            containers,
+            {n: e.devices for n, e in served.items()},
+            ids,
+            lambda: recorded_containers(self.config.device_plugin_dir, who.uid, self.config.resource_name),
+        )
+        if isinstance(which, Unidentified):
+            return grpc.StatusCode.FAILED_PRECONDITION, which.reason
+        if isinstance(which, Again):
+            entry = served[which.container]
+            if len(served) == len(containers):  # every GPU container served: finish what a crash left
+                await self._complete(who.uid, list(served.values()), pod, node)
+            log.info("allocated %s to pod %s again (a repeated call): the same answer", ",".join(ids), entry.label)
+            again: pb.ContainerAllocateResponse = pb.ContainerAllocateResponse.FromString(entry.response)
+            return again
+        if isinstance(who, Repeat):
+            return grpc.StatusCode.FAILED_PRECONDITION, (
+                f"container {which.container.name} of pod {label} waits for its Allocate, but the pod no longer "
+                "holds the node's bind lock (taken over after its timeout?); not serving it without the lock"
+            )
+        container = which.container.name
+        granted = len(who.allocation.container_gpus(container))
+        if granted != len(ids):
+            return grpc.StatusCode.FAILED_PRECONDITION, (
+                f"kubelet asks for {len(ids)} device(s) for container {container} of pod {label}, which was "
+                f"granted {granted} GPU(s)"
+            )
         mode = cores_mode_of(pods, who.uid)
-        grant = build_grant(who.allocation, self.table.known, self.table.unhealthy(), self.config, label, mode)
+        grant = build_grant(
+            who.allocation, container, self.table.known, self.table.unhealthy(), self.config, label, mode
+        )
         if isinstance(grant, Refused):
             return grpc.StatusCode.FAILED_PRECONDITION, grant.reason
         if grant.hook_pod is not None:  # isolation hook: the pod's accounting directory must exist first
@@ -232,27 +275,31 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         response = _to_proto(grant)
         now = format_time(self.wall_clock())
         answer = response.SerializeToString(deterministic=True)
-        served = Served(who.uid, who.namespace, who.name, tuple(sorted(ids)), answer, now)
+        entry = Served(who.uid, who.namespace, who.name, tuple(sorted(ids)), answer, now, container)
         keep = {uid for p in pods if is_alive_on(p, node_name) and (uid := (p.get("metadata") or {}).get("uid"))}
         try:
-            await asyncio.to_thread(self.checkpoint.record, served, keep)
+            await asyncio.to_thread(self.checkpoint.record, entry, keep)
         except OSError as e:
             return grpc.StatusCode.UNAVAILABLE, f"cannot write the checkpoint {self.checkpoint.path}: {e}"
         self.step(STEP_CHECKPOINTED)
-        marker = allocated_marker(node_name, list(served.devices), now)
-        problem = await self._mark_served(served, marker, who.resource_version)
-        if problem is not None:
-            return grpc.StatusCode.UNAVAILABLE, f"cannot record the allocation on pod {label}: {problem}"
-        self.step(STEP_MARKED)
-        await self._release_lock(served, node)
-        self.step(STEP_RELEASED)
-        log.info("allocated %s to pod %s: %s", ",".join(ids), label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
+        served[container] = entry
+        if len(served) == len(containers):  # the pod's last GPU container: mark it, free the node's lock
+            devices = [d for e in served.values() for d in e.devices]
+            marker = allocated_marker(node_name, devices, now)
+            problem = await self._mark_served(who.uid, who.namespace, who.name, devices, marker, who.resource_version)
+            if problem is not None:
+                return grpc.StatusCode.UNAVAILABLE, f"cannot record the allocation on pod {label}: {problem}"
+            self.step(STEP_MARKED)
+            await self._release_lock(who.uid, label, node)
+            self.step(STEP_RELEASED)
+        log.info("allocated %s to %s: %s", ",".join(ids), entry.label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
         return response
 
     async def recover(self) -> None:
         """Complete what a previous run of the agent left half done: every checkpointed pod that is still
-        alive on this node gets its marker, and the bind lock is released if it names one of them; entries of
-        pods gone or finished are dropped. Other pods are never written."""
+        alive on this node and had all its GPU containers served gets its marker, and the bind lock is
+        released if it names one of them; entries of pods gone or finished are dropped. A pod with GPU
+        containers still to serve is left as it is (kubelet calls for them). Other pods are never written."""
         async with self._allocate_lock:
             try:
                 node, pods = await self._read()
@@ -266,53 +313,60 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 await asyncio.to_thread(self.checkpoint.prune, set(alive))
             except OSError as e:
                 log.warning("could not rewrite the checkpoint %s: %s", self.checkpoint.path, e)
-            for served in list(self.checkpoint.entries.values()):
-                if served.pod_uid in alive:
-                    await self._complete(served, alive[served.pod_uid], node)
+            for uid in sorted(self.checkpoint.pods() & set(alive)):
+                containers = gpu_containers(alive[uid])
+                served = by_container(containers, self.checkpoint.for_pod(uid))
+                if len(served) == len(containers):
+                    await self._complete(uid, list(served.values()), alive[uid], node)
 
-    async def _complete(self, served: Served, pod: Obj, node: Obj) -> None:
-        """Steps 4 and 5 for an answer already fixed in the checkpoint; failures are logged (the answer
-        stands, and the next repeat or restart tries again)."""
+    async def _complete(self, uid: str, served: list[Served], pod: Obj, node: Obj) -> None:
+        """Steps 4 and 5 for a pod whose every GPU container has its answer fixed in the checkpoint; failures
+        are logged (the answers stand, and the next repeat or restart tries again)."""
         meta = pod.get("metadata") or {}
+        label = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
         if ANN_ALLOCATED not in (meta.get("annotations") or {}):
-            marker = allocated_marker(self.config.node_name, list(served.devices), served.time)
-            problem = await self._mark_served(served, marker, meta.get("resourceVersion"))
+            devices = [d for e in served for d in e.devices]
+            marker = allocated_marker(self.config.node_name, devices, max(e.time for e in served))
+            namespace, name = served[0].namespace, served[0].name
+            problem = await self._mark_served(uid, namespace, name, devices, marker, meta.get("resourceVersion"))
             if problem is not None:
-                log.warning("could not mark pod %s as served: %s", served.label, problem)
+                log.warning("could not mark pod %s as served: %s", label, problem)
                 return
-        await self._release_lock(served, node)
+        await self._release_lock(uid, label, node)
 
-    async def _mark_served(self, served: Served, marker: str, resource_version: str | None) -> str | None:
+    async def _mark_served(
+        self, uid: str, namespace: str, name: str, devices: list[str], marker: str, resource_version: str | None
+    ) -> str | None:
         """Write `gpupool.io/allocated` on the pod we identified, conditional on its resourceVersion, so a
         pod deleted and re-created under the same name in between is never marked. A 409 from an unrelated
         update (status) is re-read and retried while it is still the same, unserved pod."""
         rv = resource_version
         for _ in range(5):
             try:
-                await self.cluster.patch_pod_annotations(served.namespace, served.name, {ANN_ALLOCATED: marker}, rv)
+                await self.cluster.patch_pod_annotations(namespace, name, {ANN_ALLOCATED: marker}, rv)
                 return None
             except Conflict:
                 try:
-                    pod = await self.cluster.get_pod(served.namespace, served.name)
+                    pod = await self.cluster.get_pod(namespace, name)
                 except ApiError as e:
                     return str(e)
                 meta = pod.get("metadata") or {}
-                if meta.get("uid") != served.pod_uid:
+                if meta.get("uid") != uid:
                     return f"the pod was replaced by another with uid {meta.get('uid')}"
                 if ANN_ALLOCATED in (meta.get("annotations") or {}):
-                    return _already_marked(meta["annotations"][ANN_ALLOCATED], served)
+                    return _already_marked(meta["annotations"][ANN_ALLOCATED], devices)
                 rv = meta.get("resourceVersion")
             except ApiError as e:
                 return str(e)
         return "the pod kept changing (repeated conflicts)"
 
-    async def _release_lock(self, served: Served, node: Obj) -> None:
+    async def _release_lock(self, uid: str, label: str, node: Obj) -> None:
         """Remove the bind lock if it still names the pod we served (a 409 means: re-read, decide again).
         A failure here is logged, not returned: the pod is served correctly and the scheduler takes over
         a lock whose holder is running or past its timeout."""
         for _ in range(5):
             lock = read_lock(node)
-            if isinstance(lock, Unidentified) or lock.pod_uid != served.pod_uid:
+            if isinstance(lock, Unidentified) or lock.pod_uid != uid:
                 return
             rv = (node.get("metadata") or {}).get("resourceVersion")
             try:
@@ -322,21 +376,21 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 try:
                     node = await self.cluster.get_node(self.config.node_name)
                 except ApiError as e:
-                    log.warning("could not release the bind lock of %s: %s", served.label, e)
+                    log.warning("could not release the bind lock of %s: %s", label, e)
                     return
             except ApiError as e:
-                log.warning("could not release the bind lock of %s: %s", served.label, e)
+                log.warning("could not release the bind lock of %s: %s", label, e)
                 return
-        log.warning("gave up releasing the bind lock of %s after repeated conflicts", served.label)
+        log.warning("gave up releasing the bind lock of %s after repeated conflicts", label)
 
 
-def _already_marked(text: str, served: Served) -> str | None:
-    """None when the marker on the pod is this very answer (written by an earlier, interrupted run)."""
+def _already_marked(text: str, devices: list[str]) -> str | None:
+    """None when the marker on the pod names these very devices (written by an earlier, interrupted run)."""
     try:
-        devices = json.loads(text).get("devices")
+        marked = json.loads(text).get("devices")
     except (ValueError, AttributeError):
-        devices = None
-    if isinstance(devices, list) and tuple(sorted(str(d) for d in devices)) == served.devices:
+        marked = None
+    if isinstance(marked, list) and {str(d) for d in marked} == set(devices):
         return None
     return "the pod was already served by another Allocate"
 

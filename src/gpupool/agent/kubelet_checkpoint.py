@@ -1,0 +1,40 @@
+"""Reading kubelet's own device-manager checkpoint (`kubelet_internal_checkpoint` in the device-plugin
+directory), only to tell two calls apart that look the same.
+
+Kubelet hands the devices of a plain init container to the containers after it, so after the agent served
+init container I with device IDs D, a call with D is either kubelet asking for I again (it restarted before
+it checkpointed I's answer) or the first call for the next container. Kubelet writes its checkpoint after
+each container's Allocate and before it asks for the next container, so whether the checkpoint records I
+decides it: recorded → the next container; not recorded → a repeat of I.
+
+The file is JSON: {"Data": {"PodDeviceEntries": [{"PodUID", "ContainerName", "ResourceName", "DeviceIDs",
+"AllocResp"}, ...], "RegisteredDevices": {...}}, "Checksum": n}. Only the first three fields of an entry
+are read: `DeviceIDs` changed shape between kubelet releases (a list, then a map by NUMA node).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+FILE_NAME = "kubelet_internal_checkpoint"
+
+
+def recorded_containers(directory: Path, pod_uid: str, resource: str) -> set[str] | str:
+    """The containers of pod `pod_uid` for which kubelet's checkpoint records an allocation of `resource`
+    (none when there is no checkpoint yet); a string says why the checkpoint could not be read."""
+    path = directory / FILE_NAME
+    try:
+        doc = json.loads(path.read_bytes())
+        entries = doc["Data"]["PodDeviceEntries"] or []
+        return {
+            str(e["ContainerName"])
+            for e in entries
+            if e.get("PodUID") == pod_uid and e.get("ResourceName") == resource
+        }
+    except FileNotFoundError:  # kubelet writes it with its first record: it has recorded nothing yet
+        return set()
+    except OSError as e:
+        return f"cannot read {path}: {e.strerror or e}"
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return f"{path} is not a kubelet device-manager checkpoint as expected ({e!r})"
