@@ -165,7 +165,13 @@ BAD_CASES = [
         "isolation='vfio': use one of mps, hook, mig, none",
         id="unknown-isolation",
     ),
-    pytest.param({RESOURCE_GPU: "1"}, {ANN_ISOLATION: "mig"}, "MIG isolation is not implemented", id="mig-not-yet"),
+    pytest.param({RESOURCE_GPU: "2"}, {ANN_ISOLATION: "mig"}, "a pod gets one MIG instance", id="mig-two-gpus"),
+    pytest.param(
+        {RESOURCE_GPU: "1"},
+        {ANN_ISOLATION: "mig", "gpupool.io/mig-profile": "5g.50gb"},
+        "isolation=mig: no MIG profile serves this request on the cluster's GPUs (A100-40GB: MIG profile '5g.50gb'",
+        id="mig-unknown-profile",
+    ),
     pytest.param(
         {RESOURCE_GPU: "1"}, {"gpupool.io/policy": "fastest"}, "policy='fastest': unknown policy", id="unknown-policy"
     ),

@@ -3,7 +3,9 @@
 Mutating (`mutate`): for pods that ask for gpupool resources, route them to the gpupool scheduler, write
 GPU memory in MiB (`10Gi` -> `10240`), make a whole-GPU request explicit (`gpu-cores: 100`) and record
 the default isolation mode. Validating (`validate`): refuse what could never be scheduled or would
-break accounting, with one message that lists every problem and where it is.
+break accounting, with one message that lists every problem and where it is. A pod with isolation `mig`
+is checked against the GPU models the inventories show: some MIG-capable model it may use must have a
+profile for its request (gpupool.core.mig_request.profile_for, the rule the scheduler applies per GPU).
 
 Both run the same checks, so a pod is refused by whichever webhook sees it first with the same text.
 Every pod (GPU or not) is also checked for what no container may bring (`forbidden`), under the
@@ -26,6 +28,7 @@ from gpupool.api.names import (
     ANN_ALLOCATION,
     ANN_EXCLUDE,
     ANN_ISOLATION,
+    ANN_MIG_PROFILE,
     ANN_MODEL,
     ANN_POLICY,
     ANN_UUID,
@@ -36,6 +39,8 @@ from gpupool.api.names import (
 )
 from gpupool.api.pod import parse_pod, pod_key, wants_gpu
 from gpupool.api.quantity import QuantityError, gpu_memory_mib
+from gpupool.core.mig import known_models, mig_model
+from gpupool.core.mig_request import ProfileRefusal, profile_for
 from gpupool.core.model import GPURequest
 from gpupool.core.policies import policy_names
 from gpupool.webhook.forbidden import pod_problems
@@ -47,10 +52,6 @@ API_VERSION = "admission.k8s.io/v1"
 # Annotations only gpupool components write: the scheduler's grant and the agent's "devices handed out"
 # mark. A user who sets or edits them could make the ledger or the node agent act on a forged record.
 RESERVED_ANNOTATIONS = (ANN_ALLOCATION, ANN_ALLOCATED)
-# Valid names the node agent cannot serve yet: refusing at admission beats a pod that fails on its node.
-UNSUPPORTED_ISOLATION = {
-    "mig": "MIG isolation is not implemented by the gpupool node agent yet (use mps, hook or none)"
-}
 KIND = "AdmissionReview"
 DEFAULT_SCHEDULER = "default-scheduler"
 
@@ -233,6 +234,29 @@ def _capacity_problems(limits: Limits, request_gpu: GPURequest, warnings: list[s
     return out
 
 
+def _mig_problems(limits: Limits, request_gpu: GPURequest, named: str | None) -> list[str]:
+    """Isolation `mig`: some MIG-capable GPU model the pod may use must have a profile for it (the one
+    rule, gpupool.core.mig_request.profile_for, that the scheduler applies per GPU). The models are
+    those in the cluster the pod allows; when it names only models nobody has yet (a warning elsewhere:
+    an autoscaler may add them), those models."""
+    present = sorted(limits.largest_by_model)
+    allowed = [m for m in present if not request_gpu.models or m in request_gpu.models]
+    if request_gpu.models and not allowed:
+        allowed = sorted(request_gpu.models)
+    capable = [m for m in allowed if mig_model(m) is not None]
+    where = f" among {', '.join(sorted(request_gpu.models))}" if request_gpu.models else ""
+    if not capable:
+        return [f"{ANN_ISOLATION}=mig: no GPU model{where} in the cluster supports MIG (the cluster has "
+                f"{', '.join(present)}; MIG-capable: {', '.join(known_models())})"]
+    refusals: list[str] = []
+    for model in capable:
+        found = profile_for(model, request_gpu, named)
+        if not isinstance(found, ProfileRefusal):
+            return []
+        refusals.append(f"{model}: {found.reason}")
+    return [f"{ANN_ISOLATION}=mig: no MIG profile serves this request on the cluster's GPUs ({'; '.join(refusals)})"]
+
+
 def _annotation_problems(pod: Mapping[str, Any], user: str, settings: Settings) -> list[str]:
     annotations = _annotations(pod)
     out: list[str] = []
@@ -240,9 +264,6 @@ def _annotation_problems(pod: Mapping[str, Any], user: str, settings: Settings) 
         for key in RESERVED_ANNOTATIONS:
             if key in annotations:
                 out.append(f"annotation {key} is written by gpupool itself (scheduler or node agent) only; remove it")
-    if str(annotations.get(ANN_ISOLATION, "")).strip() in UNSUPPORTED_ISOLATION:
-        mode = str(annotations[ANN_ISOLATION]).strip()
-        out.append(f"annotation {ANN_ISOLATION}={mode!r}: {UNSUPPORTED_ISOLATION[mode]}")
     policy = annotations.get(ANN_POLICY)
     if policy is not None and policy not in policy_names():
         out.append(f"annotation {ANN_POLICY}={policy!r}: unknown policy (use one of {', '.join(policy_names())})")
@@ -296,6 +317,9 @@ def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | No
                 warnings.append("gpupool: GPU inventory not known yet; request not checked against GPU sizes")
             else:
                 errors.extend(_capacity_problems(limits, parsed.request.gpu, warnings))
+                if parsed.isolation == "mig":
+                    named = str(_annotations(pod).get(ANN_MIG_PROFILE, "")).strip() or None
+                    errors.extend(_mig_problems(limits, parsed.request.gpu, named))
     if forbidden or errors:
         # 403 when the pod asks for what the policy (or gpupool's own records) forbid; 422 when the
         # request is only impossible.
