@@ -216,9 +216,10 @@ class RealCluster:
                  lambda: "; ".join(describe_pod(p) + f":deleting={bool(p['metadata'].get('deletionTimestamp'))}"
                                    for p in self.pods()))
 
-    def grant(self, name: str) -> tuple[dict[str, str], set[str]]:
-        """What the container says it received: its gpupool/NVIDIA/MPS variables and gpupool mounts."""
-        text = self.kubectl("logs", "-n", NAMESPACE, name)
+    def grant(self, name: str, container: str | None = None) -> tuple[dict[str, str], set[str]]:
+        """What the container (the pod's only one, or `container`) says it received: its gpupool/NVIDIA/MPS
+        variables and gpupool mounts."""
+        text = self.kubectl("logs", "-n", NAMESPACE, name, *(["-c", container] if container else []))
         return parse_grant(text)
 
     def checkpoint(self, i: int) -> dict[str, list[str]]:
@@ -261,15 +262,21 @@ def parse_grant(text: str) -> tuple[dict[str, str], set[str]]:
     return env, mounts
 
 
-def expected_grant(pod: Obj, default_isolation: str = "hook") -> tuple[dict[str, str], set[str]]:
+def expected_grant(
+    pod: Obj, default_isolation: str = "hook", container: str | None = None
+) -> tuple[dict[str, str], set[str]]:
     """The environment and mounts a container must receive, written from the pod's allocation
-    annotation and the agent's documented contract (gpupool.agent.grant), not from the agent's code."""
+    annotation and the agent's documented contract (gpupool.agent.grant), not from the agent's code. With
+    `container`, that container's own part of the allocation (the annotation's `containers`, version 2)."""
     doc: AllocationDoc = decode_allocation(pod["metadata"]["annotations"][ANN_ALLOCATION])
     isolation = doc.isolation or default_isolation
+    gpus = doc.gpus
+    if container is not None and doc.containers:
+        gpus = next(part.gpus for part in doc.containers if part.name == container)
     env = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in doc.gpus),
-        "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(g.memory_mib) for g in doc.gpus),
-        "GPUPOOL_CORES_PERCENT": ",".join(f"{g.cores:g}" for g in doc.gpus),
+        "NVIDIA_VISIBLE_DEVICES": ",".join(g.uuid for g in gpus),
+        "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(g.memory_mib) for g in gpus),
+        "GPUPOOL_CORES_PERCENT": ",".join(f"{g.cores:g}" for g in gpus),
         "GPUPOOL_ISOLATION": isolation,
     }
     mounts: set[str] = set()
@@ -278,8 +285,8 @@ def expected_grant(pod: Obj, default_isolation: str = "hook") -> tuple[dict[str,
         env["GPUPOOL_HOOK_DIR"] = "/run/gpupool/hook"
         env["GPUPOOL_CORES_MODE"] = pod["metadata"]["annotations"].get("gpupool.io/cores-mode", "hard")
         mounts |= {"/usr/local/lib/gpupool/libgpupool_hook.so", "/etc/ld.so.preload", "/run/gpupool/hook"}
-    if isolation == "mps" and any(g.cores < 100 or g.memory_mib < GPU_MEMORY_MIB for g in doc.gpus):
-        g = doc.gpus[0]
+    if isolation == "mps" and any(g.cores < 100 or g.memory_mib < GPU_MEMORY_MIB for g in gpus):
+        g = gpus[0]
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{g.cores:g}"
         env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={g.memory_mib}M"
         env["CUDA_MPS_PIPE_DIRECTORY"] = "/run/gpupool/mps"

@@ -4,6 +4,7 @@ sees from inside (its logs, `kubectl exec`) is exactly its own pod's allocation.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import httpx
@@ -12,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.agent.slots import slot_gpu
 from gpupool.api.allocation import decode_allocation
-from gpupool.api.names import ANN_ALLOCATION, ANN_UUID
+from gpupool.api.names import ANN_ALLOCATION, ANN_UUID, RESOURCE_CORES, RESOURCE_MEMORY
 from tests.e2e.e2e_checks import allocation_problems
 from tests.e2e.real_node_fixtures import (
     RealCluster,
@@ -232,20 +233,26 @@ def _prom_series(prom: str, promql: str) -> list[dict]:
         return []  # Prometheus still starting
 
 
-def test_pod_with_two_gpu_containers_is_refused_with_the_agents_reason(real_cluster: RealCluster) -> None:  # noqa: F811
-    """The agent serves one GPU container per pod today: kubelet's second Allocate cannot be told apart, so
-    the pod must fail admission with the agent's reason rather than start with a share that is not its own."""
+def test_pod_with_two_gpu_containers_runs_and_each_prints_its_own_grant(real_cluster: RealCluster) -> None:  # noqa: F811
+    """Kubelet calls Allocate once per GPU container; each container receives exactly its own part of the
+    pod's allocation (the annotation's `containers`), and kubelet's slots for both are on the pod's GPU."""
     c = real_cluster
     pod = share_pod("two-c", c.node(0).name, 2048, 10)
-    second = dict(pod["spec"]["containers"][0], name="second")
+    second = copy.deepcopy(pod["spec"]["containers"][0])
+    second["name"] = "second"
+    second["resources"]["limits"].update({RESOURCE_MEMORY: "4096", RESOURCE_CORES: "30"})
     pod["spec"]["containers"].append(second)
     c.apply([pod])
-    failed = wait_for(lambda: (p := c.pod("two-c")) and phase(p) in ("Running", "Failed") and p, 120,
-                      "two-c admitted or refused", lambda: describe_pod(c.pod("two-c")))
-    assert phase(failed) == "Failed", describe_pod(failed)
-    assert failed["status"].get("reason") == "UnexpectedAdmissionError"
-    assert "exactly one GPU container per pod" in failed["status"].get("message", "")
-    assert not any(cid for cid, _, _ in _containers(failed))  # no container ever started
+    running = c.wait_running(["two-c"])[0]
+    doc = decode_allocation(running["metadata"]["annotations"][ANN_ALLOCATION])
+    # main asks for 2048 MiB / 10 %, second for 4096 MiB / 30 %: one GPU, each container its own share
+    parts = {p.name: [(g.uuid, g.memory_mib, g.cores) for g in p.gpus] for p in doc.containers}
+    (gpu,) = _gpus(running)
+    assert parts == {"main": [(gpu, 2048, 10.0)], "second": [(gpu, 4096, 30.0)]}
+    for name in ("main", "second"):
+        assert c.grant("two-c", name) == expected_grant(running, container=name), name
+    slots = c.checkpoint(0)[running["metadata"]["uid"]]
+    assert len(slots) == 2 and {slot_gpu(d) for d in slots} == {gpu}
     # The node goes on serving: the next pod runs with its own grant.
     c.apply([share_pod("after-two-c", c.node(0).name, 2048, 10)])
     _check_own_grant(c, c.wait_running(["after-two-c"]))
