@@ -16,6 +16,7 @@ from typing import Any
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import Discovered
 from gpupool.agent.fake import FakeBackend, parse_fake_description
+from gpupool.agent.mps import MpsSupervisor
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.api.allocation import AllocationDoc, GrantDoc
@@ -95,12 +96,13 @@ class Rig:
     kubelet: StandInKubelet
     agent: Agent
     config: AgentConfig
+    mps: MpsSupervisor | None = None
 
     async def restart_agent(self, step: Callable[[str], None] | None = None) -> None:
         """Stop the agent and start a new one on the same node, backend state, kubelet and checkpoint
         directory; `step` is the new agent's Allocate step hook."""
         await self.agent.stop()
-        self.agent = Agent(self.config, self.backend, ClusterPortAgent(self.cluster), step=step)
+        self.agent = Agent(self.config, self.backend, ClusterPortAgent(self.cluster), step=step, mps=self.mps)
         await self.agent.start()
 
 
@@ -125,6 +127,7 @@ async def rig(
     discovered: Discovered | None = None,
     cluster: MemoryCluster | None = None,
     step: Callable[[str], None] | None = None,
+    mps: MpsSupervisor | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Rig]:
     # unix socket paths are limited to ~107 bytes: keep the directory short
@@ -140,9 +143,9 @@ async def rig(
     config = agent_config(directory, **overrides)
     kubelet = StandInKubelet(directory)
     await kubelet.start()
-    agent = Agent(config, backend, ClusterPortAgent(cluster), step=step)
+    agent = Agent(config, backend, ClusterPortAgent(cluster), step=step, mps=mps)
     await agent.start()
-    r = Rig(cluster, backend, kubelet, agent, config)
+    r = Rig(cluster, backend, kubelet, agent, config, mps)
     try:
         await kubelet.wait_for(lambda k: RESOURCE in k.plugins and k.plugins[RESOURCE].updates > 0)
         yield r

@@ -131,21 +131,15 @@ def test_agent_supervisor_keeps_logs_out_of_the_pods_mount(tmp_path: Path) -> No
     assert s.log_dir("GPU-1") == tmp_path / "mps-log" / "GPU-1"
 
 
-async def test_the_agent_command_supervises_mps_only_for_isolation_mps(tmp_path: Path) -> None:
-    import asyncio
+def test_the_agent_command_gives_the_agent_a_supervisor_only_for_isolation_mps(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
-    from gpupool.commands.agent import _start_mps
+    from gpupool.commands.agent import _mps_supervisor
 
     backend = SimpleNamespace(discover=lambda: SimpleNamespace(devices=[SimpleNamespace(uuid="GPU-cmd-1")]))
-    stop = asyncio.Event()
-    assert _start_mps(SimpleNamespace(isolation="hook", mps_root=tmp_path / "mps"), backend, stop) is None
-    task = _start_mps(SimpleNamespace(isolation="mps", mps_root=tmp_path / "mps"), backend, stop)
-    assert task is not None
-    for _ in range(400):  # the first check tries to start the daemon (no such program on a test machine)
-        if (tmp_path / "mps-log" / "GPU-cmd-1").is_dir():
-            break
-        await asyncio.sleep(0.01)
-    assert (tmp_path / "mps" / "GPU-cmd-1").is_dir() and (tmp_path / "mps-log" / "GPU-cmd-1").is_dir()
-    stop.set()
-    await asyncio.wait_for(task, 5)
+    assert _mps_supervisor(SimpleNamespace(isolation="hook", mps_root=tmp_path / "mps"), backend) is None
+    made = _mps_supervisor(SimpleNamespace(isolation="mps", mps_root=tmp_path / "mps"), backend)
+    assert isinstance(made, MpsSupervisor) and list(made.gpus) == ["GPU-cmd-1"]
+    # pipes where Allocate mounts them from, logs in a sibling directory pods never see
+    assert made.pipe_dir("GPU-cmd-1") == tmp_path / "mps" / "GPU-cmd-1"
+    assert made.log_dir("GPU-cmd-1") == tmp_path / "mps-log" / "GPU-cmd-1"

@@ -53,6 +53,7 @@ class AgentConfig(BaseModel):
     watch_interval_s: float = Field(default=0.2, gt=0, le=1.0)  # how often kubelet.sock is checked
     reprobe_interval_s: float = Field(default=30.0, gt=0)  # unhealthy GPUs are re-probed this often
     inventory_interval_s: float = Field(default=30.0, gt=0)  # rediscovery and inventory refresh
+    mps_check_interval_s: float = Field(default=10.0, gt=0)  # MPS daemons are probed (and restarted) this often
     event_wait_s: float = Field(default=1.0, gt=0, le=10.0)  # one NVML event wait (bounds shutdown time)
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

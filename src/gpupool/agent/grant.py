@@ -53,6 +53,7 @@ class ContainerGrant:
     cdi_devices: list[str] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
     hook_pod: HookPod | None = None  # isolation hook: the host directory to prepare before answering
+    mps_gpu: str | None = None  # isolation mps on a shared GPU: the GPU whose MPS daemon serves the container
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,6 +109,7 @@ def build_grant(
     else:
         envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
     mounts: list[MountSpec] = []
+    mps_gpu = None
     shared = [g for g in gpus if g.cores < 100 or g.memory_mib < devices[g.uuid].memory_mib]
     if isolation == "mps" and shared:
         if len(gpus) != 1:
@@ -120,6 +122,7 @@ def build_grant(
         envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={g.memory_mib}M"
         envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_container_dir
         mounts.append(MountSpec(config.mps_container_dir, str(config.mps_root / g.uuid)))
+        mps_gpu = g.uuid
     hook_pod = None
     if isolation == "hook":
         if cores_mode not in CORES_MODES:
@@ -137,4 +140,4 @@ def build_grant(
             MountSpec(CONTAINER_PRELOAD, str(paths.preload), read_only=True),
             MountSpec(CONTAINER_HOOK_DIR, str(hook_pod.dir)),
         ]
-    return ContainerGrant(envs=envs, mounts=mounts, cdi_devices=cdi, hook_pod=hook_pod)
+    return ContainerGrant(envs=envs, mounts=mounts, cdi_devices=cdi, hook_pod=hook_pod, mps_gpu=mps_gpu)

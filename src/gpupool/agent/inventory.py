@@ -45,11 +45,20 @@ def _extra(devices: tuple[DeviceInfo, ...]) -> dict[int, dict[str, Any]]:
     return {d.index: {"mig": d.mig_enabled, "pci_bus_id": d.pci_bus_id} for d in devices}
 
 
-def inventory_text(node: str, discovered: Discovered, unhealthy: Mapping[str, str], split: int, time: str) -> str:
+def inventory_text(
+    node: str,
+    discovered: Discovered,
+    unhealthy: Mapping[str, str],
+    split: int,
+    time: str,
+    per_gpu: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """`per_gpu`: further fields by GPU UUID (the MPS daemon's state, the MIG instances)."""
     gpus = [d.to_gpu(healthy=d.uuid not in unhealthy) for d in discovered.devices]
-    return encode_inventory(
-        node, gpus, split, discovered.driver_version, discovered.cuda_version, time, extra=_extra(discovered.devices)
-    )
+    extra = _extra(discovered.devices)
+    for d in discovered.devices:
+        extra[d.index].update((per_gpu or {}).get(d.uuid, {}))
+    return encode_inventory(node, gpus, split, discovered.driver_version, discovered.cuda_version, time, extra=extra)
 
 
 def labels_for(discovered: Discovered) -> dict[str, str]:
@@ -74,9 +83,15 @@ class InventoryPublisher:
         self.writes = 0
         self.labels_warned = False
 
-    async def publish(self, discovered: Discovered, unhealthy: Mapping[str, str], now: float) -> bool:
+    async def publish(
+        self,
+        discovered: Discovered,
+        unhealthy: Mapping[str, str],
+        now: float,
+        per_gpu: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> bool:
         """Write the inventory if it differs from what the node carries; True when written."""
-        key = inventory_text(self.node, discovered, unhealthy, self.split, time="")
+        key = inventory_text(self.node, discovered, unhealthy, self.split, time="", per_gpu=per_gpu)
         snapshot = Snapshot(key, labels_for(discovered))
         if snapshot == self.last:
             return False
@@ -90,7 +105,7 @@ class InventoryPublisher:
         label_changes = {k: v for k, v in wanted_labels.items() if current_labels.get(k) != v}
         wrote = False
         if not annotation_same:
-            text = inventory_text(self.node, discovered, unhealthy, self.split, time=format_time(now))
+            text = inventory_text(self.node, discovered, unhealthy, self.split, time=format_time(now), per_gpu=per_gpu)
             await self.cluster.patch_node_annotations(self.node, {ANN_INVENTORY: text})
             wrote = True
         if label_changes:

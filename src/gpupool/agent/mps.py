@@ -21,9 +21,12 @@ import asyncio
 import logging
 import os
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 CONTROL = "nvidia-cuda-mps-control"
 
@@ -194,13 +197,41 @@ CHECK_INTERVAL_S = 10.0
 _log = logging.getLogger("gpupool.agent.mps")
 
 
-async def supervise(supervisor: MpsSupervisor, stop: asyncio.Event, interval_s: float = CHECK_INTERVAL_S) -> None:
-    """Check (and restart) the daemons every `interval_s` until `stop` is set; log each change of state.
+class MpsCollector(Collector):
+    """/metrics: gpupool_mps_daemon_up and gpupool_mps_daemon_restarts_total per GPU, read at scrape time."""
+
+    def __init__(self, supervisor: MpsSupervisor) -> None:
+        self.supervisor = supervisor
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("gpupool_mps_daemon_up", "1 when the GPU's MPS control daemon answers",
+                               labels=["gpu"])
+        restarts = CounterMetricFamily("gpupool_mps_daemon_restarts",
+                                       "Times the agent restarted the GPU's MPS control daemon", labels=["gpu"])
+        for name, labels, value in metric_samples(dict(self.supervisor.health)):
+            (up if name == "gpupool_mps_daemon_up" else restarts).add_metric([labels["gpu"]], value)
+        yield up
+        yield restarts
+
+
+async def supervise(
+    supervisor: MpsSupervisor,
+    stop: asyncio.Event,
+    interval_s: float = CHECK_INTERVAL_S,
+    on_change: Callable[[], None] | None = None,
+) -> None:
+    """Check (and restart) the daemons every `interval_s` until `stop` is set; log each change of state
+    and call `on_change` when the inventory fields changed (the agent then republishes its inventory).
     Daemons are left running at stop: an agent restart must not take MPS away from running pods (the next
     agent keeps a daemon that answers)."""
     seen: dict[str, bool] = {}
+    published: dict[str, dict[str, str | int]] = {}
     while True:
         health = await asyncio.to_thread(supervisor.check)
+        fields = inventory_fields(health)
+        if fields != published and on_change is not None:
+            on_change()
+        published = fields
         for gpu, h in sorted(health.items()):
             if seen.get(gpu) != h.up:
                 if h.up:

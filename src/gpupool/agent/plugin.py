@@ -51,6 +51,7 @@ from gpupool.agent.identify import (
     which_container,
 )
 from gpupool.agent.kubelet_checkpoint import recorded_containers
+from gpupool.agent.mps import MpsSupervisor
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
@@ -90,6 +91,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         wall_clock: Callable[[], float] = time.time,
         checkpoint: Checkpoint | None = None,
         step: Callable[[str], None] = _no_step,
+        mps: MpsSupervisor | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -97,6 +99,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self.wall_clock = wall_clock
         self.checkpoint = checkpoint or Checkpoint(config.checkpoint_path, config.node_name)
         self.step = step  # called after each step of Allocate: a crash injected there is a crash between steps
+        self.mps = mps  # the node's MPS daemons, when the agent runs them (None: MPS is not gpupool's to run)
         self.stats = AllocateStats()
         self._allocate_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -267,6 +270,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         )
         if isinstance(grant, Refused):
             return grpc.StatusCode.FAILED_PRECONDITION, grant.reason
+        if grant.mps_gpu is not None and self.mps is not None and (down := self.mps.refuses(grant.mps_gpu)):
+            return grpc.StatusCode.UNAVAILABLE, f"pod {label} asks for isolation mps: {down}"
         if grant.hook_pod is not None:  # isolation hook: the pod's accounting directory must exist first
             try:
                 await asyncio.to_thread(prepare_hook_pod, self.config.hook_root, grant.hook_pod, pods)

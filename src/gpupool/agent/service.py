@@ -21,6 +21,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from gpupool.agent.checkpoint import Checkpoint
 from gpupool.agent.config import AgentConfig
@@ -28,6 +29,7 @@ from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
 from gpupool.agent.health import HealthTracker
 from gpupool.agent.identify import Unidentified, read_lock, waiting_for_allocate
 from gpupool.agent.inventory import InventoryPublisher
+from gpupool.agent.mps import MpsSupervisor, inventory_fields, supervise
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.squeeze import follow_squeezes
@@ -54,8 +56,10 @@ class Agent:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         step: Callable[[str], None] | None = None,
+        mps: MpsSupervisor | None = None,
     ) -> None:
         self.config = config
+        self.mps = mps  # one MPS control daemon per GPU, supervised here (isolation mps; None: not run)
         self.step = step  # the Allocate step hook (tests inject crashes between steps)
         self.backend = backend
         self.cluster = cluster
@@ -100,7 +104,7 @@ class Agent:
             log.warning("%s", problem)
         extra = {} if self.step is None else {"step": self.step}
         self.service = DevicePluginService(
-            self.config, self.table, self.cluster, self.wall_clock, checkpoint=checkpoint, **extra
+            self.config, self.table, self.cluster, self.wall_clock, checkpoint=checkpoint, mps=self.mps, **extra
         )
         await self.service.recover()
         await self._adopt()
@@ -117,6 +121,10 @@ class Agent:
             asyncio.create_task(follow_squeezes(self.cluster, self.config.node_name, self.config.hook_root,
                                                 self._stop), name="squeeze"),
         ]
+        if self.mps is not None:  # a daemon's state change reaches the inventory at once
+            self._tasks.append(asyncio.create_task(
+                supervise(self.mps, self._stop, self.config.mps_check_interval_s, self._inventory_dirty.set),
+                name="mps"))
 
     async def _adopt(self) -> None:
         """Read (never write) what the API says about this node's pods, so a restarted agent knows where it
@@ -254,10 +262,20 @@ class Agent:
                 log.exception("rediscovery failed unexpectedly")
             await self._publish()
 
+    def _per_gpu(self) -> dict[str, dict[str, Any]]:
+        """Inventory fields by GPU UUID beyond discovery: the MPS daemon's state."""
+        out: dict[str, dict[str, Any]] = {}
+        if self.mps is not None:
+            for uuid, fields in inventory_fields(dict(self.mps.health)).items():
+                out.setdefault(uuid, {}).update(fields)
+        return out
+
     async def _publish(self) -> None:
         if self.table is None:
             return
         try:
-            await self.publisher.publish(self.table.inventory_view(), self.table.unhealthy(), self.wall_clock())
+            await self.publisher.publish(
+                self.table.inventory_view(), self.table.unhealthy(), self.wall_clock(), self._per_gpu()
+            )
         except Exception as e:  # the API being down must not stop the device plugin; retried next round
             log.warning("could not publish the inventory of node %s: %s", self.config.node_name, e)

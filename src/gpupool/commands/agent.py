@@ -119,36 +119,32 @@ async def _run(config: Any, backend: Any) -> None:
     from gpupool.agent.service import Agent
 
     port = _cluster_port(config)
-    node_agent = Agent(config, backend, ClusterPortAgent(port))
+    node_agent = Agent(config, backend, ClusterPortAgent(port), mps=_mps_supervisor(config, backend))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node_agent.request_stop)
     await node_agent.start()
     metrics = None if config.metrics_port is None else await _metrics(node_agent, config)
-    mps_stop = asyncio.Event()
-    mps_task = _start_mps(config, backend, mps_stop)
     try:
         await node_agent.wait()
     finally:
         if metrics is not None:
             await metrics.stop()
-        mps_stop.set()
-        if mps_task is not None:
-            await mps_task
         await node_agent.stop()
         await port.close()
 
 
-def _start_mps(config: Any, backend: Any, stop: asyncio.Event) -> asyncio.Task[None] | None:
-    """Isolation mps: one MPS control daemon per GPU, restarted when it dies (docs/mig-mps.md)."""
+def _mps_supervisor(config: Any, backend: Any) -> Any:
+    """Isolation mps: one MPS control daemon per GPU, supervised by the agent (restarted when it dies,
+    consulted by Allocate, shown in the inventory and /metrics; docs/mig-mps.md)."""
     if config.isolation != "mps":
         return None
     import time
 
-    from gpupool.agent.mps import agent_supervisor, supervise
+    from gpupool.agent.mps import agent_supervisor
 
     gpus = [d.uuid for d in backend.discover().devices]
-    return asyncio.create_task(supervise(agent_supervisor(config.mps_root, gpus, time.monotonic), stop))
+    return agent_supervisor(config.mps_root, gpus, time.monotonic)
 
 
 async def _metrics(node_agent: Any, config: Any) -> Any:

@@ -10,6 +10,8 @@ What is exported, and from where:
   namespace/pod/container), with what the hook measured for it; a pod whose processes measured nothing
   yet gets 0, so dashboards list every tenant of a shared GPU from its first second.
 - gpupool_pod_gpu_* from the hook directories (gpupool.agent.hook_metrics).
+- gpupool_mps_daemon_up / gpupool_mps_daemon_restarts_total per GPU, when the agent runs MPS daemons
+  (gpupool.agent.mps).
 
 The node's pods come from the API (`list_pods_on_node`, the agent's own permission), refreshed in the
 background; a scrape never waits for the API. Tenants are the pods the agent served (`gpupool.io/allocated`)
@@ -31,6 +33,7 @@ from prometheus_client import CollectorRegistry
 
 from gpupool.agent.hook_metrics import HookUsageCollector
 from gpupool.agent.hookdir import read_all
+from gpupool.agent.mps import MpsCollector
 from gpupool.agent.service import Agent
 from gpupool.api.allocation import AllocationError, decode_allocation
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
@@ -134,6 +137,8 @@ async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: fl
     node = NodeMetrics(agent)
     DeviceCollector(node.samples, node.pod_of, registry=registry)
     registry.register(HookUsageCollector(agent.config.hook_root))
+    if agent.mps is not None:  # gpupool_mps_daemon_up / _restarts_total per GPU
+        registry.register(MpsCollector(agent.mps))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))

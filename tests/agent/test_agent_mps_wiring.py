@@ -1,0 +1,124 @@
+"""The MPS supervisor inside the agent: Allocate refuses MPS shares on a GPU whose daemon is down, the node
+inventory carries each GPU's daemon state and restarts, and /metrics serves them. The daemons are a stand-in
+control program (a function answering like `nvidia-cuda-mps-control`) whose GPU can be broken at will."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import grpc
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from gpupool.agent.mps import Answer, MpsConfig, MpsSupervisor
+from gpupool.api.inventory import decode_inventory
+from gpupool.api.names import ANN_INVENTORY
+from gpupool.commands.agent_metrics import start_metrics_server
+from tests.agent.agent_helpers import NODE, RESOURCE, Rig, eventually, pod_object, rig, scheduler_binds
+
+GPUS = [f"GPU-aaaa-{i}" for i in range(4)]
+
+
+class FakeDaemons:
+    """One daemon per GPU (by CUDA_VISIBLE_DEVICES): `-d` starts it unless its GPU is broken; any command
+    is answered while it runs."""
+
+    def __init__(self) -> None:
+        self.running: set[str] = set()
+        self.broken: set[str] = set()
+
+    def __call__(self, argv: list[str], env: dict[str, str], stdin: str, timeout_s: float) -> Answer:
+        gpu = env["CUDA_VISIBLE_DEVICES"]
+        if argv[1:] == ["-d"]:
+            if gpu in self.broken:
+                return Answer(False, "cannot start: GPU broken")
+            self.running.add(gpu)
+            return Answer(True, "")
+        return Answer(True, "100") if gpu in self.running else Answer(False, "Cannot find MPS control daemon process")
+
+    def kill(self, gpu: str, for_good: bool) -> None:
+        self.running.discard(gpu)
+        if for_good:
+            self.broken.add(gpu)
+
+
+def supervisor(tmp: Path, daemons: FakeDaemons) -> MpsSupervisor:
+    return MpsSupervisor(MpsConfig(pipe_root=tmp / "pipe", log_root=tmp / "log"), GPUS, lambda: 0.0, runner=daemons)
+
+
+async def inventory_mps(r: Rig) -> dict[str, tuple[str, int]]:
+    text = (await r.cluster.get_node(NODE))["metadata"]["annotations"][ANN_INVENTORY]
+    return {g.uuid: (g.mps, g.mps_restarts) for g in decode_inventory(text).gpus}
+
+
+async def mps_metrics(r: Rig) -> dict[tuple[str, str], float]:
+    server = await start_metrics_server(r.agent, "127.0.0.1", 0, refresh_s=60)
+    try:
+        async with httpx.AsyncClient() as client:
+            text = (await client.get(f"http://127.0.0.1:{server.port}/metrics")).text
+    finally:
+        await server.stop()
+    return {(s.name, s.labels["gpu"]): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name.startswith("gpupool_mps_daemon")}
+
+
+async def test_mps_shares_are_refused_while_the_gpus_daemon_is_down_and_health_is_published(tmp_path: Path) -> None:
+    daemons = FakeDaemons()
+    async with rig(mps=supervisor(tmp_path, daemons), isolation="mps", mps_check_interval_s=0.05) as r:
+        await eventually(lambda: daemons.running == set(GPUS))
+        await scheduler_binds(r.cluster, pod_object("a", 1), [("GPU-aaaa-0", 0, 8192, 25.0)], isolation="mps")
+        served = await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::0"])
+        assert served.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+
+        daemons.kill("GPU-aaaa-1", for_good=True)  # it dies and cannot be started again
+        await eventually(lambda: r.agent.mps is not None and not r.agent.mps.health["GPU-aaaa-1"].up)
+        await scheduler_binds(r.cluster, pod_object("b", 1), [("GPU-aaaa-1", 1, 8192, 25.0)], isolation="mps")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-1::0"])
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert "pod default/b asks for isolation mps: the MPS daemon of GPU GPU-aaaa-1 is down" in err.value.details()
+
+        # the inventory says so at once (restarts: each failed start after the first counts)
+        async def down_published() -> bool:
+            state, restarts = (await inventory_mps(r))["GPU-aaaa-1"]
+            return state == "down" and restarts >= 1
+        await eventually_async(down_published)
+        assert (await inventory_mps(r))["GPU-aaaa-0"] == ("up", 0)
+        metrics = await mps_metrics(r)
+        assert metrics[("gpupool_mps_daemon_up", "GPU-aaaa-0")] == 1.0
+        assert metrics[("gpupool_mps_daemon_up", "GPU-aaaa-1")] == 0.0
+        assert metrics[("gpupool_mps_daemon_restarts_total", "GPU-aaaa-1")] >= 1.0
+
+        # the GPU is repaired: the supervisor starts its daemon and the same call is served
+        daemons.broken.clear()
+        await eventually(lambda: r.agent.mps is not None and r.agent.mps.health["GPU-aaaa-1"].up)
+        again = await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-1::0"])
+        assert again.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/run/gpupool/mps"
+
+
+async def test_whole_gpus_and_other_isolations_do_not_depend_on_the_daemon(tmp_path: Path) -> None:
+    daemons = FakeDaemons()
+    daemons.broken.add("GPU-aaaa-2")
+    async with rig(mps=supervisor(tmp_path, daemons), isolation="mps", mps_check_interval_s=0.05) as r:
+        await eventually(lambda: r.agent.mps is not None and r.agent.mps.health["GPU-aaaa-2"].starts > 0)
+        # a whole GPU gets no MPS settings (docs/agent.md), so its daemon does not matter
+        await scheduler_binds(r.cluster, pod_object("whole", 1), [("GPU-aaaa-2", 2, 81920, 100.0)], isolation="mps")
+        assert "CUDA_MPS_PIPE_DIRECTORY" not in (await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-2::0"])).envs
+
+
+async def test_an_agent_without_mps_daemons_publishes_no_mps_state() -> None:
+    async with rig() as r:
+        assert set((await inventory_mps(r)).values()) == {("", 0)}
+        assert await mps_metrics(r) == {}
+
+
+async def eventually_async(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+    """Await `check()` until it is true; the timeout only prevents a hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not await check():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached before the timeout")
+        await asyncio.sleep(0.02)
