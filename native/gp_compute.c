@@ -61,6 +61,7 @@ struct devmeter {
     uint64_t charged_seen;
     uint64_t launches_seen;
     int seen_pod;                 /* NVML has reported one of the pod's processes on this GPU */
+    int paced;                    /* the GPU was capped at the previous measurement (the window was paced) */
 };
 static struct devmeter meters[GP_MAX_DEV];
 
@@ -116,14 +117,17 @@ static void measure(int li, struct gp_shared *s, int64_t window_ns) {
     m->launches_seen = launches;
     __atomic_add_fetch(&d->busy_ns, (uint64_t)pod_ns, __ATOMIC_RELAXED);
     __atomic_add_fetch(&d->others_ns, (uint64_t)other_ns, __ATOMIC_RELAXED);
-    if (m->seen_pod && gp_cap_ppm(li) < GP_PPM) /* replace the estimates charged by what the GPU measured */
+    int64_t cap = gp_cap_ppm(li);
+    /* Replace the estimates charged by what the GPU measured, over a window that was paced throughout: the
+     * busy time of a window that began uncapped (before a squeeze) was never charged, and is no debt. */
+    if (m->seen_pod && m->paced && cap < GP_PPM)
         __atomic_add_fetch(&d->tokens, (int64_t)dc - (int64_t)pod_ns, __ATOMIC_ACQ_REL);
+    m->paced = cap < GP_PPM;
     if (dl > 0 && pod_ns > 0) {
         int64_t c = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED);
         int64_t sample = (int64_t)(pod_ns / (double)dl);
         __atomic_store_n(&d->cost_ns, c <= 0 ? sample : (c * 7 + sample * 3) / 10, __ATOMIC_RELAXED);
     }
-    int64_t cap = gp_cap_ppm(li);
     if (cap >= GP_PPM) { /* uncapped: nothing is paced, so no credit or debt may build up */
         __atomic_store_n(&d->tokens, 0, __ATOMIC_RELEASE);
         __atomic_store_n(&d->rate_ppm, cap, __ATOMIC_RELEASE);
