@@ -16,6 +16,7 @@ from typing import Any
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import Discovered
 from gpupool.agent.fake import FakeBackend, parse_fake_description
+from gpupool.agent.mig import MigManager
 from gpupool.agent.mps import MpsSupervisor
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
@@ -97,12 +98,14 @@ class Rig:
     agent: Agent
     config: AgentConfig
     mps: MpsSupervisor | None = None
+    mig: Callable[[], MigManager] | None = None  # makes the agent's MIG manager (a new one per agent run)
 
     async def restart_agent(self, step: Callable[[str], None] | None = None) -> None:
         """Stop the agent and start a new one on the same node, backend state, kubelet and checkpoint
         directory; `step` is the new agent's Allocate step hook."""
         await self.agent.stop()
-        self.agent = Agent(self.config, self.backend, ClusterPortAgent(self.cluster), step=step, mps=self.mps)
+        self.agent = Agent(self.config, self.backend, ClusterPortAgent(self.cluster), step=step, mps=self.mps,
+                           mig=None if self.mig is None else self.mig())
         await self.agent.start()
 
 
@@ -128,6 +131,7 @@ async def rig(
     cluster: MemoryCluster | None = None,
     step: Callable[[str], None] | None = None,
     mps: MpsSupervisor | None = None,
+    mig: Callable[[], MigManager] | None = None,
     **overrides: Any,
 ) -> AsyncIterator[Rig]:
     # unix socket paths are limited to ~107 bytes: keep the directory short
@@ -143,9 +147,9 @@ async def rig(
     config = agent_config(directory, **overrides)
     kubelet = StandInKubelet(directory)
     await kubelet.start()
-    agent = Agent(config, backend, ClusterPortAgent(cluster), step=step, mps=mps)
+    agent = Agent(config, backend, ClusterPortAgent(cluster), step=step, mps=mps, mig=None if mig is None else mig())
     await agent.start()
-    r = Rig(cluster, backend, kubelet, agent, config, mps)
+    r = Rig(cluster, backend, kubelet, agent, config, mps, mig)
     try:
         await kubelet.wait_for(lambda k: RESOURCE in k.plugins and k.plugins[RESOURCE].updates > 0)
         yield r

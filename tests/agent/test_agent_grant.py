@@ -81,7 +81,7 @@ def test_empty_isolation_uses_the_agent_default() -> None:
         (doc(("G9", 1024, 10.0)), {}, "GPU G9, which this node (n) does not have"),
         (doc(("G1", 1024, 10.0)), {"G1": "Xid 79"}, "GPU G1, which is unhealthy (Xid 79)"),
         (doc(("G1", 50000, 10.0)), {}, "granted 50000 MiB on GPU G1, which has 40960 MiB"),
-        (doc(("G1", 1024, 10.0), isolation="mig"), {}, "isolation mig, which this agent does not provide yet"),
+        (doc(("G1", 1024, 10.0), isolation="mig"), {}, "isolation mig, but no MIG device for GPU(s) G1"),
         (doc(("G0", 1024, 10.0), ("G1", 1024, 10.0), isolation="mps"), {}, "MPS sharing serves one GPU per container"),
         (doc(), {}, "grants no GPUs to container main"),
     ],

@@ -54,6 +54,9 @@ class AgentConfig(BaseModel):
     reprobe_interval_s: float = Field(default=30.0, gt=0)  # unhealthy GPUs are re-probed this often
     inventory_interval_s: float = Field(default=30.0, gt=0)  # rediscovery and inventory refresh
     mps_check_interval_s: float = Field(default=10.0, gt=0)  # MPS daemons are probed (and restarted) this often
+    # MIG: instances of pods gone are released, and those idle this long destroyed, every mig_interval_s
+    mig_interval_s: float = Field(default=30.0, gt=0)
+    mig_idle_after_s: float = Field(default=600.0, gt=0)
     event_wait_s: float = Field(default=1.0, gt=0, le=10.0)  # one NVML event wait (bounds shutdown time)
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

@@ -36,6 +36,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpupool.agent.devices import DeviceInfo, Discovered, DiscoveryError, HealthEvent
+from gpupool.agent.mig import MigBackend
 
 MAX_UUID_LEN = 58  # device IDs are "<uuid>::<slot>" and kubelet allows 63 characters
 
@@ -166,6 +167,14 @@ class FakeBackend:
     def from_file(cls, path: Path) -> FakeBackend:
         discovered, unhealthy = load_fake_file(path)
         return cls(discovered, unhealthy)
+
+    def mig_backend(self) -> MigBackend | None:
+        """A fake MIG driver for the GPUs described with `mig: true` (same geometry and NVML answers;
+        gpupool.agent.fake_mig), so that isolation mig runs without a GPU; None when there are none."""
+        from gpupool.agent.fake_mig import FakeMigDriver
+
+        mig = {d.uuid: d.model for d in self._discovered.devices if d.mig_enabled}
+        return FakeMigDriver(mig) if mig else None
 
     # --- DiscoveryBackend ---------------------------------------------------------------------------------
     def discover(self) -> Discovered:

@@ -15,7 +15,10 @@ Environment contract (read by the interception shim and by users):
   `gpupool.io/cores-mode` annotation) beside the limits above;
 - isolation `mps` on a shared GPU: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
   (`0=<MiB>M`) and CUDA_MPS_PIPE_DIRECTORY, with the GPU's pipe directory (<mps_root>/<UUID>, one MPS
-  control daemon per GPU, so one tenant's fault cannot stall other GPUs) mounted there.
+  control daemon per GPU, so one tenant's fault cannot stall other GPUs) mounted there;
+- isolation `mig`: NVIDIA_VISIBLE_DEVICES names the MIG device (`MIG-<uuid>`, carved by the agent's MIG
+  manager before the answer) instead of the GPU, GPUPOOL_MIG_PROFILE its profile; no interception library
+  and no MPS (MIG is hardware isolation).
 """
 
 from __future__ import annotations
@@ -73,9 +76,11 @@ def build_grant(
     config: AgentConfig,
     pod_label: str,
     cores_mode: str = "hard",
+    mig_devices: Mapping[str, str] | None = None,
 ) -> ContainerGrant | Refused:
     """The grant of container `container` of the pod: its own part of the allocation (version 2), or the
-    pod's whole grant (version 1: one GPU container)."""
+    pod's whole grant (version 1: one GPU container). Isolation `mig` needs `mig_devices`: the MIG device
+    UUID the MIG manager gave each granted GPU."""
     gpus = doc.container_gpus(container)
     if not gpus:
         return Refused(f"pod {pod_label}: its allocation grants no GPUs to container {container}")
@@ -92,16 +97,21 @@ def build_grant(
                 f"{devices[g.uuid].memory_mib} MiB"
             )
     isolation = doc.isolation or config.isolation
-    if isolation == "mig":
-        return Refused(f"pod {pod_label} asks for isolation mig, which this agent does not provide yet")
-    if isolation not in ("mps", "hook", "none"):
-        return Refused(f"pod {pod_label}: unknown isolation {isolation!r} (use mps, hook or none)")
+    if isolation not in ("mps", "hook", "none", "mig"):
+        return Refused(f"pod {pod_label}: unknown isolation {isolation!r} (use mps, hook, none or mig)")
     uuids = [g.uuid for g in gpus]
+    if isolation == "mig":
+        missing = [g.uuid for g in gpus if g.mig is None or g.uuid not in (mig_devices or {})]
+        if missing:
+            return Refused(f"pod {pod_label}: isolation mig, but no MIG device for GPU(s) {', '.join(missing)}")
+        uuids = [(mig_devices or {})[g.uuid] for g in gpus]
     envs = {
         "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(g.memory_mib) for g in gpus),
         "GPUPOOL_CORES_PERCENT": ",".join(_num(g.cores) for g in gpus),
         "GPUPOOL_ISOLATION": isolation,
     }
+    if isolation == "mig":
+        envs["GPUPOOL_MIG_PROFILE"] = ",".join(g.mig.profile for g in gpus if g.mig is not None)
     cdi: list[str] = []
     if config.cdi:
         cdi = [f"{config.cdi_kind}={u}" for u in uuids]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -378,6 +379,35 @@ class MigManager:
         except MigError as e:
             return MigRefused(f"{gpu}: switching MIG mode failed: {e}")
         return None
+
+
+def agent_mig_manager(source: object, directory: Path, idle_after_s: float,
+                      clock: Callable[[], float] = time.time) -> MigManager | None:
+    """The agent's MIG manager, when its discovery backend (`source.mig_backend()`) has a GPU in MIG mode;
+    checkpoint `<directory>/mig.json`. Wall-clock time: an instance's idle time counts across agent
+    restarts. None: isolation mig is refused on this node."""
+    make = getattr(source, "mig_backend", None)
+    driver = make() if make is not None else None
+    if driver is None or not any(driver.mig_enabled(g) for g in driver.gpu_uuids()):
+        return None
+    return MigManager(driver, directory / "mig.json", clock, idle_after_s=idle_after_s)
+
+
+def mig_inventory_fields(manager: MigManager) -> dict[str, dict[str, object]]:
+    """Per MIG-mode GPU, what the node inventory shows (gpupool.api.inventory GPUDoc): `mig: true` and its
+    instances (profile, start, whether a pod holds it, MIG UUID once its compute instance exists). An
+    instance being made or destroyed counts as used: its slices are not free."""
+    out: dict[str, dict[str, object]] = {}
+    for gpu in manager.backend.gpu_uuids():
+        if not manager.backend.mig_enabled(gpu):
+            continue
+        instances = [
+            {"profile": e.profile, "start": e.start, "used": e.pod is not None or e.state != "ready",
+             "uuid": e.uuid or ""}
+            for e in sorted(manager.entries, key=lambda e: e.start) if e.gpu == gpu
+        ]
+        out[gpu] = {"mig": True, "mig_instances": instances}
+    return out
 
 
 def mode_switch_allowed(labels: Mapping[str, str]) -> bool:

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import Any
 
 from gpupool.agent.devices import DeviceInfo, Discovered, DiscoveryError, HealthEvent
+from gpupool.agent.mig_nvml import NvmlMigBackend
 
 MIB = 1024 * 1024
 _XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError, used when the module lacks the constant
@@ -73,6 +74,10 @@ class NvmlBackend:
         self._initialised = True
 
     # --- discovery ----------------------------------------------------------------------------------------
+    def mig_backend(self) -> NvmlMigBackend:
+        """MIG through the same NVML session (gpupool.agent.mig_nvml)."""
+        return NvmlMigBackend(self._nvml)
+
     def discover(self) -> Discovered:
         n = self._nvml
         try:

@@ -40,6 +40,7 @@ from gpupool.agent.grant import ContainerGrant, Refused, build_grant
 from gpupool.agent.hookdir import cores_mode_of, prepare_hook_pod
 from gpupool.agent.identify import (
     Again,
+    GpuContainer,
     Repeat,
     Unidentified,
     allocated_marker,
@@ -51,13 +52,14 @@ from gpupool.agent.identify import (
     which_container,
 )
 from gpupool.agent.kubelet_checkpoint import recorded_containers
+from gpupool.agent.mig import MigError, MigManager, MigRefused
 from gpupool.agent.mps import MpsSupervisor
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpupool.agent.slots import preferred, slot_gpu
 from gpupool.agent.table import DeviceTable
-from gpupool.api.allocation import AllocationError, decode_allocation
+from gpupool.api.allocation import AllocationError, GrantDoc, decode_allocation
 from gpupool.api.lock import ANN_BIND_LOCK, format_time
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.cluster.port import ApiError, Conflict
@@ -68,6 +70,7 @@ API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 # The steps of an Allocate after which `step` hooks run (tests inject crashes there).
 STEP_READ, STEP_CHECKPOINTED, STEP_MARKED, STEP_RELEASED = "read", "checkpointed", "marked", "released"
+STEP_CARVED = "carved"  # isolation mig: the pod's MIG instance exists (before the checkpoint)
 Obj = dict[str, Any]
 
 
@@ -92,6 +95,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         checkpoint: Checkpoint | None = None,
         step: Callable[[str], None] = _no_step,
         mps: MpsSupervisor | None = None,
+        mig: MigManager | None = None,
+        changed: Callable[[], None] = lambda: None,
     ) -> None:
         self.config = config
         self.table = table
@@ -100,6 +105,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self.checkpoint = checkpoint or Checkpoint(config.checkpoint_path, config.node_name)
         self.step = step  # called after each step of Allocate: a crash injected there is a crash between steps
         self.mps = mps  # the node's MPS daemons, when the agent runs them (None: MPS is not gpupool's to run)
+        self.mig = mig  # the node's MIG manager, when a GPU is in MIG mode (None: isolation mig is refused)
+        self.changed = changed  # called when the inventory should be published again (a MIG instance changed)
+        self.mig_reconciled = False
         self.stats = AllocateStats()
         self._allocate_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -264,9 +272,17 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 f"kubelet asks for {len(ids)} device(s) for container {container} of pod {label}, which was "
                 f"granted {granted} GPU(s)"
             )
+        mig_devices: dict[str, str] | None = None
+        if (who.allocation.isolation or self.config.isolation) == "mig":
+            carved = await self._carve(who.uid, label, containers, who.allocation.container_gpus(container))
+            if isinstance(carved, tuple):
+                return carved
+            mig_devices = carved
+            self.step(STEP_CARVED)
         mode = cores_mode_of(pods, who.uid)
         grant = build_grant(
-            who.allocation, container, self.table.known, self.table.unhealthy(), self.config, label, mode
+            who.allocation, container, self.table.known, self.table.unhealthy(), self.config, label, mode,
+            mig_devices,
         )
         if isinstance(grant, Refused):
             return grpc.StatusCode.FAILED_PRECONDITION, grant.reason
@@ -299,6 +315,75 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             self.step(STEP_RELEASED)
         log.info("allocated %s to %s: %s", ",".join(ids), entry.label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
         return response
+
+    async def _carve(
+        self, uid: str, label: str, containers: list[GpuContainer], gpus: list[GrantDoc]
+    ) -> dict[str, str] | tuple[grpc.StatusCode, str]:
+        """Isolation mig: the MIG device of the pod's planned instance (carved now, or the one it already
+        holds when kubelet asks again), by GPU UUID. Done before the checkpoint: a crash after it leaves an
+        instance the pod holds, which the retry gets again and the pod's deletion releases."""
+        if self.mig is None:
+            return grpc.StatusCode.FAILED_PRECONDITION, (
+                f"pod {label} asks for isolation mig, but the agent on {self.config.node_name} manages no MIG "
+                "devices (no GPU of the node is in MIG mode)"
+            )
+        if len(containers) != 1 or len(gpus) != 1:
+            return grpc.StatusCode.FAILED_PRECONDITION, (
+                f"pod {label}: isolation mig serves one MIG instance per pod (one GPU container asking for one "
+                f"GPU); it has {len(containers)} GPU container(s) and this one was granted {len(gpus)} GPU(s)"
+            )
+        g = gpus[0]
+        if g.uuid not in self.table.known or g.uuid in self.table.unhealthy():
+            return {}  # nothing to carve: the grant is refused for the GPU itself
+        if g.mig is None:
+            return grpc.StatusCode.FAILED_PRECONDITION, (
+                f"pod {label}: its {ANN_ALLOCATION} names no MIG instance (profile, start) for GPU {g.uuid}"
+            )
+        if not self.mig_reconciled:
+            return grpc.StatusCode.UNAVAILABLE, (
+                f"pod {label}: the MIG state of node {self.config.node_name} is not reconciled yet (API unreachable "
+                "at start?); retry"
+            )
+        try:
+            got = await asyncio.to_thread(self.mig.ensure, uid, g.uuid, g.mig.profile, g.mig.start)
+        except (MigError, OSError) as e:
+            return grpc.StatusCode.UNAVAILABLE, f"pod {label}: the MIG manager failed on GPU {g.uuid}: {e}"
+        if isinstance(got, MigRefused):
+            return grpc.StatusCode.FAILED_PRECONDITION, got.reason
+        self.changed()
+        return {g.uuid: got.uuid}
+
+    async def mig_housekeeping(self, reconcile: bool = False) -> bool:
+        """Reconcile the MIG manager with the pods of this node (`reconcile`, at start), release the
+        instances of pods gone or finished, and destroy those idle long enough. True when something
+        changed (the inventory is then published again). Under the Allocate lock: the manager is not
+        shared between two threads."""
+        if self.mig is None:
+            return False
+        mig = self.mig
+        async with self._allocate_lock:
+            try:
+                pods = await self.cluster.list_pods_on_node(self.config.node_name)
+            except Exception as e:  # the API being away: try again next round
+                log.warning("MIG housekeeping: cannot list the pods of node %s: %s", self.config.node_name, e)
+                return False
+            alive = {uid for p in pods if is_alive_on(p, self.config.node_name) and (uid := p["metadata"].get("uid"))}
+            before = _mig_state(mig)
+            try:
+                if reconcile or not self.mig_reconciled:
+                    records = _mig_records(self.checkpoint)
+                    report = await asyncio.to_thread(mig.reconcile, {uid: records.get(uid) for uid in alive})
+                    self.mig_reconciled = True
+                    if report.finished or report.adopted or report.lost or report.destroyed or report.kept_in_use:
+                        log.info("MIG reconciled: %s", report)
+                for uid in sorted({e.pod for e in mig.entries if e.pod is not None} - alive):
+                    await asyncio.to_thread(mig.release, uid)
+                report = await asyncio.to_thread(mig.reap)
+                if report.destroyed or report.kept_in_use:
+                    log.info("MIG idle instances: destroyed %s, kept (in use) %s", report.destroyed, report.kept_in_use)
+            except (MigError, OSError) as e:
+                log.warning("MIG housekeeping on node %s failed: %s", self.config.node_name, e)
+            return _mig_state(mig) != before
 
     async def recover(self) -> None:
         """Complete what a previous run of the agent left half done: every checkpointed pod that is still
@@ -387,6 +472,22 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 log.warning("could not release the bind lock of %s: %s", label, e)
                 return
         log.warning("gave up releasing the bind lock of %s after repeated conflicts", label)
+
+
+def _mig_state(mig: MigManager) -> list[tuple[str, str, int, str, str | None, str | None]]:
+    return sorted((e.gpu, e.profile, e.start, e.state, e.pod, e.uuid) for e in mig.entries)
+
+
+def _mig_records(checkpoint: Checkpoint) -> dict[str, str]:
+    """Pod UID -> the MIG device its checkpointed answer names (what a restarted MIG manager reconciles with)."""
+    out: dict[str, str] = {}
+    for e in checkpoint.entries.values():
+        answer = pb.ContainerAllocateResponse.FromString(e.response)
+        cdi = [c.name.partition("=")[2] for c in answer.cdi_devices]
+        for device in [*answer.envs.get("NVIDIA_VISIBLE_DEVICES", "").split(","), *cdi]:
+            if device.startswith("MIG-"):
+                out[e.pod_uid] = device
+    return out
 
 
 def _already_marked(text: str, devices: list[str]) -> str | None:

@@ -29,6 +29,7 @@ from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
 from gpupool.agent.health import HealthTracker
 from gpupool.agent.identify import Unidentified, read_lock, waiting_for_allocate
 from gpupool.agent.inventory import InventoryPublisher
+from gpupool.agent.mig import MigManager, mig_inventory_fields
 from gpupool.agent.mps import MpsSupervisor, inventory_fields, supervise
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
@@ -57,8 +58,10 @@ class Agent:
         wall_clock: Callable[[], float] = time.time,
         step: Callable[[str], None] | None = None,
         mps: MpsSupervisor | None = None,
+        mig: MigManager | None = None,
     ) -> None:
         self.config = config
+        self.mig = mig  # carves MIG instances for isolation mig pods (None: no GPU of the node is in MIG mode)
         self.mps = mps  # one MPS control daemon per GPU, supervised here (isolation mps; None: not run)
         self.step = step  # the Allocate step hook (tests inject crashes between steps)
         self.backend = backend
@@ -102,11 +105,15 @@ class Agent:
         problem = await asyncio.to_thread(checkpoint.load)
         if problem is not None:
             log.warning("%s", problem)
-        extra = {} if self.step is None else {"step": self.step}
         self.service = DevicePluginService(
-            self.config, self.table, self.cluster, self.wall_clock, checkpoint=checkpoint, mps=self.mps, **extra
+            self.config, self.table, self.cluster, self.wall_clock, checkpoint=checkpoint, mps=self.mps,
+            mig=self.mig, changed=self._inventory_dirty.set,
         )
+        if self.step is not None:
+            self.service.step = self.step
         await self.service.recover()
+        if await self.service.mig_housekeeping(reconcile=True):
+            await self._publish()
         await self._adopt()
         self.server = PluginServer(self.service, self.config.plugin_socket_path)
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -121,6 +128,8 @@ class Agent:
             asyncio.create_task(follow_squeezes(self.cluster, self.config.node_name, self.config.hook_root,
                                                 self._stop), name="squeeze"),
         ]
+        if self.mig is not None:
+            self._tasks.append(asyncio.create_task(self._mig_loop(), name="mig"))
         if self.mps is not None:  # a daemon's state change reaches the inventory at once
             self._tasks.append(asyncio.create_task(
                 supervise(self.mps, self._stop, self.config.mps_check_interval_s, self._inventory_dirty.set),
@@ -262,12 +271,24 @@ class Agent:
                 log.exception("rediscovery failed unexpectedly")
             await self._publish()
 
+    async def _mig_loop(self) -> None:
+        """Release the MIG instances of pods gone, destroy those idle long enough (MigManager.reap)."""
+        assert self.service is not None
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), timeout=self.config.mig_interval_s)
+            if not self._stop.is_set() and await self.service.mig_housekeeping():
+                self._inventory_dirty.set()
+
     def _per_gpu(self) -> dict[str, dict[str, Any]]:
-        """Inventory fields by GPU UUID beyond discovery: the MPS daemon's state."""
+        """Inventory fields by GPU UUID beyond discovery: the MPS daemon's state, the MIG instances."""
         out: dict[str, dict[str, Any]] = {}
         if self.mps is not None:
             for uuid, fields in inventory_fields(dict(self.mps.health)).items():
                 out.setdefault(uuid, {}).update(fields)
+        if self.mig is not None:
+            for uuid, mig_fields in mig_inventory_fields(self.mig).items():
+                out.setdefault(uuid, {}).update(mig_fields)
         return out
 
     async def _publish(self) -> None:

@@ -119,7 +119,8 @@ async def _run(config: Any, backend: Any) -> None:
     from gpupool.agent.service import Agent
 
     port = _cluster_port(config)
-    node_agent = Agent(config, backend, ClusterPortAgent(port), mps=_mps_supervisor(config, backend))
+    node_agent = Agent(config, backend, ClusterPortAgent(port), mps=_mps_supervisor(config, backend),
+                       mig=_mig_manager(config, backend))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node_agent.request_stop)
@@ -145,6 +146,14 @@ def _mps_supervisor(config: Any, backend: Any) -> Any:
 
     gpus = [d.uuid for d in backend.discover().devices]
     return agent_supervisor(config.mps_root, gpus, time.monotonic)
+
+
+def _mig_manager(config: Any, backend: Any) -> Any:
+    """Isolation mig: the agent carves the instances the scheduler planned (docs/mig-mps.md); only when a
+    GPU of the node is in MIG mode (never switched here)."""
+    from gpupool.agent.mig import agent_mig_manager
+
+    return agent_mig_manager(backend, config.checkpoint_path, config.mig_idle_after_s)
 
 
 async def _metrics(node_agent: Any, config: Any) -> Any:
