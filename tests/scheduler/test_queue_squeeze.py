@@ -13,7 +13,7 @@ from gpupool.api.allocation import decode_allocation
 from gpupool.api.extender import ExtenderArgs
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.api.queue import LABEL_QUEUE
-from gpupool.api.squeeze import ANN_SQUEEZE, ANN_SQUEEZED
+from gpupool.api.squeeze import ANN_ROOM_MADE, ANN_SQUEEZE, ANN_SQUEEZED
 from gpupool.cluster.port import CRDS, NAMESPACES
 from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim
 from gpupool.scheduler.ledger import recompute
@@ -93,7 +93,9 @@ async def test_reclaim_squeezes_a_borrowed_share_instead_of_evicting_it_and_lift
     await eventually(lambda: any(r == "Squeezed" for r, _ in events(svc, "team-a", "a1")))
     [(_, message)] = [e for e in events(svc, "team-a", "a1") if e[0] == "Squeezed"]
     assert message.startswith("compute squeezed from 80 % to 70 % per GPU for queue team-b")
-    # The owner now fits and binds beside the squeezed pod.
+    # The owner is marked (an update makes kube-scheduler retry it now), then fits and binds beside a1.
+    await eventually(lambda: ANN_ROOM_MADE in (svc.pods.get(owner["metadata"]["uid"]) or {}).get(
+        "metadata", {}).get("annotations", {}))
     assert (await svc.filter(ExtenderArgs(Pod=owner, NodeNames=["gpu-0000"]))).NodeNames == ["gpu-0000"]
     assert (await svc.bind(bind_args(owner))).Error == ""
     await eventually(lambda: owner["metadata"]["uid"] in svc.ledger.confirmed())

@@ -7,6 +7,7 @@ compute back (reclaim, docs/queues.md) and the node agent enforces it through th
   grants back to what the spec asks (never from anything stored on the pod) and removing this key.
 - `gpupool.io/squeeze: "false"` (written by the pod's owner): never squeeze this pod, evict it instead
   (for work that would rather restart elsewhere than run slower).
+- `gpupool.io/room-made` (written by the scheduler on the pending pod a squeeze made room for): see below.
 
 Only pods whose allocation says isolation `hook` and holds one container's grant (allocation version 1)
 are squeezed: the library is what enforces the lower cap, and a per-container split is not rewritten. And
@@ -24,6 +25,10 @@ from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, DOMAIN
 
 ANN_SQUEEZED = f"{DOMAIN}/squeezed"
 ANN_SQUEEZE = f"{DOMAIN}/squeeze"
+# Set by the scheduler on the pod a squeeze made room for (the time): the update is what tells
+# kube-scheduler to try the pending pod again now (an eviction does that by deleting a pod; a squeeze only
+# changes other pods' annotations, which kube-scheduler does not watch for).
+ANN_ROOM_MADE = f"{DOMAIN}/room-made"
 SQUEEZE_ISOLATION = "hook"
 
 

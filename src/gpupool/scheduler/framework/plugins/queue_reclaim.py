@@ -26,7 +26,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpupool.api.lock import format_time
 from gpupool.api.logsafe import shown
+from gpupool.api.squeeze import ANN_ROOM_MADE
 from gpupool.cluster.port import ApiError, Conflict, NotFound, Obj, TooManyRequests
 from gpupool.core.preemption import Plan, Preemptor, Running, SqueezePlan, Victim, plan_preemption, plan_squeeze
 from gpupool.core.queues import charge_of_allocation, charge_of_request
@@ -138,17 +140,25 @@ class QueueReclaim:
         task.add_done_callback(self._tasks.discard)
 
     async def _squeeze(self, cycle: CycleState, preemptor: Preemptor, plan: SqueezePlan, now: float) -> None:
+        done = 0
         try:
             for sq in plan.squeezes:
                 pod = self.handle.pods.get(sq.pod.uid)
                 if pod is None or await squeeze_pod(self.handle.cluster, self.handle.ledger, pod, sq.milli,
                                                     now) is None:
                     continue  # gone or changed: the pod's next cycle decides again
+                done += 1
                 await self._event(sq.pod.key, sq.pod.uid, "Squeezed", sq.message(preemptor))
                 await self._event(cycle.key, cycle.uid, "Squeezing",
                                   f"squeezed {sq.pod.key} on {sq.pod.node} to {sq.milli / 10:g} % compute (reclaim)")
         finally:
             self._squeezing.pop(cycle.uid, None)
+        if done:
+            namespace, name = cycle.key.split("/", 1)
+            try:  # kube-scheduler retries a pending pod when it changes (gpupool.api.squeeze.ANN_ROOM_MADE)
+                await self.handle.cluster.patch_pod_annotations(namespace, name, {ANN_ROOM_MADE: format_time(now)})
+            except ApiError as e:
+                log.info("%s: room made, but the pod could not be marked for a retry: %s", cycle.key, e)
 
     def _choose(self, cycle: CycleState, candidates: frozenset[str], now: float) -> tuple[Preemptor, Plan] | None:
         """The victims for the pod on `candidates`, pods already being evicted counted as gone."""
