@@ -6,20 +6,25 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
+
 from gpupool.api.pod import ParsedPod
 from gpupool.core.mig_placement import MigGPU, MigInstance
 from gpupool.core.model import GPU, GPURequest, Node, PodRequest
 from gpupool.core.state import ClusterState
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet, Phase
-from gpupool.scheduler.framework.plugins.mig import Args, MigLayouts, MigPlacement
+from gpupool.scheduler.framework.plugins.mig import Args, MigPlacement
+from gpupool.scheduler.mig_layouts import MigLayouts
 
 NODES = [Node(f"n{i}", 64000, 262144, (GPU(f"GPU-{i}", 0, "A100-40GB", 40960),)) for i in range(3)]
 
 
 def plugin(layouts: MigLayouts) -> tuple[MigPlacement, ClusterState]:
     state = ClusterState(NODES)
-    handle: Any = SimpleNamespace(ledger=SimpleNamespace(state=state))
-    return MigPlacement(handle, Args(), layouts), state
+    mig_gpu = np.array([[g.uuid in layouts.nodes.get(n.name, {}) for g in n.gpus] for n in NODES], dtype=bool)
+    handle: Any = SimpleNamespace(ledger=SimpleNamespace(state=state, mig_gpu=mig_gpu, mig_node=mig_gpu.any(axis=1),
+                                                         mig=layouts))
+    return MigPlacement(handle, Args()), state
 
 
 def cycle(request: GPURequest, isolation: str = "mig", profile: str | None = None) -> CycleState:

@@ -16,6 +16,10 @@ confirms is counted regardless: it is the truth, and the diff reports it).
 checker behind the debug endpoint and the tests). The recomputation also checks every allocation against
 its pod's own spec (a grant larger or smaller than the pod asks is reported) and every GPU against its
 share limit, so state forged through the API shows in the diff.
+
+MIG: the ledger also keeps the nodes' MIG-mode GPUs (`mig`, gpupool.scheduler.mig_layouts) with the MIG
+instances its entries' grants name laid over the agents' reports, and `mig_gpu` marks those GPUs in the
+capacity view: they serve pods with isolation `mig` only, one instance per grant.
 """
 
 from __future__ import annotations
@@ -32,8 +36,12 @@ from gpupool.api.inventory import InventoryError, decode_inventory, node_from_ob
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.api.pod import parse_pod, pod_key
 from gpupool.api.squeeze import is_squeezed
-from gpupool.core.model import MILLI_PER_GPU, Allocation, Node, PodRequest
+from gpupool.core.mig import mig_model
+from gpupool.core.mig_placement import MigGPU
+from gpupool.core.mig_request import ProfileRefusal, grant_share, profile_for
+from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, Node, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.scheduler.mig_layouts import MigLayouts, mig_gpus_from_object
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +76,9 @@ class Counted:
     squeezed: bool = False  # a reclaim lowered its compute (gpupool.api.squeeze): less than its spec is right
 
 
-def grants_signature(a: Allocation) -> tuple[str, tuple[tuple[str, int, int, int], ...]]:
-    return a.node, tuple(sorted((g.uuid, g.index, g.milli, g.memory_mib) for g in a.grants))
+def grants_signature(a: Allocation) -> tuple[str, tuple[tuple[str, int, int, int, str, int], ...]]:
+    return a.node, tuple(sorted((g.uuid, g.index, g.milli, g.memory_mib,
+                                 *((g.mig.profile, g.mig.start) if g.mig else ("", -1))) for g in a.grants))
 
 
 def counted_allocation(pod: Mapping[str, Any]) -> Counted | None:
@@ -108,10 +117,34 @@ def beyond_spec(c: Counted, node: Node) -> str | None:
         card = cards.get(grant.index)
         if card is None:
             continue  # a grant for a GPU the node does not have: ClusterState.allocate reports it
+        if grant.mig is not None:
+            unasked = _beyond_mig(c, grant, card.model, node.name)
+            if unasked is not None:
+                return unasked
+            continue
         milli, memory = min(g.milli, MILLI_PER_GPU), g.memory_on(card.memory_mib)
         if (grant.milli != milli and not (c.squeezed and 0 < grant.milli < milli)) or grant.memory_mib != memory:
             return (f"{c.key}: holds {grant.milli / 10:g} percent / {grant.memory_mib} MiB on GPU {grant.index} of "
                     f"{node.name}, its spec asks for {milli / 10:g} percent / {memory} MiB")
+    return None
+
+
+def _beyond_mig(c: Counted, grant: GPUGrant, model_name: str, node: str) -> str | None:
+    """A MIG grant records its profile's share (gpupool.core.mig_request.grant_share), and the profile
+    must hold what the pod's spec asks (a named profile may be larger than the request)."""
+    assert grant.mig is not None
+    model = mig_model(model_name)
+    profile = model.profile(grant.mig.profile) if model is not None else None
+    where = f"GPU {grant.index} of {node}"
+    if model is None or profile is None:
+        return f"{c.key}: holds MIG {grant.mig.profile} on {where}, a {model_name} has no such profile"
+    milli, memory = grant_share(model, profile)
+    if (grant.milli, grant.memory_mib) != (milli, memory):
+        return (f"{c.key}: holds {grant.milli / 10:g} percent / {grant.memory_mib} MiB on {where}, its MIG "
+                f"profile {profile.name} gives {milli / 10:g} percent / {memory} MiB")
+    held = profile_for(model, c.request.gpu, profile.name)
+    if isinstance(held, ProfileRefusal):
+        return f"{c.key}: holds MIG {profile.name} on {where}, which does not hold its spec: {held.reason}"
     return None
 
 
@@ -211,7 +244,7 @@ class Ledger:
         self._signatures: dict[str, tuple[Any, ...]] = {}
         # Parsed nodes by name with the signature they were parsed from: a rebuild re-reads only the
         # nodes that changed (decoding thousands of inventories took most of a rebuild's time).
-        self._parsed: dict[str, tuple[tuple[Any, ...], Node | None, str | None, int]] = {}
+        self._parsed: dict[str, tuple[tuple[Any, ...], Node | None, str | None, int, dict[str, MigGPU]]] = {}
         self.node_errors: dict[str, str] = {}
         self.generation = 0  # bumped whenever `state` is replaced
         self.state = ClusterState([])
@@ -223,6 +256,9 @@ class Ledger:
         self.mps_sharers: IntArray = np.zeros((0, 1), dtype=np.int64)
         self.full_gpus = 0
         self.node_full: IntArray = np.zeros(0, dtype=np.int64)  # per node: its GPUs at a limit (either kind)
+        self.mig = MigLayouts()
+        self.mig_gpu: BoolArray = np.zeros((0, 1), dtype=bool)  # [node, GPU slot]: in MIG mode
+        self.mig_node: BoolArray = np.zeros(0, dtype=bool)  # per node: has a GPU in MIG mode
         for obj in node_objs:
             name = str(obj["metadata"]["name"])
             self.node_objs[name] = obj
@@ -231,28 +267,31 @@ class Ledger:
 
     # --- nodes ----------------------------------------------------------------------------------------
 
-    def _node(self, name: str, obj: Mapping[str, Any]) -> tuple[Node | None, str | None, int]:
+    def _node(self, name: str, obj: Mapping[str, Any]) -> tuple[Node | None, str | None, int, dict[str, MigGPU]]:
         sig = self._signatures[name]
         cached = self._parsed.get(name)
         if cached is not None and cached[0] == sig:
-            return cached[1], cached[2], cached[3]
+            return cached[1], cached[2], cached[3], cached[4]
         try:
             node, error = node_from_object(obj), None
         except InventoryError as e:
             node, error = None, str(e)
         split = inventory_split(obj) if node is not None else DEFAULT_SPLIT
-        self._parsed[name] = (sig, node, error, split)
-        return node, error, split
+        mig = mig_gpus_from_object(obj) if node is not None else {}
+        self._parsed[name] = (sig, node, error, split, mig)
+        return node, error, split, mig
 
     def _rebuild_state(self) -> None:
         nodes: list[tuple[Node, int]] = []
+        migs: list[tuple[str, dict[str, MigGPU]]] = []
         self.node_errors = {}
         for name, obj in self.node_objs.items():
-            node, error, split = self._node(name, obj)
+            node, error, split, mig = self._node(name, obj)
             if error is not None:
                 self.node_errors[name] = error
             elif node is not None:
                 nodes.append((node, split))
+                migs.append((node.name, mig))
         for gone in set(self._parsed) - set(self.node_objs):
             del self._parsed[gone]
         nodes.sort(key=lambda ns: ns[0].name)
@@ -263,6 +302,14 @@ class Ledger:
         self.mps_sharers = np.zeros_like(self.sharers)
         self.full_gpus = 0
         self.node_full = np.zeros(len(nodes), dtype=np.int64)
+        self.mig.replace_nodes(migs)
+        self.mig.clear_claims()  # the entries below claim their instances again
+        self.mig_gpu = np.zeros((len(nodes), self.state.width), dtype=bool)
+        for name, gpus in self.mig.nodes.items():
+            i = self.state.index[name]
+            for j, gpu in enumerate(self.state.nodes[i].gpus):
+                self.mig_gpu[i, j] = gpu.uuid in gpus
+        self.mig_node = np.asarray(self.mig_gpu.any(axis=1), dtype=bool)
         self.generation += 1
         entries = sorted(self.entries.values(), key=lambda e: e.assumed)  # confirmed ones first
         entries += list(self.stranded.values())
@@ -342,6 +389,7 @@ class Ledger:
         if refused is None:
             self.entries[entry.uid] = entry
             self._count(entry, +1)
+            self.mig.claim(entry.uid, entry.allocation.node, entry.allocation.grants)
         return refused
 
     def release(self, uid: str) -> Entry | None:
@@ -350,6 +398,7 @@ class Ledger:
         if entry is not None:
             self.state.release(uid)
             self._count(entry, -1)
+            self.mig.unclaim(uid)
         return entry
 
     def assume(
@@ -454,7 +503,8 @@ class Ledger:
                 "state": "assumed" if e.assumed else "confirmed",
                 "policy": e.allocation.policy,
                 "gpus": [
-                    {"uuid": g.uuid, "index": g.index, "cores": g.milli / 10, "memory_mib": g.memory_mib}
+                    {"uuid": g.uuid, "index": g.index, "cores": g.milli / 10, "memory_mib": g.memory_mib,
+                     **({"mig": {"profile": g.mig.profile, "start": g.mig.start}} if g.mig else {})}
                     for g in e.allocation.grants
                 ],
             }

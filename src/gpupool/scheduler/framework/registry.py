@@ -59,14 +59,14 @@ REGISTRY: dict[str, PluginSpec] = {
     "pending_note": PluginSpec(pending_note.PendingNote, pending_note.Args),
     "queue_admission": PluginSpec(queue_admission.QueueAdmission, queue_admission.Args),
     "queue_reclaim": PluginSpec(queue_reclaim.QueueReclaim, queue_reclaim.Args),
-    "mig_placement": PluginSpec(mig.MigPlacement, mig.Args),  # not in PROFILE yet: needs MIG layouts fed
+    "mig_placement": PluginSpec(mig.MigPlacement, mig.Args),
 }
 
 # Where each plugin runs:
-#   PreFilter   scheduler_name, pod_pending, gpu_request, nominate
-#   Filter      node_exists, gpu_node, gpu_fit, shares_per_gpu, queue_admission
+#   PreFilter   scheduler_name, pod_pending, gpu_request, nominate, mig_placement
+#   Filter      node_exists, gpu_node, gpu_fit, shares_per_gpu, mig_placement, queue_admission
 #   PostFilter  pending_note, queue_reclaim
-#   Score       policy_score, busy_nodes
+#   Score       mig_placement, policy_score, busy_nodes
 #   Reserve     nominate, queue_admission        Unreserve  node_lock, nominate
 #   Permit      node_lock             Bind       binding
 PROFILE: tuple[str, ...] = (
@@ -77,6 +77,7 @@ PROFILE: tuple[str, ...] = (
     "gpu_node",
     "gpu_fit",
     "shares_per_gpu",
+    "mig_placement",
     "policy_score",
     "busy_nodes",
     "nominate",

@@ -30,6 +30,7 @@ from gpupool.core.model import Allocation, PodRequest
 from gpupool.core.placement import Placement, place
 from gpupool.scheduler.framework.cycle import CycleState, Phase
 from gpupool.scheduler.framework.interface import Handle
+from gpupool.scheduler.framework.plugins.mig import mig_allocation, wants_mig
 from gpupool.scheduler.framework.status import SUCCESS, Status, unschedulable
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,8 @@ class Nominate:
         i = state.index.get(node)
         if request is None or policy is None or gpu_ok is None or i is None:
             return None
+        if wants_mig(cycle):
+            return mig_allocation(cycle, i, node)  # the instance mig_placement chose on this node
         ctx = self.handle.context()
         nodes = np.array([i], dtype=np.int64)
         if i not in cycle.narrowed:
