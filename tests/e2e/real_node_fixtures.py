@@ -80,6 +80,7 @@ class NodeAgent:
     metrics_port: int
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    mig_gpus: tuple[int, ...] = ()  # these GPUs are A100-80GB in MIG mode (the agent's fake MIG driver)
 
     @property
     def log(self) -> Path:
@@ -98,7 +99,11 @@ class NodeAgent:
         return [f"GPU-{self.node.name.replace('.', '-')}-{i}" for i in range(GPUS_PER_NODE)]
 
     def start(self) -> None:
-        gpus = [{"uuid": u, "model": "L40S", "memory_mib": GPU_MEMORY_MIB, "numa_node": 0} for u in self.gpu_uuids]
+        gpus: list[dict[str, Any]] = [
+            {"uuid": u, "model": "L40S", "memory_mib": GPU_MEMORY_MIB, "numa_node": 0} for u in self.gpu_uuids
+        ]
+        for i in self.mig_gpus:
+            gpus[i].update({"model": "A100-80GB", "memory_mib": 81920, "mig": True})
         self.fake_file.write_text(json.dumps({"driver_version": "570.86", "cuda_version": "12.8", "gpus": gpus}))
         argv = [*tb.gpupool_argv(), "agent", "--node-name", self.node.name, "--backend", "fake",
                 "--fake-file", str(self.fake_file), "--split", str(SPLIT),
@@ -106,7 +111,7 @@ class NodeAgent:
                 "--kubeconfig", str(self.kubeconfig), "--inventory-interval-s", "2", "--log-level", "info"]
         # Each node's own hook root, as each node has its own /run in a cluster.
         env = {**os.environ, "GPUPOOL_AGENT_METRICS_PORT": str(self.metrics_port),
-               "GPUPOOL_AGENT_HOOK_ROOT": str(self.hook_root)}
+               "GPUPOOL_AGENT_HOOK_ROOT": str(self.hook_root), "GPUPOOL_AGENT_MIG_INTERVAL_S": "1"}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True, preexec_fn=tb.die_with_parent)
@@ -341,9 +346,11 @@ def no_pods_left(request: pytest.FixtureRequest) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def real_cluster(testbed: tb.Testbed, extender: Extender, kube_scheduler: object,
-                 identities: Identities) -> Iterator[RealCluster]:
+                 identities: Identities, request: pytest.FixtureRequest) -> Iterator[RealCluster]:
     """Two real nodes with 3 fake GPUs each (10 slots per GPU), an agent per node, registered and Ready.
-    The agents use the chart's agent ServiceAccount token (its RBAC); the kubelets the administrator's."""
+    The agents use the chart's agent ServiceAccount token (its RBAC); the kubelets the administrator's.
+    A test module may set `MIG_GPUS = {node index: (GPU index, ...)}`: those GPUs are MIG-mode A100-80GB."""
+    mig_gpus: dict[int, tuple[int, ...]] = getattr(request.module, "MIG_GPUS", {})
     _ensure_tools()
     nodes = realnode.RealNodes(testbed, 2, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1", taint=True)
     try:
@@ -357,8 +364,8 @@ def real_cluster(testbed: tb.Testbed, extender: Extender, kube_scheduler: object
             "apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": NAMESPACE, "labels": {"kubernetes.io/metadata.name": NAMESPACE}}},
             content_type="application/json")
-        for node in nodes.nodes:
-            agent = NodeAgent(node, identities.agent, tb.free_port())
+        for n, node in enumerate(nodes.nodes):
+            agent = NodeAgent(node, identities.agent, tb.free_port(), mig_gpus=mig_gpus.get(n, ()))
             cluster.agents[node.name] = agent
             agent.start()
         for i, node in enumerate(nodes.nodes):
