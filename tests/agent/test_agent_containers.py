@@ -57,6 +57,17 @@ def test_an_init_containers_devices_again_are_told_apart_by_kubelets_checkpoint(
     assert which_container("ns/p", [INIT, big], served, ["G::0"], lambda: "unread") == Again("prep")
 
 
+def test_kubelets_checkpoint_decides_between_the_last_container_again_and_the_next() -> None:
+    served = {"train": ("G::0",)}
+    # kubelet recorded train: whatever the IDs, the call is for eval
+    assert which_container("ns/p", [TRAIN, EVAL], served, ["G::1"], lambda: {"train"}) == NextContainer(EVAL)
+    # not recorded: kubelet asks for train again; with other IDs than it was answered, refused, never eval's grant
+    assert which_container("ns/p", [TRAIN, EVAL], served, ["G::0"], lambda: set()) == Again("train")
+    other = which_container("ns/p", [TRAIN, EVAL], served, ["G::1"], lambda: set())
+    assert isinstance(other, Unidentified)
+    assert "kubelet asks again for container train of pod ns/p" in other.reason and "['G::0']" in other.reason
+
+
 def test_sidecars_and_app_containers_keep_their_devices() -> None:
     # a sidecar keeps its devices: the same IDs are a repeat
     assert which_container("ns/p", [SIDE, TRAIN], {"side": ("G::0",)}, ["G::0"]) == Again("side")
@@ -105,6 +116,10 @@ def test_kubelets_calls_each_reach_their_own_container(shape: list[tuple[str, in
         served[c.name] = tuple(sorted(ids))
         if data.draw(st.booleans(), label=f"kubelet restarts before recording {c.name}"):
             assert which_container("ns/p", containers, served, ids, lambda: set(recorded)) == Again(c.name)
+            # after its restart kubelet may pick other devices for the same container: never another's grant
+            others = [next(fresh) for _ in range(c.count)]
+            assert not isinstance(which_container("ns/p", containers, served, others, lambda: set(recorded)),
+                                  NextContainer)
         recorded.add(c.name)
         if c.reusable:  # sidecars and app containers keep their devices for the pod's life
             reusable = sorted(set(reusable) | set(ids))
@@ -196,6 +211,19 @@ async def test_a_repeat_of_the_first_container_before_the_second_is_the_same_ans
         assert share((await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::1"])).envs) == expected(EVAL_GRANT)
 
 
+async def test_the_first_container_asked_again_with_other_devices_never_gets_the_seconds_grant() -> None:
+    async with rig() as r:
+        await bind_duo(r.cluster)
+        await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::0"])
+        uid = (await r.cluster.get_pod("default", "duo"))["metadata"]["uid"]
+        kubelet_records(r, uid)  # kubelet restarted before recording train, and picks another slot for it
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::2"])
+        assert "kubelet asks again for container train of pod default/duo" in err.value.details()
+        kubelet_records(r, uid, "train")  # once kubelet recorded train, the next call is eval's
+        assert share((await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::1"])).envs) == expected(EVAL_GRANT)
+
+
 def kubelet_records(r: Rig, uid: str, *containers: str) -> None:
     """What kubelet's device manager writes after an Allocate (only the fields the agent reads matter)."""
     entries = [{"PodUID": uid, "ContainerName": c, "ResourceName": RESOURCE, "DeviceIDs": {"-1": []},
@@ -218,8 +246,8 @@ async def test_an_init_containers_device_reused_by_the_app_container_carries_the
         staged = await bind_pod(r.cluster, "staged", spec, [pod_grant], parts)
         ids = ["GPU-aaaa-2::3"]
         assert share((await r.kubelet.allocate_ids(RESOURCE, ids)).envs) == expected(prep)
-        # kubelet restarted before recording prep: the same call again is prep's repeat
-        assert share((await r.kubelet.allocate_ids(RESOURCE, ids)).envs) == expected(prep)
+        kubelet_records(r, staged["metadata"]["uid"])  # kubelet restarted before recording prep
+        assert share((await r.kubelet.allocate_ids(RESOURCE, ids)).envs) == expected(prep)  # prep's repeat
         kubelet_records(r, staged["metadata"]["uid"], "prep")  # kubelet records prep, then asks for train
         assert share((await r.kubelet.allocate_ids(RESOURCE, ids)).envs) == expected(train)
         assert await lock_holder(r) is None

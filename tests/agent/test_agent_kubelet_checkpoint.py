@@ -25,8 +25,10 @@ def test_only_the_pods_entries_for_the_resource_count(tmp_path: Path) -> None:
     assert recorded_containers(tmp_path, "u3", "gpupool.io/gpu") == set()
 
 
-def test_no_checkpoint_yet_means_nothing_recorded(tmp_path: Path) -> None:
-    assert recorded_containers(tmp_path, "u1", "gpupool.io/gpu") == set()
+def test_a_missing_checkpoint_is_a_reason_not_an_empty_record(tmp_path: Path) -> None:
+    # a running kubelet always has one: its absence says this is not kubelet's directory
+    reason = recorded_containers(tmp_path, "u1", "gpupool.io/gpu")
+    assert isinstance(reason, str) and "does not exist" in reason
 
 
 def test_an_unexpected_file_is_a_reason_not_an_answer(tmp_path: Path) -> None:

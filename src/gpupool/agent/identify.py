@@ -28,7 +28,11 @@ container only after it checkpointed the answer for the previous one. So a call 
 GPU container the agent has not served yet, or a repeat of the *last* one it served (kubelet restarted
 before it checkpointed that answer). Kubelet hands the devices of a plain init container (not of a sidecar
 or an app container) to the containers after it, so the next container may come with the same device IDs
-as that init container: then kubelet's own checkpoint tells which (gpupool.agent.kubelet_checkpoint).
+as that init container. So while a pod has served and unserved GPU containers, kubelet's own checkpoint
+tells which (gpupool.agent.kubelet_checkpoint): the last served container recorded there → the next
+container; not recorded → kubelet asking for the last one again. Where that checkpoint cannot be read, the
+device IDs decide: the last container's IDs again → a repeat, other IDs → the next container, and an init
+container's IDs that the next container could take → refused as ambiguous.
 """
 
 from __future__ import annotations
@@ -152,29 +156,44 @@ def which_container(
     """Which GPU container of pod `label` this call with device IDs `ids` is for, given the device IDs the
     agent answered each served container (`served`, by container name; see the module's docstring).
     `kubelet_recorded` gives the pod's containers kubelet's checkpoint records (or why it cannot); it is
-    asked only when a plain init container's devices come again and the next container could take them."""
+    asked while the pod has both a served and an unserved GPU container: kubelet asks for the next one
+    only after it recorded the last one, so whether it recorded the last one decides."""
     served = by_container(containers, served)
     wanted = tuple(sorted(ids))
     done = [c for c in containers if c.name in served]
     last = done[-1] if done else None
     nxt = next((c for c in containers if c.name not in served), None)
-    if last is not None and served[last.name] == wanted:
-        if nxt is None or nxt.count != len(wanted) or not last.reusable:
-            return Again(last.name)
-        recorded = kubelet_recorded()  # kubelet may be handing the init container's devices on
-        if isinstance(recorded, str):
+    if last is not None and nxt is not None:
+        recorded = kubelet_recorded()
+        if not isinstance(recorded, str):
+            if last.name in recorded:
+                return _next(label, nxt, wanted)
+            if served[last.name] == wanted:
+                return Again(last.name)
+            return Unidentified(
+                f"kubelet asks again for container {last.name} of pod {label} (its checkpoint does not record "
+                f"the answer), with device IDs {list(wanted)} instead of the {list(served[last.name])} it was "
+                "answered; refusing rather than giving it another container's grant"
+            )
+        # kubelet's checkpoint unreadable: the device IDs decide where they can
+        if served[last.name] == wanted and nxt.count == len(wanted) and last.reusable:
             return Unidentified(
                 f"ambiguous: this call with the device IDs of init container {last.name} of pod {label} is "
                 f"either kubelet asking for {last.name} again or the first call for {nxt.name}, and kubelet's "
                 f"checkpoint cannot tell: {recorded}"
             )
-        return NextContainer(nxt) if last.name in recorded else Again(last.name)
+    if last is not None and served[last.name] == wanted:
+        return Again(last.name)
     if nxt is None:
         names = ", ".join(c.name for c in containers)
         return Unidentified(
             f"every GPU container of pod {label} ({names}) has been served, and none was answered the device IDs "
             f"{list(wanted)} of this call (kubelet picked other devices for a container it asked for before?)"
         )
+    return _next(label, nxt, wanted)
+
+
+def _next(label: str, nxt: GpuContainer, wanted: tuple[str, ...]) -> NextContainer | Unidentified:
     if nxt.count != len(wanted):
         return Unidentified(
             f"kubelet asks for {len(wanted)} device(s) but the next GPU container of pod {label}, {nxt.name}, "
