@@ -96,6 +96,8 @@ async def test_reclaim_squeezes_a_borrowed_share_instead_of_evicting_it_and_lift
     # The owner is marked (an update makes kube-scheduler retry it now), then fits and binds beside a1.
     await eventually(lambda: ANN_ROOM_MADE in (svc.pods.get(owner["metadata"]["uid"]) or {}).get(
         "metadata", {}).get("annotations", {}))
+    note = svc.pods.get(owner["metadata"]["uid"])["metadata"]["annotations"][ANN_ROOM_MADE]  # type: ignore[index]
+    assert note.endswith(" #1: squeezed team-a/a1")  # numbered: two notes in one second still differ
     assert (await svc.filter(ExtenderArgs(Pod=owner, NodeNames=["gpu-0000"]))).NodeNames == ["gpu-0000"]
     assert (await svc.bind(bind_args(owner))).Error == ""
     await eventually(lambda: owner["metadata"]["uid"] in svc.ledger.confirmed())

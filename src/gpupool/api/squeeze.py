@@ -25,7 +25,8 @@ from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, DOMAIN
 
 ANN_SQUEEZED = f"{DOMAIN}/squeezed"
 ANN_SQUEEZE = f"{DOMAIN}/squeeze"
-# Set by the scheduler on the pod a squeeze made room for (the time): the update is what tells
+# Set by the scheduler on the pod a squeeze made room for ("<time> #<n>: squeezed <pods>", a new value each
+# time): the update is what tells
 # kube-scheduler to try the pending pod again now (an eviction does that by deleting a pod; a squeeze only
 # changes other pods' annotations, which kube-scheduler does not watch for).
 ANN_ROOM_MADE = f"{DOMAIN}/room-made"

@@ -31,7 +31,7 @@ from gpupool.api.lock import format_time
 from gpupool.api.logsafe import shown
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.api.squeeze import ANN_SQUEEZED, squeezable_doc, with_cores
-from gpupool.cluster.port import ApiError, ClusterPort, Obj
+from gpupool.cluster.port import ApiError, ClusterPort, Conflict, Obj
 from gpupool.core.fit import OK, check
 from gpupool.core.model import MILLI_PER_GPU, Allocation, PodRequest
 from gpupool.core.preemption import Share
@@ -123,21 +123,34 @@ def _with_allocation(pod: Obj, text: str, squeezed: str | None) -> Obj:
     return out
 
 
-async def squeeze_pod(cluster: ClusterPort, ledger: Ledger, pod: Obj, milli: int, now: float) -> Obj | None:
+async def squeeze_pod(cluster: ClusterPort, ledger: Ledger, pod: Obj, milli: int, now: float,
+                      tries: int = 2) -> Obj | None:
     """Lower the pod's compute to `milli` per GPU; returns the patched pod, or None when it could not be
-    (no longer squeezable, changed meanwhile, API error: the next cycle decides again)."""
+    (no longer squeezable, API error: the next cycle decides again). The watch cache may lag behind the
+    pod's last change (e.g. a squeeze a moment ago): on a conflict the pod is read again and, if it is still
+    the same pod and squeezable, patched once more."""
     meta = pod.get("metadata") or {}
     doc = squeezable_doc(pod)
     if doc is None:
         return None
     text = with_cores(doc, {g.uuid: min(g.cores, milli / 10) for g in doc.gpus})
     since = str((meta.get("annotations") or {}).get(ANN_SQUEEZED) or format_time(now))
+    namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     try:
-        patched = await cluster.patch_pod_annotations(
-            str(meta.get("namespace", "")), str(meta.get("name", "")), {ANN_ALLOCATION: text, ANN_SQUEEZED: since},
-            resource_version=meta.get("resourceVersion"))
+        patched = await cluster.patch_pod_annotations(namespace, name, {ANN_ALLOCATION: text, ANN_SQUEEZED: since},
+                                                      resource_version=meta.get("resourceVersion"))
+    except Conflict:
+        if tries <= 1:
+            return None
+        try:
+            fresh = await cluster.get_pod(namespace, name)
+        except ApiError:
+            return None
+        if (fresh.get("metadata") or {}).get("uid") != meta.get("uid"):
+            return None
+        return await squeeze_pod(cluster, ledger, fresh, milli, now, tries - 1)
     except ApiError as e:
-        log.info("squeezing %s/%s: %s", meta.get("namespace"), meta.get("name"), e)
+        log.info("squeezing %s/%s: %s", shown(namespace, 64), shown(name, 253), e)
         return None
     ledger.apply_pod("MODIFIED", patched)
     return patched

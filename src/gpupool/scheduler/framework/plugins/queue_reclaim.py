@@ -86,6 +86,7 @@ class QueueReclaim:
         self._blocked: dict[str, float] = {}  # victim uid -> until when a budget protects it
         self._tasks: set[asyncio.Task[None]] = set()
         self._squeezing: dict[str, frozenset[str]] = {}  # preemptor -> pods whose squeeze is being written
+        self._marks = 0  # room-made notes written (each one distinct)
         self.plans: list[Plan] = []  # the latest plans (bounded), for tests and the debug view
         self.squeezes: list[SqueezePlan] = []  # likewise, the latest squeezes
 
@@ -155,8 +156,12 @@ class QueueReclaim:
             self._squeezing.pop(cycle.uid, None)
         if done:
             namespace, name = cycle.key.split("/", 1)
-            try:  # kube-scheduler retries a pending pod when it changes (gpupool.api.squeeze.ANN_ROOM_MADE)
-                await self.handle.cluster.patch_pod_annotations(namespace, name, {ANN_ROOM_MADE: format_time(now)})
+            # kube-scheduler retries a pending pod when it changes (gpupool.api.squeeze.ANN_ROOM_MADE): the value
+            # must differ from the last one (the same second twice would be a no-op patch, and no retry).
+            self._marks += 1
+            note = f"{format_time(now)} #{self._marks}: squeezed {', '.join(s.pod.key for s in plan.squeezes)}"
+            try:
+                await self.handle.cluster.patch_pod_annotations(namespace, name, {ANN_ROOM_MADE: shown(note, 1000)})
             except ApiError as e:
                 log.info("%s: room made, but the pod could not be marked for a retry: %s", cycle.key, e)
 
