@@ -25,7 +25,7 @@ capacity view: they serve pods with isolation `mig` only, one instance per grant
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -238,6 +238,9 @@ class Ledger:
     """Derived allocation state; all methods are synchronous (called from one event loop)."""
 
     def __init__(self, node_objs: Iterable[Mapping[str, Any]] = ()) -> None:
+        # Called with a pod UID whenever `entries[uid]` appears, goes or is replaced (derived views, e.g. the
+        # queues' usage, follow the ledger incrementally); nothing else may change an entry's allocation.
+        self.listeners: list[Callable[[str], None]] = []
         self.entries: dict[str, Entry] = {}
         self.stranded: dict[str, Entry] = {}  # confirmed by the API but refused by capacity or node
         self.node_objs: dict[str, Mapping[str, Any]] = {}
@@ -316,9 +319,11 @@ class Ledger:
         self.entries, self.stranded = {}, {}
         for e in entries:
             refused = self._take(e)
-            if refused is not None and not e.assumed:
-                log.warning("pod %s no longer fits after a node change: %s", e.key, refused)
-                self.stranded[e.uid] = e
+            if refused is not None:
+                self._notify(e.uid)  # it held capacity before the change, now nothing
+                if not e.assumed:
+                    log.warning("pod %s no longer fits after a node change: %s", e.key, refused)
+                    self.stranded[e.uid] = e
 
     def apply_node(self, event_type: str, obj: Mapping[str, Any]) -> bool:
         """Apply a node watch event; returns True when the capacity view was rebuilt."""
@@ -384,12 +389,17 @@ class Ledger:
 
     # --- pods -----------------------------------------------------------------------------------------
 
+    def _notify(self, uid: str) -> None:
+        for listener in self.listeners:
+            listener(uid)
+
     def _take(self, entry: Entry) -> str | None:
         refused = self.state.allocate(entry.request, entry.allocation)
         if refused is None:
             self.entries[entry.uid] = entry
             self._count(entry, +1)
             self.mig.claim(entry.uid, entry.allocation.node, entry.allocation.grants)
+            self._notify(entry.uid)
         return refused
 
     def release(self, uid: str) -> Entry | None:
@@ -399,6 +409,7 @@ class Ledger:
             self.state.release(uid)
             self._count(entry, -1)
             self.mig.unclaim(uid)
+            self._notify(uid)
         return entry
 
     def assume(
