@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -75,11 +76,8 @@ class NodeSet:
 
     def __init__(self, names: list[str], index: dict[str, int]) -> None:
         self.names = names
-        try:
-            found = list(map(index.__getitem__, names))  # the common case, at C speed
-        except KeyError:
-            found = [index.get(n, -1) for n in names]
-        self.index: IntArray = np.asarray(found, dtype=np.int64)
+        # At C speed, straight into the array (a list of thousands of ints first costs as much again).
+        self.index: IntArray = np.fromiter(map(index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
         self.alive: IntArray = np.arange(len(names), dtype=np.int64)  # positions into names
         self.failed: dict[str, str] = {}
         self.unresolvable: dict[str, str] = {}
