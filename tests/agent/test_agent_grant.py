@@ -41,13 +41,13 @@ def test_hook_share_sets_limits_and_injects_the_interception_library() -> None:
         "GPUPOOL_HOOK_DIR": "/run/gpupool/hook",
         "GPUPOOL_CORES_MODE": "hard",
     }
-    # the library and the preload list read-only, the pod's own accounting directory read-write
+    # the library and the preload list read-only, the container's own accounting directory read-write
     assert [(m.container_path, m.host_path, m.read_only) for m in g.mounts] == [
         ("/usr/local/lib/gpupool/libgpupool_hook.so", "/host/hook/lib/libgpupool_hook.so", True),
         ("/etc/ld.so.preload", "/host/hook/lib/ld.so.preload", True),
-        ("/run/gpupool/hook", "/host/hook/pods/u", False),
+        ("/run/gpupool/hook", "/host/hook/pods/u/main", False),
     ]
-    assert g.hook_pod is not None and g.hook_pod.dir == Path("/host/hook/pods/u") and g.hook_pod.gpus == ("G1",)
+    assert g.hook_pod is not None and g.hook_pod.dir == Path("/host/hook/pods/u/main") and g.hook_pod.gpus == ("G1",)
     assert g.cdi_devices == []
 
 

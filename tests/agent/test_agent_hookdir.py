@@ -16,6 +16,7 @@ from gpupool.agent.hook_metrics import HookUsageCollector
 from gpupool.agent.hookdir import (
     CONTAINER_LIBRARY,
     HookPod,
+    container_dir,
     cores_mode_of,
     hook_paths,
     install_library,
@@ -49,23 +50,29 @@ def test_install_puts_the_library_and_a_preload_list_naming_its_container_path(t
 
 def test_pod_directories_are_made_at_allocate_and_swept_when_the_pod_is_gone(tmp_path: Path) -> None:
     root = tmp_path / "root"
-    pod_a = HookPod(UID_A, "ns/a", ("GPU-1",), pod_dir(root, UID_A))
+    pod_a = HookPod(UID_A, "ns/a", "main", ("GPU-1",), container_dir(root, UID_A, "main"))
     assert prepare_hook_pod(root, pod_a, []) is False  # not installed: an embedded agent writes nothing
     assert not root.exists()
     hook_paths(root).pods.mkdir(parents=True)
     assert prepare_hook_pod(root, pod_a, [])
     assert pod_a.dir.is_dir() and (pod_a.dir.stat().st_mode & 0o777) == 0o777
-    pod_b = HookPod(UID_B, "ns/b", ("GPU-1",), pod_dir(root, UID_B))
+    pod_b = HookPod(UID_B, "ns/b", "main", ("GPU-1",), container_dir(root, UID_B, "main"))
     prepare_hook_pod(root, pod_b, [{"metadata": {"uid": UID_A}}])
     assert pod_a.dir.is_dir() and pod_b.dir.is_dir()
     prepare_hook_pod(root, pod_b, [{"metadata": {"uid": UID_B}}])  # pod A left the node
-    assert not pod_a.dir.exists() and pod_b.dir.is_dir()
+    assert not pod_dir(root, UID_A).exists() and pod_b.dir.is_dir()
 
 
 @pytest.mark.parametrize("uid", ["../etc", "a/b", "", ".."])
 def test_a_uid_never_escapes_the_pods_directory(tmp_path: Path, uid: str) -> None:
     with pytest.raises(ValueError):
         pod_dir(tmp_path, uid)
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "", "..", ".", "Main", "-a", "a" * 64])
+def test_a_container_name_never_escapes_its_pods_directory(tmp_path: Path, name: str) -> None:
+    with pytest.raises(ValueError, match="not usable as a container name"):
+        container_dir(tmp_path, UID_A, name)
 
 
 def _doc() -> AllocationDoc:
@@ -91,7 +98,8 @@ def test_usage_written_by_the_library_is_read_back_and_dead_processes_drop_out(
 ) -> None:
     root = tmp_path / "root"
     hook_paths(root).pods.mkdir(parents=True)
-    pod = HookPod(UID_A, "team/trainer", ("GPU-11111111-2222-3333-4444-555555555555",), pod_dir(root, UID_A))
+    pod = HookPod(UID_A, "team/trainer", "main", ("GPU-11111111-2222-3333-4444-555555555555",),
+                  container_dir(root, UID_A, "main"))
     prepare_hook_pod(root, pod, [])
     probe = Pod(built, tmp_path / "gpu", pod.dir, memory_mib="10240", cores="50",
                 extra={"NVIDIA_VISIBLE_DEVICES": pod.gpus[0]}).start()
@@ -106,7 +114,7 @@ def test_usage_written_by_the_library_is_read_back_and_dead_processes_drop_out(
         registry = CollectorRegistry()
         registry.register(HookUsageCollector(root))
         text = generate_latest(registry).decode()
-        assert (f'gpupool_pod_gpu_memory_used_bytes{{gpu="{pod.gpus[0]}",pod="team/trainer",'
+        assert (f'gpupool_pod_gpu_memory_used_bytes{{container="main",gpu="{pod.gpus[0]}",pod="team/trainer",'
                 f'pod_uid="{UID_A}"}} 3.221225472e+09') in text
         assert "gpupool_pod_gpu_busy_seconds_total{" in text
     finally:

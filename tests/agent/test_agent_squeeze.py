@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gpupool.agent.hookdir import HookPod, hook_paths, pod_dir, prepare_pod, read_usage
+from gpupool.agent.hookdir import HookPod, container_dir, hook_paths, prepare_pod, read_usage
 from gpupool.agent.squeeze import apply_squeezes, follow_squeezes
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from gpupool.api.names import ANN_ALLOCATION
@@ -53,7 +53,7 @@ def test_the_squeezed_allocation_reaches_the_library_file_per_gpu_and_lifting_cl
     root = tmp_path / "root"
     hook_paths(root).pods.mkdir(parents=True)
     # The pod's GPUs in NVIDIA_VISIBLE_DEVICES order (pod.json): A is the library's index 0, B index 1.
-    hook = HookPod(UID, "team-a/borrower", (GPU_A, GPU_B), pod_dir(root, UID))
+    hook = HookPod(UID, "team-a/borrower", "main", (GPU_A, GPU_B), container_dir(root, UID, "main"))
     prepare_pod(hook)
     assert apply_squeezes(root, [pod_object((30, 40), squeezed=True)]) == {}  # no process yet: no file
     probe = Pod(built, tmp_path / "gpu", hook.dir, cores="70,70",
@@ -62,7 +62,7 @@ def test_the_squeezed_allocation_reaches_the_library_file_per_gpu_and_lifting_cl
         assert probe.alloc("mem", 1 << 20)[0] == 0  # the library is loaded and has made its file
         assert [u.squeeze_percent for u in read_usage(hook.dir)] == [0.0, 0.0]
         # The allocation lists B first; the file follows the pod's own GPU order.
-        assert apply_squeezes(root, [pod_object((30, 40), squeezed=True)]) == {UID: {0: 30, 1: 40}}
+        assert apply_squeezes(root, [pod_object((30, 40), squeezed=True)]) == {(UID, "main"): {0: 30, 1: 40}}
         assert [(u.gpu, u.squeeze_percent) for u in read_usage(hook.dir)] == [(GPU_A, 30.0), (GPU_B, 40.0)]
         assert apply_squeezes(root, [pod_object((30, 40), squeezed=True)]) == {}  # unchanged: nothing written
         # Lifted by the scheduler (annotation gone, grants back to the spec), seen by the agent's loop.

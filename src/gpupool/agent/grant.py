@@ -9,9 +9,10 @@ Environment contract (read by the interception shim and by users):
 - GPUPOOL_MEMORY_LIMIT_MIB / GPUPOOL_CORES_PERCENT: one value per visible GPU, comma-separated, in the
   order of NVIDIA_VISIBLE_DEVICES (a single number for the usual one-GPU share);
 - isolation `hook`: the interception library (gpupool/native) and /etc/ld.so.preload naming it, both mounted
-  read-only, so every dynamically linked process of the container loads it; the pod's hook directory
-  (<hook_root>/pods/<pod UID>, created by the agent before it answers) mounted read-write at
-  GPUPOOL_HOOK_DIR for the pod-wide accounting; GPUPOOL_CORES_MODE (hard or elastic, from the pod's
+  read-only, so every dynamically linked process of the container loads it; the container's own hook
+  directory (<hook_root>/pods/<pod UID>/<container>, created by the agent before it answers) mounted
+  read-write at GPUPOOL_HOOK_DIR for the accounting of that container's processes (each GPU container of a
+  pod is held to its own share); GPUPOOL_CORES_MODE (hard or elastic, from the pod's
   `gpupool.io/cores-mode` annotation) beside the limits above;
 - isolation `mps` on a shared GPU: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
   (`0=<MiB>M`) and CUDA_MPS_PIPE_DIRECTORY, with the GPU's pipe directory (<mps_root>/<UUID>, one MPS
@@ -35,8 +36,9 @@ from gpupool.agent.hookdir import (
     CONTAINER_PRELOAD,
     CORES_MODES,
     HookPod,
+    container_dir,
     hook_paths,
-    pod_dir,
+    valid_container,
     valid_uid,
 )
 from gpupool.api.allocation import AllocationDoc
@@ -139,10 +141,12 @@ def build_grant(
             return Refused(f"pod {pod_label}: {ANN_CORES_MODE}={cores_mode!r} is not one of {', '.join(CORES_MODES)}")
         if not valid_uid(doc.pod_uid):
             return Refused(f"pod {pod_label}: its allocation names pod UID {doc.pod_uid!r}, which is not a UID")
+        if not valid_container(container):
+            return Refused(f"pod {pod_label}: container name {container!r} is not an RFC 1123 label")
         paths = hook_paths(config.hook_root)
-        # one hook directory per pod, shared by its containers: it names every GPU of the pod
-        pod_gpus = tuple(dict.fromkeys(g.uuid for g in doc.gpus))
-        hook_pod = HookPod(doc.pod_uid, pod_label, pod_gpus, pod_dir(config.hook_root, doc.pod_uid))
+        # one hook directory per GPU container: its file holds this container's limits, by its own GPUs
+        hook_pod = HookPod(doc.pod_uid, pod_label, container, tuple(g.uuid for g in gpus),
+                           container_dir(config.hook_root, doc.pod_uid, container))
         envs["GPUPOOL_HOOK_DIR"] = CONTAINER_HOOK_DIR
         envs["GPUPOOL_CORES_MODE"] = cores_mode
         mounts += [

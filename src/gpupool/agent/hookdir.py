@@ -1,17 +1,25 @@
-"""The host side of `hook` isolation: where the interception library and each pod's hook directory live,
-and what the library wrote there (the pod's usage, read for metrics).
+"""The host side of `hook` isolation: where the interception library and each container's hook directory
+live, and what the library wrote there (the container's usage, read for metrics).
 
 Host layout under `hook_root` (AgentConfig, default /run/gpupool/hook):
-    lib/libgpupool_hook.so   copied from the agent's own package at start (kubelet mounts host paths)
-    lib/ld.so.preload        one line: the library's path inside the container
-    pods/<pod UID>/          the pod's hook directory, mounted read-write; the library keeps usage.v1 there
-    pods/<pod UID>/pod.json  who the pod is (written at Allocate), for metric labels
+    lib/libgpupool_hook.so               copied from the agent's own package at start (kubelet mounts host paths)
+    lib/ld.so.preload                    one line: the library's path inside the container
+    pods/<pod UID>/<container>/          one GPU container's hook directory, mounted read-write into that
+                                         container only; the library keeps usage.v1 there
+    pods/<pod UID>/<container>/pod.json  who the pod and container are (written at Allocate), for metric labels
+
+One directory per GPU container, not per pod: the library checks every allocation against the limits of
+the file it maps, which are its own container's (GPUPOOL_MEMORY_LIMIT_MIB, GPUPOOL_CORES_PERCENT), and
+indexes the file by the container's visible GPUs. Two containers of one pod sharing a file would each be
+held to their own cap against the sum of both (one could be refused memory the other holds), and index 0
+would mean a different GPU in each. Agents before this layout made pods/<pod UID>/ itself the directory;
+such directories are still read (`hook_dirs`) and removed with their pod.
 
 usage.v1 is the library's shared accounting file; its layout is `struct gp_shared` in native/gp.h (the
 offsets below are checked there with static assertions). A process's slot counts only while someone holds
 the process's OFD lock on byte 1 + slot, which the kernel drops when the process dies.
 
-The agent writes one thing into it: the reclaim squeeze (`squeeze_ppm`, per GPU of the pod), which the
+The agent writes one thing into it: the reclaim squeeze (`squeeze_ppm`, per GPU of the container), which the
 library enforces as min(its cap, the squeeze) from the next launch on (gpupool.api.squeeze, docs/queues.md).
 """
 
@@ -39,6 +47,8 @@ POD_FILE = "pod.json"
 
 # Kubernetes UIDs are UUIDs; any name that is safe as one path component is accepted (no "/", no "..").
 _UID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$")
+# Container names are RFC 1123 labels (the API server enforces it): always one safe path component.
+_CONTAINER = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _MAGIC = 0x314C4F4F50555047
 _MAX_DEV, _SLOTS = 16, 256
 _DEV_OFFSET, _SLOT_OFFSET, _SLOT_SIZE = 304, 2048, 264
@@ -57,19 +67,20 @@ class HookPaths:
 
 @dataclass(frozen=True, slots=True)
 class HookPod:
-    """What the agent prepares on the host before answering Allocate for a `hook` pod."""
+    """What the agent prepares on the host before answering Allocate for a GPU container of a `hook` pod."""
 
     uid: str
     label: str  # namespace/name
-    gpus: tuple[str, ...]
-    dir: Path
+    container: str
+    gpus: tuple[str, ...]  # the container's GPUs, in the order of its NVIDIA_VISIBLE_DEVICES (the library's)
+    dir: Path  # container_dir(root, uid, container)
 
 
 @dataclass(frozen=True, slots=True)
 class PodGpuUsage:
     pod_uid: str
     label: str
-    gpu: str  # UUID when pod.json names it, else the index among the pod's GPUs
+    gpu: str  # UUID when pod.json names it, else the index among the container's GPUs
     limit_bytes: int  # 0 = no memory cap
     used_bytes: int  # live processes only: allocations plus context memory
     busy_seconds: float  # cumulative device busy time measured by the library (NVML samples)
@@ -77,6 +88,7 @@ class PodGpuUsage:
     mode: str
     processes: int
     squeeze_percent: float = 0.0  # the compute cap a reclaim squeezed the pod to (0: not squeezed)
+    container: str = ""  # "" for a directory an older agent made for the whole pod
 
 
 def hook_paths(root: Path) -> HookPaths:
@@ -87,10 +99,34 @@ def valid_uid(uid: str) -> bool:
     return _UID.match(uid) is not None
 
 
+def valid_container(name: str) -> bool:
+    return _CONTAINER.match(name) is not None
+
+
 def pod_dir(root: Path, uid: str) -> Path:
+    """The pod's directory: it holds one hook directory per GPU container and goes with the pod."""
     if not valid_uid(uid):  # it becomes a path: nothing but a UID may reach the file system
         raise ValueError(f"not usable as a pod UID: {uid!r}")
     return hook_paths(root).pods / uid
+
+
+def container_dir(root: Path, uid: str, container: str) -> Path:
+    """The hook directory of one GPU container of the pod (what that container mounts)."""
+    if not valid_container(container):
+        raise ValueError(f"not usable as a container name: {container!r}")
+    return pod_dir(root, uid) / container
+
+
+def hook_dirs(root: Path, uid: str) -> list[Path]:
+    """The pod's hook directories that exist: one per GPU container served, sorted by container name, and
+    the pod's directory itself where an older agent made that the (pod-wide) hook directory."""
+    base = pod_dir(root, uid)
+    out = []
+    with contextlib.suppress(OSError):
+        if (base / POD_FILE).is_file() or (base / USAGE_FILE).is_file():
+            out.append(base)
+        out += [e for e in sorted(base.iterdir()) if e.is_dir() and valid_container(e.name)]
+    return out
 
 
 def parse_cores_mode(annotations: Mapping[str, str]) -> str | None:
@@ -143,12 +179,13 @@ def install_packaged_library(root: Path) -> str | None:
 
 def prepare_pod(pod: HookPod) -> None:
     pod.dir.mkdir(parents=True, exist_ok=True)
-    pod.dir.chmod(0o777)  # the pod's processes may run as any user; only this pod mounts the directory
-    (pod.dir / POD_FILE).write_text(json.dumps({"uid": pod.uid, "pod": pod.label, "gpus": list(pod.gpus)}))
+    pod.dir.chmod(0o777)  # the container's processes may run as any user; only this container mounts it
+    info = {"uid": pod.uid, "pod": pod.label, "container": pod.container, "gpus": list(pod.gpus)}
+    (pod.dir / POD_FILE).write_text(json.dumps(info))
 
 
 def prepare_hook_pod(root: Path, pod: HookPod, pods_on_node: Iterable[Mapping[str, Any]]) -> bool:
-    """At Allocate: create this pod's directory, and remove those of pods no longer on the node. Does
+    """At Allocate: create this container's directory, and remove those of pods no longer on the node. Does
     nothing (False) where `gpupool agent` did not install the library: an embedded agent (tests, demo)
     never writes to the host's /run."""
     if not hook_paths(root).pods.is_dir():
@@ -181,7 +218,8 @@ def _held_by_someone(fd: int, offset: int) -> bool:
 
 
 def read_usage(directory: Path) -> list[PodGpuUsage]:
-    """One record per GPU of the pod; [] when the library has not written (or not finished) the file."""
+    """One record per GPU of the directory's container (of the pod, for an older agent's pod-wide
+    directory); [] when the library has not written (or not finished) the file."""
     try:
         fd = os.open(directory / USAGE_FILE, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
@@ -210,10 +248,10 @@ def read_usage(directory: Path) -> list[PodGpuUsage]:
         (busy_ns,) = struct.unpack_from("<Q", data, _DEV_OFFSET + 64 * d + 40)
         (squeeze,) = struct.unpack_from("<Q", data, _SQUEEZE_OFFSET + 8 * d)
         out.append(PodGpuUsage(
-            pod_uid=directory.name, label=str(info.get("pod", "")),
+            pod_uid=str(info.get("uid") or directory.name), label=str(info.get("pod", "")),
             gpu=str(gpus[d]) if d < len(gpus) else str(d), limit_bytes=limits[d], used_bytes=used,
             busy_seconds=busy_ns / 1e9, cores_percent=cores[d] / 1e4, mode=CORES_MODES[1] if mode else CORES_MODES[0],
-            processes=len(live), squeeze_percent=squeeze / 1e4,
+            processes=len(live), squeeze_percent=squeeze / 1e4, container=str(info.get("container", "")),
         ))
     return out
 
@@ -232,7 +270,8 @@ def read_all(root: Path) -> list[PodGpuUsage]:
     with contextlib.suppress(FileNotFoundError):
         for entry in sorted(pods.iterdir()):
             if entry.is_dir() and valid_uid(entry.name):
-                out.extend(read_usage(entry))
+                for directory in hook_dirs(root, entry.name):
+                    out.extend(read_usage(directory))
     return out
 
 
@@ -250,9 +289,10 @@ def _lock_accounting(fd: int, kind: int) -> None:
 
 
 def write_squeeze(directory: Path, percent: Mapping[int, float]) -> SqueezeWritten | None:
-    """Set the pod's squeeze: the compute cap in percent of each GPU of the pod (by its index among the
-    pod's GPUs, the library's order); a GPU not named is not squeezed. None when the library has not made
-    the file yet (no process of the pod ran): nothing to write into, the caller writes again later."""
+    """Set the squeeze of the directory's container: the compute cap in percent of each of its GPUs (by its
+    index among the container's GPUs, the library's order); a GPU not named is not squeezed. None when the
+    library has not made the file yet (no process of the container ran): nothing to write into, the caller
+    writes again later."""
     wanted = [0] * _MAX_DEV
     for index, value in percent.items():
         if not 0 <= index < _MAX_DEV:
@@ -285,7 +325,8 @@ def write_squeeze(directory: Path, percent: Mapping[int, float]) -> SqueezeWritt
 
 
 def squeeze_by_index(directory: Path, cores_by_uuid: Mapping[str, float]) -> dict[int, float]:
-    """The squeeze per GPU index of the pod from the squeezed cores per GPU UUID (its allocation), in the
-    order pod.json lists the pod's GPUs (the order of NVIDIA_VISIBLE_DEVICES, hence the library's)."""
+    """The squeeze per GPU index of the directory's container from the squeezed cores per GPU UUID (its
+    allocation), in the order pod.json lists the container's GPUs (the order of its NVIDIA_VISIBLE_DEVICES,
+    hence the library's); GPUs of the pod that this container does not see are left out."""
     gpus = [str(g) for g in _pod_info(directory).get("gpus") or []]
     return {gpus.index(uuid): cores for uuid, cores in cores_by_uuid.items() if uuid in gpus}

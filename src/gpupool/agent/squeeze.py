@@ -1,8 +1,10 @@
 """The agent's half of time-sharing instead of eviction: it follows the `gpupool.io/squeezed` pods of its
-node (gpupool.api.squeeze) and writes each one's squeezed compute into the pod's hook file, where the
-interception library enforces it from the next kernel launch; when the scheduler lifts the squeeze the
-value is cleared the same way. The file is written again on every pass, so a pod whose library re-created
-it (its first process started after the squeeze) is squeezed all the same.
+node (gpupool.api.squeeze) and writes each one's squeezed compute into the hook file of every GPU
+container of the pod (one directory each, gpupool.agent.hookdir: each container gets the squeeze of the
+GPUs it sees, by its own GPU order), where the interception library enforces it from the next kernel
+launch; when the scheduler lifts the squeeze the value is cleared the same way. The files are written again
+on every pass, so a container whose library re-created its file (its first process started after the
+squeeze) is squeezed all the same.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpupool.agent.hookdir import hook_paths, pod_dir, squeeze_by_index, valid_uid, write_squeeze
+from gpupool.agent.hookdir import hook_dirs, hook_paths, pod_dir, squeeze_by_index, valid_uid, write_squeeze
 from gpupool.agent.port import AgentCluster
 from gpupool.api.squeeze import squeezed_cores
 
@@ -25,35 +27,38 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 5.0
 
 
-def apply_squeezes(root: Path, pods: Iterable[Mapping[str, Any]]) -> dict[str, dict[int, float]]:
-    """Bring every hook pod's file in line with its squeeze; returns the squeezes now in force by pod UID
-    (GPU index -> percent), for pods whose file was changed. Pods without a hook directory are skipped."""
+def apply_squeezes(root: Path, pods: Iterable[Mapping[str, Any]]) -> dict[tuple[str, str], dict[int, float]]:
+    """Bring every hook container's file in line with its pod's squeeze; returns the squeezes now in force
+    by (pod UID, container) (GPU index -> percent; container "" for an older agent's pod-wide directory), for
+    the files that were changed. Pods without a hook directory are skipped."""
     if not hook_paths(root).pods.is_dir():
         return {}
-    changed: dict[str, dict[int, float]] = {}
+    changed: dict[tuple[str, str], dict[int, float]] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))
         if not valid_uid(uid):
             continue
-        directory = pod_dir(root, uid)
-        if not directory.is_dir():
-            continue
-        wanted = squeeze_by_index(directory, squeezed_cores(pod))
-        try:
-            written = write_squeeze(directory, wanted)
-        except (OSError, ValueError) as e:
-            log.warning("pod %s/%s: squeeze not written: %s", meta.get("namespace"), meta.get("name"), e)
-            continue
-        if written is None or not written.changed:
-            continue
-        changed[uid] = wanted
-        what = ", ".join(f"GPU {i}: {v:g} %" for i, v in sorted(wanted.items())) or "lifted"
-        if written.enforced:
-            log.info("pod %s/%s: compute squeeze %s", meta.get("namespace"), meta.get("name"), what)
-        else:
-            log.warning("pod %s/%s: compute squeeze %s written, but the pod's interception library is too old "
-                        "to enforce it", meta.get("namespace"), meta.get("name"), what)
+        cores = squeezed_cores(pod)
+        base = pod_dir(root, uid)
+        for directory in hook_dirs(root, uid):
+            container = "" if directory == base else directory.name
+            where = f"pod {meta.get('namespace')}/{meta.get('name')}" + (f" container {container}" if container else "")
+            wanted = squeeze_by_index(directory, cores)
+            try:
+                written = write_squeeze(directory, wanted)
+            except (OSError, ValueError) as e:
+                log.warning("%s: squeeze not written: %s", where, e)
+                continue
+            if written is None or not written.changed:
+                continue
+            changed[(uid, container)] = wanted
+            what = ", ".join(f"GPU {i}: {v:g} %" for i, v in sorted(wanted.items())) or "lifted"
+            if written.enforced:
+                log.info("%s: compute squeeze %s", where, what)
+            else:
+                log.warning("%s: compute squeeze %s written, but its interception library is too old to enforce it",
+                            where, what)
     return changed
 
 
