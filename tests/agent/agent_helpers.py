@@ -17,7 +17,7 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import Discovered
 from gpupool.agent.fake import FakeBackend, parse_fake_description
 from gpupool.agent.mig import MigManager
-from gpupool.agent.mps import MpsSupervisor
+from gpupool.agent.mps import Answer, MpsConfig, MpsSupervisor
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.api.allocation import AllocationDoc, GrantDoc
@@ -88,6 +88,17 @@ async def scheduler_binds(
     await cluster.patch_pod_annotations(meta["namespace"], meta["name"], {ANN_ALLOCATION: doc.model_dump_json()})
     await cluster.create_binding(meta["namespace"], meta["name"], meta["uid"], node)
     return await cluster.get_pod(meta["namespace"], meta["name"])
+
+
+def answering_mps(directory: Path, gpus: list[str]) -> MpsSupervisor:
+    """MPS daemons for `gpus` that start and answer every command (MPS shares are served only where the
+    agent runs a daemon that answers); pipe and log directories under `directory`."""
+
+    def runner(argv: list[str], env: dict[str, str], stdin: str, timeout_s: float) -> Answer:
+        return Answer(True, "100")
+
+    config = MpsConfig(pipe_root=directory / "mps", log_root=directory / "mps-log")
+    return MpsSupervisor(config, gpus, lambda: 0.0, runner=runner)
 
 
 @dataclass

@@ -49,3 +49,17 @@ def test_bad_file(tmp_path: Path) -> None:
     file.write_text("- a\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
         load_config(file, env={"NODE_NAME": "n"})
+
+
+@pytest.mark.parametrize(
+    ("isolation", "env", "runs"),
+    [
+        ("mps", {}, True),  # default: daemons where MPS is the default isolation
+        ("hook", {}, False),
+        ("hook", {"GPUPOOL_AGENT_MPS_DAEMONS": "true"}, True),  # a hook node that also serves MPS shares
+        ("mps", {"GPUPOOL_AGENT_MPS_DAEMONS": "false"}, False),
+    ],
+)
+def test_mps_daemons_follow_the_default_isolation_unless_set(isolation: str, env: dict[str, str], runs: bool) -> None:
+    config = load_config(flags={"isolation": isolation}, env={"NODE_NAME": "n", **env})
+    assert config.runs_mps_daemons is runs

@@ -108,10 +108,40 @@ async def test_whole_gpus_and_other_isolations_do_not_depend_on_the_daemon(tmp_p
         assert "CUDA_MPS_PIPE_DIRECTORY" not in (await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-2::0"])).envs
 
 
-async def test_an_agent_without_mps_daemons_publishes_no_mps_state() -> None:
+async def test_an_agent_without_mps_daemons_publishes_no_mps_state_and_refuses_mps_shares() -> None:
+    """Default isolation hook, no daemons: an MPS share would get the client settings and no server to
+    enforce them, so it is refused with the reason (not retried: no daemon will come); a whole GPU asked for
+    with isolation mps needs none and is served."""
     async with rig() as r:
         assert set((await inventory_mps(r)).values()) == {("", 0)}
         assert await mps_metrics(r) == {}
+        await scheduler_binds(r.cluster, pod_object("share", 1), [("GPU-aaaa-0", 0, 8192, 25.0)], isolation="mps")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::0"])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert (f"pod default/share asks for isolation mps, but the agent on {NODE} runs no MPS daemons "
+                "(agent setting mps_daemons, or default isolation mps), so its MPS limits would not apply"
+                ) in err.value.details()
+        # the pod fails admission and is recreated elsewhere; a whole-GPU pod with isolation mps is served
+        await r.cluster.delete_pod("default", "share")
+        await scheduler_binds(r.cluster, pod_object("whole", 1), [("GPU-aaaa-1", 1, 81920, 100.0)], isolation="mps")
+        whole = await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-1::0"])
+        assert whole.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa-1" and "CUDA_MPS_PIPE_DIRECTORY" not in whole.envs
+
+
+async def test_an_mps_share_on_a_gpu_without_a_supervised_daemon_is_refused(tmp_path: Path) -> None:
+    """Daemons for GPUs 0-2 only (say, GPU 3 appeared after the agent started): a share of GPU 3 is
+    refused as not servable, not as a daemon to wait for."""
+    daemons = FakeDaemons()
+    three = MpsSupervisor(MpsConfig(pipe_root=tmp_path / "pipe", log_root=tmp_path / "log"), GPUS[:3],
+                          lambda: 0.0, runner=daemons)
+    async with rig(mps=three, mps_check_interval_s=0.05) as r:  # default isolation hook, daemons asked for
+        assert (await inventory_mps(r))["GPU-aaaa-0"] == ("up", 0)  # started before the first inventory
+        await scheduler_binds(r.cluster, pod_object("late", 1), [("GPU-aaaa-3", 3, 8192, 25.0)], isolation="mps")
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-3::0"])
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert "asks for isolation mps: GPU GPU-aaaa-3 has no MPS daemon managed by gpupool" in err.value.details()
 
 
 async def eventually_async(check, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import grpc
 import pytest
@@ -17,7 +18,7 @@ from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.testing.kubelet import StandInKubelet
-from tests.agent.agent_helpers import NODE, RESOURCE, eventually, pod_object, rig, scheduler_binds
+from tests.agent.agent_helpers import NODE, RESOURCE, answering_mps, eventually, pod_object, rig, scheduler_binds
 
 
 def slots_of(kubelet: StandInKubelet, uuid: str) -> dict[str, str]:
@@ -141,8 +142,8 @@ async def test_allocate_count_mismatch_is_refused() -> None:
         assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa-0,GPU-aaaa-1"
 
 
-async def test_allocate_records_marker_releases_lock_and_prefers_granted_gpu() -> None:
-    async with rig() as r:
+async def test_allocate_records_marker_releases_lock_and_prefers_granted_gpu(tmp_path: Path) -> None:
+    async with rig(mps=answering_mps(tmp_path, ["GPU-aaaa-3"])) as r:
         pod = await scheduler_binds(r.cluster, pod_object("p", 1), [("GPU-aaaa-3", 3, 20000, 50.0)], isolation="mps")
         resp = await r.kubelet.allocate(RESOURCE, "default/p", 1)
         assert r.kubelet.assigned["default/p"][0].startswith("GPU-aaaa-3::")

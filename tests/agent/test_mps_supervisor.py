@@ -9,6 +9,7 @@ import shutil
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -131,14 +132,16 @@ def test_agent_supervisor_keeps_logs_out_of_the_pods_mount(tmp_path: Path) -> No
     assert s.log_dir("GPU-1") == tmp_path / "mps-log" / "GPU-1"
 
 
-def test_the_agent_command_gives_the_agent_a_supervisor_only_for_isolation_mps(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
+def test_the_agent_command_gives_the_agent_a_supervisor_where_the_config_runs_mps_daemons(tmp_path: Path) -> None:
+    from gpupool.agent.config import AgentConfig
     from gpupool.commands.agent import _mps_supervisor
 
     backend = SimpleNamespace(discover=lambda: SimpleNamespace(devices=[SimpleNamespace(uuid="GPU-cmd-1")]))
-    assert _mps_supervisor(SimpleNamespace(isolation="hook", mps_root=tmp_path / "mps"), backend) is None
-    made = _mps_supervisor(SimpleNamespace(isolation="mps", mps_root=tmp_path / "mps"), backend)
+    root = {"node_name": "n", "mps_root": tmp_path / "mps"}
+    assert _mps_supervisor(AgentConfig(isolation="hook", **root), backend) is None
+    assert _mps_supervisor(AgentConfig(isolation="mps", mps_daemons=False, **root), backend) is None
+    assert isinstance(_mps_supervisor(AgentConfig(isolation="hook", mps_daemons=True, **root), backend), MpsSupervisor)
+    made = _mps_supervisor(AgentConfig(isolation="mps", **root), backend)
     assert isinstance(made, MpsSupervisor) and list(made.gpus) == ["GPU-cmd-1"]
     # pipes where Allocate mounts them from, logs in a sibling directory pods never see
     assert made.pipe_dir("GPU-cmd-1") == tmp_path / "mps" / "GPU-cmd-1"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -16,7 +17,7 @@ from gpupool.api.lock import ANN_BIND_LOCK, decode_lock
 from gpupool.api.names import ANN_ALLOCATED
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import PODS, Kind, Obj, Selector
-from tests.agent.agent_helpers import NODE, RESOURCE, pod_object, rig, scheduler_binds
+from tests.agent.agent_helpers import NODE, RESOURCE, answering_mps, pod_object, rig, scheduler_binds
 
 # Pod a holds the lock for 4096 MiB and 25 % of GPU-aaaa-0 (hook isolation: limits as environment).
 A_SHARE = {"NVIDIA_VISIBLE_DEVICES": "GPU-aaaa-0", "GPUPOOL_MEMORY_LIMIT_MIB": "4096", "GPUPOOL_CORES_PERCENT": "25"}
@@ -62,8 +63,8 @@ async def test_a_rogue_pod_of_another_size_is_refused_by_the_count() -> None:
         assert ANN_ALLOCATED not in (await r.cluster.get_pod("default", "a"))["metadata"]["annotations"]
 
 
-async def test_a_repeated_allocate_gets_the_same_answer_even_from_a_restarted_agent() -> None:
-    async with rig() as r:
+async def test_a_repeated_allocate_gets_the_same_answer_even_from_a_restarted_agent(tmp_path: Path) -> None:
+    async with rig(mps=answering_mps(tmp_path, ["GPU-aaaa-0"])) as r:  # MPS shares need the GPU's daemon
         await scheduler_binds(r.cluster, pod_object("a", 1), [("GPU-aaaa-0", 0, 4096, 25.0)], isolation="mps")
         first = await r.kubelet.allocate(RESOURCE, "default/a", 1)
         ids = r.kubelet.assigned["default/a"]

@@ -44,6 +44,9 @@ class AgentConfig(BaseModel):
     cdi_kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$")
     mps_root: Path = Path("/run/gpupool/mps")  # host dir; <mps_root>/<GPU UUID> is that GPU's pipe dir
     mps_container_dir: str = "/run/gpupool/mps"  # where the pipe dir appears in the container
+    # Run one MPS control daemon per GPU (agent/mps.py). None: where the default isolation is mps. Without
+    # them Allocate refuses MPS shares (their limits would not apply) and the scheduler keeps them away.
+    mps_daemons: bool | None = None
     # isolation hook: host dir with the interception library and one directory per pod (agent/hookdir.py)
     hook_root: Path = Path("/run/gpupool/hook")
     # The Allocate checkpoint (answers given to kubelet). Default: a directory inside device_plugin_dir, which
@@ -70,6 +73,10 @@ class AgentConfig(BaseModel):
         if self.backend == "fake" and self.fake_file is None:
             raise ValueError("backend fake needs fake_file (a YAML/JSON GPU description)")
         return self
+
+    @property
+    def runs_mps_daemons(self) -> bool:
+        return self.mps_daemons if self.mps_daemons is not None else self.isolation == "mps"
 
     @property
     def kubelet_socket_path(self) -> Path:

@@ -286,8 +286,8 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         )
         if isinstance(grant, Refused):
             return grpc.StatusCode.FAILED_PRECONDITION, grant.reason
-        if grant.mps_gpu is not None and self.mps is not None and (down := self.mps.refuses(grant.mps_gpu)):
-            return grpc.StatusCode.UNAVAILABLE, f"pod {label} asks for isolation mps: {down}"
+        if grant.mps_gpu is not None and (refused := self._mps_refusal(grant.mps_gpu, label)) is not None:
+            return refused
         if grant.hook_pod is not None:  # isolation hook: the pod's accounting directory must exist first
             try:
                 await asyncio.to_thread(prepare_hook_pod, self.config.hook_root, grant.hook_pod, pods)
@@ -315,6 +315,21 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             self.step(STEP_RELEASED)
         log.info("allocated %s to %s: %s", ",".join(ids), entry.label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
         return response
+
+    def _mps_refusal(self, gpu: str, label: str) -> tuple[grpc.StatusCode, str] | None:
+        """An MPS share is served only where this agent runs the GPU's MPS daemon and it answers: without
+        one, the client settings would be handed out and silently not apply. A daemon that is down is worth a
+        retry (it is being restarted); a GPU without one is not."""
+        if self.mps is None:
+            return grpc.StatusCode.FAILED_PRECONDITION, (
+                f"pod {label} asks for isolation mps, but the agent on {self.config.node_name} runs no MPS daemons "
+                "(agent setting mps_daemons, or default isolation mps), so its MPS limits would not apply"
+            )
+        down = self.mps.refuses(gpu)
+        if down is None:
+            return None
+        code = grpc.StatusCode.UNAVAILABLE if gpu in self.mps.health else grpc.StatusCode.FAILED_PRECONDITION
+        return code, f"pod {label} asks for isolation mps: {down}"
 
     async def _carve(
         self, uid: str, label: str, containers: list[GpuContainer], gpus: list[GrantDoc]

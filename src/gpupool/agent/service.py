@@ -62,7 +62,7 @@ class Agent:
     ) -> None:
         self.config = config
         self.mig = mig  # carves MIG instances for isolation mig pods (None: no GPU of the node is in MIG mode)
-        self.mps = mps  # one MPS control daemon per GPU, supervised here (isolation mps; None: not run)
+        self.mps = mps  # one MPS control daemon per GPU, supervised here (None: none run, MPS shares are refused)
         self.step = step  # the Allocate step hook (tests inject crashes between steps)
         self.backend = backend
         self.cluster = cluster
@@ -100,6 +100,8 @@ class Agent:
             discovered.cuda_version,
             ", ".join(f"{d.index}:{d.model}:{d.uuid}" for d in discovered.devices) or "none",
         )
+        if self.mps is not None:  # before the first inventory and Allocate: MPS shares need a daemon that answers
+            await asyncio.to_thread(self.mps.start_all)
         await self._publish()
         checkpoint = Checkpoint(self.config.checkpoint_path, self.config.node_name)
         problem = await asyncio.to_thread(checkpoint.load)

@@ -136,9 +136,10 @@ async def _run(config: Any, backend: Any) -> None:
 
 
 def _mps_supervisor(config: Any, backend: Any) -> Any:
-    """Isolation mps: one MPS control daemon per GPU, supervised by the agent (restarted when it dies,
-    consulted by Allocate, shown in the inventory and /metrics; docs/mig-mps.md)."""
-    if config.isolation != "mps":
+    """One MPS control daemon per GPU, supervised by the agent (restarted when it dies, consulted by
+    Allocate, shown in the inventory and /metrics; docs/mig-mps.md), where the config asks for them
+    (`mps_daemons`, by default where the default isolation is mps)."""
+    if not config.runs_mps_daemons:
         return None
     import time
 
