@@ -81,8 +81,9 @@ async def test_mps_clients_are_held_to_48_per_gpu():
     """A node that promises 64 pods per GPU still gets at most 48 MPS clients on one; other pods go on."""
     cluster = MemoryCluster()
     gpu = GPU(uuid="GPU-big-0", index=0, model="H100-80GB", memory_mib=81920)
+    inventory = encode_inventory("big", [gpu], 64, extra={0: {"mps": "up"}})  # MPS shares need its daemon
     await cluster.create_node({
-        "metadata": {"name": "big", "annotations": {"gpupool.io/inventory": encode_inventory("big", [gpu], 64)}},
+        "metadata": {"name": "big", "annotations": {"gpupool.io/inventory": inventory}},
         "status": {"allocatable": {"cpu": "1000", "memory": "4096Gi"}},
     })
     svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))

@@ -24,6 +24,7 @@ from gpupool.scheduler.framework.plugins import (
     gpu_node,
     gpu_request,
     mig,
+    mps_ready,
     node_exists,
     node_lock,
     nominate,
@@ -60,11 +61,12 @@ REGISTRY: dict[str, PluginSpec] = {
     "queue_admission": PluginSpec(queue_admission.QueueAdmission, queue_admission.Args),
     "queue_reclaim": PluginSpec(queue_reclaim.QueueReclaim, queue_reclaim.Args),
     "mig_placement": PluginSpec(mig.MigPlacement, mig.Args),
+    "mps_ready": PluginSpec(mps_ready.MpsReady, mps_ready.Args),
 }
 
 # Where each plugin runs:
 #   PreFilter   scheduler_name, pod_pending, gpu_request, nominate, mig_placement
-#   Filter      node_exists, gpu_node, gpu_fit, shares_per_gpu, mig_placement, queue_admission
+#   Filter      node_exists, gpu_node, gpu_fit, shares_per_gpu, mps_ready, mig_placement, queue_admission
 #   PostFilter  pending_note, queue_reclaim
 #   Score       mig_placement, policy_score, busy_nodes
 #   Reserve     nominate, queue_admission        Unreserve  node_lock, nominate
@@ -77,6 +79,7 @@ PROFILE: tuple[str, ...] = (
     "gpu_node",
     "gpu_fit",
     "shares_per_gpu",
+    "mps_ready",
     "mig_placement",
     "policy_score",
     "busy_nodes",
