@@ -31,6 +31,22 @@ keys = st.sampled_from(["a", "b/c", "d~e", "gpupool.io/gpu", "~1", ""])
 paths = st.lists(keys, min_size=1, max_size=4).map(tuple)
 
 
+def test_a_later_set_below_a_created_parent_leaves_the_recorded_add_alone() -> None:
+    # The first set creates /a as {"a": {"a": 0}}; the later ones change the working copy below it. Had the
+    # recorded add shared that object, it would have become {"a": 0} and the replace of /a/a/a would fail.
+    work: dict[str, Any] = {}
+    patcher = Patcher(work)
+    patcher.set(("a", "a", "a"), 0)
+    patcher.set(("a", "a", "a"), 1)
+    patcher.set(("a", "a"), 0)
+    assert patcher.ops == [
+        {"op": "add", "path": "/a", "value": {"a": {"a": 0}}},
+        {"op": "replace", "path": "/a/a/a", "value": 1},
+        {"op": "replace", "path": "/a/a", "value": 0},
+    ]
+    assert jsonpatch.apply_patch({}, patcher.ops) == work == {"a": {"a": 0}}
+
+
 @given(
     base=st.recursive(
         st.dictionaries(keys, st.integers(), max_size=3),

@@ -6,6 +6,7 @@ patch. Recording each change once, in both forms, keeps the two from drifting ap
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 
@@ -41,7 +42,9 @@ class Patcher:
                 nested: Any = value
                 for key in reversed(path[depth + 1 :]):
                     nested = {str(key): nested}
-                self.ops.append({"op": "add", "path": pointer(*path[: depth + 1]), "value": nested})
+                # The op keeps its own copy: later `set`s change the working copy in place, and must
+                # not reach back into a value already recorded (the patch would replay them twice).
+                self.ops.append({"op": "add", "path": pointer(*path[: depth + 1]), "value": copy.deepcopy(nested)})
                 parent[token] = nested
                 return
             parent = child
