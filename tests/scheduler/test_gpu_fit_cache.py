@@ -67,3 +67,20 @@ def test_cached_rows_follow_every_change_of_the_state():
     first.gpu_fit[:] = False
     first.code[:] = 99
     _same(rows, state, pod, idx)
+
+
+def test_a_node_set_without_reasons_rejects_the_same_nodes():
+    from gpupool.scheduler.framework.cycle import NodeSet
+    from gpupool.scheduler.framework.status import Code
+
+    index = {f"n{i}": i for i in range(6)}
+    names = ["n0", "x", "n2", "n3", "n5"]
+    kept, bare = NodeSet(names, index), NodeSet(names, index, reasons=False)
+    for nodes in (kept, bare):
+        bad = nodes.nodes() < 0
+        nodes.reject(bad, ["unknown"] if nodes.reasons else [], Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
+        bad = nodes.nodes() % 2 == 1
+        nodes.reject(bad, ["odd"] * int(bad.sum()) if nodes.reasons else [], Code.UNSCHEDULABLE)
+    assert kept.alive_names() == bare.alive_names() == ["n0", "n2"]
+    assert kept.failed == {"n3": "odd", "n5": "odd"} and kept.unresolvable == {"x": "unknown"}
+    assert not bare.failed and not bare.unresolvable

@@ -103,7 +103,7 @@ class Extender:
         cycle = await self._start(PodRef.of(args.Pod), Phase.PRIORITIZE)
         if isinstance(cycle, Status) or not cycle.wants_gpu:
             return []
-        nodes: NodeSet = self.fw.filter(cycle, args.node_names())
+        nodes: NodeSet = self.fw.filter(cycle, args.node_names(), reasons=False)  # the answer has no reasons
         if not len(nodes):
             return []
         feasible = nodes.nodes()

@@ -72,10 +72,12 @@ class CycleState:
 class NodeSet:
     """The nodes a request offers, by name, with the ledger's index of each (-1: not a gpupool node).
     Filter plugins see the `nodes()` still feasible and `reject` some with a reason; reasons are kept by
-    name, split by code as the extender answers them."""
+    name, split by code as the extender answers them. With `reasons` False (prioritize: its answer has no
+    place for them) rejections keep no reasons, and plugins may skip writing them."""
 
-    def __init__(self, names: list[str], index: dict[str, int]) -> None:
+    def __init__(self, names: list[str], index: dict[str, int], reasons: bool = True) -> None:
         self.names = names
+        self.reasons = reasons
         # At C speed, straight into the array (a list of thousands of ints first costs as much again).
         self.index: IntArray = np.fromiter(map(index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
         self.alive: IntArray = np.arange(len(names), dtype=np.int64)  # positions into names
@@ -93,18 +95,17 @@ class NodeSet:
     def alive_names(self) -> list[str]:
         if self._all_alive:
             return self.names
-        names = self.names
-        return [names[p] for p in self.alive.tolist()]
+        return list(map(self.names.__getitem__, self.alive.tolist()))
 
     def reject(self, bad: BoolArray, reasons: Sequence[str], code: Code) -> None:
         """Reject the feasible nodes where `bad` (aligned with `nodes()`) is True, `reasons` one per
-        rejected node in order."""
+        rejected node in order (ignored, and may be empty, when the set keeps no reasons)."""
         positions = self.alive[bad]
         if not len(positions):
             return
-        names = self.names
-        target = self.unresolvable if code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE else self.failed
-        target.update(zip([names[p] for p in positions.tolist()], reasons, strict=True))
+        if self.reasons:
+            target = self.unresolvable if code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE else self.failed
+            target.update(zip(map(self.names.__getitem__, positions.tolist()), reasons, strict=True))
         self.alive = self.alive[~bad]
         self._all_alive = False
 

@@ -89,8 +89,9 @@ class Framework:
             return status.by(p.name)
         return SUCCESS
 
-    def filter(self, cycle: CycleState, names: list[str]) -> NodeSet:
-        nodes = NodeSet(names, self.handle.ledger.state.index)
+    def filter(self, cycle: CycleState, names: list[str], reasons: bool = True) -> NodeSet:
+        """The Filter plugins over `names`; `reasons` False when nobody reads why a node was rejected."""
+        nodes = NodeSet(names, self.handle.ledger.state.index, reasons)
         for p in self.filters:
             if not len(nodes):
                 break

@@ -95,9 +95,12 @@ class GPUFit:
         bad = fit.code != OK
         if not bad.any():
             return
+        if not nodes.reasons:
+            nodes.reject(bad, (), Code.UNSCHEDULABLE)
+            return
         # Reasons depend only on (code, number of fitting GPUs): write each distinct one once.
         rows = np.flatnonzero(bad)
         keys = fit.code[rows] * 1024 + fit.gpu_fit[rows].sum(axis=1)
         _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
         texts = [fit.reason(int(rows[f]), cycle.request) for f in first]
-        nodes.reject(bad, [texts[j] for j in inverse.tolist()], Code.UNSCHEDULABLE)
+        nodes.reject(bad, list(map(texts.__getitem__, inverse.tolist())), Code.UNSCHEDULABLE)
