@@ -113,6 +113,29 @@ async def test_lock_of_a_pod_seen_running_is_taken_over_without_asking_about_the
     await svc.stop()
 
 
+async def test_lock_of_a_holder_the_pod_watch_shows_running_needs_no_read_either():
+    """A lock this process never saw served (taken by an earlier scheduler process, say): the pod watch's
+    copy of the holder, Running, is enough to take it over."""
+    svc = await started_service(nodes=1)
+    cluster = svc.cluster
+    a, b = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
+    held = encode_lock(a["metadata"]["uid"], "default", "a", svc.clock())
+    node = await cluster.get_node("gpu-0000")
+    await cluster.patch_node_annotations("gpu-0000", {ANN_BIND_LOCK: held},
+                                         resource_version=node["metadata"]["resourceVersion"])
+    await cluster.patch_pod_status("default", "a", {"phase": "Running"})
+    uid_a = a["metadata"]["uid"]
+    await eventually(lambda: ((svc.pods.get(uid_a) or {}).get("status") or {}).get("phase") == "Running"
+                     and held in str(svc.ledger.node_objs["gpu-0000"]["metadata"].get("annotations")))
+    assert not svc.busy.was_served(uid_a, svc.clock())
+    reads = record_pod_reads(cluster)
+    assert (await svc.bind(bind_args(b))).Error == ""
+    assert reads == []
+    node = await cluster.get_node("gpu-0000")
+    assert b["metadata"]["uid"] in node["metadata"]["annotations"][ANN_BIND_LOCK]
+    await svc.stop()
+
+
 async def test_a_stale_watch_copy_showing_our_own_lock_is_checked_against_the_api():
     svc = await started_service(nodes=1)
     pod = await svc.cluster.create_pod(gpu_pod("p", cores=20))

@@ -5,7 +5,8 @@ gpupool.api.lock; the agent's side: docs/scheduler.md "The node bind lock".
 Permit takes the lock with a write carrying the node's resourceVersion (a 409 means read again and decide
 again). The first look uses the watch's copy of the node (usually current, since binds avoid busy nodes);
 "we hold it already" is believed only from a fresh read. A lock held by another pod is taken over when it
-is older than `lock_timeout_s`, or its holder was seen served, is gone, re-created, being deleted or
+is older than `lock_timeout_s`, or its holder was seen served (by this process, or the pod watch shows it
+Running/finished or being deleted: no API read), or a read shows it gone, re-created, being deleted or
 Running/finished; otherwise Permit answers WAIT (woken by the node watch), for at most `lock_wait_s`.
 Unreserve (any failure after the lock was taken) lets go of it: the one place a lock is released.
 """
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gpupool.api.lock import ANN_BIND_LOCK, BindLock, LockError, decode_lock, encode_lock
 from gpupool.cluster.port import Conflict, NotFound, Obj
+from gpupool.scheduler.busy import SERVED_PHASES
 from gpupool.scheduler.framework.cycle import CycleState
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Status, wait
@@ -86,13 +88,22 @@ class NodeLock:
         now = h.clock()
         if now - held.taken_at() > self.args.lock_timeout_s or h.busy.was_served(held.pod_uid, now):
             return True
+        # The pod watch's copy (by UID) showing the holder served is enough: a pod never goes back from
+        # Running or finished, nor un-deletes. Anything else is asked of the API server (the cache may lag).
+        seen = h.pods.get(held.pod_uid)
+        if seen is not None and _served(seen):
+            return True
         try:
             holder = await h.cluster.get_pod(held.namespace, held.name)
         except NotFound:
             return True
-        if holder["metadata"].get("uid") != held.pod_uid or holder["metadata"].get("deletionTimestamp"):
-            return True
-        return (holder.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed")
+        return holder["metadata"].get("uid") != held.pod_uid or _served(holder)
+
+
+def _served(pod: Obj) -> bool:
+    """The lock's holder no longer needs it: being deleted, or Running / finished."""
+    return bool((pod.get("metadata") or {}).get("deletionTimestamp")) or \
+        (pod.get("status") or {}).get("phase") in SERVED_PHASES
 
 
 async def release_lock(handle: Handle, node_name: str, uid: str) -> None:
