@@ -1,7 +1,8 @@
 """Real nodes for the e2e tests: containerd + kubelet 1.20 per node (scripts/k8s/realnode.py) on the
 session's control plane, and one `gpupool agent` per node run as its DaemonSet would run it (the real
 command, the fake GPU backend, the node's device-plugin directory, the chart's agent ServiceAccount and
-RBAC).
+RBAC). Each agent runs an MPS control daemon per GPU (setting mps_daemons), the stand-in control program
+of tests/agent/fakes, since MPS shares are served only where a daemon answers.
 
 A test module imports `real_cluster` (module scope: one set of nodes per module, started once) and the
 helpers. Missing tools fail the tests with the command that installs them; nothing here skips.
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from gpupool.agent.mps import CONTROL, MpsConfig, MpsSupervisor
 from gpupool.api.allocation import AllocationDoc, decode_allocation
 from gpupool.api.names import ANN_ALLOCATION, RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
 from gpupool.testing import testbed as tb
@@ -29,6 +31,7 @@ from tests.e2e.conftest import Extender, Identities
 from tests.e2e.kubectl_tool import kubectl_binary
 
 ROOT = Path(__file__).resolve().parents[2]
+FAKE_MPS = ROOT / "tests" / "agent" / "fakes"  # nvidia-cuda-mps-control for the agents' MPS daemons
 sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
 
 import images  # noqa: E402
@@ -107,18 +110,30 @@ class NodeAgent:
         self.fake_file.write_text(json.dumps({"driver_version": "570.86", "cuda_version": "12.8", "gpus": gpus}))
         argv = [*tb.gpupool_argv(), "agent", "--node-name", self.node.name, "--backend", "fake",
                 "--fake-file", str(self.fake_file), "--split", str(SPLIT),
-                "--device-plugin-dir", str(self.node.device_plugin_dir), "--mps-root", str(self.node.dir / "mps"),
+                "--device-plugin-dir", str(self.node.device_plugin_dir), "--mps-root", str(self.mps_root),
                 "--kubeconfig", str(self.kubeconfig), "--inventory-interval-s", "2", "--log-level", "info"]
         # Each node's own hook root, as each node has its own /run in a cluster.
         env = {**os.environ, "GPUPOOL_AGENT_METRICS_PORT": str(self.metrics_port),
-               "GPUPOOL_AGENT_HOOK_ROOT": str(self.hook_root), "GPUPOOL_AGENT_MIG_INTERVAL_S": "1"}
+               "GPUPOOL_AGENT_HOOK_ROOT": str(self.hook_root), "GPUPOOL_AGENT_MIG_INTERVAL_S": "1",
+               "GPUPOOL_AGENT_MPS_DAEMONS": "true", "PATH": f"{FAKE_MPS}{os.pathsep}{os.environ.get('PATH', '')}"}
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env,
                                          start_new_session=True, preexec_fn=tb.die_with_parent)
         self.starts += 1
 
+    @property
+    def mps_root(self) -> Path:
+        return self.node.dir / "mps"
+
     def kill(self) -> None:
         tb.kill_process(self.proc)
+
+    def quit_mps_daemons(self) -> None:
+        """The agent leaves its MPS daemons running when it stops (running pods keep MPS); at the end of
+        the module they are asked to quit, as an administrator would."""
+        supervisor = MpsSupervisor(MpsConfig(pipe_root=self.mps_root, log_root=self.node.dir / "mps-log",
+                                             control=str(FAKE_MPS / CONTROL)), self.gpu_uuids, time.monotonic)
+        supervisor.stop_all()
 
     def stop(self) -> None:
         tb.stop_process(self.proc, 15)
@@ -379,4 +394,5 @@ def real_cluster(testbed: tb.Testbed, extender: Extender, kube_scheduler: object
             cluster.delete_pods(pods, force=True)
         for agent in cluster.agents.values():
             agent.stop()
+            agent.quit_mps_daemons()
         nodes.stop()

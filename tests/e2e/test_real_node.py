@@ -5,6 +5,7 @@ sees from inside (its logs, `kubectl exec`) is exactly its own pod's allocation.
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import httpx
@@ -73,6 +74,9 @@ def test_containers_get_exactly_their_allocation(real_cluster: RealCluster) -> N
     assert c.grant("plain") == ({}, set())  # no GPU asked, nothing of gpupool's in the container
     assert pods["mps"]["metadata"]["annotations"].get("gpupool.io/isolation") == "mps"
     assert expected_grant(pods["mps"])[1] == {"/run/gpupool/mps"}  # the case really has a mount
+    # ... and behind it the GPU's MPS daemon (the agent's, a stand-in control program): its control socket
+    seen = c.kubectl("exec", "-n", "e2e-real", "mps", "--", "ls", "/run/gpupool/mps").split()
+    assert "control" in seen, seen
     # The hook directory a container sees is its own pod's (the agent writes the pod's identity there).
     for name in ("a-big", "a-small", "pair"):
         seen = c.kubectl("exec", "-n", "e2e-real", name, "--", "cat", "/run/gpupool/hook/pod.json")
@@ -251,6 +255,11 @@ def test_pod_with_two_gpu_containers_runs_and_each_prints_its_own_grant(real_clu
     assert parts == {"main": [(gpu, 2048, 10.0)], "second": [(gpu, 4096, 30.0)]}
     for name in ("main", "second"):
         assert c.grant("two-c", name) == expected_grant(running, container=name), name
+        # each container has its own hook directory (its own accounting file, held to its own share)
+        seen = json.loads(c.kubectl("exec", "-n", "e2e-real", "two-c", "-c", name, "--", "cat",
+                                    "/run/gpupool/hook/pod.json"))
+        assert seen == {"uid": running["metadata"]["uid"], "pod": "e2e-real/two-c", "container": name,
+                        "gpus": [gpu]}, seen
     slots = c.checkpoint(0)[running["metadata"]["uid"]]
     assert len(slots) == 2 and {slot_gpu(d) for d in slots} == {gpu}
     # The node goes on serving: the next pod runs with its own grant.
