@@ -14,14 +14,14 @@ import pytest
 import uvicorn
 from hypothesis import settings
 
+from gpupool.core.state import ClusterState
+from tests.pool_helpers import give, make_cluster
+
 # Property tests draw the same examples on every run by default, so that a test run (CI's included) passes
-# or fails on the code alone; `HYPOTHESIS_PROFILE=explore` draws new ones, to go looking for bugs.
+# or fails on the code alone; `HYPOTHESIS_PROFILE=explore` draws new ones.
 settings.register_profile("repeatable", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
-
-from gpupool.core.state import ClusterState
-from tests.pool_helpers import give, make_cluster
 
 
 @contextmanager
