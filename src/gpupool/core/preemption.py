@@ -113,6 +113,18 @@ def _usage_without(usage: Mapping[str, Quota], taken: Iterable[Running]) -> dict
     return out
 
 
+def _branch(tree: QueueTree, queue: str, other: str) -> str:
+    """The ancestor of `queue` (or `queue` itself) just below the first queue it shares with `other`'s
+    chain: the branch whose guarantee stands between the two."""
+    mine = set(tree.chain(other))
+    branch = queue
+    for name in tree.chain(queue):
+        if name in mine:
+            break
+        branch = name
+    return branch
+
+
 def victim_reason(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemptor, pod: Running,
             in_quota: bool) -> str | None:
     """Why `pod` may be taken for `preemptor` with the queues at `usage` (victims chosen so far removed), or
@@ -126,12 +138,7 @@ def victim_reason(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemp
     sub = tree.subtree_usage(usage)
     # The victim's queue, and its branch below the first ancestor it shares with the preemptor, must both
     # be borrowing on a dimension the victim holds: then the victim is (partly) borrowed capacity.
-    mine = set(tree.chain(preemptor.queue))
-    branch = pod.queue
-    for name in tree.chain(pod.queue):
-        if name in mine:
-            break
-        branch = name
+    branch = _branch(tree, pod.queue, preemptor.queue)
     held = [d for d, v in zip(("gpu_milli", "memory_mib", "cores"), pod.charge.values(), strict=True) if v > 0]
     for name in {pod.queue, branch}:
         over = tree.specs[name].borrowed(sub[name])
@@ -229,12 +236,7 @@ def _lowest(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemptor, p
             floor_milli: int) -> int:
     """The lowest compute per GPU `pod` may be squeezed to: its queue, and its branch below the ancestor it
     shares with the preemptor, stay at or above their guarantees in the compute dimensions they count."""
-    mine = set(tree.chain(preemptor.queue))
-    branch = pod.queue
-    for name in tree.chain(pod.queue):
-        if name in mine:
-            break
-        branch = name
+    branch = _branch(tree, pod.queue, preemptor.queue)
     sub = tree.subtree_usage(usage)
 
     def keeps_guarantee(milli: int) -> bool:
