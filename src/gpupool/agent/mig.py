@@ -380,17 +380,42 @@ class MigManager:
             return MigRefused(f"{gpu}: switching MIG mode failed: {e}")
         return None
 
+    def switch_idle_gpus(self) -> tuple[list[str], list[MigRefused]]:
+        """Where the node's label allows it, every GPU of a MIG-capable model not yet in MIG mode that runs
+        nothing is switched to MIG mode (enable_mig); the busy ones are refused with the reason and tried
+        again on the next pass. Nothing is ever switched off MIG mode. (switched, refused)"""
+        switched: list[str] = []
+        refused: list[MigRefused] = []
+        if not self.allow_mode_switch:
+            return switched, refused
+        for gpu in self.backend.gpu_uuids():
+            if self.backend.mig_enabled(gpu) or mig_model(self.backend.model(gpu)) is None:
+                continue
+            why = self.enable_mig(gpu)
+            if why is None:
+                switched.append(gpu)
+            else:
+                refused.append(why)
+        return switched, refused
+
 
 def agent_mig_manager(source: object, directory: Path, idle_after_s: float,
-                      clock: Callable[[], float] = time.time) -> MigManager | None:
-    """The agent's MIG manager, when its discovery backend (`source.mig_backend()`) has a GPU in MIG mode;
+                      clock: Callable[[], float] = time.time,
+                      allow_mode_switch: bool = False) -> MigManager | None:
+    """The agent's MIG manager, when its discovery backend (`source.mig_backend()`) has a GPU in MIG mode,
+    or when the node's label allows switching (`allow_mode_switch`) and a GPU's model has MIG geometry;
     checkpoint `<directory>/mig.json`. Wall-clock time: an instance's idle time counts across agent
     restarts. None: isolation mig is refused on this node."""
     make = getattr(source, "mig_backend", None)
     driver = make() if make is not None else None
-    if driver is None or not any(driver.mig_enabled(g) for g in driver.gpu_uuids()):
+    if driver is None:
         return None
-    return MigManager(driver, directory / "mig.json", clock, idle_after_s=idle_after_s)
+    gpus = driver.gpu_uuids()
+    if not any(driver.mig_enabled(g) for g in gpus) and not (
+            allow_mode_switch and any(mig_model(driver.model(g)) is not None for g in gpus)):
+        return None
+    return MigManager(driver, directory / "mig.json", clock, idle_after_s=idle_after_s,
+                      allow_mode_switch=allow_mode_switch)
 
 
 def mig_inventory_fields(manager: MigManager) -> dict[str, dict[str, object]]:

@@ -52,7 +52,7 @@ from gpupool.agent.identify import (
     which_container,
 )
 from gpupool.agent.kubelet_checkpoint import recorded_containers
-from gpupool.agent.mig import MigError, MigManager, MigRefused
+from gpupool.agent.mig import MODE_SWITCH_LABEL, MigError, MigManager, MigRefused, mode_switch_allowed
 from gpupool.agent.mps import MpsSupervisor
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
@@ -384,6 +384,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 return False
             alive = {uid for p in pods if is_alive_on(p, self.config.node_name) and (uid := p["metadata"].get("uid"))}
             before = _mig_state(mig)
+            switched = await self._switch_mig_mode(mig)
             try:
                 if reconcile or not self.mig_reconciled:
                     records = _mig_records(self.checkpoint)
@@ -398,7 +399,27 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     log.info("MIG idle instances: destroyed %s, kept (in use) %s", report.destroyed, report.kept_in_use)
             except (MigError, OSError) as e:
                 log.warning("MIG housekeeping on node %s failed: %s", self.config.node_name, e)
-            return _mig_state(mig) != before
+            return bool(switched) or _mig_state(mig) != before
+
+    async def _switch_mig_mode(self, mig: MigManager) -> list[str]:
+        """The node's label (read on every pass, so the admin can set or remove it at any time) decides
+        whether idle GPUs are switched to MIG mode; busy ones are logged and tried again next pass."""
+        try:
+            node = await self.cluster.get_node(self.config.node_name)
+        except Exception as e:  # the API being away: keep the last answer until the next pass
+            log.warning("MIG mode: cannot read node %s: %s", self.config.node_name, e)
+        else:
+            mig.allow_mode_switch = mode_switch_allowed((node.get("metadata") or {}).get("labels") or {})
+        try:
+            switched, refused = await asyncio.to_thread(mig.switch_idle_gpus)
+        except MigError as e:
+            log.warning("MIG mode switch on node %s failed: %s", self.config.node_name, e)
+            return []
+        for gpu in switched:
+            log.info("MIG mode switched on for %s (node label %s)", gpu, MODE_SWITCH_LABEL)
+        for why in refused:
+            log.info("MIG mode not switched: %s", why.reason)
+        return switched
 
     async def recover(self) -> None:
         """Complete what a previous run of the agent left half done: every checkpointed pod that is still

@@ -120,7 +120,7 @@ async def _run(config: Any, backend: Any) -> None:
 
     port = _cluster_port(config)
     node_agent = Agent(config, backend, ClusterPortAgent(port), mps=_mps_supervisor(config, backend),
-                       mig=_mig_manager(config, backend))
+                       mig=await _mig_manager(config, backend, ClusterPortAgent(port)))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node_agent.request_stop)
@@ -149,12 +149,23 @@ def _mps_supervisor(config: Any, backend: Any) -> Any:
     return agent_supervisor(config.mps_root, gpus, time.monotonic)
 
 
-def _mig_manager(config: Any, backend: Any) -> Any:
+async def _mig_manager(config: Any, backend: Any, cluster: Any) -> Any:
     """Isolation mig: the agent carves the instances the scheduler planned (docs/mig-mps.md); only when a
-    GPU of the node is in MIG mode (never switched here)."""
-    from gpupool.agent.mig import agent_mig_manager
+    GPU of the node is in MIG mode, or the node's label lets the agent switch idle GPUs to MIG mode (the
+    switching itself happens on the MIG housekeeping passes)."""
+    import logging
+    import time
 
-    return agent_mig_manager(backend, config.checkpoint_path, config.mig_idle_after_s)
+    from gpupool.agent.mig import agent_mig_manager, mode_switch_allowed
+
+    try:
+        node = await cluster.get_node(config.node_name)
+        allowed = mode_switch_allowed((node.get("metadata") or {}).get("labels") or {})
+    except Exception as e:  # the API being away at start: no switching until a restart reads the label
+        logging.getLogger("gpupool.agent").warning("cannot read node %s's labels at start: %s", config.node_name, e)
+        allowed = False
+    return agent_mig_manager(backend, config.checkpoint_path, config.mig_idle_after_s, time.time,
+                             allow_mode_switch=allowed)
 
 
 async def _metrics(node_agent: Any, config: Any) -> Any:
