@@ -110,6 +110,13 @@ def node_from_object(obj: Mapping[str, Any]) -> Node | None:
     """Build a core Node from a Kubernetes Node object (JSON shape): allocatable CPU/memory from its
     status, GPUs from its inventory annotation. None when the node has no inventory (not a gpupool
     node); raises InventoryError for a malformed one."""
+    read = read_node(obj)
+    return None if read is None else read[0]
+
+
+def read_node(obj: Mapping[str, Any]) -> tuple[Node, InventoryDoc] | None:
+    """`node_from_object`, with the decoded inventory beside it for callers that need more of it (split,
+    MIG instances, MPS states) without decoding the annotation again."""
     from gpupool.api.pod import parse_cpu_milli  # local: pod.py is the one CPU parser
 
     meta = obj.get("metadata") or {}
@@ -130,4 +137,4 @@ def node_from_object(obj: Mapping[str, Any]) -> Node | None:
         memory_mib=mem,
         gpus=tuple(g.gpu() for g in sorted(doc.gpus, key=lambda g: g.index)),
         labels=dict(meta.get("labels") or {}),
-    )
+    ), doc

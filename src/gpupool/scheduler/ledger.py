@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from gpupool.api.allocation import AllocationError, decode_allocation
-from gpupool.api.inventory import InventoryError, decode_inventory, node_from_object
+from gpupool.api.inventory import InventoryError, decode_inventory, node_from_object, read_node
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.api.pod import parse_pod, pod_key
 from gpupool.api.squeeze import is_squeezed
@@ -41,7 +41,7 @@ from gpupool.core.mig_placement import MigGPU
 from gpupool.core.mig_request import ProfileRefusal, grant_share, profile_for
 from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, Node, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
-from gpupool.scheduler.mig_layouts import MigLayouts, mig_gpus_from_object
+from gpupool.scheduler.mig_layouts import MigLayouts, mig_gpus
 
 log = logging.getLogger(__name__)
 
@@ -276,11 +276,10 @@ class Ledger:
         if cached is not None and cached[0] == sig:
             return cached[1], cached[2], cached[3], cached[4]
         try:
-            node, error = node_from_object(obj), None
+            read, error = read_node(obj), None  # the inventory decoded once for all it gives
         except InventoryError as e:
-            node, error = None, str(e)
-        split = inventory_split(obj) if node is not None else DEFAULT_SPLIT
-        mig = mig_gpus_from_object(obj) if node is not None else {}
+            read, error = None, str(e)
+        node, split, mig = (None, DEFAULT_SPLIT, {}) if read is None else (read[0], read[1].split, mig_gpus(read[1]))
         self._parsed[name] = (sig, node, error, split, mig)
         return node, error, split, mig
 

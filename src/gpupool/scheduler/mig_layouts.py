@@ -10,31 +10,19 @@ reports as used stays used.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
-from gpupool.api.inventory import InventoryError, decode_inventory
-from gpupool.api.names import ANN_INVENTORY
+from gpupool.api.inventory import InventoryDoc
 from gpupool.core.mig_placement import MigGPU, MigInstance
 from gpupool.core.model import GPUGrant
 
 # Inventories of nodes without MIG GPUs (nearly all) are not decoded a second time.
-_MIG_ON = re.compile(r'"mig"\s*:\s*true')
 
 
-def mig_gpus_from_object(obj: Mapping[str, Any]) -> dict[str, MigGPU]:
-    """GPU UUID -> the MIG-mode GPU and its reported instances, from a Node object's inventory ({} when
-    it has none, or it is unreadable: the ledger reports that node's error)."""
-    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANN_INVENTORY)
-    if not text or not _MIG_ON.search(str(text)):
-        return {}
-    try:
-        doc = decode_inventory(str(text))
-    except InventoryError:
-        return {}
+def mig_gpus(doc: InventoryDoc) -> dict[str, MigGPU]:
+    """GPU UUID -> the MIG-mode GPU and its reported instances, from a node's decoded inventory."""
     return {
         g.uuid: MigGPU(g.model, tuple(sorted(MigInstance(i.profile, i.start, i.used) for i in g.mig_instances)))
         for g in doc.gpus
