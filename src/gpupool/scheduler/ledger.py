@@ -247,7 +247,8 @@ class Ledger:
         self._signatures: dict[str, tuple[Any, ...]] = {}
         # Parsed nodes by name with the signature they were parsed from: a rebuild re-reads only the
         # nodes that changed (decoding thousands of inventories took most of a rebuild's time).
-        self._parsed: dict[str, tuple[tuple[Any, ...], Node | None, str | None, int, dict[str, MigGPU]]] = {}
+        self._parsed: dict[str, tuple[tuple[Any, ...], Node | None, str | None, int, dict[str, MigGPU],
+                                      dict[str, str]]] = {}
         self.node_errors: dict[str, str] = {}
         self.generation = 0  # bumped whenever `state` is replaced
         self.state = ClusterState([])
@@ -260,6 +261,8 @@ class Ledger:
         self.full_gpus = 0
         self.node_full: IntArray = np.zeros(0, dtype=np.int64)  # per node: its GPUs at a limit (either kind)
         self.mig = MigLayouts()
+        # Node name -> GPU UUID -> its MPS daemon's state as the inventory reports it ("", "up", "down").
+        self.mps_states: dict[str, dict[str, str]] = {}
         self.mig_gpu: BoolArray = np.zeros((0, 1), dtype=bool)  # [node, GPU slot]: in MIG mode
         self.mig_node: BoolArray = np.zeros(0, dtype=bool)  # per node: has a GPU in MIG mode
         for obj in node_objs:
@@ -270,30 +273,33 @@ class Ledger:
 
     # --- nodes ----------------------------------------------------------------------------------------
 
-    def _node(self, name: str, obj: Mapping[str, Any]) -> tuple[Node | None, str | None, int, dict[str, MigGPU]]:
+    def _node(self, name: str, obj: Mapping[str, Any]
+              ) -> tuple[Node | None, str | None, int, dict[str, MigGPU], dict[str, str]]:
         sig = self._signatures[name]
         cached = self._parsed.get(name)
         if cached is not None and cached[0] == sig:
-            return cached[1], cached[2], cached[3], cached[4]
+            return cached[1], cached[2], cached[3], cached[4], cached[5]
         try:
             read, error = read_node(obj), None  # the inventory decoded once for all it gives
         except InventoryError as e:
             read, error = None, str(e)
-        node, split, mig = (None, DEFAULT_SPLIT, {}) if read is None else (read[0], read[1].split, mig_gpus(read[1]))
-        self._parsed[name] = (sig, node, error, split, mig)
-        return node, error, split, mig
+        node, split, mig, mps = (None, DEFAULT_SPLIT, {}, {}) if read is None else (
+            read[0], read[1].split, mig_gpus(read[1]), {g.uuid: str(g.mps) for g in read[1].gpus})
+        self._parsed[name] = (sig, node, error, split, mig, mps)
+        return node, error, split, mig, mps
 
     def _rebuild_state(self) -> None:
         nodes: list[tuple[Node, int]] = []
         migs: list[tuple[str, dict[str, MigGPU]]] = []
-        self.node_errors = {}
+        self.node_errors, self.mps_states = {}, {}
         for name, obj in self.node_objs.items():
-            node, error, split, mig = self._node(name, obj)
+            node, error, split, mig, mps = self._node(name, obj)
             if error is not None:
                 self.node_errors[name] = error
             elif node is not None:
                 nodes.append((node, split))
                 migs.append((node.name, mig))
+                self.mps_states[node.name] = mps
         for gone in set(self._parsed) - set(self.node_objs):
             del self._parsed[gone]
         nodes.sort(key=lambda ns: ns[0].name)

@@ -10,19 +10,16 @@ A pod that takes whole GPUs gets no MPS settings and needs no daemon; other isol
 
 Like shares_per_gpu it narrows `cycle.gpu_ok` (the GPUs gpu_fit offered) to the GPUs with a daemon up, so
 the policy's GPU choice and Reserve see only those, and rejects the nodes left with fewer GPUs than the pod
-asks for. Inventories are decoded once per change of their text.
+asks for. The daemon states come from the ledger, which decodes each inventory once per change.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from gpupool.api.inventory import InventoryError, decode_inventory
-from gpupool.api.names import ANN_INVENTORY
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import Code
@@ -40,19 +37,6 @@ def wants_mps_daemon(cycle: CycleState) -> bool:
             and not cycle.request.gpu.whole)
 
 
-def mps_states(obj: Mapping[str, Any]) -> dict[str, str]:
-    """GPU UUID -> its MPS daemon's state from a Node object's inventory ({} when it has none or it is
-    unreadable: gpu_node rejects such nodes with the reason)."""
-    text = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANN_INVENTORY)
-    if not text:
-        return {}
-    try:
-        doc = decode_inventory(str(text))
-    except InventoryError:
-        return {}
-    return {g.uuid: g.mps for g in doc.gpus}
-
-
 def _state_words(state: str) -> str:
     return "MPS daemon down" if state == "down" else "no MPS daemon (the node's agent runs none)"
 
@@ -63,17 +47,9 @@ class MpsReady:
 
     def __init__(self, handle: Handle, args: Args) -> None:
         self.handle = handle
-        self._seen: dict[str, tuple[object, dict[str, str]]] = {}  # node -> (inventory text, states)
 
     def _states(self, node: str) -> dict[str, str]:
-        obj = self.handle.ledger.node_objs.get(node) or {}
-        text = ((obj.get("metadata") or {}).get("annotations") or {}).get(ANN_INVENTORY)
-        seen = self._seen.get(node)
-        if seen is not None and seen[0] == text:
-            return seen[1]
-        states = mps_states(obj)
-        self._seen[node] = (text, states)
-        return states
+        return self.handle.ledger.mps_states.get(node, {})  # decoded with the node's inventory, once
 
     def filter(self, cycle: CycleState, nodes: NodeSet) -> None:
         if not wants_mps_daemon(cycle):
