@@ -69,17 +69,59 @@ class CycleState:
         return self._gpu_ok
 
 
+@dataclass(frozen=True, slots=True)
+class Offered:
+    """A request's node names as arrays: the ledger index of each (-1: not a gpupool node), and the names
+    themselves as an object array, so that the subsets a filter answers with are taken at C speed. Both
+    read-only: NameIndex hands the same arrays to later requests."""
+
+    index: IntArray
+    names: np.ndarray
+
+    @classmethod
+    def of(cls, names: list[str], index: dict[str, int]) -> Offered:
+        # At C speed, straight into the array (a list of thousands of ints first costs as much again).
+        found = np.fromiter(map(index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        objects = np.empty(len(names), dtype=object)
+        objects[:] = names
+        found.flags.writeable = objects.flags.writeable = False
+        return cls(found, objects)
+
+
+class NameIndex:
+    """`Offered` remembered for the last few name lists. kube-scheduler offers the same thousands of names
+    call after call (every node to /filter, the feasible ones to /prioritize); each arrives as new strings
+    whose hashes the lookup would compute again, while comparing a list with the remembered one runs at C
+    speed without hashing. Kept per ledger index dict (the ledger builds a new one when its nodes change)."""
+
+    def __init__(self, keep: int = 4) -> None:
+        self.keep = keep
+        self._kept: list[tuple[dict[str, int], list[str], Offered]] = []
+
+    def lookup(self, names: list[str], index: dict[str, int]) -> Offered:
+        for k, (kept_index, kept_names, found) in enumerate(self._kept):
+            if kept_index is index and kept_names == names:
+                if k:
+                    self._kept.insert(0, self._kept.pop(k))
+                return found
+        found = Offered.of(names, index)
+        self._kept.insert(0, (index, list(names), found))
+        del self._kept[self.keep:]
+        return found
+
+
 class NodeSet:
     """The nodes a request offers, by name, with the ledger's index of each (-1: not a gpupool node).
     Filter plugins see the `nodes()` still feasible and `reject` some with a reason; reasons are kept by
     name, split by code as the extender answers them. With `reasons` False (prioritize: its answer has no
     place for them) rejections keep no reasons, and plugins may skip writing them."""
 
-    def __init__(self, names: list[str], index: dict[str, int], reasons: bool = True) -> None:
+    def __init__(self, names: list[str], index: dict[str, int] | Offered, reasons: bool = True) -> None:
+        offered = index if isinstance(index, Offered) else Offered.of(names, index)
         self.names = names
         self.reasons = reasons
-        # At C speed, straight into the array (a list of thousands of ints first costs as much again).
-        self.index: IntArray = np.fromiter(map(index.get, names, repeat(-1)), dtype=np.int64, count=len(names))
+        self.index: IntArray = offered.index
+        self._objects = offered.names
         self.alive: IntArray = np.arange(len(names), dtype=np.int64)  # positions into names
         self.failed: dict[str, str] = {}
         self.unresolvable: dict[str, str] = {}
@@ -95,7 +137,8 @@ class NodeSet:
     def alive_names(self) -> list[str]:
         if self._all_alive:
             return self.names
-        return list(map(self.names.__getitem__, self.alive.tolist()))
+        names: list[str] = self._objects[self.alive].tolist()
+        return names
 
     def reject(self, bad: BoolArray, reasons: Sequence[str], code: Code) -> None:
         """Reject the feasible nodes where `bad` (aligned with `nodes()`) is True, `reasons` one per
@@ -105,7 +148,7 @@ class NodeSet:
             return
         if self.reasons:
             target = self.unresolvable if code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE else self.failed
-            target.update(zip(map(self.names.__getitem__, positions.tolist()), reasons, strict=True))
+            target.update(zip(self._objects[positions].tolist(), reasons, strict=True))
         self.alive = self.alive[~bad]
         self._all_alive = False
 

@@ -26,7 +26,7 @@ from gpupool.cluster.port import Obj
 from gpupool.core.fit import Fit
 from gpupool.core.placement import Scored, best
 from gpupool.core.state import IntArray
-from gpupool.scheduler.framework.cycle import CycleState, NodeSet, Phase
+from gpupool.scheduler.framework.cycle import CycleState, NameIndex, NodeSet, Phase
 from gpupool.scheduler.framework.interface import (
     BindPlugin,
     FilterPlugin,
@@ -65,6 +65,7 @@ class Framework:
         self.permits = [p for p in plugins if isinstance(p, PermitPlugin)]
         self.binds = [p for p in plugins if isinstance(p, BindPlugin)]
         self._node_mutex: dict[str, asyncio.Lock] = {}
+        self._names = NameIndex()
 
     def plugin(self, name: str) -> Plugin:
         return next(p for p in self.plugins if p.name == name)
@@ -91,7 +92,7 @@ class Framework:
 
     def filter(self, cycle: CycleState, names: list[str], reasons: bool = True) -> NodeSet:
         """The Filter plugins over `names`; `reasons` False when nobody reads why a node was rejected."""
-        nodes = NodeSet(names, self.handle.ledger.state.index, reasons)
+        nodes = NodeSet(names, self._names.lookup(names, self.handle.ledger.state.index), reasons)
         for p in self.filters:
             if not len(nodes):
                 break
