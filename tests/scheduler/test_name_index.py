@@ -54,7 +54,7 @@ def test_a_node_set_from_the_index_answers_as_one_from_the_dict(names, drop):
     bad = np.array([(drop[k] if k < len(drop) else False) for k in range(len(names))], dtype=bool)
     for nodes in (from_cache, direct):
         nodes.reject(bad, ["dropped"] * int(bad.sum()), Code.UNSCHEDULABLE)
-    assert from_cache.alive_names() == direct.alive_names() == [n for n, b in zip(names, bad) if not b]
-    assert from_cache.failed == direct.failed == {n: "dropped" for n, b in zip(names, bad) if b}
-    assert from_cache.nodes().tolist() == [index.get(n, -1) for n, b in zip(names, bad) if not b]
+    assert from_cache.alive_names() == direct.alive_names() == [n for n, b in zip(names, bad, strict=True) if not b]
+    assert from_cache.failed == direct.failed == {n: "dropped" for n, b in zip(names, bad, strict=True) if b}
+    assert from_cache.nodes().tolist() == [index.get(n, -1) for n, b in zip(names, bad, strict=True) if not b]
     assert Offered.of(names, index).index.tolist() == [index.get(n, -1) for n in names]
