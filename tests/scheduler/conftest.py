@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from gpupool.api.extender import ExtenderBindingArgs
+from gpupool.api.queue import LABEL_QUEUE
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.cluster.port import CRDS, NAMESPACES
 from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim
+from gpupool.scheduler.queues import GPUQUEUES
 from gpupool.scheduler.service import ExtenderService
 from gpupool.testing.embedded import NodeGroup, PodShape, Scenario, Workload, node_objects, start_embedded
 
@@ -93,3 +100,27 @@ async def eventually(predicate, timeout: float = 5.0) -> None:  # type: ignore[n
     while not predicate():
         assert loop.time() < deadline, "condition not reached"
         await asyncio.sleep(0.01)
+
+
+QUEUE_CRD = Path(__file__).resolve().parents[2] / "deploy/helm/gpupool/crds/gpuqueues.yaml"
+
+
+async def queue_service(queues: dict[str, dict[str, Any]], gpus: int) -> ExtenderService:
+    """One node with `gpus` GPUs, the chart's GPUQueue CRD and `queues`; namespaces team-a and team-b join
+    the queues of the same names."""
+    svc = await started_service(nodes=1, gpus=gpus)
+    cluster = svc.cluster
+    await cluster.create_object(CRDS, yaml.safe_load(QUEUE_CRD.read_text()))
+    for team in ("team-a", "team-b"):
+        await cluster.create_object(NAMESPACES, {"metadata": {"name": team, "labels": {LABEL_QUEUE: team}}})
+    for name, spec in queues.items():
+        await cluster.create_object(GPUQUEUES, {"metadata": {"name": name}, "spec": spec})
+    await eventually(lambda: svc.queues.enabled and set(queues) <= set(svc.queues.queues.tree.specs)
+                     and svc.queues.queue_of("team-b") == "team-b")
+    return svc
+
+
+def reclaim(svc: ExtenderService) -> QueueReclaim:
+    plugin = svc.framework.plugin("queue_reclaim")
+    assert isinstance(plugin, QueueReclaim)
+    return plugin

@@ -3,34 +3,18 @@ preemption inside a queue, through the Eviction API (gpupool.scheduler.framework
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from gpupool.api.extender import ExtenderArgs
-from gpupool.api.queue import LABEL_QUEUE
-from gpupool.cluster.port import CRDS, NAMESPACES, PDBS
-from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim
+from gpupool.cluster.port import PDBS
 from gpupool.scheduler.queues import GPUQUEUES
 from gpupool.scheduler.service import ExtenderService
-from tests.scheduler.conftest import bind_args, eventually, gpu_pod, started_service
-
-CRD = Path(__file__).resolve().parents[2] / "deploy/helm/gpupool/crds/gpuqueues.yaml"
+from tests.scheduler.conftest import bind_args, eventually, gpu_pod, queue_service, reclaim, started_service
 
 
 async def with_queues(queues: dict[str, dict[str, Any]]) -> ExtenderService:
     """One node with two whole GPUs; namespaces team-a and team-b join the queues of the same names."""
-    svc = await started_service(nodes=1, gpus=2)
-    cluster = svc.cluster
-    await cluster.create_object(CRDS, yaml.safe_load(CRD.read_text()))
-    for team in ("team-a", "team-b"):
-        await cluster.create_object(NAMESPACES, {"metadata": {"name": team, "labels": {LABEL_QUEUE: team}}})
-    for name, spec in queues.items():
-        await cluster.create_object(GPUQUEUES, {"metadata": {"name": name}, "spec": spec})
-    await eventually(lambda: svc.queues.enabled and set(queues) <= set(svc.queues.queues.tree.specs)
-                     and svc.queues.queue_of("team-b") == "team-b")
-    return svc
+    return await queue_service(queues, gpus=2)
 
 
 async def run(svc: ExtenderService, name: str, namespace: str, priority: int = 0, labels: dict | None = None) -> dict:
@@ -55,11 +39,6 @@ async def pending(svc: ExtenderService, name: str, namespace: str, priority: int
     await eventually(lambda: svc.pods.get(pod["metadata"]["uid"]) is not None)
     return pod
 
-
-def reclaim(svc: ExtenderService) -> QueueReclaim:
-    plugin = svc.framework.plugin("queue_reclaim")
-    assert isinstance(plugin, QueueReclaim)
-    return plugin
 
 
 async def test_a_queue_at_its_maximum_is_refused_with_the_reason() -> None:

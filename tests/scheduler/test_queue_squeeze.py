@@ -5,36 +5,20 @@ One node with one 16 GiB GPU; queues team-a and team-b each guaranteed 50 % of i
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import yaml
-
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.extender import ExtenderArgs
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
-from gpupool.api.queue import LABEL_QUEUE
 from gpupool.api.squeeze import ANN_ROOM_MADE, ANN_SQUEEZE, ANN_SQUEEZED
-from gpupool.cluster.port import CRDS, NAMESPACES
-from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim
 from gpupool.scheduler.ledger import recompute
-from gpupool.scheduler.queues import GPUQUEUES
 from gpupool.scheduler.service import ExtenderService
 from gpupool.scheduler.squeeze import lift_squeezes
-from tests.scheduler.conftest import bind_args, eventually, gpu_pod, started_service
+from tests.scheduler.conftest import bind_args, eventually, gpu_pod, queue_service, reclaim
 
-CRD = Path(__file__).resolve().parents[2] / "deploy/helm/gpupool/crds/gpuqueues.yaml"
 HALF = {"guaranteed": {"gpuCores": 50}}
 
 
 async def with_queues() -> ExtenderService:
-    svc = await started_service(nodes=1, gpus=1)
-    await svc.cluster.create_object(CRDS, yaml.safe_load(CRD.read_text()))
-    for team in ("team-a", "team-b"):
-        await svc.cluster.create_object(NAMESPACES, {"metadata": {"name": team, "labels": {LABEL_QUEUE: team}}})
-        await svc.cluster.create_object(GPUQUEUES, {"metadata": {"name": team}, "spec": HALF})
-    await eventually(lambda: svc.queues.enabled and {"team-a", "team-b"} <= set(svc.queues.queues.tree.specs)
-                     and svc.queues.queue_of("team-b") == "team-b")
-    return svc
+    return await queue_service({"team-a": HALF, "team-b": HALF}, gpus=1)
 
 
 async def run(svc: ExtenderService, name: str, namespace: str, cores: int, memory: int,
@@ -57,11 +41,6 @@ async def pending(svc: ExtenderService, name: str, namespace: str, cores: int, m
     await eventually(lambda: svc.pods.get(pod["metadata"]["uid"]) is not None)
     return pod
 
-
-def reclaim(svc: ExtenderService) -> QueueReclaim:
-    plugin = svc.framework.plugin("queue_reclaim")
-    assert isinstance(plugin, QueueReclaim)
-    return plugin
 
 
 def held_cores(svc: ExtenderService, pod: dict) -> list[int]:
