@@ -62,3 +62,22 @@ def test_malformed_inventory_is_reported_per_node():
     ledger = Ledger(nodes)
     assert len(ledger.state) == 1
     assert "gpu-0001" in ledger.node_errors and "invalid gpupool.io/inventory" in ledger.node_errors["gpu-0001"]
+
+
+def test_node_changes_held_for_one_refresh_are_rebuilt_once():
+    nodes = node_objects(small_scenario(nodes=3, gpus=2))
+    ledger = Ledger(nodes[:1])
+    ledger.apply_pod("ADDED", _bound_pod(nodes[0], "a", 1, 40))
+    generation = ledger.generation
+    relabelled = copy.deepcopy(nodes[0])
+    relabelled["metadata"]["labels"] = {**relabelled["metadata"].get("labels", {}), "zone": "b"}
+    changes = [("ADDED", nodes[1]), ("ADDED", nodes[2]), ("MODIFIED", relabelled), ("DELETED", nodes[2])]
+    assert [ledger.apply_node(t, o, rebuild=False) for t, o in changes] == [True] * 4
+    # Nothing rebuilt yet: the capacity view is the one before the burst.
+    assert ledger.stale and ledger.generation == generation and len(ledger.state) == 1
+    assert ledger.refresh() is True and ledger.refresh() is False
+    assert ledger.generation == generation + 1 and not ledger.stale
+    assert sorted(ledger.state.index) == ["gpu-0000", "gpu-0001"]
+    # The allocation on gpu-0000's GPU 1 was taken again by the one rebuild: 1000 - 400 milli left.
+    i = ledger.state.index["gpu-0000"]
+    assert int(ledger.state.gpu_milli_free[i, 1]) == 600 and set(ledger.entries) == {"uid-a"}

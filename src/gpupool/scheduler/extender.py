@@ -45,6 +45,7 @@ class Extender:
         """A cycle for the pod `ref` names, after PreFilter; or why there is none."""
         if not self._ready():
             return error(NOT_READY)
+        self.h.ledger.refresh()  # node events already seen count, even before the watch's own refresh
         try:
             pod = await self.h.pods.resolve(ref)
         except PodRefused as e:

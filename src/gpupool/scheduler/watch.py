@@ -25,6 +25,7 @@ class Watcher:
         self.h = handle
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
+        self._refresh_due = False
 
     async def start(self) -> None:
         """List nodes and pods (synchronously into the caches), then follow both streams."""
@@ -63,9 +64,17 @@ class Watcher:
 
     def _node_event(self, event: WatchEvent) -> None:
         h = self.h
-        h.ledger.apply_node(event.type, event.object)
+        if h.ledger.apply_node(event.type, event.object, rebuild=False) and not self._refresh_due:
+            # One rebuild for the events the stream delivers together: the callback runs once the watch
+            # waits for more (a watch yields buffered events without returning to the loop).
+            self._refresh_due = True
+            asyncio.get_running_loop().call_soon(self._refresh)
         h.busy.on_node(event.object)
         h.wake(str(event.object["metadata"]["name"]))
+
+    def _refresh(self) -> None:
+        self._refresh_due = False
+        self.h.ledger.refresh()
 
     def _pod_event(self, event: WatchEvent) -> None:
         h, pod = self.h, event.object
