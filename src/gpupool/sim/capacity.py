@@ -6,7 +6,8 @@ gets its share of the total by largest remainder, whole nodes only; beyond the l
 copied. The search assumes that adding nodes never lengthens the p99 wait (true of the FIFO queue up to
 tie-breaks): it doubles from one node until the target is met (at most MAX_FACTOR times the list), then
 bisects to PRECISION of the answer (at least one node): the answer is the smallest size tried that
-meets the target, and the next smaller size tried did not.
+meets the target, and the next smaller size tried did not. Searches for several targets can share their
+measured sizes (`cache`), so a sweep over targets replays each size once per policy (`sweep_job`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from gpupool.core.model import Node
 from gpupool.core.queues import QueueSpec, QueueTree
 from gpupool.sim.team_queues import TeamPending, TeamQueues
 from gpupool.sim.timeline import TimedPod, TimelineLog, run_timeline
 from gpupool.sim.timeline_report import wait_percentile
+from gpupool.sim.wait_bound import Pools, refuted
 
 MAX_FACTOR = 4
 PRECISION = 0.01  # bisection stops when the bracket is within 1 % of its upper end (or 1 node)
@@ -69,13 +73,19 @@ class CapacityAnswer:
 
 def search(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: int, target_s: float,
            progress: Callable[[int, int], None] | None = None,
-           p99: Callable[[list[Node]], float] | None = None) -> CapacityAnswer:
-    """The smallest scaled node list whose p99 wait is at most `target_s`."""
+           p99: Callable[[list[Node]], float] | None = None,
+           cache: dict[int, float] | None = None, floor: int = 0) -> CapacityAnswer:
+    """The smallest scaled node list whose p99 wait is at most `target_s`. With `cache` (node count -> p99
+    wait, filled as sizes are measured) sizes measured before are not replayed again, and the search
+    starts from the bracket they give (the largest size failing the target below the smallest meeting
+    it); the answer's `tried` is then that cache. Sizes up to `floor` are known to fail (a lower bound,
+    `gpupool.sim.wait_bound`) and are not replayed; doubling then starts from twice that. With neither, it
+    doubles from one node as always."""
     def measure(count: int) -> float:
         scaled = scaled_nodes(nodes, count)
         return p99(scaled) if p99 is not None else wait_percentile(run_timeline(scaled, pods, policy, seed), 99)
 
-    answer = CapacityAnswer(target_s, None, None)
+    answer = CapacityAnswer(target_s, None, None, cache if cache is not None else {})
     step = 0
 
     def ok(count: int) -> bool:
@@ -87,13 +97,21 @@ def search(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: i
                 progress(step, step + 1)
         return answer.tried[count] <= target_s
 
-    # Doubling from one node: the answer is usually far below the list's size (the trace's peak demand is
-    # ~1 % of its cluster), and small clusters replay fastest.
-    lo, hi = 0, 1  # zero nodes run nothing
-    while not ok(hi):
-        if hi >= MAX_FACTOR * len(nodes):
+    largest = MAX_FACTOR * len(nodes)
+    meets = [n for n, w in answer.tried.items() if w <= target_s]
+    lo = max([floor, *(n for n, w in answer.tried.items() if w > target_s and (not meets or n < min(meets)))])
+    if meets:
+        hi = min(meets)
+    else:
+        # Doubling (from one node unless told more): the answer is usually far below the list's size (the
+        # trace's peak demand is ~1 % of its cluster), and small clusters replay fastest.
+        if lo >= largest:
             return answer
-        lo, hi = hi, min(2 * hi, MAX_FACTOR * len(nodes))
+        hi = max(1, 2 * lo)  # zero nodes run nothing
+        while not ok(hi):
+            if hi >= largest:
+                return answer
+            lo, hi = hi, min(2 * hi, largest)
     while hi - lo > max(1, math.floor(PRECISION * hi)):
         mid = (lo + hi) // 2
         if ok(mid):
@@ -103,6 +121,67 @@ def search(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: i
     answer.nodes = hi
     answer.gpus = sum(len(n.gpus) for n in scaled_nodes(nodes, hi))
     return answer
+
+
+def sweep_job(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: int,
+              progress: Callable[[int, int], None] | None = None,
+              targets: Sequence[float] = (), floors: Sequence[int] = ()) -> list[CapacityAnswer]:
+    """The capacity search for each target (in the order given, under the known-failing `floors` when
+    given), one policy, every size replayed at most once (a shared cache): the unit of work
+    `benchmarks/timeline.py` sends to a worker process for its sweep. Where more nodes never lengthen the
+    wait the answers are those of separate searches."""
+    cache: dict[int, float] = {}
+    bounds = list(floors) or [0] * len(targets)
+    return [search(nodes, pods, policy, seed, t, progress, cache=cache, floor=f)
+            for t, f in zip(targets, bounds, strict=True)]
+
+
+def fewest_nodes_possible(nodes: Sequence[Node], pods: Sequence[TimedPod], target_s: float,
+                          pools: dict[int, Pools] | None = None) -> int | None:
+    """The smallest scaled node list on which the wait bound (`gpupool.sim.wait_bound`) does not rule out a
+    p99 wait of `target_s` for every schedule; None: ruled out up to MAX_FACTOR times the list. Every size
+    below it is checked, so no policy meets the target there (no monotonicity assumed). `pools` caches the
+    pools per size across calls."""
+    cache = pools if pools is not None else {}
+    for count in range(1, MAX_FACTOR * len(nodes) + 1):
+        if count not in cache:
+            cache[count] = Pools.build(scaled_nodes(nodes, count), pods)
+        if not refuted(cache[count], math.floor(target_s)):
+            return count
+    return None
+
+
+def p99_leaving_out(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: int,
+                    progress: Callable[[int, int], None] | None = None,
+                    leave_out: Sequence[int] = ()) -> float:
+    """Wait p99 of the replay on `nodes` (as given) without the pods `leave_out` (indices), which count as
+    never ran: what a scheduler that refused exactly those pods would reach with this policy."""
+    out = set(leave_out)
+    log = run_timeline(nodes, [p for k, p in enumerate(pods) if k not in out], policy, seed, progress=progress)
+    waits = np.concatenate([log.waits, np.full(len(out), np.inf)])
+    return float(np.percentile(waits, 99, method="inverted_cdf")) if len(waits) else 0.0
+
+
+def nodes_needed(p99_by_nodes: dict[int, float], target_s: float) -> int | None:
+    """The smallest measured node count whose p99 wait meets `target_s` (None: none does)."""
+    return min((n for n, w in p99_by_nodes.items() if w <= target_s), default=None)
+
+
+def fewer_nodes_targets(a: dict[int, float], b: dict[int, float]) -> list[tuple[float, float]]:
+    """The wait targets [lo, hi) for which policy a needs fewer nodes than policy b, from their measured
+    p99 waits by node count (`CapacityAnswer.tried`), a node count being the smallest measured size that
+    meets the target (`nodes_needed`; none counts as more than any). Exact where every size below each
+    answer was measured or more nodes never lengthen the wait (what the search assumes)."""
+    edges = sorted({w for w in (*a.values(), *b.values()) if math.isfinite(w)})
+    out: list[tuple[float, float]] = []
+    for lo, hi in zip(edges, [*edges[1:], math.inf], strict=True):
+        na, nb = nodes_needed(a, lo), nodes_needed(b, lo)
+        if na is not None and (nb is None or na < nb):
+            if out and out[-1][1] == lo:
+                out[-1] = (out[-1][0], hi)
+            else:
+                out.append((lo, hi))
+    return out
 
 
 @dataclass(slots=True)
