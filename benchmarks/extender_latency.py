@@ -9,7 +9,8 @@ request at a time on a keep-alive connection, as kube-scheduler does.
 The clock runs from the request's first byte sent to the answer's last byte received, on a plain HTTP/1.1
 keep-alive connection (asyncio streams); the answer is decoded and checked after the clock stops. The
 extender's latency is what is measured, not a Python HTTP client's: httpx spent about 6 ms of each 5,000-node
-call in its own parsing, which kube-scheduler's Go client does not.
+call in its own parsing, which kube-scheduler's Go client does not. The child keeps its heap frozen as
+`gpupool scheduler` does (gpupool.scheduler.heap), so that the collector's full passes walk only new objects.
 
 Usage: python benchmarks/extender_latency.py --nodes 5000 [--requests 300] [--runs 3]
 Last line: {"nodes": N, "filter_p50_ms", "filter_p99_ms", "prioritize_p99_ms", "bind_p99_ms"}
@@ -32,6 +33,7 @@ import numpy as np
 
 
 def _serve(nodes: int, conn: Any) -> None:
+    from gpupool.scheduler.heap import keep_frozen
     from gpupool.testing.embedded import load_scenario, start_embedded, workload_pods
     from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 
@@ -40,6 +42,7 @@ def _serve(nodes: int, conn: Any) -> None:
     async def main() -> None:
         scenario = load_scenario().scaled(nodes)
         emb = await start_embedded(scenario)
+        keep_frozen()  # as `gpupool scheduler` does once its caches are synced (gpupool.scheduler.heap)
         driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
         stats = await driver.run(workload_pods(scenario, nodes))
         probe = await emb.cluster.create_pod(_pod())

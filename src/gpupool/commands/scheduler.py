@@ -56,6 +56,7 @@ async def _serve(config: SchedulerConfig) -> None:
     from gpupool.cluster.kube import KubeCluster
     from gpupool.commands.pool_views import pool_views
     from gpupool.commands.signals import until_stopped
+    from gpupool.scheduler.heap import keep_frozen
     from gpupool.scheduler.runner import start_replica
 
     source = config.kubeconfig or "the in-cluster service account"
@@ -70,6 +71,7 @@ async def _serve(config: SchedulerConfig) -> None:
         raise click.ClickException(f"cannot start: listing nodes and pods from the API server failed: {e!r}") from None
     click.echo(f"extender listening on {replica.url} (ready after sync and, if enabled, leader election); "
                f"pool views at {replica.url}/ui, {replica.url}/pool and {replica.url}/metrics")
+    keep_frozen()  # short collector pauses over the cached cluster (gpupool.scheduler.heap)
     try:
         await until_stopped()
     finally:
