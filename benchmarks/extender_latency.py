@@ -6,6 +6,11 @@ the probe pod in the cluster (the extender decides from its own watch cache, so 
 refused), and the parent sends /filter with every node name and /prioritize with the feasible ones for it, one
 request at a time on a keep-alive connection, as kube-scheduler does.
 
+The same run also times a do-nothing server (`floor`: the same uvicorn transport, reading each body and
+answering with the extender's own answer for the probe, precomputed), one request after each extender
+request, so that the machine's speed at that moment shows beside the figure: this VM's speed changes
+two- to threefold within an hour. `filter_p99_vs_floor` is the extender's filter p99 over the floor's.
+
 The clock runs from the request's first byte sent to the answer's last byte received, on a plain HTTP/1.1
 keep-alive connection (asyncio streams); the answer is decoded and checked after the clock stops. The
 extender's latency is what is measured, not a Python HTTP client's: httpx spent about 6 ms of each 5,000-node
@@ -13,8 +18,8 @@ call in its own parsing, which kube-scheduler's Go client does not. The child ke
 `gpupool scheduler` does (gpupool.scheduler.heap), so that the collector's full passes walk only new objects.
 
 Usage: python benchmarks/extender_latency.py --nodes 5000 [--requests 300] [--runs 3]
-Last line: {"nodes": N, "filter_p50_ms", "filter_p99_ms", "prioritize_p99_ms", "bind_p99_ms"}
-(median over runs)
+Last line: {"nodes": N, "filter_p50_ms", "filter_p99_ms", "prioritize_p99_ms", "floor_filter_p99_ms",
+"floor_prioritize_p99_ms", "filter_p99_vs_floor", "bind_p99_ms"} (medians over runs)
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import numpy as np
 
 def _serve(nodes: int, conn: Any) -> None:
     from gpupool.scheduler.heap import keep_frozen
+    from gpupool.scheduler.server import serve_in_background
     from gpupool.testing.embedded import load_scenario, start_embedded, workload_pods
     from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 
@@ -46,13 +52,40 @@ def _serve(nodes: int, conn: Any) -> None:
         driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=1)
         stats = await driver.run(workload_pods(scenario, nodes))
         probe = await emb.cluster.create_pod(_pod())
-        conn.send({"url": emb.url, "names": emb.node_names, "bind_s": driver.bind_seconds, "bound": stats.bound,
-                   "probe": probe})
         await driver.close()
+        floor = await serve_in_background(await _floor_app(emb, probe))
+        conn.send({"url": emb.url, "floor": floor.url, "names": emb.node_names, "bind_s": driver.bind_seconds,
+                   "bound": stats.bound, "probe": probe})
         await asyncio.get_running_loop().run_in_executor(None, conn.recv)  # wait for "stop"
+        await floor.stop()
         await emb.stop()
 
     asyncio.run(main())
+
+
+def _bodies(probe: dict, names: list[str]) -> bytes:
+    return b'{"Pod":' + json.dumps(probe).encode() + b',"Nodes":null,"NodeNames":' + json.dumps(names).encode() + b"}"
+
+
+async def _floor_app(emb: Any, probe: dict) -> Any:
+    """A server that does nothing but read the body and answer what the extender answers for the probe."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from gpupool.api.extender import dump_priorities, parse_args
+
+    filtered = await emb.service.filter(parse_args(_bodies(probe, emb.node_names)))
+    answers = {"/filter": filtered.model_dump_json().encode(),
+               "/prioritize": dump_priorities(await emb.service.prioritize(
+                   parse_args(_bodies(probe, filtered.NodeNames or []))))}
+
+    async def answer(request: Request) -> Response:
+        await request.body()
+        return Response(answers[request.url.path], media_type="application/json")
+
+    return Starlette(routes=[Route(path, answer, methods=["POST"]) for path in answers])
 
 
 def _pod() -> dict:
@@ -91,29 +124,32 @@ class _Connection:
         await self.writer.wait_closed()
 
 
-async def _measure(url: str, names: list[str], probe: dict, requests: int) -> tuple[list[float], list[float]]:
-    client = await _Connection.open(url)
-    pod = json.dumps(probe).encode()
-    all_names = json.dumps(names).encode()
-    filter_body = b'{"Pod":' + pod + b',"Nodes":null,"NodeNames":' + all_names + b"}"
-    f_ms, p_ms = [], []
-    for _ in range(requests):
+async def _measure(url: str, floor_url: str, names: list[str], probe: dict, requests: int
+                   ) -> dict[str, list[float]]:
+    """Filter then prioritize on the extender, each followed by the same request to the floor."""
+    client, floor = await _Connection.open(url), await _Connection.open(floor_url)
+    filter_body = _bodies(probe, names)
+    ms: dict[str, list[float]] = {"filter": [], "prioritize": [], "floor_filter": [], "floor_prioritize": []}
+
+    async def timed(conn: _Connection, what: str, path: str, body: bytes) -> bytes:
         t = time.perf_counter()
-        answer = await client.post("/filter", filter_body)
-        f_ms.append((time.perf_counter() - t) * 1000)
-        result = json.loads(answer)
+        answer = await conn.post(path, body)
+        ms[what].append((time.perf_counter() - t) * 1000)
+        return answer
+
+    for _ in range(requests):
+        result = json.loads(await timed(client, "filter", "/filter", filter_body))
+        await timed(floor, "floor_filter", "/filter", filter_body)
         if result.get("Error") or not result.get("NodeNames"):  # measure decisions, not refusals
             why = result.get("Error") or result.get("FailedAndUnresolvableNodes")
             raise SystemExit(f"the probe pod was refused: {why}")
-        feasible = json.dumps(result["NodeNames"]).encode()
-        body = b'{"Pod":' + pod + b',"Nodes":null,"NodeNames":' + feasible + b"}"
-        t = time.perf_counter()
-        answer = await client.post("/prioritize", body)
-        p_ms.append((time.perf_counter() - t) * 1000)
-        if not json.loads(answer):
+        body = _bodies(probe, result["NodeNames"])
+        if not json.loads(await timed(client, "prioritize", "/prioritize", body)):
             raise SystemExit("prioritize scored no node for the probe pod")
+        await timed(floor, "floor_prioritize", "/prioritize", body)
     await client.close()
-    return f_ms, p_ms
+    await floor.close()
+    return ms
 
 
 def main() -> None:
@@ -132,20 +168,17 @@ def main() -> None:
     bind_p99 = float(np.percentile(np.array(info["bind_s"]) * 1000, 99)) if info["bind_s"] else float("nan")
     runs = []
     for i in range(args.runs):
-        f_ms, p_ms = asyncio.run(_measure(info["url"], info["names"], info["probe"], args.requests))
-        run = {
-            "filter_p50_ms": float(np.percentile(f_ms, 50)),
-            "filter_p99_ms": float(np.percentile(f_ms, 99)),
-            "prioritize_p50_ms": float(np.percentile(p_ms, 50)),
-            "prioritize_p99_ms": float(np.percentile(p_ms, 99)),
-        }
+        ms = asyncio.run(_measure(info["url"], info["floor"], info["names"], info["probe"], args.requests))
+        run = {f"{what}_p{q}_ms": float(np.percentile(ms[what], q)) for what in ms for q in (50, 99)}
         runs.append(run)
         print(f"run {i + 1}: " + ", ".join(f"{k}={v:.2f}" for k, v in run.items()))
     parent.send("stop")
     proc.join(timeout=30)
-    result = {"nodes": args.nodes}
-    for key in ("filter_p50_ms", "filter_p99_ms", "prioritize_p99_ms"):
+    result: dict[str, float] = {"nodes": args.nodes}
+    for key in ("filter_p50_ms", "filter_p99_ms", "prioritize_p99_ms", "floor_filter_p99_ms",
+                "floor_prioritize_p99_ms"):
         result[key] = round(statistics.median(r[key] for r in runs), 2)
+    result["filter_p99_vs_floor"] = round(result["filter_p99_ms"] / result["floor_filter_p99_ms"], 2)
     result["bind_p99_ms"] = round(bind_p99, 2)
     print(json.dumps(result))
 
