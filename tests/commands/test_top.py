@@ -153,9 +153,14 @@ def test_refreshes_until_interrupted() -> None:
             assert two_after_change.wait(timeout=60), "top did not keep refreshing"
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+            raise AssertionError(f"top did not stop within 30 s of SIGINT; its stderr ends: {err[-2000:]!r}") from None
         finally:
-            if proc.poll() is None:
+            if proc.poll() is None:  # reaped and its pipes closed here, so nothing leaks into later tests
                 proc.kill()
+                proc.communicate()
     assert proc.returncode == 0, err
     assert "team-z/late" in out
 
