@@ -148,6 +148,9 @@ def test_refreshes_until_interrupted() -> None:
             [sys.executable, "-c", "from gpupool.cli import main; main()", "top", "--url", f"{url}/pool",
              "--interval", "0.2"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"},
+            # Ctrl-C as a terminal delivers it, even when this suite runs as a background job of a
+            # non-interactive shell, which starts it (and so the child) with SIGINT ignored.
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
         )
         try:
             assert two_after_change.wait(timeout=60), "top did not keep refreshing"
