@@ -23,7 +23,7 @@ from gpupool.core.model import Node
 from gpupool.core.queues import QueueSpec, QueueTree
 from gpupool.sim.team_queues import TeamPending, TeamQueues
 from gpupool.sim.timeline import TimedPod, TimelineLog, run_timeline
-from gpupool.sim.timeline_report import wait_percentile
+from gpupool.sim.timeline_report import percentile_of_waits, wait_percentile
 from gpupool.sim.wait_bound import Pools, refuted
 
 MAX_FACTOR = 4
@@ -158,8 +158,7 @@ def p99_leaving_out(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str
     never ran: what a scheduler that refused exactly those pods would reach with this policy."""
     out = set(leave_out)
     log = run_timeline(nodes, [p for k, p in enumerate(pods) if k not in out], policy, seed, progress=progress)
-    waits = np.concatenate([log.waits, np.full(len(out), np.inf)])
-    return float(np.percentile(waits, 99, method="inverted_cdf")) if len(waits) else 0.0
+    return percentile_of_waits(np.concatenate([log.waits, np.full(len(out), np.inf)]), 99)
 
 
 def nodes_needed(p99_by_nodes: dict[int, float], target_s: float) -> int | None:

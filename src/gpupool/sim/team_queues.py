@@ -41,6 +41,7 @@ from gpupool.core.queues import (
 )
 from gpupool.core.state import ClusterState
 from gpupool.sim.timeline import TimedPod
+from gpupool.sim.timeline_report import percentile_of_waits
 
 
 class QueueFileError(ValueError):
@@ -170,8 +171,8 @@ class TeamQueues:
             spec = self.tree.specs[q]
             out[q] = {
                 "pods": int(len(mine)),
-                "wait_p50_s": float(np.percentile(mine, 50, method="inverted_cdf")),
-                "wait_p99_s": float(np.percentile(mine, 99, method="inverted_cdf")),
+                "wait_p50_s": percentile_of_waits(mine, 50),
+                "wait_p99_s": percentile_of_waits(mine, 99),
                 "never_ran": int(len(mine) - len(ran)),
                 "gpu_hours_served": round(self.served_milli_s[q] / MILLI_PER_GPU / 3600, 1),
                 "gpu_hours_guaranteed": round(spec.guaranteed.gpu_milli / MILLI_PER_GPU * span / 3600, 1),

@@ -12,12 +12,17 @@ from gpupool.core.model import MILLI_PER_GPU
 from gpupool.sim.timeline import TimelineLog
 
 
-def wait_percentile(log: TimelineLog, q: float) -> float:
-    """The q-th percentile of waits over every pod, a pod that never ran counting as waiting forever
-    (so a cluster cannot meet a wait target by never running pods). No interpolation: a real wait."""
-    if len(log.start) == 0:
+def percentile_of_waits(waits: np.ndarray, q: float) -> float:
+    """The q-th percentile of waits, a pod that never ran counted as waiting forever (inf), so a cluster
+    cannot meet a wait target by never running pods. No interpolation: a real wait. 0 for no pods."""
+    if len(waits) == 0:
         return 0.0
-    return float(np.percentile(log.waits, q, method="inverted_cdf"))
+    return float(np.percentile(waits, q, method="inverted_cdf"))
+
+
+def wait_percentile(log: TimelineLog, q: float) -> float:
+    """The q-th percentile of waits over every pod of the replay (`percentile_of_waits`)."""
+    return percentile_of_waits(log.waits, q)
 
 
 def _durations(log: TimelineLog) -> np.ndarray:

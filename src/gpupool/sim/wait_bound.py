@@ -52,6 +52,7 @@ from gpupool.core.fit import OK, check
 from gpupool.core.model import MILLI_PER_GPU, Node, PodRequest
 from gpupool.core.state import ClusterState
 from gpupool.sim.timeline import TimedPod
+from gpupool.sim.timeline_report import percentile_of_waits
 
 EPS = 1e-6  # LP optimum slack before rounding up
 
@@ -250,8 +251,6 @@ def pooled_fifo_starts(pools: Pools, pods: Sequence[TimedPod]) -> np.ndarray:
 
 
 def percentile_of_starts(pods: Sequence[TimedPod], start: np.ndarray, q: float = 99) -> float:
-    """The q-th percentile wait of given starts, as `timeline_report.wait_percentile` counts it."""
-    if not pods:
-        return 0.0
+    """The q-th percentile wait of given starts (-1: never started), as the replay counts it."""
     created = np.array([p.created for p in pods], dtype=np.int64)
-    return float(np.percentile(np.where(start >= 0, start - created, np.inf), q, method="inverted_cdf"))
+    return percentile_of_waits(np.where(start >= 0, start - created, np.inf), q)
