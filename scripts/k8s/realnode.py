@@ -330,8 +330,10 @@ class RealNodes:
         if problems:
             raise tb.TestbedError("real nodes need: " + "; ".join(problems))
         # Unix socket paths must stay short (108 bytes): a short directory directly under /tmp.
+        # The tag is a label value and a taint value: hex, as mkdtemp's own letters may end in "_", which
+        # the kubelet refuses (it then exits at start).
+        tag = os.urandom(4).hex()
         self.root = Path(tempfile.mkdtemp(prefix="gpn-", dir="/tmp"))
-        tag = self.root.name[4:]
         block = random.randint(2, 250)  # several testbeds at once: distinct node addresses
         archives = images.build_images(tb.cache_dir() / "images")
         try:

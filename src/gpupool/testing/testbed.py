@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -102,6 +103,10 @@ def die_with_parent() -> None:
         pass
 
 
+# klog's fatal severity (F + MMDD), a Go panic, a Go runtime fatal error
+_FATAL = re.compile(r"^(F\d{4} |panic: |fatal error: )")
+
+
 def _token() -> str:
     return os.urandom(16).hex()
 
@@ -116,11 +121,15 @@ class Process:
         return self.popen.poll() is None
 
     def tail(self, lines: int = 25) -> str:
+        """The log's last lines, after the lines that say why it died (a Go component's fatal log line or
+        panic comes before thousands of lines of goroutine stacks, which a plain tail would show alone)."""
         try:
             text = self.log.read_text(errors="replace").splitlines()
         except OSError:
             return ""
-        return "\n".join(text[-lines:])
+        last = text[-lines:]
+        why = [line for line in text[:-lines] if _FATAL.match(line)][:5]
+        return "\n".join([*why, *(["..."] if why else []), *last])
 
     def stop(self, timeout: float = 10.0) -> None:
         stop_process(self.popen, timeout)
