@@ -8,6 +8,10 @@ Each run has two parts, each in a fresh namespace:
   the backlog drains; pods/s = (pods - 1) / (last binding seen - first binding seen);
 - latency: `--latency-pods` pods arrive at a steady rate (half the measured throughput unless --rate),
   latency per pod = binding seen by a watch - its create request sent (client clock); p99 over the run.
+During the drain the benchmark also reads each process's CPU time (user + system, /proc/PID/stat) and
+prints it per pod bound: extender, kube-scheduler (from its start), kube-apiserver, etcd, and the benchmark
+itself (its pod watch and status-only kubelet). On a machine whose cores the whole control plane shares,
+pods/s follows the sum, so this says where a lower figure comes from.
 A status-only kubelet marks bound pods Running, which hands the node's bind lock to the next pod (as the
 agent's Allocate would). `--trivial` runs the same with a do-nothing extender, as the machine's baseline;
 `--compare` runs that baseline and then gpupool in the same invocation (each on a fresh control plane) and
@@ -28,6 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import yaml
@@ -121,10 +126,28 @@ class BindWatch:
                 await self.task
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15
+
+
+def component_pids(bed: tb.Testbed, extender: subprocess.Popen[bytes]) -> dict[str, int]:
+    pids = {"extender": extender.pid, "benchmark": os.getpid()}
+    for name in ("kube-scheduler", "kube-apiserver", "etcd"):
+        if name in bed.processes:
+            pids[name] = bed.processes[name].popen.pid
+    return pids
+
+
 async def throughput_run(api: fleet.KubeApi, bed: tb.Testbed, sched_config: str, run: int, pods: int,
-                         seed: int) -> float:
+                         seed: int, extender: subprocess.Popen[bytes]) -> tuple[float, dict[str, float]]:
     """Backlog drain: kube-scheduler is stopped while `pods` pods are created, then started; pods/s =
-    (pods - 1) / (last binding - first binding). Creation speed does not enter the figure."""
+    (pods - 1) / (last binding - first binding). Creation speed does not enter the figure. Also returns
+    each component's CPU milliseconds per pod bound, from kube-scheduler's start to the last binding."""
     ns = f"tput-{run}"
     await api.ensure_namespace(ns)
     bed.stop_scheduler()
@@ -137,12 +160,17 @@ async def throughput_run(api: fleet.KubeApi, bed: tb.Testbed, sched_config: str,
             await api.create_pod(p)
 
     await asyncio.gather(*(create(p) for p in _specs(ns, pods, seed + run)))
+    before = {name: cpu_seconds(pid) for name, pid in component_pids(bed, extender).items()}
     bed.start_scheduler(sched_config)
+    pids = component_pids(bed, extender)
     await watch.wait(max(120.0, pods * 0.5))
+    used = {name: cpu_seconds(pid) - before.get(name, 0.0) for name, pid in pids.items()}
     times = sorted(watch.bound.values())
     if len(times) < pods:
         print(f"  run {run}: only {len(times)} of {pods} pods bound before the timeout", flush=True)
-    return (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    per_pod = {name: round(seconds * 1000 / max(1, len(times)), 1) for name, seconds in used.items()}
+    rate = (len(times) - 1) / (times[-1] - times[0]) if len(times) > 1 else 0.0
+    return rate, per_pod
 
 
 async def latency_run(api: fleet.KubeApi, run: int, pods: int, rate: float, seed: int) -> list[float]:
@@ -184,7 +212,7 @@ def bind_outcomes(url: str) -> str:
     return "; ".join(out)
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, float]:
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     bed = tb.Testbed().start()
     ext = None
     try:
@@ -199,17 +227,21 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
             print(f"{args.nodes} fake GPU nodes (4 x A100-80GB, 10 slots each) created in {took:.1f} s")
             sched_config = tb.scheduler_config(url, config)
             async with fleet.StatusKubelet(api) as kubelet:
-                rates, p99s = [], []
+                rates, p99s, cpus = [], [], []
                 for run in range(1, args.runs + 1):
-                    rate = await throughput_run(api, bed, sched_config, run, args.pods, args.seed)
+                    rate, cpu = await throughput_run(api, bed, sched_config, run, args.pods, args.seed, ext)
                     arrival = args.rate or max(1.0, round(rate / 2, 1))
                     lat = await latency_run(api, run, args.latency_pods, arrival, args.seed)
                     print(f"  run {run}: backlog of {args.pods} drained at {rate:.1f} pods/s; "
                           f"{len(lat)}/{args.latency_pods} pods arriving at {arrival:g}/s bound with latency "
                           f"p50 {lat[len(lat) // 2] if lat else float('inf'):.0f} ms, p99 {p99(lat):.0f} ms",
                           flush=True)
+                    print(f"  run {run}: CPU ms per pod bound: "
+                          + ", ".join(f"{k} {v:g}" for k, v in cpu.items()) + f"; all {sum(cpu.values()):.1f}",
+                          flush=True)
                     rates.append(rate)
                     p99s.append(p99(lat))
+                    cpus.append(cpu)
                 if not args.trivial:
                     print(f"  extender: {bind_outcomes(url)}")
                 if kubelet.failures:
@@ -220,6 +252,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
             "nodes": args.nodes,
             "pods_per_s": round(statistics.median(rates), 1),
             "p99_bind_latency_ms": round(statistics.median(p99s), 1),
+            "cpu_ms_per_pod": {k: round(statistics.median(c[k] for c in cpus), 1) for k in cpus[0]},
         }
     finally:
         if ext is not None:
@@ -245,7 +278,7 @@ def main() -> None:
                         help="run the trivial baseline, then gpupool, and report gpupool's share of the baseline")
     args = parser.parse_args()
     args.pods = args.pods or min(args.nodes, 1000)
-    result: dict[str, float] = {}
+    result: dict[str, Any] = {}
     for trivial in ([True, False] if args.compare else [args.trivial]):
         args.trivial = trivial
         what = "trivial extender (baseline)" if trivial else "gpupool extender"
@@ -254,7 +287,8 @@ def main() -> None:
         figures = asyncio.run(main_async(args))
         if trivial and args.compare:
             result = {"trivial_pods_per_s": figures["pods_per_s"],
-                      "trivial_p99_bind_latency_ms": figures["p99_bind_latency_ms"]}
+                      "trivial_p99_bind_latency_ms": figures["p99_bind_latency_ms"],
+                      "trivial_cpu_ms_per_pod": figures["cpu_ms_per_pod"]}
         else:
             result = {**figures, **result}
     if args.compare and result["trivial_pods_per_s"] > 0:
