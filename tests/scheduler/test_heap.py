@@ -7,7 +7,7 @@ import weakref
 
 import pytest
 
-from gpupool.scheduler.heap import keep_frozen, stop_freezing
+from gpupool.scheduler.heap import handed_back, keep_frozen, stop_freezing
 
 
 class Cached:
@@ -53,3 +53,49 @@ def test_the_survivors_of_each_full_collection_are_frozen_and_new_objects_are_no
     after = Cached(-2)
     gc.collect(generation=1)  # a younger pass freezes nothing
     assert id(after) in walked()
+
+
+class Cyclic:
+    """Stands for what does form a cycle (a task, a future and its callback, an exception and its frame)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def no_automatic_collections():  # type: ignore[no-untyped-def]
+    # Only the test's own gc.collect() calls run (the callback runs for them as for automatic ones), so
+    # which pass hands the frozen part back does not depend on how many objects the suite has made.
+    gc.disable()
+    yield
+    gc.enable()
+
+
+def test_a_cycle_that_dies_frozen_is_collected_once_the_frozen_part_has_grown(no_automatic_collections) -> None:  # type: ignore[no-untyped-def]
+    keep_frozen(regrow=1.05)
+    try:
+        doomed = Cyclic()
+        gone = weakref.ref(doomed)
+        gc.collect()  # a full pass: the cycle, alive, is frozen with the other survivors
+        del doomed
+        gc.collect()
+        assert gone() is not None  # the price: frozen, so no pass sees that it died
+        assert handed_back() == 0
+        # Grow the heap by more than 5 %: each Cached is at least two tracked objects (itself, its dicts).
+        growth = [Cached(k) for k in range(gc.get_freeze_count() // 20 + 1000)]
+        gc.collect()  # its survivors frozen, the frozen part is past 1.05 times: handed back
+        assert handed_back() == 1
+        assert id(growth[0]) in walked()
+        gc.collect()  # this pass walks everything, the dead cycle included, and freezes the survivors
+        assert gone() is None
+        assert id(growth[0]) not in walked()
+        gc.collect()  # the frozen part measured again after that pass: no second hand-back
+        assert handed_back() == 1
+    finally:
+        stop_freezing()
+
+
+def test_regrow_must_be_above_one() -> None:
+    with pytest.raises(ValueError, match="regrow must be above 1"):
+        keep_frozen(regrow=1.0)
+    assert handed_back() == 0
