@@ -61,7 +61,8 @@ _freezer: _Freezer | None = None
 
 def keep_frozen(regrow: float = 2.0) -> None:
     """Collect and freeze now, and freeze the survivors of every later full collection; hand the frozen part
-    back for one full pass whenever it has grown `regrow`-fold since the last such pass."""
+    back for one full pass once `regrow - 1` times as many survivors as the last such pass left alive have
+    been frozen since it."""
     global _freezer
     if regrow <= 1:
         raise ValueError(f"regrow must be above 1, not {regrow}")
