@@ -2,10 +2,10 @@
 """Node agent figures: Allocate latency, re-registration time after a kubelet restart, resident memory.
 
 The real agent (fake GPU backend, embedded cluster) serves a stand-in kubelet over unix sockets:
-- Allocate latency: the scheduler's bind writes (lock + allocation) happen outside the timed region; the
+- Allocate latency: the scheduler's bind writes (allocation + binding) happen outside the timed region; the
   timed region is kubelet's Allocate RPC alone (node-scoped pod list, identification, limits, checkpoint
-  write with fsync, marker, lock release included). `--other-pods` pods on other nodes sit in the cluster
-  (the agent lists its own node's pods only, so they should not show).
+  write with fsync, marker included; the Node object is neither read nor written). `--other-pods` pods on
+  other nodes sit in the cluster (the agent lists its own node's pods only, so they should not show).
 - Repeat latency: kubelet asking again with the same device IDs (the answer comes from the checkpoint).
 - Re-registration: from the moment the restarted kubelet's socket exists until Register arrives (the
   agent polls kubelet.sock every watch_interval_s, default 0.2 s).
@@ -38,7 +38,6 @@ from gpupool.agent.fake import FakeBackend, parse_fake_description
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.api.allocation import AllocationDoc, GrantDoc
-from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
 from gpupool.api.names import ANN_ALLOCATION, RESOURCE_GPU
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.testing.kubelet import StandInKubelet
@@ -75,7 +74,6 @@ async def bind(cluster: MemoryCluster, i: int) -> None:
         }
     )
     uid = pod["metadata"]["uid"]
-    await cluster.patch_node_annotations(NODE, {ANN_BIND_LOCK: encode_lock(uid, "bench", name, time.time())})
     doc = AllocationDoc(
         pod_uid=uid, node=NODE, gpus=[GrantDoc(uuid=f"GPU-bench-{i % GPUS}", index=i % GPUS, memory_mib=4096, cores=10)]
     )

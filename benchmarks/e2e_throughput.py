@@ -12,8 +12,8 @@ During the drain the benchmark also reads each process's CPU time (user + system
 prints it per pod bound: extender, kube-scheduler (from its start), kube-apiserver, etcd, and the benchmark
 itself (its pod watch and status-only kubelet). On a machine whose cores the whole control plane shares,
 pods/s follows the sum, so this says where a lower figure comes from.
-A status-only kubelet marks bound pods Running, which hands the node's bind lock to the next pod (as the
-agent's Allocate would). `--trivial` runs the same with a do-nothing extender, as the machine's baseline;
+A status-only kubelet marks bound pods Running, which frees the node for its next GPU pod (as the agent's
+Allocate would). `--trivial` runs the same with a do-nothing extender, as the machine's baseline;
 `--compare` runs that baseline and then gpupool in the same invocation (each on a fresh control plane) and
 adds the baseline's figures and gpupool's share of its pods/s (`vs_trivial`). The figures are the medians
 over the runs. Last line: one JSON object.

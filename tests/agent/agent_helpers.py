@@ -7,7 +7,7 @@ import asyncio
 import itertools
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +21,6 @@ from gpupool.agent.mps import Answer, MpsConfig, MpsSupervisor
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.api.allocation import AllocationDoc, GrantDoc
-from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
 from gpupool.api.names import ANN_ALLOCATION, RESOURCE_GPU
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.testing.kubelet import StandInKubelet
@@ -68,16 +67,11 @@ async def scheduler_binds(
     grants: list[tuple[str, int, int, float]],
     isolation: str = "hook",
     node: str = NODE,
-    take_lock: bool = True,
 ) -> dict[str, Any]:
-    """What the gpupool scheduler does at bind: lock the node naming the pod, write the allocation, bind.
+    """What the gpupool scheduler does at bind: write the allocation, bind (the Node is not written).
     `grants` are (uuid, index, memory MiB, cores percent)."""
     created = await cluster.create_pod(pod)
     meta = created["metadata"]
-    if take_lock:
-        await cluster.patch_node_annotations(
-            node, {ANN_BIND_LOCK: encode_lock(meta["uid"], meta["namespace"], meta["name"], 1_700_000_000.0)}
-        )
     doc = AllocationDoc(
         pod_uid=meta["uid"],
         node=node,
@@ -118,6 +112,37 @@ class Rig:
         self.agent = Agent(self.config, self.backend, ClusterPortAgent(self.cluster), step=step, mps=self.mps,
                            mig=None if self.mig is None else self.mig())
         await self.agent.start()
+
+
+class NodeCalls(ClusterPortAgent):
+    """The device plugin's view of the cluster, counting what it asks of the Node object."""
+
+    def __init__(self, port: MemoryCluster) -> None:
+        super().__init__(port)
+        self.node_reads = 0
+        self.node_writes = 0
+
+    async def get_node(self, name: str) -> dict[str, Any]:
+        self.node_reads += 1
+        return await super().get_node(name)
+
+    async def patch_node_annotations(
+        self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
+    ) -> dict[str, Any]:
+        self.node_writes += 1
+        return await super().patch_node_annotations(name, annotations, resource_version)
+
+    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> dict[str, Any]:
+        self.node_writes += 1
+        return await super().patch_node_labels(name, labels)
+
+
+def count_node_calls(r: Rig) -> NodeCalls:
+    """Route the running agent's device plugin (Allocate, GetPreferredAllocation) through a NodeCalls."""
+    assert r.agent.service is not None
+    calls = NodeCalls(r.cluster)
+    r.agent.service.cluster = calls
+    return calls
 
 
 def agent_config(directory: Path, **overrides: Any) -> AgentConfig:

@@ -1,7 +1,9 @@
 """Several GPU containers in one pod: kubelet calls Allocate once per GPU container (init containers first),
 and each call gets that container's own part of the allocation (version 2 `containers`), idempotently per
-(pod, container), with the node's bind lock held until the pod's last GPU container is served. Crashes
-between the steps of either call leave a state the restarted agent completes."""
+(pod, container); the pod gets its `gpupool.io/allocated` marker (the scheduler's cue that the node is free
+again) only once its last GPU container is served, and until then it is still a candidate of every call of
+its containers' sizes. Crashes between the steps of either call leave a state the restarted agent
+completes."""
 
 from __future__ import annotations
 
@@ -16,12 +18,11 @@ from hypothesis import strategies as st
 
 from gpupool.agent.checkpoint import Checkpoint
 from gpupool.agent.identify import Again, GpuContainer, NextContainer, Unidentified, which_container
-from gpupool.agent.plugin import STEP_CHECKPOINTED, STEP_MARKED, STEP_READ, STEP_RELEASED
+from gpupool.agent.plugin import STEP_CHECKPOINTED, STEP_MARKED, STEP_READ
 from gpupool.api.allocation import AllocationDoc, ContainerDoc, GrantDoc
-from gpupool.api.lock import ANN_BIND_LOCK, decode_lock, encode_lock
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, RESOURCE_GPU
 from gpupool.cluster.memory import MemoryCluster
-from tests.agent.agent_helpers import NODE, RESOURCE, Rig, rig
+from tests.agent.agent_helpers import NODE, RESOURCE, Rig, count_node_calls, pod_object, rig, scheduler_binds
 
 # --- which container a call is for (pure) -------------------------------------------------------------------
 
@@ -152,14 +153,13 @@ def container(name: str, memory: str, cores: str) -> dict[str, Any]:
 async def bind_pod(
     cluster: MemoryCluster, name: str, spec: dict[str, Any], gpus: list[GrantDoc], parts: list[ContainerDoc]
 ) -> dict[str, Any]:
-    """What the scheduler does at bind for a pod with several GPU containers: lock, allocation version 2
-    (which container holds what), binding."""
+    """What the scheduler does at bind for a pod with several GPU containers: allocation version 2 (which
+    container holds what), binding."""
     created = await cluster.create_pod(
         {"metadata": {"name": name, "namespace": "default", "annotations": {}},
          "spec": {"schedulerName": "gpupool-scheduler", **spec}, "status": {"phase": "Pending"}}
     )
     meta = created["metadata"]
-    await cluster.patch_node_annotations(NODE, {ANN_BIND_LOCK: encode_lock(meta["uid"], "default", name, 0.0)})
     doc = AllocationDoc(version=2, pod_uid=meta["uid"], node=NODE, isolation="hook", gpus=gpus, containers=parts)
     await cluster.patch_pod_annotations("default", name, {ANN_ALLOCATION: doc.model_dump_json(exclude_none=True)})
     await cluster.create_binding("default", name, meta["uid"], NODE)
@@ -172,28 +172,24 @@ async def bind_duo(cluster: MemoryCluster) -> None:
     await bind_pod(cluster, "duo", spec, [POD_GRANT], parts)
 
 
-async def lock_holder(r: Rig) -> str | None:
-    text = ((await r.cluster.get_node(NODE))["metadata"].get("annotations") or {}).get(ANN_BIND_LOCK)
-    return None if text is None else decode_lock(text).name
-
-
 async def marker(r: Rig, name: str) -> dict[str, Any] | None:
     text = ((await r.cluster.get_pod("default", name))["metadata"].get("annotations") or {}).get(ANN_ALLOCATED)
     return None if text is None else dict(json.loads(text))
 
 
-async def test_each_container_gets_its_own_share_and_the_lock_is_held_until_the_last() -> None:
+async def test_each_container_gets_its_own_share_and_the_pod_is_marked_after_the_last() -> None:
     async with rig() as r:
         await bind_duo(r.cluster)
+        calls = count_node_calls(r)
         first = await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::0"])
         assert share(first.envs) == expected(TRAIN_GRANT)
-        # one container of two served: the pod keeps the lock, and is not marked yet
-        assert await lock_holder(r) == "duo" and await marker(r, "duo") is None
+        # one container of two served: the pod still waits (no marker), so the scheduler keeps the node
+        assert await marker(r, "duo") is None
         second = await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::1"])
         assert share(second.envs) == expected(EVAL_GRANT)
         done = await marker(r, "duo")
         assert done is not None and done["devices"] == ["GPU-aaaa-0::0", "GPU-aaaa-0::1"]
-        assert await lock_holder(r) is None
+        assert (calls.node_reads, calls.node_writes) == (0, 0)
         # kubelet asking again for the last container (its restart) gets the very same bytes
         again = await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::1"])
         assert again.SerializeToString(deterministic=True) == second.SerializeToString(deterministic=True)
@@ -250,7 +246,7 @@ async def test_an_init_containers_device_reused_by_the_app_container_carries_the
         assert share((await r.kubelet.allocate_ids(RESOURCE, ids)).envs) == expected(prep)  # prep's repeat
         kubelet_records(r, staged["metadata"]["uid"], "prep")  # kubelet records prep, then asks for train
         assert share((await r.kubelet.allocate_ids(RESOURCE, ids)).envs) == expected(train)
-        assert await lock_holder(r) is None
+        assert await marker(r, "staged") is not None
         assert share((await r.kubelet.allocate_ids(RESOURCE, ids)).envs) == expected(train)  # a repeat
 
 
@@ -281,7 +277,6 @@ async def test_a_version_1_allocation_for_two_gpu_containers_is_refused() -> Non
              "status": {"phase": "Pending"}}
         )
         uid = created["metadata"]["uid"]
-        await r.cluster.patch_node_annotations(NODE, {ANN_BIND_LOCK: encode_lock(uid, "default", "old", 0.0)})
         doc = AllocationDoc(pod_uid=uid, node=NODE, gpus=[POD_GRANT])
         text = doc.model_dump_json(exclude_none=True)
         await r.cluster.patch_pod_annotations("default", "old", {ANN_ALLOCATION: text})
@@ -289,6 +284,31 @@ async def test_a_version_1_allocation_for_two_gpu_containers_is_refused() -> Non
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::0"])
         assert "does not say which container holds which GPUs" in err.value.details()
+
+
+async def test_a_pod_bound_while_a_two_container_pod_is_half_served_makes_the_calls_of_its_size_ambiguous() -> None:
+    async with rig() as r:
+        await bind_duo(r.cluster)
+        first = await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::0"])
+        assert share(first.envs) == expected(TRAIN_GRANT)
+        # the scheduler's hold on the node ran out: solo (1 GPU, like each of duo's containers) and pair
+        # (2 GPUs) are bound while duo's second container still waits
+        await scheduler_binds(r.cluster, pod_object("solo", 1), [("GPU-aaaa-1", 1, 2048, 10.0)])
+        await scheduler_binds(r.cluster, pod_object("pair", 2),
+                              [("GPU-aaaa-2", 2, 81920, 100.0), ("GPU-aaaa-3", 3, 81920, 100.0)])
+        # eval's call, train's repeat: either could be solo's admission; refused, naming both pods
+        for ids in (["GPU-aaaa-0::1"], ["GPU-aaaa-0::0"]):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await r.kubelet.allocate_ids(RESOURCE, ids)
+            assert "ambiguous" in err.value.details()
+            assert "default/duo" in err.value.details() and "default/solo" in err.value.details()
+        # a call of 2 devices can only be pair's
+        both = await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-2::0", "GPU-aaaa-3::0"])
+        assert both.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa-2,GPU-aaaa-3"
+        # kubelet fails solo's admission: duo is the only candidate again, and eval gets its own share
+        await r.cluster.patch_pod_status("default", "solo", {"phase": "Failed"})
+        assert share((await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::1"])).envs) == expected(EVAL_GRANT)
+        assert await marker(r, "duo") is not None and await marker(r, "solo") is None
 
 
 # --- crashes between the steps of either container's call ----------------------------------------------------
@@ -312,9 +332,9 @@ class CrashAt:
             raise Crash(f"crash after step {self.step} of call {self.call}")
 
 
-# the first container's call never reaches the marker and lock steps (the pod has a second GPU container)
+# the first container's call never reaches the marker step (the pod has a second GPU container)
 CASES = [(s, 1) for s in (STEP_READ, STEP_CHECKPOINTED)] + [(s, 2) for s in (STEP_READ, STEP_CHECKPOINTED,
-                                                                             STEP_MARKED, STEP_RELEASED)]
+                                                                             STEP_MARKED)]
 
 
 @pytest.mark.parametrize(("step", "call"), CASES)
@@ -334,9 +354,8 @@ async def test_a_crash_after_any_step_of_either_call_is_completed_and_each_conta
             await pending
         await r.kubelet.wait_for(lambda k: len(k.registrations) == 2 and len(k.healthy(RESOURCE)) == 16)
 
-        # the restart completed the marker and the lock only when the last container's answer was fixed
+        # the restart completed the marker only when the last container's answer was fixed
         fixed_last = call == 2 and step != STEP_READ
-        assert (await lock_holder(r)) == (None if fixed_last else "duo")
         assert ((await marker(r, "duo")) is not None) == fixed_last
 
         # kubelet asks again for the crashed call, then goes on: each container gets its own share
@@ -345,4 +364,3 @@ async def test_a_crash_after_any_step_of_either_call_is_completed_and_each_conta
             assert share((await r.kubelet.allocate_ids(RESOURCE, ids[n])).envs) == expected(grants[n])
         done = await marker(r, "duo")
         assert done is not None and done["devices"] == ["GPU-aaaa-0::0", "GPU-aaaa-0::1"]
-        assert await lock_holder(r) is None

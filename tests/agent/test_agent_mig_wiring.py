@@ -18,7 +18,6 @@ from gpupool.agent.mig import MigManager
 from gpupool.agent.plugin import STEP_CARVED
 from gpupool.api.allocation import AllocationDoc, GrantDoc, MigGrantDoc
 from gpupool.api.inventory import MigInstanceDoc, decode_inventory
-from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.core.mig import PlacedInstance
@@ -51,7 +50,6 @@ async def bind_mig_pod(cluster: MemoryCluster, name: str, profile: str, start: i
     """What the scheduler writes for a MIG pod: the GPU, and the instance (profile, start) it planned."""
     created = await cluster.create_pod(pod_object(name, 1))
     uid = created["metadata"]["uid"]
-    await cluster.patch_node_annotations(NODE, {ANN_BIND_LOCK: encode_lock(uid, "default", name, 0.0)})
     grant = GrantDoc(uuid=GPU, index=0, memory_mib=40960, cores=42.9, mig=MigGrantDoc(profile=profile, start=start))
     doc = AllocationDoc(pod_uid=uid, node=NODE, isolation="mig", gpus=[grant])
     await cluster.patch_pod_annotations("default", name, {ANN_ALLOCATION: doc.model_dump_json(exclude_none=True)})

@@ -15,10 +15,19 @@ from gpupool.agent.identify import ANN_ALLOCATED
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
-from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.testing.kubelet import StandInKubelet
-from tests.agent.agent_helpers import NODE, RESOURCE, answering_mps, eventually, pod_object, rig, scheduler_binds
+from tests.agent.agent_helpers import (
+    NODE,
+    RESOURCE,
+    Rig,
+    answering_mps,
+    count_node_calls,
+    eventually,
+    pod_object,
+    rig,
+    scheduler_binds,
+)
 
 
 def slots_of(kubelet: StandInKubelet, uuid: str) -> dict[str, str]:
@@ -119,14 +128,16 @@ async def test_allocate_unknown_device_ids_is_invalid_argument() -> None:
         assert resp.envs["GPUPOOL_MEMORY_LIMIT_MIB"] == "4096"
 
 
-async def test_allocate_without_lock_fails_and_never_guesses() -> None:
+async def test_allocate_with_no_waiting_pod_fails_and_never_guesses() -> None:
     async with rig() as r:
-        await scheduler_binds(r.cluster, pod_object("nolock", 1), [("GPU-aaaa-0", 0, 4096, 25.0)], take_lock=False)
+        # created but never bound: kubelet cannot be admitting it here, and the agent does not list it
+        await r.cluster.create_pod(pod_object("unbound", 1))
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await r.kubelet.allocate(RESOURCE, "default/nolock", 1)
+            await r.kubelet.allocate(RESOURCE, "default/ghost", 1)
         assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-        assert "has no gpupool.io/bind-lock" in err.value.details()
-        assert "not guessing" in err.value.details()
+        details = err.value.details()
+        assert "no pod bound to node gpu-node-1 waits for an Allocate of 1 device(s)" in details
+        assert "not guessing" in details and "unbound" not in details
 
 
 async def test_allocate_count_mismatch_is_refused() -> None:
@@ -136,32 +147,102 @@ async def test_allocate_count_mismatch_is_refused() -> None:
         )
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await r.kubelet.allocate(RESOURCE, "default/other", 1)
-        assert "kubelet asks for 1 device(s) but pod default/two" in err.value.details()
-        # the lock is still there for the right call
+        details = err.value.details()
+        assert "no pod bound to node gpu-node-1 waits for an Allocate of 1 device(s)" in details
+        assert "pods waiting here for other counts: default/two asks for 2" in details
+        # nothing was written: the right call still gets the pod's grant
         resp = await r.kubelet.allocate(RESOURCE, "default/two", 2)
         assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa-0,GPU-aaaa-1"
 
 
-async def test_allocate_records_marker_releases_lock_and_prefers_granted_gpu(tmp_path: Path) -> None:
+async def test_two_waiting_pods_of_different_sizes_each_get_their_own_grant() -> None:
+    async with rig() as r:
+        # bound back to back (the second past the scheduler's hold on the first): kubelet's call sizes differ
+        await scheduler_binds(r.cluster, pod_object("one", 1), [("GPU-aaaa-3", 3, 4096, 25.0)])
+        await scheduler_binds(
+            r.cluster, pod_object("pair", 2), [("GPU-aaaa-1", 1, 81920, 100.0), ("GPU-aaaa-2", 2, 81920, 100.0)]
+        )
+        pair = await r.kubelet.allocate(RESOURCE, "default/pair", 2)
+        one = await r.kubelet.allocate(RESOURCE, "default/one", 1)
+        assert (pair.envs["NVIDIA_VISIBLE_DEVICES"], pair.envs["GPUPOOL_MEMORY_LIMIT_MIB"]) == (
+            "GPU-aaaa-1,GPU-aaaa-2", "81920,81920"
+        )
+        assert (one.envs["NVIDIA_VISIBLE_DEVICES"], one.envs["GPUPOOL_MEMORY_LIMIT_MIB"]) == ("GPU-aaaa-3", "4096")
+        for name in ("one", "pair"):
+            marker = json.loads((await r.cluster.get_pod("default", name))["metadata"]["annotations"][ANN_ALLOCATED])
+            assert marker["devices"] == r.kubelet.assigned[f"default/{name}"]
+
+
+async def test_two_waiting_pods_of_the_same_size_are_refused_as_ambiguous() -> None:
+    async with rig() as r:
+        await scheduler_binds(r.cluster, pod_object("late", 1), [("GPU-aaaa-0", 0, 4096, 25.0)])
+        await scheduler_binds(r.cluster, pod_object("next", 1), [("GPU-aaaa-1", 1, 8192, 50.0)])
+        for key in ("default/late", "default/next"):
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await r.kubelet.allocate(RESOURCE, key, 1)
+            details = err.value.details()
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "ambiguous: default/late, default/next could each be the pod" in details
+        for name in ("late", "next"):
+            assert ANN_ALLOCATED not in (await r.cluster.get_pod("default", name))["metadata"]["annotations"]
+        # kubelet fails late's admission: next is then the only candidate and gets its own grant
+        await r.cluster.patch_pod_status("default", "late", {"phase": "Failed"})
+        resp = await r.kubelet.allocate(RESOURCE, "default/next", 1)
+        assert (resp.envs["NVIDIA_VISIBLE_DEVICES"], resp.envs["GPUPOOL_MEMORY_LIMIT_MIB"]) == ("GPU-aaaa-1", "8192")
+
+
+async def preferred_ids(r: Rig, size: int) -> list[str]:
+    """GetPreferredAllocation for one container of `size` devices, every healthy slot available."""
+    available = sorted(r.kubelet.healthy(RESOURCE))
+    async with grpc.aio.insecure_channel(f"unix://{r.config.plugin_socket_path}") as channel:
+        reply = await pb_grpc.DevicePluginStub(channel).GetPreferredAllocation(
+            pb.PreferredAllocationRequest(container_requests=[
+                pb.ContainerPreferredAllocationRequest(available_deviceIDs=available, allocation_size=size)
+            ])
+        )
+    return list(reply.container_responses[0].deviceIDs)
+
+
+async def test_preferred_allocation_follows_the_only_waiting_pod_of_that_size() -> None:
+    async with rig() as r:
+        # nothing waits: no preference, kubelet's own order (the first free slot)
+        assert await preferred_ids(r, 1) == ["GPU-aaaa-0::0"]
+        await scheduler_binds(r.cluster, pod_object("a", 1), [("GPU-aaaa-3", 3, 4096, 25.0)])
+        await scheduler_binds(
+            r.cluster, pod_object("b", 2), [("GPU-aaaa-1", 1, 81920, 100.0), ("GPU-aaaa-2", 2, 81920, 100.0)]
+        )
+        assert await preferred_ids(r, 1) == ["GPU-aaaa-3::0"]  # a's GPU
+        assert await preferred_ids(r, 2) == ["GPU-aaaa-1::0", "GPU-aaaa-2::0"]  # one slot on each of b's GPUs
+        # a second pod of size 1 waits too: the call could be for either, so no preference (and no failure)
+        await scheduler_binds(r.cluster, pod_object("c", 1), [("GPU-aaaa-2", 2, 4096, 25.0)])
+        assert await preferred_ids(r, 1) == ["GPU-aaaa-0::0"]
+        assert await preferred_ids(r, 2) == ["GPU-aaaa-1::0", "GPU-aaaa-2::0"]
+
+
+async def test_allocate_records_marker_never_touches_the_node_and_prefers_granted_gpu(tmp_path: Path) -> None:
     async with rig(mps=answering_mps(tmp_path, ["GPU-aaaa-3"])) as r:
         pod = await scheduler_binds(r.cluster, pod_object("p", 1), [("GPU-aaaa-3", 3, 20000, 50.0)], isolation="mps")
-        resp = await r.kubelet.allocate(RESOURCE, "default/p", 1)
+        calls = count_node_calls(r)
+        resp = await r.kubelet.allocate(RESOURCE, "default/p", 1)  # GetPreferredAllocation, then Allocate
         assert r.kubelet.assigned["default/p"][0].startswith("GPU-aaaa-3::")
         assert resp.envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
         assert resp.envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=20000M"
         assert [(m.container_path, m.host_path) for m in resp.mounts] == [
             ("/run/gpupool/mps", "/run/gpupool/mps/GPU-aaaa-3")
         ]
+        # identification needs the pods only: the Node object is neither read nor written
+        assert (calls.node_reads, calls.node_writes) == (0, 0)
         node = await r.cluster.get_node(NODE)
-        assert ANN_BIND_LOCK not in node["metadata"]["annotations"]
         assert node["metadata"]["annotations"]["keep/me"] == "yes"
         after = await r.cluster.get_pod("default", "p")
         marker = json.loads(after["metadata"]["annotations"][ANN_ALLOCATED])
         assert marker["node"] == NODE and marker["devices"] == r.kubelet.assigned["default/p"]
         assert pod["metadata"]["uid"] == after["metadata"]["uid"]
-        # a second Allocate for an already-served pod finds no lock and is refused
-        with pytest.raises(grpc.aio.AioRpcError):
+        # a second Allocate of other devices, with the pod already served, finds no waiting pod and is refused
+        with pytest.raises(grpc.aio.AioRpcError) as err:
             await r.kubelet.allocate(RESOURCE, "default/p-again", 1)
+        assert "no pod bound to node gpu-node-1 waits" in err.value.details()
+        assert (calls.node_reads, calls.node_writes) == (0, 0)
 
 
 async def test_cdi_mode_returns_cdi_devices() -> None:

@@ -15,7 +15,7 @@ from gpupool.agent.fake import FakeBackend
 from gpupool.agent.identify import ANN_ALLOCATED
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
-from gpupool.api.lock import ANN_BIND_LOCK
+from gpupool.api.names import ANN_INVENTORY
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.testing.kubelet import StandInKubelet
 from tests.agent.agent_helpers import NODE, RESOURCE, agent_config, four_gpus, pod_object, rig, scheduler_binds
@@ -44,16 +44,22 @@ async def test_kubelet_restart_twenty_times_reregisters_every_time() -> None:
         assert resp.envs["NVIDIA_VISIBLE_DEVICES"] == "GPU-aaaa-1"
 
 
+async def not_inventory(cluster: MemoryCluster) -> dict[str, str]:
+    """The node's annotations other than the inventory the agent publishes."""
+    annotations = (await cluster.get_node(NODE))["metadata"].get("annotations") or {}
+    return {k: v for k, v in annotations.items() if k != ANN_INVENTORY}
+
+
 async def test_agent_restart_leaves_pods_alone_and_readopts_state() -> None:
     async with rig() as r:
         k = r.kubelet
         await scheduler_binds(r.cluster, pod_object("running", 1), [("GPU-aaaa-0", 0, 8192, 20.0)])
         await k.allocate(RESOURCE, "default/running", 1)
         await r.cluster.patch_pod_status("default", "running", {"phase": "Running"})
-        # a second pod is bound (lock held) but kubelet has not admitted it yet when the agent restarts
+        # a second pod is bound but kubelet has not admitted it yet when the agent restarts
         await scheduler_binds(r.cluster, pod_object("inflight", 1), [("GPU-aaaa-2", 2, 30000, 40.0)])
         pods_before = {p["metadata"]["name"]: copy.deepcopy(p) for p in (await r.cluster.list_pods())[0]}
-        lock_before = (await r.cluster.get_node(NODE))["metadata"]["annotations"][ANN_BIND_LOCK]
+        node_before = await not_inventory(r.cluster)
         ids_before = set(k.plugins[RESOURCE].devices)
 
         await r.restart_agent()
@@ -62,7 +68,7 @@ async def test_agent_restart_leaves_pods_alone_and_readopts_state() -> None:
 
         pods_after = {p["metadata"]["name"]: p for p in (await r.cluster.list_pods())[0]}
         assert pods_after == pods_before  # not one write to any pod
-        assert (await r.cluster.get_node(NODE))["metadata"]["annotations"][ANN_BIND_LOCK] == lock_before
+        assert await not_inventory(r.cluster) == node_before  # the node: only its inventory is the agent's
         assert set(k.plugins[RESOURCE].devices) == ids_before
         # the restarted agent serves the in-flight pod from the API state, and only that pod
         resp = await k.allocate(RESOURCE, "default/inflight", 1)

@@ -17,7 +17,7 @@ SA = f"{NAMESPACE}/gp-gpupool"
 # (kind, name, namespace or "") -> sorted (apiGroups, resources, resourceNames, verbs) tuples
 REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = {
     ("ClusterRole", "gp-gpupool-scheduler", ""): [
-        (("",), ("nodes",), (), ("get", "list", "watch", "patch")),
+        (("",), ("nodes",), (), ("list", "watch")),
         # team queues: GPUQueue objects and the namespace label that joins a queue; reclaim evicts
         (("gpupool.io",), ("gpuqueues",), (), ("list", "watch")),
         (("gpupool.io",), ("gpuqueues/status",), (), ("patch",)),

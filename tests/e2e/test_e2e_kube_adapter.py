@@ -1,5 +1,5 @@
 """The `kube` cluster adapter against the real API server: list/watch, optimistic concurrency (409 on a
-stale resourceVersion), Binding rules, the node bind lock and Lease-based leader election."""
+stale resourceVersion), Binding rules and Lease-based leader election."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import itertools
 
 import pytest
 
-from gpupool.api.lock import ANN_BIND_LOCK, decode_lock, encode_lock
 from gpupool.cluster.kube import KubeCluster
 from gpupool.cluster.port import Conflict, NotFound, WatchEvent
 from gpupool.scheduler.leader import LeaderElector
@@ -100,7 +99,7 @@ async def test_stale_resource_version_is_a_conflict(kube: KubeCluster, api: flee
     with pytest.raises(Conflict):
         await kube.patch_pod_annotations(NS, name, {"e2e/writer": "second"}, resource_version=old_rv)
     assert (await kube.get_pod(NS, name))["metadata"]["annotations"]["e2e/writer"] == "first"
-    # The same rule on nodes (the bind lock relies on it).
+    # The same rule on nodes (the agent's inventory and label writes rely on it).
     node_name = unique("e2e-adapter-rv")
     node = await fleet.create_node(api, fleet.gpu_node(node_name, gpus=1))
     await kube.patch_node_annotations(node_name, {"e2e/x": "1"}, resource_version=node["metadata"]["resourceVersion"])
@@ -140,25 +139,23 @@ async def test_binding_happens_once_and_checks_the_uid(kube: KubeCluster, api: f
     await kube.delete_pod(NS, name, uid=uid)
 
 
-async def test_node_bind_lock_has_exactly_one_winner(kube: KubeCluster, api: fleet.KubeApi) -> None:
-    """Ten writers race for the node's bind lock from the same resourceVersion (the lock protocol of
-    gpupool.api.lock: precondition on the node): the API server lets exactly one through."""
-    node_name = unique("e2e-adapter-lock")
+async def test_conditional_node_writes_have_exactly_one_winner(kube: KubeCluster, api: fleet.KubeApi) -> None:
+    """Ten writers race to annotate a node from the same resourceVersion: the API server lets exactly one
+    through, and the node says which."""
+    node_name = unique("e2e-adapter-race")
     node = await fleet.create_node(api, fleet.gpu_node(node_name, gpus=1))
     rv = node["metadata"]["resourceVersion"]
 
     async def take(i: int) -> str | None:
-        lock = encode_lock(f"uid-{i}", NS, f"pod-{i}", 1_800_000_000.0)
         try:
-            await kube.patch_node_annotations(node_name, {ANN_BIND_LOCK: lock}, resource_version=rv)
+            await kube.patch_node_annotations(node_name, {"e2e/owner": f"writer-{i}"}, resource_version=rv)
         except Conflict:
             return None
-        return f"uid-{i}"
+        return f"writer-{i}"
 
     winners = [w for w in await asyncio.gather(*(take(i) for i in range(10))) if w]
     assert len(winners) == 1
-    held = decode_lock((await kube.get_node(node_name))["metadata"]["annotations"][ANN_BIND_LOCK])
-    assert held.pod_uid == winners[0]
+    assert (await kube.get_node(node_name))["metadata"]["annotations"]["e2e/owner"] == winners[0]
 
 
 async def test_leader_election_on_a_real_lease(testbed) -> None:  # type: ignore[no-untyped-def]

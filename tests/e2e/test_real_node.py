@@ -58,7 +58,7 @@ def test_containers_get_exactly_their_allocation(real_cluster: RealCluster) -> N
         share_pod("pair", n1, None, 100, gpus=2),
         share_pod("plain", n1, None, None, gpus=0),
     ]
-    for pod in others:  # one at a time: a bind waiting on the node's lock could park a pod for a minute
+    for pod in others:  # one at a time: a bind waiting for the node's previous pod could park a pod for a minute
         c.apply([pod])
         c.wait_running([pod["metadata"]["name"]])
     names = [p["metadata"]["name"] for p in order + others]

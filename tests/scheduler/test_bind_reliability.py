@@ -11,7 +11,6 @@ import pytest
 
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.extender import ExtenderBindingArgs
-from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.config import SchedulerConfig
@@ -145,24 +144,18 @@ async def test_concurrent_replays_of_a_bind_in_flight_write_once():
     svc = ExtenderService(cluster, CONFIG)
     await svc.start()
     pod = await cluster.create_pod(gpu_pod("p", cores=30))
-    writes: list[str] = []
-    original = cluster.patch_node_annotations
+    calls: list[str] = []
+    original = cluster.create_binding
 
-    async def counting(name, annotations, resource_version=None):
-        writes.append(",".join(f"{k}={'set' if v else 'removed'}" for k, v in annotations.items()))
+    async def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(args[1])
         await asyncio.sleep(0.01)  # a network round trip: the replays run meanwhile
-        return await original(name, annotations, resource_version)
+        return await original(*args, **kwargs)
 
-    cluster.patch_node_annotations = counting  # type: ignore[method-assign]
-
-    async def agent_allocates(step: str) -> None:
-        if step == "bound":  # the agent serves Allocate at once and lets go of the lock
-            await original("gpu-0000", {ANN_BIND_LOCK: None})
-
-    svc.step_hook = agent_allocates
+    cluster.create_binding = counting  # type: ignore[method-assign]
     results = await asyncio.gather(*(svc.bind(_args(pod)) for _ in range(3)))
     assert [r.Error for r in results] == ["", "", ""]
-    assert writes == [f"{ANN_BIND_LOCK}=set"]  # one lock taken, none re-taken by the replays
+    assert calls == ["p"]  # one Binding written; the replays found it done
     assert cluster.bindings == 1
     await svc.stop()
 
@@ -257,8 +250,7 @@ async def test_delete_during_bind_returns_capacity(step):
     assert result.Error != ""
     assert await settle(svc) == {"missing": [], "extra": [], "different": [], "overcommitted": []}
     assert svc.ledger.entries == {} and svc.ledger.state.allocated_milli() == 0
-    node = await cluster.get_node("gpu-0000")
-    assert ANN_BIND_LOCK not in node["metadata"].get("annotations", {})  # the failed bind let go of it
+    assert svc.busy.waiting_on("gpu-0000", svc.clock(), other_than="") is None  # the failed bind let go of it
     await svc.stop()
 
 
@@ -307,7 +299,7 @@ async def test_pod_written_by_someone_else_during_bind_keeps_both_writes():
     await svc.stop()
 
 
-async def test_busy_node_lock_fails_the_bind_then_expiry_allows_takeover():
+async def test_a_node_with_a_pod_awaiting_allocate_fails_the_bind_then_expiry_frees_it():
     cluster = await _cluster_with_nodes()
     now = [1_000_000.0]
     svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False, lock_wait_s=0.0, lock_timeout_s=60),
@@ -315,11 +307,11 @@ async def test_busy_node_lock_fails_the_bind_then_expiry_allows_takeover():
     await svc.start()
     first = await cluster.create_pod(gpu_pod("first", cores=10))
     second = await cluster.create_pod(gpu_pod("second", cores=10))
-    assert (await svc.bind(_args(first))).Error == ""  # no agent here: the lock stays with "first"
+    assert (await svc.bind(_args(first))).Error == ""  # no agent here: "first" keeps waiting for Allocate
     error = (await svc.bind(_args(second))).Error
-    assert "locked by pod default/first" in error
+    assert "node gpu-0000 has pod default/first" in error
     assert set(svc.ledger.entries) == {first["metadata"]["uid"]}  # the failed bind reserved nothing
-    now[0] += 61  # the lock is now older than lock_timeout_s
+    now[0] += 61  # "first" was bound longer than lock_timeout_s ago
     assert (await svc.bind(_args(second))).Error == ""
     await svc.stop()
 

@@ -1,55 +1,95 @@
-"""Busy nodes: a node with a GPU pod between scheduling and device allocation is passed over by prioritize
-while another node fits, so a burst of pods is not serialised on one node's bind lock."""
+"""Busy nodes: one GPU pod per node between its bind and its device allocation (the node agent serves only
+the single pod that waits), kept in memory from this process's binds and the pod watch; and prioritize
+passes over a busy node while another node fits, so a burst of pods is not serialised on one node."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 from gpupool.api.extender import ExtenderArgs
-from gpupool.api.lock import ANN_BIND_LOCK, encode_lock
-from gpupool.api.names import ANN_ALLOCATED
+from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
+from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.busy import BusyNodes
+from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.service import ExtenderService
 from tests.scheduler.conftest import bind_args, eventually, gpu_pod, record_pod_reads, started_service
 
 
-def _pod(uid: str, phase: str = "Pending", annotations: dict | None = None) -> dict:
+def _pod(uid: str, phase: str = "Pending", annotations: dict | None = None, node: str | None = "n1") -> dict:
     return {"metadata": {"uid": uid, "name": uid, "namespace": "default", "annotations": annotations or {}},
-            "spec": {"nodeName": "n1"}, "status": {"phase": phase}}
+            "spec": {"nodeName": node} if node else {}, "status": {"phase": phase}}
 
 
-def _node(name: str, lock_uid: str | None) -> dict:
-    annotations = {ANN_BIND_LOCK: encode_lock(lock_uid, "default", lock_uid, 0.0)} if lock_uid else {}
-    return {"metadata": {"name": name, "annotations": annotations}}
+def _allocated_for(node: str, time: str) -> dict:
+    doc = {"version": 1, "pod_uid": "x", "node": node, "time": time,
+           "gpus": [{"uuid": "GPU-0", "index": 0, "memory_mib": 1024, "cores": 10.0}]}
+    return {ANN_ALLOCATION: json.dumps(doc)}
 
 
 def test_a_hold_lasts_until_the_pod_is_served():
-    busy = BusyNodes()
+    busy = BusyNodes(lock_timeout_s=100.0)
     busy.nominated("a", "n1", until=100.0)
-    busy.locked("b", "n2", until=100.0)
-    busy.locked("c", "n3", until=100.0)
-    busy.locked("d", "n4", until=100.0)
+    busy.bound("b", "default/b", "n2", now=0.0)
+    busy.bound("c", "default/c", "n3", now=0.0)
+    busy.bound("d", "default/d", "n4", now=0.0)
     assert busy.names(now=0.0) == {"n1", "n2", "n3", "n4"}
-    assert busy.on_pod("MODIFIED", _pod("a")) is None  # still Pending, nothing allocated: still busy
+    assert busy.on_pod("MODIFIED", _pod("a", node=None)) is None  # still Pending, nothing allocated: still busy
     assert busy.on_pod("MODIFIED", _pod("b", phase="Running")) == "n2"
     assert busy.on_pod("MODIFIED", _pod("c", annotations={ANN_ALLOCATED: "t"})) == "n3"
     assert busy.on_pod("DELETED", _pod("d")) == "n4"
     assert busy.names(now=0.0) == {"n1"}
 
 
-def test_a_node_event_frees_only_a_locked_hold_whose_lock_is_gone():
-    busy = BusyNodes()
-    busy.nominated("a", "n1", until=100.0)  # not locked yet: a node without a lock says nothing about it
-    busy.locked("b", "n2", until=100.0)
-    busy.locked("c", "n3", until=100.0)
-    busy.on_node(_node("n1", None))
-    busy.on_node(_node("n2", "b"))  # its own lock: still waiting for Allocate
-    busy.on_node(_node("n3", None))  # the agent removed the lock after Allocate
-    assert busy.names(now=0.0) == {"n1", "n2"}
-    busy.on_node(_node("n2", "someone-else"))  # taken over (timeout): b no longer holds it
-    assert busy.names(now=0.0) == {"n1"}
+def test_only_a_bound_pod_blocks_another_bind_and_never_its_own():
+    busy = BusyNodes(lock_timeout_s=100.0)
+    busy.nominated("a", "n1", until=100.0)
+    assert busy.waiting_on("n1", now=0.0, other_than="z") is None  # nominated only: not bound
+    busy.bound("b", "default/b", "n1", now=0.0)
+    held = busy.waiting_on("n1", now=0.0, other_than="z")
+    assert held is not None and held.key == "default/b"
+    assert busy.waiting_on("n1", now=0.0, other_than="b") is None  # a replayed bind of b itself
+    assert busy.waiting_on("n2", now=0.0, other_than="z") is None
+
+
+def test_a_bound_hold_ends_after_the_lock_timeout():
+    busy = BusyNodes(lock_timeout_s=300.0)
+    busy.bound("b", "default/b", "n1", now=1000.0)
+    assert busy.waiting_on("n1", now=1299.9, other_than="z") is not None
+    assert busy.waiting_on("n1", now=1300.0, other_than="z") is None  # 1000 + 300
+
+
+def test_a_pod_bound_by_an_earlier_run_is_adopted_with_its_bind_time():
+    busy = BusyNodes(lock_timeout_s=300.0)
+    # 2026-11-21T06:00:00Z is 1,795,240,800 s since the epoch; the hold ends 300 s later.
+    pod = _pod("e", annotations=_allocated_for("n1", "2026-11-21T06:00:00Z"))
+    assert busy.on_pod("ADDED", pod) is None
+    held = busy.waiting_on("n1", now=1_795_240_800.0 + 299, other_than="z")
+    assert held is not None and (held.key, held.since) == ("default/e", 1_795_240_800.0)
+    assert busy.waiting_on("n1", now=1_795_240_800.0 + 300, other_than="z") is None
+
+
+def test_pods_that_cannot_wait_for_an_allocate_here_are_not_adopted():
+    busy = BusyNodes(lock_timeout_s=300.0)
+    now = 1_795_240_800.0
+    busy.on_pod("ADDED", _pod("p", annotations=_allocated_for("other-node", "2026-11-21T06:00:00Z")))
+    busy.on_pod("ADDED", _pod("q", annotations={ANN_ALLOCATION: "{not json"}))
+    busy.on_pod("ADDED", _pod("r"))  # bound without an allocation: not gpupool's to wait for
+    busy.on_pod("ADDED", _pod("s", phase="Running", annotations=_allocated_for("n1", "2026-11-21T06:00:00Z")))
+    assert busy.names(now) == set()
+
+
+def test_a_relist_drops_the_holds_of_pods_that_are_gone():
+    busy = BusyNodes(lock_timeout_s=300.0)
+    busy.bound("gone", "default/gone", "n1", now=0.0)
+    busy.bound("kept", "default/kept", "n2", now=0.0)
+    busy.nominated("nominee", "n3", until=10.0)
+    busy.replace([_pod("kept", node=None), _pod("nominee", node=None)])
+    assert busy.names(now=0.0) == {"n2", "n3"}
 
 
 def test_holds_expire():
-    busy = BusyNodes()
+    busy = BusyNodes(lock_timeout_s=300.0)
     busy.nominated("a", "n1", until=10.0)
     assert busy.names(now=9.9) == {"n1"}
     assert busy.names(now=10.0) == set()
@@ -89,71 +129,55 @@ async def test_a_busy_node_still_wins_when_no_other_node_fits():
     await svc.stop()
 
 
-def test_a_served_pod_is_remembered_until_its_hold_would_have_ended():
-    busy = BusyNodes()
-    busy.locked("a", "n1", until=50.0)
-    assert not busy.was_served("a", now=0.0)
-    busy.on_pod("MODIFIED", _pod("a", phase="Running"))
-    assert busy.was_served("a", now=49.0)
-    assert not busy.was_served("a", now=50.0)
+def _count_node_writes(cluster: MemoryCluster) -> list[str]:
+    writes: list[str] = []
+    patch = cluster.patch_node_annotations
+
+    async def counting(name, annotations, resource_version=None):  # type: ignore[no-untyped-def]
+        writes.append(name)
+        return await patch(name, annotations, resource_version=resource_version)
+
+    cluster.patch_node_annotations = counting  # type: ignore[method-assign]
+    return writes
 
 
-async def test_lock_of_a_pod_seen_running_is_taken_over_without_asking_about_the_holder():
+async def test_the_next_bind_waits_for_the_pod_before_it_and_needs_no_read_nor_node_write():
     svc = await started_service(nodes=1)
+    cluster = svc.cluster
+    a, b = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
+    writes = _count_node_writes(cluster)
+    reads = record_pod_reads(cluster)
+    assert (await svc.bind(bind_args(a))).Error == ""
+    second = asyncio.create_task(svc.bind(bind_args(b)))
+    await asyncio.sleep(0.3)
+    assert not second.done()  # a waits for its Allocate: b's bind waits in Permit
+    await cluster.patch_pod_status("default", "a", {"phase": "Running"})  # kubelet ran a: Allocate done
+    assert (await asyncio.wait_for(second, 5)).Error == ""
+    assert reads == [] and writes == []  # both pods from the cache, a's state from the watch, no Node write
+    bound = await cluster.get_pod("default", "b")
+    assert bound["spec"]["nodeName"] == "gpu-0000" and ANN_ALLOCATION in bound["metadata"]["annotations"]
+    await svc.stop()
+
+
+async def test_a_restarted_scheduler_still_holds_the_node_of_a_pod_bound_before_it():
+    cfg = SchedulerConfig(leader_elect=False, lock_wait_s=0.0)
+    svc = await started_service(nodes=1, config=cfg)
     cluster = svc.cluster
     a, b = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
     assert (await svc.bind(bind_args(a))).Error == ""
+    await svc.stop()
+
+    again = ExtenderService(cluster, cfg)
+    await again.start()
+    refused = (await again.bind(bind_args(b))).Error
+    assert "node gpu-0000 has pod default/a" in refused and "waiting for its device allocation" in refused
     await cluster.patch_pod_status("default", "a", {"phase": "Running"})
-    await eventually(lambda: not svc.busy.names(svc.clock()))
-    reads = record_pod_reads(cluster)
-    assert (await svc.bind(bind_args(b))).Error == ""
-    assert reads == []  # b came from the pod cache, a's state from the watch
-    node = await cluster.get_node("gpu-0000")
-    assert b["metadata"]["uid"] in node["metadata"]["annotations"][ANN_BIND_LOCK]
-    await svc.stop()
-
-
-async def test_lock_of_a_holder_the_pod_watch_shows_running_needs_no_read_either():
-    """A lock this process never saw served (taken by an earlier scheduler process, say): the pod watch's
-    copy of the holder, Running, is enough to take it over."""
-    svc = await started_service(nodes=1)
-    cluster = svc.cluster
-    a, b = [await cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
-    held = encode_lock(a["metadata"]["uid"], "default", "a", svc.clock())
-    node = await cluster.get_node("gpu-0000")
-    await cluster.patch_node_annotations("gpu-0000", {ANN_BIND_LOCK: held},
-                                         resource_version=node["metadata"]["resourceVersion"])
-    await cluster.patch_pod_status("default", "a", {"phase": "Running"})
-    uid_a = a["metadata"]["uid"]
-    await eventually(lambda: ((svc.pods.get(uid_a) or {}).get("status") or {}).get("phase") == "Running"
-                     and held in str(svc.ledger.node_objs["gpu-0000"]["metadata"].get("annotations")))
-    assert not svc.busy.was_served(uid_a, svc.clock())
-    reads = record_pod_reads(cluster)
-    assert (await svc.bind(bind_args(b))).Error == ""
-    assert reads == []
-    node = await cluster.get_node("gpu-0000")
-    assert b["metadata"]["uid"] in node["metadata"]["annotations"][ANN_BIND_LOCK]
-    await svc.stop()
-
-
-async def test_a_stale_watch_copy_showing_our_own_lock_is_checked_against_the_api():
-    svc = await started_service(nodes=1)
-    pod = await svc.cluster.create_pod(gpu_pod("p", cores=20))
-    uid = pod["metadata"]["uid"]
-    # The watch's copy claims p holds the lock (as after a failed bind whose release is not seen yet);
-    # the API server has no lock. The bind must take the lock for real.
-    seen = svc.ledger.node_objs["gpu-0000"]
-    annotations = {**(seen["metadata"].get("annotations") or {}), ANN_BIND_LOCK: encode_lock(uid, "default", "p", 0)}
-    svc.ledger.node_objs["gpu-0000"] = {**seen, "metadata": {**seen["metadata"], "annotations": annotations}}
-    assert (await svc.bind(bind_args(pod))).Error == ""
-    node = await svc.cluster.get_node("gpu-0000")
-    assert uid in node["metadata"]["annotations"][ANN_BIND_LOCK]
-    await svc.stop()
+    await eventually(lambda: not again.busy.names(again.clock()))
+    assert (await again.bind(bind_args(b))).Error == ""
+    await again.stop()
 
 
 async def test_with_avoid_busy_nodes_off_the_policy_pick_stands():
-    from gpupool.scheduler.config import SchedulerConfig
-
     svc = await started_service(nodes=2, config=SchedulerConfig(leader_elect=False, avoid_busy_nodes=False))
     a, b = [await svc.cluster.create_pod(gpu_pod(n, cores=20)) for n in ("a", "b")]
     names = ["gpu-0000", "gpu-0001"]

@@ -6,7 +6,6 @@ import copy
 import json
 
 from gpupool.api.allocation import encode_allocation
-from gpupool.api.lock import ANN_BIND_LOCK
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.core.model import Allocation, GPUGrant
 from gpupool.scheduler.ledger import Ledger
@@ -25,15 +24,15 @@ def _bound_pod(node: dict, name: str, index: int, cores: int) -> dict:
     return pod
 
 
-def test_lock_changes_do_not_rebuild_but_inventory_changes_do():
+def test_other_annotation_changes_do_not_rebuild_but_inventory_changes_do():
     nodes = node_objects(small_scenario(nodes=2, gpus=2))
     ledger = Ledger(nodes)
     ledger.apply_pod("ADDED", _bound_pod(nodes[0], "a", 1, 40))
     generation = ledger.generation
-    locked = copy.deepcopy(nodes[0])
-    locked["metadata"]["annotations"][ANN_BIND_LOCK] = "{}"
-    assert ledger.apply_node("MODIFIED", locked) is False and ledger.generation == generation
-    sick = copy.deepcopy(locked)
+    noted = copy.deepcopy(nodes[0])
+    noted["metadata"]["annotations"]["example.com/note"] = "{}"
+    assert ledger.apply_node("MODIFIED", noted) is False and ledger.generation == generation
+    sick = copy.deepcopy(noted)
     inventory = json.loads(sick["metadata"]["annotations"][ANN_INVENTORY])
     inventory["gpus"][0]["healthy"] = False
     sick["metadata"]["annotations"][ANN_INVENTORY] = json.dumps(inventory)

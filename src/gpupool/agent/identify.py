@@ -1,24 +1,32 @@
 """Which pod is kubelet's Allocate call for? Decided from API objects and the agent's own checkpoint only,
 and never by guessing.
 
-Kubelet's Allocate carries device IDs but no pod identity. The scheduler takes the node's bind lock
-(`gpupool.io/bind-lock`, gpupool.api.lock) naming the pod before it binds it here, and writes the pod's
-`gpupool.io/allocation`. The call can only be for a *candidate*: a pod bound to this node, not finished
-and not being deleted, with a container asking for exactly as many gpupool.io/gpu as kubelet sends, that
-either still waits for its Allocate (not Running, no `gpupool.io/allocated` marker) or was answered these
-very device IDs before (the checkpoint: kubelet repeats a call after its own restart). Then:
+Kubelet's Allocate carries device IDs but no pod identity. The scheduler writes the pod's
+`gpupool.io/allocation` before it binds the pod here, and binds at most one GPU pod per node between a bind
+and that pod's Allocate (gpupool.scheduler: a pod waits from its bind until it runs, finishes, is deleted or
+carries `gpupool.io/allocated`). That spacing only keeps nodes from being refused needlessly; it is not what
+makes the answer right: the scheduler may go on after a timeout, and a pod bound with `spec.nodeName`
+never asked it. What makes it right is that the call can only be for a *candidate*: a pod bound to this
+node, not finished and not being deleted, with a container asking for exactly as many gpupool.io/gpu as
+kubelet sends, that either still waits for its Allocate (not Running, no `gpupool.io/allocated` marker) or
+was answered these very device IDs before (the checkpoint: kubelet repeats a call after its own restart).
+Kubelet only calls Allocate for a pod it is admitting, so when exactly one candidate exists the call is
+for it. Then:
 
-- exactly one candidate, answered these devices before → a *repeat*: the same answer again;
-- otherwise the lock holder, when every check below holds and it is the only candidate:
-  1. the node carries a readable bind lock;
-  2. the pod it names exists on this node with the same UID, is not finished, and has not already been
-     served (no `gpupool.io/allocated` marker);
-  3. its allocation annotation is readable, is for this node and for this pod UID;
-  4. it has a container asking for gpupool.io/gpu, and when several do, its allocation (version 2) says
+- no candidate → refused: no pod the API shows on this node can be the subject of this call;
+- two or more candidates → refused as ambiguous, naming them: a pod still waiting after the scheduler
+  went on past its timeout, or a GPU pod without an allocation (bound with `spec.nodeName`, bypassing the
+  scheduler), could be the subject of this call as well as the other;
+- the only candidate, answered these devices before and no longer waiting → a *repeat*: the same answer
+  again;
+- the only candidate, still waiting (its first call, the call of its next GPU container, or kubelet
+  asking again for one while others still wait) → served when every check holds:
+  1. it exists on this node, is not finished, and has not already been served (no
+     `gpupool.io/allocated` marker);
+  2. its allocation annotation is readable, is for this node and for this pod UID;
+  3. it has a container asking for gpupool.io/gpu, and when several do, its allocation (version 2) says
      which container holds what;
-  5. no *other* candidate: a pod whose lock was taken over after its timeout while its Allocate was still
-     pending, or a GPU pod without an allocation (bound with `spec.nodeName`, bypassing the scheduler),
-     could be the subject of this call as well as the lock holder;
+  (a still-waiting repeat that fails them is answered as a repeat only: the checkpointed answer again);
 - else the Allocate fails with the reason (the pod fails admission and its controller recreates it, which
   is better than a container running with another pod's share).
 
@@ -43,11 +51,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpupool.api.allocation import AllocationDoc, AllocationError, decode_allocation
-from gpupool.api.lock import ANN_BIND_LOCK, BindLock, LockError, decode_lock
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, RESOURCE_GPU
 
 # ANN_ALLOCATED: the pod annotation the agent writes once it served the pod's Allocate (JSON: node,
-# time, devices). It tells a restarted agent, and check 5, which pods are no longer waiting.
+# time, devices). It tells a restarted agent, the scheduler (which then binds the node's next GPU pod) and
+# the candidate rule which pods are no longer waiting.
 
 Obj = Mapping[str, Any]
 # A Running pod has had all its Allocate calls; a finished one needs none.
@@ -61,7 +69,6 @@ class Identified:
     name: str
     uid: str
     allocation: AllocationDoc
-    lock: BindLock
     resource_version: str | None = None  # of the pod as read: the marker write is conditional on it
 
 
@@ -218,21 +225,6 @@ def waiting_for_allocate(pod: Obj, node_name: str) -> AllocationDoc | None:
     return doc if doc.node == node_name else None
 
 
-def read_lock(node: Obj) -> BindLock | Unidentified:
-    text = _annotations(node).get(ANN_BIND_LOCK)
-    name = _meta(node).get("name", "?")
-    if not text:
-        return Unidentified(
-            f"node {name} has no {ANN_BIND_LOCK}: the scheduler writes it when it binds a GPU pod here, so this "
-            "Allocate is for a pod gpupool did not schedule (check the pod's schedulerName) or whose lock was "
-            "already used; not guessing which pod it is"
-        )
-    try:
-        return decode_lock(text)
-    except LockError as e:
-        return Unidentified(f"node {name}: {e}")
-
-
 def is_alive_on(pod: Obj, node_name: str) -> bool:
     """Bound to this node, not finished, not being deleted: kubelet may still hold devices for it."""
     return (
@@ -242,6 +234,12 @@ def is_alive_on(pod: Obj, node_name: str) -> bool:
     )
 
 
+def _still_waiting(pod: Obj) -> bool:
+    """Not all its Allocate calls were served yet, as the API shows it (kubelet starts a pod's containers
+    only after all of them were allocated; the agent marks it after its last GPU container)."""
+    return (pod.get("status") or {}).get("phase") != "Running" and ANN_ALLOCATED not in _annotations(pod)
+
+
 def is_candidate(pod: Obj, node_name: str, device_count: int, answered: Collection[str] = ()) -> bool:
     """Could kubelet's Allocate of `device_count` devices be for this pod? `answered` holds the UIDs of pods
     the agent answered these exact device IDs before."""
@@ -249,9 +247,7 @@ def is_candidate(pod: Obj, node_name: str, device_count: int, answered: Collecti
         return False
     if all(c.count != device_count for c in gpu_containers(pod)):
         return False  # kubelet sends exactly one container's gpupool.io/gpu limit
-    if _meta(pod).get("uid") in answered:
-        return True
-    return (pod.get("status") or {}).get("phase") != "Running" and ANN_ALLOCATED not in _annotations(pod)
+    return _meta(pod).get("uid") in answered or _still_waiting(pod)
 
 
 def _describe(pod: Obj, node_name: str, answered: Collection[str]) -> str:
@@ -263,92 +259,92 @@ def _describe(pod: Obj, node_name: str, answered: Collection[str]) -> str:
 
 
 def identify(
-    node: Obj, pods: Iterable[Obj], node_name: str, device_count: int, answered: Collection[str] = ()
+    pods: Iterable[Obj], node_name: str, device_count: int, answered: Collection[str] = ()
 ) -> Identified | Repeat | Unidentified:
-    """Which pod this Allocate of `device_count` devices is for. `answered`: UIDs of the pods the agent's
-    checkpoint says were answered exactly the device IDs of this call."""
+    """Which pod this Allocate of `device_count` devices is for: the only candidate, or none (see the
+    module's docstring). `answered`: UIDs of the pods the agent's checkpoint says were answered exactly the
+    device IDs of this call."""
     pods = list(pods)
     candidates = [p for p in pods if is_candidate(p, node_name, device_count, answered)]
-    repeats = [p for p in candidates if _meta(p).get("uid") in answered]
-    if len(repeats) == 1 and len(candidates) == 1:
-        meta = _meta(repeats[0])
-        holder = _lock_holder(node, pods, node_name)
-        if isinstance(holder, Identified) and holder.uid == meta.get("uid"):
-            return holder  # still holds the lock: more of its containers may wait (which_container decides)
-        return Repeat(meta.get("namespace", "default"), meta.get("name", "?"), meta.get("uid", ""))
-    if repeats:
+    if not candidates:
+        return Unidentified(_no_candidate(pods, node_name, device_count))
+    if len(candidates) > 1:
+        # Kubelet admits one of them, and nothing in the call says which: any answer could hand one pod
+        # another's share.
         names = ", ".join(sorted(_describe(p, node_name, answered) for p in candidates))
         return Unidentified(
             f"ambiguous: {names} could each be the pod this Allocate of {device_count} device(s) on {node_name} is "
             "for; refusing to guess"
         )
-    holder = _lock_holder(node, pods, node_name)
-    if isinstance(holder, Unidentified):
-        return holder
-    if all(_meta(p).get("uid") != holder.uid for p in candidates):
-        holder_pod = next(p for p in pods if _meta(p).get("uid") == holder.uid)
-        limits = ", ".join(str(c.count) for c in gpu_containers(holder_pod))
-        return Unidentified(
-            f"kubelet asks for {device_count} device(s) but pod {holder.namespace}/{holder.name} asks for "
-            f"{limits} in its GPU container(s): the call is not for the pod holding the bind lock"
-        )
-    rivals = [_describe(p, node_name, answered) for p in candidates if _meta(p).get("uid") != holder.uid]
-    if rivals:
-        return Unidentified(
-            f"ambiguous: pod {holder.namespace}/{holder.name} (uid {holder.uid}) holds the bind lock, but "
-            f"{', '.join(sorted(rivals))} also wait(s) for an Allocate of {device_count} device(s) on {node_name}; "
-            "refusing to guess which pod this call is for"
-        )
-    return holder
+    (only,) = candidates
+    meta = _meta(only)
+    repeat = Repeat(meta.get("namespace", "default"), meta.get("name", "?"), meta.get("uid", ""))
+    if meta.get("uid") in answered and not _still_waiting(only):
+        return repeat  # served already: only the checkpointed answers may be given again
+    checked = _check(only, node_name)
+    if isinstance(checked, Unidentified) and meta.get("uid") in answered:
+        # these very devices were answered for it: the same answer again is still right, but no new
+        # container is served from an allocation that no longer passes the checks
+        return repeat
+    return checked  # still waiting: its first call, or one of several GPU containers (which_container decides)
 
 
-def _lock_holder(node: Obj, pods: list[Obj], node_name: str) -> Identified | Unidentified:
-    """The pod the bind lock names, if it passes checks 1-4."""
-    lock = read_lock(node)
-    if isinstance(lock, Unidentified):
-        return lock
-    holder_label = f"{lock.namespace}/{lock.name} (uid {lock.pod_uid})"
-    holder = next((p for p in pods if _meta(p).get("uid") == lock.pod_uid), None)
-    if holder is None:
-        return Unidentified(f"the bind lock names pod {holder_label}, which is not on node {node_name}")
-    if (_meta(holder).get("namespace"), _meta(holder).get("name")) != (lock.namespace, lock.name):
-        return Unidentified(f"the bind lock names {holder_label} but that UID belongs to {_label(holder)}")
-    annotations = _annotations(holder)
+def _no_candidate(pods: list[Obj], node_name: str, device_count: int) -> str:
+    others = [
+        f"{_label(p)} asks for {', '.join(str(c.count) for c in gpu_containers(p))}"
+        for p in pods
+        if is_alive_on(p, node_name) and _still_waiting(p) and gpu_containers(p)
+    ]
+    waiting = f" (pods waiting here for other counts: {'; '.join(sorted(others))})" if others else ""
+    return (
+        f"no pod bound to node {node_name} waits for an Allocate of {device_count} device(s), nor was one "
+        f"answered these device IDs before{waiting}: the API shows no pod here this call can be for (a served "
+        "pod asked for again with other device IDs, a pod deleted meanwhile, or the agent's checkpoint lost); "
+        "not guessing which pod it is"
+    )
+
+
+def _check(pod: Obj, node_name: str) -> Identified | Unidentified:
+    """The only candidate, served when it passes checks 1-3 of the module's docstring."""
+    meta = _meta(pod)
+    uid = str(meta.get("uid", ""))
+    label = f"{_label(pod)} (uid {uid})"
+    if not is_alive_on(pod, node_name):
+        return Unidentified(f"pod {label} is not alive on node {node_name}")
+    annotations = _annotations(pod)
     if ANN_ALLOCATED in annotations:
-        return Unidentified(
-            f"pod {holder_label} named by the bind lock was already served ({ANN_ALLOCATED} is set); "
-            "this Allocate is for a pod whose lock is missing"
-        )
+        return Unidentified(f"pod {label} was already served ({ANN_ALLOCATED} is set)")
     if ANN_ALLOCATION not in annotations:
-        return Unidentified(f"pod {holder_label} has no {ANN_ALLOCATION} annotation")
+        return Unidentified(
+            f"pod {label} has no {ANN_ALLOCATION} annotation: a GPU pod bound without gpupool's scheduler "
+            "(check its schedulerName)?"
+        )
     try:
         doc = decode_allocation(annotations[ANN_ALLOCATION])
     except AllocationError as e:
-        return Unidentified(f"pod {holder_label}: {e}")
-    if waiting_for_allocate(holder, node_name) is None:
-        return Unidentified(
-            f"pod {holder_label} is not waiting for an Allocate on {node_name} "
-            f"(allocation for node {doc.node!r}, phase {(holder.get('status') or {}).get('phase')!r})"
-        )
-    if doc.pod_uid and doc.pod_uid != lock.pod_uid:
-        return Unidentified(f"pod {holder_label}: its allocation was written for pod uid {doc.pod_uid}")
-    containers = gpu_containers(holder)
+        return Unidentified(f"pod {label}: {e}")
+    if doc.node != node_name:
+        return Unidentified(f"pod {label}: its {ANN_ALLOCATION} is for node {doc.node!r}, not {node_name}")
+    if doc.pod_uid and doc.pod_uid != uid:
+        return Unidentified(f"pod {label}: its allocation was written for pod uid {doc.pod_uid}")
+    containers = gpu_containers(pod)
     if not containers:
-        return Unidentified(f"pod {holder_label} has no container asking for {RESOURCE_GPU}")
+        return Unidentified(f"pod {label} has no container asking for {RESOURCE_GPU}")
     if len(containers) > 1:
         if not doc.containers:  # version 1 would hand every container the pod's whole grant
             return Unidentified(
-                f"pod {holder_label} has {len(containers)} containers asking for {RESOURCE_GPU} "
+                f"pod {label} has {len(containers)} containers asking for {RESOURCE_GPU} "
                 f"({', '.join(c.name for c in containers)}), but its {ANN_ALLOCATION} (version {doc.version}) "
                 "does not say which container holds which GPUs"
             )
         missing = [c.name for c in containers if not doc.container_gpus(c.name)]
         if missing:
             return Unidentified(
-                f"pod {holder_label} has {len(containers)} containers asking for {RESOURCE_GPU}, but its "
+                f"pod {label} has {len(containers)} containers asking for {RESOURCE_GPU}, but its "
                 f"{ANN_ALLOCATION} (version {doc.version}) gives no GPUs to {', '.join(missing)}"
             )
-    return Identified(lock.namespace, lock.name, lock.pod_uid, doc, lock, _meta(holder).get("resourceVersion"))
+    namespace = str(meta.get("namespace", "default"))
+    return Identified(namespace, str(meta.get("name", "?")), uid, doc, meta.get("resourceVersion"))
 
 
 def allocated_marker(node_name: str, devices: Iterable[str], time: str) -> str:

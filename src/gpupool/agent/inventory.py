@@ -16,8 +16,8 @@ from typing import Any
 from gpupool.agent.devices import DeviceInfo, Discovered
 from gpupool.agent.port import AgentCluster, LabelsUnsupported
 from gpupool.api.inventory import InventoryError, decode_inventory, encode_inventory
-from gpupool.api.lock import format_time
 from gpupool.api.names import ANN_INVENTORY, DOMAIN
+from gpupool.api.times import format_time
 
 log = logging.getLogger("gpupool.agent.inventory")
 

@@ -1,25 +1,28 @@
 """The kubelet device plugin (v1beta1) servicer for resource gpupool.io/gpu, and its registration.
 
 All handlers are `async def` on grpc.aio (mixing sync handlers with streaming in the aio server has
-known hang reports). Allocate is served one call at a time: identification reads and then clears the
-node's bind lock, and two interleaved calls must not see the same lock.
+known hang reports). Allocate is served one call at a time: each call decides from the checkpoint as the
+previous call left it (whether it repeats an answer, which GPU container of a pod comes next), so two
+interleaved calls must not both decide from the same state.
 
 Kubelet calls Allocate once per container asking for gpupool.io/gpu (init containers first). Each call,
 step by step (gpupool.agent.identify says how the pod and its container are found):
-1. read the node and the pods bound to it (a field selector: never the whole cluster's pods);
-2. identify the pod and which of its GPU containers the call is for; a repeat of an earlier call is
-   answered from the checkpoint, byte for byte;
+1. list the pods bound to this node (a field selector: never the whole cluster's pods; the Node object is
+   neither read nor written: identification needs only the pods and the checkpoint);
+2. identify the pod (the only candidate) and which of its GPU containers the call is for; a repeat of an
+   earlier call is answered from the checkpoint, byte for byte;
 3. build that container's answer and write it to the checkpoint (atomically, keyed by pod UID and
    container) — from here on the answer is fixed;
 then, only when this was the pod's last GPU container:
-4. write the `gpupool.io/allocated` marker on the pod (conditional on its resourceVersion);
-5. release the node's bind lock if it still names the pod;
-and 6. return the answer. Until its last GPU container is served the pod keeps the lock, so the node's next
-pod cannot be bound in between.
+4. write the `gpupool.io/allocated` marker on the pod (conditional on its resourceVersion): it tells the
+   scheduler the pod no longer waits, so the node may take its next GPU pod, and it takes the pod out of
+   the candidates of later calls;
+and 5. return the answer. Until its last GPU container is served the pod has no marker: it still waits, so
+the scheduler binds no other GPU pod to the node in between (and one bound anyway past the scheduler's
+timeout with the same device count makes the calls ambiguous: refused, never guessed).
 A crash between any two steps leaves a state the restarted agent completes (`recover`): a checkpointed pod
-that is still alive and has every GPU container served gets its marker and its lock released, and kubelet
-asking again gets the same answer. Before step 3 nothing was written for that container, so kubelet's
-retry starts over.
+that is still alive and has every GPU container served gets its marker, and kubelet asking again gets the
+same answer. Before step 3 nothing was written for that container, so kubelet's retry starts over.
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ from gpupool.agent.identify import (
     gpu_containers,
     identify,
     is_alive_on,
-    read_lock,
+    is_candidate,
     which_container,
 )
 from gpupool.agent.kubelet_checkpoint import recorded_containers
@@ -60,8 +63,8 @@ from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpupool.agent.slots import preferred, slot_gpu
 from gpupool.agent.table import DeviceTable
 from gpupool.api.allocation import AllocationError, GrantDoc, decode_allocation
-from gpupool.api.lock import ANN_BIND_LOCK, format_time
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
+from gpupool.api.times import format_time
 from gpupool.cluster.port import ApiError, Conflict
 
 log = logging.getLogger("gpupool.agent.plugin")
@@ -69,7 +72,7 @@ log = logging.getLogger("gpupool.agent.plugin")
 API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 # The steps of an Allocate after which `step` hooks run (tests inject crashes there).
-STEP_READ, STEP_CHECKPOINTED, STEP_MARKED, STEP_RELEASED = "read", "checkpointed", "marked", "released"
+STEP_READ, STEP_CHECKPOINTED, STEP_MARKED = "read", "checkpointed", "marked"
 STEP_CARVED = "carved"  # isolation mig: the pod's MIG instance exists (before the checkpoint)
 Obj = dict[str, Any]
 
@@ -148,35 +151,44 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     async def GetPreferredAllocation(
         self, request: pb.PreferredAllocationRequest, context: grpc.aio.ServicerContext
     ) -> pb.PreferredAllocationResponse:
-        """Prefer slots on the GPUs the scheduler granted to the lock holder. Never fails: an error here
-        would fail the pod's admission, and the preference is only cosmetic (kubelet's records)."""
-        gpu_order = await self._granted_gpus()
+        """Prefer slots on the GPUs the scheduler granted to the only pod waiting on this node for an
+        Allocate of that many devices (none, or several: no preference). Never fails: an error here would
+        fail the pod's admission, and the preference is only cosmetic (kubelet's records)."""
+        pods = await self._pods_for_preference()
         responses = []
         for req in request.container_requests:
+            gpu_order = self._granted_gpus(pods, req.allocation_size)
             ids = preferred(
                 list(req.available_deviceIDs), list(req.must_include_deviceIDs), req.allocation_size, gpu_order
             )
             responses.append(pb.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return pb.PreferredAllocationResponse(container_responses=responses)
 
-    async def _granted_gpus(self) -> list[str]:
+    async def _pods_for_preference(self) -> list[Obj]:
         try:
-            node = await self.cluster.get_node(self.config.node_name)
-            lock = read_lock(node)
-            if isinstance(lock, Unidentified):
+            return await self.cluster.list_pods_on_node(self.config.node_name)
+        except Exception as e:  # API errors and transport errors alike: a preference must never fail admission
+            log.info("no preference (cannot list the pods of node %s): %s", self.config.node_name, e)
+            return []
+
+    def _granted_gpus(self, pods: list[Obj], size: int) -> list[str]:
+        try:
+            # the same candidates as Allocate's (kubelet has not called it yet: no repeat counts)
+            waiting = [p for p in pods if is_candidate(p, self.config.node_name, size)]
+            if len(waiting) != 1:
                 return []
-            pods = await self.cluster.list_pods_on_node(self.config.node_name)
-            holder = next((p for p in pods if (p.get("metadata") or {}).get("uid") == lock.pod_uid), None)
-            text = ((holder or {}).get("metadata") or {}).get("annotations", {}).get(ANN_ALLOCATION)
-            if holder is None or not text:
+            (pod,) = waiting
+            meta = pod.get("metadata") or {}
+            text = (meta.get("annotations") or {}).get(ANN_ALLOCATION)
+            if not text:
                 return []
             doc = decode_allocation(text)
-            containers = gpu_containers(holder)  # prefer the GPUs of the container kubelet asks for next
-            served = by_container(containers, self.checkpoint.for_pod(lock.pod_uid))
+            containers = gpu_containers(pod)  # prefer the GPUs of the container kubelet asks for next
+            served = by_container(containers, self.checkpoint.for_pod(str(meta.get("uid", ""))))
             nxt = next((c for c in containers if c.name not in served), None)
             return [g.uuid for g in (doc.container_gpus(nxt.name) if nxt is not None else doc.gpus)]
-        except (ApiError, AllocationError) as e:
-            log.info("no preference (cannot read the lock holder's allocation): %s", e)
+        except AllocationError as e:
+            log.info("no preference (cannot read the waiting pod's allocation): %s", e)
             return []
         except Exception:  # a preference must never fail the pod's admission
             log.exception("no preference: unexpected error")
@@ -224,20 +236,19 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         log.warning("Allocate refused: %s", reason)
         await context.abort(code, f"gpupool agent on {self.config.node_name}: {reason}")
 
-    async def _read(self) -> tuple[Obj, list[Obj]]:
-        node = await self.cluster.get_node(self.config.node_name)
-        pods = await self.cluster.list_pods_on_node(self.config.node_name)
-        return node, pods
+    async def _read(self) -> list[Obj]:
+        """The pods bound to this node: all identification needs from the API (never the Node object)."""
+        return await self.cluster.list_pods_on_node(self.config.node_name)
 
     async def _allocate(self, ids: list[str]) -> pb.ContainerAllocateResponse | tuple[grpc.StatusCode, str]:
         node_name = self.config.node_name
         try:
-            node, pods = await self._read()
+            pods = await self._read()
         except Exception as e:  # API error or transport failure: the same answer for kubelet
-            return grpc.StatusCode.UNAVAILABLE, f"cannot read node {node_name} or its pods: {e!r}"
+            return grpc.StatusCode.UNAVAILABLE, f"cannot list the pods of node {node_name}: {e!r}"
         self.step(STEP_READ)
         answered = {e.pod_uid for e in self.checkpoint.for_devices(ids)}
-        who = identify(node, pods, node_name, len(ids), answered)
+        who = identify(pods, node_name, len(ids), answered)
         if isinstance(who, Unidentified):
             return grpc.StatusCode.FAILED_PRECONDITION, who.reason
         pod = next(p for p in pods if (p.get("metadata") or {}).get("uid") == who.uid)
@@ -256,14 +267,15 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         if isinstance(which, Again):
             entry = served[which.container]
             if len(served) == len(containers):  # every GPU container served: finish what a crash left
-                await self._complete(who.uid, list(served.values()), pod, node)
+                await self._complete(who.uid, list(served.values()), pod)
             log.info("allocated %s to pod %s again (a repeated call): the same answer", ",".join(ids), entry.label)
             again: pb.ContainerAllocateResponse = pb.ContainerAllocateResponse.FromString(entry.response)
             return again
-        if isinstance(who, Repeat):
+        if isinstance(who, Repeat):  # only its checkpointed answers may be given again
             return grpc.StatusCode.FAILED_PRECONDITION, (
-                f"container {which.container.name} of pod {label} waits for its Allocate, but the pod no longer "
-                "holds the node's bind lock (taken over after its timeout?); not serving it without the lock"
+                f"container {which.container.name} of pod {label} has no answer in the checkpoint, but the pod "
+                f"is no longer waiting for an Allocate (Running, or {ANN_ALLOCATED} set) or its "
+                f"{ANN_ALLOCATION} no longer passes the checks; not serving a new container"
             )
         container = which.container.name
         granted = len(who.allocation.container_gpus(container))
@@ -304,15 +316,13 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             return grpc.StatusCode.UNAVAILABLE, f"cannot write the checkpoint {self.checkpoint.path}: {e}"
         self.step(STEP_CHECKPOINTED)
         served[container] = entry
-        if len(served) == len(containers):  # the pod's last GPU container: mark it, free the node's lock
+        if len(served) == len(containers):  # the pod's last GPU container: mark it (the scheduler's cue)
             devices = [d for e in served.values() for d in e.devices]
             marker = allocated_marker(node_name, devices, now)
             problem = await self._mark_served(who.uid, who.namespace, who.name, devices, marker, who.resource_version)
             if problem is not None:
                 return grpc.StatusCode.UNAVAILABLE, f"cannot record the allocation on pod {label}: {problem}"
             self.step(STEP_MARKED)
-            await self._release_lock(who.uid, label, node)
-            self.step(STEP_RELEASED)
         log.info("allocated %s to %s: %s", ",".join(ids), entry.label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
         return response
 
@@ -423,12 +433,13 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
 
     async def recover(self) -> None:
         """Complete what a previous run of the agent left half done: every checkpointed pod that is still
-        alive on this node and had all its GPU containers served gets its marker, and the bind lock is
-        released if it names one of them; entries of pods gone or finished are dropped. A pod with GPU
-        containers still to serve is left as it is (kubelet calls for them). Other pods are never written."""
+        alive on this node and had all its GPU containers served gets its marker (until then the scheduler
+        counts it as waiting, and it stays a candidate of later calls); entries of pods gone or finished
+        are dropped. A pod with GPU containers still to serve is left as it is (kubelet calls for them).
+        Other pods are never written."""
         async with self._allocate_lock:
             try:
-                node, pods = await self._read()
+                pods = await self._read()
             except Exception as e:  # the API being down must not stop the agent; a repeat completes later
                 log.warning("could not complete the checkpoint of node %s at start: %s", self.config.node_name, e)
                 return
@@ -443,11 +454,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 containers = gpu_containers(alive[uid])
                 served = by_container(containers, self.checkpoint.for_pod(uid))
                 if len(served) == len(containers):
-                    await self._complete(uid, list(served.values()), alive[uid], node)
+                    await self._complete(uid, list(served.values()), alive[uid])
 
-    async def _complete(self, uid: str, served: list[Served], pod: Obj, node: Obj) -> None:
-        """Steps 4 and 5 for a pod whose every GPU container has its answer fixed in the checkpoint; failures
-        are logged (the answers stand, and the next repeat or restart tries again)."""
+    async def _complete(self, uid: str, served: list[Served], pod: Obj) -> None:
+        """Step 4 for a pod whose every GPU container has its answer fixed in the checkpoint, unless it is
+        marked already; a failure is logged (the answers stand, and the next repeat or restart tries again)."""
         meta = pod.get("metadata") or {}
         label = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
         if ANN_ALLOCATED not in (meta.get("annotations") or {}):
@@ -457,8 +468,6 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             problem = await self._mark_served(uid, namespace, name, devices, marker, meta.get("resourceVersion"))
             if problem is not None:
                 log.warning("could not mark pod %s as served: %s", label, problem)
-                return
-        await self._release_lock(uid, label, node)
 
     async def _mark_served(
         self, uid: str, namespace: str, name: str, devices: list[str], marker: str, resource_version: str | None
@@ -485,29 +494,6 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             except ApiError as e:
                 return str(e)
         return "the pod kept changing (repeated conflicts)"
-
-    async def _release_lock(self, uid: str, label: str, node: Obj) -> None:
-        """Remove the bind lock if it still names the pod we served (a 409 means: re-read, decide again).
-        A failure here is logged, not returned: the pod is served correctly and the scheduler takes over
-        a lock whose holder is running or past its timeout."""
-        for _ in range(5):
-            lock = read_lock(node)
-            if isinstance(lock, Unidentified) or lock.pod_uid != uid:
-                return
-            rv = (node.get("metadata") or {}).get("resourceVersion")
-            try:
-                await self.cluster.patch_node_annotations(self.config.node_name, {ANN_BIND_LOCK: None}, rv)
-                return
-            except Conflict:
-                try:
-                    node = await self.cluster.get_node(self.config.node_name)
-                except ApiError as e:
-                    log.warning("could not release the bind lock of %s: %s", label, e)
-                    return
-            except ApiError as e:
-                log.warning("could not release the bind lock of %s: %s", label, e)
-                return
-        log.warning("gave up releasing the bind lock of %s after repeated conflicts", label)
 
 
 def _mig_state(mig: MigManager) -> list[tuple[str, str, int, str, str | None, str | None]]:

@@ -1,11 +1,12 @@
 """The node agent: discovery, health, inventory and the device plugin, kept alive across kubelet restarts.
 
 Start-up writes only to finish what a previous run left half done: everything the agent must know about
-running pods (their allocations, the `gpupool.io/allocated` markers, the bind lock) lives in the API, and
-the answers it gave kubelet live in its checkpoint on the node's disk. A checkpointed pod still alive on the
-node gets its marker and its bind lock released if an earlier run crashed before doing so
-(`DevicePluginService.recover`); no other pod is written. Slot IDs depend only on GPU UUIDs, so kubelet's
-checkpoint stays valid across agent restarts.
+running pods (their allocations, the `gpupool.io/allocated` markers) lives in the API, and the answers it
+gave kubelet live in its checkpoint on the node's disk. A checkpointed pod still alive on the node whose
+GPU containers were all served gets its marker if an earlier run crashed before writing it
+(`DevicePluginService.recover`): without it the scheduler would count the pod as still waiting for its
+Allocate; no other pod is written. Slot IDs depend only on GPU UUIDs, so kubelet's checkpoint stays valid
+across agent restarts.
 
 Kubelet restarts are detected by polling (every `watch_interval_s`) the identity of kubelet.sock (inode
 and change time) and the presence of our own socket: when kubelet re-creates its socket, or deletes ours,
@@ -27,7 +28,7 @@ from gpupool.agent.checkpoint import Checkpoint
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
 from gpupool.agent.health import HealthTracker
-from gpupool.agent.identify import Unidentified, read_lock, waiting_for_allocate
+from gpupool.agent.identify import waiting_for_allocate
 from gpupool.agent.inventory import InventoryPublisher
 from gpupool.agent.mig import MigManager, mig_inventory_fields
 from gpupool.agent.mps import MpsSupervisor, inventory_fields, supervise
@@ -140,23 +141,20 @@ class Agent:
     async def _adopt(self) -> None:
         """Read (never write) what the API says about this node's pods, so a restarted agent knows where it
         stands (logged): pods already served keep running untouched; a pod waiting for Allocate is served
-        from its annotations and the bind lock when kubelet calls."""
+        from its annotations when kubelet calls."""
         try:
             pods = await self.cluster.list_pods_on_node(self.config.node_name)
-            node = await self.cluster.get_node(self.config.node_name)
         except Exception as e:  # API errors and transport errors alike: serving kubelet comes first
             log.warning("could not read the pods of node %s at start: %s", self.config.node_name, e)
             return
         served = [p for p in pods if ANN_ALLOCATED in ((p.get("metadata") or {}).get("annotations") or {})]
         waiting = [p for p in pods if waiting_for_allocate(p, self.config.node_name) is not None]
-        lock = read_lock(node)
         self.adopted = {"served": len(served), "waiting": len(waiting)}
         log.info(
-            "node %s: %d pod(s) already served, %d waiting for Allocate, bind lock %s",
+            "node %s: %d pod(s) already served, %d waiting for Allocate",
             self.config.node_name,
             len(served),
             len(waiting),
-            "none" if isinstance(lock, Unidentified) else f"held by {lock.namespace}/{lock.name}",
         )
 
     def request_stop(self) -> None:

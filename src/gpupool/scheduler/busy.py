@@ -1,26 +1,30 @@
 """Nodes with a GPU pod between scheduling and its device allocation ("busy" nodes).
 
-A node's bind lock admits one such pod at a time (gpupool.api.lock): a second bind to a busy node waits
-until the agent's Allocate (or the pod running) frees the lock. A policy that packs sends a burst of pods
-to the same node, so the burst would go one pod per lock hand-over. Prioritize therefore steers the winner
-to the best node that is not busy, when there is one; the busy node gets the next pod once it is free.
+Kubelet's device-plugin Allocate does not say which pod it is for; the node agent takes it to be for the
+only pod bound to the node that still waits for one, and refuses when there are several (gpupool.agent.
+identify). So the scheduler binds at most one GPU pod per node at a time: a node is *bound-busy* from the
+bind's Permit until its pod is seen served (Running or finished, being deleted or deleted, or carrying
+`gpupool.io/allocated`), or until `lock_timeout_s` after its bind (a kubelet that never calls must not
+close the node for good; the agent then refuses the ambiguous call rather than guess). That rule is kept
+here, from the pod watch and this process's own binds, with no API write: taking it on the Node object
+cost 13-16 ms of CPU per pod across the control plane (docs/scheduler.md, Performance).
 
-A node is busy from the moment a pod is nominated for it (prioritize picked it) until that pod is known to
-be served: Running or finished, deleted, `gpupool.io/allocated` set, or the node's lock gone or naming
-another pod. Every hold also has a deadline, so a missed event costs at most a detour, never a stuck node.
+A node is also *nominated-busy* from the moment prioritize picks it for a pod until that pod is bound or
+its nomination ends: a policy that packs sends a burst of pods to one node, which would then go one per
+Allocate; Prioritize steers the winner to the best node that is not busy, when one fits.
 
-Pods seen served are remembered until their hold's deadline: the next bind to the node can then take the
-lock over without asking the API server about the holder.
+Every hold has a deadline, so a missed event costs at most a detour, never a stuck node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.api.lock import ANN_BIND_LOCK, LockError, decode_lock
-from gpupool.api.names import ANN_ALLOCATED
+from gpupool.api.allocation import AllocationError, decode_allocation
+from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
+from gpupool.api.times import parse_time
 
 SERVED_PHASES = ("Running", "Succeeded", "Failed")
 
@@ -29,66 +33,88 @@ SERVED_PHASES = ("Running", "Succeeded", "Failed")
 class Hold:
     node: str
     until: float
-    locked: bool  # the pod's bind took the node lock (else only nominated)
+    key: str = ""  # namespace/name, for the messages of a bound hold
+    since: float = 0.0  # when its bind was decided (bound holds)
+    bound: bool = False  # the pod was bound (or is being bound) to the node, else only nominated
+
+
+def served(event_type: str, pod: Mapping[str, Any]) -> bool:
+    """The pod no longer waits for a device allocation (or never will)."""
+    meta = pod.get("metadata") or {}
+    return (
+        event_type == "DELETED"
+        or bool(meta.get("deletionTimestamp"))
+        or (pod.get("status") or {}).get("phase") in SERVED_PHASES
+        or ANN_ALLOCATED in (meta.get("annotations") or {})
+    )
 
 
 class BusyNodes:
-    def __init__(self) -> None:
+    def __init__(self, lock_timeout_s: float) -> None:
+        self.lock_timeout_s = lock_timeout_s
         self._holds: dict[str, Hold] = {}  # pod uid -> hold
-        self._served: dict[str, float] = {}  # pod uid -> until when to remember it
 
     def nominated(self, uid: str, node: str, until: float) -> None:
-        self._holds[uid] = Hold(node, until, locked=False)
+        hold = self._holds.get(uid)
+        if hold is None or not hold.bound:
+            self._holds[uid] = Hold(node, until)
 
-    def locked(self, uid: str, node: str, until: float) -> None:
-        self._holds[uid] = Hold(node, until, locked=True)
+    def bound(self, uid: str, key: str, node: str, now: float) -> None:
+        self._holds[uid] = Hold(node, now + self.lock_timeout_s, key, now, bound=True)
 
     def release(self, uid: str) -> None:
         self._holds.pop(uid, None)
 
     def names(self, now: float) -> set[str]:
-        for uid in [uid for uid, h in self._holds.items() if h.until <= now]:
-            del self._holds[uid]
+        self._expire(now)
         return {h.node for h in self._holds.values()}
 
-    def was_served(self, uid: str, now: float) -> bool:
-        """Whether this process saw the pod served (its device allocation done) recently."""
-        # Deadlines are set in the order pods are seen served, so the oldest come first.
-        while self._served:
-            first = next(iter(self._served))
-            if self._served[first] > now:
-                break
-            del self._served[first]
-        return uid in self._served
+    def waiting_on(self, node: str, now: float, other_than: str) -> Hold | None:
+        """A pod other than `other_than` bound to `node` and still waiting for its device allocation."""
+        self._expire(now)
+        return next((h for uid, h in self._holds.items() if h.bound and h.node == node and uid != other_than),
+                    None)
+
+    def _expire(self, now: float) -> None:
+        for uid in [uid for uid, h in self._holds.items() if h.until <= now]:
+            del self._holds[uid]
 
     def on_pod(self, event_type: str, pod: Mapping[str, Any]) -> str | None:
         """Follow a pod event; returns the node the pod stopped holding, if it did."""
         meta = pod.get("metadata") or {}
-        hold = self._holds.get(str(meta.get("uid", "")))
-        if hold is None:
-            return None
-        served = (
-            event_type == "DELETED"
-            or bool(meta.get("deletionTimestamp"))
-            or (pod.get("status") or {}).get("phase") in SERVED_PHASES
-            or ANN_ALLOCATED in (meta.get("annotations") or {})
-        )
-        if not served:
-            return None
-        del self._holds[str(meta["uid"])]
-        self._served[str(meta["uid"])] = hold.until
-        return hold.node
-
-    def on_node(self, node: Mapping[str, Any]) -> None:
-        """Follow a node event: a lock that is gone (or names another pod) frees its locked holder."""
-        meta = node.get("metadata") or {}
-        name = meta.get("name")
-        text = (meta.get("annotations") or {}).get(ANN_BIND_LOCK)
-        holder = None
-        if text:
-            try:
-                holder = decode_lock(text).pod_uid
-            except LockError:
-                holder = None
-        for uid in [u for u, h in self._holds.items() if h.locked and h.node == name and u != holder]:
+        uid = str(meta.get("uid", ""))
+        hold = self._holds.get(uid)
+        if served(event_type, pod):
+            if hold is None:
+                return None
             del self._holds[uid]
+            return hold.node
+        if hold is None or not hold.bound:
+            self._adopt(uid, pod)  # bound by an earlier run of the scheduler (or its previous leader)
+        return None
+
+    def replace(self, pods: Iterable[Mapping[str, Any]]) -> None:
+        """After a (re)list: bound holds follow the listed pods; pods gone from the list free their node."""
+        listed: set[str] = set()
+        for pod in pods:
+            uid = str((pod.get("metadata") or {}).get("uid", ""))
+            listed.add(uid)
+            self.on_pod("MODIFIED", pod)
+        for uid in [uid for uid, h in self._holds.items() if h.bound and uid not in listed]:
+            del self._holds[uid]
+
+    def _adopt(self, uid: str, pod: Mapping[str, Any]) -> None:
+        node = (pod.get("spec") or {}).get("nodeName")
+        text = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_ALLOCATION)
+        if not node or not text:
+            return
+        try:
+            doc = decode_allocation(text)
+        except AllocationError:
+            return  # the agent refuses such a pod; it cannot be waiting for a useful Allocate
+        if doc.node != node:
+            return
+        since = parse_time(doc.time)
+        meta = pod.get("metadata") or {}
+        self._holds[uid] = Hold(str(node), since + self.lock_timeout_s, f"{meta.get('namespace')}/{meta.get('name')}",
+                                since, bound=True)

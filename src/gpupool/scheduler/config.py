@@ -28,11 +28,13 @@ class SchedulerConfig(BaseModel):
     default_policy: str = DEFAULT_POLICY
     assume_timeout_s: float = Field(default=30.0, gt=0)  # assumed entry forgotten if not confirmed
     nominate_timeout_s: float = Field(default=10.0, gt=0)  # reservation made at prioritize, awaiting bind
-    lock_timeout_s: float = Field(default=300.0, gt=0)  # a bind lock older than this may be taken over
-    lock_wait_s: float = Field(default=5.0, ge=0)  # how long a bind waits for a busy node lock
+    # A pod bound to a node holds it (no other GPU pod is bound there) until its device allocation, or
+    # at most this long (gpupool.scheduler.busy).
+    lock_timeout_s: float = Field(default=300.0, gt=0)
+    lock_wait_s: float = Field(default=5.0, ge=0)  # how long a bind waits for such a node
     expire_interval_s: float = Field(default=1.0, gt=0)
-    # Prioritize passes over nodes with a pod awaiting device allocation (their bind lock is busy) when
-    # another node fits: bursts spread instead of queueing on one lock (gpupool.scheduler.busy).
+    # Prioritize passes over nodes with a pod awaiting device allocation when another node fits: bursts
+    # spread instead of queueing on one node (gpupool.scheduler.busy).
     avoid_busy_nodes: bool = True
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # larger request bodies get 413
     # Who may call the extender (checked by gpupool.scheduler.auth): "none" is allowed on a loopback host

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from gpupool.api.lock import format_time
+from gpupool.api.times import format_time
 from gpupool.cluster.port import Obj
 from gpupool.scheduler.framework.interface import Handle
 

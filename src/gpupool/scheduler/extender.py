@@ -146,9 +146,6 @@ class Extender:
             if isinstance(cycle, CycleState):  # events only for pods that exist (never for a caller's names)
                 await self._event(cycle.pod, "FailedBinding", status.reason, "Warning")
             return ExtenderBindingResult(Error=status.reason or "bind refused")
-        assert isinstance(cycle, CycleState)
-        if cycle.wants_gpu and cycle.allocation is not None:
-            h.busy.locked(args.PodUID, args.Node, h.clock() + h.config.lock_timeout_s)
         h.metrics.binds.labels("bound").inc()
         return ExtenderBindingResult()
 

@@ -166,7 +166,7 @@ def nodes_from_objects(objs: Iterable[Mapping[str, Any]]) -> tuple[list[Node], d
 
 
 def node_signature(obj: Mapping[str, Any]) -> tuple[str, str, str, tuple[tuple[str, str], ...]]:
-    """What of a Node object the ledger depends on (a bind-lock change must not rebuild anything)."""
+    """What of a Node object the ledger depends on (an annotation it does not read must not rebuild anything)."""
     meta = obj.get("metadata") or {}
     alloc = (obj.get("status") or {}).get("allocatable") or {}
     return (

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpupool.api.lock import format_time
+from gpupool.api.times import format_time
 from gpupool.cluster.port import ApiError, ClusterPort
 from gpupool.core.model import MILLI_PER_GPU
 from gpupool.core.queues import UNLIMITED, QueueStatus, Quota, statuses

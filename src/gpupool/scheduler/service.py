@@ -9,8 +9,9 @@ Each piece has one home:
   gpupool.scheduler.app         the HTTP face
 
 Filter and prioritize read only the caches (no API call unless a pod is not in the cache yet), so they stay
-in the low milliseconds. Bind writes, in this order: assume (ledger) -> node bind lock -> Binding carrying
-the pod annotation gpupool.io/allocation; see gpupool.scheduler.framework.plugins for each step.
+in the low milliseconds. Bind: assume (ledger) -> the node's bind slot (in memory, gpupool.scheduler.busy) ->
+one write, the Binding carrying the pod annotation gpupool.io/allocation; see
+gpupool.scheduler.framework.plugins for each step.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class ExtenderService:
         self.clock = clock
         self.ledger = Ledger()
         self.pods = PodCache(cluster, lookup_timeout_s=config.pod_lookup_timeout_s)
-        self.busy = BusyNodes()
+        self.busy = BusyNodes(config.lock_timeout_s)
         self.workload = ObservedWorkload()
         # GPU pods that fit nowhere at their last filter: key -> (why, first seen); for the pool views.
         self.pending = PendingPods(clock, max_entries=config.max_pending_pods, ttl_s=config.pending_ttl_s)

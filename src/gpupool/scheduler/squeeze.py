@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 
 from gpupool.api.allocation import AllocationError, decode_allocation
-from gpupool.api.lock import format_time
 from gpupool.api.logsafe import shown
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.api.squeeze import ANN_SQUEEZED, squeezable_doc, with_cores
+from gpupool.api.times import format_time
 from gpupool.cluster.port import ApiError, ClusterPort, Conflict, Obj
 from gpupool.core.fit import OK, check
 from gpupool.core.model import MILLI_PER_GPU, Allocation, PodRequest

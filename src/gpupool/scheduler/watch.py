@@ -61,6 +61,7 @@ class Watcher:
     def _replace_pods(self, objs: list[Obj]) -> None:
         self.h.ledger.replace_pods(objs)
         self.h.pods.replace(objs)
+        self.h.busy.replace(objs)
 
     def _node_event(self, event: WatchEvent) -> None:
         h = self.h
@@ -69,8 +70,6 @@ class Watcher:
             # waits for more (a watch yields buffered events without returning to the loop).
             self._refresh_due = True
             asyncio.get_running_loop().call_soon(self._refresh)
-        h.busy.on_node(event.object)
-        h.wake(str(event.object["metadata"]["name"]))
 
     def _refresh(self) -> None:
         self._refresh_due = False
@@ -87,7 +86,7 @@ class Watcher:
             h.pending.discard(pod_key(pod))
         h.busy.on_pod(event.type, pod)
         if node:
-            # A pod on this node changed: if it was the lock holder and now runs, a waiting bind may go.
+            # A pod on this node changed: if it waited for its Allocate and now runs, a waiting bind may go.
             h.wake(str(node))
 
     async def _follow(self, kind: str, resource_version: str) -> None:

@@ -22,7 +22,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpupool.api.inventory import encode_inventory
-from gpupool.api.lock import ANN_BIND_LOCK, LockError, decode_lock
 from gpupool.api.names import ANN_POLICY, RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import Conflict, NotFound, Obj
@@ -235,8 +234,8 @@ async def churn(
 
 class FakeKubelet:
     """Plays kubelet plus the gpupool node agent for every node of the embedded cluster: a pod bound with
-    its allocation is "started" the way the agent's Allocate would do it (the node's bind lock, if it
-    names that pod, is removed) and its phase becomes Running."""
+    its allocation is "started": its phase becomes Running, which frees its node for the next bind
+    (gpupool.scheduler.busy)."""
 
     def __init__(self, cluster: MemoryCluster) -> None:
         self.cluster = cluster
@@ -267,26 +266,6 @@ class FakeKubelet:
 
     async def _admit(self, pod: Obj) -> None:
         meta = pod["metadata"]
-        node_name = pod["spec"]["nodeName"]
-        for _ in range(10):
-            try:
-                node = await self.cluster.get_node(node_name)
-            except NotFound:
-                return
-            text = (node["metadata"].get("annotations") or {}).get(ANN_BIND_LOCK)
-            try:
-                mine = isinstance(text, str) and decode_lock(text).pod_uid == meta["uid"]
-            except LockError:
-                mine = False
-            if not mine:
-                break
-            try:
-                await self.cluster.patch_node_annotations(
-                    node_name, {ANN_BIND_LOCK: None}, resource_version=node["metadata"]["resourceVersion"]
-                )
-                break
-            except Conflict:
-                continue
         with contextlib.suppress(NotFound):
             await self.cluster.patch_pod_status(meta["namespace"], meta["name"], {"phase": "Running"})
             self.started += 1

@@ -227,7 +227,7 @@ class StatusKubelet:
     any; an exception leaves the pod Pending and is recorded in `failures`), then set phase Running.
 
     A Running pod is what tells the gpupool scheduler that the pod's device allocation happened, so the
-    node's bind lock may pass to the next pod (gpupool.api.lock)."""
+    node may take the next GPU pod (gpupool.scheduler.busy)."""
 
     def __init__(self, api: KubeApi, nodes: set[str] | None = None, hook: PodHook | None = None,
                  namespace: str | None = None) -> None:

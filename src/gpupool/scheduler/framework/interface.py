@@ -98,7 +98,7 @@ class Handle:
         return self._ctx
 
     def waiter(self, node: str) -> asyncio.Event:
-        """An event set when the watch shows `node` (or a pod on it) changed."""
+        """An event set when the watch shows a pod on `node` changed."""
         return self._node_waiters.setdefault(node, asyncio.Event())
 
     def wake(self, node: str) -> None:

@@ -102,7 +102,7 @@ def args_for(config: SchedulerConfig) -> dict[str, dict[str, Any]]:
             "assume_timeout_s": config.assume_timeout_s,
             "max_nominations": config.max_nominations,
         },
-        "node_lock": {"lock_timeout_s": config.lock_timeout_s, "lock_wait_s": config.lock_wait_s},
+        "node_lock": {"lock_wait_s": config.lock_wait_s},
     }
 
 

@@ -202,7 +202,7 @@ class Framework:
             return await self.bind(cycle, node)
         mutex = self._node_mutex.setdefault(node, asyncio.Lock())
         waited = mutex.locked()
-        async with mutex:  # our own binds to one node go one at a time (they share its lock)
+        async with mutex:  # our own binds to one node go one at a time (one pod per node awaits Allocate)
             if waited:
                 # Another bind (perhaps this very one, replayed) went first: decide on a fresh read.
                 try:

@@ -12,7 +12,7 @@ Codes and what the framework does with each:
   to make room for it). Bind: refused with the reason.
 * ERROR — something broke (the API server did not answer, an internal error); the reason is returned as
   the extender's `Error` and nothing of the cycle stays reserved.
-* WAIT — Permit only: the pod must wait for another one (the node's bind lock is held by a pod not yet
+* WAIT — Permit only: the pod must wait for another one (the node has a bound pod not yet
   allocated by its agent). The framework keeps the reservation, waits until the plugin's `wake` event fires
   or its back-off passes, and asks again, up to the plugin's wait limit; then the bind is UNSCHEDULABLE.
 * SKIP — PreFilter: the plugin has nothing to do for this pod. From `gpu_request` it means the pod asks

@@ -14,8 +14,8 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from gpupool.api.allocation import encode_allocation
-from gpupool.api.lock import format_time
 from gpupool.api.names import ANN_ALLOCATION, DEFAULT_ISOLATION
+from gpupool.api.times import format_time
 from gpupool.cluster.port import Conflict, NotFound
 from gpupool.scheduler.framework.cycle import CycleState
 from gpupool.scheduler.framework.interface import Handle

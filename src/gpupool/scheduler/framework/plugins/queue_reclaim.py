@@ -26,9 +26,9 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpupool.api.lock import format_time
 from gpupool.api.logsafe import shown
 from gpupool.api.squeeze import ANN_ROOM_MADE
+from gpupool.api.times import format_time
 from gpupool.cluster.port import ApiError, Conflict, NotFound, Obj, TooManyRequests
 from gpupool.core.preemption import Plan, Preemptor, Running, SqueezePlan, Victim, plan_preemption, plan_squeeze
 from gpupool.core.queues import charge_of_allocation, charge_of_request
