@@ -107,15 +107,14 @@ class Extender:
         nodes: NodeSet = self.fw.filter(cycle, args.node_names(), reasons=False)  # the answer has no reasons
         if not len(nodes):
             return []
-        feasible = nodes.nodes()
+        offered = nodes.alive_offered()
+        feasible = offered.index
         s, winner = self.fw.score(cycle, feasible)
         lo, hi = float(s.min()), float(s.max())
         scaled = np.floor((s - lo) / (hi - lo) * (MAX_EXTENDER_PRIORITY - 1)) if hi > lo else np.zeros(len(s))
-        state_nodes = self.h.ledger.state.nodes
         keep = np.flatnonzero(scaled > 0)
-        scores = dict(zip([state_nodes[i].name for i in feasible[keep].tolist()],
-                          scaled[keep].astype(np.int64).tolist(), strict=True))
-        chosen = state_nodes[int(feasible[winner])].name
+        scores = dict(zip(offered.names[keep].tolist(), scaled[keep].astype(np.int64).tolist(), strict=True))
+        chosen = str(offered.names[winner])
         scores[chosen] = MAX_EXTENDER_PRIORITY
         self.fw.reserve(cycle, chosen)
         return list(scores.items())

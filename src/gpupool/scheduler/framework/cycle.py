@@ -142,6 +142,14 @@ class NodeSet:
         names: list[str] = self._objects[self.alive].tolist()
         return names
 
+    def alive_offered(self) -> Offered:
+        """The feasible nodes as an `Offered` of their own (read-only views, like every Offered)."""
+        if self._all_alive:
+            return Offered(self.index, self._objects)
+        index, objects = self.index[self.alive], self._objects[self.alive]
+        index.flags.writeable = objects.flags.writeable = False
+        return Offered(index, objects)
+
     def reject(self, bad: BoolArray, reasons: Sequence[str], code: Code) -> None:
         """Reject the feasible nodes where `bad` (aligned with `nodes()`) is True, `reasons` one per
         rejected node in order (ignored, and may be empty, when the set keeps no reasons)."""

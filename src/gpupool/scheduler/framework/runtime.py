@@ -64,6 +64,8 @@ class Framework:
         self.unreserves = [p for p in reversed(plugins) if isinstance(p, UnreservePlugin)]
         self.permits = [p for p in plugins if isinstance(p, PermitPlugin)]
         self.binds = [p for p in plugins if isinstance(p, BindPlugin)]
+        # Sorted out once: isinstance against a runtime Protocol walks its attributes (0.1-0.2 ms per call).
+        self.replay_checks = [p for p in self.binds if isinstance(p, ReplayCheck)]
         self._node_mutex: dict[str, asyncio.Lock] = {}
         self._names = NameIndex()
 
@@ -179,8 +181,8 @@ class Framework:
         return unschedulable("no bind plugin took the pod")
 
     def replayed(self, cycle: CycleState, node: str) -> Status | None:
-        for p in self.binds:
-            if isinstance(p, ReplayCheck) and self._runs(p, cycle):
+        for p in self.replay_checks:
+            if self._runs(p, cycle):
                 done = p.done(cycle, node)
                 if done is not None:
                     return done.by(p.name)
