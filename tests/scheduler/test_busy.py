@@ -52,6 +52,17 @@ def test_only_a_bound_pod_blocks_another_bind_and_never_its_own():
     assert busy.waiting_on("n2", now=0.0, other_than="z") is None
 
 
+def test_a_failed_cycle_forgets_a_nomination_but_not_a_bind():
+    busy = BusyNodes(lock_timeout_s=100.0)
+    busy.nominated("a", "n1", until=100.0)
+    busy.bound("b", "default/b", "n2", now=0.0)
+    busy.forget_nomination("a")
+    busy.forget_nomination("b")  # e.g. a refused bind of b to another node: b still waits on n2
+    assert busy.names(now=0.0) == {"n2"} and busy.bound_to("b") == "n2"
+    busy.unbind("b")  # the bind that took n2 failed after taking it
+    assert busy.names(now=0.0) == set()
+
+
 def test_a_bound_hold_ends_after_the_lock_timeout():
     busy = BusyNodes(lock_timeout_s=300.0)
     busy.bound("b", "default/b", "n1", now=1000.0)
@@ -112,7 +123,7 @@ async def test_prioritize_passes_over_a_busy_node_while_another_fits():
     # a is bound but not yet allocated: its node is busy, so b goes to the other node, which fits.
     assert await _winner(svc, b, names) == other
     svc.ledger.forget(b["metadata"]["uid"])  # (b's cycle ends without a bind)
-    svc.busy.release(b["metadata"]["uid"])
+    svc.busy.forget_nomination(b["metadata"]["uid"])
     # Once a runs (its Allocate happened), the policy's own choice, packing next to a, is back.
     await cluster.patch_pod_status("default", "a", {"phase": "Running"})
     await eventually(lambda: first not in svc.busy.names(svc.clock()))

@@ -78,7 +78,7 @@ async def _winner(svc: ExtenderService, name: str, cores: int) -> str:
     pod = await svc.cluster.create_pod(gpu_pod(name, cores=cores))
     scores = dict(await svc.prioritize(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000", "gpu-0001"])))
     svc.ledger.forget(pod["metadata"]["uid"])
-    svc.busy.release(pod["metadata"]["uid"])
+    svc.busy.forget_nomination(pod["metadata"]["uid"])
     return max(scores, key=lambda n: scores[n])
 
 

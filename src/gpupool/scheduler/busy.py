@@ -62,8 +62,20 @@ class BusyNodes:
     def bound(self, uid: str, key: str, node: str, now: float) -> None:
         self._holds[uid] = Hold(node, now + self.lock_timeout_s, key, now, bound=True)
 
-    def release(self, uid: str) -> None:
+    def forget_nomination(self, uid: str) -> None:
+        """The pod's scheduling cycle ended without a bind: its nomination no longer holds the node. A bound
+        hold stays (a failed bind of a pod that is bound already, say to another node, changes nothing)."""
+        hold = self._holds.get(uid)
+        if hold is not None and not hold.bound:
+            del self._holds[uid]
+
+    def unbind(self, uid: str) -> None:
+        """The bind that took the node for the pod failed after it: the node is free again."""
         self._holds.pop(uid, None)
+
+    def bound_to(self, uid: str) -> str | None:
+        hold = self._holds.get(uid)
+        return hold.node if hold is not None and hold.bound else None
 
     def names(self, now: float) -> set[str]:
         self._expire(now)

@@ -132,7 +132,7 @@ class Extender:
             cycle = await self._start(ref, Phase.BIND)
             status = cycle if isinstance(cycle, Status) else await self.fw.bind_pod(cycle, args.Node)
         except ApiError as e:
-            h.busy.release(args.PodUID)
+            h.busy.forget_nomination(args.PodUID)
             h.metrics.binds.labels("error").inc()
             return ExtenderBindingResult(Error=f"API error while binding: {e}")
         finally:
@@ -140,7 +140,7 @@ class Extender:
             if left:
                 h.binding[args.PodUID] = left
         if not status.ok:
-            h.busy.release(args.PodUID)  # its node is no longer waiting for this pod
+            h.busy.forget_nomination(args.PodUID)  # its node is no longer waiting for this pod
             h.metrics.binds.labels("failed").inc()
             if isinstance(cycle, CycleState):  # events only for pods that exist (never for a caller's names)
                 await self._event(cycle.pod, "FailedBinding", status.reason, "Warning")

@@ -7,7 +7,8 @@ holds of gpupool.scheduler.busy, kept from this process's binds and the pod watc
 most `lock_wait_s`, woken by the pod watch (and every 0.2 s, to see an expiry), then refuses
 (kube-scheduler retries the pod). A holder older than `lock_timeout_s` no longer blocks the node. Permit
 takes the node for the pod before the Binding is written; Unreserve (any failure after that) gives it
-back.
+back, and only a cycle that took it: a refused bind of a pod that holds a node already (a replay, or a
+bind to another node) leaves that hold alone.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpupool.api.times import format_time
 from gpupool.scheduler.framework.cycle import CycleState
 from gpupool.scheduler.framework.interface import Handle
-from gpupool.scheduler.framework.status import SUCCESS, Status, wait
+from gpupool.scheduler.framework.status import SUCCESS, Status, unschedulable, wait
 
 
 class Args(BaseModel):
@@ -38,12 +39,19 @@ class NodeLock:
     async def permit(self, cycle: CycleState, node: str) -> Status:
         h = self.handle
         now = h.clock()
+        already = h.busy.bound_to(cycle.uid)
+        if already == node:
+            return SUCCESS  # a replay of a bind that took the node (the watch has not shown the pod bound yet)
+        if already is not None:
+            return unschedulable(f"pod {cycle.key} is being bound to {already}")
         held = h.busy.waiting_on(node, now, other_than=cycle.uid)
         if held is not None:
             return wait(f"node {node} has pod {held.key}, bound at {format_time(held.since)}, still waiting for "
                         "its device allocation; retry later", h.waiter(node), min(0.2, held.until - now))
         h.busy.bound(cycle.uid, cycle.key, node, now)
+        cycle.data[self.name] = True  # this cycle took the node: its Unreserve gives it back
         return SUCCESS
 
     async def unreserve(self, cycle: CycleState, node: str) -> None:
-        self.handle.busy.release(cycle.uid)
+        if cycle.data.get(self.name):
+            self.handle.busy.unbind(cycle.uid)
