@@ -1,6 +1,6 @@
-"""Score `busy_nodes`: the winner avoids nodes with a GPU pod between bind and device allocation (their
-bind lock is, or is about to be, taken; gpupool.scheduler.busy) while another node fits, so a burst of
-pods spreads instead of queueing on one node's lock. It changes which node wins, not the scores reported."""
+"""Score `busy_nodes`: the winner avoids nodes with a GPU pod nominated or bound and not yet allocated by
+the agent (gpupool.scheduler.busy) while another node fits, so a burst of pods spreads instead of queueing
+on one node, one pod per Allocate. It changes which node wins, not the scores reported."""
 
 from __future__ import annotations
 
