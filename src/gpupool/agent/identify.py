@@ -52,14 +52,13 @@ from typing import Any
 
 from gpupool.api.allocation import AllocationDoc, AllocationError, decode_allocation
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, RESOURCE_GPU
+from gpupool.api.waiting import awaits_allocate, waiting_for_allocate
 
 # ANN_ALLOCATED: the pod annotation the agent writes once it served the pod's Allocate (JSON: node,
 # time, devices). It tells a restarted agent, the scheduler (which then binds the node's next GPU pod) and
 # the candidate rule which pods are no longer waiting.
 
 Obj = Mapping[str, Any]
-# A Running pod has had all its Allocate calls; a finished one needs none.
-_NOT_WAITING = {"Running", "Succeeded", "Failed"}
 _FINISHED = {"Succeeded", "Failed"}
 
 
@@ -209,22 +208,6 @@ def _next(label: str, nxt: GpuContainer, wanted: tuple[str, ...]) -> NextContain
     return NextContainer(nxt)
 
 
-def waiting_for_allocate(pod: Obj, node_name: str) -> AllocationDoc | None:
-    """The allocation of a pod bound to this node whose Allocate has not been served yet, else None."""
-    if (pod.get("spec") or {}).get("nodeName") != node_name:
-        return None
-    if (pod.get("status") or {}).get("phase") in _NOT_WAITING or _meta(pod).get("deletionTimestamp"):
-        return None
-    annotations = _annotations(pod)
-    if ANN_ALLOCATED in annotations or ANN_ALLOCATION not in annotations:
-        return None
-    try:
-        doc = decode_allocation(annotations[ANN_ALLOCATION])
-    except AllocationError:
-        return None
-    return doc if doc.node == node_name else None
-
-
 def is_alive_on(pod: Obj, node_name: str) -> bool:
     """Bound to this node, not finished, not being deleted: kubelet may still hold devices for it."""
     return (
@@ -234,12 +217,6 @@ def is_alive_on(pod: Obj, node_name: str) -> bool:
     )
 
 
-def _still_waiting(pod: Obj) -> bool:
-    """Not all its Allocate calls were served yet, as the API shows it (kubelet starts a pod's containers
-    only after all of them were allocated; the agent marks it after its last GPU container)."""
-    return (pod.get("status") or {}).get("phase") != "Running" and ANN_ALLOCATED not in _annotations(pod)
-
-
 def is_candidate(pod: Obj, node_name: str, device_count: int, answered: Collection[str] = ()) -> bool:
     """Could kubelet's Allocate of `device_count` devices be for this pod? `answered` holds the UIDs of pods
     the agent answered these exact device IDs before."""
@@ -247,7 +224,7 @@ def is_candidate(pod: Obj, node_name: str, device_count: int, answered: Collecti
         return False
     if all(c.count != device_count for c in gpu_containers(pod)):
         return False  # kubelet sends exactly one container's gpupool.io/gpu limit
-    return _meta(pod).get("uid") in answered or _still_waiting(pod)
+    return _meta(pod).get("uid") in answered or awaits_allocate(pod)
 
 
 def _describe(pod: Obj, node_name: str, answered: Collection[str]) -> str:
@@ -279,7 +256,7 @@ def identify(
     (only,) = candidates
     meta = _meta(only)
     repeat = Repeat(meta.get("namespace", "default"), meta.get("name", "?"), meta.get("uid", ""))
-    if meta.get("uid") in answered and not _still_waiting(only):
+    if meta.get("uid") in answered and not awaits_allocate(only):
         return repeat  # served already: only the checkpointed answers may be given again
     checked = _check(only, node_name)
     if isinstance(checked, Unidentified) and meta.get("uid") in answered:
@@ -293,7 +270,7 @@ def _no_candidate(pods: list[Obj], node_name: str, device_count: int) -> str:
     others = [
         f"{_label(p)} asks for {', '.join(str(c.count) for c in gpu_containers(p))}"
         for p in pods
-        if is_alive_on(p, node_name) and _still_waiting(p) and gpu_containers(p)
+        if is_alive_on(p, node_name) and awaits_allocate(p) and gpu_containers(p)
     ]
     waiting = f" (pods waiting here for other counts: {'; '.join(sorted(others))})" if others else ""
     return (

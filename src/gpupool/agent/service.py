@@ -28,7 +28,6 @@ from gpupool.agent.checkpoint import Checkpoint
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
 from gpupool.agent.health import HealthTracker
-from gpupool.agent.identify import waiting_for_allocate
 from gpupool.agent.inventory import InventoryPublisher
 from gpupool.agent.mig import MigManager, mig_inventory_fields
 from gpupool.agent.mps import MpsSupervisor, inventory_fields, supervise
@@ -37,6 +36,7 @@ from gpupool.agent.port import AgentCluster
 from gpupool.agent.squeeze import follow_squeezes
 from gpupool.agent.table import DeviceTable
 from gpupool.api.names import ANN_ALLOCATED
+from gpupool.api.waiting import waiting_for_allocate
 
 log = logging.getLogger("gpupool.agent")
 

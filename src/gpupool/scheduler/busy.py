@@ -22,11 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from gpupool.api.allocation import AllocationError, decode_allocation
-from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.api.times import parse_time
-
-SERVED_PHASES = ("Running", "Succeeded", "Failed")
+from gpupool.api.waiting import awaits_allocate, waiting_for_allocate
 
 
 @dataclass(slots=True)
@@ -36,17 +33,6 @@ class Hold:
     key: str = ""  # namespace/name, for the messages of a bound hold
     since: float = 0.0  # when its bind was decided (bound holds)
     bound: bool = False  # the pod was bound (or is being bound) to the node, else only nominated
-
-
-def served(event_type: str, pod: Mapping[str, Any]) -> bool:
-    """The pod no longer waits for a device allocation (or never will)."""
-    meta = pod.get("metadata") or {}
-    return (
-        event_type == "DELETED"
-        or bool(meta.get("deletionTimestamp"))
-        or (pod.get("status") or {}).get("phase") in SERVED_PHASES
-        or ANN_ALLOCATED in (meta.get("annotations") or {})
-    )
 
 
 class BusyNodes:
@@ -96,7 +82,7 @@ class BusyNodes:
         meta = pod.get("metadata") or {}
         uid = str(meta.get("uid", ""))
         hold = self._holds.get(uid)
-        if served(event_type, pod):
+        if event_type == "DELETED" or not awaits_allocate(pod):  # served, or never will be
             if hold is None:
                 return None
             del self._holds[uid]
@@ -117,15 +103,9 @@ class BusyNodes:
 
     def _adopt(self, uid: str, pod: Mapping[str, Any]) -> None:
         node = (pod.get("spec") or {}).get("nodeName")
-        text = ((pod.get("metadata") or {}).get("annotations") or {}).get(ANN_ALLOCATION)
-        if not node or not text:
-            return
-        try:
-            doc = decode_allocation(text)
-        except AllocationError:
-            return  # the agent refuses such a pod; it cannot be waiting for a useful Allocate
-        if doc.node != node:
-            return
+        doc = waiting_for_allocate(pod, node) if node else None
+        if doc is None:
+            return  # not bound, or without a readable allocation for its node: the agent would refuse it
         since = parse_time(doc.time)
         meta = pod.get("metadata") or {}
         self._holds[uid] = Hold(str(node), since + self.lock_timeout_s, f"{meta.get('namespace')}/{meta.get('name')}",
