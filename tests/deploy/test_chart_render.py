@@ -32,7 +32,7 @@ NON_DEFAULT: dict[str, Any] = {
     "scheduler": {
         "replicas": 2,
         "kubeScheduler": {"image": {"repository": "registry.k8s.io/kube-scheduler", "tag": "v1.32.3"}},
-        "extender": {"port": 9999, "httpTimeout": "20s"},
+        "extender": {"port": 9999, "httpTimeout": "20s", "decideInFilter": False},
     },
     "agent": {
         "backend": "fake",
@@ -266,6 +266,7 @@ def test_rendered_env_is_a_valid_configuration_for_each_component(
     objs = objects(render, variant)
     sched = scheduler_config(env=env_of(container(objs, "scheduler", "extender")))
     assert (sched.host, sched.default_policy, sched.scheduler_name) == ("127.0.0.1", policy, scheduler_name)
+    assert sched.decide_in_filter is (variant == "default")
     # kube-scheduler's election decides which replica's extender is called; the extender has none of its own.
     assert sched.leader_elect is False
     agent = agent_config(env=env_of(container(objs, "agent", "agent")))

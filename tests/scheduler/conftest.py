@@ -46,6 +46,11 @@ def gpu_pod(name: str, cores: int | str | None = 50, memory: int | str | None = 
     }
 
 
+def decided(answer: dict, names: list[str]) -> bool:
+    """A /filter answer that decided the pod's node (decide_in_filter): one offered node and no error."""
+    return len(answer.get("NodeNames") or []) == 1 and answer["NodeNames"][0] in names and not answer.get("Error")
+
+
 def plain_pod(name: str) -> dict:
     return {"metadata": {"name": name, "namespace": "default"},
             "spec": {"schedulerName": "gpupool-scheduler",
@@ -55,6 +60,15 @@ def plain_pod(name: str) -> dict:
 @pytest.fixture
 async def embedded():
     emb = await start_embedded(small_scenario(), SchedulerConfig(port=0, leader_elect=False, lock_wait_s=2.0))
+    yield emb
+    await emb.stop()
+
+
+@pytest.fixture
+async def listing():
+    """Like `embedded`, with /filter answering every feasible node (decide_in_filter off)."""
+    config = SchedulerConfig(port=0, leader_elect=False, lock_wait_s=2.0, decide_in_filter=False)
+    emb = await start_embedded(small_scenario(), config)
     yield emb
     await emb.stop()
 

@@ -34,6 +34,7 @@ def test_a_hold_lasts_until_the_pod_is_served():
     busy.bound("c", "default/c", "n3", now=0.0)
     busy.bound("d", "default/d", "n4", now=0.0)
     assert busy.names(now=0.0) == {"n1", "n2", "n3", "n4"}
+    assert busy.names(now=0.0, other_than="a") == {"n2", "n3", "n4"}  # a pod is not steered off its own node
     assert busy.on_pod("MODIFIED", _pod("a", node=None)) is None  # still Pending, nothing allocated: still busy
     assert busy.on_pod("MODIFIED", _pod("b", phase="Running")) == "n2"
     assert busy.on_pod("MODIFIED", _pod("c", annotations={ANN_ALLOCATED: "t"})) == "n3"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from gpupool.api.names import ANN_ALLOCATION
-from tests.scheduler.conftest import gpu_pod, plain_pod
+from tests.scheduler.conftest import decided, gpu_pod, plain_pod
 
 
 async def _create(emb, pod):
@@ -17,26 +17,36 @@ async def _cpu_node(emb, name: str = "cpu-only-node") -> str:
     return name
 
 
-async def test_filter_node_cache_capable_returns_feasible_names_and_reasons(embedded, client):
-    pod = await _create(embedded, gpu_pod("p", cores=50, memory=4096))
-    names = embedded.node_names + [await _cpu_node(embedded), "no-such-node"]
-    r = await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": names, "Nodes": None})
+async def test_filter_node_cache_capable_returns_feasible_names_and_reasons(listing, client):
+    pod = await _create(listing, gpu_pod("p", cores=50, memory=4096))
+    names = listing.node_names + [await _cpu_node(listing), "no-such-node"]
+    r = await client.post(f"{listing.url}/filter", json={"Pod": pod, "NodeNames": names, "Nodes": None})
     assert r.status_code == 200
     body = r.json()
     assert set(body) >= {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
-    assert body["NodeNames"] == embedded.node_names
+    assert body["NodeNames"] == listing.node_names
     assert "no gpupool inventory" in body["FailedAndUnresolvableNodes"]["cpu-only-node"]
     assert body["FailedAndUnresolvableNodes"]["no-such-node"] == "node no-such-node does not exist"
     assert body["Error"] == ""
 
 
-async def test_filter_full_node_objects_mode(embedded, client):
+async def test_filter_full_node_objects_mode(listing, client):
+    pod = await _create(listing, gpu_pod("p", cores=50))
+    nodes, _ = await listing.cluster.list_nodes()
+    r = await client.post(f"{listing.url}/filter", json={"Pod": pod, "Nodes": {"items": nodes}, "NodeNames": None})
+    body = r.json()
+    assert body["NodeNames"] is None
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == sorted(n["metadata"]["name"] for n in nodes)
+
+
+async def test_filter_decides_in_full_node_objects_mode_too(embedded, client):
     pod = await _create(embedded, gpu_pod("p", cores=50))
     nodes, _ = await embedded.cluster.list_nodes()
     r = await client.post(f"{embedded.url}/filter", json={"Pod": pod, "Nodes": {"items": nodes}, "NodeNames": None})
     body = r.json()
-    assert body["NodeNames"] is None
-    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == sorted(n["metadata"]["name"] for n in nodes)
+    assert body["NodeNames"] is None and body["Error"] == ""
+    kept = [n["metadata"]["name"] for n in body["Nodes"]["items"]]
+    assert len(kept) == 1 and kept[0] in embedded.node_names
 
 
 async def test_pod_without_gpupool_resources_passes_through(embedded, client):
@@ -51,28 +61,28 @@ async def test_pod_without_gpupool_resources_passes_through(embedded, client):
     assert ANN_ALLOCATION not in bound["metadata"].get("annotations", {})
 
 
-async def test_filter_rejects_a_full_node_with_a_reason(embedded, client):
+async def test_filter_rejects_a_full_node_with_a_reason(listing, client):
     # Fill gpu-0000 (8 GPUs) with whole-GPU pods, then ask for one more on it.
-    node = embedded.node_names[0]
+    node = listing.node_names[0]
     for i in range(8):
-        pod = await _create(embedded, gpu_pod(f"w{i}", cores=None))
+        pod = await _create(listing, gpu_pod(f"w{i}", cores=None))
         args = {"PodName": f"w{i}", "PodNamespace": "default", "PodUID": pod["metadata"]["uid"], "Node": node}
-        assert (await client.post(f"{embedded.url}/bind", json=args)).json()["Error"] == ""
-    pod = await _create(embedded, gpu_pod("extra", cores=10))
-    body = (await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": embedded.node_names})).json()
-    assert body["NodeNames"] == embedded.node_names[1:]
+        assert (await client.post(f"{listing.url}/bind", json=args)).json()["Error"] == ""
+    pod = await _create(listing, gpu_pod("extra", cores=10))
+    body = (await client.post(f"{listing.url}/filter", json={"Pod": pod, "NodeNames": listing.node_names})).json()
+    assert body["NodeNames"] == listing.node_names[1:]
     assert "0 available" in body["FailedNodes"][node]
     # One share on the second node: an 8-GPU pod now fails on both nodes, each with its own count.
-    share = await _create(embedded, gpu_pod("share", cores=10))
+    share = await _create(listing, gpu_pod("share", cores=10))
     args = {"PodName": "share", "PodNamespace": "default", "PodUID": share["metadata"]["uid"],
-            "Node": embedded.node_names[1]}
-    assert (await client.post(f"{embedded.url}/bind", json=args)).json()["Error"] == ""
-    big = await _create(embedded, gpu_pod("big", cores=None, gpus=8))
-    body = (await client.post(f"{embedded.url}/filter", json={"Pod": big, "NodeNames": embedded.node_names})).json()
+            "Node": listing.node_names[1]}
+    assert (await client.post(f"{listing.url}/bind", json=args)).json()["Error"] == ""
+    big = await _create(listing, gpu_pod("big", cores=None, gpus=8))
+    body = (await client.post(f"{listing.url}/filter", json={"Pod": big, "NodeNames": listing.node_names})).json()
     assert body["NodeNames"] == []
     assert body["FailedNodes"] == {
-        embedded.node_names[0]: "needs 8 x a whole free GPU; 0 available",
-        embedded.node_names[1]: "needs 8 x a whole free GPU; 7 available",
+        listing.node_names[0]: "needs 8 x a whole free GPU; 0 available",
+        listing.node_names[1]: "needs 8 x a whole free GPU; 7 available",
     }
 
 
@@ -113,7 +123,7 @@ async def test_bad_input_gets_clear_errors_and_the_service_keeps_serving(embedde
         assert all(expect in why for why in reasons.values()), reasons
     pod = await _create(embedded, gpu_pod("ok", cores=20))
     body = (await client.post(f"{url}/filter", json={"Pod": pod, "NodeNames": embedded.node_names})).json()
-    assert body["NodeNames"] == embedded.node_names
+    assert decided(body, embedded.node_names)
     assert (await client.get(f"{url}/healthz")).status_code == 200
 
 

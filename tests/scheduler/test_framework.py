@@ -9,6 +9,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from gpupool.api.extender import ExtenderArgs
+from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import (
     BindPlugin,
@@ -83,7 +84,8 @@ async def test_the_default_plugins_take_part_where_docs_scheduler_md_says():
 
 
 async def test_a_new_filter_plugin_is_a_module_and_a_profile_entry():
-    svc = await started_service(nodes=2)
+    # Filter's answer with every feasible node and the others' reasons (not only the pick).
+    svc = await started_service(nodes=2, config=SchedulerConfig(leader_elect=False, decide_in_filter=False))
     plugins = build_plugins(svc.handle)
     gpu_fit = next(i for i, p in enumerate(plugins) if p.name == "gpu_fit")
     plugins.insert(gpu_fit + 1, OddNodesOnly(svc.handle, NoArgs()))

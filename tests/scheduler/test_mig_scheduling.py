@@ -33,7 +33,9 @@ def _scenario() -> Scenario:
 
 @pytest.fixture
 async def mig_cluster():
-    emb = await start_embedded(_scenario(), SchedulerConfig(port=0, leader_elect=False, lock_wait_s=2.0))
+    # Filter answers every feasible node with the others' reasons, for these tests to read.
+    config = SchedulerConfig(port=0, leader_elect=False, lock_wait_s=2.0, decide_in_filter=False)
+    emb = await start_embedded(_scenario(), config)
     node = await emb.cluster.get_node(MIG_NODE)
     doc = json.loads(node["metadata"]["annotations"][ANN_INVENTORY])
     doc["gpus"][0]["mig"] = True

@@ -63,9 +63,11 @@ class BusyNodes:
         hold = self._holds.get(uid)
         return hold.node if hold is not None and hold.bound else None
 
-    def names(self, now: float) -> set[str]:
+    def names(self, now: float, other_than: str = "") -> set[str]:
+        """Nodes held by some pod other than the one with UID `other_than` (its own nomination is no
+        reason to steer it elsewhere when it is scheduled again)."""
         self._expire(now)
-        return {h.node for h in self._holds.values()}
+        return {h.node for uid, h in self._holds.items() if uid != other_than}
 
     def waiting_on(self, node: str, now: float, other_than: str) -> Hold | None:
         """A pod other than `other_than` bound to `node` and still waiting for its device allocation."""

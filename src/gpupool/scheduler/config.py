@@ -36,6 +36,10 @@ class SchedulerConfig(BaseModel):
     # Prioritize passes over nodes with a pod awaiting device allocation when another node fits: bursts
     # spread instead of queueing on one node (gpupool.scheduler.busy).
     avoid_busy_nodes: bool = True
+    # /filter answers a GPU pod that states no soft scheduling preference with the policy's node alone:
+    # kube-scheduler then skips its scoring and /prioritize (gpupool.scheduler.extender). Off: filter
+    # answers every feasible node and the pick is made in /prioritize, weighed with kube-scheduler's scores.
+    decide_in_filter: bool = True
     max_body_bytes: int = Field(default=8 * 1024 * 1024, gt=0)  # larger request bodies get 413
     # Who may call the extender (checked by gpupool.scheduler.auth): "none" is allowed on a loopback host
     # only; "tls" serves HTTPS and requires a client certificate signed by tls_client_ca_file (what

@@ -22,9 +22,10 @@ from gpupool.api.extender import (
     ExtenderFilterResult,
     NodeList,
 )
+from gpupool.api.preferences import soft_preferences
 from gpupool.cluster.port import ApiError, Obj
 from gpupool.scheduler.events import pod_event
-from gpupool.scheduler.framework.cycle import CycleState, NodeSet, Phase
+from gpupool.scheduler.framework.cycle import CycleState, NodeSet, Offered, Phase
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.runtime import Framework
 from gpupool.scheduler.framework.status import Code, Status, error, unresolvable
@@ -68,8 +69,18 @@ class Extender:
             if cycle.code == Code.ERROR:
                 return ExtenderFilterResult(NodeNames=[] if args.Nodes is None else None, Error=cycle.reason)
             return self._filter_result(args, [], {}, dict.fromkeys(names, cycle.reason))
-        nodes = self.fw.filter(cycle, names)
+        deciding = cycle.wants_gpu and self.h.config.decide_in_filter and not soft_preferences(cycle.pod)
+        # kube-scheduler reads the rejected nodes' reasons only when no node is left: a deciding filter
+        # writes them only then.
+        nodes = self.fw.filter(cycle, names, reasons=not deciding)
+        if deciding and not len(nodes):
+            nodes = self.fw.filter(cycle, names)
         if cycle.wants_gpu:
+            if deciding and len(nodes) > 1:
+                # The pick, reserved as prioritize would: kube-scheduler, left one node, scores nothing and
+                # skips prioritize.
+                self.h.pending.discard(cycle.key)
+                return self._filter_result(args, [self._pick(cycle, nodes)[2]], {}, {})
             if len(nodes) == 1:
                 # kube-scheduler skips prioritize when one node is left: reserve it here instead.
                 self.fw.reserve(cycle, nodes.alive_names()[0])
@@ -107,17 +118,22 @@ class Extender:
         nodes: NodeSet = self.fw.filter(cycle, args.node_names(), reasons=False)  # the answer has no reasons
         if not len(nodes):
             return []
-        offered = nodes.alive_offered()
-        feasible = offered.index
-        s, winner = self.fw.score(cycle, feasible)
+        s, offered, chosen = self._pick(cycle, nodes)
         lo, hi = float(s.min()), float(s.max())
         scaled = np.floor((s - lo) / (hi - lo) * (MAX_EXTENDER_PRIORITY - 1)) if hi > lo else np.zeros(len(s))
         keep = np.flatnonzero(scaled > 0)
         scores = dict(zip(offered.names[keep].tolist(), scaled[keep].astype(np.int64).tolist(), strict=True))
-        chosen = str(offered.names[winner])
         scores[chosen] = MAX_EXTENDER_PRIORITY
-        self.fw.reserve(cycle, chosen)
         return list(scores.items())
+
+    def _pick(self, cycle: CycleState, nodes: NodeSet) -> tuple[np.ndarray, Offered, str]:
+        """The Score plugins over the feasible `nodes`: their scores, the nodes as scored, and the winner,
+        reserved for the pod."""
+        offered = nodes.alive_offered()
+        s, winner = self.fw.score(cycle, offered.index)
+        chosen = str(offered.names[winner])
+        self.fw.reserve(cycle, chosen)
+        return s, offered, chosen
 
     # --- /bind ----------------------------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from gpupool.api.allocation import AllocationError, decode_allocation
 from gpupool.api.inventory import InventoryError, decode_inventory, node_from_object, read_node
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.api.pod import parse_pod, pod_key
+from gpupool.api.preferences import soft_taints
 from gpupool.api.squeeze import is_squeezed
 from gpupool.core.mig import mig_model
 from gpupool.core.mig_placement import MigGPU
@@ -244,6 +245,9 @@ class Ledger:
         self.entries: dict[str, Entry] = {}
         self.stranded: dict[str, Entry] = {}  # confirmed by the API but refused by capacity or node
         self.node_objs: dict[str, Mapping[str, Any]] = {}
+        # Nodes with PreferNoSchedule taints (usually none), kept per event so that a Score plugin need not
+        # read every node per call.
+        self.soft_taints: dict[str, tuple[Mapping[str, Any], ...]] = {}
         self._signatures: dict[str, tuple[Any, ...]] = {}
         # Parsed nodes by name with the signature they were parsed from: a rebuild re-reads only the
         # nodes that changed (decoding thousands of inventories took most of a rebuild's time).
@@ -270,9 +274,17 @@ class Ledger:
             name = str(obj["metadata"]["name"])
             self.node_objs[name] = obj
             self._signatures[name] = node_signature(obj)
+            self._note_taints(name, obj)
         self._rebuild_state()
 
     # --- nodes ----------------------------------------------------------------------------------------
+
+    def _note_taints(self, name: str, obj: Mapping[str, Any] | None) -> None:
+        taints = soft_taints(obj) if obj is not None else ()
+        if taints:
+            self.soft_taints[name] = taints
+        else:
+            self.soft_taints.pop(name, None)
 
     def _node(self, name: str, obj: Mapping[str, Any]
               ) -> tuple[Node | None, str | None, int, dict[str, MigGPU], dict[str, str]]:
@@ -342,9 +354,11 @@ class Ledger:
                 return False
             del self.node_objs[name]
             self._signatures.pop(name, None)
+            self._note_taints(name, None)
         else:
             sig = node_signature(obj)
             self.node_objs[name] = obj
+            self._note_taints(name, obj)
             if self._signatures.get(name) == sig:
                 return False
             self._signatures[name] = sig
@@ -363,6 +377,9 @@ class Ledger:
     def replace_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
         self.node_objs = {str(o["metadata"]["name"]): o for o in objs}
         self._signatures = {n: node_signature(o) for n, o in self.node_objs.items()}
+        self.soft_taints = {}
+        for n, o in self.node_objs.items():
+            self._note_taints(n, o)
         self._rebuild_state()
 
     # --- shares per GPU -------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from gpupool.scheduler.framework.plugins import (
     pending_note,
     pod_pending,
     policy_score,
+    prefer_no_schedule,
     queue_admission,
     queue_reclaim,
     scheduler_name,
@@ -54,6 +55,7 @@ REGISTRY: dict[str, PluginSpec] = {
     "shares_per_gpu": PluginSpec(shares_per_gpu.SharesPerGPU, shares_per_gpu.Args),
     "policy_score": PluginSpec(policy_score.PolicyScore, policy_score.Args),
     "busy_nodes": PluginSpec(busy_nodes.BusyNodesScore, busy_nodes.Args),
+    "prefer_no_schedule": PluginSpec(prefer_no_schedule.PreferNoSchedule, prefer_no_schedule.Args),
     "nominate": PluginSpec(nominate.Nominate, nominate.Args),
     "node_lock": PluginSpec(node_lock.NodeLock, node_lock.Args),
     "binding": PluginSpec(binding.Binding, binding.Args),
@@ -68,7 +70,7 @@ REGISTRY: dict[str, PluginSpec] = {
 #   PreFilter   scheduler_name, pod_pending, gpu_request, nominate, mig_placement
 #   Filter      node_exists, gpu_node, gpu_fit, shares_per_gpu, mps_ready, mig_placement, queue_admission
 #   PostFilter  pending_note, queue_reclaim
-#   Score       mig_placement, policy_score, busy_nodes
+#   Score       mig_placement, policy_score, busy_nodes, prefer_no_schedule
 #   Reserve     nominate, queue_admission        Unreserve  node_lock, nominate
 #   Permit      node_lock             Bind       binding
 PROFILE: tuple[str, ...] = (
@@ -83,6 +85,7 @@ PROFILE: tuple[str, ...] = (
     "mig_placement",
     "policy_score",
     "busy_nodes",
+    "prefer_no_schedule",
     "nominate",
     "queue_admission",
     "node_lock",

@@ -30,7 +30,7 @@ class BusyNodesScore:
     def score(self, cycle: CycleState, nodes: IntArray) -> NodeScores:
         if not self.args.avoid:
             return NodeScores()
-        busy = self.handle.busy.names(self.handle.clock())
+        busy = self.handle.busy.names(self.handle.clock(), other_than=cycle.uid)
         if not busy:
             return NodeScores()
         index = self.handle.ledger.state.index
