@@ -19,15 +19,19 @@ async def _cpu_node(emb, name: str = "cpu-only-node") -> str:
 
 async def test_filter_node_cache_capable_returns_feasible_names_and_reasons(listing, client):
     pod = await _create(listing, gpu_pod("p", cores=50, memory=4096))
-    names = listing.node_names + [await _cpu_node(listing), "no-such-node"]
-    r = await client.post(f"{listing.url}/filter", json={"Pod": pod, "NodeNames": names, "Nodes": None})
+    rejected = [await _cpu_node(listing), "no-such-node"]
+    r = await client.post(f"{listing.url}/filter",
+                          json={"Pod": pod, "NodeNames": listing.node_names + rejected, "Nodes": None})
     assert r.status_code == 200
     body = r.json()
     assert set(body) >= {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
-    assert body["NodeNames"] == listing.node_names
+    # kube-scheduler reads reasons only when no node is left: none are sent while one is.
+    assert body["NodeNames"] == listing.node_names and body["FailedAndUnresolvableNodes"] == {}
+    assert body["Error"] == ""
+    body = (await client.post(f"{listing.url}/filter", json={"Pod": pod, "NodeNames": rejected})).json()
+    assert body["NodeNames"] == []
     assert "no gpupool inventory" in body["FailedAndUnresolvableNodes"]["cpu-only-node"]
     assert body["FailedAndUnresolvableNodes"]["no-such-node"] == "node no-such-node does not exist"
-    assert body["Error"] == ""
 
 
 async def test_filter_full_node_objects_mode(listing, client):
@@ -70,8 +74,9 @@ async def test_filter_rejects_a_full_node_with_a_reason(listing, client):
         assert (await client.post(f"{listing.url}/bind", json=args)).json()["Error"] == ""
     pod = await _create(listing, gpu_pod("extra", cores=10))
     body = (await client.post(f"{listing.url}/filter", json={"Pod": pod, "NodeNames": listing.node_names})).json()
-    assert body["NodeNames"] == listing.node_names[1:]
-    assert "0 available" in body["FailedNodes"][node]
+    assert body["NodeNames"] == listing.node_names[1:] and body["FailedNodes"] == {}
+    body = (await client.post(f"{listing.url}/filter", json={"Pod": pod, "NodeNames": [node]})).json()
+    assert body["NodeNames"] == [] and "0 available" in body["FailedNodes"][node]
     # One share on the second node: an 8-GPU pod now fails on both nodes, each with its own count.
     share = await _create(listing, gpu_pod("share", cores=10))
     args = {"PodName": "share", "PodNamespace": "default", "PodUID": share["metadata"]["uid"],

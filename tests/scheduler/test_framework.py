@@ -84,7 +84,7 @@ async def test_the_default_plugins_take_part_where_docs_scheduler_md_says():
 
 
 async def test_a_new_filter_plugin_is_a_module_and_a_profile_entry():
-    # Filter's answer with every feasible node and the others' reasons (not only the pick).
+    # Filter's answer with every feasible node (not only the pick).
     svc = await started_service(nodes=2, config=SchedulerConfig(leader_elect=False, decide_in_filter=False))
     plugins = build_plugins(svc.handle)
     gpu_fit = next(i for i, p in enumerate(plugins) if p.name == "gpu_fit")
@@ -92,7 +92,9 @@ async def test_a_new_filter_plugin_is_a_module_and_a_profile_entry():
     svc.extender.fw = Framework(svc.handle, plugins)
     pod = await svc.cluster.create_pod(gpu_pod("p", cores=20))
     answer = await svc.filter(ExtenderArgs(Pod=pod, NodeNames=NAMES))
-    assert answer.NodeNames == ["gpu-0001"] and answer.FailedNodes == {"gpu-0000": "even node"}
+    assert answer.NodeNames == ["gpu-0001"]
+    answer = await svc.filter(ExtenderArgs(Pod=pod, NodeNames=["gpu-0000"]))  # reasons come when none is left
+    assert answer.NodeNames == [] and answer.FailedNodes == {"gpu-0000": "even node"}
     # The binding cycle runs the same filters: a bind to the rejected node is refused with the reason.
     error_text = (await svc.bind(bind_args(pod, "gpu-0000"))).Error
     assert error_text == "pod default/p does not fit on gpu-0000: even node"

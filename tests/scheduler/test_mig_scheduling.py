@@ -33,9 +33,7 @@ def _scenario() -> Scenario:
 
 @pytest.fixture
 async def mig_cluster():
-    # Filter answers every feasible node with the others' reasons, for these tests to read.
-    config = SchedulerConfig(port=0, leader_elect=False, lock_wait_s=2.0, decide_in_filter=False)
-    emb = await start_embedded(_scenario(), config)
+    emb = await start_embedded(_scenario(), SchedulerConfig(port=0, leader_elect=False, lock_wait_s=2.0))
     node = await emb.cluster.get_node(MIG_NODE)
     doc = json.loads(node["metadata"]["annotations"][ANN_INVENTORY])
     doc["gpus"][0]["mig"] = True
@@ -61,6 +59,14 @@ async def _filter(emb: Embedded, client: httpx.AsyncClient, pod: dict) -> dict:
     return body
 
 
+async def _why_not(emb: Embedded, client: httpx.AsyncClient, uid: str, node: str) -> str:
+    """Why the pod does not fit `node` (offered alone: the extender gives reasons only when none is left)."""
+    pod = next(p for p in (await emb.cluster.list_pods())[0] if p["metadata"]["uid"] == uid)
+    body = (await client.post(f"{emb.url}/filter", json={"Pod": pod, "NodeNames": [node]})).json()
+    assert body["NodeNames"] == []
+    return str({**body["FailedNodes"], **body["FailedAndUnresolvableNodes"]}[node])
+
+
 async def _bind(emb: Embedded, client: httpx.AsyncClient, name: str, uid: str, node: str) -> dict:
     args = {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node}
     assert (await client.post(f"{emb.url}/bind", json=args)).json()["Error"] == ""
@@ -75,7 +81,7 @@ async def test_mig_pods_get_disjoint_instances_recorded_in_the_allocation(mig_cl
     # it. 2g may start at slices 0, 2 or 4; 0-3 are the 3g's, so 4 is the only start left.
     first = await _filter(emb, client, mig_pod("two", cores=25))
     assert first["NodeNames"] == [MIG_NODE]
-    assert first["FailedNodes"] == {PLAIN_NODE: "no GPU in MIG mode"}
+    assert await _why_not(emb, client, first["uid"], PLAIN_NODE) == "no GPU in MIG mode"
     grant = await _bind(emb, client, "two", first["uid"], MIG_NODE)
     # The grant is the profile's share: 1000 x 2 // 7 = 285 milli-GPU = 28.5 %, 2g.10gb's 9,850 MiB.
     assert grant == {"uuid": grant["uuid"], "index": 0, "memory_mib": 9850, "cores": 28.5,
@@ -115,7 +121,7 @@ async def test_other_pods_stay_off_mig_gpus(mig_cluster, client):
     # Two whole GPUs: gpu-0000 has only one GPU outside MIG mode.
     two = await _filter(emb, client, gpu_pod("pair", cores=None, gpus=2))
     assert two["NodeNames"] == [PLAIN_NODE]
-    assert two["FailedNodes"][MIG_NODE] == (
+    assert await _why_not(emb, client, two["uid"], MIG_NODE) == (
         "needs 2 GPU(s), 1 without MIG mode fit (GPU 0 in MIG mode serve only pods with gpupool.io/isolation: mig)")
     # A share on gpu-0000 goes to GPU 1, whatever the policy would have preferred.
     for k in range(3):

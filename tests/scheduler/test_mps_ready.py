@@ -45,6 +45,7 @@ async def test_mps_shares_go_only_to_gpus_with_a_daemon_up_and_say_why() -> None
         one = await svc.cluster.create_pod(gpu_pod("one", cores=25, annotations=MPS))
         answer = await svc.filter(ExtenderArgs(Pod=one, NodeNames=["both-up", "one-down", "none"]))
         assert sorted(answer.NodeNames or []) == ["both-up", "one-down"]
+        answer = await svc.filter(ExtenderArgs(Pod=one, NodeNames=["none"]))  # reasons come when none is left
         assert answer.FailedNodes == {"none": "isolation mps needs 1 GPU(s) with a running MPS daemon, 0 fit "
                                                "(GPU 0, 1: no MPS daemon (the node's agent runs none))"}
         # on one-down only GPU 0 is offered: the bind's allocation takes it

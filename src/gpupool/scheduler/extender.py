@@ -69,14 +69,13 @@ class Extender:
             if cycle.code == Code.ERROR:
                 return ExtenderFilterResult(NodeNames=[] if args.Nodes is None else None, Error=cycle.reason)
             return self._filter_result(args, [], {}, dict.fromkeys(names, cycle.reason))
-        deciding = cycle.wants_gpu and self.h.config.decide_in_filter and not soft_preferences(cycle.pod)
-        # kube-scheduler reads the rejected nodes' reasons only when no node is left: a deciding filter
-        # writes them only then.
-        nodes = self.fw.filter(cycle, names, reasons=not deciding)
-        if deciding and not len(nodes):
+        # kube-scheduler reads the rejected nodes' reasons only when no node is left (its FitError, and
+        # preemption): they are written only then, which spares thousands of them per call on large clusters.
+        nodes = self.fw.filter(cycle, names, reasons=False)
+        if not len(nodes):
             nodes = self.fw.filter(cycle, names)
         if cycle.wants_gpu:
-            if deciding and len(nodes) > 1:
+            if len(nodes) > 1 and self.h.config.decide_in_filter and not soft_preferences(cycle.pod):
                 # The pick, reserved as prioritize would: kube-scheduler, left one node, scores nothing and
                 # skips prioritize.
                 self.h.pending.discard(cycle.key)
