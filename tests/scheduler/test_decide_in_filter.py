@@ -9,6 +9,7 @@ import pytest
 
 from gpupool.api.extender import ExtenderArgs
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.cluster.port import NODES
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.service import ExtenderService
 from gpupool.testing.embedded import node_objects
@@ -106,6 +107,23 @@ async def test_the_pick_avoids_a_prefer_no_schedule_taint_the_pod_does_not_toler
         pod = await svc.cluster.create_pod(pod)
         # The packing choice is gpu-0001, which is tainted.
         assert await _filter(svc, pod) == [NAMES[1] if tolerates else NAMES[0]]
+    finally:
+        await svc.stop()
+
+
+async def test_a_taint_added_or_removed_later_is_followed_from_the_node_watch():
+    svc = await _service()
+    try:
+        await _share_running_on_second(svc)
+        await svc.cluster.patch_object(NODES, NAMES[1], {"spec": {"taints": [SOFT_TAINT]}})
+        await eventually(lambda: NAMES[1] in svc.ledger.soft_taints)
+        pod = await svc.cluster.create_pod(gpu_pod("next", cores=25))
+        assert await _filter(svc, pod) == [NAMES[0]]
+        await svc.cluster.delete_pod("default", "next")  # its nomination would steer the next pod off gpu-0000
+        await svc.cluster.patch_object(NODES, NAMES[1], {"spec": {"taints": None}})
+        await eventually(lambda: not svc.ledger.soft_taints and not svc.busy.names(svc.clock()))
+        again = await svc.cluster.create_pod(gpu_pod("again", cores=25))
+        assert await _filter(svc, again) == [NAMES[1]]
     finally:
         await svc.stop()
 
