@@ -152,6 +152,9 @@ def agent_config(directory: Path, **overrides: Any) -> AgentConfig:
         "fake_file": directory / "gpus.yaml",
         "split": 4,
         "device_plugin_dir": directory,
+        # Never the host's /run/gpupool/hook: where a `gpupool agent` once ran, concurrent test runs would
+        # share (and clean up) each other's pod directories there. Tests of the hook pass their own root.
+        "hook_root": directory / "hook",
         "watch_interval_s": 0.05,
         "reprobe_interval_s": 0.05,
         "inventory_interval_s": 0.2,
