@@ -270,17 +270,12 @@ class Ledger:
         self.mps_states: dict[str, dict[str, str]] = {}
         self.mig_gpu: BoolArray = np.zeros((0, 1), dtype=bool)  # [node, GPU slot]: in MIG mode
         self.mig_node: BoolArray = np.zeros(0, dtype=bool)  # per node: has a GPU in MIG mode
-        for obj in node_objs:
-            name = str(obj["metadata"]["name"])
-            self.node_objs[name] = obj
-            self._signatures[name] = node_signature(obj)
-            self._note_taints(name, obj)
-        self._rebuild_state()
+        self.replace_nodes(node_objs)
 
     # --- nodes ----------------------------------------------------------------------------------------
 
-    def _note_taints(self, name: str, obj: Mapping[str, Any] | None) -> None:
-        taints = soft_taints(obj) if obj is not None else ()
+    def _note_taints(self, name: str, obj: Mapping[str, Any]) -> None:
+        taints = soft_taints(obj)
         if taints:
             self.soft_taints[name] = taints
         else:
@@ -354,7 +349,7 @@ class Ledger:
                 return False
             del self.node_objs[name]
             self._signatures.pop(name, None)
-            self._note_taints(name, None)
+            self.soft_taints.pop(name, None)
         else:
             sig = node_signature(obj)
             self.node_objs[name] = obj
