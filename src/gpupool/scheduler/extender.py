@@ -75,18 +75,17 @@ class Extender:
         if not len(nodes):
             nodes = self.fw.filter(cycle, names)
         if cycle.wants_gpu:
-            if len(nodes) > 1 and self.h.config.decide_in_filter and not soft_preferences(cycle.pod):
-                # The pick, reserved as prioritize would: kube-scheduler, left one node, scores nothing and
-                # skips prioritize.
-                self.h.pending.discard(cycle.key)
-                return self._filter_result(args, [self._pick(cycle, nodes)[2]], {}, {})
-            if len(nodes) == 1:
-                # kube-scheduler skips prioritize when one node is left: reserve it here instead.
-                self.fw.reserve(cycle, nodes.alive_names()[0])
-            if len(nodes):
-                self.h.pending.discard(cycle.key)
-            else:
+            if not len(nodes):
                 self.fw.post_filter(cycle, nodes)
+            else:
+                self.h.pending.discard(cycle.key)
+                if len(nodes) == 1:
+                    # kube-scheduler skips prioritize when one node is left: reserve it here instead.
+                    self.fw.reserve(cycle, nodes.alive_names()[0])
+                elif self.h.config.decide_in_filter and not soft_preferences(cycle.pod):
+                    # The pick, reserved as prioritize would: kube-scheduler, left one node, scores nothing
+                    # and skips prioritize.
+                    return self._filter_result(args, [self._pick(cycle, nodes)[2]], {}, {})
         return self._filter_result(args, nodes.alive_names(), nodes.failed, nodes.unresolvable)
 
     @staticmethod
