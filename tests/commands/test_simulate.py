@@ -53,9 +53,14 @@ def test_timeline_writes_its_section_and_plot(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
                                        str(tmp_path / "nodes.csv"), "--policies", "bestfit,gpupool", "--timeline",
-                                       "--target-wait-p99", "1m", "--jobs", "1", "--out", str(out)])
+                                       "--target-wait-p99", "1m", "--seeds", "42,43", "--jobs", "1", "--out", str(out)])
     assert result.exit_code == 0, result.output
+    assert "on every seed (42, 43" in result.output
     doc = json.loads((out / "results.json").read_text())["timeline"]
+    assert doc["seed"] == 42 and doc["capacity"]["seeds"] == [42, 43]
+    # The answer was replayed with both seeds' tie-breaks, and both meet the minute there.
+    at_answer = doc["capacity"]["policies"]["gpupool"]["tried_by_seed"][str(doc["capacity"]["policies"]["gpupool"]["nodes"])]
+    assert set(at_answer) == {"42", "43"} and max(at_answer.values()) <= 60
     # 12 pods of 4 cores on 5 nodes of 32 cores and 10 GPUs: everything fits at once, nobody waits.
     assert doc["policies"]["bestfit"]["wait_p99_s"] == 0 and doc["policies"]["gpupool"]["never_ran"] == 0
     # Peak: all 12 running (created 0..110, each 600 s): 4 x 0.25 + 4 x 0.5 + 4 x 1 = 7 GPUs on 4 nodes of 2.

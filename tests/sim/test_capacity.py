@@ -16,7 +16,8 @@ from gpupool.sim.capacity import (
     shape,
     sweep_job,
 )
-from gpupool.sim.timeline import TimedPod
+from gpupool.sim.timeline import TimedPod, run_timeline
+from gpupool.sim.timeline_report import wait_percentile
 
 
 def gpu_node(name: str, model: str = "T4", gpus: int = 1) -> Node:
@@ -71,6 +72,28 @@ def test_searches_for_several_targets_replay_each_size_once() -> None:
     assert [a.nodes for a in answers] == [1, 2, 4]
     assert sorted(measured) == [1, 2, 3, 4] and cache == {1: 300, 2: 100, 3: 100, 4: 0}
     assert all(a.tried is cache for a in answers)
+
+
+def test_a_size_meets_the_target_only_if_it_does_on_every_seed() -> None:
+    # Two 1-GPU nodes that first-fit cannot tell apart (every node scores alike; the seed's node order
+    # decides): A with 64,000 MiB, B with 8,000. p0 (1,000 MiB, 500 s) arrives at 0, p1 (60,000 MiB, fits A
+    # only) at 1. A seed that puts p0 on B: nobody waits. One that puts p0 on A: p1 waits until 500, 499 s
+    # (p99 of two pods is the longer wait). One node (A alone) always waits 499; three nodes (A, a copy of A,
+    # B: the tied remainder goes to the shape seen first) always have an A free for p1.
+    nodes = [Node("a", 8000, 64_000, (GPU("a-g0", 0, "T4", 16_384),)),
+             Node("b", 8000, 8_000, (GPU("b-g0", 0, "T4", 16_384),))]
+    pods = [TimedPod(PodRequest("p0", 1000, 1000, GPURequest(1)), 0, 500, 1000),
+            TimedPod(PodRequest("p1", 1000, 60_000, GPURequest(1)), 1, 100, 1000)]
+    by_wait: dict[float, int] = {}
+    for s in range(20):
+        by_wait.setdefault(wait_percentile(run_timeline(nodes, pods, "firstfit", s), 99), s)
+    assert set(by_wait) == {0, 499}
+    lucky, unlucky = by_wait[0], by_wait[499]
+    assert search(nodes, pods, "firstfit", lucky, target_s=0).nodes == 2
+    assert search(nodes, pods, "firstfit", unlucky, target_s=0).nodes == 3
+    both = search(nodes, pods, "firstfit", lucky, target_s=0, seeds=(lucky, unlucky))
+    assert both.nodes == 3 and both.tried[2] == 499
+    assert both.by_seed[2] == {lucky: 0, unlucky: 499} and both.by_seed[3] == {lucky: 0, unlucky: 0}
 
 
 def test_sweep_job_replays_the_timeline_per_target() -> None:

@@ -62,9 +62,9 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     capacity, placed one at a time, dropped when they fit nowhere. Prints unallocated GPU % at arrived
     demand = 100 % (mean ± std over seeds) and writes results.json and allocation.png.
 
-    With --timeline, replays the trace on its own clock instead (first seed only; seeds only break ties):
-    waits, pods that never ran, GPU allocation and fragmentation over time, timeline.png; with
-    --target-wait-p99, also the nodes each policy needs (exit 2 when no size tried meets it); with
+    With --timeline, replays the trace on its own clock instead (with the first seed's tie-breaks): waits,
+    pods that never ran, GPU allocation and fragmentation over time, timeline.png; with --target-wait-p99,
+    also the nodes each policy needs to meet it on every seed (exit 2 when no size tried does); with
     --queues, pods join team queues with the scheduler's admission and reclaim rules.
     """
     from rich.console import Console
@@ -131,7 +131,7 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     console.print(f"trace [bold]{trace}[/bold]: {len(pods):,} pods on {len(node_list):,} nodes with {gpus:,} GPUs; "
                   f"seeds {seed_list}; policies {', '.join(names)}")
     if times is not None:
-        code = sim_timeline.run(console, trace, node_list, timed_pods(pods, times), names, seed_list[0], workers,
+        code = sim_timeline.run(console, trace, node_list, timed_pods(pods, times), names, seed_list, workers,
                                 out, speedup, target_s, queue_specs, queue_order)
         raise SystemExit(code)
     jobs = [Job(name, seed) for name in names for seed in seed_list]

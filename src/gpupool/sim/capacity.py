@@ -3,7 +3,11 @@ replay meets a wait target (p99, a pod that never ran counting as waiting foreve
 
 Scaling keeps the mix: the nodes are grouped by shape (CPU, memory, GPU count and model) and each group
 gets its share of the total by largest remainder, whole nodes only; beyond the list's own size nodes are
-copied. The search assumes that adding nodes never lengthens the p99 wait (true of the FIFO queue up to
+copied. A size's p99 wait is the longest over the seeds replayed (each seed draws the tie-breaks between
+equally scored nodes), so a size meets a target only when it does whatever the tie-breaks: at the scale
+where the bundled trace waits at all (8 or 9 nodes) one early tie can decide whether a GPU is stranded for
+weeks, and a planner asking "how many nodes" wants the answer that holds on every seed, not on a lucky one.
+The search assumes that adding nodes never lengthens the p99 wait (true of the FIFO queue up to
 tie-breaks): it doubles from one node until the target is met (at most MAX_FACTOR times the list), then
 bisects to PRECISION of the answer (at least one node): the answer is the smallest size tried that
 meets the target, and the next smaller size tried did not. Searches for several targets can share their
@@ -63,7 +67,9 @@ class CapacityAnswer:
     target_s: float
     nodes: int | None  # smallest node count found meeting the target; None: no size tried meets it
     gpus: int | None
-    tried: dict[int, float] = field(default_factory=dict)  # node count -> wait p99 (s)
+    tried: dict[int, float] = field(default_factory=dict)  # node count -> wait p99 (s), the longest over the seeds
+    # node count -> seed -> wait p99 (s), for the seeds replayed (a seed that never ends the wait stops the rest)
+    by_seed: dict[int, dict[int, float]] = field(default_factory=dict)
 
     @property
     def best(self) -> tuple[int, float]:
@@ -71,21 +77,41 @@ class CapacityAnswer:
         return min(self.tried.items(), key=lambda kv: (kv[1], kv[0]))
 
 
+def worst_p99(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seeds: Sequence[int],
+              by_seed: dict[int, float] | None = None) -> float:
+    """The longest p99 wait over one replay per seed (recorded per seed in `by_seed`). A replay whose wait
+    never ends stops the others: nothing is longer."""
+    worst = 0.0
+    for s in seeds:
+        w = wait_percentile(run_timeline(nodes, pods, policy, s), 99)
+        if by_seed is not None:
+            by_seed[s] = w
+        worst = max(worst, w)
+        if math.isinf(worst):
+            break
+    return worst
+
+
 def search(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: int, target_s: float,
            progress: Callable[[int, int], None] | None = None,
            p99: Callable[[list[Node]], float] | None = None,
-           cache: dict[int, float] | None = None, floor: int = 0) -> CapacityAnswer:
-    """The smallest scaled node list whose p99 wait is at most `target_s`. With `cache` (node count -> p99
-    wait, filled as sizes are measured) sizes measured before are not replayed again, and the search
-    starts from the bracket they give (the largest size failing the target below the smallest meeting
-    it); the answer's `tried` is then that cache. Sizes up to `floor` are known to fail (a lower bound,
-    `gpupool.sim.wait_bound`) and are not replayed; doubling then starts from twice that. With neither, it
-    doubles from one node as always."""
+           cache: dict[int, float] | None = None, floor: int = 0, seeds: Sequence[int] = (),
+           by_seed: dict[int, dict[int, float]] | None = None) -> CapacityAnswer:
+    """The smallest scaled node list whose p99 wait is at most `target_s` on every one of `seeds` (default:
+    `seed` alone). With `cache` (node count -> p99 wait, filled as sizes are measured; `by_seed` beside it)
+    sizes measured before are not replayed again, and the search starts from the bracket they give (the
+    largest size failing the target below the smallest meeting it); the answer's `tried` is then that
+    cache. Sizes up to `floor` are known to fail (a lower bound, `gpupool.sim.wait_bound`) and are not
+    replayed; doubling then starts from twice that. With neither, it doubles from one node as always."""
+    answer = CapacityAnswer(target_s, None, None, cache if cache is not None else {},
+                            by_seed if by_seed is not None else {})
+
     def measure(count: int) -> float:
         scaled = scaled_nodes(nodes, count)
-        return p99(scaled) if p99 is not None else wait_percentile(run_timeline(scaled, pods, policy, seed), 99)
+        if p99 is not None:
+            return p99(scaled)
+        return worst_p99(scaled, pods, policy, seeds or (seed,), answer.by_seed.setdefault(count, {}))
 
-    answer = CapacityAnswer(target_s, None, None, cache if cache is not None else {})
     step = 0
 
     def ok(count: int) -> bool:
@@ -125,14 +151,16 @@ def search(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: i
 
 def sweep_job(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: int,
               progress: Callable[[int, int], None] | None = None,
-              targets: Sequence[float] = (), floors: Sequence[int] = ()) -> list[CapacityAnswer]:
+              targets: Sequence[float] = (), floors: Sequence[int] = (),
+              seeds: Sequence[int] = ()) -> list[CapacityAnswer]:
     """The capacity search for each target (in the order given, under the known-failing `floors` when
-    given), one policy, every size replayed at most once (a shared cache): the unit of work
-    `benchmarks/timeline.py` sends to a worker process for its sweep. Where more nodes never lengthen the
-    wait the answers are those of separate searches."""
+    given) on every one of `seeds` (default: `seed`), one policy, every size replayed at most once per seed
+    (a shared cache): the unit of work `benchmarks/timeline.py` sends to a worker process for its sweep.
+    Where more nodes never lengthen the wait the answers are those of separate searches."""
     cache: dict[int, float] = {}
+    by_seed: dict[int, dict[int, float]] = {}
     bounds = list(floors) or [0] * len(targets)
-    return [search(nodes, pods, policy, seed, t, progress, cache=cache, floor=f)
+    return [search(nodes, pods, policy, seed, t, progress, cache=cache, floor=f, seeds=seeds, by_seed=by_seed)
             for t, f in zip(targets, bounds, strict=True)]
 
 
@@ -193,10 +221,11 @@ class TimelineResult:
 def timeline_job(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, seed: int,
                  progress: Callable[[int, int], None] | None = None,
                  target_s: float | None = None, queues: Sequence[QueueSpec] | None = None,
-                 order: str = "fifo") -> TimelineResult:
-    """One policy on the timeline with the node list as given, then (with a target) the capacity search:
-    the unit of work `gpupool simulate --timeline` sends to a worker process. With `queues`, pods join team
-    queues (gpupool.sim.team_queues) tried in `order`; the capacity search stays without queues."""
+                 order: str = "fifo", seeds: Sequence[int] = ()) -> TimelineResult:
+    """One policy on the timeline with the node list as given (tie-breaks of `seed`), then (with a target)
+    the capacity search on every one of `seeds` (default: `seed`): the unit of work `gpupool simulate
+    --timeline` sends to a worker process. With `queues`, pods join team queues (gpupool.sim.team_queues)
+    tried in `order`; the capacity search stays without queues."""
     import time
 
     start = time.perf_counter()
@@ -208,5 +237,5 @@ def timeline_job(nodes: Sequence[Node], pods: Sequence[TimedPod], policy: str, s
     else:
         log = run_timeline(nodes, pods, policy, seed, progress=progress)
     log = replace(log, seconds=time.perf_counter() - start)
-    answer = search(nodes, pods, policy, seed, target_s) if target_s is not None else None
+    answer = search(nodes, pods, policy, seed, target_s, seeds=seeds) if target_s is not None else None
     return TimelineResult(log, answer, per_queue)
