@@ -59,7 +59,8 @@ def test_timeline_writes_its_section_and_plot(tmp_path: Path) -> None:
     doc = json.loads((out / "results.json").read_text())["timeline"]
     assert doc["seed"] == 42 and doc["capacity"]["seeds"] == [42, 43]
     # The answer was replayed with both seeds' tie-breaks, and both meet the minute there.
-    at_answer = doc["capacity"]["policies"]["gpupool"]["tried_by_seed"][str(doc["capacity"]["policies"]["gpupool"]["nodes"])]
+    gpupool = doc["capacity"]["policies"]["gpupool"]
+    at_answer = gpupool["tried_by_seed"][str(gpupool["nodes"])]
     assert set(at_answer) == {"42", "43"} and max(at_answer.values()) <= 60
     # 12 pods of 4 cores on 5 nodes of 32 cores and 10 GPUs: everything fits at once, nobody waits.
     assert doc["policies"]["bestfit"]["wait_p99_s"] == 0 and doc["policies"]["gpupool"]["never_ran"] == 0
