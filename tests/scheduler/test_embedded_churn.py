@@ -17,17 +17,26 @@ async def test_churn_replaces_finished_pods_and_keeps_the_ledger_consistent():
                         workload=Workload(pods=10, mix=[PodShape(weight=1, gpu=1, cores=20)]))
     emb = await start_embedded(scenario)
     driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names)
+    # The churn is stopped between two submissions, never inside one: cancelling an HTTP request mid-flight
+    # can leave its socket to the garbage collector, a ResourceWarning in whichever test collects it.
+    submitting = asyncio.Lock()
+
+    async def submit(pods: list[dict[str, object]]) -> None:
+        async with submitting:
+            await driver.run(pods)
+
     try:
         await driver.run(workload_pods(scenario))
         await asyncio.sleep(0.1)  # the fake kubelet marks them Running
-        task = asyncio.create_task(churn(emb, driver.run, lifetime_s=0.1, first=10, period_s=0.05, seed=1))
+        task = asyncio.create_task(churn(emb, submit, lifetime_s=0.1, first=10, period_s=0.05, seed=1))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
         while driver.stats.bound < 25 and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
+        async with submitting:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
         assert driver.stats.bound >= 25  # the first 10 plus replacements
         pods, _ = await emb.cluster.list_pods()
         names = {p["metadata"]["name"] for p in pods}
