@@ -54,7 +54,7 @@ from gpupool.sim.capacity import (
 )
 from gpupool.sim.parallel import Job, available_cores, run_all
 from gpupool.sim.timeline import timed_pods
-from gpupool.sim.timeline_report import summarise_timeline
+from gpupool.sim.timeline_report import json_ready, summarise_timeline
 from gpupool.sim.trace import NODES_FILE, TRACE_DIR, load_nodes, load_pods, load_times, resolve_trace
 from gpupool.sim.wait_bound import (
     Pools,
@@ -67,11 +67,6 @@ from gpupool.sim.wait_bound import (
 
 POLICIES = ["bestfit", "fgd", "gpupool"]
 DEFAULT_TARGETS = "5m,30m,1h,2h,3h,4h"
-
-
-def finite(x: float) -> float | None:
-    """JSON has no infinity: a wait that never ends is null."""
-    return x if math.isfinite(x) else None
 
 
 def seconds(x: float) -> str:
@@ -195,7 +190,7 @@ def main() -> None:
         out = witness(pools.get(n) or Pools.build(scaled, pods)).tolist()
         waits = run_all(p99_leaving_out, scaled, pods, [Job(p, 42) for p in POLICIES], args.jobs, leave_out=out)
         leave_out.append({"nodes": n, "gpus": gpus(nodes, n), "pods_left_out": len(out), "allowed": allowed,
-                          "p99_s": {p: finite(w) for p, w in zip(POLICIES, waits, strict=True)}})
+                          "p99_s": dict(zip(POLICIES, waits, strict=True))})
         print(f"{n} nodes, refusing the {len(out)} pods the bound's witness leaves out "
               f"(<= {allowed} allowed): wait p99 "
               + ", ".join(f"{p} {seconds(w)} s" for p, w in zip(POLICIES, waits, strict=True)))
@@ -220,16 +215,16 @@ def main() -> None:
     i = targets.index(target)
     cap["bound_nodes"], cap["bound_gpus"] = bound_nodes[i], gpus(nodes, bound_nodes[i])
     sweep = {"targets": sweep_rows,
-             "p99_by_nodes": {p: {str(n): finite(w) for n, w in sorted(tables[p].items())} for p in POLICIES},
-             "p99_by_nodes_and_seed": {p: {str(n): {str(s): finite(w) for s, w in v.items()}
+             "p99_by_nodes": {p: {str(n): w for n, w in sorted(tables[p].items())} for p in POLICIES},
+             "p99_by_nodes_and_seed": {p: {str(n): {str(s): w for s, w in v.items()}
                                            for n, v in sorted(answers[p][0].by_seed.items())} for p in POLICIES},
-             "bound_p99_by_nodes": {str(n): finite(w) for n, w in sorted(bound_cache.items())},
-             "pooled_fifo_p99_by_nodes": {str(n): finite(w) for n, w in sorted(pooled.items())},
+             "bound_p99_by_nodes": {str(n): w for n, w in sorted(bound_cache.items())},
+             "pooled_fifo_p99_by_nodes": {str(n): w for n, w in sorted(pooled.items())},
              "leave_out": leave_out,
-             "gpupool_fewer_nodes_than_fgd_targets_s": [[lo, finite(hi)] for lo, hi in fewer],
-             "gpupool_more_nodes_than_fgd_targets_s": [[lo, finite(hi)] for lo, hi in more]}
-    print(json.dumps({"trace": "default", "cores": available_cores(), "policies": figures, "capacity": cap,
-                      "sweep": sweep, "wall_s": spent}))
+             "gpupool_fewer_nodes_than_fgd_targets_s": [list(span) for span in fewer],
+             "gpupool_more_nodes_than_fgd_targets_s": [list(span) for span in more]}
+    print(json.dumps(json_ready({"trace": "default", "cores": available_cores(), "policies": figures, "capacity": cap,
+                                 "sweep": sweep, "wall_s": spent}), allow_nan=False))
 
 
 def queues_benchmark(count: int, scale: int, jobs: int) -> None:
@@ -260,8 +255,8 @@ def queues_benchmark(count: int, scale: int, jobs: int) -> None:
             print(f"{key:14s} GPUs allocated {s['gpu_alloc_mean_pct']:.2f} %, wait p99 {s['wait_p99_s']:.0f} s; "
                   f"per queue p99: {waits}; preemptions {out[key]['preemptions']}, "
                   f"GPU-h lost {r.queues['_lost_gpu_hours']}; replay {r.log.seconds:.1f} s")
-    print(json.dumps({"trace": "default", "cores": available_cores(), "nodes": len(nodes),
-                      "queues": {"count": count, "variants": out}}))
+    print(json.dumps(json_ready({"trace": "default", "cores": available_cores(), "nodes": len(nodes),
+                                 "queues": {"count": count, "variants": out}}), allow_nan=False))
 
 
 if __name__ == "__main__":

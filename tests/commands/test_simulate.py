@@ -1,6 +1,7 @@
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from gpupool.cli import main
@@ -86,6 +87,11 @@ def test_unreachable_wait_target_exits_2_with_the_best_found(tmp_path: Path) -> 
                                        "--target-wait-p99", "60", "--jobs", "1", "--out", str(tmp_path / "o")])
     assert result.exit_code == 2
     assert "no cluster size" in result.output and "best:" in result.output
+    # The waits that never end are null in results.json, which a strict reader (no Infinity) accepts.
+    text = (tmp_path / "o" / "results.json").read_text()
+    doc = json.loads(text, parse_constant=lambda name: pytest.fail(f"results.json holds {name}"))["timeline"]
+    assert doc["policies"]["fgd"]["wait_p99_s"] is None
+    assert set(doc["capacity"]["policies"]["fgd"]["tried"].values()) == {None}
 
 
 def test_timeline_with_team_queues(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from gpupool.sim.capacity import PRECISION, TimelineResult, timeline_job
 from gpupool.sim.parallel import Job
 from gpupool.sim.team_queues import QueueFileError, even_queues, queues_from_file
 from gpupool.sim.timeline import TimedPod
-from gpupool.sim.timeline_report import plot_timeline, summarise_timeline
+from gpupool.sim.timeline_report import json_ready, plot_timeline, summarise_timeline
 
 _UNITS = {"": 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
 
@@ -136,7 +136,7 @@ def run(console: Console, trace: str, nodes: Sequence[Node], pods: Sequence[Time
     if current.get("trace") != trace:
         current = {"trace": trace}
     current["timeline"] = doc
-    path.write_text(json.dumps(current, indent=1))
+    path.write_text(json.dumps(json_ready(current), indent=1, allow_nan=False))
     png = plot_timeline(out, trace, {name: r.log for name, r in zip(names, results, strict=True)}, speedup)
     console.print(f"wrote {path} and {png}")
     return code

@@ -76,6 +76,18 @@ def summarise_timeline(log: TimelineLog) -> dict[str, Any]:
     }
 
 
+def json_ready(value: Any) -> Any:
+    """`value` with every infinite or NaN float as None: JSON has no infinity, and a wait that never ends is
+    one (strict readers such as jq refuse Python's `Infinity`)."""
+    if isinstance(value, float):
+        return value if np.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    return value
+
+
 def plot_timeline(out: Path, trace: str, logs: dict[str, TimelineLog], speedup: float = 1.0) -> Path:
     import matplotlib
 
