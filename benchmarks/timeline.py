@@ -22,7 +22,8 @@ policies, per size and per target:
 Then the targets for which gpupool needs fewer nodes than fgd (and more), from the sizes measured.
 Last line: one JSON object {"trace", "cores", "policies": {name: {...}}, "capacity": {...}, "sweep": {...},
 "wall_s": {phase: seconds}}; waits that never end (more than 1 % of pods never ran) are null there.
-Usage: python benchmarks/timeline.py [--target 5m] [--targets 5m,30m,1h,2h,3h,4h] [--seeds 42-51] [--runs 3] [--jobs N]
+Usage: python benchmarks/timeline.py [--target 5m] [--targets 5m,30m,1h,2h,3h,4h] [--seeds 42,43,...] [--runs 3]
+       [--jobs N]
 
 With --queues N: team queues instead (gpupool.sim.team_queues), on the node list scaled to --scale nodes (default
 8: the trace's peak demand then meets contention; on the bundled 1,213 nodes nobody ever waits), N queues each
@@ -77,20 +78,13 @@ def gpus(nodes: Sequence[Node], count: int | None) -> int | None:
     return None if count is None else sum(len(n.gpus) for n in scaled_nodes(nodes, count))
 
 
-def seed_list(text: str) -> list[int]:
-    """'42-51' or '42,43,44'."""
-    if "-" in text:
-        lo, hi = (int(x) for x in text.split("-", 1))
-        return list(range(lo, hi + 1))
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--target", default="5m", help="wait p99 target of the `capacity` section (default 5m)")
     ap.add_argument("--targets", default=DEFAULT_TARGETS,
                     help=f"comma-separated wait p99 targets of the sweep (default {DEFAULT_TARGETS})")
-    ap.add_argument("--seeds", default="42-51", help="a size meets a target only on every one of these seeds")
+    ap.add_argument("--seeds", default=",".join(str(s) for s in range(42, 52)),
+                    help="comma-separated; a size meets a target only on every one of these seeds (default 42-51)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--jobs", type=int, default=available_cores())
     ap.add_argument("--queues", type=int, default=None, help="replay with N team queues instead (see above)")
@@ -99,14 +93,14 @@ def main() -> None:
     if args.queues is not None:
         queues_benchmark(args.queues, args.scale, args.jobs)
         return
-    seeds = seed_list(args.seeds)
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     target = parse_duration(args.target)
     targets = sorted({parse_duration(t) for t in args.targets.split(",") if t.strip()} | {target})
     path = resolve_trace("default")
     nodes = load_nodes(TRACE_DIR / NODES_FILE)
     pods = timed_pods(load_pods(path), load_times(path))
     print(f"cores: {available_cores()} usable, {args.jobs} worker process(es); {len(pods):,} pods, "
-          f"{len(nodes):,} nodes; capacity on every seed of {seeds[0]}-{seeds[-1]} ({len(seeds)})")
+          f"{len(nodes):,} nodes; capacity on every one of {len(seeds)} seeds: {', '.join(map(str, seeds))}")
     clock = {"start": time.perf_counter()}
     times: dict[str, list[float]] = {p: [] for p in POLICIES}
     summary = {}
