@@ -372,7 +372,9 @@ class Ledger:
     def replace_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
         self.node_objs = {str(o["metadata"]["name"]): o for o in objs}
         self._signatures = {n: node_signature(o) for n, o in self.node_objs.items()}
-        self.soft_taints = {n: t for n, o in self.node_objs.items() if (t := soft_taints(o))}
+        self.soft_taints = {}
+        for name, obj in self.node_objs.items():
+            self._note_taints(name, obj)
         self._rebuild_state()
 
     # --- shares per GPU -------------------------------------------------------------------------------
