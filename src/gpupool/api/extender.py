@@ -8,9 +8,9 @@ objects stay plain Kubernetes JSON dicts. Constants: scores are 0..MAX_EXTENDER_
 from __future__ import annotations
 
 from json.encoder import encode_basestring_ascii
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 MIN_EXTENDER_PRIORITY = 0
 MAX_EXTENDER_PRIORITY = 10
@@ -24,14 +24,36 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+_META_STRINGS = ("name", "namespace", "uid")
+
+
+def _object(obj: dict[str, Any]) -> dict[str, Any]:
+    """A Kubernetes object as the extender reads it: `metadata`, when present, is an object whose name,
+    namespace and uid, when present, are strings. Anything else is a malformed body (400), never a
+    TypeError deep in a handler (500)."""
+    meta = obj.get("metadata")
+    if meta is None:
+        return obj
+    if not isinstance(meta, dict):
+        raise ValueError("metadata is not an object")
+    for key in _META_STRINGS:
+        value = meta.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"metadata.{key} is not a string")
+    return obj
+
+
+KubeObject = Annotated[dict[str, Any], AfterValidator(_object)]
+
+
 class NodeList(_Wire):
-    items: list[dict[str, Any]] = Field(default_factory=list)
+    items: list[KubeObject] = Field(default_factory=list)
 
 
 class ExtenderArgs(_Wire):
     """Body of /filter and /prioritize. `NodeNames` when nodeCacheCapable, else `Nodes`."""
 
-    Pod: dict[str, Any]
+    Pod: KubeObject
     Nodes: NodeList | None = None
     NodeNames: list[str] | None = None
 
@@ -77,7 +99,7 @@ class MetaVictims(_Wire):
 
 
 class Victims(_Wire):
-    Pods: list[dict[str, Any]] = Field(default_factory=list)
+    Pods: list[KubeObject] = Field(default_factory=list)
     NumPDBViolations: int = 0
 
     def meta(self) -> MetaVictims:
@@ -89,7 +111,7 @@ class ExtenderPreemptionArgs(_Wire):
     """Body of the preempt verb: kube-scheduler's candidate victims per node (`NodeNameToMetaVictims` when
     nodeCacheCapable, else whole pods in `NodeNameToVictims`)."""
 
-    Pod: dict[str, Any]
+    Pod: KubeObject
     NodeNameToVictims: dict[str, Victims] | None = None
     NodeNameToMetaVictims: dict[str, MetaVictims] | None = None
 
