@@ -1,7 +1,8 @@
 """What a container gets for its allocation: visible GPUs, limits as environment, MPS pipe mount.
 
 Pure: takes the decoded allocation and the node's devices, returns a `ContainerGrant` (or the reason it
-cannot be served); the gRPC servicer turns it into a ContainerAllocateResponse.
+cannot be served); the gRPC servicer turns it into a ContainerAllocateResponse. The checks and the answer
+common to every mode are here; what differs by mode is the mode's strategy (gpupool.agent.isolation).
 
 Environment contract (read by the interception shim and by users):
 - NVIDIA_VISIBLE_DEVICES: the granted GPU UUIDs, comma-separated (`void` when CDI devices are used, so an
@@ -24,31 +25,25 @@ Environment contract (read by the interception shim and by users):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DeviceInfo
-from gpupool.agent.hookdir import (
-    ANN_CORES_MODE,
-    CONTAINER_HOOK_DIR,
-    CONTAINER_LIBRARY,
-    CONTAINER_PRELOAD,
-    CORES_MODES,
-    HookPod,
-    container_dir,
-    hook_paths,
-    valid_container,
-    valid_uid,
+from gpupool.agent.hookdir import HookPod
+from gpupool.agent.isolation import (
+    ISOLATION_MODES,
+    GrantRequest,
+    Isolation,
+    MountSpec,
+    Prepared,
+    Refused,
+    node_strategies,
 )
 from gpupool.api.allocation import AllocationDoc
 
-
-@dataclass(frozen=True, slots=True)
-class MountSpec:
-    container_path: str
-    host_path: str
-    read_only: bool = False
+__all__ = ["ContainerGrant", "MountSpec", "Refused", "build_grant", "grant_request", "answer"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,28 +56,24 @@ class ContainerGrant:
     mps_gpu: str | None = None  # isolation mps on a shared GPU: the GPU whose MPS daemon serves the container
 
 
-@dataclass(frozen=True, slots=True)
-class Refused:
-    reason: str
-
-
 def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def build_grant(
+def grant_request(
     doc: AllocationDoc,
     container: str,
     devices: Mapping[str, DeviceInfo],
     unhealthy: Mapping[str, str],
     config: AgentConfig,
     pod_label: str,
+    strategies: Mapping[str, Isolation],
     cores_mode: str = "hard",
-    mig_devices: Mapping[str, str] | None = None,
-) -> ContainerGrant | Refused:
-    """The grant of container `container` of the pod: its own part of the allocation (version 2), or the
-    pod's whole grant (version 1: one GPU container). Isolation `mig` needs `mig_devices`: the MIG device
-    UUID the MIG manager gave each granted GPU."""
+    gpu_containers: int = 1,
+    pods_on_node: Sequence[Mapping[str, Any]] = (),
+) -> tuple[Isolation, GrantRequest] | Refused:
+    """The checks every mode shares, then the mode's own (`Isolation.check`): the strategy that serves the
+    container and its request, or why it cannot be served."""
     gpus = doc.container_gpus(container)
     if not gpus:
         return Refused(f"pod {pod_label}: its allocation grants no GPUs to container {container}")
@@ -99,59 +90,53 @@ def build_grant(
                 f"{devices[g.uuid].memory_mib} MiB"
             )
     isolation = doc.isolation or config.isolation
-    if isolation not in ("mps", "hook", "none", "mig"):
-        return Refused(f"pod {pod_label}: unknown isolation {isolation!r} (use mps, hook, none or mig)")
-    uuids = [g.uuid for g in gpus]
-    if isolation == "mig":
-        missing = [g.uuid for g in gpus if g.mig is None or g.uuid not in (mig_devices or {})]
-        if missing:
-            return Refused(f"pod {pod_label}: isolation mig, but no MIG device for GPU(s) {', '.join(missing)}")
-        uuids = [(mig_devices or {})[g.uuid] for g in gpus]
+    strategy = strategies.get(isolation)
+    if strategy is None:
+        return Refused(f"pod {pod_label}: unknown isolation {isolation!r} (use {', '.join(sorted(ISOLATION_MODES))})")
+    request = GrantRequest(doc, container, tuple(gpus), devices, config, pod_label, cores_mode, gpu_containers,
+                           tuple(pods_on_node))
+    refused = strategy.check(request)
+    return refused if refused is not None else (strategy, request)
+
+
+def answer(strategy: Isolation, request: GrantRequest, prepared: Prepared) -> ContainerGrant | Refused:
+    """The container's answer: the limits of every mode plus the mode's own part."""
+    mode = strategy.grant(request, prepared)
+    if isinstance(mode, Refused):
+        return mode
+    gpus = request.gpus
     envs = {
         "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(str(g.memory_mib) for g in gpus),
         "GPUPOOL_CORES_PERCENT": ",".join(_num(g.cores) for g in gpus),
-        "GPUPOOL_ISOLATION": isolation,
+        "GPUPOOL_ISOLATION": strategy.name,
     }
-    if isolation == "mig":
-        envs["GPUPOOL_MIG_PROFILE"] = ",".join(g.mig.profile for g in gpus if g.mig is not None)
     cdi: list[str] = []
-    if config.cdi:
-        cdi = [f"{config.cdi_kind}={u}" for u in uuids]
+    if request.config.cdi:
+        # `void`: an image default of NVIDIA_VISIBLE_DEVICES=all cannot widen the grant
+        cdi = [f"{request.config.cdi_kind}={u}" for u in mode.visible]
         envs["NVIDIA_VISIBLE_DEVICES"] = "void"
     else:
-        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
-    mounts: list[MountSpec] = []
-    mps_gpu = None
-    shared = [g for g in gpus if g.cores < 100 or g.memory_mib < devices[g.uuid].memory_mib]
-    if isolation == "mps" and shared:
-        if len(gpus) != 1:
-            return Refused(
-                f"pod {pod_label}: MPS sharing serves one GPU per container (one MPS daemon per GPU), "
-                f"but {len(gpus)} shared GPUs were granted to container {container}"
-            )
-        g = gpus[0]
-        envs["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = _num(g.cores)
-        envs["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"0={g.memory_mib}M"
-        envs["CUDA_MPS_PIPE_DIRECTORY"] = config.mps_container_dir
-        mounts.append(MountSpec(config.mps_container_dir, str(config.mps_root / g.uuid)))
-        mps_gpu = g.uuid
-    hook_pod = None
-    if isolation == "hook":
-        if cores_mode not in CORES_MODES:
-            return Refused(f"pod {pod_label}: {ANN_CORES_MODE}={cores_mode!r} is not one of {', '.join(CORES_MODES)}")
-        if not valid_uid(doc.pod_uid):
-            return Refused(f"pod {pod_label}: its allocation names pod UID {doc.pod_uid!r}, which is not a UID")
-        if not valid_container(container):
-            return Refused(f"pod {pod_label}: container name {container!r} is not an RFC 1123 label")
-        paths = hook_paths(config.hook_root)
-        # one hook directory per GPU container: its file holds this container's limits, by its own GPUs
-        hook_pod = HookPod(doc.pod_uid, pod_label, container, tuple(g.uuid for g in gpus),
-                           container_dir(config.hook_root, doc.pod_uid, container))
-        envs["GPUPOOL_HOOK_DIR"] = CONTAINER_HOOK_DIR
-        envs["GPUPOOL_CORES_MODE"] = cores_mode
-        mounts += [
-            MountSpec(CONTAINER_LIBRARY, str(paths.library), read_only=True),
-            MountSpec(CONTAINER_PRELOAD, str(paths.preload), read_only=True),
-            MountSpec(CONTAINER_HOOK_DIR, str(hook_pod.dir)),
-        ]
-    return ContainerGrant(envs=envs, mounts=mounts, cdi_devices=cdi, hook_pod=hook_pod, mps_gpu=mps_gpu)
+        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(mode.visible)
+    envs.update(mode.envs)
+    return ContainerGrant(envs=envs, mounts=list(mode.mounts), cdi_devices=cdi, hook_pod=mode.hook_pod,
+                          mps_gpu=mode.mps_gpu)
+
+
+def build_grant(
+    doc: AllocationDoc,
+    container: str,
+    devices: Mapping[str, DeviceInfo],
+    unhealthy: Mapping[str, str],
+    config: AgentConfig,
+    pod_label: str,
+    cores_mode: str = "hard",
+    mig_devices: Mapping[str, str] | None = None,
+) -> ContainerGrant | Refused:
+    """The grant of container `container` of the pod, without touching the node: its own part of the
+    allocation (version 2), or the pod's whole grant (version 1: one GPU container). Isolation `mig` needs
+    `mig_devices`: the MIG device UUID the MIG manager gave each granted GPU (what its `prepare` carves)."""
+    found = grant_request(doc, container, devices, unhealthy, config, pod_label, node_strategies(config), cores_mode)
+    if isinstance(found, Refused):
+        return found
+    strategy, request = found
+    return answer(strategy, request, Prepared(visible=dict(mig_devices or {})))

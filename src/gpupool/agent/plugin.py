@@ -31,7 +31,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,11 +39,11 @@ import grpc
 
 from gpupool.agent.checkpoint import Checkpoint, Served
 from gpupool.agent.config import AgentConfig
-from gpupool.agent.grant import ContainerGrant, Refused, build_grant
-from gpupool.agent.hookdir import cores_mode_of, prepare_hook_pod
+from gpupool.agent.grant import ContainerGrant, grant_request
+from gpupool.agent.grant import answer as grant_answer
+from gpupool.agent.hookdir import cores_mode_of
 from gpupool.agent.identify import (
     Again,
-    GpuContainer,
     Repeat,
     Unidentified,
     allocated_marker,
@@ -54,15 +54,16 @@ from gpupool.agent.identify import (
     is_candidate,
     which_container,
 )
+from gpupool.agent.isolation import STEP_CARVED, Isolation, Refused, node_strategies
 from gpupool.agent.kubelet_checkpoint import recorded_containers
-from gpupool.agent.mig import MODE_SWITCH_LABEL, MigError, MigManager, MigRefused, mode_switch_allowed
+from gpupool.agent.mig import MODE_SWITCH_LABEL, MigError, MigManager, mode_switch_allowed
 from gpupool.agent.mps import MpsSupervisor
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpupool.agent.slots import preferred, slot_gpu
 from gpupool.agent.table import DeviceTable
-from gpupool.api.allocation import AllocationError, GrantDoc, decode_allocation
+from gpupool.api.allocation import AllocationError, decode_allocation
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.api.times import format_time
 from gpupool.cluster.port import ApiError, Conflict
@@ -73,7 +74,9 @@ API_VERSION = "v1beta1"
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 # The steps of an Allocate after which `step` hooks run (tests inject crashes there).
 STEP_READ, STEP_CHECKPOINTED, STEP_MARKED = "read", "checkpointed", "marked"
-STEP_CARVED = "carved"  # isolation mig: the pod's MIG instance exists (before the checkpoint)
+# STEP_CARVED (gpupool.agent.isolation): isolation mig, the pod's MIG instance exists (before the checkpoint)
+__all__ = ["STEP_CARVED", "STEP_CHECKPOINTED", "STEP_MARKED", "STEP_READ", "DevicePluginService", "PluginServer",
+           "register"]
 Obj = dict[str, Any]
 
 
@@ -100,6 +103,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         mps: MpsSupervisor | None = None,
         mig: MigManager | None = None,
         changed: Callable[[], None] = lambda: None,
+        isolation: Mapping[str, Isolation] | None = None,
     ) -> None:
         self.config = config
         self.table = table
@@ -111,6 +115,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self.mig = mig  # the node's MIG manager, when a GPU is in MIG mode (None: isolation mig is refused)
         self.changed = changed  # called when the inventory should be published again (a MIG instance changed)
         self.mig_reconciled = False
+        # one strategy per isolation mode: Allocate, the watchdog and the inventory ask them, never the name
+        self.isolation: Mapping[str, Isolation] = isolation or node_strategies(
+            config, mps, mig, lambda: self.mig_reconciled, changed)
         self.stats = AllocateStats()
         self._allocate_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
@@ -284,27 +291,21 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 f"kubelet asks for {len(ids)} device(s) for container {container} of pod {label}, which was "
                 f"granted {granted} GPU(s)"
             )
-        mig_devices: dict[str, str] | None = None
-        if (who.allocation.isolation or self.config.isolation) == "mig":
-            carved = await self._carve(who.uid, label, containers, who.allocation.container_gpus(container))
-            if isinstance(carved, tuple):
-                return carved
-            mig_devices = carved
-            self.step(STEP_CARVED)
-        mode = cores_mode_of(pods, who.uid)
-        grant = build_grant(
-            who.allocation, container, self.table.known, self.table.unhealthy(), self.config, label, mode,
-            mig_devices,
+        found = grant_request(
+            who.allocation, container, self.table.known, self.table.unhealthy(), self.config, label,
+            self.isolation, cores_mode_of(pods, who.uid), len(containers), pods,
         )
+        if isinstance(found, Refused):
+            return _refusal(found)
+        strategy, request = found
+        prepared = await strategy.prepare(request)  # the node's side first: MIG carved, hook directory made
+        if isinstance(prepared, Refused):
+            return _refusal(prepared)
+        if prepared.step is not None:
+            self.step(prepared.step)
+        grant = grant_answer(strategy, request, prepared)
         if isinstance(grant, Refused):
-            return grpc.StatusCode.FAILED_PRECONDITION, grant.reason
-        if grant.mps_gpu is not None and (refused := self._mps_refusal(grant.mps_gpu, label)) is not None:
-            return refused
-        if grant.hook_pod is not None:  # isolation hook: the pod's accounting directory must exist first
-            try:
-                await asyncio.to_thread(prepare_hook_pod, self.config.hook_root, grant.hook_pod, pods)
-            except OSError as e:
-                return grpc.StatusCode.UNAVAILABLE, f"cannot prepare the hook directory of pod {label}: {e}"
+            return _refusal(grant)
         response = _to_proto(grant)
         now = format_time(self.wall_clock())
         answer = response.SerializeToString(deterministic=True)
@@ -325,58 +326,6 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             self.step(STEP_MARKED)
         log.info("allocated %s to %s: %s", ",".join(ids), entry.label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
         return response
-
-    def _mps_refusal(self, gpu: str, label: str) -> tuple[grpc.StatusCode, str] | None:
-        """An MPS share is served only where this agent runs the GPU's MPS daemon and it answers: without
-        one, the client settings would be handed out and silently not apply. A daemon that is down is worth a
-        retry (it is being restarted); a GPU without one is not."""
-        if self.mps is None:
-            return grpc.StatusCode.FAILED_PRECONDITION, (
-                f"pod {label} asks for isolation mps, but the agent on {self.config.node_name} runs no MPS daemons "
-                "(agent setting mps_daemons, or default isolation mps), so its MPS limits would not apply"
-            )
-        down = self.mps.refuses(gpu)
-        if down is None:
-            return None
-        code = grpc.StatusCode.UNAVAILABLE if gpu in self.mps.health else grpc.StatusCode.FAILED_PRECONDITION
-        return code, f"pod {label} asks for isolation mps: {down}"
-
-    async def _carve(
-        self, uid: str, label: str, containers: list[GpuContainer], gpus: list[GrantDoc]
-    ) -> dict[str, str] | tuple[grpc.StatusCode, str]:
-        """Isolation mig: the MIG device of the pod's planned instance (carved now, or the one it already
-        holds when kubelet asks again), by GPU UUID. Done before the checkpoint: a crash after it leaves an
-        instance the pod holds, which the retry gets again and the pod's deletion releases."""
-        if self.mig is None:
-            return grpc.StatusCode.FAILED_PRECONDITION, (
-                f"pod {label} asks for isolation mig, but the agent on {self.config.node_name} manages no MIG "
-                "devices (no GPU of the node is in MIG mode)"
-            )
-        if len(containers) != 1 or len(gpus) != 1:
-            return grpc.StatusCode.FAILED_PRECONDITION, (
-                f"pod {label}: isolation mig serves one MIG instance per pod (one GPU container asking for one "
-                f"GPU); it has {len(containers)} GPU container(s) and this one was granted {len(gpus)} GPU(s)"
-            )
-        g = gpus[0]
-        if g.uuid not in self.table.known or g.uuid in self.table.unhealthy():
-            return {}  # nothing to carve: the grant is refused for the GPU itself
-        if g.mig is None:
-            return grpc.StatusCode.FAILED_PRECONDITION, (
-                f"pod {label}: its {ANN_ALLOCATION} names no MIG instance (profile, start) for GPU {g.uuid}"
-            )
-        if not self.mig_reconciled:
-            return grpc.StatusCode.UNAVAILABLE, (
-                f"pod {label}: the MIG state of node {self.config.node_name} is not reconciled yet (API unreachable "
-                "at start?); retry"
-            )
-        try:
-            got = await asyncio.to_thread(self.mig.ensure, uid, g.uuid, g.mig.profile, g.mig.start)
-        except (MigError, OSError) as e:
-            return grpc.StatusCode.UNAVAILABLE, f"pod {label}: the MIG manager failed on GPU {g.uuid}: {e}"
-        if isinstance(got, MigRefused):
-            return grpc.StatusCode.FAILED_PRECONDITION, got.reason
-        self.changed()
-        return {g.uuid: got.uuid}
 
     async def mig_housekeeping(self, reconcile: bool = False) -> bool:
         """Reconcile the MIG manager with the pods of this node (`reconcile`, at start), release the
@@ -402,8 +351,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     self.mig_reconciled = True
                     if report.finished or report.adopted or report.lost or report.destroyed or report.kept_in_use:
                         log.info("MIG reconciled: %s", report)
-                for uid in sorted({e.pod for e in mig.entries if e.pod is not None} - alive):
-                    await asyncio.to_thread(mig.release, uid)
+                await self.isolation["mig"].release(alive)
                 report = await asyncio.to_thread(mig.reap)
                 if report.destroyed or report.kept_in_use:
                     log.info("MIG idle instances: destroyed %s, kept (in use) %s", report.destroyed, report.kept_in_use)
@@ -494,6 +442,11 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             except ApiError as e:
                 return str(e)
         return "the pod kept changing (repeated conflicts)"
+
+
+def _refusal(refused: Refused) -> tuple[grpc.StatusCode, str]:
+    """A refusal worth a retry (a daemon restarting, the node not reconciled yet) is UNAVAILABLE."""
+    return (grpc.StatusCode.UNAVAILABLE if refused.retry else grpc.StatusCode.FAILED_PRECONDITION), refused.reason
 
 
 def _mig_state(mig: MigManager) -> list[tuple[str, str, int, str, str | None, str | None]]:

@@ -29,8 +29,9 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
 from gpupool.agent.health import HealthTracker
 from gpupool.agent.inventory import InventoryPublisher
-from gpupool.agent.mig import MigManager, mig_inventory_fields
-from gpupool.agent.mps import MpsSupervisor, inventory_fields, supervise
+from gpupool.agent.isolation import merged_inventory, node_strategies
+from gpupool.agent.mig import MigManager
+from gpupool.agent.mps import MpsSupervisor, supervise
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.squeeze import follow_squeezes
@@ -73,6 +74,8 @@ class Agent:
         self.service: DevicePluginService | None = None
         self.server: PluginServer | None = None
         self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
+        # the isolation modes of this node (gpupool.agent.isolation), shared by Allocate, watchdog and inventory
+        self.isolation = node_strategies(config, mps, mig, self._mig_reconciled, self._inventory_changed)
         self.registrations = 0
         self.adopted: dict[str, int] = {}
         self.registered_at: float | None = None
@@ -110,7 +113,7 @@ class Agent:
             log.warning("%s", problem)
         self.service = DevicePluginService(
             self.config, self.table, self.cluster, self.wall_clock, checkpoint=checkpoint, mps=self.mps,
-            mig=self.mig, changed=self._inventory_dirty.set,
+            mig=self.mig, changed=self._inventory_dirty.set, isolation=self.isolation,
         )
         if self.step is not None:
             self.service.step = self.step
@@ -280,16 +283,16 @@ class Agent:
             if not self._stop.is_set() and await self.service.mig_housekeeping():
                 self._inventory_dirty.set()
 
+    def _mig_reconciled(self) -> bool:
+        return self.service is not None and self.service.mig_reconciled
+
+    def _inventory_changed(self) -> None:
+        self._inventory_dirty.set()
+
     def _per_gpu(self) -> dict[str, dict[str, Any]]:
-        """Inventory fields by GPU UUID beyond discovery: the MPS daemon's state, the MIG instances."""
-        out: dict[str, dict[str, Any]] = {}
-        if self.mps is not None:
-            for uuid, fields in inventory_fields(dict(self.mps.health)).items():
-                out.setdefault(uuid, {}).update(fields)
-        if self.mig is not None:
-            for uuid, mig_fields in mig_inventory_fields(self.mig).items():
-                out.setdefault(uuid, {}).update(mig_fields)
-        return out
+        """Inventory fields by GPU UUID beyond discovery: what each isolation mode shows (MPS daemon, MIG
+        instances)."""
+        return merged_inventory(self.isolation.values())
 
     async def _publish(self) -> None:
         if self.table is None:
