@@ -60,6 +60,20 @@ class AgentConfig(BaseModel):
     # MIG: instances of pods gone are released, and those idle this long destroyed, every mig_interval_s
     mig_interval_s: float = Field(default=30.0, gt=0)
     mig_idle_after_s: float = Field(default=600.0, gt=0)
+    # The watchdog (agent/watchdog.py): the host-side second line behind isolation hook. Every poll it reads
+    # NVML's per-process memory and utilisation, maps host PIDs to containers by cgroup, and stops the
+    # processes of a container that holds more memory than its grant (or reports them: `report`). At most
+    # 1 s between polls, so an excess is acted on within 2 s. Needs hostPID (NVML reports host PIDs).
+    watchdog: bool = True
+    watchdog_poll_s: float = Field(default=0.5, gt=0, le=1.0)
+    watchdog_memory_action: Literal["kill", "report"] = "kill"
+    watchdog_memory_slack_mib: int = Field(default=0, ge=0)  # tolerated above the cap (driver context rounding)
+    # Compute far above the cap for long: more than `margin` percentage points above the container's cores
+    # for `after_s` in a row. Off, report (event and metric once per episode), or kill.
+    watchdog_compute_action: Literal["off", "report", "kill"] = "report"
+    watchdog_compute_margin: float = Field(default=25.0, gt=0, le=100)
+    watchdog_compute_after_s: float = Field(default=30.0, gt=0)
+    watchdog_proc_root: Path = Path("/proc")  # the host's /proc (the agent runs with hostPID)
     event_wait_s: float = Field(default=1.0, gt=0, le=10.0)  # one NVML event wait (bounds shutdown time)
     ignored_xids: tuple[int, ...] = APPLICATION_XIDS
     log_level: Literal["critical", "error", "warning", "info", "debug"] = "info"

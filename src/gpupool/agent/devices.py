@@ -69,6 +69,23 @@ class HealthEvent:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """A process holding a context on a GPU, as the driver reports it from the host."""
+
+    pid: int  # host PID (the driver never reports PIDs of a container's own namespace)
+    used_memory_mib: float  # GPU memory the process holds (allocations and context); 0 when not reported
+
+
+@dataclass(frozen=True, slots=True)
+class UtilizationSample:
+    """One per-process utilisation sample of a GPU: the SM share the process used over the sample period."""
+
+    pid: int  # host PID
+    timestamp_us: int  # the driver's time stamp (microseconds); only its order matters
+    sm_percent: float
+
+
 class DiscoveryBackend(Protocol):
     """A source of GPUs. Calls may block (NVML is synchronous); the agent runs them off the event loop."""
 
@@ -84,6 +101,14 @@ class DiscoveryBackend(Protocol):
 
     def wait_event(self, timeout_s: float) -> HealthEvent | None:
         """Block up to `timeout_s` for the next device error; None when none came."""
+        ...
+
+    def processes(self, uuid: str) -> tuple[GpuProcess, ...]:
+        """The processes holding GPU memory on `uuid` now. Raises DiscoveryError when it cannot be asked."""
+        ...
+
+    def process_utilization(self, uuid: str, since_us: int) -> tuple[UtilizationSample, ...]:
+        """Per-process samples of `uuid` newer than `since_us` (0: whatever the driver still holds)."""
         ...
 
     def close(self) -> None: ...

@@ -35,7 +35,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from gpupool.agent.devices import DeviceInfo, Discovered, DiscoveryError, HealthEvent
+from gpupool.agent.devices import (
+    DeviceInfo,
+    Discovered,
+    DiscoveryError,
+    GpuProcess,
+    HealthEvent,
+    UtilizationSample,
+)
 from gpupool.agent.mig import MigBackend
 
 MAX_UUID_LEN = 58  # device IDs are "<uuid>::<slot>" and kubelet allows 63 characters
@@ -162,6 +169,9 @@ class FakeBackend:
         self._missing: set[str] = set()
         self._events: queue.Queue[HealthEvent] = queue.Queue()
         self.discover_calls = 0
+        # processes by host PID: (GPU UUID, MiB held, SM percent), as NVML would list them from the host
+        self._procs: dict[int, tuple[str, float, float]] = {}
+        self._sample_time_us = 0  # the fake driver's sample clock: one tick per utilisation query
 
     @classmethod
     def from_file(cls, path: Path) -> FakeBackend:
@@ -196,8 +206,34 @@ class FakeBackend:
         except queue.Empty:
             return None
 
+    def processes(self, uuid: str) -> tuple[GpuProcess, ...]:
+        with self._lock:
+            if uuid in self._missing:
+                raise DiscoveryError(f"GPU {uuid} is not present")
+            return tuple(GpuProcess(pid, mib) for pid, (gpu, mib, _) in sorted(self._procs.items()) if gpu == uuid)
+
+    def process_utilization(self, uuid: str, since_us: int) -> tuple[UtilizationSample, ...]:
+        """One sample per running process, stamped with the next tick of the fake sample clock (as NVML,
+        only samples newer than `since_us`)."""
+        with self._lock:
+            self._sample_time_us += 1
+            now = self._sample_time_us
+            procs = sorted((pid, sm) for pid, (gpu, _, sm) in self._procs.items() if gpu == uuid)
+        return tuple(UtilizationSample(pid, now, sm) for pid, sm in procs) if now > since_us else ()
+
     def close(self) -> None:
         pass
+
+    # --- processes (what the driver reports per process, by host PID) ------------------------------------
+    def run_process(self, uuid: str, pid: int, used_memory_mib: float, sm_percent: float = 0.0) -> None:
+        """A process with host PID `pid` holds a context on GPU `uuid` (or changes what it holds)."""
+        with self._lock:
+            self._procs[pid] = (uuid, used_memory_mib, sm_percent)
+
+    def end_process(self, pid: int) -> None:
+        """The process exited (or was killed): the driver stops listing it."""
+        with self._lock:
+            self._procs.pop(pid, None)
 
     # --- fault injection ----------------------------------------------------------------------------------
     def inject_xid(self, uuid: str | None, xid: int, *, breaks: bool = True) -> None:

@@ -17,11 +17,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from gpupool.agent.devices import DeviceInfo, Discovered, DiscoveryError, HealthEvent
+from gpupool.agent.devices import (
+    DeviceInfo,
+    Discovered,
+    DiscoveryError,
+    GpuProcess,
+    HealthEvent,
+    UtilizationSample,
+)
 from gpupool.agent.mig_nvml import NvmlMigBackend
 
 MIB = 1024 * 1024
 _XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError, used when the module lacks the constant
+_NOT_AVAILABLE = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE: usedGpuMemory unknown (no privilege, Windows WDDM)
 
 
 def _text(value: Any) -> str:
@@ -188,6 +196,48 @@ class NvmlBackend:
         except self._error as e:
             return f"NVML probe failed: {e}"
         return None
+
+    # --- processes (the watchdog's view from the host) -----------------------------------------------------
+    def _handle(self, uuid: str) -> Any:
+        try:
+            return self._nvml.nvmlDeviceGetHandleByUUID(uuid)
+        except self._error as e:
+            raise DiscoveryError(f"NVML cannot find GPU {uuid}: {e}") from None
+
+    def processes(self, uuid: str) -> tuple[GpuProcess, ...]:
+        """Compute and graphics contexts of the GPU (a process with both is listed once, with the larger
+        figure): host PIDs and the memory each holds."""
+        n = self._nvml
+        handle = self._handle(uuid)
+        held: dict[int, float] = {}
+        for name in ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses"):
+            call = getattr(n, name, None)
+            if call is None:
+                continue
+            try:
+                listed = call(handle)
+            except self._error as e:
+                if name.endswith("GraphicsRunningProcesses"):
+                    continue  # not supported on many data-centre GPUs: compute contexts are what matter
+                raise DiscoveryError(f"NVML cannot list the processes of GPU {uuid}: {e}") from None
+            for p in listed:
+                used = getattr(p, "usedGpuMemory", None)
+                mib = 0.0 if used is None or int(used) >= _NOT_AVAILABLE else int(used) / MIB
+                pid = int(p.pid)
+                held[pid] = max(held.get(pid, 0.0), mib)
+        return tuple(GpuProcess(pid, mib) for pid, mib in sorted(held.items()))
+
+    def process_utilization(self, uuid: str, since_us: int) -> tuple[UtilizationSample, ...]:
+        n = self._nvml
+        handle = self._handle(uuid)
+        not_found = getattr(n, "NVMLError_NotFound", None)
+        try:
+            samples = n.nvmlDeviceGetProcessUtilization(handle, int(since_us))
+        except self._error as e:
+            if not_found is not None and isinstance(e, not_found):
+                return ()  # no sample newer than since_us: nothing ran
+            raise DiscoveryError(f"NVML cannot sample the processes of GPU {uuid}: {e}") from None
+        return tuple(UtilizationSample(int(s.pid), int(s.timeStamp), float(s.smUtil)) for s in samples)
 
     def close(self) -> None:
         n = self._nvml

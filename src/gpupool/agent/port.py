@@ -1,8 +1,9 @@
 """The few cluster operations the agent needs, and the adapter onto gpupool.cluster's ClusterPort.
 
 Kept narrow on purpose: the agent reads its own node and the pods bound to it (a `spec.nodeName` field
-selector), and writes only annotations and labels on its node and one annotation on pods it served (least
-privilege for the DaemonSet's RBAC: nodes get/patch, pods list/get/patch).
+selector), and writes only annotations and labels on its node, one annotation on pods it served, and
+Events about pods of its node whose processes the watchdog stopped or reported (least privilege for the
+DaemonSet's RBAC: nodes get/patch, pods list/get/patch, events create).
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ class AgentCluster(Protocol):
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj: ...
+
+
+    async def create_event(self, event: Obj) -> None: ...
 
 
 class LabelsUnsupported(RuntimeError):
@@ -71,3 +75,6 @@ class ClusterPortAgent:
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj:
         return await self.port.patch_pod_annotations(namespace, name, annotations, resource_version)
+
+    async def create_event(self, event: Obj) -> None:
+        await self.port.create_event(event)

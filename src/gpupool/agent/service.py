@@ -34,8 +34,10 @@ from gpupool.agent.mig import MigManager
 from gpupool.agent.mps import MpsSupervisor, supervise
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
+from gpupool.agent.procs import Killer
 from gpupool.agent.squeeze import follow_squeezes
 from gpupool.agent.table import DeviceTable
+from gpupool.agent.watchdog import Watchdog
 from gpupool.api.names import ANN_ALLOCATED
 from gpupool.api.waiting import waiting_for_allocate
 
@@ -61,6 +63,7 @@ class Agent:
         step: Callable[[str], None] | None = None,
         mps: MpsSupervisor | None = None,
         mig: MigManager | None = None,
+        killer: Killer | None = None,
     ) -> None:
         self.config = config
         self.mig = mig  # carves MIG instances for isolation mig pods (None: no GPU of the node is in MIG mode)
@@ -76,6 +79,8 @@ class Agent:
         self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
         # the isolation modes of this node (gpupool.agent.isolation), shared by Allocate, watchdog and inventory
         self.isolation = node_strategies(config, mps, mig, self._mig_reconciled, self._inventory_changed)
+        self.killer = killer  # how the watchdog stops a process (None: SIGKILL through a pidfd)
+        self.watchdog: Watchdog | None = None
         self.registrations = 0
         self.adopted: dict[str, int] = {}
         self.registered_at: float | None = None
@@ -136,6 +141,10 @@ class Agent:
         ]
         if self.mig is not None:
             self._tasks.append(asyncio.create_task(self._mig_loop(), name="mig"))
+        if self.config.watchdog:  # the second line behind isolation hook (agent/watchdog.py)
+            self.watchdog = Watchdog(self.config, self.backend, self.cluster, self.isolation, self._watched_gpus,
+                                     killer=self.killer, wall_clock=self.wall_clock)
+            self._tasks.append(asyncio.create_task(self.watchdog.run(self._stop, self.clock), name="watchdog"))
         if self.mps is not None:  # a daemon's state change reaches the inventory at once
             self._tasks.append(asyncio.create_task(
                 supervise(self.mps, self._stop, self.config.mps_check_interval_s, self._inventory_dirty.set),
@@ -282,6 +291,13 @@ class Agent:
                 await asyncio.wait_for(self._stop.wait(), timeout=self.config.mig_interval_s)
             if not self._stop.is_set() and await self.service.mig_housekeeping():
                 self._inventory_dirty.set()
+
+    def _watched_gpus(self) -> list[str]:
+        """GPUs whose processes the watchdog reads: not those in MIG mode (hardware isolation, and NVML's
+        per-process view of a MIG parent is not per instance)."""
+        if self.table is None:
+            return []
+        return [d.uuid for d in sorted(self.table.known.values(), key=lambda d: d.index) if not d.mig_enabled]
 
     def _mig_reconciled(self) -> bool:
         return self.service is not None and self.service.mig_reconciled
