@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.agent.fake import FakeBackend, FakeGPUFileError, load_fake_file
+from gpupool.agent.devices import DiscoveryError, GpuProcess
+from gpupool.agent.fake import FakeBackend, FakeGPUFileError, load_fake_file, parse_fake_description
 
 GOOD = """
 driver_version: "570.86"
@@ -96,3 +97,21 @@ def test_fault_injection() -> None:
     backend.heal("GPU-f-0")
     backend.heal("GPU-f-1")
     assert backend.probe("GPU-f-0") is None and len(backend.discover().devices) == 2
+
+
+def test_processes_by_host_pid_through_the_same_port_as_nvml() -> None:
+    backend = FakeBackend(parse_fake_description({"gpus": [{"count": 2, "model": "A10", "memory_mib": 23028}]}, "t"))
+    g0, g1 = (d.uuid for d in backend.discover().devices)
+    backend.run_process(g0, 31337, 2048.0, sm_percent=55.0)
+    backend.run_process(g1, 31338, 512.0)
+    assert backend.processes(g0) == (GpuProcess(31337, 2048.0),)
+    first = backend.process_utilization(g0, 0)
+    assert [(s.pid, s.sm_percent) for s in first] == [(31337, 55.0)]
+    # as NVML: only samples newer than the time stamp given; the next query has a newer one
+    assert backend.process_utilization(g0, first[0].timestamp_us + 100) == ()
+    assert backend.process_utilization(g0, first[0].timestamp_us)[0].timestamp_us > first[0].timestamp_us
+    backend.end_process(31337)
+    assert backend.processes(g0) == ()
+    backend.remove(g1)
+    with pytest.raises(DiscoveryError, match="not present"):
+        backend.processes(g1)
