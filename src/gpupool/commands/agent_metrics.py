@@ -12,6 +12,8 @@ What is exported, and from where:
 - gpupool_pod_gpu_* from the hook directories (gpupool.agent.hook_metrics).
 - gpupool_mps_daemon_up / gpupool_mps_daemon_restarts_total per GPU, when the agent runs MPS daemons
   (gpupool.agent.mps).
+- gpupool_watchdog_kills_total{reason} / _reports_total{reason} and friends, when the watchdog runs
+  (gpupool.agent.watchdog).
 
 The node's pods come from the API (`list_pods_on_node`, the agent's own permission), refreshed in the
 background; a scrape never waits for the API. Tenants are the pods the agent served (`gpupool.io/allocated`)
@@ -35,6 +37,7 @@ from gpupool.agent.hook_metrics import HookUsageCollector
 from gpupool.agent.hookdir import read_all
 from gpupool.agent.mps import MpsCollector
 from gpupool.agent.service import Agent
+from gpupool.agent.watchdog import WatchdogCollector
 from gpupool.api.allocation import AllocationError, decode_allocation
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.exporter.cgroup import PodRef
@@ -139,6 +142,8 @@ async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: fl
     registry.register(HookUsageCollector(agent.config.hook_root))
     if agent.mps is not None:  # gpupool_mps_daemon_up / _restarts_total per GPU
         registry.register(MpsCollector(agent.mps))
+    if agent.watchdog is not None:  # gpupool_watchdog_kills_total{reason}, ... (gpupool.agent.watchdog)
+        registry.register(WatchdogCollector(agent.watchdog))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
