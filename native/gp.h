@@ -11,6 +11,7 @@
 
 #define GP_MAX_DEV 16
 #define GP_MAX_SLOTS 256
+#define GP_HOSTPIDS 4   /* host PID candidates kept per process (see gp_ident.c) */
 #define GP_PPM 1000000LL
 #define GP_FILE_NAME "usage.v1"
 #define GP_MAGIC 0x314c4f4f50555047ULL /* "GPUPOOL1" little-endian */
@@ -18,9 +19,34 @@
 /* Bits of gp_shared.features: what this library reads of the file beyond version 1's fields. Added fields
  * live in what was padding (zero in files of older libraries), so GP_VERSION stays 1 and old readers work. */
 #define GP_FEAT_SQUEEZE 1ULL /* honours squeeze_ppm (the agent's reclaim squeeze) */
+#define GP_FEAT_HOSTPID 2ULL /* publishes the host PIDs of its processes (ident[], after the slots) */
+#define GP_FEAT_LIMITS 4ULL  /* takes its limits from the agent's read-only limits file, never from this one */
 #define GP_SQUEEZE_MIN_PPM 10000 /* a squeeze below 1 % is taken as 1 %: the pod must keep making progress */
 
 enum gp_mode { GP_HARD = 0, GP_ELASTIC = 1 };
+
+/* The agent's limits file: written by the node agent before the container starts and mounted read-only at
+ * a path compiled into the library (GP_LIMITS_PATH), so nothing in the container can redirect, rewrite or
+ * remove it. It is the only source of the caps and of where the pod's accounting lives; the process
+ * environment may lower a cap, never raise it (gpupool/agent/hookdir.py writes it; offsets checked in
+ * gp_config.c). squeeze_ppm is rewritten in place by the agent while the pod runs (8-byte aligned stores). */
+#ifndef GP_LIMITS_PATH
+#define GP_LIMITS_PATH "/run/gpupool/limits/limits.v1"
+#endif
+#define GP_LIMITS_MAGIC 0x3154494d494c5047ULL /* "GPLIMIT1" little-endian */
+#define GP_LIMITS_VERSION 1
+struct gp_limits {
+    uint64_t magic;                       /* 0 */
+    uint32_t version;                     /* 8 */
+    uint32_t ndev;                        /* 12: GPUs of the container with a cap */
+    uint64_t limit[GP_MAX_DEV];           /* 16: bytes, 0 = no memory cap */
+    uint64_t cores_ppm[GP_MAX_DEV];       /* 144: 1..1000000, 0 or >= 1000000 = no compute cap */
+    uint64_t mode;                        /* 272: enum gp_mode */
+    uint64_t squeeze_ppm[GP_MAX_DEV];     /* 280: the agent's reclaim squeeze, 0 = none */
+    char uuid[GP_MAX_DEV][64];            /* 408: the container's GPUs in order ("" = match by ordinal) */
+    char accounting_dir[256];             /* 1432: the writable accounting directory, a container path */
+    uint8_t pad[2048 - 1688];
+};
 
 /* Pod-wide compute state of one GPU, in the shared file (64 bytes; offsets documented for the agent). */
 struct gp_devstate {
@@ -60,9 +86,16 @@ struct gp_shared {
     uint64_t squeeze_ppm[GP_MAX_DEV];
     uint8_t pad[2048 - 1336 - GP_MAX_DEV * 8];
     struct gp_slot slots[GP_MAX_SLOTS];   /* 2048 */
+    /* 69632: the host PIDs NVML knows each slot's process by (a PID namespace hides them from getpid());
+     * up to GP_HOSTPIDS candidates when the process could not tell its own apart, 0 = none. */
+    struct { int64_t host_pid[GP_HOSTPIDS]; } ident[GP_MAX_SLOTS];
 };
 
 struct gp_config {
+    int agent;                            /* 1: limits from the agent's file; 0: none (self-imposed env caps) */
+    int broken;                           /* the agent's file exists but is unusable: refuse (fail closed) */
+    char acct_dir[256];                   /* where the pod's accounting file lives ("" = per process) */
+    const struct gp_limits *file;         /* the mapped limits file (read-only), NULL without one */
     int ndev;                             /* values given in the limits (0 = no limits at all) */
     uint64_t limit[GP_MAX_DEV];           /* bytes, 0 = unlimited */
     int64_t cores_ppm[GP_MAX_DEV];        /* GP_PPM = unlimited */
@@ -82,7 +115,10 @@ struct gp_hook {
     void *wrapper;        /* our function with the same ABI */
     void *real;           /* the driver's, resolved on first cuGetProcAddress */
 };
-extern struct gp_hook gp_mem_hooks[], gp_compute_hooks[], gp_nvml_hooks[];
+extern struct gp_hook gp_mem_hooks[], gp_compute_hooks[], gp_nvml_hooks[], gp_ident_hooks[];
+
+/* gp_sym.c */
+void *gp_libc_sym(const char *name, const void *not_this, const void *nor_this);
 
 /* gp_main.c */
 void gp_init(void);
@@ -102,8 +138,12 @@ void gp_mem_adjust(int li, int64_t delta);    /* pool growth measured after the 
 uint64_t gp_pod_used(int li);
 uint64_t gp_own_used(int li);
 void gp_set_ctx_bytes(int li, uint64_t bytes);
-int gp_pod_pids(int64_t *pids, int max);
+int gp_pod_pids(int64_t *pids, int max);       /* host PIDs of the pod's live processes */
+int gp_has_slot(void);                 /* 0: past the slot table (refuse, never run uncounted) */
+void gp_set_host_pids(const int64_t *pids, int n);
+int gp_own_host_pids(int64_t *pids);   /* this process's host PIDs (candidates), 0 when not identified */
 void gp_shared_after_fork(void);
+void gp_ident_lock(int on);            /* serialises context creation across the pod's processes */
 int64_t gp_cap_ppm(int li);            /* the compute cap in force: the environment's, lowered by a squeeze */
 
 /* gp_mem.c */
@@ -113,6 +153,9 @@ void gp_mem_after_fork(void);
 /* gp_compute.c */
 void gp_pace(int li);
 void gp_compute_after_fork(void);
+
+/* gp_ident.c */
+void gp_ident_after_fork(void);
 
 /* gp_nvml.c */
 nvmlDevice_t gp_nvml_device(int li);

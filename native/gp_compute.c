@@ -2,22 +2,36 @@
  *
  * A token bucket counted in *device time*, pod-wide in the shared file: credit accrues at rate x wall time
  * (rate = the cap, in ppm); each launch is charged an estimate of its device time and, when that leaves
- * the bucket in debt, the launching thread sleeps the debt off. Estimates are then replaced by facts: one
- * process of the pod (the poller, holding a lease) reads NVML's per-process utilisation samples, which
- * the driver derives from when the pod's kernels really occupied the GPU, and corrects the bucket by
- * (charged - measured). Over any long period the pod's measured busy time is therefore rate x time plus at
- * most one burst, however wrong the per-launch estimate is; the estimate (measured busy / launches) only
- * smooths the pacing between corrections. HAMi's design moves a token share up and down by a step that
- * depends on the SM count and so oscillates; this one has no gain to tune.
+ * the bucket in debt, the launching thread waits until the debt is paid. Estimates are then replaced by
+ * facts: one process of the pod (the poller, holding a lease) reads NVML's per-process utilisation samples
+ * for the pod's host PIDs (gp_ident.c) and corrects the bucket by (charged - measured), both cumulative. So
+ * over any period the pod's measured busy time is rate x time, give or take the bucket's bounds, however
+ * wrong the per-launch estimate is and however deep the device queue is (a launch is charged when it is
+ * made, its execution is measured when it happens; only the running totals are compared, never one poll
+ * window's launches with the same window's busy time).
  *
- * elastic: the rate may rise above the cap to what the other processes on the GPU leave idle (measured the
- * same way), and falls back within one poll period (GPUPOOL_HOOK_POLL_MS, 20 ms) of a neighbour's kernels
- * showing up in the samples.
+ * Three details make it exact rather than close:
+ * - the per-launch estimate is the ratio of two decaying sums (busy time, launches), not a decaying
+ *   average of per-window ratios, which a deep queue biases (a window's launches execute in the next one);
+ * - a waiting launch re-reads the bucket every few ms, so a correction that pays its debt early lets it
+ *   go early instead of sleeping off an over-estimate;
+ * - the burst bound clips only the refill of idle time, never a correction: credit the pod was over-charged
+ *   is given back in full.
  *
- * squeeze: the cap in force is min(GPUPOOL_CORES_PERCENT, the squeeze the node agent writes into the shared
- * file), read at every launch and every poll, so a reclaim lowers a running pod's share and lifts it again
- * without a restart. Launches are counted (and the per-launch cost learnt) even while uncapped, so a squeeze
- * paces with a good estimate from its first launch, and an uncapped pod carries no token debt into one. */
+ * NVML samples: each covers one sample period of the driver's (learnt as the smallest gap between sample
+ * timestamps). Drivers that return every period since the last timestamp and drivers that return only the
+ * newest period are both read exactly, because the poller runs at least twice per period.
+ *
+ * elastic: the rate may rise above the cap into time nobody else wants, and gives it back at once: while
+ * the GPU is saturated and another process runs, the borrowed part is halved at every poll (and credit
+ * beyond the burst of the lowered rate dropped); while the GPU has idle time it grows by 2 points a poll.
+ * A neighbour's demand is invisible in what it gets (a FIFO device splits contended time by queue depth),
+ * so "saturated with someone else present" is the only signal that it wants more.
+ *
+ * squeeze: the cap in force is min(the cap, the squeeze the node agent writes into the limits file), read
+ * at every launch and every poll, so a reclaim lowers a running pod's share and lifts it again without a
+ * restart. Launches are counted (and the per-launch cost learnt) even while uncapped, so a squeeze paces
+ * with a good estimate from its first launch, and an uncapped pod carries no token debt into one. */
 #include "gp.h"
 
 #include <errno.h>
@@ -29,6 +43,9 @@
 #define DEFAULT_COST_NS 100000     /* 0.1 ms until the first measurement */
 #define BURST_WINDOW_NS 40000000   /* credit kept across idle time: 40 ms of the rate */
 #define ELASTIC_MARGIN_PPM 20000   /* elastic leaves 2 % of the GPU free so a neighbour is seen waking */
+#define ELASTIC_STEP_PPM 20000     /* elastic grows into idle time by 2 points a poll */
+#define WAIT_SLICE_NS 4000000      /* a waiting launch re-reads the bucket this often */
+#define MAX_WAIT_NS 2000000000LL   /* a bounded wait: a stale debt never hangs a launch */
 
 static int poller_state; /* 0 none, 1 running */
 static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -39,6 +56,13 @@ static void sleep_ns(int64_t ns) {
     }
 }
 
+static int64_t burst_of(int64_t rate, int64_t cost) {
+    int64_t b = BURST_WINDOW_NS / GP_PPM * rate;
+    return b > 4 * cost ? b : 4 * cost;
+}
+
+/* Credit for the wall time since the last refill, up to the burst; credit above the burst (given back by a
+ * correction) is left alone. */
 static void refill(struct gp_devstate *d, int64_t now, int64_t rate, int64_t cost) {
     int64_t last = __atomic_load_n(&d->refill_at, __ATOMIC_ACQUIRE);
     if (last == 0) {
@@ -48,9 +72,12 @@ static void refill(struct gp_devstate *d, int64_t now, int64_t rate, int64_t cos
     if (now <= last || !__atomic_compare_exchange_n(&d->refill_at, &last, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return;
     int64_t add = (int64_t)((__int128)(now - last) * rate / GP_PPM);
-    int64_t burst = BURST_WINDOW_NS / GP_PPM * rate > 4 * cost ? BURST_WINDOW_NS / GP_PPM * rate : 4 * cost;
-    int64_t t = __atomic_add_fetch(&d->tokens, add, __ATOMIC_ACQ_REL);
-    while (t > burst && !__atomic_compare_exchange_n(&d->tokens, &t, burst, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+    int64_t burst = burst_of(rate, cost);
+    int64_t t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE);
+    for (;;) {
+        if (t >= burst) return;
+        int64_t nt = t + add > burst ? burst : t + add;
+        if (__atomic_compare_exchange_n(&d->tokens, &t, nt, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
     }
 }
 
@@ -60,7 +87,11 @@ struct devmeter {
     unsigned long long period_us; /* NVML's sample period, learnt as the smallest gap between samples */
     uint64_t charged_seen;
     uint64_t launches_seen;
+    double cost_busy, cost_launches; /* decaying sums for the per-launch estimate */
+    double u_pod, u_other;        /* smoothed shares of the GPU (elastic) */
+    int64_t unmeasured_ns;        /* charged while NVML showed nothing of the pod, since the last sighting */
     int seen_pod;                 /* NVML has reported one of the pod's processes on this GPU */
+    int trust;                    /* corrections apply: the pod's samples are being found */
     int paced;                    /* the GPU was capped at the previous measurement (the window was paced) */
 };
 static struct devmeter meters[GP_MAX_DEV];
@@ -72,7 +103,16 @@ static int cmp_ts(const void *a, const void *b) {
     return x->timeStamp < y->timeStamp ? -1 : x->timeStamp > y->timeStamp;
 }
 
-static void measure(int li, struct gp_shared *s, int64_t window_ns) {
+static int64_t poll_ns(void) {
+    int64_t p = (int64_t)gp_cfg.poll_ms * 1000000LL;
+    for (int li = 0; li < gp_cfg.ndev; li++) {
+        int64_t half = (int64_t)meters[li].period_us * 500; /* twice per NVML period: none is missed */
+        if (half > 0 && half < p) p = half;
+    }
+    return p < 2000000 ? 2000000 : p;
+}
+
+static void measure(int li, struct gp_shared *s) {
     static util_fn get;
     if (get == NULL) get = (util_fn)gp_nvml_sym("nvmlDeviceGetProcessUtilization");
     nvmlDevice_t h = gp_nvml_device(li);
@@ -89,26 +129,32 @@ static void measure(int li, struct gp_shared *s, int64_t window_ns) {
     } else {
         n = 0;
     }
-    int64_t pids[GP_MAX_SLOTS];
-    int npids = gp_pod_pids(pids, GP_MAX_SLOTS);
+    int64_t pids[GP_MAX_SLOTS * GP_HOSTPIDS + GP_HOSTPIDS];
+    int npids = gp_pod_pids(pids, (int)(sizeof pids / sizeof pids[0]));
     if (n > 0) qsort(buf, n, sizeof *buf, cmp_ts);
-    double pod_ns = 0, other_ns = 0;
+    /* Learn the period from consecutive distinct timestamps (of this batch, and against the last one). */
     unsigned long long prev = m->last_ts;
     for (unsigned i = 0; i < n; i++) {
         unsigned long long ts = buf[i].timeStamp;
         if (ts <= m->last_ts) continue;
         if (prev != 0 && ts > prev && (m->period_us == 0 || ts - prev < m->period_us)) m->period_us = ts - prev;
         if (ts > prev) prev = ts;
-        unsigned long long period = m->period_us ? m->period_us : (unsigned long long)window_ns / 1000;
+    }
+    unsigned long long first_ts = m->last_ts;
+    double pod_ns = 0, other_ns = 0;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned long long ts = buf[i].timeStamp;
+        if (ts <= m->last_ts) continue;
+        unsigned long long period = m->period_us ? m->period_us : 20000;
         double busy = buf[i].smUtil / 100.0 * (double)period * 1000.0;
         int mine = 0;
         for (int k = 0; k < npids; k++) mine |= pids[k] == (int64_t)buf[i].pid;
         if (mine) pod_ns += busy;
         else other_ns += busy;
     }
+    double span_ns = first_ts != 0 && prev > first_ts ? (double)(prev - first_ts) * 1000.0 : 0;
     if (prev > m->last_ts) m->last_ts = prev;
     free(buf);
-    if (pod_ns > 0) m->seen_pod = 1;
 
     uint64_t charged = __atomic_load_n(&d->charged_ns, __ATOMIC_ACQUIRE);
     uint64_t launches = __atomic_load_n(&d->launches, __ATOMIC_ACQUIRE);
@@ -118,15 +164,27 @@ static void measure(int li, struct gp_shared *s, int64_t window_ns) {
     __atomic_add_fetch(&d->busy_ns, (uint64_t)pod_ns, __ATOMIC_RELAXED);
     __atomic_add_fetch(&d->others_ns, (uint64_t)other_ns, __ATOMIC_RELAXED);
     int64_t cap = gp_cap_ppm(li);
-    /* Replace the estimates charged by what the GPU measured, over a window that was paced throughout: the
-     * busy time of a window that began uncapped (before a squeeze) was never charged, and is no debt. */
-    if (m->seen_pod && m->paced && cap < GP_PPM)
+    /* Trust measurements only while they see the pod: a pod whose host PIDs NVML never reports would
+     * otherwise be credited back every charge and run unpaced. 200 ms of charges with nothing measured
+     * suspends the corrections (estimates alone pace) until the pod's samples show up again. */
+    if (pod_ns > 0) {
+        m->seen_pod = 1;
+        m->trust = 1;
+        m->unmeasured_ns = 0;
+    } else if (dc > 0) {
+        m->unmeasured_ns += (int64_t)dc;
+        if (m->unmeasured_ns > 200000000LL) m->trust = 0;
+    }
+    if (m->trust && m->paced && cap < GP_PPM)
         __atomic_add_fetch(&d->tokens, (int64_t)dc - (int64_t)pod_ns, __ATOMIC_ACQ_REL);
     m->paced = cap < GP_PPM;
-    if (dl > 0 && pod_ns > 0) {
-        int64_t c = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED);
-        int64_t sample = (int64_t)(pod_ns / (double)dl);
-        __atomic_store_n(&d->cost_ns, c <= 0 ? sample : (c * 7 + sample * 3) / 10, __ATOMIC_RELAXED);
+    m->cost_busy = m->cost_busy * 0.8 + pod_ns;
+    m->cost_launches = m->cost_launches * 0.8 + (double)dl;
+    if (pod_ns > 0 && m->cost_launches >= 1.0)
+        __atomic_store_n(&d->cost_ns, (int64_t)(m->cost_busy / m->cost_launches), __ATOMIC_RELAXED);
+    if (span_ns > 0) {
+        m->u_pod = m->u_pod * 0.5 + 0.5 * (pod_ns / span_ns);
+        m->u_other = m->u_other * 0.5 + 0.5 * (other_ns / span_ns);
     }
     if (cap >= GP_PPM) { /* uncapped: nothing is paced, so no credit or debt may build up */
         __atomic_store_n(&d->tokens, 0, __ATOMIC_RELEASE);
@@ -134,10 +192,24 @@ static void measure(int li, struct gp_shared *s, int64_t window_ns) {
         return;
     }
     int64_t rate = cap;
-    if (gp_cfg.mode == GP_ELASTIC && window_ns > 0) {
-        int64_t others = (int64_t)(other_ns / (double)window_ns * GP_PPM);
-        int64_t room = GP_PPM - others - ELASTIC_MARGIN_PPM;
-        if (room > rate) rate = room;
+    if (gp_cfg.mode == GP_ELASTIC) {
+        int64_t old = __atomic_load_n(&d->rate_ppm, __ATOMIC_ACQUIRE);
+        if (old < cap) old = cap;
+        double idle = 1.0 - m->u_pod - m->u_other;
+        if (m->u_other < 0.01) rate = GP_PPM - ELASTIC_MARGIN_PPM;                 /* alone: all but the margin */
+        else if (idle * GP_PPM <= ELASTIC_MARGIN_PPM) rate = cap + (old - cap) / 2; /* contended: give back */
+        else {
+            int64_t room = GP_PPM - (int64_t)(m->u_other * GP_PPM) - ELASTIC_MARGIN_PPM;
+            rate = old + ELASTIC_STEP_PPM < room ? old + ELASTIC_STEP_PPM : room;
+        }
+        if (rate < cap) rate = cap;
+        if (rate > GP_PPM - ELASTIC_MARGIN_PPM) rate = GP_PPM - ELASTIC_MARGIN_PPM;
+        if (rate < old) { /* credit saved at the higher rate is not the neighbour's to wait for */
+            int64_t cost = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED), burst = burst_of(rate, cost);
+            int64_t t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE);
+            while (t > burst && !__atomic_compare_exchange_n(&d->tokens, &t, burst, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            }
+        }
     }
     __atomic_store_n(&d->rate_ppm, rate, __ATOMIC_RELEASE);
 }
@@ -145,9 +217,9 @@ static void measure(int li, struct gp_shared *s, int64_t window_ns) {
 static void *poller(void *arg) {
     (void)arg;
     int64_t me = getpid();
-    int64_t poll = (int64_t)gp_cfg.poll_ms * 1000000LL;
     int64_t last = gp_now_ns();
     for (;;) {
+        int64_t poll = poll_ns();
         sleep_ns(poll);
         struct gp_shared *s = gp_shm();
         int64_t now = gp_now_ns();
@@ -163,9 +235,14 @@ static void *poller(void *arg) {
             }
             if (!__atomic_compare_exchange_n(&s->poller_pid, &owner, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
             memset(meters, 0, sizeof meters); /* the previous poller's progress is not ours to know */
+            for (int li = 0; li < gp_cfg.ndev; li++) { /* start from what has been counted, not from zero */
+                meters[li].charged_seen = __atomic_load_n(&s->dev[li].charged_ns, __ATOMIC_ACQUIRE);
+                meters[li].launches_seen = __atomic_load_n(&s->dev[li].launches, __ATOMIC_ACQUIRE);
+            }
         }
-        __atomic_store_n(&s->poller_lease, now + 5 * (capped ? poll : 1000000000LL), __ATOMIC_RELEASE);
-        for (int li = 0; li < gp_cfg.ndev; li++) measure(li, s, now - last);
+        __atomic_store_n(&s->poller_lease, now + 5 * (capped ? (poll > 20000000 ? poll : 20000000) : 1000000000LL),
+                         __ATOMIC_RELEASE);
+        for (int li = 0; li < gp_cfg.ndev; li++) measure(li, s);
         struct timespec wall;
         clock_gettime(CLOCK_REALTIME, &wall);
         __atomic_store_n(&s->updated_ns, (uint64_t)wall.tv_sec * 1000000000ULL + (uint64_t)wall.tv_nsec,
@@ -191,6 +268,14 @@ static void ensure_poller(void) {
     pthread_mutex_unlock(&start_mu);
 }
 
+/* 0, or the error the launch returns instead of running: a process the pod cannot count does not run. */
+static CUresult gp_launch_gate(int li) {
+    if (li < 0) return CUDA_SUCCESS;
+    if (!gp_has_slot()) return CUDA_ERROR_OUT_OF_MEMORY;
+    gp_pace(li);
+    return CUDA_SUCCESS;
+}
+
 void gp_pace(int li) {
     if (li < 0) return;
     ensure_poller(); /* also measures uncapped pods, for the agent's busy-time metric */
@@ -204,13 +289,21 @@ void gp_pace(int li) {
     if (rate <= 0 || gp_cfg.mode != GP_ELASTIC || rate < cap) rate = cap;
     int64_t cost = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED);
     if (cost <= 0) cost = DEFAULT_COST_NS;
-    int64_t now = gp_now_ns();
-    refill(d, now, rate, cost);
+    refill(d, gp_now_ns(), rate, cost);
     __atomic_add_fetch(&d->charged_ns, (uint64_t)cost, __ATOMIC_RELAXED);
     int64_t t = __atomic_sub_fetch(&d->tokens, cost, __ATOMIC_ACQ_REL);
-    if (t < 0) {
+    for (int64_t waited = 0; t < 0 && waited < MAX_WAIT_NS;) {
         int64_t wait = (int64_t)((__int128)(-t) * GP_PPM / rate);
-        sleep_ns(wait < 2000000000LL ? wait : 2000000000LL); /* a bounded wait: a stale debt never hangs */
+        if (wait > WAIT_SLICE_NS) wait = WAIT_SLICE_NS;
+        if (wait < 20000) wait = 20000;
+        sleep_ns(wait);
+        waited += wait;
+        int64_t r2 = __atomic_load_n(&d->rate_ppm, __ATOMIC_ACQUIRE);
+        if (gp_cfg.mode == GP_ELASTIC && r2 > cap) rate = r2;
+        else rate = gp_cap_ppm(li) < GP_PPM ? gp_cap_ppm(li) : GP_PPM;
+        if (rate >= GP_PPM) break; /* the squeeze was lifted while waiting */
+        refill(d, gp_now_ns(), rate, cost);
+        t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE);
     }
 }
 
@@ -228,11 +321,19 @@ typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, 
                             CUstream, void **);
 typedef CUresult (*graph_fn)(CUgraphExec, CUstream);
 
+#define GATE()                                                          \
+    do {                                                                \
+        gp_init();                                                      \
+        if (gp_cfg.ndev != 0) {                                         \
+            CUresult g_ = gp_launch_gate(gp_current_index());           \
+            if (g_ != CUDA_SUCCESS) return g_;                          \
+        }                                                               \
+    } while (0)
+
 #define LAUNCH_BODY(real_name, call)                     \
     GP_REAL(launch_fn, real, real_name);                 \
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED; \
-    gp_init();                                           \
-    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());   \
+    GATE();                                              \
     return call;
 
 GP_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
@@ -249,16 +350,14 @@ GP_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, u
 GP_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) {
     GP_REAL(launch_ex_fn, real, "cuLaunchKernelEx");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    gp_init();
-    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    GATE();
     return real(cfg, f, params, extra);
 }
 
 GP_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) {
     GP_REAL(launch_ex_fn, real, "cuLaunchKernelEx_ptsz");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    gp_init();
-    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    GATE();
     return real(cfg, f, params, extra);
 }
 
@@ -266,8 +365,7 @@ GP_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned
                                              unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
     GP_REAL(coop_fn, real, "cuLaunchCooperativeKernel");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    gp_init();
-    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    GATE();
     return real(f, gx, gy, gz, bx, by, bz, shm, s, params);
 }
 
@@ -276,24 +374,21 @@ GP_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, uns
                                                   void **params) {
     GP_REAL(coop_fn, real, "cuLaunchCooperativeKernel_ptsz");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    gp_init();
-    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    GATE();
     return real(f, gx, gy, gz, bx, by, bz, shm, s, params);
 }
 
 GP_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
     GP_REAL(graph_fn, real, "cuGraphLaunch");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    gp_init();
-    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    GATE();
     return real(g, s);
 }
 
 GP_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     GP_REAL(graph_fn, real, "cuGraphLaunch_ptsz");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
-    gp_init();
-    if (gp_cfg.ndev != 0) gp_pace(gp_current_index());
+    GATE();
     return real(g, s);
 }
 

@@ -50,7 +50,9 @@ static void forget(uint64_t key, int kind) {
 }
 
 /* ---- stream-ordered pools ----------------------------------------------------------------------------- */
-#define MAX_POOLS 64
+/* Pools are tracked in a fixed table; an allocation from a pool beyond it is refused (out of memory) rather
+ * than let through uncounted. 1024 is far above what frameworks create (one per device and stream kind). */
+#define MAX_POOLS 1024
 struct pool {
     CUmemoryPool pool;
     int li;
@@ -109,6 +111,13 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
     gp_pools_refresh();
     pthread_mutex_lock(&pool_mu);
     struct pool *p = find_pool(pool, li, 1);
+    if (p == NULL) {
+        static int warned;
+        if (!__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+            gp_log("more than %d memory pools: allocations from the others are refused", MAX_POOLS);
+        pthread_mutex_unlock(&pool_mu);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     GP_REAL(CUresult (*)(CUmemoryPool, int, void *), get, "cuMemPoolGetAttribute");
     cuuint64_t in_use = 0;
     if (get != NULL) get(pool, 7 /* CU_MEMPOOL_ATTR_USED_MEM_CURRENT */, &in_use);
@@ -123,8 +132,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
                            : ((CUresult(*)(CUdeviceptr *, size_t, CUstream))real)(dptr, size, stream);
     uint64_t after = pool_reserved(pool);
     gp_mem_adjust(li, (int64_t)after - (int64_t)before - (int64_t)growth);
-    if (p != NULL) p->recorded += after - before;
-    else gp_mem_release(li, after - before); /* too many pools to track: counted only while reserving */
+    p->recorded += after - before;
     pthread_mutex_unlock(&pool_mu);
     return r;
 }

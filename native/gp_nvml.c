@@ -3,7 +3,6 @@
 #include "gp.h"
 
 #include <string.h>
-#include <unistd.h>
 
 static nvmlDevice_t handles[GP_MAX_DEV];
 static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
@@ -48,15 +47,25 @@ void gp_refresh_ctx(int li) {
     if (get == NULL) get = (procs_fn)gp_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v3");
     nvmlDevice_t h = gp_nvml_device(li);
     if (get == NULL || h == NULL) return;
+    int64_t mine[GP_HOSTPIDS];
+    int nm = gp_own_host_pids(mine); /* NVML speaks host PIDs: getpid() means nothing in a PID namespace */
+    if (nm == 0) return;
     nvmlProcessInfo_t info[64];
     unsigned int n = 64;
     if (get(h, &n, info) != NVML_SUCCESS) return;
-    unsigned int me = (unsigned int)getpid();
+    /* Several candidates (see gp_ident.c): the largest is counted, the safe side of the cap. */
+    uint64_t most = 0;
+    int found = 0;
     for (unsigned i = 0; i < n && i < 64; i++) {
-        if (info[i].pid != me) continue;
-        uint64_t own = gp_own_used(li);
-        gp_set_ctx_bytes(li, info[i].usedGpuMemory > own ? info[i].usedGpuMemory - own : 0);
+        for (int k = 0; k < nm; k++) {
+            if ((int64_t)info[i].pid != mine[k]) continue;
+            found = 1;
+            if (info[i].usedGpuMemory > most) most = info[i].usedGpuMemory;
+        }
     }
+    if (!found) return;
+    uint64_t own = gp_own_used(li);
+    gp_set_ctx_bytes(li, most > own ? most - own : 0);
 }
 
 static int share(nvmlDevice_t dev, unsigned long long *total, unsigned long long *free_b,

@@ -1,4 +1,13 @@
-/* The pod's shared accounting file ($GPUPOOL_HOOK_DIR/usage.v1), mapped by every process of the pod.
+/* The pod's shared accounting file (<accounting_dir>/usage.v1, where the agent's limits file says; without
+ * one, $GPUPOOL_HOOK_DIR), mapped by every process of the pod.
+ *
+ * The file is writable by the pod, so nothing in it is trusted for the limits: they come from the agent's
+ * read-only limits file (gp_main.c). Each process keeps its own usage in private memory too and writes it
+ * back into its slot at every operation, so a process is held to the cap by its own bookkeeping whatever
+ * the file says. What a tenant who rewrites this file can still do: make the pod's processes forget each
+ * other's usage (each still refuses past the cap on its own, so N processes may hold up to N caps) and
+ * rewrite the shared pacing state (token bucket, rate, poller lease) to lift the pod's compute pacing. The
+ * agent's host-side watchdog, which reads NVML from outside the container, is the line for both.
  *
  * Locking uses open-file-description (OFD) record locks, which the kernel drops when the last descriptor of
  * the holder closes, so a process killed at any instant never leaves anything locked:
@@ -25,12 +34,19 @@ _Static_assert(offsetof(struct gp_shared, dev) == 304, "layout is read by the ag
 _Static_assert(offsetof(struct gp_shared, features) == 1328, "layout is read by the agent");
 _Static_assert(offsetof(struct gp_shared, squeeze_ppm) == 1336, "layout is written by the agent");
 _Static_assert(offsetof(struct gp_shared, slots) == 2048, "layout is read by the agent");
+_Static_assert(offsetof(struct gp_shared, ident) == 69632, "layout is read by the agent");
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static struct gp_shared *shm;
 static int shm_fd = -1;
 static int slot = -1;
 static int opened;
+static int slot_ok;                          /* a slot is held and the accounting works (set once) */
+static int broken;                           /* agent mode without its accounting: refuse, never run uncounted */
+static uint64_t own_used[GP_MAX_DEV];        /* this process's own usage, private: the file's copy may be zeroed */
+static uint64_t own_ctx[GP_MAX_DEV];
+static int64_t own_host[GP_HOSTPIDS];
+#define IDENT_LOCK_BYTE (1 + GP_MAX_SLOTS)   /* held around context creation (gp_ident.c) */
 
 static int ofd(int fd, int cmd, short type, off_t start) {
     struct flock fl;
@@ -72,15 +88,14 @@ static struct gp_shared *open_file(const char *dir) {
         if (fstat(fd, &st) == 0 && (st.st_size >= (off_t)sizeof *s || ftruncate(fd, sizeof *s) == 0))
             s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (s != MAP_FAILED) {
+            /* The header's limits are for the agent's metrics only: never read back (a tenant may rewrite them). */
             if (s->magic != GP_MAGIC || s->version != GP_VERSION) {
                 memset(s, 0, sizeof *s);
                 fill_header(s);
                 __atomic_store_n(&s->magic, GP_MAGIC, __ATOMIC_RELEASE);
-            } else if (s->ndev != (uint32_t)gp_cfg.ndev || memcmp(s->limit, gp_cfg.limit, sizeof s->limit) != 0) {
-                gp_log("limits in the environment differ from the pod's file; the environment's are used");
-                fill_header(s);
             }
-            __atomic_fetch_or(&s->features, GP_FEAT_SQUEEZE, __ATOMIC_RELEASE);
+            __atomic_fetch_or(&s->features, GP_FEAT_SQUEEZE | GP_FEAT_HOSTPID | (gp_cfg.agent ? GP_FEAT_LIMITS : 0),
+                              __ATOMIC_RELEASE);
         }
         ofd(fd, F_OFD_SETLK, F_UNLCK, 0);
     }
@@ -97,8 +112,12 @@ static struct gp_shared *open_file(const char *dir) {
 static void ensure_open(void) {
     if (opened) return;
     gp_init();
-    const char *dir = getenv("GPUPOOL_HOOK_DIR");
-    shm = dir != NULL && *dir ? open_file(dir) : NULL;
+    const char *dir = gp_cfg.acct_dir;
+    shm = *dir ? open_file(dir) : NULL;
+    if (shm == NULL && gp_cfg.agent && !gp_cfg.broken) {
+        broken = 1;
+        gp_log("the pod's accounting in %.200s cannot be used: every allocation is refused", *dir ? dir : "(none)");
+    }
     if (shm == NULL) {
         void *p = mmap(NULL, sizeof *shm, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         if (p == MAP_FAILED) abort(); /* 70 KiB of anonymous memory: nothing sensible is left to do */
@@ -120,6 +139,8 @@ static void unlock(void) {
     pthread_mutex_unlock(&mu);
 }
 
+static void heal_slot(void);
+
 /* With the locks held: claim a slot whose liveness byte nobody holds (free, or left by a dead process). */
 static void claim_slot(void) {
     if (slot >= 0) return;
@@ -131,26 +152,57 @@ static void claim_slot(void) {
     for (int i = 0; i < GP_MAX_SLOTS; i++) {
         if (ofd(shm_fd, F_OFD_SETLK, F_WRLCK, 1 + i) == 0) {
             memset(&shm->slots[i], 0, sizeof shm->slots[i]);
+            memset(&shm->ident[i], 0, sizeof shm->ident[i]);
             __atomic_store_n(&shm->slots[i].pid, (int64_t)getpid(), __ATOMIC_RELEASE);
             slot = i;
+            heal_slot();
             return;
         }
     }
     static int warned;
-    if (!warned++) gp_log("all %d process slots of the pod are taken; this process is not accounted", GP_MAX_SLOTS);
+    if (!warned++) gp_log("all %d process slots of the pod are taken; this process is refused memory and contexts",
+                          GP_MAX_SLOTS);
 }
 
-/* With the locks held: free the slots of dead processes, then sum what the pod holds on one GPU. */
+/* With the locks held: write this process's own bookkeeping back into its slot (undoing any rewrite). */
+static void heal_slot(void) {
+    if (slot < 0) return;
+    struct gp_slot *s = &shm->slots[slot];
+    if (s->pid != (int64_t)getpid()) __atomic_store_n(&s->pid, (int64_t)getpid(), __ATOMIC_RELEASE);
+    for (int i = 0; i < GP_MAX_DEV; i++) {
+        if (s->used[i] != own_used[i]) __atomic_store_n(&s->used[i], own_used[i], __ATOMIC_RELAXED);
+        if (s->ctx[i] != own_ctx[i]) __atomic_store_n(&s->ctx[i], own_ctx[i], __ATOMIC_RELAXED);
+    }
+    for (int k = 0; k < GP_HOSTPIDS; k++)
+        if (shm->ident[slot].host_pid[k] != own_host[k])
+            __atomic_store_n(&shm->ident[slot].host_pid[k], own_host[k], __ATOMIC_RELAXED);
+}
+
+/* With the locks held: free the slots of dead processes, then sum what the pod holds on one GPU. A slot is
+ * live while its byte is locked, whatever its content says; a live slot whose pid was wiped has been
+ * tampered with (a slot is claimed and filled under the accounting lock, which we hold), so its usage is
+ * unknown until its owner writes it back: UINT64_MAX, every request is refused meanwhile. */
 static uint64_t pod_used_locked(int li) {
     uint64_t sum = 0;
+    heal_slot();
     for (int i = 0; i < GP_MAX_SLOTS; i++) {
         struct gp_slot *s = &shm->slots[i];
-        if (s->pid == 0) continue;
-        if (i != slot && shm_fd >= 0 && ofd(shm_fd, F_OFD_GETLK, F_WRLCK, 1 + i) == 0) {
-            memset(s, 0, sizeof *s); /* its owner died: its memory went with its contexts */
+        if (i == slot) {
+            sum += own_used[li] + own_ctx[li];
             continue;
         }
-        sum += s->used[li] + s->ctx[li];
+        if (shm_fd < 0) continue;
+        int live = ofd(shm_fd, F_OFD_GETLK, F_WRLCK, 1 + i) != 0;
+        if (!live) {
+            if (s->pid != 0) {
+                memset(s, 0, sizeof *s); /* its owner died: its memory went with its contexts */
+                memset(&shm->ident[i], 0, sizeof shm->ident[i]);
+            }
+            continue;
+        }
+        if (s->pid == 0) return UINT64_MAX;
+        uint64_t v = s->used[li] + s->ctx[li];
+        sum = v < UINT64_MAX - sum ? sum + v : UINT64_MAX;
     }
     return sum;
 }
@@ -177,7 +229,11 @@ int gp_mem_reserve(int li, uint64_t bytes) {
     uint64_t used = pod_used_locked(li);
     uint64_t limit = gp_cfg.limit[li];
     int ok = limit == 0 || (bytes <= limit && used <= limit - bytes);
-    if (ok && slot >= 0) __atomic_store_n(&shm->slots[slot].used[li], shm->slots[slot].used[li] + bytes, __ATOMIC_RELAXED);
+    if (limit != 0 && (slot < 0 || broken)) ok = 0; /* uncounted is never an option: refuse */
+    if (ok) {
+        own_used[li] += bytes;
+        heal_slot();
+    }
     unlock();
     return ok ? 0 : -1;
 }
@@ -186,11 +242,9 @@ void gp_mem_adjust(int li, int64_t delta) {
     if (li < 0 || delta == 0) return;
     lock();
     claim_slot();
-    if (slot >= 0) {
-        uint64_t *u = &shm->slots[slot].used[li];
-        uint64_t v = delta < 0 && (uint64_t)(-delta) > *u ? 0 : *u + (uint64_t)delta;
-        __atomic_store_n(u, v, __ATOMIC_RELAXED);
-    }
+    uint64_t *u = &own_used[li];
+    *u = delta < 0 && (uint64_t)(-delta) > *u ? 0 : *u + (uint64_t)delta;
+    heal_slot();
     unlock();
 }
 
@@ -208,7 +262,8 @@ void gp_set_ctx_bytes(int li, uint64_t bytes) {
     if (li < 0) return;
     lock();
     claim_slot();
-    if (slot >= 0) __atomic_store_n(&shm->slots[slot].ctx[li], bytes, __ATOMIC_RELAXED);
+    own_ctx[li] = bytes;
+    heal_slot();
     unlock();
 }
 
@@ -216,7 +271,7 @@ uint64_t gp_own_used(int li) {
     if (li < 0) return 0;
     lock();
     claim_slot();
-    uint64_t u = slot >= 0 ? shm->slots[slot].used[li] : 0;
+    uint64_t u = own_used[li];
     unlock();
     return u;
 }
@@ -224,8 +279,10 @@ uint64_t gp_own_used(int li) {
 int64_t gp_cap_ppm(int li) {
     int64_t cap = gp_cfg.cores_ppm[li];
     /* One aligned 64-bit load: the agent's write is seen whole or not at all. Nonsense (0, >= 100 %) is no
-     * squeeze; the agent clamps too, this guards against anything else writing the file. */
-    uint64_t sq = __atomic_load_n(&gp_shm()->squeeze_ppm[li], __ATOMIC_ACQUIRE);
+     * squeeze; the agent clamps too. With the agent's limits file the squeeze is read there (read-only in
+     * the pod); only without one from the pod's own file (a squeeze can only lower the cap either way). */
+    const uint64_t *where = gp_cfg.file != NULL ? &gp_cfg.file->squeeze_ppm[li] : &gp_shm()->squeeze_ppm[li];
+    uint64_t sq = __atomic_load_n(where, __ATOMIC_ACQUIRE);
     if (sq == 0 || sq >= (uint64_t)GP_PPM) return cap;
     int64_t v = sq < GP_SQUEEZE_MIN_PPM ? GP_SQUEEZE_MIN_PPM : (int64_t)sq;
     return v < cap ? v : cap;
@@ -234,11 +291,51 @@ int64_t gp_cap_ppm(int li) {
 int gp_pod_pids(int64_t *pids, int max) {
     struct gp_shared *s = gp_shm();
     int n = 0;
-    for (int i = 0; i < GP_MAX_SLOTS && n < max; i++) {
-        int64_t p = __atomic_load_n(&s->slots[i].pid, __ATOMIC_ACQUIRE);
-        if (p != 0) pids[n++] = p;
+    for (int k = 0; k < GP_HOSTPIDS && n < max; k++)
+        if (own_host[k] != 0) pids[n++] = own_host[k];
+    for (int i = 0; i < GP_MAX_SLOTS; i++) {
+        if (i == slot || __atomic_load_n(&s->slots[i].pid, __ATOMIC_ACQUIRE) == 0) continue;
+        for (int k = 0; k < GP_HOSTPIDS && n < max; k++) {
+            int64_t p = __atomic_load_n(&s->ident[i].host_pid[k], __ATOMIC_ACQUIRE);
+            if (p != 0) pids[n++] = p;
+        }
     }
     return n;
+}
+
+int gp_has_slot(void) {
+    if (__atomic_load_n(&slot_ok, __ATOMIC_ACQUIRE)) return 1; /* every launch asks: no lock once known */
+    lock();
+    claim_slot();
+    int ok = slot >= 0 && !broken;
+    if (ok) __atomic_store_n(&slot_ok, 1, __ATOMIC_RELEASE);
+    unlock();
+    return ok;
+}
+
+void gp_set_host_pids(const int64_t *pids, int n) {
+    lock();
+    claim_slot();
+    for (int k = 0; k < GP_HOSTPIDS; k++) own_host[k] = k < n ? pids[k] : 0;
+    heal_slot();
+    unlock();
+}
+
+int gp_own_host_pids(int64_t *pids) {
+    int n = 0;
+    for (int k = 0; k < GP_HOSTPIDS; k++)
+        if (own_host[k] != 0) pids[n++] = own_host[k];
+    return n;
+}
+
+/* Another process of the pod identifying itself at the same moment would see our context appear in its
+ * before/after comparison: contexts are created one process at a time (an OFD lock, dropped on death). */
+void gp_ident_lock(int on) {
+    pthread_mutex_lock(&mu);
+    ensure_open();
+    int fd = shm_fd;
+    pthread_mutex_unlock(&mu);
+    if (fd >= 0) ofd(fd, on ? F_OFD_SETLKW : F_OFD_SETLK, on ? F_WRLCK : F_UNLCK, IDENT_LOCK_BYTE);
 }
 
 /* The child shares the parent's open file description, hence its locks: it must open its own and claim
@@ -251,4 +348,9 @@ void gp_shared_after_fork(void) {
     shm_fd = -1;
     slot = -1;
     opened = 0;
+    broken = 0;
+    slot_ok = 0;
+    memset(own_used, 0, sizeof own_used); /* the child holds nothing of its parent's (no CUDA across fork) */
+    memset(own_ctx, 0, sizeof own_ctx);
+    memset(own_host, 0, sizeof own_host);
 }

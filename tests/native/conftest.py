@@ -10,8 +10,7 @@ from tests.native.native_helpers import Built, Pod, Probe, build_all, have_cc
 
 @pytest.fixture(scope="session")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    if not have_cc():
-        pytest.skip("no C compiler")
+    assert have_cc(), "no C compiler: the native tests need one (set CC)"
     return build_all(tmp_path_factory.mktemp("native"))
 
 
@@ -19,6 +18,11 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 def device(tmp_path: Path) -> Path:
     """A fresh simulated GPU (its state file) for one test."""
     return tmp_path / "fake-gpu-state"
+
+
+# Every pod's processes run in a PID namespace of their own, as in a real pod: NVML names them by host PIDs
+# that differ from their getpid() (fake_state.h, FAKE_GPU_PID_NS).
+PID_NS_STEP = 10_000_000
 
 
 class PodFactory:
@@ -31,6 +35,7 @@ class PodFactory:
         self.count += 1
         hook_dir = self.root / f"pod-{self.count}"
         hook_dir.mkdir()
+        kwargs.setdefault("pid_ns", PID_NS_STEP * self.count)
         return Pod(self.built, self.device, hook_dir, **kwargs)  # type: ignore[arg-type]
 
     def start(self, pod: Pod, mode: str = "direct") -> Probe:

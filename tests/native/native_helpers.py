@@ -1,5 +1,13 @@
 """Build the fake driver, the fake NVML, the probe and the interception library into a temporary folder,
-and drive probes (tests/native/fakes/probe.c) as child processes."""
+and drive probes (tests/native/fakes/probe.c) as child processes.
+
+The library under test is built with GP_LIMITS_PATH=/proc/self/fd/201: a path fixed at build time, like the
+production one (/run/gpupool/limits/limits.v1), which the harness points at each pod's own limits file by
+handing the probe that file, opened read-only, as descriptor 201 (a mount namespace per pod would need
+privileges the tests do not have). Nothing in the probe's environment can move it.
+
+GPUPOOL_TEST_NATIVE_SRC=<dir> builds the library from another copy of native/ (its own build.py): how the
+tamper tests were shown to fail on the library before they were written (`git show HEAD~:native/...`)."""
 
 from __future__ import annotations
 
@@ -21,8 +29,13 @@ MIB = 1 << 20
 CC_FLAGS = ["-std=c11", "-Wall", "-Wextra", "-Werror"]
 
 
+LIMITS_FD = 201
+LIMITS_DEFINE = f'-DGP_LIMITS_PATH="/proc/self/fd/{LIMITS_FD}"'
+
+
 def native_build() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gpupool_native_build", ROOT / "native" / "build.py")
+    src = Path(os.environ.get("GPUPOOL_TEST_NATIVE_SRC") or ROOT / "native")
+    spec = importlib.util.spec_from_file_location("gpupool_native_build", src / "build.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -54,13 +67,19 @@ def build_all(out: Path, extra: list[str] | None = None) -> Built:
     _cc(*shared, "-o", str(out / "libnvidia-ml.so.1"), str(FAKES / "fake_nvml.c"), "-lpthread")
     _cc(*CC_FLAGS, *extra, "-o", str(out / "probe"), str(FAKES / "probe.c"), f"-L{out}", "-l:libcuda.so.1",
         "-ldl", "-lpthread")
-    hook = native_build().compile_library(out / "libgpupool_hook.so", extra)
+    hook = native_build().compile_library(out / "libgpupool_hook.so", [*extra, LIMITS_DEFINE])
     return Built(out, hook, out / "probe")
 
 
 @dataclass
 class Pod:
-    """One pod: its hook directory and limits; `env` is what the agent would give its containers."""
+    """One pod: its hook directory and limits; `env` is what the agent would give its containers.
+
+    granted=True: the agent's grant as it is meant to be, limits.v1 written by the agent's own writer
+    (gpupool.agent.hookdir.write_limits) into hook_dir/limits and handed to every process read-only, the
+    accounting in hook_dir/hook; the environment carries the same values as today's grant does (and
+    GPUPOOL_HOOK_DIR), which is what a tenant tampers with: `extra` overrides variables, `unset` removes them.
+    pid_ns: the simulated PID namespace of the pod's processes (FAKE_GPU_PID_NS, fake_state.h)."""
 
     built: Built
     state: Path
@@ -70,26 +89,67 @@ class Pod:
     mode: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
     preload: bool = True
+    granted: bool = False
+    pid_ns: int = 0
+    samples: str | None = None  # FAKE_GPU_NVML_SAMPLES: None/"all" or "latest"
+    unset: tuple[str, ...] = ()
+    asan_runtime: str | None = None  # LD_PRELOAD it first (the probe and library are built with ASan)
+
+    @property
+    def accounting(self) -> Path:
+        return self.hook_dir / "hook" if self.granted else self.hook_dir
+
+    def write_limits(self) -> Path:
+        from gpupool.agent.hookdir import HookLimits, limits_dir, write_limits
+
+        mem = [int(x) for x in (self.memory_mib or "0").split(",")]
+        cores = [float(x) for x in (self.cores or "100").split(",")]
+        n = max(len(mem), len(cores))
+        mem += [0] * (n - len(mem))
+        cores += [100.0] * (n - len(cores))
+        self.accounting.mkdir(parents=True, exist_ok=True)
+        return write_limits(limits_dir(self.hook_dir), HookLimits(
+            memory_mib=tuple(mem), cores=tuple(cores), mode=self.mode or "hard",
+            accounting_dir=str(self.accounting)))
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "FAKE_GPU_"))}
         env.pop("LD_PRELOAD", None)
         env.update(LD_LIBRARY_PATH=str(self.built.dir), FAKE_GPU_STATE=str(self.state),
-                   GPUPOOL_HOOK_DIR=str(self.hook_dir))
+                   GPUPOOL_HOOK_DIR=str(self.accounting))
+        if self.pid_ns:
+            env["FAKE_GPU_PID_NS"] = str(self.pid_ns)
+        if self.samples:
+            env["FAKE_GPU_NVML_SAMPLES"] = self.samples
         if self.preload:
             env["LD_PRELOAD"] = str(self.built.hook)
+            if self.asan_runtime:
+                env["LD_PRELOAD"] = f"{self.asan_runtime}:{self.built.hook}"
         for key, value in (("GPUPOOL_MEMORY_LIMIT_MIB", self.memory_mib), ("GPUPOOL_CORES_PERCENT", self.cores),
                            ("GPUPOOL_CORES_MODE", self.mode)):
             if value is not None:
                 env[key] = value
         env.update(self.extra)
+        for key in self.unset:
+            env.pop(key, None)
         return env
 
     def start(self, mode: str = "direct") -> Probe:
-        return Probe(subprocess.Popen(
-            [str(self.built.probe), mode], env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, bufsize=1,
-        ))
+        argv = [str(self.built.probe), mode]
+        if not self.granted:
+            return Probe(subprocess.Popen(argv, env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, bufsize=1))
+        limits = self.hook_dir / "limits" / "limits.v1"
+        if not limits.exists():
+            self.write_limits()
+        fd = os.open(limits, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            os.dup2(fd, LIMITS_FD, inheritable=False)  # pass_fds makes it inheritable in the child only
+            return Probe(subprocess.Popen(argv, env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, bufsize=1, pass_fds=(LIMITS_FD,)))
+        finally:
+            os.close(LIMITS_FD)
+            os.close(fd)
 
 
 class Probe:
@@ -143,7 +203,7 @@ class Probe:
 
 # ---- the fake device's kernel log (layout of struct fake_state in fakes/fake_state.h) -----------------------
 _PROCS, _IVS = 256, 1 << 16
-_IV_OFFSET = 32 + _PROCS * 24
+_IV_OFFSET = 32 + _PROCS * 40
 
 
 def kernel_log(state: Path) -> list[tuple[int, int, int]]:

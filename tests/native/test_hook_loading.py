@@ -34,10 +34,10 @@ def test_dlsym_keeps_working_for_everything_else(built: Built) -> None:
     assert (done.returncode, done.stdout, done.stderr) == (0, "7 4\n", "")
 
 
-def test_the_library_exports_only_driver_and_nvml_entry_points_and_dlsym(built: Built) -> None:
+def test_the_library_exports_only_driver_and_nvml_entry_points_dlsym_and_dlvsym(built: Built) -> None:
     out = subprocess.run(["nm", "-D", "--defined-only", str(built.hook)], capture_output=True, text=True)
     if out.returncode != 0:
         pytest.skip("no nm (binutils)")
     names = {line.split()[-1] for line in out.stdout.splitlines() if " T " in line}
-    assert "dlsym" in names and "cuMemAlloc_v2" in names and "cuGetProcAddress_v2" in names
-    assert all(n == "dlsym" or n.startswith(("cu", "nvml")) for n in names), names
+    assert {"dlsym", "dlvsym", "cuMemAlloc_v2", "cuGetProcAddress_v2", "cuCtxCreate_v2"} <= names
+    assert all(n in ("dlsym", "dlvsym") or n.startswith(("cu", "nvml")) for n in names), names

@@ -4,9 +4,20 @@ live, and what the library wrote there (the container's usage, read for metrics)
 Host layout under `hook_root` (AgentConfig, default /run/gpupool/hook):
     lib/libgpupool_hook.so               copied from the agent's own package at start (kubelet mounts host paths)
     lib/ld.so.preload                    one line: the library's path inside the container
-    pods/<pod UID>/<container>/          one GPU container's hook directory, mounted read-write into that
-                                         container only; the library keeps usage.v1 there
+    pods/<pod UID>/<container>/          one GPU container's hook directory (agent only, never mounted whole)
     pods/<pod UID>/<container>/pod.json  who the pod and container are (written at Allocate), for metric labels
+    pods/<pod UID>/<container>/limits/limits.v1
+                                         the container's limits (`write_limits`): mounted READ-ONLY at
+                                         CONTAINER_LIMITS_DIR, the path compiled into the library
+    pods/<pod UID>/<container>/hook/     the container's accounting directory: mounted read-write at
+                                         CONTAINER_HOOK_DIR; the library keeps usage.v1 there
+
+The library takes its caps, compute mode and the place of its accounting from limits.v1 only; the
+container's environment (GPUPOOL_MEMORY_LIMIT_MIB, GPUPOOL_CORES_PERCENT, GPUPOOL_CORES_MODE) can lower a
+cap, never raise it, and GPUPOOL_HOOK_DIR is ignored. The limits directory must not lie inside anything the
+container mounts writable (a read-write mount of pods/<pod UID>/<container>/ itself would expose limits/
+writable), hence the two sibling directories. Without limits.v1 (a container granted by an agent that did
+not write one) the library falls back to the environment, which the tenant controls.
 
 One directory per GPU container, not per pod: the library checks every allocation against the limits of
 the file it maps, which are its own container's (GPUPOOL_MEMORY_LIMIT_MIB, GPUPOOL_CORES_PERCENT), and
@@ -17,10 +28,13 @@ such directories are still read (`hook_dirs`) and removed with their pod.
 
 usage.v1 is the library's shared accounting file; its layout is `struct gp_shared` in native/gp.h (the
 offsets below are checked there with static assertions). A process's slot counts only while someone holds
-the process's OFD lock on byte 1 + slot, which the kernel drops when the process dies.
+the process's OFD lock on byte 1 + slot, which the kernel drops when the process dies. The container can
+write it, so the agent reads limits from limits.v1 where there is one, and usage.v1 only for usage.
 
-The agent writes one thing into it: the reclaim squeeze (`squeeze_ppm`, per GPU of the container), which the
-library enforces as min(its cap, the squeeze) from the next launch on (gpupool.api.squeeze, docs/queues.md).
+limits.v1 is `struct gp_limits` in native/gp.h (2048 bytes, little-endian). The agent rewrites one field in
+place while the pod runs: the reclaim squeeze (`squeeze_ppm`, per GPU of the container), which the library
+enforces as min(its cap, the squeeze) from the next launch on (gpupool.api.squeeze, docs/queues.md); it is
+also written into usage.v1 for libraries that predate limits.v1.
 """
 
 from __future__ import annotations
@@ -42,7 +56,11 @@ CORES_MODES = ("hard", "elastic")
 CONTAINER_LIBRARY = "/usr/local/lib/gpupool/libgpupool_hook.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_HOOK_DIR = "/run/gpupool/hook"
+CONTAINER_LIMITS_DIR = "/run/gpupool/limits"  # the library's GP_LIMITS_PATH is CONTAINER_LIMITS_DIR/LIMITS_FILE
 USAGE_FILE = "usage.v1"
+LIMITS_FILE = "limits.v1"
+LIMITS_SUBDIR = "limits"  # host: <container dir>/limits, mounted read-only at CONTAINER_LIMITS_DIR
+ACCOUNTING_SUBDIR = "hook"  # host: <container dir>/hook, mounted read-write at CONTAINER_HOOK_DIR
 POD_FILE = "pod.json"
 
 # Kubernetes UIDs are UUIDs; any name that is safe as one path component is accepted (no "/", no "..").
@@ -56,6 +74,11 @@ _FEATURES_OFFSET, _SQUEEZE_OFFSET = 1328, 1336  # in what version 1 left as padd
 FEAT_SQUEEZE = 1  # the library in the pod honours the squeeze
 _PPM = 1_000_000
 _FILE_SIZE = _SLOT_OFFSET + _SLOTS * _SLOT_SIZE
+# limits.v1 (struct gp_limits)
+_LIMITS_MAGIC = 0x3154494D494C5047  # "GPLIMIT1"
+_LIMITS_SIZE = 2048
+_L_LIMIT, _L_CORES, _L_MODE, _L_SQUEEZE, _L_UUID, _L_ACCOUNTING = 16, 144, 272, 280, 408, 1432
+_UUID_LEN, _ACCOUNTING_LEN = 64, 256
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +86,18 @@ class HookPaths:
     library: Path
     preload: Path
     pods: Path
+
+
+@dataclass(frozen=True, slots=True)
+class HookLimits:
+    """What the library in one container may use, per GPU of the container in its NVIDIA_VISIBLE_DEVICES
+    order: the content of limits.v1."""
+
+    memory_mib: tuple[int, ...]  # 0 = no memory cap
+    cores: tuple[float, ...]  # percent of the GPU's time, 100 = no compute cap
+    mode: str = "hard"  # hard or elastic
+    gpus: tuple[str, ...] = ()  # the GPUs' UUIDs ("" or absent: matched by ordinal)
+    accounting_dir: str = CONTAINER_HOOK_DIR  # where the container sees its writable accounting directory
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +109,7 @@ class HookPod:
     container: str
     gpus: tuple[str, ...]  # the container's GPUs, in the order of its NVIDIA_VISIBLE_DEVICES (the library's)
     dir: Path  # container_dir(root, uid, container)
+    limits: HookLimits | None = None  # written to limits.v1 by prepare_pod (None: no file, env-only library)
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +151,16 @@ def container_dir(root: Path, uid: str, container: str) -> Path:
     if not valid_container(container):
         raise ValueError(f"not usable as a container name: {container!r}")
     return pod_dir(root, uid) / container
+
+
+def limits_dir(directory: Path) -> Path:
+    """The host directory to mount READ-ONLY at CONTAINER_LIMITS_DIR (it holds limits.v1)."""
+    return directory / LIMITS_SUBDIR
+
+
+def accounting_dir(directory: Path) -> Path:
+    """The host directory to mount read-write at CONTAINER_HOOK_DIR (the library's usage.v1)."""
+    return directory / ACCOUNTING_SUBDIR
 
 
 def hook_dirs(root: Path, uid: str) -> list[Path]:
@@ -178,10 +224,80 @@ def install_packaged_library(root: Path) -> str | None:
 
 
 def prepare_pod(pod: HookPod) -> None:
+    """The container's directories, pod.json and (when the grant carries them) its limits file. The
+    accounting directory is writable by any user of the container (its processes may run as any user);
+    the limits directory only by the agent."""
     pod.dir.mkdir(parents=True, exist_ok=True)
-    pod.dir.chmod(0o777)  # the container's processes may run as any user; only this container mounts it
+    pod.dir.chmod(0o777)  # agents before limits.v1 mount this directory itself as the accounting directory
+    hook = accounting_dir(pod.dir)
+    hook.mkdir(exist_ok=True)
+    hook.chmod(0o777)
     info = {"uid": pod.uid, "pod": pod.label, "container": pod.container, "gpus": list(pod.gpus)}
     (pod.dir / POD_FILE).write_text(json.dumps(info))
+    if pod.limits is not None:
+        write_limits(limits_dir(pod.dir), pod.limits)
+
+
+def limits_bytes(limits: HookLimits) -> bytes:
+    """limits.v1 for `limits` (struct gp_limits in native/gp.h)."""
+    n = len(limits.memory_mib)
+    if n != len(limits.cores) or not 0 < n <= _MAX_DEV:
+        raise ValueError(f"limits for {len(limits.memory_mib)} and {len(limits.cores)} GPUs: one value per GPU, "
+                         f"1 to {_MAX_DEV} GPUs")
+    if limits.gpus and len(limits.gpus) != n:
+        raise ValueError(f"{len(limits.gpus)} GPU UUIDs for {n} GPUs")
+    if limits.mode not in CORES_MODES:
+        raise ValueError(f"cores mode {limits.mode!r} is not one of {', '.join(CORES_MODES)}")
+    data = bytearray(_LIMITS_SIZE)
+    struct.pack_into("<QII", data, 0, _LIMITS_MAGIC, 1, n)
+    for i, (mib, cores) in enumerate(zip(limits.memory_mib, limits.cores, strict=True)):
+        if mib < 0 or not 0 < cores <= 100:
+            raise ValueError(f"GPU {i}: memory {mib} MiB / cores {cores} % out of range")
+        struct.pack_into("<Q", data, _L_LIMIT + 8 * i, mib << 20)
+        struct.pack_into("<Q", data, _L_CORES + 8 * i, 0 if cores >= 100 else max(1, round(cores * _PPM / 100)))
+    struct.pack_into("<Q", data, _L_MODE, CORES_MODES.index(limits.mode))
+    for i, uuid in enumerate(limits.gpus):
+        raw = uuid.encode()
+        if len(raw) >= _UUID_LEN:
+            raise ValueError(f"GPU UUID {uuid!r} is too long")
+        data[_L_UUID + _UUID_LEN * i:_L_UUID + _UUID_LEN * i + len(raw)] = raw
+    raw = limits.accounting_dir.encode()
+    if not raw.startswith(b"/") or len(raw) >= _ACCOUNTING_LEN:
+        raise ValueError(f"accounting directory {limits.accounting_dir!r} is not an absolute path under 256 bytes")
+    data[_L_ACCOUNTING:_L_ACCOUNTING + len(raw)] = raw
+    return bytes(data)
+
+
+def write_limits(directory: Path, limits: HookLimits) -> Path:
+    """Write <directory>/limits.v1 atomically (a container starting meanwhile sees the old file or the new
+    one, never half of one); readable by every user, writable by the agent only."""
+    data = limits_bytes(limits)
+    directory.mkdir(parents=True, exist_ok=True)
+    directory.chmod(0o755)
+    path = directory / LIMITS_FILE
+    tmp = directory / f".{LIMITS_FILE}.{os.getpid()}.tmp"
+    tmp.write_bytes(data)
+    tmp.chmod(0o644)
+    os.replace(tmp, path)
+    return path
+
+
+def read_limits(directory: Path) -> dict[str, Any] | None:
+    """What limits.v1 in `directory` (a limits directory) grants, or None without a valid file."""
+    try:
+        data = (directory / LIMITS_FILE).read_bytes()
+    except OSError:
+        return None
+    if len(data) < _LIMITS_SIZE or struct.unpack_from("<Q", data, 0)[0] != _LIMITS_MAGIC:
+        return None
+    ndev = min(struct.unpack_from("<I", data, 12)[0], _MAX_DEV)
+    return {
+        "limit": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_LIMIT)),
+        "cores": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_CORES)),
+        "mode": struct.unpack_from("<Q", data, _L_MODE)[0],
+        "squeeze": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_SQUEEZE)),
+        "ndev": ndev,
+    }
 
 
 def prepare_hook_pod(root: Path, pod: HookPod, pods_on_node: Iterable[Mapping[str, Any]]) -> bool:
@@ -220,8 +336,9 @@ def _held_by_someone(fd: int, offset: int) -> bool:
 def read_usage(directory: Path) -> list[PodGpuUsage]:
     """One record per GPU of the directory's container (of the pod, for an older agent's pod-wide
     directory); [] when the library has not written (or not finished) the file."""
+    usage = _usage_path(directory)
     try:
-        fd = os.open(directory / USAGE_FILE, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(usage, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return []
     try:
@@ -236,6 +353,11 @@ def read_usage(directory: Path) -> list[PodGpuUsage]:
                 and _held_by_someone(fd, 1 + i)]
     finally:
         os.close(fd)
+    granted = read_limits(limits_dir(directory))
+    squeezes = struct.unpack_from(f"<{_MAX_DEV}Q", data, _SQUEEZE_OFFSET)
+    if granted is not None:  # the agent's own file, not the copy the container can rewrite
+        limits, cores, mode, squeezes = granted["limit"], granted["cores"], granted["mode"], granted["squeeze"]
+        ndev = granted["ndev"]
     info = _pod_info(directory)
     gpus = info.get("gpus") or []
     out = []
@@ -246,14 +368,22 @@ def read_usage(directory: Path) -> list[PodGpuUsage]:
             used += struct.unpack_from("<Q", data, base + 8 * d)[0]
             used += struct.unpack_from("<Q", data, base + 128 + 8 * d)[0]
         (busy_ns,) = struct.unpack_from("<Q", data, _DEV_OFFSET + 64 * d + 40)
-        (squeeze,) = struct.unpack_from("<Q", data, _SQUEEZE_OFFSET + 8 * d)
+        squeeze = squeezes[d]
         out.append(PodGpuUsage(
             pod_uid=str(info.get("uid") or directory.name), label=str(info.get("pod", "")),
             gpu=str(gpus[d]) if d < len(gpus) else str(d), limit_bytes=limits[d], used_bytes=used,
-            busy_seconds=busy_ns / 1e9, cores_percent=cores[d] / 1e4, mode=CORES_MODES[1] if mode else CORES_MODES[0],
+            busy_seconds=busy_ns / 1e9, cores_percent=(cores[d] or _PPM) / 1e4,
+            mode=CORES_MODES[1] if mode else CORES_MODES[0],
             processes=len(live), squeeze_percent=squeeze / 1e4, container=str(info.get("container", "")),
         ))
     return out
+
+
+def _usage_path(directory: Path) -> Path:
+    """usage.v1 of a container directory: in its accounting subdirectory, or (agents before limits.v1
+    mounted the container directory itself) directly in it."""
+    inner = accounting_dir(directory) / USAGE_FILE
+    return inner if inner.exists() else directory / USAGE_FILE
 
 
 def _pod_info(directory: Path) -> dict[str, Any]:
@@ -300,16 +430,17 @@ def write_squeeze(directory: Path, percent: Mapping[int, float]) -> SqueezeWritt
         if not 0 < value <= 100:
             raise ValueError(f"squeeze of GPU {index}: {value} is not a percent in (0, 100]")
         wanted[index] = 0 if value >= 100 else round(value * _PPM / 100)
+    in_limits = _write_limits_squeeze(limits_dir(directory), wanted)
     try:
-        fd = os.open(directory / USAGE_FILE, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(_usage_path(directory), os.O_RDWR | os.O_CLOEXEC)
     except FileNotFoundError:
-        return None
+        return None if in_limits is None else SqueezeWritten(in_limits, True)
     try:
         _lock_accounting(fd, fcntl.F_WRLCK)
         try:
             head = os.pread(fd, _SQUEEZE_OFFSET + 8 * _MAX_DEV, 0)
             if len(head) < _SQUEEZE_OFFSET + 8 * _MAX_DEV or struct.unpack_from("<Q", head, 0)[0] != _MAGIC:
-                return None
+                return None if in_limits is None else SqueezeWritten(in_limits, True)
             (features,) = struct.unpack_from("<Q", head, _FEATURES_OFFSET)
             current = struct.unpack_from(f"<{_MAX_DEV}Q", head, _SQUEEZE_OFFSET)
             changed = False
@@ -321,7 +452,31 @@ def write_squeeze(directory: Path, percent: Mapping[int, float]) -> SqueezeWritt
             _lock_accounting(fd, fcntl.F_UNLCK)
     finally:
         os.close(fd)
+    if in_limits is not None:  # the library that reads limits.v1 enforces the squeeze written there
+        return SqueezeWritten(changed or in_limits, True)
     return SqueezeWritten(changed, bool(features & FEAT_SQUEEZE))
+
+
+def _write_limits_squeeze(directory: Path, wanted: list[int]) -> bool | None:
+    """Rewrite the squeeze in limits.v1 in place (same file, so running libraries, which map it, see it);
+    whether a value changed, None without a valid file."""
+    try:
+        fd = os.open(directory / LIMITS_FILE, os.O_RDWR | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        head = os.pread(fd, _LIMITS_SIZE, 0)
+        if len(head) < _LIMITS_SIZE or struct.unpack_from("<Q", head, 0)[0] != _LIMITS_MAGIC:
+            return None
+        current = struct.unpack_from(f"<{_MAX_DEV}Q", head, _L_SQUEEZE)
+        changed = False
+        for d in range(_MAX_DEV):
+            if current[d] != wanted[d]:  # one aligned 8-byte write each: the library loads it whole
+                os.pwrite(fd, struct.pack("<Q", wanted[d]), _L_SQUEEZE + 8 * d)
+                changed = True
+        return changed
+    finally:
+        os.close(fd)
 
 
 def squeeze_by_index(directory: Path, cores_by_uuid: Mapping[str, float]) -> dict[int, float]:

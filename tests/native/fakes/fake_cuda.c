@@ -26,7 +26,9 @@ static struct fake_pool default_pool;
 
 static void ensure_ctx(void) { /* locked */
     if (!have_ctx) {
-        fk_me()->ctx = fk_env("FAKE_GPU_CTX_MIB", 0) << 20;
+        struct fake_proc *me = fk_me();
+        me->ctx = fk_env("FAKE_GPU_CTX_MIB", 0) << 20;
+        me->has_ctx = 1;
         have_ctx = 1;
     }
 }
@@ -116,6 +118,8 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
 }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) { return cuCtxCreate_v2(c, 0, d); }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) { (void)c; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) { (void)c; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) { *c = (CUcontext)(uintptr_t)1; return CUDA_SUCCESS; }
 EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
     if (!have_ctx) return CUDA_ERROR_INVALID_CONTEXT;
     *d = 0;
@@ -410,6 +414,8 @@ static const struct { const char *name; void *fn; } exports[] = {
     {"cuCtxCreate_v2", (void *)cuCtxCreate_v2},
     {"cuDevicePrimaryCtxRetain", (void *)cuDevicePrimaryCtxRetain},
     {"cuCtxSetCurrent", (void *)cuCtxSetCurrent},
+    {"cuCtxPushCurrent_v2", (void *)cuCtxPushCurrent_v2},
+    {"cuCtxPopCurrent_v2", (void *)cuCtxPopCurrent_v2},
     {"cuCtxGetDevice", (void *)cuCtxGetDevice},
     {"cuMemGetInfo_v2", (void *)cuMemGetInfo_v2},
     {"cuMemGetInfo", (void *)cuMemGetInfo},

@@ -60,8 +60,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsi
     fk_lock();
     for (int i = 0; i < FAKE_PROCS; i++) {
         struct fake_proc *p = &fk->procs[i];
-        if (!fk_alive(p->pid) || p->used + p->ctx == 0) continue;
-        if (n < *count) out[n] = (nvmlProcessInfo_t){(unsigned)p->pid, p->used + p->ctx, 0xffffffffU, 0xffffffffU};
+        if (!fk_alive(p->pid) || (!p->has_ctx && p->used + p->ctx == 0)) continue;
+        if (n < *count) out[n] = (nvmlProcessInfo_t){(unsigned)p->host_pid, p->used + p->ctx, 0xffffffffU, 0xffffffffU};
         n++;
     }
     fk_unlock();
@@ -80,7 +80,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
     int64_t last_end = now / period * period; /* the newest finished period ends here */
     int64_t first_end = last_end - (MAX_PERIODS - 1) * period;
     if ((int64_t)last_seen * 1000 + period > first_end) first_end = (int64_t)last_seen * 1000 + period;
-    first_end = first_end / period * period;
+    first_end = (first_end + period - 1) / period * period;
+    const char *mode = getenv("FAKE_GPU_NVML_SAMPLES");
+    if (mode != NULL && strcmp(mode, "latest") == 0 && first_end < last_end) first_end = last_end;
     static int64_t busy[MAX_PERIODS][MAX_PIDS];
     static int64_t pids[MAX_PIDS];
     int npids = 0, nper = first_end > last_end ? 0 : (int)((last_end - first_end) / period) + 1;
@@ -102,13 +104,15 @@ EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessU
             if (e > s) busy[j][p] += e - s;
         }
     }
+    int64_t host[MAX_PIDS];
+    for (int p = 0; p < npids; p++) host[p] = fk_host_pid(pids[p]);
     fk_unlock();
     unsigned n = 0;
     for (int j = 0; j < nper; j++)
         for (int p = 0; p < npids; p++) {
             if (busy[j][p] == 0) continue;
             if (out != NULL && n < *count) {
-                out[n] = (nvmlProcessUtilizationSample_t){(unsigned)pids[p],
+                out[n] = (nvmlProcessUtilizationSample_t){(unsigned)host[p],
                                                           (unsigned long long)((first_end + j * period) / 1000),
                                                           (unsigned)((busy[j][p] * 100 + period / 2) / period), 0,
                                                           0, 0};

@@ -4,6 +4,11 @@
  * Semantics (documented here because the tests rely on them):
  * - memory: a process holds what it allocated plus FAKE_GPU_CTX_MIB for its context (from its first
  *   context call); a dead process's memory is freed (checked with kill(pid, 0): tests share a PID space).
+ * - PID namespaces: NVML names processes by their *host* PID, like the real driver. FAKE_GPU_PID_NS=N
+ *   simulates a container's own PID namespace: the process's host PID is getpid() + N, so what NVML reports
+ *   never equals what the process's getpid() returns (as in every real pod). 0 / unset: the same.
+ * - NVML's process list holds the processes with a context on the device (from their first context call),
+ *   as the driver's does, whether or not they allocated anything.
  * - time: CLOCK_MONOTONIC. A kernel launched at t on a stream starts at max(t, stream tail, device free)
  *   and runs gridDim.x*y*z * FAKE_GPU_NS_PER_BLOCK ns (a CUgraphExec handle is its length in us), so
  *   kernels of all processes are serialised on one device clock, like time-sliced contexts at kernel
@@ -12,6 +17,9 @@
  *   synchronising a stream or an event sleeps until then.
  * - NVML utilisation: one sample per process per FAKE_GPU_PERIOD_US period in which its kernels ran,
  *   timestamped at the period's end (us), smUtil = busy share of that period rounded to a percent.
+ *   FAKE_GPU_NVML_SAMPLES=all (default) returns every finished period newer than lastSeenTimeStamp (a ring
+ *   of 200); =latest returns only the newest finished period, one sample per process per call, as drivers
+ *   that keep no history do: a caller polling slower than the period loses the periods in between.
  * The state file is FAKE_GPU_STATE; it is locked with OFD record locks, so kill -9 never wedges it. */
 #ifndef FAKE_STATE_H
 #define FAKE_STATE_H
@@ -33,9 +41,11 @@
 #define FAKE_IVS (1 << 16)
 
 struct fake_proc {
-    int64_t pid;
+    int64_t pid;      /* getpid() of the process (the tests' PID space) */
+    int64_t host_pid; /* what NVML calls it */
     uint64_t used;
     uint64_t ctx;
+    uint64_t has_ctx;
 };
 struct fake_iv {
     int64_t pid, start, end;
@@ -115,7 +125,15 @@ static inline struct fake_proc *fk_me(void) {
     if (free_slot == NULL) abort();
     memset(free_slot, 0, sizeof *free_slot);
     free_slot->pid = me;
+    free_slot->host_pid = me + (int64_t)fk_env("FAKE_GPU_PID_NS", 0);
     return free_slot;
+}
+
+/* locked: the host PID NVML reports for a process of the tests' PID space */
+static inline int64_t fk_host_pid(int64_t pid) {
+    for (int i = 0; i < FAKE_PROCS; i++)
+        if (fk->procs[i].pid == pid) return fk->procs[i].host_pid;
+    return pid;
 }
 
 static inline uint64_t fk_total(void) { return fk_env("FAKE_GPU_MEM_MIB", 81920) << 20; }

@@ -4,12 +4,17 @@
  *   direct  the linked symbols (what LD_PRELOAD interposes)
  *   dlsym   dlopen("libcuda.so.1") + dlsym of the versioned names
  *   gpa     cuGetProcAddress(base name, CUDA 12.4)        gpa2  cuGetProcAddress_v2 (the CUDA 12/13 form)
+ *   and two ways a hostile tenant finds an unwrapped resolver first:
+ *   dlvsym      dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34") (then 2.2.5), then that dlsym's versioned names
+ *   dlsym_libc  dlsym(dlopen("libc.so.6"), "dlsym"), then that dlsym's versioned names
  * Commands:  alloc KIND BYTES -> "<rc> <id>" | free ID -> "<rc>" | info -> "<rc> free total"
  *            total -> "<rc> bytes" | nvml -> "<rc> total free used" | echo -> cuFakeEcho(1) via dlsym
  *            launch KIND BLOCKS SECONDS SYNC_EVERY -> "<rc> launches"
  *            threads N OPS SEED SIZE... -> "<rc> max_live successes failures other_codes"
  *            stress BYTES -> never answers (alloc/free forever, for kill -9 tests)
- *            bench launch|alloc N -> "<rc> picoseconds per call" (an empty kernel; a 1 MiB alloc + free) */
+ *            bench launch|alloc N -> "<rc> picoseconds per call" (an empty kernel; a 1 MiB alloc + free)
+ *            pools N BYTES -> "<successes> <last rc>" (N new pools, BYTES allocated from each, kept)
+ *            mixed SECONDS SEED -> "<rc> launches" (kernels of 0.1 to 20 ms, and graphs, in a random mix) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -39,10 +44,23 @@ static void *libcuda;
 #include "probe_syms.h"
 #undef D
 
+typedef void *(*resolver)(void *, const char *);
+
+static resolver bypass_resolver(void) {
+    if (strcmp(mode, "dlvsym") == 0) {
+        void *p = dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34");
+        if (p == NULL) p = dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.2.5");
+        return (resolver)p;
+    }
+    void *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+    return (resolver)dlsym(libc, "dlsym");
+}
+
 static void *find(const char *exact, const char *base, void *direct) {
     void *p = NULL;
     if (strcmp(mode, "direct") == 0) return direct;
     if (strcmp(mode, "dlsym") == 0) return dlsym(libcuda, exact);
+    if (strcmp(mode, "dlvsym") == 0 || strcmp(mode, "dlsym_libc") == 0) return bypass_resolver()(libcuda, exact);
     CUresult (*gpa)(const char *, void **, int, cuuint64_t) = (void *)dlsym(libcuda, "cuGetProcAddress");
     CUresult (*gpa2)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *) =
         (void *)dlsym(libcuda, "cuGetProcAddress_v2");
@@ -179,6 +197,8 @@ int main(int argc, char **argv) {
     cuCtxCreate_v2(&ctx, 0, 0);
     resolve();
     char line[4096], kind[32];
+    double mixed_secs;
+    unsigned mixed_seed;
     setvbuf(stdout, NULL, _IOLBF, 0);
     while (fgets(line, sizeof line, stdin) != NULL) {
         unsigned long long n, id;
@@ -254,6 +274,31 @@ int main(int argc, char **argv) {
                 else if ((r = p_cuMemAlloc_v2(&id, 1 << 20)) == CUDA_SUCCESS) r = p_cuMemFree_v2(id);
             }
             printf("%d %lld\n", r, (long long)((now_s() - t0) / (double)n * 1e12));
+        } else if (sscanf(line, "pools %llu %llu", &id, &n) == 2) {
+            unsigned long long ok = 0;
+            CUresult r = CUDA_SUCCESS;
+            for (unsigned long long i = 0; i < id; i++) {
+                CUmemoryPool pool;
+                CUdeviceptr p;
+                cuMemPoolCreate(&pool, NULL);
+                r = p_cuMemAllocFromPoolAsync(&p, n, pool, NULL);
+                if (r == CUDA_SUCCESS) ok++;
+            }
+            printf("%llu %d\n", ok, r);
+        } else if (sscanf(line, "mixed %lf %u", &mixed_secs, &mixed_seed) == 2) {
+            /* kernels of 0.1, 0.5, 2, 5 and 20 ms (1 us blocks) and graphs of 1 and 8 ms, drawn at random */
+            static const unsigned lengths[] = {100, 500, 2000, 5000, 20000, 1000, 8000};
+            double end = now_s() + mixed_secs;
+            long long count = 0;
+            CUresult r = CUDA_SUCCESS;
+            while (now_s() < end && r == CUDA_SUCCESS) {
+                unsigned k = (unsigned)(rand_r(&mixed_seed) % 7);
+                if (k < 5) r = p_cuLaunchKernel(NULL, lengths[k], 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
+                else r = p_cuGraphLaunch((CUgraphExec)(uintptr_t)lengths[k], NULL);
+                if (++count % 4 == 0) cuStreamSynchronize(NULL);
+            }
+            cuStreamSynchronize(NULL);
+            printf("%d %lld\n", r, count);
         } else if (sscanf(line, "stress %llu", &n) == 1) {
             printf("started\n");
             for (;;) {
