@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from gpupool.cli import main
@@ -72,3 +73,20 @@ def test_whatif_usage_errors_exit_2(tmp_path: Path) -> None:
     assert code == 2 and "unknown isolation mps" in out
     code, out = run("whatif", "--gpu-model", "H100-80GB", "--trace", str(tmp_path / "missing.csv"))
     assert code == 2 and "no such file" in out and "Traceback" not in out
+
+
+@pytest.mark.parametrize(("nodes", "pods", "args", "says"), [
+    # issue 26: each of these gave a traceback or, for the node shapes, gigabytes and a hang
+    ("n0,32000,131072,100000,T4", "p0,1000,1024,1,250", [], "column gpu: 100000 is over the limit of 32"),
+    ("n0,32000,131072,1" + "0" * 26 + ",T4", "p0,1000,1024,1,250", [], "is over the limit of 32"),
+    ("n0,32000,131072,2,T4", "p0,1000,1024,1" + "0" * 26 + ",1000", [], "column num_gpu"),
+    ("n0,32000,131072,2,T4", "p0,1000,1024,1,250,\"" + "x" * 140_000 + "\"", [], "field larger than field limit"),
+    ("n0,32000,131072,2,T4", "p0,1000,1024,1,250", ["--seed", "-1"], "0<=x<=4294967295"),
+])
+def test_whatif_refuses_absurd_input_with_a_message_and_exit_2(tmp_path: Path, nodes: str, pods: str,
+                                                               args: list[str], says: str) -> None:
+    (tmp_path / "nodes.csv").write_text(f"sn,cpu_milli,memory_mib,gpu,model\n{nodes}\n")
+    (tmp_path / "pods.csv").write_text(f"name,cpu_milli,memory_mib,num_gpu,gpu_milli\n{pods}\n")
+    code, out = run("whatif", "--trace", str(tmp_path / "pods.csv"), "--nodes", str(tmp_path / "nodes.csv"),
+                    "--gpu-model", "A100-40GB", *args)
+    assert code == 2 and says in out and "Traceback" not in out, out

@@ -158,3 +158,54 @@ def test_what_if_every_gpu_were_one_model(tmp_path: Path) -> None:
     assert all(name in result.output for name in ("whole", "mig", "hook"))
     unknown = CliRunner().invoke(main, ["simulate", "--gpu-model", "Z80", "--out", str(tmp_path)])
     assert unknown.exit_code == 2 and "H100-80GB" in unknown.output
+
+
+TIMED_HEADER = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,creation_time,scheduled_time,deletion_time\n"
+
+
+@pytest.mark.parametrize(("files", "args", "says"), [
+    # issue 26: each of these gave a traceback (or, for the node shapes, gigabytes and a hang)
+    ({"pods.csv": "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1,1,1,500,\"" + "x" * 140_000 + "\"\n"},
+     [], "field larger than field limit"),
+    ({"pods.csv": TIMED_HEADER + "p1,1000,1024,1,500,0,0,100\np2,1000,1024,1,500,0,," + "1" + "0" * 26 + "\n"},
+     ["--timeline"], "column deletion_time: 10000000000000000000... (27 digits) is over the limit of 10,000,000,000"),
+    ({}, ["--seeds", "-1"], "from 0 to 4294967295"),
+    ({}, ["--seeds", "42,99999999999999999999999999"], "from 0 to 4294967295"),
+    ({}, ["--constrain-models", "nan"], "'nan' is not between 0 and 1"),
+    ({}, ["--timeline", "--speedup", "nan"], "'nan' is not between 1 and 1e+06"),
+    ({"nodes.csv": "sn,cpu_milli,memory_mib,gpu,model\nn1,96000,786432,1000,T4\n"}, [],
+     "column gpu: 1000 is over the limit of 32"),
+    ({"nodes.csv": "sn,cpu_milli,memory_mib,gpu,model\nn1,96000,786432,100000,T4\n"}, [],
+     "column gpu: 100000 is over the limit of 32"),
+    ({"nodes.csv": "sn,cpu_milli,memory_mib,gpu,model\nn1,96000,786432,1" + "0" * 26 + ",T4\n"}, [],
+     "is over the limit of 32"),
+    ({"nodes.csv": "sn,cpu_milli,memory_mib,gpu,model\nn1,96000,786432,1e26,T4\n"}, [], "not a whole number"),
+    ({"nodes.csv": "sn,cpu_milli,memory_mib,gpu,model\nn1,9" + "0" * 20 + ",786432,2,T4\n"}, [],
+     "column cpu_milli: 900000000000000000000 is over the limit of 1,000,000,000,000"),
+    ({"pods.csv": "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,1,1,1" + "0" * 26 + ",1000\n"}, [],
+     "column num_gpu: 10000000000000000000... (27 digits) is over the limit of 32"),
+])
+def test_no_input_gives_a_traceback_only_a_message_and_exit_2(tmp_path: Path, files: dict[str, str],
+                                                              args: list[str], says: str) -> None:
+    written = {"nodes.csv": NODES, "pods.csv": PODS, **files}
+    for name, text in written.items():
+        (tmp_path / name).write_text(text)
+    result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                       str(tmp_path / "nodes.csv"), "--policies", "gpupool", "--seeds", "42",
+                                       *args, "--out", str(tmp_path / "out")])
+    assert isinstance(result.exception, SystemExit) and result.exit_code == 2, result.output
+    assert "Traceback" not in result.output and says in result.output, result.output
+
+
+def test_the_largest_shapes_the_limits_allow_replay(tmp_path: Path) -> None:
+    """The limits are safe, not just stated: a node of 32 GPUs with CPU and memory at the limit, a pod of 32
+    GPUs, and times at the limit replay on both clocks (before the limits, 64 GPUs overflowed a bit set)."""
+    (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n"
+                                        "n1,1000000000000,1000000000000,32,T4\n")
+    (tmp_path / "pods.csv").write_text(TIMED_HEADER + "p1,1000,1024,1,500,0,0,100\np2,1000,1024,1,500,0,,10000000000\n"
+                                       "p3,1000,1024,32,1000,10000000000,,10000000000\n")
+    for extra in ([], ["--timeline"]):
+        result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                           str(tmp_path / "nodes.csv"), "--policies", "gpupool", "--seeds", "42",
+                                           *extra, "--out", str(tmp_path / "out")])
+        assert result.exit_code == 0, result.output

@@ -77,7 +77,7 @@ def layouts(model_name: str, as_json: bool, without_media: bool) -> None:
 @click.option("--gpu-model", required=True, help="Treat every GPU as this model, e.g. H100-80GB.")
 @click.option("--isolation", default="whole,mig,hook", show_default=True,
               help="Comma-separated: whole, mig, hook.")
-@click.option("--seed", type=int, default=42, show_default=True)
+@click.option("--seed", type=click.IntRange(0, 2**32 - 1), default=42, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="One JSON object instead of a table.")
 def whatif(trace: str, nodes_path: Path | None, gpu_model: str, isolation: str, seed: int, as_json: bool) -> None:
     """What the trace would cost if every GPU were GPU_MODEL: per isolation, the unallocated GPU % when

@@ -11,11 +11,40 @@ DEFAULT_POLICIES = "random,dotprod,clustering,packing,bestfit,fgd,gpupool"
 SLOW_FIRST = {"gpupool": 0, "fgd": 1, "random": 2, "clustering": 3, "packing": 4, "bestfit": 5, "dotprod": 6}
 
 
+MAX_SEED = 2**32 - 1  # numpy's generators take any non-negative integer; a seed people type fits 32 bits
+MAX_SEEDS = 1000
+
+
 def _int_list(text: str) -> list[int]:
+    parts = [s for s in text.split(",") if s.strip()]
+    if len(parts) > MAX_SEEDS:
+        raise click.BadParameter(f"{len(parts)} seeds, at most {MAX_SEEDS}", param_hint="--seeds")
     try:
-        return [int(s) for s in text.split(",") if s.strip()]
+        seeds = [int(s) for s in parts if len(s.strip()) <= 20]
     except ValueError:
-        raise click.BadParameter(f"{text!r}: expected comma-separated integers such as 42,43") from None
+        seeds = []
+    if len(seeds) != len(parts) or not all(0 <= s <= MAX_SEED for s in seeds):
+        raise click.BadParameter(f"{text[:80]!r}: expected comma-separated integers from 0 to {MAX_SEED} such "
+                                 "as 42,43", param_hint="--seeds")
+    return seeds
+
+
+class Between(click.ParamType):
+    """A number from `lo` to `hi` (click's FloatRange lets nan through: every comparison with it is false)."""
+
+    name = "number"
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, hi
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        try:
+            x = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number", param, ctx)
+        if not self.lo <= x <= self.hi:  # false for nan
+            self.fail(f"{value!r} is not between {self.lo:g} and {self.hi:g}", param, ctx)
+        return x
 
 
 @click.command("simulate")
@@ -31,11 +60,11 @@ def _int_list(text: str) -> list[int]:
               help="Replays run at once, one process each (default: the number of usable cores).")
 @click.option("--timeline", is_flag=True,
               help="Replay on the trace's own clock (creation, scheduled, deletion times) with a FIFO queue.")
-@click.option("--speedup", type=click.FloatRange(min=1.0), default=1.0, show_default=True,
+@click.option("--speedup", type=Between(1, 1e6), default=1.0, show_default=True,
               help="With --timeline: compress the time axis of timeline.png (display only, never the figures).")
 @click.option("--target-wait-p99", "target", default=None,
               help="With --timeline: find the smallest scaled node list whose p99 wait meets this (90s, 5m, 2h).")
-@click.option("--constrain-models", "constrain", type=click.FloatRange(0, 1), default=None,
+@click.option("--constrain-models", "constrain", type=Between(0, 1), default=None,
               help="Make this share of GPU pods name GPU models of the node list (seeded variant, seed 0).")
 @click.option("--gpu-model", default=None,
               help="What-if: replay as if every GPU were this model, per --isolation (gpupool mig whatif).")
@@ -93,7 +122,7 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
         from gpupool.commands.mig import whatif
 
         click.get_current_context().invoke(whatif, trace=trace, nodes_path=nodes_path, gpu_model=gpu_model,
-                                           isolation=isolation, seed=int(seeds.split(",")[0]) if seeds else 42,
+                                           isolation=isolation, seed=_int_list(seeds)[0] if seeds else 42,
                                            as_json=False)
         return
     console = Console()

@@ -1,6 +1,12 @@
 """Loading the Alibaba GPU trace v2023 (node list and pod lists) into domain objects.
 
 Any problem in a file is reported once, naming the file, line and column, as a TraceError.
+
+Every value has a bound, so that no file can make a replay take unbounded memory or overflow the
+simulator's 64-bit arrays: at most MAX_GPUS_PER_NODE GPUs per node (and per pod: a pod runs on one node),
+MAX_NODES nodes, CPU and memory up to MAX_QUANTITY, times up to MAX_TIME_S, files up to MAX_FILE_BYTES.
+The bounds are far above any real cluster (the bundled trace: 8 GPUs per node at most, 1,213 nodes, times
+under 2 × 10^7 s).
 """
 
 from __future__ import annotations
@@ -37,6 +43,13 @@ NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 
 
+MAX_GPUS_PER_NODE = 32  # the replays log a pod's GPUs as a bit set in an int64 (GPU j = 1 << j)
+MAX_NODES = 100_000
+MAX_QUANTITY = 10**12  # millicores or MiB; a sum over MAX_NODES nodes stays within int64
+MAX_TIME_S = 10**10  # about 317 years of trace clock
+MAX_FILE_BYTES = 512 * 1024 * 1024
+
+
 class TraceError(ValueError):
     """A trace file that cannot be used; the message names file, line and column."""
 
@@ -52,40 +65,58 @@ def resolve_trace(name_or_path: str) -> Path:
 
 def _rows(path: Path, required: tuple[str, ...]) -> list[tuple[int, dict[str, str]]]:
     try:
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise TraceError(f"{path}: {size:,} bytes, over the limit of {MAX_FILE_BYTES:,}")
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise TraceError(f"{path}: cannot read: {e}") from None
     reader = csv.DictReader(text.splitlines())
-    header = reader.fieldnames or []
-    missing = [c for c in required if c not in header]
-    if missing:
-        raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)} (header: {','.join(header)})")
-    rows = [(reader.line_num, row) for row in reader]
+    try:  # the csv module refuses a field over its limit (128 KiB) and malformed quoting with csv.Error
+        header = reader.fieldnames or []
+        missing = [c for c in required if c not in header]
+        if missing:
+            raise TraceError(f"{path}:1: missing column(s) {', '.join(missing)} (header: {','.join(header)})")
+        rows = [(reader.line_num, row) for row in reader]
+    except csv.Error as e:
+        raise TraceError(f"{path}:{reader.line_num + 1}: not a readable CSV row: {e}") from None
     if not rows:
         raise TraceError(f"{path}: the file has a header but no rows")
     return rows
 
 
-def _int(path: Path, line: int, row: dict[str, str], column: str, minimum: int = 0) -> int:
+def _int(path: Path, line: int, row: dict[str, str], column: str, minimum: int = 0,
+         maximum: int = MAX_QUANTITY) -> int:
     raw = row.get(column)
     if raw is None:
         raise TraceError(f"{path}:{line}: column {column}: missing value (row has too few fields)")
+    text = raw.strip()
+    # int() of a long digit string is quadratic (and Python refuses over 4,300 digits): look first.
+    digits = text.lstrip("+-").lstrip("0")
+    if len(digits) > len(str(maximum)) and digits.isdigit():
+        shown = text if len(text) <= 24 else f"{text[:20]}... ({len(digits)} digits)"
+        raise TraceError(f"{path}:{line}: column {column}: {shown} is over the limit of {maximum:,}")
     try:
-        value = int(raw.strip())
+        value = int(text)
     except ValueError:
-        raise TraceError(f"{path}:{line}: column {column}: {raw!r} is not a whole number") from None
+        raise TraceError(f"{path}:{line}: column {column}: {raw[:40]!r} is not a whole number") from None
     if value < minimum:
         raise TraceError(f"{path}:{line}: column {column}: {value} must be at least {minimum}")
+    if value > maximum:
+        raise TraceError(f"{path}:{line}: column {column}: {value:,} is over the limit of {maximum:,}")
     return value
 
 
 def load_nodes(path: Path) -> list[Node]:
     nodes = []
-    for line, row in _rows(path, NODE_COLUMNS):
+    rows = _rows(path, NODE_COLUMNS)
+    if len(rows) > MAX_NODES:
+        raise TraceError(f"{path}: {len(rows):,} nodes, over the limit of {MAX_NODES:,}")
+    for line, row in rows:
         name = (row.get("sn") or "").strip()
         if not name:
             raise TraceError(f"{path}:{line}: column sn: empty node name")
-        count = _int(path, line, row, "gpu")
+        count = _int(path, line, row, "gpu", maximum=MAX_GPUS_PER_NODE)
         model = (row.get("model") or "").strip()
         if count and not model:
             raise TraceError(f"{path}:{line}: column model: a node with GPUs needs a model")
@@ -104,7 +135,7 @@ def load_pods(path: Path) -> list[PodRequest]:
         name = (row.get("name") or "").strip()
         if not name:
             raise TraceError(f"{path}:{line}: column name: empty pod name")
-        count = _int(path, line, row, "num_gpu")
+        count = _int(path, line, row, "num_gpu", maximum=MAX_GPUS_PER_NODE)
         milli = _int(path, line, row, "gpu_milli")
         if count and not 0 < milli <= MILLI_PER_GPU:
             raise TraceError(f"{path}:{line}: column gpu_milli: {milli} must be 1..1000 for a GPU pod")
@@ -131,9 +162,9 @@ def load_times(path: Path) -> list[tuple[int, int | None, int]]:
     except TraceError as e:
         raise TraceError(f"{e}; a timeline replay needs the columns {', '.join(TIME_COLUMNS)}") from None
     for line, row in rows:
-        created = _int(path, line, row, "creation_time")
-        deleted = _int(path, line, row, "deletion_time")
-        scheduled = _int(path, line, row, "scheduled_time") if (row.get("scheduled_time") or "").strip() else None
+        created = _int(path, line, row, "creation_time", maximum=MAX_TIME_S)
+        deleted = _int(path, line, row, "deletion_time", maximum=MAX_TIME_S)
+        scheduled = _int(path, line, row, "scheduled_time", maximum=MAX_TIME_S) if (row.get("scheduled_time") or "").strip() else None
         start = scheduled if scheduled is not None else created
         if deleted < start:
             raise TraceError(f"{path}:{line}: column deletion_time: {deleted} is before the pod started ({start})")
