@@ -164,7 +164,8 @@ def load_times(path: Path) -> list[tuple[int, int | None, int]]:
     for line, row in rows:
         created = _int(path, line, row, "creation_time", maximum=MAX_TIME_S)
         deleted = _int(path, line, row, "deletion_time", maximum=MAX_TIME_S)
-        scheduled = _int(path, line, row, "scheduled_time", maximum=MAX_TIME_S) if (row.get("scheduled_time") or "").strip() else None
+        given = (row.get("scheduled_time") or "").strip()
+        scheduled = _int(path, line, row, "scheduled_time", maximum=MAX_TIME_S) if given else None
         start = scheduled if scheduled is not None else created
         if deleted < start:
             raise TraceError(f"{path}:{line}: column deletion_time: {deleted} is before the pod started ({start})")
