@@ -29,7 +29,7 @@ def _int_list(text: str) -> list[int]:
     return seeds
 
 
-class Between(click.ParamType):
+class Between(click.ParamType[float]):
     """A number from `lo` to `hi` (click's FloatRange lets nan through: every comparison with it is false)."""
 
     name = "number"
