@@ -37,7 +37,7 @@ async def inventory_mig(r: Rig) -> tuple[bool, list[object]]:
 async def housekeeping(r: Rig) -> bool:
     service = r.agent.service
     assert service is not None
-    return await service.mig_housekeeping()
+    return await service.housekeeping()
 
 
 async def test_without_the_label_no_gpu_is_switched(tmp_path: Path) -> None:

@@ -98,13 +98,13 @@ async def test_a_gone_pods_instance_turns_idle_then_is_destroyed(tmp_path: Path)
         await r.cluster.delete_pod("default", "m")
         service = r.agent.service
         assert service is not None
-        assert await service.mig_housekeeping() is True  # released: idle, kept for reuse
+        assert await service.housekeeping() is True  # released: idle, kept for reuse
         idle = [MigInstanceDoc(profile="3g.40gb", start=0, used=False, uuid=uuid)]
         await eventually_async(lambda: instances(r), idle)
         node.clock.now += 599  # idle 599 s of 600: kept
-        assert await service.mig_housekeeping() is False and len(node.driver.instances(GPU)) == 1
+        assert await service.housekeeping() is False and len(node.driver.instances(GPU)) == 1
         node.clock.now += 1
-        assert await service.mig_housekeeping() is True
+        assert await service.housekeeping() is True
         assert node.driver.instances(GPU) == []
         await eventually_async(lambda: instances(r), [])
 

@@ -327,37 +327,40 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         log.info("allocated %s to %s: %s", ",".join(ids), entry.label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
         return response
 
-    async def mig_housekeeping(self, reconcile: bool = False) -> bool:
-        """Reconcile the MIG manager with the pods of this node (`reconcile`, at start), release the
-        instances of pods gone or finished, and destroy those idle long enough. True when something
-        changed (the inventory is then published again). Under the Allocate lock: the manager is not
-        shared between two threads."""
-        if self.mig is None:
-            return False
+    async def housekeeping(self, reconcile: bool = False) -> bool:
+        """Every isolation strategy releases what it holds for pods no longer alive on this node (hook
+        directories, MIG instances). Where there is a MIG manager, first reconcile it with the node's pods
+        (`reconcile`, at start) and switch idle GPUs to MIG mode where the node's label allows it, and
+        afterwards destroy the instances idle long enough. True when the MIG state changed (the inventory
+        is then published again). Under the Allocate lock: nothing is released while a pod is being served,
+        and the MIG manager is not shared between two threads."""
         mig = self.mig
         async with self._allocate_lock:
             try:
                 pods = await self.cluster.list_pods_on_node(self.config.node_name)
             except Exception as e:  # the API being away: try again next round
-                log.warning("MIG housekeeping: cannot list the pods of node %s: %s", self.config.node_name, e)
+                log.warning("housekeeping: cannot list the pods of node %s: %s", self.config.node_name, e)
                 return False
             alive = {uid for p in pods if is_alive_on(p, self.config.node_name) and (uid := p["metadata"].get("uid"))}
-            before = _mig_state(mig)
-            switched = await self._switch_mig_mode(mig)
+            before = _mig_state(mig) if mig is not None else []
+            switched = await self._switch_mig_mode(mig) if mig is not None else []
             try:
-                if reconcile or not self.mig_reconciled:
+                if mig is not None and (reconcile or not self.mig_reconciled):
                     records = _mig_records(self.checkpoint)
                     report = await asyncio.to_thread(mig.reconcile, {uid: records.get(uid) for uid in alive})
                     self.mig_reconciled = True
                     if report.finished or report.adopted or report.lost or report.destroyed or report.kept_in_use:
                         log.info("MIG reconciled: %s", report)
-                await self.isolation["mig"].release(alive)
-                report = await asyncio.to_thread(mig.reap)
-                if report.destroyed or report.kept_in_use:
-                    log.info("MIG idle instances: destroyed %s, kept (in use) %s", report.destroyed, report.kept_in_use)
+                for strategy in self.isolation.values():
+                    await strategy.release(alive)
+                if mig is not None:
+                    report = await asyncio.to_thread(mig.reap)
+                    if report.destroyed or report.kept_in_use:
+                        log.info("MIG idle instances: destroyed %s, kept (in use) %s", report.destroyed,
+                                 report.kept_in_use)
             except (MigError, OSError) as e:
-                log.warning("MIG housekeeping on node %s failed: %s", self.config.node_name, e)
-            return bool(switched) or _mig_state(mig) != before
+                log.warning("housekeeping on node %s failed: %s", self.config.node_name, e)
+            return bool(switched) or (mig is not None and _mig_state(mig) != before)
 
     async def _switch_mig_mode(self, mig: MigManager) -> list[str]:
         """The node's label (read on every pass, so the admin can set or remove it at any time) decides

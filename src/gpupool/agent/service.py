@@ -123,7 +123,7 @@ class Agent:
         if self.step is not None:
             self.service.step = self.step
         await self.service.recover()
-        if await self.service.mig_housekeeping(reconcile=True):
+        if await self.service.housekeeping(reconcile=True):
             await self._publish()
         await self._adopt()
         self.server = PluginServer(self.service, self.config.plugin_socket_path)
@@ -139,8 +139,7 @@ class Agent:
             asyncio.create_task(follow_squeezes(self.cluster, self.config.node_name, self.config.hook_root,
                                                 self._stop), name="squeeze"),
         ]
-        if self.mig is not None:
-            self._tasks.append(asyncio.create_task(self._mig_loop(), name="mig"))
+        self._tasks.append(asyncio.create_task(self._housekeeping_loop(), name="housekeeping"))
         if self.config.watchdog:  # the second line behind isolation hook (agent/watchdog.py)
             self.watchdog = Watchdog(self.config, self.backend, self.cluster, self.isolation, self._watched_gpus,
                                      killer=self.killer, wall_clock=self.wall_clock)
@@ -283,13 +282,14 @@ class Agent:
                 log.exception("rediscovery failed unexpectedly")
             await self._publish()
 
-    async def _mig_loop(self) -> None:
-        """Release the MIG instances of pods gone, destroy those idle long enough (MigManager.reap)."""
+    async def _housekeeping_loop(self) -> None:
+        """Release what the isolation strategies hold for pods gone (hook directories, MIG instances) and
+        destroy MIG instances idle long enough (MigManager.reap), every `mig_interval_s`."""
         assert self.service is not None
         while not self._stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), timeout=self.config.mig_interval_s)
-            if not self._stop.is_set() and await self.service.mig_housekeeping():
+            if not self._stop.is_set() and await self.service.housekeeping():
                 self._inventory_dirty.set()
 
     def _watched_gpus(self) -> list[str]:

@@ -1,0 +1,86 @@
+"""Isolation modes as strategies on the node: one protocol (check, prepare, grant, release), used by
+Allocate, the watchdog and the inventory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.devices import DeviceInfo
+from gpupool.agent.grant import ContainerGrant, answer, grant_request
+from gpupool.agent.hookdir import hook_paths
+from gpupool.agent.isolation import ISOLATION_MODES, GrantRequest, Isolation, Refused, merged_inventory, node_strategies
+from gpupool.agent.mps import MpsSupervisor
+from gpupool.api.allocation import AllocationDoc, GrantDoc
+from tests.agent.agent_helpers import RESOURCE, answering_mps, eventually, pod_object, rig, scheduler_binds
+
+DEVICES = {"G0": DeviceInfo(uuid="G0", index=0, model="A100", memory_mib=40960)}
+
+
+def _doc(isolation: str, memory: int = 1024, cores: float = 10.0) -> AllocationDoc:
+    return AllocationDoc(pod_uid="u-1", node="n", isolation=isolation,
+                         gpus=[GrantDoc(uuid="G0", index=0, memory_mib=memory, cores=cores)])
+
+
+def _request(config: AgentConfig, strategies: dict[str, Isolation], isolation: str,
+             memory: int = 1024, cores: float = 10.0) -> tuple[Isolation, GrantRequest]:
+    found = grant_request(_doc(isolation, memory, cores), "main", DEVICES, {}, config, "ns/p", strategies)
+    assert not isinstance(found, Refused), found
+    return found
+
+
+def test_one_strategy_per_mode_and_only_the_hook_has_a_second_line() -> None:
+    strategies = node_strategies(AgentConfig(node_name="n"))
+    assert sorted(strategies) == sorted(ISOLATION_MODES)
+    assert {name for name, s in strategies.items() if s.second_line} == {"hook"}
+    refused = grant_request(_doc("magic"), "main", DEVICES, {}, AgentConfig(node_name="n"), "ns/p", strategies)
+    assert isinstance(refused, Refused) and "unknown isolation 'magic' (use hook, mig, mps, none)" in refused.reason
+
+
+async def test_mps_prepare_refuses_without_a_daemon_and_asks_for_a_retry_while_it_restarts(tmp_path: Path) -> None:
+    config = AgentConfig(node_name="n")
+    strategy, request = _request(config, node_strategies(config), "mps")
+    no_daemons = await strategy.prepare(request)
+    assert isinstance(no_daemons, Refused) and not no_daemons.retry and "runs no MPS daemons" in no_daemons.reason
+    supervisor: MpsSupervisor = answering_mps(tmp_path, ["G0"])
+    strategy, request = _request(config, node_strategies(config, mps=supervisor), "mps")
+    down = await strategy.prepare(request)
+    assert isinstance(down, Refused) and down.retry  # not started yet: it will be
+    supervisor.start_all()
+    prepared = await strategy.prepare(request)
+    assert not isinstance(prepared, Refused)
+    grant = answer(strategy, request, prepared)
+    assert isinstance(grant, ContainerGrant) and grant.mps_gpu == "G0"
+    inventory = merged_inventory(node_strategies(config, mps=supervisor).values())
+    assert inventory == {"G0": {"mps": "up", "mps_restarts": 0}}
+    # a whole GPU needs no daemon
+    strategy, whole = _request(config, node_strategies(config), "mps", memory=40960, cores=100.0)
+    assert not isinstance(await strategy.prepare(whole), Refused)
+
+
+async def test_mig_prepare_refuses_where_the_node_has_no_mig_manager() -> None:
+    config = AgentConfig(node_name="n")
+    strategy, request = _request(config, node_strategies(config), "mig")
+    refused = await strategy.prepare(request)
+    assert isinstance(refused, Refused) and "manages no MIG devices" in refused.reason
+
+
+async def test_hook_release_removes_the_directories_of_pods_no_longer_alive(tmp_path: Path) -> None:
+    config = AgentConfig(node_name="n", hook_root=tmp_path)
+    pods = hook_paths(tmp_path).pods
+    for uid in ("alive", "gone"):
+        (pods / uid / "main").mkdir(parents=True)
+    await node_strategies(config)["hook"].release({"alive"})
+    assert sorted(p.name for p in pods.iterdir()) == ["alive"]
+
+
+async def test_the_agent_releases_a_finished_pods_hook_directory_without_waiting_for_an_allocate() -> None:
+    async with rig(mig_interval_s=0.05) as r:
+        pods_dir = hook_paths(r.config.hook_root).pods
+        pods_dir.mkdir(parents=True)  # as `gpupool agent` leaves it after installing the library
+        p = await scheduler_binds(r.cluster, pod_object("a", 1), [("GPU-aaaa-0", 0, 8192, 25.0)])
+        await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::0"])
+        uid = p["metadata"]["uid"]
+        assert (pods_dir / uid / "main").is_dir()
+        await r.cluster.patch_pod_status("default", "a", {"phase": "Succeeded"})
+        await eventually(lambda: not (pods_dir / uid).exists())
