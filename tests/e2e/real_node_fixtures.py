@@ -332,7 +332,6 @@ def share_pod(name: str, node: str, memory_mib: int | None, cores: int | None, g
                      "labels": {"e2e/real": "1"}},
         "spec": {
             "schedulerName": scheduler if gpus else "default-scheduler",
-            "hostNetwork": True,  # no CNI on the real nodes
             "terminationGracePeriodSeconds": 1,
             "enableServiceLinks": False,
             "nodeSelector": {"kubernetes.io/hostname": node},
@@ -372,13 +371,9 @@ def real_cluster(testbed: tb.Testbed, extender: Extender, kube_scheduler: object
         nodes.start()
     except tb.TestbedError as e:
         pytest.fail(str(e), pytrace=False)
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-kubectl"
-    cluster = RealCluster(testbed, extender, nodes, kubectl_path=kubectl_binary(cache))
+    cluster = RealCluster(testbed, extender, nodes, kubectl_path=kubectl_binary())
     try:
-        realnode.api_request(testbed, "POST", "/api/v1/namespaces", {
-            "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"name": NAMESPACE, "labels": {"kubernetes.io/metadata.name": NAMESPACE}}},
-            content_type="application/json")
+        testbed.tenant_namespace(NAMESPACE)  # Pod Security baseline, as a tenant's namespace has it
         for n, node in enumerate(nodes.nodes):
             agent = NodeAgent(node, identities.agent, tb.free_port(), mig_gpus=mig_gpus.get(n, ()))
             cluster.agents[node.name] = agent

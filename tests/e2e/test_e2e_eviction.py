@@ -1,11 +1,9 @@
-"""Eviction through the `kube` adapter on the real API server: the same contract as the embedded cluster."""
-
-from dataclasses import replace
+"""Eviction through the `kube` adapter on the real API server: the same contract as the embedded cluster,
+with the budgets' status written by kube-controller-manager's disruption controller."""
 
 import pytest
 
 from gpupool.cluster.kube import KubeCluster
-from gpupool.cluster.port import PDBS
 from gpupool.testing import fleet
 from tests.cluster.eviction_contract import check_eviction
 
@@ -14,4 +12,4 @@ pytestmark = pytest.mark.e2e
 
 async def test_eviction_honours_disruption_budgets(kube: KubeCluster, api: fleet.KubeApi) -> None:
     await api.ensure_namespace("e2e-eviction")
-    await check_eviction(kube, "e2e-eviction", replace(PDBS, version="v1beta1"))  # 1.20: no policy/v1
+    await check_eviction(kube, "e2e-eviction", controller=True)

@@ -22,7 +22,7 @@ CRD = ROOT / "deploy/helm/gpupool/crds/gpuqueues.yaml"
 
 
 def _kubectl(bed: tb.Testbed, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
-    binary = kubectl_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-kubectl")
+    binary = kubectl_binary()
     return subprocess.run([str(binary), "--kubeconfig", str(bed.kubeconfig()), *args], input=stdin,
                           capture_output=True, text=True, timeout=60, check=False)
 

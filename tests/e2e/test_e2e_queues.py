@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -104,7 +103,7 @@ async def test_priority_preemption_in_a_queue_moves_past_a_pod_its_budget_protec
         await eventually(lambda: ns in extender.ledger()["queues"]["queues"], timeout_s=60, what="the queue")
         async with fleet.StatusKubelet(api, nodes={node["metadata"]["name"]}):
             # `older` starts first; `guarded` (newer: less run time lost, so the first choice) has a budget
-            # that allows no disruption (the status the disruption controller would write).
+            # that allows no disruption.
             for name, labels in (("older", {}), ("guarded", {"app": "guarded"})):
                 pod = _whole(name, ns, group)
                 pod["metadata"]["labels"] = labels
@@ -117,15 +116,18 @@ async def test_priority_preemption_in_a_queue_moves_past_a_pod_its_budget_protec
                 await eventually(running, timeout_s=60, what=f"{name} running")
                 # Start times have one-second resolution: keep `guarded` strictly the newer of the two.
                 await asyncio.sleep(1.1)
-            pdb = replace(PDBS, version="v1beta1")  # 1.20 serves no policy/v1
-            await kube.create_object(pdb, {"apiVersion": "policy/v1beta1", "kind": "PodDisruptionBudget",
-                                           "metadata": {"name": "guard", "namespace": ns},
-                                           "spec": {"minAvailable": 1,
-                                                    "selector": {"matchLabels": {"app": "guarded"}}}})
-            current = await kube.get_object(pdb, "guard", ns)
-            await kube.patch_object(pdb, "guard", {"status": {
-                "disruptionsAllowed": 0, "currentHealthy": 1, "desiredHealthy": 1, "expectedPods": 1,
-                "observedGeneration": current["metadata"].get("generation", 1)}}, namespace=ns, subresource="status")
+            await kube.create_object(PDBS, {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                                            "metadata": {"name": "guard", "namespace": ns},
+                                            "spec": {"minAvailable": 1,
+                                                     "selector": {"matchLabels": {"app": "guarded"}}}})
+
+            async def budget_current() -> bool:  # the disruption controller's status: nothing may go
+                pdb = await kube.get_object(PDBS, "guard", ns)
+                status = pdb.get("status") or {}
+                return bool(status.get("observedGeneration") == pdb["metadata"].get("generation")
+                            and status.get("currentHealthy") == 1 and status.get("disruptionsAllowed") == 0)
+
+            await eventually(budget_current, timeout_s=60, what="the budget's status")
             high = _whole("high", ns, group)
             high["spec"]["priorityClassName"] = "e2e-high"
             await api.create_pod(high)

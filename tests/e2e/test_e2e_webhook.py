@@ -76,9 +76,8 @@ def webhook_process(
 
 
 def chart_webhook_configs(url: str, ca_pem: bytes) -> list[dict[str, Any]]:
-    """The chart's two webhook configurations, with the Service reference replaced by our URL and CA.
-    matchConditions (Kubernetes 1.28+) are removed: the 1.20 API server would drop them anyway, so every
-    pod outside the excluded namespaces reaches the webhook, which must then leave non-GPU pods alone."""
+    """The chart's two webhook configurations, with the Service reference replaced by our URL and CA; their
+    matchConditions are the chart's, evaluated by the API server."""
     from tests.deploy.helm_tool import helm_binary
 
     helm = helm_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
@@ -97,7 +96,6 @@ def chart_webhook_configs(url: str, ca_pem: bytes) -> list[dict[str, Any]]:
         for hook in doc["webhooks"]:
             path = hook["clientConfig"]["service"]["path"]
             hook["clientConfig"] = {"url": url + path, "caBundle": base64.b64encode(ca_pem).decode()}
-            hook.pop("matchConditions", None)
         result.append(doc)
     return result
 
@@ -107,14 +105,8 @@ def registered(webhook_process: dict[str, Any], testbed: tb.Testbed) -> Iterator
     configs = chart_webhook_configs(webhook_process["url"], webhook_process["ca"])
     with httpx.Client(base_url=testbed.url, verify=False, timeout=30,
                       headers={"Authorization": f"Bearer {testbed.admin_token}"}) as http:
-        for ns in (NS, "kube-system", "gpupool-system"):
-            # 1.21+ sets this label on every namespace; the chart's namespaceSelector relies on it.
-            label = {"metadata": {"labels": {"kubernetes.io/metadata.name": ns}}}
-            r = http.post("/api/v1/namespaces", json={"metadata": {"name": ns, **label["metadata"]}})
-            if r.status_code == 409:
-                r = http.patch(f"/api/v1/namespaces/{ns}", json=label,
-                               headers={"Content-Type": "application/merge-patch+json"})
-            assert r.status_code < 300, r.text
+        testbed.tenant_namespace(NS)
+        testbed.ensure("/api/v1/namespaces", {"metadata": {"name": "gpupool-system"}})
         try:
             for c in configs:
                 r = http.post(CONFIGS[c["kind"]], json=c)
@@ -134,7 +126,7 @@ def registered(webhook_process: dict[str, Any], testbed: tb.Testbed) -> Iterator
 
 @pytest.fixture(scope="module")
 def kubectl(testbed: tb.Testbed, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
-    binary = kubectl_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-kubectl")
+    binary = kubectl_binary()
 
     def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(binary), "--kubeconfig", str(testbed.kubeconfig()), *args], input=stdin,
@@ -200,12 +192,27 @@ async def test_whole_gpu_pod_gets_explicit_cores(registered: object, kubectl) ->
     assert limits["gpupool.io/gpu-cores"] == "100"
 
 
-async def test_pod_without_gpu_is_left_alone(registered: object, kubectl) -> None:  # type: ignore[no-untyped-def]
+def mutate_reviews(webhook: dict[str, Any]) -> float:
+    """AdmissionReviews the mutating entry has answered so far (the webhook's own /metrics)."""
+    text = httpx.get(webhook["url"] + "/metrics", verify=False, timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("gpupool_webhook_reviews_total{") and 'webhook="mutate"' in line)
+
+
+async def test_pod_without_gpu_never_reaches_the_mutating_webhook(  # type: ignore[no-untyped-def]
+        registered: object, webhook_process: dict[str, Any], kubectl) -> None:
+    """The chart's matchConditions, evaluated by the API server, keep pods that ask for no GPU away from the
+    mutating entry; a GPU pod reaches it (so the count below can move)."""
+    before = mutate_reviews(webhook_process)
     out = kubectl("create", "-f", "-", stdin=manifest("cpu-only"))
     assert out.returncode == 0, out.stderr
     pod = applied(kubectl, "cpu-only")
     assert pod["spec"]["schedulerName"] == "default-scheduler"
     assert not any(k.startswith("gpupool.io/") for k in pod["metadata"].get("annotations") or {})
+    assert mutate_reviews(webhook_process) == before
+    out = kubectl("create", "--dry-run=server", "-f", "-", stdin=manifest("gpu-probe", limits={"gpupool.io/gpu": "1"}))
+    assert out.returncode == 0, out.stderr
+    assert mutate_reviews(webhook_process) == before + 1
 
 
 async def test_excluded_namespaces_never_reach_the_webhook(registered: object, kubectl) -> None:  # type: ignore[no-untyped-def]

@@ -311,13 +311,7 @@ class KubeCluster:
         options = {"preconditions": {"uid": uid}}
         body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
                      "deleteOptions": options}
-        try:
-            await self._call(self._request("POST", path, body))
-        except (Invalid, NotFound) as e:
-            if "policy/v1" not in str(e) and "no kind" not in str(e).lower():
-                raise
-            # Kubernetes before 1.22 knows only policy/v1beta1 Evictions.
-            await self._call(self._request("POST", path, {**body, "apiVersion": "policy/v1beta1"}))
+        await self._call(self._request("POST", path, body))
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None

@@ -90,8 +90,7 @@ class KubeApi:
 
     # --- conveniences -----------------------------------------------------------------------------
     async def ensure_namespace(self, name: str, labels: dict[str, str] | None = None) -> None:
-        # 1.21+ labels every namespace with its name; the 1.20 testbed does not, the chart's selectors need it.
-        wanted = {"kubernetes.io/metadata.name": name, **(labels or {})}
+        wanted = dict(labels or {})
         try:
             await self.post("/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace",
                                                    "metadata": {"name": name, "labels": wanted}})

@@ -1,6 +1,6 @@
-"""A real Kubernetes control plane on loopback: etcd, kube-apiserver and kube-scheduler (1.20, built from
-Debian's source package by scripts/k8s/build.sh), for the end-to-end tests, the e2e benchmark and
-`gpupool demo --kube`.
+"""A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager and
+kube-scheduler (1.37, built from their Go modules by scripts/k8s/build.sh), for the end-to-end tests, the
+e2e benchmark and `gpupool demo --kube`.
 
 Standard library only (gpupool/__init__ and gpupool/testing/__init__ import nothing), so the
 `scripts/k8s-testbed` command runs without the project's virtualenv.
@@ -8,20 +8,23 @@ Standard library only (gpupool/__init__ and gpupool/testing/__init__ import noth
 - The API server listens on 127.0.0.1 on a free port, serves a self-signed certificate (--cert-dir) and
   knows three static bearer tokens (token file), all in system:masters: an administrator, and two users
   named like the Helm chart's scheduler and agent service accounts, for the demo and the benchmark.
-- RBAC as in a cluster: `service_account_kubeconfig` creates a ServiceAccount and its token Secret (a
-  legacy service-account JWT signed with the API server's key, what 1.20's token controller would mint)
-  and returns a kubeconfig for it, so the e2e suite runs each component with exactly the chart's rules.
+- RBAC as in a cluster: `service_account_kubeconfig` creates a ServiceAccount and asks the API server
+  for a bound token (TokenRequest), so the e2e suite runs each component with exactly the chart's rules.
 - Every request made by a service account is written to an audit log (`audit_events`), so a test can
   compare the verbs a component used with the ones the chart grants it.
-- There is no controller-manager and no kubelet: nodes are API objects whose status the caller writes,
-  and a bound pod stays Pending with spec.nodeName set. ServiceAccount admission is off.
+- Admission as a current cluster has it: ServiceAccount, PodSecurity (`TENANT_POD_SECURITY` on the
+  namespaces `tenant_namespace` makes, the built-in default elsewhere) and the rest of the defaults.
+- kube-controller-manager runs every controller but node lifecycle and IPAM: the disruption controller
+  keeps PodDisruptionBudgets current for the Eviction API, the service-account controllers give each
+  namespace its `default` account and root CA. Node lifecycle stays off because most nodes here are API
+  objects whose status the caller writes, with no kubelet heartbeat to keep them; on those a bound pod
+  stays Pending with spec.nodeName set. Real nodes (kubelet + containerd) come from scripts/k8s/realnode.py.
 - kube-scheduler is started separately (`start_scheduler`), because its configuration names the
   extender's URL, which is only known once the extender runs.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -59,22 +62,26 @@ def cache_dir() -> Path:
 class Binaries:
     etcd: Path
     kube_apiserver: Path
+    kube_controller_manager: Path
     kube_scheduler: Path
+    kubectl: Path
 
 
 def find_binaries() -> Binaries:
-    """The three binaries, or a TestbedError that says how to build them (never a silent skip)."""
+    """The control plane's binaries, or a TestbedError that says how to build them (never a silent skip)."""
     bin_dir = cache_dir() / "bin"
-    etcd = shutil.which("etcd")
-    missing = [str(bin_dir / n) for n in ("kube-apiserver", "kube-scheduler") if not os.access(bin_dir / n, os.X_OK)]
-    if etcd is None:
-        missing.append("etcd (Debian package etcd-server)")
+    names = {f: f.replace("_", "-") for f in Binaries.__dataclass_fields__}
+    missing = [str(bin_dir / n) for n in names.values() if not os.access(bin_dir / n, os.X_OK)]
     if missing:
         raise TestbedError(
             "Kubernetes test binaries missing: " + ", ".join(missing) + ". Build them once with "
-            "`scripts/k8s-testbed build` (about 10 minutes on 2 cores; needs apt-get and root or sudo)."
+            "`scripts/k8s-testbed build` (Go modules from the module proxy; about 25 minutes cold on 2 cores)."
         )
-    return Binaries(Path(etcd), bin_dir / "kube-apiserver", bin_dir / "kube-scheduler")  # type: ignore[arg-type]
+    return Binaries(**{f: bin_dir / n for f, n in names.items()})
+
+
+# What a production cluster enforces on its tenants' namespaces (Pod Security Standards).
+TENANT_POD_SECURITY = "baseline"
 
 
 def gpupool_argv() -> list[str]:
@@ -209,12 +216,14 @@ class Testbed:
 
     # --- service accounts and their requests -----------------------------------------------------------
     def admin_request(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        """One REST call with the administrator's token; raises TestbedError with the API's answer."""
+        """One REST call with the administrator's token (a PATCH is a merge patch); raises TestbedError
+        with the API's answer."""
         ctx = ssl.create_default_context()
         ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
         req = urllib.request.Request(
             self.url + path, method=method, data=None if body is None else json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {self.admin_token}", "Content-Type": "application/json"},
+            headers={"Authorization": f"Bearer {self.admin_token}",
+                     "Content-Type": "application/merge-patch+json" if method == "PATCH" else "application/json"},
         )
         try:
             with urllib.request.urlopen(req, timeout=30, context=ctx) as r:
@@ -233,45 +242,33 @@ class Testbed:
         return self.admin_request("GET", f"{collection}/{obj['metadata']['name']}")
 
     def service_account_kubeconfig(self, namespace: str, name: str) -> Path:
-        """A kubeconfig that authenticates as ServiceAccount `namespace/name` (created if missing), with a
-        token Secret as Kubernetes 1.20's token controller writes one: a legacy service-account JWT
-        signed with the API server's service-account key. The API server checks it against the Secret
-        and the ServiceAccount's UID, and RBAC sees system:serviceaccount:<namespace>:<name>."""
+        """A kubeconfig that authenticates as ServiceAccount `namespace/name` (created if missing) with a
+        bound token from the TokenRequest API, as a pod's projected token is: the API server signs it,
+        ties it to the account's UID and expires it (a day here; a test session is shorter), and RBAC sees
+        system:serviceaccount:<namespace>:<name>."""
         path = self.dir / f"kubeconfig-sa-{namespace}-{name}.yaml"
         if path.exists():
             return path
         self.ensure("/api/v1/namespaces", {"metadata": {"name": namespace}})
-        sa = self.ensure(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}})
-        secret = f"{name}-token"
-        claims = {
-            "iss": "kubernetes/serviceaccount",
-            "sub": f"system:serviceaccount:{namespace}:{name}",
-            "kubernetes.io/serviceaccount/namespace": namespace,
-            "kubernetes.io/serviceaccount/secret.name": secret,
-            "kubernetes.io/serviceaccount/service-account.name": name,
-            "kubernetes.io/serviceaccount/service-account.uid": sa["metadata"]["uid"],
-        }
-        token = self._sign_jwt(claims)
-        self.admin_request("POST", f"/api/v1/namespaces/{namespace}/secrets", {
-            "metadata": {"name": secret, "annotations": {
-                "kubernetes.io/service-account.name": name,
-                "kubernetes.io/service-account.uid": sa["metadata"]["uid"],
-            }},
-            "type": "kubernetes.io/service-account-token",
-            "data": {"token": base64.b64encode(token.encode()).decode()},
+        self.ensure(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}})
+        answer = self.admin_request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", {
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 86400},
         })
-        self._write_kubeconfig(path, f"sa-{namespace}-{name}", token)
+        self._write_kubeconfig(path, f"sa-{namespace}-{name}", answer["status"]["token"])
         return path
 
-    def _sign_jwt(self, claims: dict[str, Any]) -> str:
-        def b64(data: bytes) -> str:
-            return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-        signing_input = b64(json.dumps({"alg": "RS256", "typ": "JWT"}).encode()) + "." + b64(
-            json.dumps(claims, separators=(",", ":")).encode())
-        signature = subprocess.run(["openssl", "dgst", "-sha256", "-sign", str(self.dir / "sa.key")],
-                                   input=signing_input.encode(), capture_output=True, check=True).stdout
-        return signing_input + "." + b64(signature)
+    def tenant_namespace(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
+        """A namespace as a platform team gives one to a tenant: Pod Security `TENANT_POD_SECURITY`
+        enforced (created if missing; an existing one gets the labels)."""
+        meta = {"name": name, "labels": {"pod-security.kubernetes.io/enforce": TENANT_POD_SECURITY,
+                                         **(labels or {})}}
+        try:
+            return self.admin_request("POST", "/api/v1/namespaces", {"metadata": meta})
+        except TestbedError as e:
+            if "HTTP 409" not in str(e):
+                raise
+        return self.admin_request("PATCH", f"/api/v1/namespaces/{name}", {"metadata": {"labels": meta["labels"]}})
 
     def audit_events(self) -> list[dict[str, Any]]:
         """The audit log so far: one event per request made with a service-account token."""
@@ -290,13 +287,14 @@ class Testbed:
         try:
             self._start_etcd(timeout_s)
             self._start_apiserver(timeout_s)
+            self._start_controller_manager(timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        for name in ("kube-scheduler", "kube-apiserver", "etcd"):
+        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.processes.pop(name, None)
             if proc is not None:
                 proc.stop()
@@ -380,15 +378,15 @@ class Testbed:
             "--etcd-servers", self.etcd_url,
             "--bind-address", "127.0.0.1",
             "--advertise-address", "127.0.0.1",
+            # The `kubernetes` Service's endpoints may not be loopback; nothing in the testbed dials it.
+            "--endpoint-reconciler-type", "none",
             "--secure-port", str(self.api_port),
-            "--insecure-port", "0",
             "--cert-dir", str(self.dir / "certs"),
             "--token-auth-file", str(self.dir / "tokens.csv"),
             "--authorization-mode", "RBAC",
             "--service-account-key-file", str(self.dir / "sa.pub"),
             "--service-account-signing-key-file", str(sa_key),
             "--service-account-issuer", "https://gpupool-testbed.invalid",
-            "--disable-admission-plugins", "ServiceAccount",
             "--service-cluster-ip-range", "10.96.0.0/16",
             "--allow-privileged",
             # Large e2e bursts: the default in-flight limits would throttle the benchmark, not Kubernetes.
@@ -415,6 +413,29 @@ class Testbed:
         # The default namespace exists once the API server's bootstrap controller ran; callers create pods in it.
         self._wait(proc, lambda: self._get("/api/v1/namespaces/default", ctx) is not None, timeout_s)
 
+    def _start_controller_manager(self, timeout_s: float) -> None:
+        assert self.binaries is not None
+        proc = self._spawn("kube-controller-manager", [
+            str(self.binaries.kube_controller_manager),
+            "--kubeconfig", str(self.kubeconfig()),
+            "--bind-address", "127.0.0.1",
+            "--secure-port", "0",  # no serving at all: readiness is judged by what its controllers did
+            "--leader-elect=false",
+            # Every controller but those that need real machines behind every node (see the module's doc).
+            "--controllers", "*,-nodelifecycle,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-route",
+            "--service-account-private-key-file", str(self.dir / "sa.key"),
+            "--root-ca-file", str(self.dir / "certs" / "apiserver.crt"),
+            "--use-service-account-credentials=false",
+            "--kube-api-qps", "500", "--kube-api-burst", "1000",
+            "--concurrent-gc-syncs", "5",
+            "--v", "1",
+        ])
+        ctx = ssl.create_default_context()
+        ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+        # The service-account controller has run once `default` has its account (pods need it from now on).
+        self._wait(proc, lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default", ctx) is not None,
+                   timeout_s)
+
     def _get(self, path: str, ctx: ssl.SSLContext) -> dict[str, Any] | None:
         req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.admin_token}"})
         try:
@@ -426,7 +447,7 @@ class Testbed:
     # --- kube-scheduler -------------------------------------------------------------------------------
     def start_scheduler(self, config_text: str, verbosity: int = 2, kubeconfig: Path | None = None,
                         name: str = "kube-scheduler") -> Process:
-        """Start kube-scheduler with a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1beta1)
+        """Start kube-scheduler with a KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1)
         whose clientConnection is filled in here (`kubeconfig`, default the administrator's). Replaces a
         running one of the same `name` (a second name runs a second instance beside it)."""
         assert self.binaries is not None
@@ -436,8 +457,7 @@ class Testbed:
         proc = self._spawn(name, [
             str(self.binaries.kube_scheduler),
             "--config", str(path),
-            "--port", "0",  # no insecure HTTP port
-            "--secure-port", "0",  # nor HTTPS (health is judged by pods getting bound)
+            "--secure-port", "0",  # no serving (health is judged by pods getting bound)
             "--v", str(verbosity),
         ])
         time.sleep(0.5)
@@ -464,16 +484,14 @@ class Testbed:
 def scheduler_config(extender_url: str, chart_config: dict[str, Any] | None = None,
                      scheduler_name: str = "gpupool-scheduler", qps: int = 1000,
                      leader_election: bool = False) -> str:
-    """kube-scheduler 1.20 configuration (v1beta1) with the gpupool extender.
+    """kube-scheduler configuration (kubescheduler.config.k8s.io/v1) with the gpupool extender.
 
-    `chart_config` is the chart's `scheduler-config.yaml` (kubescheduler.config.k8s.io/v1, parsed): its
-    extender entry and profiles are kept as they are, only the API version (1.20 reads v1beta1, whose
-    extender fields are the same), the extender URL, the client connection and leader election (one
-    instance, unless `leader_election` keeps the chart's) are changed. Without it, an equivalent entry is
-    written here. A `default-scheduler` profile is added so pods that do not ask for gpupool are scheduled
-    by the same instance.
+    `chart_config` is the chart's `scheduler-config.yaml` (parsed): its extender entry and profiles are kept
+    as they are; only the extender URL, the client connection and leader election (one instance, unless
+    `leader_election` keeps the chart's) are changed. Without it, an equivalent entry is written here. A
+    `default-scheduler` profile is added so pods that do not ask for gpupool are scheduled by the same
+    instance.
     """
-    health_port = free_port()
     if chart_config is not None:
         extenders = [dict(e) for e in chart_config.get("extenders") or []]
         if len(extenders) != 1:
@@ -495,18 +513,14 @@ def scheduler_config(extender_url: str, chart_config: dict[str, Any] | None = No
     if not any(p.get("schedulerName") == "default-scheduler" for p in profiles):
         profiles.append({"schedulerName": "default-scheduler"})
     doc = {
-        "apiVersion": "kubescheduler.config.k8s.io/v1beta1",
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": "__KUBECONFIG__", "qps": qps, "burst": qps * 2},
         "leaderElection": {"leaderElect": False},
-        # Its own free port for health and metrics (the default 0.0.0.0:10251 clashes between testbeds).
-        "healthzBindAddress": f"127.0.0.1:{health_port}",
-        "metricsBindAddress": f"127.0.0.1:{health_port}",
         "profiles": profiles,
         "extenders": extenders,
     }
     if leader_election and chart_config is not None:
-        # The chart's lock (a Lease its Role names); 1.20 defaults to endpointsleases, which it does not grant.
-        doc["leaderElection"] = {**chart_config["leaderElection"], "resourceLock": "leases"}
+        doc["leaderElection"] = chart_config["leaderElection"]  # the chart's Lease, one its Role names
     return json.dumps(doc, indent=1)
 
