@@ -297,7 +297,7 @@ def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | No
     policy = policy or settings.policy()
     gpu = wants_gpu(pod)
     # What the namespace's policy forbids (403): in every pod, GPU or not.
-    forbidden = pod_problems(pod, policy.strict, policy.allow_host_access, gpu)
+    forbidden = pod_problems(pod, policy.strict, policy.allow_host_access, gpu, allow_env_from=policy.allow_env_from)
     if not touches_gpupool(pod):
         return _deny(pod, forbidden, 403) if forbidden else Decision(True)
     errors = _annotation_problems(pod, user, settings)
@@ -362,7 +362,8 @@ def check_ephemeral(pod: Mapping[str, Any], old: Mapping[str, Any] | None, setti
         return {str(c.get("name")) for c in spec.get("ephemeralContainers") or [] if isinstance(c, Mapping)}
 
     added = frozenset(names(pod) - names(old))
-    problems = pod_problems(pod, policy.strict, policy.allow_host_access, wants_gpu(pod), only_ephemeral=added)
+    problems = pod_problems(pod, policy.strict, policy.allow_host_access, wants_gpu(pod), only_ephemeral=added,
+                            allow_env_from=policy.allow_env_from)
     return _deny(pod, problems, 403) if problems else Decision(True)
 
 

@@ -39,10 +39,11 @@ class PolicyConfig(BaseModel):
     weaker_isolation: Literal["refuse", "raise"] = "refuse"
     strict: bool = False
     allow_host_access: bool = False
+    allow_env_from: bool = False  # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden)
 
     def build(self, name: str) -> AdmissionPolicy:
         return make_policy(name, self.default_isolation, self.allowed_isolation, self.weaker_isolation,
-                           self.strict, self.allow_host_access)
+                           self.strict, self.allow_host_access, self.allow_env_from)
 
     @model_validator(mode="after")
     def _consistent(self) -> PolicyConfig:
@@ -73,6 +74,7 @@ class WebhookConfig(BaseModel):
     allowed_isolation: tuple[str, ...] = ()
     weaker_isolation: Literal["refuse", "raise"] = "refuse"
     strict: bool = False
+    allow_env_from: bool = False  # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden)
     # Named policies, picked per namespace by label through the webhook path /validate/<name>.
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     # An AdmissionReview carries the object and the old object (each at most ~1.5 MiB in etcd).
@@ -109,7 +111,7 @@ class WebhookConfig(BaseModel):
 
     def default_policy(self) -> AdmissionPolicy:
         return make_policy(DEFAULT_POLICY, self.default_isolation or "hook", self.allowed_isolation,
-                           self.weaker_isolation, self.strict, self.allow_privileged)
+                           self.weaker_isolation, self.strict, self.allow_privileged, self.allow_env_from)
 
     def settings(self) -> Settings:
         """The admission settings this configuration describes."""

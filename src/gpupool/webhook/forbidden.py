@@ -9,8 +9,10 @@ Every check looks at every container: `containers`, `initContainers` (sidecars i
   pod on a GPU node hands it every GPU; `GPUPOOL_*`, `CUDA_MPS_*` and `LD_PRELOAD` would override the
   limits and the interception library the agent hands the container; `CUDA_VISIBLE_DEVICES` re-maps
   which GPU a process uses.
-* `envFrom` (strict namespaces): a ConfigMap or Secret can carry any of those names, and the webhook
-  cannot see its content (it may not even exist yet).
+* `envFrom`: a ConfigMap or Secret can carry any of those names, and the webhook cannot see its content
+  (it may not exist yet, and it can change after admission). GPU pods: refused unless every entry has a
+  `prefix` no key can complete into a refused name (`APP_` is safe; none, `NVIDIA_`, `G` or `LD_` are
+  not), or the namespace's policy sets allowEnvFrom. Strict namespaces: refused in every pod.
 * hostPath volumes at `/`, `/dev` or `/proc`, or below them, after normalising the path (`//dev`, `/./dev`,
   `/dev/../dev`, trailing slashes): the device files of every GPU, or the host's root through
   `/proc/1/root`.
@@ -18,6 +20,16 @@ Every check looks at every container: `containers`, `initContainers` (sidecars i
   privileged container sees every device; MKNOD creates device nodes; SYS_ADMIN mounts.
 * `hostPID` / `hostIPC` for GPU pods: the host's processes (including other tenants' CUDA processes and
   the MPS control daemons) and their shared memory.
+* GPU pods, host mounts of the state gpupool and the runtime keep (RUNTIME_STATE: the kubelet's
+  device-plugin, plugin and pod-resources directories, where the agent's socket and Allocate checkpoint
+  live; the container runtimes' sockets and state; the agent's hook root and MPS pipes under /run/gpupool;
+  the NVIDIA runtime's /run/nvidia-container-devices), or of any directory above one of them (`/var`,
+  `/run`); `/var/run` is read as `/run` (a symlink on every current distribution). And the capabilities
+  that reach devices or other processes without a mount: SYS_RAWIO (raw I/O ports and /dev/mem),
+  SYS_PTRACE (other processes' memory, the agent's included where PIDs are shared), SYS_MODULE,
+  DAC_READ_SEARCH (open_by_handle_at reaches any host file), BPF and PERFMON. What the webhook cannot see:
+  a hostPath through a host symlink elsewhere (refuse hostPath altogether with Pod Security Admission's
+  baseline level where no pod needs it).
 """
 
 from __future__ import annotations
@@ -39,7 +51,27 @@ FORBIDDEN_ENV = frozenset({
 })
 FORBIDDEN_ENV_PREFIXES = ("GPUPOOL_", "CUDA_MPS_")
 FORBIDDEN_CAPABILITIES = frozenset({"SYS_ADMIN", "MKNOD", "ALL"})
+GPU_FORBIDDEN_CAPABILITIES = FORBIDDEN_CAPABILITIES | {"SYS_RAWIO", "SYS_PTRACE", "SYS_MODULE", "DAC_READ_SEARCH",
+                                                       "BPF", "PERFMON"}
 HOST_ROOTS = ("/dev", "/proc")  # and "/" itself
+# The state of gpupool's agent and of the container runtime on a node (the agent's defaults: its
+# device_plugin_dir holds its socket and checkpoint, hook_root and mps_root lie under /run/gpupool).
+RUNTIME_STATE = (
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/plugins",
+    "/var/lib/kubelet/plugins_registry",
+    "/var/lib/kubelet/pod-resources",
+    "/run/containerd",
+    "/var/lib/containerd",
+    "/run/crio",
+    "/var/lib/containers",
+    "/run/docker.sock",
+    "/var/lib/docker",
+    "/run/cri-dockerd.sock",
+    "/run/gpupool",
+    "/run/nvidia-container-devices",
+    "/run/nvidia",
+)
 
 _KINDS = (("containers", "container"), ("initContainers", "init container"),
           ("ephemeralContainers", "ephemeral container"))
@@ -80,16 +112,41 @@ def normal_host_path(path: str) -> str:
     return posixpath.normpath("/" + path.lstrip("/"))
 
 
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")
+
+
 def host_path_forbidden(path: str) -> bool:
     norm = normal_host_path(path)
-    return norm == "/" or any(norm == root or norm.startswith(root + "/") for root in HOST_ROOTS)
+    return norm == "/" or any(_within(norm, root) for root in HOST_ROOTS)
+
+
+def runtime_state_reached(path: str) -> str | None:
+    """The runtime or gpupool state a GPU pod's hostPath `path` reaches (at or below it, or above it),
+    or None."""
+    norm = normal_host_path(path)
+    if _within(norm, "/var/run"):
+        norm = "/run" + norm.removeprefix("/var/run")
+    for state in RUNTIME_STATE:
+        if _within(norm, state) or _within(state, norm):
+            return state
+    return None
+
+
+def env_from_safe(prefix: object) -> bool:
+    """Whether no ConfigMap or Secret key (non-empty) appended to `prefix` can make a refused name."""
+    if not isinstance(prefix, str) or not prefix:
+        return False
+    if any(name.startswith(prefix) and name != prefix for name in FORBIDDEN_ENV):
+        return False
+    return not any(p.startswith(prefix) or prefix.startswith(p) for p in FORBIDDEN_ENV_PREFIXES)
 
 
 def _capability(value: object) -> str:
     return str(value).strip().upper().removeprefix("CAP_")
 
 
-def env_problems(c: Container, strict: bool) -> list[str]:
+def env_problems(c: Container, strict: bool, gpu: bool = False, allow_env_from: bool = False) -> list[str]:
     out: list[str] = []
     for var in c.body.get("env") or []:
         name = str(var.get("name", "")) if isinstance(var, Mapping) else ""
@@ -98,15 +155,24 @@ def env_problems(c: Container, strict: bool) -> list[str]:
                 f"{c.where}: environment variable {shown(name)} is set by gpupool or the NVIDIA runtime only "
                 "(it could reach GPUs or limits outside the pool's grant)"
             )
-    if strict and c.body.get("envFrom"):
+    sources = c.body.get("envFrom") or []
+    if strict and sources:
         out.append(
             f"{c.where}: envFrom is not allowed in this namespace (strict policy): the webhook cannot check "
             "which variables a ConfigMap or Secret sets; list them under env instead"
         )
+    elif gpu and not allow_env_from and isinstance(sources, list):
+        unsafe = [s for s in sources if not (isinstance(s, Mapping) and env_from_safe(s.get("prefix")))]
+        if unsafe:
+            out.append(
+                f"{c.where}: envFrom without a safe prefix is not allowed in a GPU pod: a ConfigMap or Secret "
+                "could set NVIDIA_VISIBLE_DEVICES, GPUPOOL_* or LD_PRELOAD, which the webhook cannot see; give "
+                "each envFrom entry a prefix such as APP_, or list the variables under env"
+            )
     return out
 
 
-def host_problems(c: Container) -> list[str]:
+def host_problems(c: Container, gpu: bool = False) -> list[str]:
     out: list[str] = []
     security = c.body.get("securityContext") or {}
     if not isinstance(security, Mapping):
@@ -114,16 +180,19 @@ def host_problems(c: Container) -> list[str]:
     if security.get("privileged") is True:
         out.append(f"{c.where}: privileged containers see every GPU of the node, which defeats sharing")
     added = (security.get("capabilities") or {}).get("add") or []
-    bad = sorted({_capability(a) for a in added if isinstance(a, str)} & FORBIDDEN_CAPABILITIES)
+    if not isinstance(added, list):
+        return out
+    refused = GPU_FORBIDDEN_CAPABILITIES if gpu else FORBIDDEN_CAPABILITIES
+    bad = sorted({_capability(a) for a in added if isinstance(a, str)} & refused)
     if bad:
         out.append(
             f"{c.where}: capabilities {', '.join(bad)} are not allowed (they give access to devices "
-            "outside the pool's grant)"
+            f"{'or other processes ' if gpu else ''}outside the pool's grant)"
         )
     return out
 
 
-def volume_problems(pod: Mapping[str, Any]) -> list[str]:
+def volume_problems(pod: Mapping[str, Any], gpu: bool = False) -> list[str]:
     out: list[str] = []
     for volume in (pod.get("spec") or {}).get("volumes") or []:
         if not isinstance(volume, Mapping):
@@ -139,19 +208,25 @@ def volume_problems(pod: Mapping[str, Any]) -> list[str]:
                 f"volume {shown(str(volume.get('name', '?')))}: hostPath {shown(path)}"
                 f"{'' if same else f' (= {shown(norm)})'} exposes GPU devices outside the pool's grant"
             )
+        elif gpu and (state := runtime_state_reached(path)) is not None:
+            out.append(
+                f"volume {shown(str(volume.get('name', '?')))}: hostPath {shown(path)} reaches {state}, state "
+                "of the container runtime or of gpupool's node agent (devices, grants and limits of every pod "
+                "on the node)"
+            )
     return out
 
 
 def pod_problems(pod: Mapping[str, Any], strict: bool, host_access: bool, gpu: bool,
-                 only_ephemeral: frozenset[str] | None = None) -> list[str]:
+                 only_ephemeral: frozenset[str] | None = None, allow_env_from: bool = False) -> list[str]:
     """Everything forbidden in `pod` (or, with `only_ephemeral`, in those newly added ephemeral containers)."""
     out: list[str] = []
     for c in containers(pod, only_ephemeral):
-        out.extend(env_problems(c, strict))
+        out.extend(env_problems(c, strict, gpu, allow_env_from))
         if not host_access:
-            out.extend(host_problems(c))
+            out.extend(host_problems(c, gpu))
     if only_ephemeral is None and not host_access:
-        out.extend(volume_problems(pod))
+        out.extend(volume_problems(pod, gpu))
         spec = pod.get("spec") or {}
         if gpu:
             for key in ("hostPID", "hostIPC"):

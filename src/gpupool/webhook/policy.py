@@ -49,6 +49,10 @@ class AdmissionPolicy:
     # Privileged containers, SYS_ADMIN/MKNOD, host mounts of /, /dev or /proc, hostPID/hostIPC: refused
     # unless the namespace runs node infrastructure that needs them.
     allow_host_access: bool = False
+    # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden.env_from_safe) is refused unless
+    # the namespace's administrators vouch for its ConfigMaps and Secrets (who can write them can then
+    # set NVIDIA_VISIBLE_DEVICES or GPUPOOL_* in its GPU pods).
+    allow_env_from: bool = False
     problems: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -63,6 +67,7 @@ def make_policy(
     weaker: str = "refuse",
     strict: bool = False,
     allow_host_access: bool = False,
+    allow_env_from: bool = False,
 ) -> AdmissionPolicy:
     """Build a policy, raising ValueError that names the field when it is inconsistent."""
     unknown = sorted(set(allowed_isolation) - set(ISOLATION_MODES))
@@ -76,7 +81,10 @@ def make_policy(
     if weaker not in ("refuse", "raise"):
         raise ValueError(f"policy {name}: weaker isolation must be 'refuse' or 'raise', not {weaker!r}")
     action: WeakerAction = "raise" if weaker == "raise" else "refuse"
-    return AdmissionPolicy(name, default_isolation, frozenset(allowed_isolation), action, strict, allow_host_access)
+    if strict and allow_env_from:
+        raise ValueError(f"policy {name}: strict refuses every envFrom; allowEnvFrom contradicts it")
+    return AdmissionPolicy(name, default_isolation, frozenset(allowed_isolation), action, strict, allow_host_access,
+                           allow_env_from)
 
 
 @dataclass(frozen=True, slots=True)
