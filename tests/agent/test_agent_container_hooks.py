@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gpupool.agent.fake import parse_fake_description
-from gpupool.agent.hookdir import hook_paths, read_all
+from gpupool.agent.hookdir import hook_paths, read_all, read_limits
 from gpupool.api.allocation import ContainerDoc, GrantDoc
 from gpupool.api.squeeze import ANN_SQUEEZED
 from tests.agent.agent_helpers import RESOURCE, rig
@@ -53,12 +53,17 @@ async def test_two_containers_of_one_pod_are_each_held_to_their_own_memory_cap(b
         uid = pod["metadata"]["uid"]
         train = await r.kubelet.allocate_ids(RESOURCE, [f"{GPU}::0"])
         evaluate = await r.kubelet.allocate_ids(RESOURCE, [f"{GPU}::1"])
-    # one directory per container, each naming its own container and GPUs
-    assert hook_mount(train) == hook_root / "pods" / uid / "train"
-    assert hook_mount(evaluate) == hook_root / "pods" / uid / "eval"
-    for name in ("train", "eval"):
+    # one directory per container, each naming its own container and GPUs, with its own limits file (read
+    # only in the container) beside the accounting directory the container mounts read-write
+    assert hook_mount(train) == hook_root / "pods" / uid / "train" / "hook"
+    assert hook_mount(evaluate) == hook_root / "pods" / uid / "eval" / "hook"
+    for name, mib in (("train", 8192), ("eval", 4096)):
         info = json.loads((hook_root / "pods" / uid / name / "pod.json").read_text())
         assert info == {"uid": uid, "pod": "default/duo", "container": name, "gpus": [GPU]}
+        written = read_limits(hook_root / "pods" / uid / name / "limits")
+        assert written is not None and written["limit"][0] == mib << 20
+    # below: the library run outside a container, so from the environment of each answer (it falls back to
+    # it where no limits file is mapped at its compiled-in path, which only a container has)
     gpu_state = tmp_path / "gpu"  # one fake device shared by both containers
     procs = [Pod(built, gpu_state, hook_mount(a), memory_mib=a.envs["GPUPOOL_MEMORY_LIMIT_MIB"],
                  cores=a.envs["GPUPOOL_CORES_PERCENT"], extra={"NVIDIA_VISIBLE_DEVICES": GPU}).start()
@@ -91,7 +96,7 @@ async def test_a_squeeze_reaches_every_container_directory_of_the_pod(built: Bui
         pod = await bind_pod(r.cluster, "solo", spec, [TRAIN], [ContainerDoc(name="solo", gpus=[TRAIN])])
         answer = await r.kubelet.allocate_ids(RESOURCE, [f"{GPU}::0"])
     uid = pod["metadata"]["uid"]
-    assert hook_mount(answer) == hook_root / "pods" / uid / "solo"
+    assert hook_mount(answer) == hook_root / "pods" / uid / "solo" / "hook"
     proc = Pod(built, tmp_path / "gpu", hook_mount(answer), memory_mib="8192", cores="30",
                extra={"NVIDIA_VISIBLE_DEVICES": GPU}).start()
     try:

@@ -41,12 +41,16 @@ def test_hook_share_sets_limits_and_injects_the_interception_library() -> None:
         "GPUPOOL_HOOK_DIR": "/run/gpupool/hook",
         "GPUPOOL_CORES_MODE": "hard",
     }
-    # the library and the preload list read-only, the container's own accounting directory read-write
+    # the library, the preload list and the container's limits read-only, its own accounting directory
+    # read-write (a sibling of the limits directory on the host, never above it)
     assert [(m.container_path, m.host_path, m.read_only) for m in g.mounts] == [
         ("/usr/local/lib/gpupool/libgpupool_hook.so", "/host/hook/lib/libgpupool_hook.so", True),
         ("/etc/ld.so.preload", "/host/hook/lib/ld.so.preload", True),
-        ("/run/gpupool/hook", "/host/hook/pods/u/main", False),
+        ("/run/gpupool/limits", "/host/hook/pods/u/main/limits", True),
+        ("/run/gpupool/hook", "/host/hook/pods/u/main/hook", False),
     ]
+    limits = g.hook_pod.limits if g.hook_pod is not None else None
+    assert limits is not None and (limits.memory_mib, limits.cores, limits.mode) == ((10240,), (25.0,), "hard")
     assert g.hook_pod is not None and g.hook_pod.dir == Path("/host/hook/pods/u/main") and g.hook_pod.gpus == ("G1",)
     assert g.cdi_devices == []
 

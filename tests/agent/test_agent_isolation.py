@@ -8,7 +8,7 @@ from pathlib import Path
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DeviceInfo
 from gpupool.agent.grant import ContainerGrant, answer, grant_request
-from gpupool.agent.hookdir import hook_paths
+from gpupool.agent.hookdir import accounting_dir, hook_paths, limits_dir, read_limits
 from gpupool.agent.isolation import ISOLATION_MODES, GrantRequest, Isolation, Refused, merged_inventory, node_strategies
 from gpupool.agent.mps import MpsSupervisor
 from gpupool.api.allocation import AllocationDoc, GrantDoc
@@ -84,3 +84,20 @@ async def test_the_agent_releases_a_finished_pods_hook_directory_without_waiting
         assert (pods_dir / uid / "main").is_dir()
         await r.cluster.patch_pod_status("default", "a", {"phase": "Succeeded"})
         await eventually(lambda: not (pods_dir / uid).exists())
+
+
+async def test_allocate_writes_the_containers_limits_file_before_answering_and_mounts_it_read_only() -> None:
+    async with rig() as r:
+        pods_dir = hook_paths(r.config.hook_root).pods
+        pods_dir.mkdir(parents=True)  # as `gpupool agent` leaves it after installing the library
+        p = await scheduler_binds(r.cluster, pod_object("a", 1), [("GPU-aaaa-2", 2, 8192, 25.0)])
+        served = await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-2::0"])
+        directory = pods_dir / p["metadata"]["uid"] / "main"
+        mounts = {m.container_path: (m.host_path, m.read_only) for m in served.mounts}
+        assert mounts["/run/gpupool/limits"] == (str(limits_dir(directory)), True)
+        assert mounts["/run/gpupool/hook"] == (str(accounting_dir(directory)), False)
+        written = read_limits(limits_dir(directory))
+        assert written is not None
+        # 8192 MiB in bytes; 25 % in parts per million; mode 0 = hard; one GPU
+        got = (written["limit"][0], written["cores"][0], written["mode"], written["ndev"])
+        assert got == (8192 << 20, 250_000, 0, 1)

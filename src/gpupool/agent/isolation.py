@@ -29,11 +29,15 @@ from gpupool.agent.hookdir import (
     ANN_CORES_MODE,
     CONTAINER_HOOK_DIR,
     CONTAINER_LIBRARY,
+    CONTAINER_LIMITS_DIR,
     CONTAINER_PRELOAD,
     CORES_MODES,
+    HookLimits,
     HookPod,
+    accounting_dir,
     container_dir,
     hook_paths,
+    limits_dir,
     prepare_hook_pod,
     remove_gone,
     valid_container,
@@ -146,8 +150,10 @@ class NoIsolation:
 
 
 class HookIsolation:
-    """`hook`: the interception library and the preload list (read-only) and the container's own hook
-    directory (one per GPU container: each is held to its own share), created before the answer."""
+    """`hook`: the interception library and the preload list (read-only), the container's limits file
+    (limits.v1, written by the agent before the answer and mounted read-only: the library takes its caps
+    from there, never from what the tenant can change) and the container's own accounting directory
+    (read-write; one per GPU container: each is held to its own share)."""
 
     name = "hook"
     second_line = True  # interception misses static binaries and direct ioctls: the watchdog backs it
@@ -167,16 +173,26 @@ class HookIsolation:
         return None
 
     def _hook_pod(self, request: GrantRequest) -> HookPod:
-        return HookPod(request.doc.pod_uid, request.pod_label, request.container, _plain(request),
-                       container_dir(request.config.hook_root, request.doc.pod_uid, request.container))
+        gpus = _plain(request)
+        limits = HookLimits(
+            memory_mib=tuple(g.memory_mib for g in request.gpus),
+            cores=tuple(g.cores for g in request.gpus),
+            mode=request.cores_mode,
+            gpus=gpus,
+            accounting_dir=CONTAINER_HOOK_DIR,
+        )
+        return HookPod(request.doc.pod_uid, request.pod_label, request.container, gpus,
+                       container_dir(request.config.hook_root, request.doc.pod_uid, request.container), limits)
 
     async def prepare(self, request: GrantRequest) -> Prepared | Refused:
-        # the container's accounting directory must exist before kubelet mounts it
+        # the container's directories and limits file must exist before kubelet mounts them
         try:
             await asyncio.to_thread(prepare_hook_pod, request.config.hook_root, self._hook_pod(request),
                                     request.pods_on_node)
         except OSError as e:
             return Refused(f"cannot prepare the hook directory of pod {request.pod_label}: {e}", retry=True)
+        except ValueError as e:  # limits the file cannot hold (too many GPUs for one container, say)
+            return Refused(f"pod {request.pod_label}: its limits cannot be written for the library: {e}")
         return Prepared()
 
     def grant(self, request: GrantRequest, prepared: Prepared) -> ModeGrant | Refused:
@@ -187,7 +203,9 @@ class HookIsolation:
             mounts=[
                 MountSpec(CONTAINER_LIBRARY, str(paths.library), read_only=True),
                 MountSpec(CONTAINER_PRELOAD, str(paths.preload), read_only=True),
-                MountSpec(CONTAINER_HOOK_DIR, str(hook_pod.dir)),
+                # siblings on the host: nothing the container may write lies above the limits file
+                MountSpec(CONTAINER_LIMITS_DIR, str(limits_dir(hook_pod.dir)), read_only=True),
+                MountSpec(CONTAINER_HOOK_DIR, str(accounting_dir(hook_pod.dir))),
             ],
             visible=_plain(request),
             hook_pod=hook_pod,
