@@ -10,11 +10,12 @@ Environment contract (read by the interception shim and by users):
 - GPUPOOL_MEMORY_LIMIT_MIB / GPUPOOL_CORES_PERCENT: one value per visible GPU, comma-separated, in the
   order of NVIDIA_VISIBLE_DEVICES (a single number for the usual one-GPU share);
 - isolation `hook`: the interception library (gpupool/native) and /etc/ld.so.preload naming it, both mounted
-  read-only, so every dynamically linked process of the container loads it; the container's own hook
-  directory (<hook_root>/pods/<pod UID>/<container>, created by the agent before it answers) mounted
-  read-write at GPUPOOL_HOOK_DIR for the accounting of that container's processes (each GPU container of a
-  pod is held to its own share); GPUPOOL_CORES_MODE (hard or elastic, from the pod's
-  `gpupool.io/cores-mode` annotation) beside the limits above;
+  read-only, so every dynamically linked process of the container loads it; the container's limits file
+  (<hook_root>/pods/<pod UID>/<container>/limits/limits.v1, written by the agent before it answers) mounted
+  read-only at /run/gpupool/limits, from which alone the library takes its caps; the container's accounting
+  directory (.../<container>/hook) mounted read-write at GPUPOOL_HOOK_DIR (each GPU container of a pod is
+  held to its own share); GPUPOOL_CORES_MODE (hard or elastic, from the pod's `gpupool.io/cores-mode`
+  annotation) beside the limits above, which the library lets lower its limits, never raise them;
 - isolation `mps` on a shared GPU: CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
   (`0=<MiB>M`) and CUDA_MPS_PIPE_DIRECTORY, with the GPU's pipe directory (<mps_root>/<UUID>, one MPS
   control daemon per GPU, so one tenant's fault cannot stall other GPUs) mounted there;
