@@ -12,6 +12,14 @@ and waits for a node (the cache and `pod_pending` said so), one per pod at a tim
 the cycle goes on without a reservation (its bind still decides against the ledger, so nothing can be
 overcommitted; the pod just loses the head start).
 
+And bounded in time, so that pods which are filtered but never bound cannot starve the others (issue 26:
+8 whole-GPU pods re-sent to /filter every 8 s kept an 8-GPU node reserved, and a real pod was refused
+24 times in 45 s): a pod that has not bound holds nominations for at most `max_unbound_s` in any
+`unbound_window_s`, counted from its first nomination since it last bound. Re-filtering it does not renew
+the time: a later nomination ends when the first one's time is up, and after that it gets none until the
+window has passed. A bind that takes the reservation over ends the count. A pod bound within its first
+`max_unbound_s` (every pod kube-scheduler binds at once) never meets the rule.
+
 In the binding cycle, Reserve keeps the pod's reservation on the bind's node, or decides the GPUs on that
 node now (after the Filter plugins passed it) and assumes them; the ledger refuses anything over capacity
 or over a GPU's pod limit.
@@ -43,6 +51,8 @@ class Args(BaseModel):
     max_nominations: int = Field(default=512, ge=0)
     max_per_pod: int = Field(default=20, ge=1)
     window_s: float = Field(default=60.0, gt=0)
+    max_unbound_s: float = Field(default=10.0, gt=0)
+    unbound_window_s: float = Field(default=300.0, gt=0)
 
 
 class Nominate:
@@ -54,6 +64,8 @@ class Nominate:
         self.args = args
         self._active: OrderedDict[str, float] = OrderedDict()  # pod UID -> deadline of its nomination
         self._recent: OrderedDict[str, tuple[float, int]] = OrderedDict()  # pod UID -> (window start, count)
+        # pod UID -> its first nomination since it last bound (the reservation time rule above)
+        self._unbound: OrderedDict[str, float] = OrderedDict()
         self.refused = 0  # nominations skipped over a bound (tests and logs)
 
     @property
@@ -92,6 +104,7 @@ class Nominate:
     def _assume(self, cycle: CycleState, node: str) -> Status:
         ledger, now = self.handle.ledger, self.handle.clock()
         self._active.pop(cycle.uid, None)  # from now on a bind's reservation, not a nomination
+        self._unbound.pop(cycle.uid, None)  # it binds: its nominations did their job
         entry = ledger.entries.get(cycle.uid)
         if entry is not None and entry.allocation.node == node:
             entry.deadline = now + self.args.assume_timeout_s  # a retried bind finds its own reservation
@@ -118,14 +131,21 @@ class Nominate:
         self._recent[cycle.uid] = (start, count)
         while len(self._recent) > 4 * max(self.args.max_nominations, 1):
             self._recent.popitem(last=False)
-        if count >= self.args.max_per_pod or len(self._active) >= self.args.max_nominations:
+        first = self._unbound.pop(cycle.uid, now)
+        if not 0 <= now - first < self.args.unbound_window_s:  # a new window (or the wall clock went back)
+            first = now
+        self._unbound[cycle.uid] = first
+        while len(self._unbound) > 4 * max(self.args.max_nominations, 1):
+            self._unbound.popitem(last=False)
+        ends = first + self.args.max_unbound_s
+        if count >= self.args.max_per_pod or len(self._active) >= self.args.max_nominations or now >= ends:
             self.refused += 1
             log.debug("no nomination for %s: over its bounds", cycle.key)
             return
         allocation = self._place(cycle, node)
         if allocation is None:
             return
-        deadline = now + self.args.nominate_timeout_s
+        deadline = min(now + self.args.nominate_timeout_s, ends)
         if self.handle.ledger.assume(cycle.uid, cycle.key, self._request(cycle), allocation, deadline,
                                      mps=self._mps(cycle)) is None:
             self._recent[cycle.uid] = (start, count + 1)
