@@ -239,3 +239,35 @@ def test_proc_table_reads_the_pod_and_container_of_a_pid(tmp_path: Path) -> None
     table = ProcTable(tmp_path)
     assert table.ref(5) == ProcRef("6b1e0d2c-8e0a-4a4c-9d1e-3f2a1b0c9d8e", "a" * 64)
     assert table.ref(6) is None and not table.exists(6)
+
+
+async def test_an_agent_that_cannot_see_the_hosts_processes_says_so_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    node = Node(tmp_path)
+    node.backend.run_process(G0, 4242, 1000)  # no /proc entry: the agent runs in its own PID namespace
+    node.backend.run_process(G1, 4343, 1000)
+    await node.watchdog.tick(0.0)
+    await node.watchdog.tick(0.5)
+    warnings = [r.getMessage() for r in caplog.records if "hostPID" in r.getMessage()]
+    assert len(warnings) == 1 and "none of the 2 GPU process(es)" in warnings[0]
+    assert node.watchdog.stats.unmapped == 2
+
+
+async def test_a_process_without_a_new_utilisation_sample_keeps_its_last_one(tmp_path: Path) -> None:
+    """Drivers sample on their own period: a poll may get no sample newer than the last for a process;
+    its compute is then its last sample, not zero (which would end every episode at once)."""
+    node = Node(tmp_path, watchdog_compute_after_s=1.0)
+    c = Container("main", [(G0, 4096, 10.0)])
+    p = await node.add(pod("p", [c]))
+    node.run(p, c, 170, G0, 100, sm=70.0)
+    await node.watchdog.tick(0.0)
+    stale = node.backend.process_utilization
+
+    def no_new_samples(uuid: str, since_us: int) -> tuple[()]:
+        return ()
+
+    node.backend.process_utilization = no_new_samples  # type: ignore[method-assign]
+    (action,) = await node.watchdog.tick(1.0)
+    assert (action.reason, action.used) == (COMPUTE, 70.0)
+    assert stale(G0, 0)[0].sm_percent == 70.0  # the driver would still say so

@@ -107,6 +107,17 @@ class Tenant:
 
 
 @dataclass(frozen=True, slots=True)
+class Seen:
+    """One process on one GPU at one poll, as the driver and /proc report it."""
+
+    gpu: str
+    pid: int  # host PID
+    ref: ProcRef | None  # its pod and container; None outside pods, or not visible under the agent's /proc
+    used_mib: float
+    sm_percent: float
+
+
+@dataclass(frozen=True, slots=True)
 class Use:
     """What one process held and used on one GPU at one poll."""
 
@@ -234,7 +245,7 @@ class Watchdog:
         """Look once and act; returns what was done. `now` is a monotonic time in seconds."""
         self.stats.polls += 1
         seen = await asyncio.to_thread(self._observe)
-        uids = {ref.pod_uid for _, _, ref, _, _ in seen if ref is not None}
+        uids = {x.ref.pod_uid for x in seen if x.ref is not None}
         # a pod UID no list had: a pod newer than the list (read it now), or one the API does not show under
         # that UID (a static pod's mirror): asked once, then left to the periodic refresh
         new = uids - self._listed - self._strangers
@@ -247,10 +258,9 @@ class Watchdog:
             await self._act(action, uses, now)
         return actions
 
-    def _observe(self) -> list[tuple[str, int, ProcRef | None, float, float]]:
-        """(GPU, PID, where it runs, MiB held, SM percent) of every process on every GPU: blocking calls,
-        run off the event loop."""
-        out: list[tuple[str, int, ProcRef | None, float, float]] = []
+    def _observe(self) -> list[Seen]:
+        """Every process on every GPU: blocking calls, run off the event loop."""
+        out: list[Seen] = []
         sm: dict[tuple[str, int], float] = {}
         for gpu in self.gpus():
             try:
@@ -271,9 +281,9 @@ class Watchdog:
                 # no new sample of a process (the driver samples on its own period): its last one stands
                 values = fresh.get(p.pid)
                 sm[(gpu, p.pid)] = sum(values) / len(values) if values else self._sm.get((gpu, p.pid), 0.0)
-                out.append((gpu, p.pid, self.procs.ref(p.pid), p.used_memory_mib, sm[(gpu, p.pid)]))
+                out.append(Seen(gpu, p.pid, self.procs.ref(p.pid), p.used_memory_mib, sm[(gpu, p.pid)]))
         self._sm = sm
-        unmapped = [pid for _, pid, ref, _, _ in out if ref is None and not self.procs.exists(pid)]
+        unmapped = [x.pid for x in out if x.ref is None and not self.procs.exists(x.pid)]
         self.stats.unmapped = len(unmapped)
         if out and len(unmapped) == len(out) and not self._warned_hostpid:
             self._warned_hostpid = True
@@ -294,15 +304,16 @@ class Watchdog:
         self._listed_at = now
         self.tenants = tenants_of(pods, self.config.node_name, self.strategies, self.config.isolation)
 
-    def _uses(self, seen: list[tuple[str, int, ProcRef | None, float, float]], now: float) -> list[Use]:
-        listed = {pid for _, pid, _, _, _ in seen}
+    def _uses(self, seen: list[Seen], now: float) -> list[Use]:
+        """The processes of tenants, each tied to the share it counts against; those stopped lately left out."""
+        listed = {x.pid for x in seen}
         self._killed = {pid: t for pid, t in self._killed.items() if pid in listed and now - t < KILL_GRACE_S}
         out = []
-        for gpu, pid, ref, used, sm in seen:
-            tenant = self.tenants.get(ref.pod_uid) if ref is not None else None
-            if tenant is None or ref is None or pid in self._killed:
+        for x in seen:
+            tenant = self.tenants.get(x.ref.pod_uid) if x.ref is not None else None
+            if tenant is None or x.ref is None or x.pid in self._killed:
                 continue
-            out.append(Use(tenant.key(ref, gpu), pid, ref, used, sm))
+            out.append(Use(tenant.key(x.ref, x.gpu), x.pid, x.ref, x.used_mib, x.sm_percent))
         return out
 
     def _limit(self, key: ShareKey) -> Limit:
