@@ -1,4 +1,8 @@
-"""The node agent: discovery, health, inventory and the device plugin, kept alive across kubelet restarts.
+"""The node agent: discovery, health, inventory and the device plugin, kept alive across kubelet restarts,
+and the watchdog behind isolation hook (gpupool.agent.watchdog, where `watchdog` is on).
+
+The node's isolation modes are one strategy object each (gpupool.agent.isolation), built here and shared by
+Allocate, the watchdog (which modes it holds to their grants) and the inventory (what each mode shows).
 
 Start-up writes only to finish what a previous run left half done: everything the agent must know about
 running pods (their allocations, the `gpupool.io/allocated` markers) lives in the API, and the answers it
