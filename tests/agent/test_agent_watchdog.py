@@ -4,6 +4,7 @@ test's own clock (no waiting, no wall-clock asserts)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpupool.agent.procs import ProcRef, ProcTable
-from gpupool.agent.watchdog import COMPUTE, MEMORY, WatchdogCollector
+from gpupool.agent.watchdog import COMPUTE, MEMORY, REFRESH_S, WatchdogCollector
 from tests.agent.watchdog_helpers import G0, G1, Container, Node, pod, write_proc
 
 
@@ -271,3 +272,26 @@ async def test_a_process_without_a_new_utilisation_sample_keeps_its_last_one(tmp
     (action,) = await node.watchdog.tick(1.0)
     assert (action.reason, action.used) == (COMPUTE, 70.0)
     assert stale(G0, 0)[0].sm_percent == 70.0  # the driver would still say so
+
+
+async def test_a_slow_api_server_never_holds_up_acting_on_the_pods_already_known(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    c = Container("main", [(G0, 1024, 10.0)])
+    p = await node.add(pod("p", [c]))
+    node.run(p, c, 180, G0, 512)
+    await node.watchdog.tick(0.0)  # the pods are known
+    answer = asyncio.Event()
+    listing = node.watchdog.cluster.list_pods_on_node
+
+    async def stuck(name: str) -> list[dict[str, Any]]:
+        await answer.wait()
+        return await listing(name)
+
+    node.watchdog.cluster.list_pods_on_node = stuck  # type: ignore[method-assign]
+    node.run(p, c, 181, G0, 2048)
+    # the periodic list is due, and does not come: the poll acts on the last one (the timeout only guards
+    # against a hang)
+    actions = await asyncio.wait_for(node.watchdog.tick(REFRESH_S), timeout=30)
+    assert [x.pids for x in actions] == [(181,)]
+    answer.set()
+    await asyncio.wait_for(node.watchdog.tick(REFRESH_S + 0.5), timeout=30)

@@ -62,6 +62,9 @@ KILL_GRACE_S = 10.0
 # The node's pods are read again this often, and at once (at most once a poll) when a GPU process runs in
 # a pod the last list did not have: a new pod is judged from its first poll.
 REFRESH_S = 10.0
+# A poll waits this long at most for the pod list it asked for, then judges by the last one (the list goes
+# on and is used from the next poll): a slow API server never delays acting on the pods already known.
+REFRESH_WAIT_S = 0.5
 _FINISHED = ("Succeeded", "Failed")
 _MAX_MESSAGE = 1000  # Event messages are bounded (the API server refuses huge ones; people read them)
 
@@ -239,6 +242,7 @@ class Watchdog:
         self._warned_hostpid = False
         self._strangers: set[str] = set()  # pod UIDs in GPU processes' cgroups but not on the last list
         self._failing: set[str] = set()  # GPUs whose last query failed (warned once, until they answer)
+        self._refreshing: asyncio.Task[None] | None = None
 
     # --- one poll -----------------------------------------------------------------------------------------
     async def tick(self, now: float) -> list[Action]:
@@ -249,9 +253,12 @@ class Watchdog:
         # a pod UID no list had: a pod newer than the list (read it now), or one the API does not show under
         # that UID (a static pod's mirror): asked once, then left to the periodic refresh
         new = uids - self._listed - self._strangers
-        if self._listed_at is None or now - self._listed_at >= REFRESH_S or new:
-            await self._refresh(now)
-            self._strangers = uids - self._listed
+        due = self._listed_at is None or now - self._listed_at >= REFRESH_S or bool(new)
+        if due and (self._refreshing is None or self._refreshing.done()):
+            self._listed_at = now  # asked now: not again before REFRESH_S unless a new pod shows
+            self._refreshing = asyncio.create_task(self._refresh(uids))
+        if self._refreshing is not None and not self._refreshing.done():
+            await asyncio.wait({self._refreshing}, timeout=REFRESH_WAIT_S)
         uses = self._uses(seen, now)
         actions = self._memory(uses) + self._compute(uses, now)
         for action in actions:
@@ -292,16 +299,17 @@ class Watchdog:
                         len(out), self.config.watchdog_proc_root)
         return out
 
-    async def _refresh(self, now: float) -> None:
+    async def _refresh(self, uids: set[str]) -> None:
+        """List the node's pods; `uids`: the pods of the GPU processes seen when it was asked for."""
         try:
             pods = await self.cluster.list_pods_on_node(self.config.node_name)
         except Exception as e:  # the API being away: judge by the last list until it answers
             self.stats.errors += 1
             log.warning("watchdog: cannot list the pods of node %s: %s", self.config.node_name, e)
-            self._listed_at = now
+            self._strangers = uids - self._listed
             return
         self._listed = {str((p.get("metadata") or {}).get("uid", "")) for p in pods}
-        self._listed_at = now
+        self._strangers = uids - self._listed
         self.tenants = tenants_of(pods, self.config.node_name, self.strategies, self.config.isolation)
 
     def _uses(self, seen: list[Seen], now: float) -> list[Use]:
@@ -406,14 +414,20 @@ class Watchdog:
         """Poll every `watchdog_poll_s` until `stop`."""
         log.info("watchdog on node %s: every %gs, memory %s, compute %s", self.config.node_name,
                  self.config.watchdog_poll_s, self.config.watchdog_memory_action, self.config.watchdog_compute_action)
-        while not stop.is_set():
-            try:
-                await self.tick(clock())
-            except Exception:  # keep watching whatever one poll met
-                self.stats.errors += 1
-                log.exception("watchdog poll failed")
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), timeout=self.config.watchdog_poll_s)
+        try:
+            while not stop.is_set():
+                try:
+                    await self.tick(clock())
+                except Exception:  # keep watching whatever one poll met
+                    self.stats.errors += 1
+                    log.exception("watchdog poll failed")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=self.config.watchdog_poll_s)
+        finally:
+            if self._refreshing is not None and not self._refreshing.done():
+                self._refreshing.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._refreshing
 
 
 def _message(tenant: Tenant, action: Action, stopped: list[int], used: Mapping[int, float], after_s: float) -> str:
