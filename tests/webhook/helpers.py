@@ -18,11 +18,13 @@ from cryptography.x509.oid import NameOID
 
 from gpupool.api.inventory import encode_inventory
 from gpupool.api.names import ANN_INVENTORY
+from gpupool.commands.webhook import serving
 from gpupool.core.model import GPU
 from gpupool.webhook.admission import Settings
 from gpupool.webhook.app import create_app
+from gpupool.webhook.config import WebhookConfig
 from gpupool.webhook.inventory import InventoryView
-from gpupool.webhook.server import build_server, serve
+from gpupool.webhook.server import serve
 
 SCHEDULER_SA = "system:serviceaccount:gpupool:gpupool-scheduler"
 
@@ -152,12 +154,17 @@ class Served:
 
 
 async def start_webhook(
-    tls: TLSFiles, inventory: InventoryView, max_body_bytes: int = 256 * 1024, settings: Settings | None = None
+    tls: TLSFiles, inventory: InventoryView, max_body_bytes: int = 256 * 1024, settings: Settings | None = None,
+    **transport: Any,
 ) -> tuple[Any, asyncio.Task[None], int]:
+    """The webhook as `gpupool webhook` serves it (gpupool.commands.webhook.serving) on a free port of
+    127.0.0.1; `transport` overrides WebhookConfig's timeouts and connection caps."""
     settings = settings or Settings(trusted_users=frozenset({SCHEDULER_SA}))
     app = create_app(settings, inventory, max_body_bytes)
-    server = build_server(app, "127.0.0.1", 0, tls.cert, tls.key, "warning")
-    task = asyncio.create_task(serve(server, 0.05, []))
+    config = WebhookConfig(host="127.0.0.1", cert_file=tls.cert, key_file=tls.key, log_level="warning",
+                           **transport).model_copy(update={"port": 0})  # 0: any free port (tests only)
+    server, reloader = serving(app, config)
+    task = asyncio.create_task(serve(server, 0.05, [], reloader))
     for _ in range(500):  # generous: only to avoid hanging when start-up fails
         if server.started or task.done():
             break

@@ -43,6 +43,7 @@ from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.exporter.cgroup import PodRef
 from gpupool.exporter.device import DeviceCollector, DeviceSample, ProcessSample
 from gpupool.exporter.http import create_metrics_app
+from gpupool.scheduler.server import BodyTimeout, ConnectionLimits, guarded_protocol
 
 log = logging.getLogger("gpupool.agent.metrics")
 _MIB = 1024 * 1024
@@ -147,7 +148,13 @@ async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: fl
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    config = uvicorn.Config(create_metrics_app(registry), log_level="warning", access_log=False, lifespan="off")
+    # Scraped by Prometheus (one connection per scraper, every 15 s or more): a slow or idle client loses its
+    # connection, and no address may hold more than a few (gpupool.scheduler.server.ConnectionLimits).
+    limits = ConnectionLimits(header_timeout_s=10.0, body_timeout_s=10.0, keep_alive_s=5.0, max_connections=64,
+                              max_per_peer=8)
+    config = uvicorn.Config(BodyTimeout(create_metrics_app(registry), limits.body_timeout_s), log_level="warning",
+                            access_log=False, lifespan="off", timeout_keep_alive=int(limits.keep_alive_s),
+                            http=guarded_protocol(limits), limit_concurrency=limits.max_connections)
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     refreshing = asyncio.create_task(node.refresh(refresh_s))

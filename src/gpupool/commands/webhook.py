@@ -7,12 +7,15 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from gpupool.webhook.config import WebhookConfig
+    from gpupool.webhook.server import CertReloader
 
 
 @click.command("webhook")
@@ -68,10 +71,27 @@ def webhook(config_file: Path | None, **flags: object) -> None:
     asyncio.run(_run(config))
 
 
+def serving(app: Any, config: WebhookConfig) -> tuple[uvicorn.Server, CertReloader]:
+    """The webhook's uvicorn server for `app` and the reloader of its certificate, with the transport
+    bounds of `config` (gpupool.scheduler.server: the TLS handshake and headers within header_timeout_s,
+    the body within body_timeout_s, connections capped in total and per peer)."""
+    from gpupool.scheduler.server import BodyTimeout, ConnectionLimits, guarded_protocol
+    from gpupool.webhook.server import CertReloader, build_server, tls_context
+
+    assert config.cert_file is not None and config.key_file is not None  # checked by the command
+    limits = ConnectionLimits(header_timeout_s=config.header_timeout_s, body_timeout_s=config.body_timeout_s,
+                              keep_alive_s=config.keep_alive_s, max_connections=config.max_connections,
+                              max_per_peer=config.max_connections_per_peer)
+    context = tls_context(config.cert_file, config.key_file)
+    server = build_server(BodyTimeout(app, limits.body_timeout_s), config.host, config.port, config.log_level,
+                          guarded_protocol(limits, context), config.keep_alive_s, config.max_connections)
+    return server, CertReloader(context, config.cert_file, config.key_file)
+
+
 async def _run(config: WebhookConfig) -> None:
     from gpupool.webhook.app import create_app
     from gpupool.webhook.inventory import InventoryView, follow
-    from gpupool.webhook.server import build_server, serve
+    from gpupool.webhook.server import serve
 
     assert config.cert_file is not None and config.key_file is not None  # checked by the command
     settings = config.settings()  # the admission settings and namespace policies
@@ -84,9 +104,9 @@ async def _run(config: WebhookConfig) -> None:
         port = KubeCluster.from_config(config.kubeconfig, config.context)
         background.append(asyncio.create_task(follow(port, inventory)))
     app = create_app(settings, inventory, config.max_body_bytes)
-    server = build_server(app, config.host, config.port, config.cert_file, config.key_file, config.log_level)
+    server, reloader = serving(app, config)
     try:
-        await serve(server, config.cert_reload_s, background)
+        await serve(server, config.cert_reload_s, background, reloader)
     finally:
         if port is not None:
             await port.close()

@@ -47,31 +47,101 @@ class _Server(uvicorn.Server):
         yield
 
 
-def _header_timeout_protocol(timeout_s: float) -> type[HttpToolsProtocol]:
-    """uvicorn bounds the idle time between requests (timeout_keep_alive) but not the time a request's
-    headers take to arrive; this protocol closes a connection whose headers are not complete within
-    `timeout_s` of the connection or of the request's first byte."""
+@dataclass(frozen=True, slots=True)
+class ConnectionLimits:
+    """What one HTTP server keeps for its callers (the extender, the webhook, the agent's /metrics).
 
-    class HeaderTimeoutProtocol(HttpToolsProtocol):
-        _header_timer: asyncio.TimerHandle | None = None
+    A connection must complete its request headers within `header_timeout_s` of being accepted (the TLS
+    handshake included) or of its request's first byte, and its body within `body_timeout_s` of the
+    headers (else 408); the head may not exceed `max_header_bytes`. An idle connection is closed
+    `keep_alive_s` after its last response. At most `max_connections` connections are open at once, at
+    most `max_per_peer` from one address: past either a new connection is closed at once, before
+    anything is read from it."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 10.0
+    keep_alive_s: float = 5.0
+    max_connections: int = 1024
+    max_per_peer: int = 256
+    max_header_bytes: int = 64 * 1024
+
+
+def guarded_protocol(limits: ConnectionLimits, tls: ssl.SSLContext | None = None) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the bounds of `limits`, counted per server (one class per call).
+    uvicorn bounds the idle time between requests (timeout_keep_alive) but not the time a request's
+    headers take, nor the number of connections. With `tls`, the TLS handshake is made here (uvicorn must
+    then serve without ssl_*): asyncio's own handshake waits 60 s and happens before any protocol
+    sees the connection, so neither the header deadline nor the caps could reach it."""
+    per_peer: dict[str, int] = {}
+    total = [0]
+
+    class GuardedProtocol(HttpToolsProtocol):
+        _timer: asyncio.TimerHandle | None = None
+        _peer: str | None = None
+        _raw: asyncio.BaseTransport | None = None
+        _head_bytes = 0
 
         def _arm(self) -> None:
             self._disarm()
-            self._header_timer = self.loop.call_later(timeout_s, self._headers_too_slow)
+            self._head_bytes = 0
+            self._timer = self.loop.call_later(limits.header_timeout_s, self._too_slow)
 
         def _disarm(self) -> None:
-            if self._header_timer is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
 
-        def _headers_too_slow(self) -> None:
-            self._header_timer = None
-            if not self.transport.is_closing():
-                self.transport.close()
+        def _too_slow(self) -> None:
+            self._timer = None
+            transport = self._raw if self._raw is not None else self.transport
+            if transport is not None and not transport.is_closing():
+                transport.close()
+
+        def _release(self) -> None:
+            if self._peer is not None:
+                left = per_peer.pop(self._peer) - 1
+                if left:
+                    per_peer[self._peer] = left
+                total[0] -= 1
+                self._peer = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
+            peer = transport.get_extra_info("peername")
+            host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+            if total[0] >= limits.max_connections or per_peer.get(host, 0) >= limits.max_per_peer:
+                transport.abort()  # nothing read, nothing kept; connection_lost is not ours to follow
+                return
+            self._peer = host
+            per_peer[host] = per_peer.get(host, 0) + 1
+            total[0] += 1
+            if tls is None:
+                super().connection_made(transport)
+                self._arm()
+                return
+            self._raw = transport
+            self._arm()  # the handshake counts against the header deadline
+            self.loop.create_task(self._handshake(transport, tls))
+
+        async def _handshake(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
+            try:
+                secure = await self.loop.start_tls(raw, self, context, server_side=True,
+                                                   ssl_handshake_timeout=limits.header_timeout_s)
+            except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError):
+                secure = None  # a failed or abandoned handshake: nothing to log per connection
+            if secure is None or raw.is_closing():
+                raw.abort()
+                self._disarm()
+                self._release()
+                return
+            self._raw = None
+            super().connection_made(secure)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            if self._timer is not None:  # still waiting for the head
+                self._head_bytes += len(data)
+                if self._head_bytes > limits.max_header_bytes + 256 * 1024:  # one read may carry body bytes
+                    self._too_slow()
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
@@ -88,9 +158,11 @@ def _header_timeout_protocol(timeout_s: float) -> type[HttpToolsProtocol]:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
-            super().connection_lost(exc)
+            self._release()
+            if self.transport is not None:  # uvicorn's state exists only once it saw the connection
+                super().connection_lost(exc)
 
-    return HeaderTimeoutProtocol
+    return GuardedProtocol
 
 
 class BodyTimeout:
@@ -164,9 +236,11 @@ async def serve_in_background(
         # certificate from that CA (auth.server_ssl_context checked the files at config time).
         tls = {"ssl_certfile": security.tls.cert_file, "ssl_keyfile": security.tls.key_file,
                "ssl_ca_certs": security.tls.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    limits = ConnectionLimits(header_timeout_s=security.header_timeout_s, body_timeout_s=security.body_timeout_s,
+                              keep_alive_s=30.0)  # kube-scheduler reuses its connections
     config = uvicorn.Config(
-        wrapped, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=30,
-        http=_header_timeout_protocol(security.header_timeout_s), **tls,
+        wrapped, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=int(limits.keep_alive_s),
+        http=guarded_protocol(limits), limit_concurrency=limits.max_connections, **tls,
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

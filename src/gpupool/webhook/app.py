@@ -17,7 +17,7 @@ from collections.abc import Callable
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
@@ -91,6 +91,9 @@ def create_app(
             except BodyTooLarge:
                 metrics.reviews.labels(name, "too_large").inc()
                 return JSONResponse({"error": f"body larger than {max_body_bytes} bytes"}, status_code=413)
+            except ClientDisconnect:  # the caller left mid-body (or its body came too slowly): nobody to answer
+                metrics.reviews.labels(name, "disconnected").inc()
+                return Response(status_code=499)
             try:
                 review = parse_review(json.loads(body))
             except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -77,6 +77,15 @@ class WebhookConfig(BaseModel):
     allow_env_from: bool = False  # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden)
     # Named policies, picked per namespace by label through the webhook path /validate/<name>.
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
+    # What one caller may hold (gpupool.scheduler.server.ConnectionLimits): the TLS handshake and the request
+    # headers within header_timeout_s, the body within body_timeout_s of them; an idle connection closed
+    # after keep_alive_s (the API server reuses its connections); at most max_connections open, at most
+    # max_connections_per_peer from one address. The NetworkPolicy admits only the API server besides.
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    body_timeout_s: float = Field(default=10.0, gt=0)
+    keep_alive_s: int = Field(default=15, ge=1)
+    max_connections: int = Field(default=1024, ge=1)
+    max_connections_per_peer: int = Field(default=256, ge=1)
     # An AdmissionReview carries the object and the old object (each at most ~1.5 MiB in etcd).
     max_body_bytes: int = Field(default=3 * 1024 * 1024, ge=1024)
     # Read node inventories from the cluster (to refuse memory larger than any GPU); off for local runs.

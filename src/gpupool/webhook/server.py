@@ -3,6 +3,10 @@
 cert-manager (or a re-run of the chart) rewrites the mounted certificate files; the server checks their
 modification time every `cert_reload_s` and loads the new pair into the live SSL context, so new
 connections get the new certificate and no admission request is refused during the rotation.
+
+The HTTP protocol is the caller's (`http`): the entry layer passes one that makes the TLS handshake itself
+and bounds what each caller may hold (header and body deadlines, connections per peer and in total;
+gpupool.commands.webhook), so uvicorn is given no certificate of its own.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
+from starlette.types import ASGIApp
 
 log = logging.getLogger("gpupool.webhook.server")
 
@@ -54,30 +59,34 @@ class CertReloader:
             self.check()
 
 
-def build_server(
-    app: Starlette, host: str, port: int, cert_file: Path, key_file: Path, log_level: str
-) -> uvicorn.Server:
+def tls_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    """The serving context (TLS 1.2 at least), loaded from the mounted pair; the reloader updates it."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(cert_file), str(key_file))
+    return context
+
+
+def build_server(app: ASGIApp | Starlette, host: str, port: int, log_level: str, http: type[asyncio.Protocol],
+                 keep_alive_s: int, max_connections: int) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
         host=host,
         port=port,
-        ssl_certfile=str(cert_file),
-        ssl_keyfile=str(key_file),
         log_level=log_level,
         access_log=False,  # one line per pod admission would drown the denials that matter
-        timeout_keep_alive=30,  # the API server reuses connections
-        h11_max_incomplete_event_size=64 * 1024,  # headers only; bodies are limited in the app
+        timeout_keep_alive=keep_alive_s,  # the API server reuses connections
+        http=http,
+        limit_concurrency=max_connections,  # requests past it get 503 (connections past it are closed by `http`)
     )
-    config.load()  # builds config.ssl now, so the reloader can hold the live context
     return uvicorn.Server(config)
 
 
-async def serve(server: uvicorn.Server, reload_every_s: float, background: list[asyncio.Task[None]]) -> None:
+async def serve(server: uvicorn.Server, reload_every_s: float, background: list[asyncio.Task[None]],
+                reloader: CertReloader | None = None) -> None:
     """Serve until stopped; `background` tasks (inventory watch) are cancelled on the way out."""
-    ssl_context = server.config.ssl
     tasks = list(background)
-    if ssl_context is not None and server.config.ssl_certfile and server.config.ssl_keyfile:
-        reloader = CertReloader(ssl_context, Path(server.config.ssl_certfile), Path(str(server.config.ssl_keyfile)))
+    if reloader is not None:
         tasks.append(asyncio.create_task(reloader.run(reload_every_s)))
     try:
         await server.serve()
