@@ -84,7 +84,10 @@ struct gp_shared {
      * min(GPUPOOL_CORES_PERCENT, squeeze), read at every launch, so the agent can lower and lift it at any
      * time without the pod restarting. */
     uint64_t squeeze_ppm[GP_MAX_DEV];
-    uint8_t pad[2048 - 1336 - GP_MAX_DEV * 8];
+    /* 1464: the sum of the poller's corrections (charged - measured), per GPU: credit or debt beside the
+     * token bucket, never clipped by the bucket's burst bound (gp_compute.c) */
+    int64_t credit_ns[GP_MAX_DEV];
+    uint8_t pad[2048 - 1336 - 2 * GP_MAX_DEV * 8];
     struct gp_slot slots[GP_MAX_SLOTS];   /* 2048 */
     /* 69632: the host PIDs NVML knows each slot's process by (a PID namespace hides them from getpid());
      * up to GP_HOSTPIDS candidates when the process could not tell its own apart, 0 = none. */

@@ -15,8 +15,10 @@
  *   average of per-window ratios, which a deep queue biases (a window's launches execute in the next one);
  * - a waiting launch re-reads the bucket every few ms, so a correction that pays its debt early lets it
  *   go early instead of sleeping off an over-estimate;
- * - the burst bound clips only the refill of idle time, never a correction: credit the pod was over-charged
- *   is given back in full.
+ * - credit from the corrections is kept apart from the bucket (credit_ns; a debt goes into the bucket) and
+ *   a launch waits while the two together are in debt: the burst bound clips only the refill of idle time,
+ *   never a correction, so credit the pod was over-charged is given back in full, even while its execution
+ *   lags its launches by a deep queue.
  *
  * NVML samples: each covers one sample period of the driver's (learnt as the smallest gap between sample
  * timestamps). Drivers that return every period since the last timestamp and drivers that return only the
@@ -40,8 +42,12 @@
 #include <time.h>
 #include <unistd.h>
 
-#define DEFAULT_COST_NS 100000     /* 0.1 ms until the first measurement */
-#define BURST_WINDOW_NS 40000000   /* credit kept across idle time: 40 ms of the rate */
+/* Until the first measurement a launch is charged 2 ms, on the high side for most kernels: a pod starting
+ * with a deep queue of long kernels would otherwise run far over its cap until the first correction, then
+ * pay that debt back with a long silence. Over-charging costs nothing: the credit comes back with the first
+ * measurement (20 ms at most). */
+#define DEFAULT_COST_NS 2000000
+#define BURST_WINDOW_NS 100000000  /* credit kept across idle time: 100 ms of the rate */
 #define ELASTIC_MARGIN_PPM 20000   /* elastic leaves 2 % of the GPU free so a neighbour is seen waking */
 #define ELASTIC_STEP_PPM 20000     /* elastic grows into idle time by 2 points a poll */
 #define WAIT_SLICE_NS 4000000      /* a waiting launch re-reads the bucket this often */
@@ -175,11 +181,23 @@ static void measure(int li, struct gp_shared *s) {
         m->unmeasured_ns += (int64_t)dc;
         if (m->unmeasured_ns > 200000000LL) m->trust = 0;
     }
-    if (m->trust && m->paced && cap < GP_PPM)
-        __atomic_add_fetch(&d->tokens, (int64_t)dc - (int64_t)pod_ns, __ATOMIC_ACQ_REL);
+    if (m->trust && m->paced && cap < GP_PPM) {
+        int64_t c = __atomic_add_fetch(&s->credit_ns[li], (int64_t)dc - (int64_t)pod_ns, __ATOMIC_ACQ_REL);
+        /* A debt goes into the bucket itself, which refills it; credit first pays any debt of the bucket.
+         * Only credit beyond that stays apart from the burst bound. */
+        int64_t t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE);
+        int64_t move = c < 0 ? c : t < 0 ? (c < -t ? c : -t) : 0;
+        if (move != 0) {
+            __atomic_sub_fetch(&s->credit_ns[li], move, __ATOMIC_ACQ_REL);
+            __atomic_add_fetch(&d->tokens, move, __ATOMIC_ACQ_REL);
+        }
+    }
     m->paced = cap < GP_PPM;
-    m->cost_busy = m->cost_busy * 0.8 + pod_ns;
-    m->cost_launches = m->cost_launches * 0.8 + (double)dl;
+    /* Sums decaying over ~0.3 s: longer than any device queue a launch loop builds, short enough to follow a
+     * change of kernels. */
+    double keep = 1.0 - (double)poll_ns() / 300e6;
+    m->cost_busy = m->cost_busy * keep + pod_ns;
+    m->cost_launches = m->cost_launches * keep + (double)dl;
     if (pod_ns > 0 && m->cost_launches >= 1.0)
         __atomic_store_n(&d->cost_ns, (int64_t)(m->cost_busy / m->cost_launches), __ATOMIC_RELAXED);
     if (span_ns > 0) {
@@ -188,6 +206,7 @@ static void measure(int li, struct gp_shared *s) {
     }
     if (cap >= GP_PPM) { /* uncapped: nothing is paced, so no credit or debt may build up */
         __atomic_store_n(&d->tokens, 0, __ATOMIC_RELEASE);
+        __atomic_store_n(&s->credit_ns[li], 0, __ATOMIC_RELEASE);
         __atomic_store_n(&d->rate_ppm, cap, __ATOMIC_RELEASE);
         return;
     }
@@ -206,9 +225,14 @@ static void measure(int li, struct gp_shared *s) {
         if (rate > GP_PPM - ELASTIC_MARGIN_PPM) rate = GP_PPM - ELASTIC_MARGIN_PPM;
         if (rate < old) { /* credit saved at the higher rate is not the neighbour's to wait for */
             int64_t cost = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED), burst = burst_of(rate, cost);
-            int64_t t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE);
-            while (t > burst && !__atomic_compare_exchange_n(&d->tokens, &t, burst, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+            int64_t t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE), c = __atomic_load_n(&s->credit_ns[li], __ATOMIC_ACQUIRE);
+            int64_t excess = t + c - burst;
+            if (excess > 0 && c > 0) {
+                int64_t from_credit = excess < c ? excess : c;
+                __atomic_sub_fetch(&s->credit_ns[li], from_credit, __ATOMIC_ACQ_REL);
+                excess -= from_credit;
             }
+            if (excess > 0) __atomic_sub_fetch(&d->tokens, excess, __ATOMIC_ACQ_REL);
         }
     }
     __atomic_store_n(&d->rate_ppm, rate, __ATOMIC_RELEASE);
@@ -279,7 +303,8 @@ static CUresult gp_launch_gate(int li) {
 void gp_pace(int li) {
     if (li < 0) return;
     ensure_poller(); /* also measures uncapped pods, for the agent's busy-time metric */
-    struct gp_devstate *d = &gp_shm()->dev[li];
+    struct gp_shared *sh = gp_shm();
+    struct gp_devstate *d = &sh->dev[li];
     __atomic_add_fetch(&d->launches, 1, __ATOMIC_RELAXED);
     int64_t cap = gp_cap_ppm(li);
     if (cap >= GP_PPM) return;
@@ -291,7 +316,7 @@ void gp_pace(int li) {
     if (cost <= 0) cost = DEFAULT_COST_NS;
     refill(d, gp_now_ns(), rate, cost);
     __atomic_add_fetch(&d->charged_ns, (uint64_t)cost, __ATOMIC_RELAXED);
-    int64_t t = __atomic_sub_fetch(&d->tokens, cost, __ATOMIC_ACQ_REL);
+    int64_t t = __atomic_sub_fetch(&d->tokens, cost, __ATOMIC_ACQ_REL) + __atomic_load_n(&sh->credit_ns[li], __ATOMIC_ACQUIRE);
     for (int64_t waited = 0; t < 0 && waited < MAX_WAIT_NS;) {
         int64_t wait = (int64_t)((__int128)(-t) * GP_PPM / rate);
         if (wait > WAIT_SLICE_NS) wait = WAIT_SLICE_NS;
@@ -303,7 +328,7 @@ void gp_pace(int li) {
         else rate = gp_cap_ppm(li) < GP_PPM ? gp_cap_ppm(li) : GP_PPM;
         if (rate >= GP_PPM) break; /* the squeeze was lifted while waiting */
         refill(d, gp_now_ns(), rate, cost);
-        t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE);
+        t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE) + __atomic_load_n(&sh->credit_ns[li], __ATOMIC_ACQUIRE);
     }
 }
 

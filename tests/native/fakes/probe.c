@@ -14,7 +14,7 @@
  *            stress BYTES -> never answers (alloc/free forever, for kill -9 tests)
  *            bench launch|alloc N -> "<rc> picoseconds per call" (an empty kernel; a 1 MiB alloc + free)
  *            pools N BYTES -> "<successes> <last rc>" (N new pools, BYTES allocated from each, kept)
- *            mixed SECONDS SEED -> "<rc> launches" (kernels of 0.1 to 20 ms, and graphs, in a random mix) */
+ *            mixed SECONDS SEED [SYNC_EVERY] -> "<rc> launches" (kernels of 0.1 to 20 ms and graphs, a random mix) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -286,6 +286,8 @@ int main(int argc, char **argv) {
             }
             printf("%llu %d\n", ok, r);
         } else if (sscanf(line, "mixed %lf %u", &mixed_secs, &mixed_seed) == 2) {
+            unsigned long long every = 4;
+            sscanf(line, "mixed %lf %u %llu", &mixed_secs, &mixed_seed, &every);
             /* kernels of 0.1, 0.5, 2, 5 and 20 ms (1 us blocks) and graphs of 1 and 8 ms, drawn at random */
             static const unsigned lengths[] = {100, 500, 2000, 5000, 20000, 1000, 8000};
             double end = now_s() + mixed_secs;
@@ -295,7 +297,7 @@ int main(int argc, char **argv) {
                 unsigned k = (unsigned)(rand_r(&mixed_seed) % 7);
                 if (k < 5) r = p_cuLaunchKernel(NULL, lengths[k], 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
                 else r = p_cuGraphLaunch((CUgraphExec)(uintptr_t)lengths[k], NULL);
-                if (++count % 4 == 0) cuStreamSynchronize(NULL);
+                if (++count % (long long)every == 0) cuStreamSynchronize(NULL);
             }
             cuStreamSynchronize(NULL);
             printf("%d %lld\n", r, count);
