@@ -65,16 +65,19 @@ async def test_mig_prepare_refuses_where_the_node_has_no_mig_manager() -> None:
     assert isinstance(refused, Refused) and "manages no MIG devices" in refused.reason
 
 
-async def test_hook_release_removes_the_directories_of_pods_no_longer_alive(tmp_path: Path) -> None:
+async def test_hook_release_removes_the_directories_of_pods_gone_from_the_node_only(tmp_path: Path) -> None:
     config = AgentConfig(node_name="n", hook_root=tmp_path)
     pods = hook_paths(tmp_path).pods
-    for uid in ("alive", "gone"):
+    for uid in ("running", "terminating", "gone"):
         (pods / uid / "main").mkdir(parents=True)
-    await node_strategies(config)["hook"].release({"alive"})
-    assert sorted(p.name for p in pods.iterdir()) == ["alive"]
+    listed = [{"metadata": {"uid": "running"}, "spec": {"nodeName": "n"}},
+              {"metadata": {"uid": "terminating", "deletionTimestamp": "2026-11-27T06:00:00Z"},
+               "spec": {"nodeName": "n"}}]  # its container may still run: its directories stay
+    await node_strategies(config)["hook"].release(listed, "n")
+    assert sorted(p.name for p in pods.iterdir()) == ["running", "terminating"]
 
 
-async def test_the_agent_releases_a_finished_pods_hook_directory_without_waiting_for_an_allocate() -> None:
+async def test_the_agent_releases_a_deleted_pods_hook_directory_without_waiting_for_an_allocate() -> None:
     async with rig(mig_interval_s=0.05) as r:
         pods_dir = hook_paths(r.config.hook_root).pods
         pods_dir.mkdir(parents=True)  # as `gpupool agent` leaves it after installing the library
@@ -82,7 +85,7 @@ async def test_the_agent_releases_a_finished_pods_hook_directory_without_waiting
         await r.kubelet.allocate_ids(RESOURCE, ["GPU-aaaa-0::0"])
         uid = p["metadata"]["uid"]
         assert (pods_dir / uid / "main").is_dir()
-        await r.cluster.patch_pod_status("default", "a", {"phase": "Succeeded"})
+        await r.cluster.delete_pod("default", "a")
         await eventually(lambda: not (pods_dir / uid).exists())
 
 

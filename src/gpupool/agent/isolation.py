@@ -8,7 +8,9 @@ same small protocol, used by Allocate (gpupool.agent.plugin), the host-side watc
   the hook directory created, the MPS daemon of the GPU must answer. Runs under the Allocate lock.
 - `grant(request, prepared)`: pure. The mode's part of the container's answer (environment, mounts and the
   devices the container sees).
-- `release(alive)`: what the node holds for pods no longer alive (MIG instances, hook directories).
+- `release(pods, node)`: what the node holds for pods that no longer need it, given the pods bound to the
+  node (each mode's own rule: a MIG instance goes when its pod finishes or is being deleted, a hook
+  directory when its pod has left the node, since a terminating container may still be running).
 - `second_line`: whether the watchdog holds this mode's containers to their grant from the host (the hook
   only: MIG is hardware isolation, MPS limits are enforced by its server, `none` promises nothing).
 - `inventory_fields()`: what the node inventory shows per GPU about this mode (MPS daemon, MIG instances).
@@ -43,6 +45,7 @@ from gpupool.agent.hookdir import (
     valid_container,
     valid_uid,
 )
+from gpupool.agent.identify import is_alive_on
 from gpupool.agent.mig import MigError, MigManager, MigRefused, mig_inventory_fields
 from gpupool.agent.mps import MpsSupervisor, inventory_fields
 from gpupool.api.allocation import AllocationDoc, GrantDoc
@@ -118,7 +121,7 @@ class Isolation(Protocol):
 
     def grant(self, request: GrantRequest, prepared: Prepared) -> ModeGrant | Refused: ...
 
-    async def release(self, alive: set[str]) -> None: ...
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None: ...
 
     def inventory_fields(self) -> dict[str, dict[str, Any]]: ...
 
@@ -142,7 +145,7 @@ class NoIsolation:
     def grant(self, request: GrantRequest, prepared: Prepared) -> ModeGrant | Refused:
         return ModeGrant(visible=_plain(request))
 
-    async def release(self, alive: set[str]) -> None:
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None:
         return None
 
     def inventory_fields(self) -> dict[str, dict[str, Any]]:
@@ -211,8 +214,10 @@ class HookIsolation:
             hook_pod=hook_pod,
         )
 
-    async def release(self, alive: set[str]) -> None:
-        await asyncio.to_thread(remove_gone, self.config.hook_root, alive)
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None:
+        # the rule of prepare_hook_pod: a directory stays while its pod is on the node in any phase
+        listed = {str((p.get("metadata") or {}).get("uid")) for p in pods}
+        await asyncio.to_thread(remove_gone, self.config.hook_root, listed)
 
     def inventory_fields(self) -> dict[str, dict[str, Any]]:
         return {}
@@ -268,7 +273,7 @@ class MpsIsolation:
             mps_gpu=g.uuid,
         )
 
-    async def release(self, alive: set[str]) -> None:
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None:
         return None  # an MPS client leaves nothing behind on the node
 
     def inventory_fields(self) -> dict[str, dict[str, Any]]:
@@ -333,11 +338,13 @@ class MigIsolation:
             visible=tuple(prepared.visible[g.uuid] for g in request.gpus),
         )
 
-    async def release(self, alive: set[str]) -> None:
-        """The instances of pods gone or finished go back to the pool (idle, destroyed later by reap)."""
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None:
+        """The instances of pods gone, finished or being deleted go back to the pool (idle, destroyed later
+        by reap, which keeps an instance NVML reports in use)."""
         manager = self.manager
         if manager is None:
             return
+        alive = {str(p["metadata"].get("uid")) for p in pods if is_alive_on(dict(p), node) and p.get("metadata")}
         for uid in sorted({e.pod for e in manager.entries if e.pod is not None} - alive):
             await asyncio.to_thread(manager.release, uid)
 

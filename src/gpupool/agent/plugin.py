@@ -328,12 +328,13 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         return response
 
     async def housekeeping(self, reconcile: bool = False) -> bool:
-        """Every isolation strategy releases what it holds for pods no longer alive on this node (hook
-        directories, MIG instances). Where there is a MIG manager, first reconcile it with the node's pods
-        (`reconcile`, at start) and switch idle GPUs to MIG mode where the node's label allows it, and
-        afterwards destroy the instances idle long enough. True when the MIG state changed (the inventory
-        is then published again). Under the Allocate lock: nothing is released while a pod is being served,
-        and the MIG manager is not shared between two threads."""
+        """Every isolation strategy releases what it holds for pods that no longer need it (hook
+        directories of pods gone from the node, MIG instances of pods finished or gone). Where there is a
+        MIG manager, first reconcile it with the node's pods (`reconcile`, at start) and switch idle GPUs
+        to MIG mode where the node's label allows it, and afterwards destroy the instances idle long
+        enough. True when the MIG state changed (the inventory is then published again). Under the
+        Allocate lock: nothing is released while a pod is being served, and the MIG manager is not shared
+        between two threads."""
         mig = self.mig
         async with self._allocate_lock:
             try:
@@ -352,7 +353,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                     if report.finished or report.adopted or report.lost or report.destroyed or report.kept_in_use:
                         log.info("MIG reconciled: %s", report)
                 for strategy in self.isolation.values():
-                    await strategy.release(alive)
+                    await strategy.release(pods, self.config.node_name)
                 if mig is not None:
                     report = await asyncio.to_thread(mig.reap)
                     if report.destroyed or report.kept_in_use:
