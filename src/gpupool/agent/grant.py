@@ -40,6 +40,7 @@ from gpupool.agent.isolation import (
     MountSpec,
     Prepared,
     Refused,
+    mode_of,
     node_strategies,
 )
 from gpupool.api.allocation import AllocationDoc
@@ -90,7 +91,7 @@ def grant_request(
                 f"pod {pod_label} was granted {g.memory_mib} MiB on GPU {g.uuid}, which has "
                 f"{devices[g.uuid].memory_mib} MiB"
             )
-    isolation = doc.isolation or config.isolation
+    isolation = mode_of(doc, config.isolation)
     strategy = strategies.get(isolation)
     if strategy is None:
         return Refused(f"pod {pod_label}: unknown isolation {isolation!r} (use {', '.join(sorted(ISOLATION_MODES))})")

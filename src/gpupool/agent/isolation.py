@@ -369,9 +369,9 @@ def node_strategies(
     return {s.name: s for s in strategies}
 
 
-def strategy_for(strategies: Mapping[str, Isolation], doc: AllocationDoc, config: AgentConfig) -> Isolation | None:
-    """The strategy of a pod's allocation (its own mode, else the agent's default); None when unknown."""
-    return strategies.get(doc.isolation or config.isolation)
+def mode_of(doc: AllocationDoc, default: str) -> str:
+    """The isolation mode of a pod's allocation: its own, else the agent's default (`isolation`)."""
+    return doc.isolation or default
 
 
 def merged_inventory(strategies: Iterable[Isolation]) -> dict[str, dict[str, Any]]:

@@ -44,7 +44,7 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DiscoveryBackend, DiscoveryError
 from gpupool.agent.hookdir import parse_cores_mode
 from gpupool.agent.identify import gpu_containers
-from gpupool.agent.isolation import Isolation
+from gpupool.agent.isolation import Isolation, mode_of
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.procs import Killer, PidfdKiller, ProcRef, ProcTable, bare_container_id
 from gpupool.api.allocation import AllocationError, decode_allocation
@@ -169,7 +169,7 @@ def tenants_of(pods: Iterable[Mapping[str, Any]], node: str, strategies: Mapping
             doc = decode_allocation(text)
         except AllocationError:
             continue
-        strategy = strategies.get(doc.isolation or default_isolation)
+        strategy = strategies.get(mode_of(doc, default_isolation))
         if strategy is None or not strategy.second_line:
             continue
         elastic = parse_cores_mode(annotations) == "elastic"
