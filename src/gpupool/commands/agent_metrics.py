@@ -135,7 +135,14 @@ class MetricsServer:
                 await asyncio.wait_for(task, timeout=5)
 
 
-async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: float = 2.0) -> MetricsServer:
+# Scraped by Prometheus (one connection per scraper, every 15 s or more): a slow or idle client loses its
+# connection, and no address may hold more than a few (gpupool.scheduler.server.ConnectionLimits).
+METRICS_LIMITS = ConnectionLimits(header_timeout_s=10.0, body_timeout_s=10.0, keep_alive_s=5.0, max_connections=64,
+                                  max_per_peer=8)
+
+
+async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: float = 2.0,
+                               limits: ConnectionLimits = METRICS_LIMITS) -> MetricsServer:
     """Serve /metrics on host:port (0 = a free port) until `stop()`; returns once it listens."""
     registry = CollectorRegistry()
     node = NodeMetrics(agent)
@@ -148,12 +155,8 @@ async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: fl
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    # Scraped by Prometheus (one connection per scraper, every 15 s or more): a slow or idle client loses its
-    # connection, and no address may hold more than a few (gpupool.scheduler.server.ConnectionLimits).
-    limits = ConnectionLimits(header_timeout_s=10.0, body_timeout_s=10.0, keep_alive_s=5.0, max_connections=64,
-                              max_per_peer=8)
     config = uvicorn.Config(BodyTimeout(create_metrics_app(registry), limits.body_timeout_s), log_level="warning",
-                            access_log=False, lifespan="off", timeout_keep_alive=int(limits.keep_alive_s),
+                            access_log=False, lifespan="off", timeout_keep_alive=max(1, round(limits.keep_alive_s)),
                             http=guarded_protocol(limits), limit_concurrency=limits.max_connections)
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+from asyncio.sslproto import SSLProtocol
 from dataclasses import dataclass
 from typing import Any
 
@@ -79,6 +80,7 @@ def guarded_protocol(limits: ConnectionLimits, tls: ssl.SSLContext | None = None
         _timer: asyncio.TimerHandle | None = None
         _peer: str | None = None
         _raw: asyncio.BaseTransport | None = None
+        _handshaking = False
         _head_bytes = 0
 
         def _arm(self) -> None:
@@ -106,6 +108,11 @@ def guarded_protocol(limits: ConnectionLimits, tls: ssl.SSLContext | None = None
                 self._peer = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            if self._handshaking:  # the TLS layer below says the handshake is done: uvicorn takes over
+                self._handshaking = False
+                self._raw = None
+                super().connection_made(transport)
+                return
             peer = transport.get_extra_info("peername")
             host = str(peer[0]) if isinstance(peer, tuple) and peer else ""
             if total[0] >= limits.max_connections or per_peer.get(host, 0) >= limits.max_per_peer:
@@ -118,23 +125,21 @@ def guarded_protocol(limits: ConnectionLimits, tls: ssl.SSLContext | None = None
                 super().connection_made(transport)
                 self._arm()
                 return
-            self._raw = transport
+            # The TLS layer calls connection_made again once the handshake is done, before any data.
+            self._raw, self._handshaking = transport, True
             self._arm()  # the handshake counts against the header deadline
-            self.loop.create_task(self._handshake(transport, tls))
+            waiter = self.loop.create_future()
+            waiter.add_done_callback(self._handshake_done)
+            layer = SSLProtocol(self.loop, self, tls, waiter, server_side=True, call_connection_made=True,
+                                ssl_handshake_timeout=limits.header_timeout_s)  # type: ignore[arg-type]  # a float at runtime
+            transport.set_protocol(layer)
+            layer.connection_made(transport)
 
-        async def _handshake(self, raw: asyncio.Transport, context: ssl.SSLContext) -> None:
-            try:
-                secure = await self.loop.start_tls(raw, self, context, server_side=True,
-                                                   ssl_handshake_timeout=limits.header_timeout_s)
-            except (OSError, ssl.SSLError, TimeoutError, ConnectionError, RuntimeError):
-                secure = None  # a failed or abandoned handshake: nothing to log per connection
-            if secure is None or raw.is_closing():
-                raw.abort()
+        def _handshake_done(self, waiter: asyncio.Future[None]) -> None:
+            if waiter.cancelled() or waiter.exception() is not None:  # a failed or abandoned handshake
+                # (nothing to log per connection; the TLS layer closed it and tells the protocol nothing more)
                 self._disarm()
                 self._release()
-                return
-            self._raw = None
-            super().connection_made(secure)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)

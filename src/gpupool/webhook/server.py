@@ -75,6 +75,7 @@ def build_server(app: ASGIApp | Starlette, host: str, port: int, log_level: str,
         port=port,
         log_level=log_level,
         access_log=False,  # one line per pod admission would drown the denials that matter
+        lifespan="off",  # the app has no start-up or shutdown hooks (and "auto" logs a cancelled wait at exit)
         timeout_keep_alive=keep_alive_s,  # the API server reuses connections
         http=http,
         limit_concurrency=max_connections,  # requests past it get 503 (connections past it are closed by `http`)
