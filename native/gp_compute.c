@@ -99,6 +99,7 @@ struct devmeter {
     int seen_pod;                 /* NVML has reported one of the pod's processes on this GPU */
     int trust;                    /* corrections apply: the pod's samples are being found */
     int paced;                    /* the GPU was capped at the previous measurement (the window was paced) */
+    int started;                  /* a first reading has set where this poller's counting begins */
 };
 static struct devmeter meters[GP_MAX_DEV];
 
@@ -161,6 +162,12 @@ static void measure(int li, struct gp_shared *s) {
     double span_ns = first_ts != 0 && prev > first_ts ? (double)(prev - first_ts) * 1000.0 : 0;
     if (prev > m->last_ts) m->last_ts = prev;
     free(buf);
+    if (!m->started) { /* a new poller: what ran before now was counted by another, or by nobody */
+        m->started = 1;
+        m->charged_seen = __atomic_load_n(&d->charged_ns, __ATOMIC_ACQUIRE);
+        m->launches_seen = __atomic_load_n(&d->launches, __ATOMIC_ACQUIRE);
+        return;
+    }
 
     uint64_t charged = __atomic_load_n(&d->charged_ns, __ATOMIC_ACQUIRE);
     uint64_t launches = __atomic_load_n(&d->launches, __ATOMIC_ACQUIRE);
@@ -259,10 +266,6 @@ static void *poller(void *arg) {
             }
             if (!__atomic_compare_exchange_n(&s->poller_pid, &owner, me, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
             memset(meters, 0, sizeof meters); /* the previous poller's progress is not ours to know */
-            for (int li = 0; li < gp_cfg.ndev; li++) { /* start from what has been counted, not from zero */
-                meters[li].charged_seen = __atomic_load_n(&s->dev[li].charged_ns, __ATOMIC_ACQUIRE);
-                meters[li].launches_seen = __atomic_load_n(&s->dev[li].launches, __ATOMIC_ACQUIRE);
-            }
         }
         __atomic_store_n(&s->poller_lease, now + 5 * (capped ? (poll > 20000000 ? poll : 20000000) : 1000000000LL),
                          __ATOMIC_RELEASE);

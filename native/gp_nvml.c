@@ -50,6 +50,9 @@ void gp_refresh_ctx(int li) {
     int64_t mine[GP_HOSTPIDS];
     int nm = gp_own_host_pids(mine); /* NVML speaks host PIDs: getpid() means nothing in a PID namespace */
     if (nm == 0) return;
+    /* Our own usage is read before and after NVML's: an allocation freed by another thread in between is
+     * in NVML's figure and must not pass for context memory (the larger of the two is subtracted). */
+    uint64_t own_before = gp_own_used(li);
     nvmlProcessInfo_t info[64];
     unsigned int n = 64;
     if (get(h, &n, info) != NVML_SUCCESS) return;
@@ -65,6 +68,7 @@ void gp_refresh_ctx(int li) {
     }
     if (!found) return;
     uint64_t own = gp_own_used(li);
+    if (own_before > own) own = own_before;
     gp_set_ctx_bytes(li, most > own ? most - own : 0);
 }
 

@@ -1,0 +1,123 @@
+"""Compute shares within 2 points at every cap (issue 26), on the simulated device, every pod in its own PID
+namespace (NVML names its processes by host PIDs its getpid() never returns), with NVML returning every
+sample period since the last call and with it returning only the newest one.
+
+Every tenant saturates: 2 ms kernels in a loop with a stream sync every 16 launches (up to 32 ms queued per
+tenant, the deep queue that made the busy pod short before). Shares come from the fake device's own kernel
+log, from 0.4 s after the last tenant's first kernel to 0.1 s before the first one's last."""
+
+from __future__ import annotations
+
+import struct
+import time
+
+import pytest
+
+from tests.native.conftest import PID_NS_STEP, PodFactory
+from tests.native.native_helpers import Probe, active_window, busy_share, now_ns
+
+S = 1_000_000_000
+TOL = 0.02
+SAMPLES = ["all", "latest"]
+
+
+def start_all(pods: PodFactory, caps: list[float], samples: str, seconds: float = 2.5,
+              workload: str = "launch kernel 2000 {s} 16") -> list[Probe]:
+    probes = [pods.start(pods.pod(cores=f"{c:g}", granted=True, samples=samples)) for c in caps]
+    for p in probes:
+        p.send(workload.format(s=seconds))
+    for p in probes:
+        assert p.proc.stdout is not None
+        assert p.proc.stdout.readline().split()[0] == "0"
+    return probes
+
+
+def shares(pods: PodFactory, groups: list[set[int]]) -> list[float]:
+    pids = [pid for g in groups for pid in g]
+    window = active_window(pods.device, pids, 4 * S // 10, S // 10)
+    return [busy_share(pods.device, g, *window) for g in groups]
+
+
+@pytest.mark.parametrize("samples", SAMPLES)
+@pytest.mark.parametrize("caps", [[30, 70], [10, 90], [20, 30, 50]], ids=["30-70", "10-90", "20-30-50"])
+def test_every_tenant_gets_its_cap_within_2_points(pods: PodFactory, caps: list[float], samples: str) -> None:
+    probes = start_all(pods, caps, samples)
+    got = shares(pods, [{p.pid} for p in probes])
+    for share, cap in zip(got, caps, strict=True):
+        assert share == pytest.approx(cap / 100, abs=TOL), got
+    if sum(caps) == 100:
+        assert sum(got) >= 0.98  # work-conserving: nothing is left idle that a capped tenant could use
+
+
+@pytest.mark.parametrize("samples", SAMPLES)
+def test_a_pod_of_two_processes_at_40_beside_one_at_60(pods: PodFactory, samples: str) -> None:
+    pod = pods.pod(cores="40", granted=True, samples=samples)
+    a, b = pods.start(pod), pods.start(pod)
+    c = pods.start(pods.pod(cores="60", granted=True, samples=samples))
+    for p in (a, b, c):
+        p.send("launch kernel 2000 2.5 16")
+    for p in (a, b, c):
+        assert p.proc.stdout is not None and p.proc.stdout.readline().split()[0] == "0"
+    two, one = shares(pods, [{a.pid, b.pid}, {c.pid}])
+    assert two == pytest.approx(0.40, abs=TOL)
+    assert one == pytest.approx(0.60, abs=TOL)
+
+
+@pytest.mark.parametrize("samples", SAMPLES)
+def test_kernels_of_0_1_to_20_ms_and_graphs_mixed(pods: PodFactory, samples: str) -> None:
+    probes = start_all(pods, [30, 70], samples, seconds=4.0, workload="mixed {s} 5 16")
+    low, high = shares(pods, [{p.pid} for p in probes])
+    assert low == pytest.approx(0.30, abs=TOL)
+    assert high == pytest.approx(0.70, abs=TOL)
+
+
+@pytest.mark.parametrize("samples", SAMPLES)
+def test_graph_launches(pods: PodFactory, samples: str) -> None:
+    probes = start_all(pods, [30, 70], samples, workload="launch graph 2000 {s} 16")
+    low, high = shares(pods, [{p.pid} for p in probes])
+    assert low == pytest.approx(0.30, abs=TOL)
+    assert high == pytest.approx(0.70, abs=TOL)
+
+
+@pytest.mark.parametrize(("lender", "hard"), [(30, 50), (30, 70), (10, 90)])
+def test_elastic_gives_the_gpu_back_to_a_hard_neighbour_within_200_ms(
+        pods: PodFactory, lender: int, hard: int) -> None:
+    elastic = pods.start(pods.pod(cores=str(lender), mode="elastic", granted=True))
+    elastic.send("launch kernel 2000 3.6 16")
+    time.sleep(1.2)
+    start, _ = active_window(pods.device, [elastic.pid], 3 * S // 10, 0)
+    alone = busy_share(pods.device, {elastic.pid}, start, now_ns())
+    neighbour = pods.start(pods.pod(cores=str(hard), granted=True))
+    neighbour.send("launch kernel 2000 2.0 16")
+    for p in (neighbour, elastic):
+        assert p.proc.stdout is not None and p.proc.stdout.readline().split()[0] == "0"
+    assert alone > 0.9  # nobody else wanted the GPU: the elastic pod had it
+    window = active_window(pods.device, [neighbour.pid], 2 * S // 10, S // 10)
+    assert busy_share(pods.device, {neighbour.pid}, *window) == pytest.approx(hard / 100, abs=TOL)
+    assert busy_share(pods.device, {elastic.pid}, *window) >= lender / 100 - TOL  # never below its own cap
+
+
+def _host_pid(pods: PodFactory, probe: Probe, pod_index: int) -> list[int]:
+    """The host PIDs the probe's slot publishes (ident[] after the 256 slots of usage.v1)."""
+    usage = (pods.root / f"pod-{pod_index}" / "hook" / "usage.v1").read_bytes()
+    for slot in range(256):
+        if struct.unpack_from("<q", usage, 2048 + 264 * slot)[0] == 0:
+            continue
+        return [h for h in struct.unpack_from("<4q", usage, 69632 + 32 * slot) if h]
+    return []
+
+
+def test_each_process_finds_its_host_pid_even_when_pods_start_together(pods: PodFactory) -> None:
+    """Four pods' processes create their contexts at the same instant; each must name exactly its own host
+    PID (getpid() + its namespace's offset, fake_state.h), not a neighbour's."""
+    for _ in range(3):
+        first = pods.count + 1
+        group = [pods.pod(memory_mib="1024", granted=True) for _ in range(4)]
+        for pod in group:
+            pod.write_limits()
+        probes = [pods.start(pod) for pod in group]
+        for k, probe in enumerate(probes):
+            assert probe.ask("info")[0] == 0
+            assert _host_pid(pods, probe, first + k) == [probe.pid + PID_NS_STEP * (first + k)]
+        for probe in probes:
+            probe.close()
