@@ -98,8 +98,13 @@ def policy_entries(render: Render) -> dict[str, dict[str, Any]]:  # noqa: F811
     return hooks(render({"webhook": {"admission": {"policies": POLICIES}}}))
 
 
-def test_gpu_pods_fail_closed_and_other_pods_fail_open(default_entries: dict[str, dict[str, Any]]) -> None:
+def test_every_entry_fails_closed_by_default(default_entries: dict[str, dict[str, Any]], render: Render) -> None:  # noqa: F811
+    # (issue 26: the entry for non-GPU pods failed open: an unchecked pod could set NVIDIA_VISIBLE_DEVICES)
     assert {n: h["failurePolicy"] for n, h in default_entries.items()} == {
+        "mutate.gpupool.io": "Fail", "validate.gpupool.io": "Fail", "pods.validate.gpupool.io": "Fail",
+    }
+    opened = hooks(render({"webhook": {"admission": {"checkAllPodsFailurePolicy": "Ignore"}}}))
+    assert {n: h["failurePolicy"] for n, h in opened.items()} == {
         "mutate.gpupool.io": "Fail", "validate.gpupool.io": "Fail", "pods.validate.gpupool.io": "Ignore",
     }
     gpu, plain = pod({RESOURCE_GPU: "1"}), pod()
