@@ -1,12 +1,19 @@
 """gpupool's CUDA interception library on a real NVIDIA GPU, with PyTorch (never changes GPU settings).
 
-Without a GPU (or without PyTorch with CUDA) it says so and exits 0. Otherwise it builds the library and:
+Without a GPU (or without PyTorch with CUDA) it says so and exits 0. Otherwise it builds the library and
+grants every child as the agent does: the limits in a limits.v1 written by the agent's own writer
+(gpupool.agent.hookdir.write_limits), handed to the child read-only at the library's fixed limits path (the
+library is built with that path at /proc/self/fd/201, the test suite's stand-in for the read-only mount at
+/run/gpupool/limits), the accounting in its own directory, and the limits in the environment too, as
+today's grant sets them. Then:
 1. memory: a process with a 10 GiB share (GPUPOOL_MEMORY_LIMIT_MIB=10240) allocates in 64 MiB, then 1 MiB
    steps until refused (PyTorch's caching off, so every tensor is one cuMemAlloc), then tries 1 MiB more;
    it reports what torch.cuda.mem_get_info and nvidia-smi (run under the same preload) say the card holds;
 2. compute: the same matmul loop alone uncapped, then in two processes capped 30 and 70 at once: their
    throughputs, ratio and each one's share of the uncapped rate;
-3. overhead at cap 100: a matmul loop and a small-kernel loop with and without the library.
+3. overhead at cap 100: a matmul loop and a small-kernel loop with and without the library;
+4. the hostile tenant: the memory child again with GPUPOOL_MEMORY_LIMIT_MIB unset, then raised to 65536,
+   then GPUPOOL_HOOK_DIR pointed elsewhere: each must still stop at 10 GiB.
 The last line is one JSON object.
 
     python benchmarks/isolation_gpu.py [--seconds 10]
@@ -26,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
 
 MEMORY_CHILD = r"""
 import json, shutil, subprocess, torch
@@ -83,19 +91,62 @@ def gpu_available() -> str | None:
     return None
 
 
+LIMITS_FD = 201  # the library below is built with GP_LIMITS_PATH=/proc/self/fd/201
+
+
 def child_env(lib: Path | None, hook_dir: Path, **limits: str) -> dict[str, str]:
+    """The child's environment. With the library, `hook_dir` gets the agent's layout: limits/limits.v1 (from
+    the GPUPOOL_* values given, as the agent writes it) and hook/ for the accounting. A value of "" removes
+    the variable from the environment (the tenant unsetting it); the file keeps the grant."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
     env.pop("LD_PRELOAD", None)
     if lib is not None:
+        from gpupool.agent.hookdir import HookLimits, accounting_dir, limits_dir, write_limits
+
+        grant = {k: v for k, v in limits.items() if not k.startswith("TAMPER_")}
+        accounting_dir(hook_dir).mkdir(parents=True, exist_ok=True)
+        write_limits(limits_dir(hook_dir), HookLimits(
+            memory_mib=(int(grant.get("GPUPOOL_MEMORY_LIMIT_MIB", "0")),),
+            cores=(float(grant.get("GPUPOOL_CORES_PERCENT", "100")),),
+            accounting_dir=str(accounting_dir(hook_dir))))
         env["LD_PRELOAD"] = str(lib)
-        env["GPUPOOL_HOOK_DIR"] = str(hook_dir)
-        env.update(limits)
+        env["GPUPOOL_HOOK_DIR"] = str(accounting_dir(hook_dir))
+        env.update(grant)
+        for key, value in limits.items():
+            if key.startswith("TAMPER_"):
+                name = key.removeprefix("TAMPER_")
+                if value:
+                    env[name] = value
+                else:
+                    env.pop(name, None)
+        env["GPUPOOL_BENCH_LIMITS"] = str(limits_dir(hook_dir) / "limits.v1")
     env["PYTORCH_NO_CUDA_MEMORY_CACHING"] = "1"
     return env
 
 
+def _spawn(code: str, env: dict[str, str], args: tuple[str, ...], wait: bool) -> Any:
+    """Run the child with its limits file as descriptor LIMITS_FD, read-only (the agent's read-only mount)."""
+    limits = env.pop("GPUPOOL_BENCH_LIMITS", None)
+    fds: tuple[int, ...] = ()
+    fd = -1
+    if limits is not None:
+        fd = os.open(limits, os.O_RDONLY | os.O_CLOEXEC)
+        os.dup2(fd, LIMITS_FD, inheritable=False)
+        fds = (LIMITS_FD,)
+    try:
+        argv = [sys.executable, "-c", code, *args]
+        if wait:
+            return subprocess.run(argv, env=env, capture_output=True, text=True, check=False, pass_fds=fds)
+        return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                pass_fds=fds)
+    finally:
+        if fd >= 0:
+            os.close(LIMITS_FD)
+            os.close(fd)
+
+
 def run_child(code: str, env: dict[str, str], *args: str) -> dict[str, Any]:
-    done = subprocess.run([sys.executable, "-c", code, *args], env=env, capture_output=True, text=True, check=False)
+    done = _spawn(code, env, args, wait=True)
     if done.returncode != 0:
         raise SystemExit(f"child failed ({done.returncode}): {done.stderr[-2000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -103,8 +154,8 @@ def run_child(code: str, env: dict[str, str], *args: str) -> dict[str, Any]:
 
 
 def start_child(code: str, env: dict[str, str], *args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-c", code, *args], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc: subprocess.Popen[str] = _spawn(code, env, args, wait=False)
+    return proc
 
 
 def collect(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -136,8 +187,9 @@ def main() -> None:
     secs = str(args.seconds)
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        lib: Path = native.compile_library(root / "libgpupool_hook.so")
-        dirs = [root / f"pod{i}" for i in range(4)]
+        lib: Path = native.compile_library(root / "libgpupool_hook.so",
+                                           [f'-DGP_LIMITS_PATH="/proc/self/fd/{LIMITS_FD}"'])
+        dirs = [root / f"pod{i}" for i in range(8)]
         for d in dirs:
             d.mkdir()
         memory = run_child(MEMORY_CHILD, child_env(lib, dirs[0], GPUPOOL_MEMORY_LIMIT_MIB="10240"))
@@ -154,6 +206,15 @@ def main() -> None:
                                                      GPUPOOL_MEMORY_LIMIT_MIB="10240"), kind, secs)["rate"]
             overhead[kind] = round((plain - hooked) / plain * 100, 2)
             print(f"{kind} loop at cap 100: {plain:.1f} it/s without, {hooked:.1f} with ({overhead[kind]} % slower)")
+        elsewhere = root / "elsewhere"
+        elsewhere.mkdir()
+        tampers = {"variable unset": {"TAMPER_GPUPOOL_MEMORY_LIMIT_MIB": ""},
+                   "variable raised to 65536": {"TAMPER_GPUPOOL_MEMORY_LIMIT_MIB": "65536"},
+                   "GPUPOOL_HOOK_DIR elsewhere": {"TAMPER_GPUPOOL_HOOK_DIR": str(elsewhere)}}
+        tampered = {}
+        for (name, tamper), d in zip(tampers.items(), dirs[4:], strict=False):
+            tampered[name] = run_child(MEMORY_CHILD, child_env(lib, d, GPUPOOL_MEMORY_LIMIT_MIB="10240", **tamper))
+            print(f"tenant tamper, {name}:", json.dumps(tampered[name]))
     print(json.dumps({
         "benchmark": "isolation_gpu",
         "memory": memory,
@@ -164,6 +225,7 @@ def main() -> None:
         "share_30_of_alone": round(rate30 / alone, 3),
         "share_70_of_alone": round(rate70 / alone, 3),
         "overhead_percent_at_cap_100": overhead,
+        "tampered": tampered,
     }))
 
 
