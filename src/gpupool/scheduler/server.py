@@ -17,7 +17,7 @@ import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gpupool.scheduler.auth import BearerToken, ServerSecurity, is_loopback
+from gpupool.scheduler.auth import BearerToken, ServerSecurity, is_loopback, server_ssl_context
 
 
 @dataclass(slots=True)
@@ -235,17 +235,14 @@ async def serve_in_background(
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # accepted sockets inherit it on Linux
     sock.bind((host, port))
     actual_port = sock.getsockname()[1]
-    tls: dict[str, Any] = {}
-    if security.tls is not None:
-        # The client CA and CERT_REQUIRED make the TLS handshake itself fail for a client without a
-        # certificate from that CA (auth.server_ssl_context checked the files at config time).
-        tls = {"ssl_certfile": security.tls.cert_file, "ssl_keyfile": security.tls.key_file,
-               "ssl_ca_certs": security.tls.client_ca_file, "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    # The client CA and CERT_REQUIRED make the TLS handshake itself fail for a client without a certificate
+    # from that CA; the handshake is made by the guarded protocol, within the header deadline.
+    tls = server_ssl_context(security.tls) if security.tls is not None else None
     limits = ConnectionLimits(header_timeout_s=security.header_timeout_s, body_timeout_s=security.body_timeout_s,
                               keep_alive_s=30.0)  # kube-scheduler reuses its connections
     config = uvicorn.Config(
         wrapped, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=int(limits.keep_alive_s),
-        http=guarded_protocol(limits), limit_concurrency=limits.max_connections, **tls,
+        http=guarded_protocol(limits, tls), limit_concurrency=limits.max_connections,
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))
