@@ -192,6 +192,26 @@ async def test_a_keep_alive_connection_may_wait_between_requests(impatient_serve
     assert (first.status_code, second.status_code) == (200, 200)
 
 
+async def test_a_tls_client_that_never_completes_its_handshake_is_closed(certs: dict) -> None:
+    """With auth=tls the handshake counts against the header deadline (asyncio's own waited 60 s), and a
+    client certificate is still required once the deadline machinery makes the handshake."""
+    server = certs["server"]
+    config = SchedulerConfig(auth="tls", tls_cert_file=str(server.cert), tls_key_file=str(server.key),
+                             tls_client_ca_file=str(certs["ca"]), leader_elect=False, header_timeout_s=0.3)
+    handle = await _serve(config)
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", handle.port)  # TCP only, no ClientHello
+        assert await _read_all(reader) == b""
+        writer.close()
+        async with httpx.AsyncClient(verify=_client_ctx(certs["ca"], certs["client"])) as client:
+            assert (await client.get(handle.url + "/healthz")).status_code == 200
+        async with httpx.AsyncClient(verify=_client_ctx(certs["ca"], None)) as client:
+            with pytest.raises(httpx.HTTPError):
+                await client.get(handle.url + "/healthz")
+    finally:
+        await handle.stop()
+
+
 # --- configuration ---------------------------------------------------------------------------------------
 
 
