@@ -95,6 +95,10 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     pods that never ran, GPU allocation and fragmentation over time, timeline.png; with --target-wait-p99,
     also the nodes each policy needs to meet it on every seed (exit 2 when no size tried does); with
     --queues, pods join team queues with the scheduler's admission and reclaim rules.
+
+    Input is bounded (gpupool.sim.trace): at most 32 GPUs per node and per pod, 100,000 nodes, CPU and
+    memory up to 10^12, times up to 10^10 s, 512 MiB per file; seeds 0 to 2^32-1. Anything else is
+    refused with the file, line and column, and exit status 2.
     """
     from rich.console import Console
     from rich.table import Table
