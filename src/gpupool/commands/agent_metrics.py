@@ -157,7 +157,7 @@ async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: fl
     sock.bind((host, port))
     config = uvicorn.Config(BodyTimeout(create_metrics_app(registry), limits.body_timeout_s), log_level="warning",
                             access_log=False, lifespan="off", timeout_keep_alive=max(1, round(limits.keep_alive_s)),
-                            http=guarded_protocol(limits), limit_concurrency=limits.max_connections)
+                            http=guarded_protocol(limits))
     server = uvicorn.Server(config)
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     refreshing = asyncio.create_task(node.refresh(refresh_s))

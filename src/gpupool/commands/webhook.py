@@ -84,7 +84,7 @@ def serving(app: Any, config: WebhookConfig) -> tuple[uvicorn.Server, CertReload
                               max_per_peer=config.max_connections_per_peer)
     context = tls_context(config.cert_file, config.key_file)
     server = build_server(BodyTimeout(app, limits.body_timeout_s), config.host, config.port, config.log_level,
-                          guarded_protocol(limits, context), config.keep_alive_s, config.max_connections)
+                          guarded_protocol(limits, context), config.keep_alive_s)
     return server, CertReloader(context, config.cert_file, config.key_file)
 
 

@@ -242,7 +242,7 @@ async def serve_in_background(
                               keep_alive_s=30.0)  # kube-scheduler reuses its connections
     config = uvicorn.Config(
         wrapped, log_level="warning", access_log=False, lifespan="off", timeout_keep_alive=int(limits.keep_alive_s),
-        http=guarded_protocol(limits, tls), limit_concurrency=limits.max_connections,
+        http=guarded_protocol(limits, tls),  # (it caps connections; uvicorn runs one request per connection)
     )
     server = _Server(config)
     task = asyncio.create_task(server.serve(sockets=[sock]))

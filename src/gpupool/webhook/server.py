@@ -68,7 +68,7 @@ def tls_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
 
 
 def build_server(app: ASGIApp | Starlette, host: str, port: int, log_level: str, http: type[asyncio.Protocol],
-                 keep_alive_s: int, max_connections: int) -> uvicorn.Server:
+                 keep_alive_s: int) -> uvicorn.Server:
     config = uvicorn.Config(
         app,
         host=host,
@@ -77,8 +77,7 @@ def build_server(app: ASGIApp | Starlette, host: str, port: int, log_level: str,
         access_log=False,  # one line per pod admission would drown the denials that matter
         lifespan="off",  # the app has no start-up or shutdown hooks (and "auto" logs a cancelled wait at exit)
         timeout_keep_alive=keep_alive_s,  # the API server reuses connections
-        http=http,
-        limit_concurrency=max_connections,  # requests past it get 503 (connections past it are closed by `http`)
+        http=http,  # (it caps connections; uvicorn runs one request per connection at a time)
     )
     return uvicorn.Server(config)
 
