@@ -58,7 +58,7 @@ async def test_a_uid_the_api_does_not_know_is_read_only_once():
 async def test_nominations_are_bounded_in_total_and_per_pod():
     # (The time a pod that does not bind may hold nominations, test_reservation_bounds, is set long enough
     # here not to end them first.)
-    config = SchedulerConfig(leader_elect=False, max_nominations=3, max_unbound_reservation_s=120)
+    config = SchedulerConfig(leader_elect=False, max_nominations=3, nomination_budget_s=120)
     svc = await started_service(nodes=2, config=config)
     pods = [await svc.cluster.create_pod(gpu_pod(f"p{i}", cores=10)) for i in range(5)]
     for pod in pods:

@@ -56,7 +56,7 @@ async def test_pods_filtered_but_never_bound_cannot_starve_a_real_pod(clocked, c
         if second % 2 == 1:  # the real pod, as kube-scheduler retries it
             answer = (await client.post(f"{url}/filter", json={"Pod": real, "NodeNames": node})).json()
             answers[second] = answer["NodeNames"] == node
-    # The 8 reservations hold for max_unbound_reservation_s (10 s) from their first filter, re-filtered or
+    # The 8 reservations hold for nomination_budget_s (10 s) from their first filter, re-filtered or
     # not; after that the real pod fits at every try (before: refused at every try, 23 of 23).
     assert answers == {s: s > 10 for s in range(1, 46, 2)}
     # The idle pods get no reservation again until the window (300 s) has passed: the real pod's GPU is not

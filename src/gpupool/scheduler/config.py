@@ -62,8 +62,8 @@ class SchedulerConfig(BaseModel):
     max_nominations: int = Field(default=512, ge=0)
     # A pod that does not bind holds reservations made by filter/prioritize for at most this long in any
     # window of the second (framework.plugins.nominate; docs/scheduler.md, "Reservations").
-    max_unbound_reservation_s: float = Field(default=10.0, gt=0)
-    unbound_reservation_window_s: float = Field(default=300.0, gt=0)
+    nomination_budget_s: float = Field(default=10.0, gt=0)
+    nomination_budget_window_s: float = Field(default=300.0, gt=0)
     max_pending_pods: int = Field(default=10_000, gt=0)
     pending_ttl_s: float = Field(default=900.0, gt=0)
     # Team queues (GPUQueue objects; off while none exists): namespaces without the gpupool.io/queue label

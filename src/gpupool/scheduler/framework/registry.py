@@ -104,8 +104,8 @@ def args_for(config: SchedulerConfig) -> dict[str, dict[str, Any]]:
             "nominate_timeout_s": config.nominate_timeout_s,
             "assume_timeout_s": config.assume_timeout_s,
             "max_nominations": config.max_nominations,
-            "max_unbound_s": config.max_unbound_reservation_s,
-            "unbound_window_s": config.unbound_reservation_window_s,
+            "max_unbound_s": config.nomination_budget_s,
+            "unbound_window_s": config.nomination_budget_window_s,
         },
         "node_lock": {"lock_wait_s": config.lock_wait_s},
     }
