@@ -183,9 +183,40 @@ static void heal_slot(void) {
  * live while its byte is locked, whatever its content says; a live slot whose pid was wiped has been
  * tampered with (a slot is claimed and filled under the accounting lock, which we hold), so its usage is
  * unknown until its owner writes it back: UINT64_MAX, every request is refused meanwhile. */
+/* Mark the slots whose liveness byte another open file holds, among slots [lo, hi]. One F_OFD_GETLK over a
+ * range reports one lock in it; the parts on either side are then searched the same way, so the cost is
+ * about two system calls per live process, not one per slot. */
+static void find_live(int lo, int hi, uint8_t *live) {
+    if (lo > hi) return;
+    struct flock fl;
+    memset(&fl, 0, sizeof fl);
+    fl.l_type = F_WRLCK;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = 1 + lo;
+    fl.l_len = hi - lo + 1;
+    int r;
+    do {
+        r = fcntl(shm_fd, F_OFD_GETLK, &fl);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) { /* cannot tell: every slot counts as live (the safe side of the cap) */
+        for (int i = lo; i <= hi; i++) live[i] = 1;
+        return;
+    }
+    if (fl.l_type == F_UNLCK) return;
+    long first = (long)fl.l_start - 1, last = fl.l_len == 0 ? hi : (long)(fl.l_start + fl.l_len) - 2;
+    if (first < lo) first = lo;
+    if (last > hi) last = hi;
+    for (long i = first; i <= last; i++) live[i] = 1;
+    find_live(lo, (int)first - 1, live);
+    find_live((int)last + 1, hi, live);
+}
+
 static uint64_t pod_used_locked(int li) {
     uint64_t sum = 0;
     heal_slot();
+    uint8_t live_slots[GP_MAX_SLOTS];
+    memset(live_slots, 0, sizeof live_slots);
+    if (shm_fd >= 0) find_live(0, GP_MAX_SLOTS - 1, live_slots);
     for (int i = 0; i < GP_MAX_SLOTS; i++) {
         struct gp_slot *s = &shm->slots[i];
         if (i == slot) {
@@ -193,7 +224,7 @@ static uint64_t pod_used_locked(int li) {
             continue;
         }
         if (shm_fd < 0) continue;
-        int live = ofd(shm_fd, F_OFD_GETLK, F_WRLCK, 1 + i) != 0;
+        int live = live_slots[i];
         if (!live) {
             if (s->pid != 0) {
                 memset(s, 0, sizeof *s); /* its owner died: its memory went with its contexts */
