@@ -14,16 +14,22 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.grant import Refused, build_grant
 from gpupool.agent.hook_metrics import HookUsageCollector
 from gpupool.agent.hookdir import (
+    CONTAINER_HOOK_DIR,
     CONTAINER_LIBRARY,
+    HookLimits,
     HookPod,
+    accounting_dir,
     container_dir,
     cores_mode_of,
     hook_paths,
     install_library,
+    limits_bytes,
+    limits_dir,
     pod_dir,
     prepare_hook_pod,
     read_all,
     read_usage,
+    write_squeeze,
 )
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from tests.native.native_helpers import GIB, Built, Pod, build_all, have_cc
@@ -34,8 +40,7 @@ UID_B = "0f0e0d0c-0b0a-4909-8807-060504030201"
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
-    if not have_cc():
-        pytest.skip("no C compiler")
+    assert have_cc(), "no C compiler: these tests build the interception library (set CC)"
     return build_all(tmp_path_factory.mktemp("native"))
 
 
@@ -122,3 +127,78 @@ def test_usage_written_by_the_library_is_read_back_and_dead_processes_drop_out(
         probe.close()
     (usage,) = read_all(root)
     assert (usage.used_bytes, usage.processes) == (0, 0)  # kill -9: nothing left counted
+
+
+# ---- limits.v1: what the agent writes for the library ----------------------------------------------------
+def test_limits_file_layout_is_the_librarys_struct() -> None:
+    """Byte for byte what struct gp_limits in native/gp.h reads (offsets checked there by static asserts)."""
+    data = limits_bytes(HookLimits(memory_mib=(10240, 0), cores=(30.0, 100.0), mode="elastic",
+                                   gpus=("GPU-a", "GPU-b"), accounting_dir="/run/gpupool/hook"))
+    assert len(data) == 2048
+    assert data[0:8] == b"GPLIMIT1"
+    assert int.from_bytes(data[8:12], "little") == 1 and int.from_bytes(data[12:16], "little") == 2  # version, GPUs
+    assert int.from_bytes(data[16:24], "little") == 10240 * 1024 * 1024  # limit[0], bytes
+    assert int.from_bytes(data[24:32], "little") == 0  # limit[1]: no memory cap
+    assert int.from_bytes(data[144:152], "little") == 300_000  # cores_ppm[0]
+    assert int.from_bytes(data[152:160], "little") == 0  # 100 %: no compute cap
+    assert int.from_bytes(data[272:280], "little") == 1  # elastic
+    assert data[280:408] == bytes(128)  # no squeeze
+    assert data[408:413] == b"GPU-a" and data[413] == 0 and data[472:477] == b"GPU-b"
+    assert data[1432:1450] == b"/run/gpupool/hook\0"
+
+
+@pytest.mark.parametrize(("limits", "message"), [
+    (HookLimits(memory_mib=(1,), cores=(30.0, 40.0)), "one value per GPU"),
+    (HookLimits(memory_mib=(1,), cores=(0.0,)), "out of range"),
+    (HookLimits(memory_mib=(-1,), cores=(30.0,)), "out of range"),
+    (HookLimits(memory_mib=(1,), cores=(30.0,), mode="greedy"), "cores mode"),
+    (HookLimits(memory_mib=(1,), cores=(30.0,), accounting_dir="relative"), "absolute path"),
+    (HookLimits(memory_mib=(1,) * 17, cores=(30.0,) * 17), "1 to 16 GPUs"),
+])
+def test_limits_the_file_cannot_hold_are_refused(limits: HookLimits, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        limits_bytes(limits)
+
+
+def test_prepare_writes_the_limits_apart_from_the_writable_accounting(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    hook_paths(root).pods.mkdir(parents=True)
+    pod = HookPod(UID_A, "ns/a", "main", ("GPU-1",), container_dir(root, UID_A, "main"),
+                  HookLimits(memory_mib=(4096,), cores=(50.0,), gpus=("GPU-1",), accounting_dir=CONTAINER_HOOK_DIR))
+    assert prepare_hook_pod(root, pod, [])
+    limits = limits_dir(pod.dir) / "limits.v1"
+    assert limits.stat().st_mode & 0o777 == 0o644 and limits_dir(pod.dir).stat().st_mode & 0o777 == 0o755
+    assert accounting_dir(pod.dir).stat().st_mode & 0o777 == 0o777
+    assert not limits_dir(pod.dir).is_relative_to(accounting_dir(pod.dir))  # siblings: nothing writable above it
+    assert int.from_bytes(limits.read_bytes()[16:24], "little") == 4096 << 20
+
+
+def test_usage_of_a_granted_container_reports_the_agents_limits_not_the_containers_copy(
+    built: Built, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    hook_paths(root).pods.mkdir(parents=True)
+    directory = container_dir(root, UID_A, "main")
+    probe_pod = Pod(built, tmp_path / "gpu", directory, memory_mib="10240", cores="50", granted=True)
+    pod = HookPod(UID_A, "team/trainer", "main", (), directory)
+    prepare_hook_pod(root, pod, [])
+    probe_pod.write_limits()  # what the agent grants (hook dir in the test's own layout)
+    probe = probe_pod.start()
+    try:
+        assert probe.alloc("mem", 3 * GIB)[0] == 0
+        usage_file = accounting_dir(directory) / "usage.v1"
+        with usage_file.open("r+b") as f:  # the tenant rewrites the header's limit and cores in its copy
+            f.seek(16)
+            f.write(bytes(8))
+            f.seek(144)
+            f.write(bytes(8))
+        (usage,) = read_usage(directory)
+        assert (usage.limit_bytes, usage.cores_percent, usage.used_bytes) == (10 * GIB, 50.0, 3 * GIB)
+        written = write_squeeze(directory, {0: 20})
+        assert written is not None and written.changed and written.enforced
+        assert read_usage(directory)[0].squeeze_percent == 20.0
+        squeeze = int.from_bytes((limits_dir(directory) / "limits.v1").read_bytes()[280:288], "little")
+        assert squeeze == 200_000  # in place in the agent's file, which the library maps read-only
+    finally:
+        probe.proc.send_signal(signal.SIGKILL)
+        probe.close()
