@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpupool.cli import main
 
@@ -209,3 +211,30 @@ def test_the_largest_shapes_the_limits_allow_replay(tmp_path: Path) -> None:
                                            str(tmp_path / "nodes.csv"), "--policies", "gpupool", "--seeds", "42",
                                            *extra, "--out", str(tmp_path / "out")])
         assert result.exit_code == 0, result.output
+
+
+FIELD = st.one_of(
+    st.integers(-10, 40).map(str), st.integers(min_value=10**11).map(str), st.sampled_from(["", "nan", "1e26", "T4"]),
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=6),
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(nodes=st.lists(st.lists(FIELD, min_size=4, max_size=6), min_size=1, max_size=3),
+       pods=st.lists(st.lists(FIELD, min_size=4, max_size=9), min_size=1, max_size=3),
+       timeline=st.booleans())
+def test_any_trace_content_ends_in_a_result_or_a_message(tmp_path: Path, nodes: list[list[str]],
+                                                         pods: list[list[str]], timeline: bool) -> None:
+    """Whatever the files hold (issue 26: no traceback for any input), the command ends with exit 0 or 2."""
+    def csv_text(header: str, rows: list[list[str]]) -> str:
+        return header + "\n" + "".join(",".join(f'"{f}"' if "," in f else f for f in row) + "\n" for row in rows)
+
+    (tmp_path / "nodes.csv").write_text(csv_text("sn,cpu_milli,memory_mib,gpu,model", nodes), encoding="utf-8")
+    (tmp_path / "pods.csv").write_text(csv_text(TIMED_HEADER.strip(), pods), encoding="utf-8")
+    result = CliRunner().invoke(main, ["simulate", "--trace", str(tmp_path / "pods.csv"), "--nodes",
+                                       str(tmp_path / "nodes.csv"), "--policies", "gpupool", "--seeds", "42",
+                                       "--jobs", "1", *(["--timeline"] if timeline else []),
+                                       "--out", str(tmp_path / "out")])
+    assert result.exit_code in (0, 2), (result.output, result.exception)
+    if result.exit_code == 2:
+        assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
