@@ -207,9 +207,10 @@ static void measure(int li, struct gp_shared *s) {
     m->cost_launches = m->cost_launches * keep + (double)dl;
     if (pod_ns > 0 && m->cost_launches >= 1.0)
         __atomic_store_n(&d->cost_ns, (int64_t)(m->cost_busy / m->cost_launches), __ATOMIC_RELAXED);
-    if (span_ns > 0) {
-        m->u_pod = m->u_pod * 0.5 + 0.5 * (pod_ns / span_ns);
-        m->u_other = m->u_other * 0.5 + 0.5 * (other_ns / span_ns);
+    if (span_ns > 0) { /* over ~25 ms of samples: one period's rounding and phase do not decide */
+        double w = span_ns / 25e6 < 1.0 ? span_ns / 25e6 : 1.0;
+        m->u_pod = m->u_pod * (1 - w) + w * (pod_ns / span_ns);
+        m->u_other = m->u_other * (1 - w) + w * (other_ns / span_ns);
     }
     if (cap >= GP_PPM) { /* uncapped: nothing is paced, so no credit or debt may build up */
         __atomic_store_n(&d->tokens, 0, __ATOMIC_RELEASE);
@@ -224,6 +225,7 @@ static void measure(int li, struct gp_shared *s) {
         double idle = 1.0 - m->u_pod - m->u_other;
         if (m->u_other < 0.01) rate = GP_PPM - ELASTIC_MARGIN_PPM;                 /* alone: all but the margin */
         else if (idle * GP_PPM <= ELASTIC_MARGIN_PPM) rate = cap + (old - cap) / 2; /* contended: give back */
+        else if (idle * GP_PPM <= 2 * ELASTIC_MARGIN_PPM) rate = old;                  /* at the margin: hold */
         else {
             int64_t room = GP_PPM - (int64_t)(m->u_other * GP_PPM) - ELASTIC_MARGIN_PPM;
             rate = old + ELASTIC_STEP_PPM < room ? old + ELASTIC_STEP_PPM : room;
