@@ -92,8 +92,8 @@ def _free_port(host: str) -> int:
 def _cgroup_hierarchies() -> list[Path]:
     """The cgroup v1 hierarchies kubelet's cgroupfs driver writes to (named `systemd` included)."""
     if not (CGROUP_FS / "memory").is_dir():
-        raise tb.TestbedError(f"no cgroup v1 memory hierarchy under {CGROUP_FS}: the testbed's kubelet with the cgroupfs "
-                              "driver needs the v1 controllers mounted there")
+        raise tb.TestbedError(f"no cgroup v1 memory hierarchy under {CGROUP_FS}: the testbed's kubelet with the "
+                              "cgroupfs driver needs the v1 controllers mounted there")
     return sorted(p for p in CGROUP_FS.iterdir() if p.is_dir() and not p.is_symlink() and p.name != "unified"
                   and (p / "cgroup.procs").exists())
 
@@ -219,7 +219,8 @@ class RealNode:
     def _ctr_ok(self) -> bool:
         if not self.containerd_socket.exists():
             return False
-        done = subprocess.run([bin_path("ctr"), "--address", str(self.containerd_socket), "version"], capture_output=True,
+        done = subprocess.run([bin_path("ctr"), "--address", str(self.containerd_socket), "version"],
+                              capture_output=True,
                               check=False, timeout=30)
         return done.returncode == 0
 

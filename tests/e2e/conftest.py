@@ -233,7 +233,9 @@ def kube_scheduler(testbed: tb.Testbed, extender: Extender, identities: Identiti
     """kube-scheduler 1.20 with the chart's extender entry pointing at the extender process, under the
     scheduler's account and with the chart's leader election (its Lease is one of the chart's rules)."""
     config = tb.scheduler_config(extender.url, chart_scheduler_config(), leader_election=True)
-    proc = testbed.start_scheduler(config, kubeconfig=identities.scheduler)
+    # GPUPOOL_E2E_SCHED_V=5 shows kube-scheduler's queueing decisions (why a pod waits) in its log.
+    verbosity = int(os.environ.get("GPUPOOL_E2E_SCHED_V", "2"))
+    proc = testbed.start_scheduler(config, kubeconfig=identities.scheduler, verbosity=verbosity)
     try:
         yield proc
     finally:

@@ -170,6 +170,15 @@ class RealCluster:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
         return done.stdout
 
+    def limits_seen(self, pod: str, container: str = "main") -> tuple[int, list[str]]:
+        """What the container reads from its limits file (/run/gpupool/limits/limits.v1, `struct gp_limits`
+        in native/gp.h): the memory cap of its first GPU in MiB (offset 16) and the strings in it (its GPUs'
+        UUIDs, its accounting directory)."""
+        path = "/run/gpupool/limits/limits.v1"
+        exec_ = ("exec", "-n", NAMESPACE, pod, "-c", container, "--")
+        cap = int(self.kubectl(*exec_, "od", "-A", "n", "-t", "u8", "-j", "16", "-N", "8", path).split()[0])
+        return cap // (1024 * 1024), self.kubectl(*exec_, "strings", path).split()
+
     def apply(self, objects: list[Obj]) -> None:
         """Create objects as a user would: one `kubectl apply` of a List."""
         self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
@@ -301,10 +310,12 @@ def expected_grant(
     }
     mounts: set[str] = set()
     if isolation == "hook":
-        # The interception library, preloaded through /etc/ld.so.preload, and the pod's hook directory.
+        # The interception library, preloaded through /etc/ld.so.preload, the container's accounting directory
+        # and, read-only, the limits the agent wrote for it.
         env["GPUPOOL_HOOK_DIR"] = "/run/gpupool/hook"
         env["GPUPOOL_CORES_MODE"] = pod["metadata"]["annotations"].get("gpupool.io/cores-mode", "hard")
-        mounts |= {"/usr/local/lib/gpupool/libgpupool_hook.so", "/etc/ld.so.preload", "/run/gpupool/hook"}
+        mounts |= {"/usr/local/lib/gpupool/libgpupool_hook.so", "/etc/ld.so.preload", "/run/gpupool/hook",
+                   "/run/gpupool/limits"}
     if isolation == "mps" and any(g.cores < 100 or g.memory_mib < GPU_MEMORY_MIB for g in gpus):
         g = gpus[0]
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = f"{g.cores:g}"

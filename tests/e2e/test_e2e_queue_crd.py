@@ -4,7 +4,6 @@ queues with the field at fault, and what the server stores reads back into the q
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import time
 from pathlib import Path

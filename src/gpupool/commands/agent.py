@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -61,9 +60,9 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
         config = load_config(config_file, flags, os.environ)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
-    logging.basicConfig(
-        level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from gpupool.commands import logs
+
+    logs.configure(config.log_level)
     log = logging.getLogger("gpupool.agent")
     log.info("gpupool agent starting: %s", config.describe())
     from gpupool.agent.toolkit_check import warn_if_unsafe

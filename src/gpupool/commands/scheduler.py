@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,10 +33,11 @@ def scheduler(
     default_policy: str | None, leader_elect: bool | None, lease_namespace: str | None, log_level: str,
 ) -> None:
     """Serve /filter, /prioritize and /bind for kube-scheduler (see docs/scheduler.md for its config)."""
+    from gpupool.commands import logs
     from gpupool.scheduler.auth import server_security
     from gpupool.scheduler.config import ConfigError, load_config
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(log_level)
     flags = {
         "kubeconfig": kubeconfig, "context": context, "host": host, "port": port, "default_policy": default_policy,
         "leader_elect": leader_elect, "lease_namespace": lease_namespace,

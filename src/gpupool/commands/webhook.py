@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -64,9 +62,9 @@ def webhook(config_file: Path | None, **flags: object) -> None:
     for path in (config.cert_file, config.key_file):
         if not path.is_file():
             raise click.UsageError(f"certificate file {path} does not exist")
-    logging.basicConfig(
-        level=config.log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    from gpupool.commands import logs
+
+    logs.configure(config.log_level)
     click.echo(f"gpupool webhook starting: {config.summary()}", err=True)  # whatever the log level
     asyncio.run(_run(config))
 

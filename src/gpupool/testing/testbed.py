@@ -422,7 +422,7 @@ class Testbed:
             "--secure-port", "0",  # no serving at all: readiness is judged by what its controllers did
             "--leader-elect=false",
             # Every controller but those that need real machines behind every node (see the module's doc).
-            "--controllers", "*,-nodelifecycle,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-route",
+            "--controllers", "*,-node-lifecycle-controller,-node-ipam-controller",
             "--service-account-private-key-file", str(self.dir / "sa.key"),
             "--root-ca-file", str(self.dir / "certs" / "apiserver.crt"),
             "--use-service-account-credentials=false",
