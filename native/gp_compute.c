@@ -96,7 +96,6 @@ struct devmeter {
     double cost_busy, cost_launches; /* decaying sums for the per-launch estimate */
     double u_pod, u_other;        /* smoothed shares of the GPU (elastic) */
     int64_t unmeasured_ns;        /* charged while NVML showed nothing of the pod, since the last sighting */
-    int seen_pod;                 /* NVML has reported one of the pod's processes on this GPU */
     int trust;                    /* corrections apply: the pod's samples are being found */
     int paced;                    /* the GPU was capped at the previous measurement (the window was paced) */
     int started;                  /* a first reading has set where this poller's counting begins */
@@ -181,7 +180,6 @@ static void measure(int li, struct gp_shared *s) {
      * otherwise be credited back every charge and run unpaced. 200 ms of charges with nothing measured
      * suspends the corrections (estimates alone pace) until the pod's samples show up again. */
     if (pod_ns > 0) {
-        m->seen_pod = 1;
         m->trust = 1;
         m->unmeasured_ns = 0;
     } else if (dc > 0) {

@@ -179,10 +179,6 @@ static void heal_slot(void) {
             __atomic_store_n(&shm->ident[slot].host_pid[k], own_host[k], __ATOMIC_RELAXED);
 }
 
-/* With the locks held: free the slots of dead processes, then sum what the pod holds on one GPU. A slot is
- * live while its byte is locked, whatever its content says; a live slot whose pid was wiped has been
- * tampered with (a slot is claimed and filled under the accounting lock, which we hold), so its usage is
- * unknown until its owner writes it back: UINT64_MAX, every request is refused meanwhile. */
 /* Mark the slots whose liveness byte another open file holds, among slots [lo, hi]. One F_OFD_GETLK over a
  * range reports one lock in it; the parts on either side are then searched the same way, so the cost is
  * about two system calls per live process, not one per slot. */
@@ -211,6 +207,10 @@ static void find_live(int lo, int hi, uint8_t *live) {
     find_live((int)last + 1, hi, live);
 }
 
+/* With the locks held: free the slots of dead processes, then sum what the pod holds on one GPU. A slot is
+ * live while its byte is locked, whatever its content says; a live slot whose pid was wiped has been
+ * tampered with (a slot is claimed and filled under the accounting lock, which we hold), so its usage is
+ * unknown until its owner writes it back: UINT64_MAX, every request is refused meanwhile. */
 static uint64_t pod_used_locked(int li) {
     uint64_t sum = 0;
     heal_slot();
