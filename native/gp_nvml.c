@@ -2,6 +2,8 @@
  * memory queries it answers with the pod's share, so nvidia-smi inside the container shows the cap. */
 #include "gp.h"
 
+#include <stdlib.h>
+
 #include <string.h>
 
 static nvmlDevice_t handles[GP_MAX_DEV];
@@ -53,19 +55,34 @@ void gp_refresh_ctx(int li) {
     /* Our own usage is read before and after NVML's: an allocation freed by another thread in between is
      * in NVML's figure and must not pass for context memory (the larger of the two is subtracted). */
     uint64_t own_before = gp_own_used(li);
-    nvmlProcessInfo_t info[64];
-    unsigned int n = 64;
-    if (get(h, &n, info) != NVML_SUCCESS) return;
+    /* As many entries as NVML has: a crowded GPU must not push this process out of the list (and its
+     * context memory out of the count). */
+    unsigned int n = 64, cap = 0;
+    nvmlProcessInfo_t *info = NULL;
+    nvmlReturn_t r = NVML_ERROR_INSUFFICIENT_SIZE;
+    while (r == NVML_ERROR_INSUFFICIENT_SIZE && n <= 65536) {
+        cap = n + 16;
+        nvmlProcessInfo_t *grown = realloc(info, cap * sizeof *info);
+        if (grown == NULL) break;
+        info = grown;
+        n = cap;
+        r = get(h, &n, info);
+    }
+    if (r != NVML_SUCCESS) {
+        free(info);
+        return;
+    }
     /* Several candidates (see gp_ident.c): the largest is counted, the safe side of the cap. */
     uint64_t most = 0;
     int found = 0;
-    for (unsigned i = 0; i < n && i < 64; i++) {
+    for (unsigned i = 0; i < n && i < cap; i++) {
         for (int k = 0; k < nm; k++) {
             if ((int64_t)info[i].pid != mine[k]) continue;
             found = 1;
             if (info[i].usedGpuMemory > most) most = info[i].usedGpuMemory;
         }
     }
+    free(info);
     if (!found) return;
     uint64_t own = gp_own_used(li);
     if (own_before > own) own = own_before;

@@ -189,3 +189,19 @@ def test_zeroing_the_accounting_file_gains_nothing(tenants: PodFactory, flavour:
     assert b.alloc("mem", 5 * GIB)[0] == OOM
     assert b.alloc("mem", 4 * GIB)[0] == 0
     assert a.alloc("mem", 1)[0] == OOM
+
+
+def test_context_memory_still_counts_when_nvml_lists_more_than_64_processes(
+        tenants: PodFactory, flavour: tuple[Built, str | None]) -> None:
+    """70 other processes with a context on the GPU (entries in the fake device's table, fake_state.h,
+    alive as this test's own process): NVML's list no longer fits 64 entries, and this process's 300 MiB
+    of context memory must still count against its share."""
+    me = os.getpid()
+    state = bytearray(32 + 256 * 40 + (1 << 16) * 24)
+    struct.pack_into("<QqQQ", state, 0, 0x4B414647, 0, 1 << 40, 0)
+    for i in range(70):
+        struct.pack_into("<qqQQQ", state, 32 + 40 * i, me, 4_000_000 + i, 0, 0, 1)
+    tenants.device.write_bytes(bytes(state))
+    probe = tenants.start(granted(tenants, flavour, memory_mib="10240", extra={"FAKE_GPU_CTX_MIB": "300"}))
+    assert probe.alloc("mem", SHARE - 300 * MIB)[0] == 0
+    assert probe.alloc("mem", MIB)[0] == OOM
