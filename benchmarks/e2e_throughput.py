@@ -249,6 +249,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             await api.close()
         return {
+            "kubernetes_version": bed.server_version(),
             "nodes": args.nodes,
             "pods_per_s": round(statistics.median(rates), 1),
             "p99_bind_latency_ms": round(statistics.median(p99s), 1),

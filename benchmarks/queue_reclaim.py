@@ -29,6 +29,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -116,7 +117,7 @@ async def _all_gone(api: fleet.KubeApi) -> bool:
     return True
 
 
-async def main_async(args: argparse.Namespace) -> dict[str, float]:
+async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     bed = tb.Testbed().start()
     ext = None
     try:
@@ -150,7 +151,8 @@ async def main_async(args: argparse.Namespace) -> dict[str, float]:
             await api.close()
         times.sort()
         p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
-        return {"reclaim_p50_s": round(statistics.median(times), 2), "reclaim_p99_s": round(p99, 2),
+        return {"kubernetes_version": bed.server_version(),
+                "reclaim_p50_s": round(statistics.median(times), 2), "reclaim_p99_s": round(p99, 2),
                 "trials": args.trials, "nodes": args.nodes, "gpus": total, "owner_pods": args.owner_pods,
                 "victim_grace_period_s": 0, "mode": "squeeze" if args.squeeze else "evict",
                 "victims": evictions, "squeezed": squeezes, "cores": os.cpu_count() or 0}

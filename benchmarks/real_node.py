@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         clear(c)
         reregister = [reregister_seconds(n, a) for n, a in zip(nodes.nodes, agents, strict=True)]
         return {
+            "kubernetes_version": bed.server_version(),
             "nodes": args.nodes, "pods": args.pods, "pods_running": len(running),
             "seconds_to_all_running": round(share_s, 2), "env_ok": env_ok == len(running) == args.pods,
             "env_ok_pods": env_ok, "reregister_s_max": round(max(reregister), 2),

@@ -232,6 +232,10 @@ class Testbed:
         except urllib.error.HTTPError as e:
             raise TestbedError(f"{method} {path}: HTTP {e.code}: {e.read()[:500].decode(errors='replace')}") from None
 
+    def server_version(self) -> str:
+        """The API server's own version (gitVersion, e.g. v1.37.2), as benchmarks print it."""
+        return str(self.admin_request("GET", "/version")["gitVersion"])
+
     def ensure(self, collection: str, obj: dict[str, Any]) -> dict[str, Any]:
         """Create `obj` under `collection` unless one of that name exists; returns the stored object."""
         try:
