@@ -11,6 +11,7 @@ import pytest
 from starlette.applications import Starlette
 
 from gpupool.api.snapshot import Snapshot, build_snapshot
+from gpupool.core.model import GPU, Node
 from gpupool.core.state import ClusterState
 from gpupool.dashboard import create_dashboard
 
@@ -194,3 +195,12 @@ def test_team_queues_are_listed_with_escaped_names(cluster: ClusterState, serve_
     assert [c.split("<")[0] for c in row.split("<td>")[1:]] == ["team-a", "2", "1", "2", "1", "0", "3"]
     assert "<b>x</b>" not in page and "&lt;b&gt;x&lt;/b&gt;" in page
     assert "<td>-</td>" in page  # no maximum: unlimited
+
+
+def test_gpu_memory_is_shown_to_one_decimal(serve_app: Any) -> None:
+    """An L40S's 46,068 MiB is 44.98828125 GiB: the page says 45 GiB, not 44.9883 GiB."""
+    state = ClusterState([Node("n0", 64000, 256000, (GPU("GPU-a", 0, "L40S", 46068), GPU("GPU-b", 1, "A10", 23040)))])
+    with serve_app(mounted(lambda: build_snapshot(state, {}))) as url:
+        page = httpx.get(f"{url}/ui/", follow_redirects=True).text
+    assert "L40S · 45 GiB" in page and "A10 · 22.5 GiB" in page
+    assert "44.98" not in page

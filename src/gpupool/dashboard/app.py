@@ -47,7 +47,8 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     env.filters["pct"] = lambda v, digits=1: f"{100 * v:.{digits}f} %"
-    env.filters["gib"] = lambda mib: f"{mib / 1024:g} GiB"
+    # One decimal at most: a GPU's usable memory is rarely a round number of GiB (44.9883 GiB says nothing more).
+    env.filters["gib"] = lambda mib: f"{round(mib / 1024, 1):g} GiB"
     return env
 
 
