@@ -80,6 +80,10 @@ def find_binaries() -> Binaries:
     return Binaries(**{f: bin_dir / n for f, n in names.items()})
 
 
+# The chart's scheduler.kubeScheduler.unschedulableRetry (values.yaml says why; a deploy test holds the two
+# equal): kube-scheduler's longest wait before retrying a pod the extender refused.
+UNSCHEDULABLE_RETRY = "30s"
+
 # What a production cluster enforces on its tenants' namespaces (Pod Security Standards).
 TENANT_POD_SECURITY = "baseline"
 
@@ -462,6 +466,7 @@ class Testbed:
             str(self.binaries.kube_scheduler),
             "--config", str(path),
             "--secure-port", "0",  # no serving (health is judged by pods getting bound)
+            "--pod-max-in-unschedulable-pods-duration", UNSCHEDULABLE_RETRY,
             "--v", str(verbosity),
         ])
         time.sleep(0.5)
