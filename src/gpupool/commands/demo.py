@@ -27,7 +27,7 @@ from gpupool.core.policies import policy_names
 @click.option("--churn", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="With --serve: pods finish after about SECONDS and new ones arrive, so the pool keeps moving.")
 @click.option("--kube", is_flag=True,
-              help="Run on a real Kubernetes 1.20 control plane instead (binaries from scripts/k8s-testbed build).")
+              help="Run on a real Kubernetes 1.37 control plane instead (binaries from scripts/k8s-testbed build).")
 def demo(
     scenario_path: Path | None, nodes: int | None, pods: int | None, policy: str | None, port: int, weight: int,
     serve: bool, churn: float | None, kube: bool,

@@ -1,6 +1,7 @@
-"""`gpupool demo --kube`: the same demo on a real control plane (etcd, kube-apiserver, kube-scheduler 1.20
-built by scripts/k8s-testbed) instead of the embedded cluster, so a user can watch the real kube-scheduler call
-the gpupool extender, e.g. with `kubectl --kubeconfig <printed path> get pods -A -o wide -w`.
+"""`gpupool demo --kube`: the same demo on a real control plane (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler v1.37.2 built by scripts/k8s-testbed) instead of the embedded
+cluster, so a user can watch the real kube-scheduler call the gpupool extender, e.g. with
+`kubectl --kubeconfig <printed path> get pods -A -o wide -w`.
 
 The control plane and the fake nodes come from the test harness (gpupool.testing.testbed and .fleet); the
 binaries are built once with `scripts/k8s-testbed build`. Wiring (in commands/demo.py): a `--kube` flag
@@ -46,7 +47,7 @@ async def _run(nodes: int, pods: int, policy: str | None, serve: bool) -> int:
 
     console = Console()
     bed = testbed.Testbed()
-    console.print("starting etcd and kube-apiserver 1.20 on 127.0.0.1 ...")
+    console.print("starting etcd, kube-apiserver and kube-controller-manager v1.37.2 on 127.0.0.1 ...")
     bed.start()  # in this thread: the components are tied to the thread that starts them
     cluster = service = server = api = None
     try:
