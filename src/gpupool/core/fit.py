@@ -44,7 +44,7 @@ class Fit:
             return "invalid request: " + "; ".join(problems or pod.problems())
         if code == NO_GPU_SHARE:
             g = pod.gpu
-            # No '%' in reasons: kube-scheduler 1.20 formats extender messages as printf strings.
+            # No '%' in reasons: kube-scheduler formatted extender messages as printf strings (seen in 1.20).
             share = "a whole free GPU" if g.whole else f"a GPU with {g.cores_percent:g} percent compute"
             if not g.whole:
                 share += " and " + (f"{g.memory_mib} MiB" if g.memory_mib is not None else "matching memory")
