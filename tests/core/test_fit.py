@@ -1,7 +1,7 @@
 import numpy as np
 
-from gpupool.core.fit import NO_CPU, NO_GPU_COUNT, NO_GPU_SHARE, NO_MODEL, OK, check
-from gpupool.core.model import GPURequest, PodRequest
+from gpupool.core.fit import NO_CPU, NO_GPU_COUNT, NO_GPU_LARGE_ENOUGH, NO_GPU_SHARE, NO_MODEL, OK, check
+from gpupool.core.model import Allocation, GPUGrant, GPURequest, PodRequest
 from gpupool.core.state import ClusterState
 
 from .helpers import node, set_free, share, whole
@@ -32,9 +32,17 @@ def test_cpu_memory_model_and_count_reasons() -> None:
 
 
 def test_memory_dimension_is_checked_per_gpu() -> None:
-    state = ClusterState([node("a", gpus=1, gpu_mem=16_000)])
+    """A share larger than every GPU of a node says so (waiting will not help); one that would fit an
+    empty GPU of the node, but finds none with that much free, is a plain shortage."""
+    state = ClusterState([node("a", gpus=1, gpu_mem=16_000), node("b", gpus=2, gpu_mem=40_960)])
     big = PodRequest("p", 0, 0, GPURequest(1, 100, memory_mib=20_000))
-    assert check(state, big).code.tolist() == [NO_GPU_SHARE]
+    fit = check(state, big)
+    assert fit.code.tolist() == [NO_GPU_LARGE_ENOUGH, OK]
+    assert fit.reason(0, big) == "needs 1 x a GPU with 20000 MiB; no GPU of this node is that large"
+    held = PodRequest("q", 0, 0, GPURequest(2, 100, memory_mib=30_000))
+    grants = (GPUGrant("b-g0", 0, 100, 30_000), GPUGrant("b-g1", 1, 100, 30_000))
+    assert state.allocate(held, Allocation("q", "b", grants)) is None
+    assert check(state, big).code.tolist() == [NO_GPU_LARGE_ENOUGH, NO_GPU_SHARE]
 
 
 def test_include_and_exclude_uuids() -> None:

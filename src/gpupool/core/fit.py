@@ -21,6 +21,7 @@ NO_MEMORY = 3
 NO_MODEL = 4
 NO_GPU_SHARE = 5
 NO_GPU_COUNT = 6
+NO_GPU_LARGE_ENOUGH = 7  # even empty, no allowed GPU of the node could hold the share: waiting will not help
 
 _TEXT = {
     NO_CPU: "insufficient CPU",
@@ -53,6 +54,9 @@ class Fit:
             return f"needs {g.count} x {share}; {n} available"
         if code == NO_GPU_COUNT:
             return f"needs {pod.gpu.count} healthy GPU(s); the node has fewer"
+        if code == NO_GPU_LARGE_ENOUGH:
+            return (f"needs {pod.gpu.count} x a GPU with {pod.gpu.memory_mib} MiB; "
+                    "no GPU of this node is that large")
         return _TEXT.get(code, "fits")
 
 
@@ -86,7 +90,9 @@ def gpu_rows(state: ClusterState, g: GPURequest, idx: IntArray) -> tuple[BoolArr
     gpu_fit = allowed & (state.gpu_milli_free[idx] >= g.milli) & (state.gpu_mem_free[idx] >= need_mem)
     if state.max_sharers:
         gpu_fit &= state.gpu_sharers[idx] < state.max_sharers
-    code[gpu_fit.sum(axis=1) < g.count] = NO_GPU_SHARE
+    short = gpu_fit.sum(axis=1) < g.count
+    code[short] = NO_GPU_SHARE
+    code[short & ((allowed & (mem_total >= need_mem)).sum(axis=1) < g.count)] = NO_GPU_LARGE_ENOUGH
     too_few = allowed.sum(axis=1) < g.count
     constrained = bool(g.models or g.include_uuids or g.exclude_uuids)
     code[too_few] = NO_MODEL if constrained else NO_GPU_COUNT
