@@ -4,9 +4,7 @@ runtime or of gpupool's node agent, nor take the capabilities that reach devices
 
 from __future__ import annotations
 
-import asyncio
 import copy
-import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,10 +12,9 @@ import httpx
 import pytest
 
 from gpupool.webhook.admission import Settings
-from gpupool.webhook.inventory import InventoryView
 from gpupool.webhook.policy import make_policy
 from tests.security.test_webhook_tenant_attacks import admit, gpu_pod, plain_pod, refused, with_container
-from tests.webhook.helpers import CLUSTER_NODES, SCHEDULER_SA, TLSFiles, make_tls, review, start_webhook
+from tests.webhook.helpers import SCHEDULER_SA, TLSFiles, make_tls, review, webhook_client
 
 SETTINGS = Settings(
     trusted_users=frozenset({SCHEDULER_SA}),
@@ -36,14 +33,8 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
 
 @pytest.fixture
 async def client(tls: TLSFiles) -> AsyncIterator[httpx.AsyncClient]:
-    inventory = InventoryView()
-    inventory.replace(CLUSTER_NODES)
-    server, task, port = await start_webhook(tls, inventory, settings=SETTINGS)
-    context = ssl.create_default_context(cafile=str(tls.ca))
-    async with httpx.AsyncClient(base_url=f"https://127.0.0.1:{port}", verify=context, timeout=30) as c:
+    async with webhook_client(tls, SETTINGS) as c:
         yield c
-    server.should_exit = True
-    await asyncio.wait_for(task, 30)
 
 
 def with_volume(obj: dict[str, Any], path: str) -> dict[str, Any]:

@@ -7,11 +7,9 @@ asserts the refusal, its HTTP code and its reason, and that the honest variant o
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import copy
 import json
-import ssl
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -21,9 +19,15 @@ import pytest
 
 from gpupool.api.names import ANN_ISOLATION, RESOURCE_CORES, RESOURCE_GPU
 from gpupool.webhook.admission import Settings
-from gpupool.webhook.inventory import InventoryView
 from gpupool.webhook.policy import make_policy
-from tests.webhook.helpers import CLUSTER_NODES, SCHEDULER_SA, TLSFiles, make_tls, pod, review, start_webhook
+from tests.webhook.helpers import (
+    SCHEDULER_SA,
+    TLSFiles,
+    make_tls,
+    pod,
+    review,
+    webhook_client,
+)
 
 SETTINGS = Settings(
     trusted_users=frozenset({SCHEDULER_SA}),
@@ -44,14 +48,8 @@ def tls(tmp_path_factory: pytest.TempPathFactory) -> TLSFiles:
 
 @pytest.fixture
 async def client(tls: TLSFiles) -> AsyncIterator[httpx.AsyncClient]:
-    inventory = InventoryView()
-    inventory.replace(CLUSTER_NODES)
-    server, task, port = await start_webhook(tls, inventory, settings=SETTINGS)
-    context = ssl.create_default_context(cafile=str(tls.ca))
-    async with httpx.AsyncClient(base_url=f"https://127.0.0.1:{port}", verify=context, timeout=30) as c:
+    async with webhook_client(tls, SETTINGS) as c:
         yield c
-    server.should_exit = True
-    await asyncio.wait_for(task, 30)
 
 
 async def admit(client: httpx.AsyncClient, path: str, body: dict[str, Any]) -> dict[str, Any]:

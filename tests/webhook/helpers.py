@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import ipaddress
+import ssl
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,3 +176,18 @@ async def start_webhook(
         task.result()
     port = server.servers[0].sockets[0].getsockname()[1]
     return server, task, port
+
+
+@asynccontextmanager
+async def webhook_client(tls: TLSFiles, settings: Settings) -> AsyncIterator[httpx.AsyncClient]:
+    """A real webhook server over TLS on the test cluster's nodes, and a client that trusts its CA."""
+    inventory = InventoryView()
+    inventory.replace(CLUSTER_NODES)
+    server, task, port = await start_webhook(tls, inventory, settings=settings)
+    context = ssl.create_default_context(cafile=str(tls.ca))
+    try:
+        async with httpx.AsyncClient(base_url=f"https://127.0.0.1:{port}", verify=context, timeout=30) as c:
+            yield c
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
