@@ -178,11 +178,12 @@ class RealNode:
     def kubelet_root(self) -> Path:
         return self.dir / "kubelet"
 
-    def _spawn(self, name: str, argv: list[str]) -> tb.Process:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> tb.Process:
         log = self.dir / f"{name}.log"
         with log.open("ab") as out:
             popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=tb.die_with_parent)
+                                     start_new_session=True, preexec_fn=tb.die_with_parent,
+                                     env={**os.environ, **(env or {})})
         return tb.Process(f"{name}@{self.name}", popen, log)
 
     # --- containerd -----------------------------------------------------------------------------------
@@ -403,6 +404,16 @@ class RealNodes:
     def describe(self) -> list[dict[str, str]]:
         return [{"name": n.name, "dir": str(n.dir), "device_plugin_dir": str(n.device_plugin_dir),
                  "containerd": str(n.containerd_socket)} for n in self.nodes]
+
+
+def fake_gpus_file(node: RealNode, count: int = 3) -> Path:
+    """The agent's fake GPUs for `node`: `count` L40S whose UUIDs name the node (GPU-127-5-0-1-0, ...), so
+    each node's GPUs are told apart in the pool, the dashboard and the pods' grants."""
+    path = node.dir / "gpus.json"
+    gpus = [{"uuid": f"GPU-{node.name.replace('.', '-')}-{i}", "model": "L40S", "memory_mib": 46068, "numa_node": 0}
+            for i in range(count)]
+    path.write_text(json.dumps({"driver_version": "570.86", "cuda_version": "12.8", "gpus": gpus}))
+    return path
 
 
 def api_request(bed: tb.Testbed, method: str, path: str, body: object = None,
