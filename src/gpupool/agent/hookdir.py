@@ -442,12 +442,7 @@ def write_squeeze(directory: Path, percent: Mapping[int, float]) -> SqueezeWritt
             if len(head) < _SQUEEZE_OFFSET + 8 * _MAX_DEV or struct.unpack_from("<Q", head, 0)[0] != _MAGIC:
                 return None if in_limits is None else SqueezeWritten(in_limits, True)
             (features,) = struct.unpack_from("<Q", head, _FEATURES_OFFSET)
-            current = struct.unpack_from(f"<{_MAX_DEV}Q", head, _SQUEEZE_OFFSET)
-            changed = False
-            for d in range(_MAX_DEV):
-                if current[d] != wanted[d]:  # one aligned 8-byte write each: the library loads it whole
-                    os.pwrite(fd, struct.pack("<Q", wanted[d]), _SQUEEZE_OFFSET + 8 * d)
-                    changed = True
+            changed = _pwrite_squeeze(fd, head, _SQUEEZE_OFFSET, wanted)
         finally:
             _lock_accounting(fd, fcntl.F_UNLCK)
     finally:
@@ -455,6 +450,19 @@ def write_squeeze(directory: Path, percent: Mapping[int, float]) -> SqueezeWritt
     if in_limits is not None:  # the library that reads limits.v1 enforces the squeeze written there
         return SqueezeWritten(changed or in_limits, True)
     return SqueezeWritten(changed, bool(features & FEAT_SQUEEZE))
+
+
+def _pwrite_squeeze(fd: int, head: bytes, offset: int, wanted: list[int]) -> bool:
+    """Write the per-GPU squeeze array at `offset` of a mapped file (usage.v1 or limits.v1) where it differs
+    from `head`, the file's current bytes; whether anything changed. One aligned 8-byte write per value: the
+    library loads each whole."""
+    current = struct.unpack_from(f"<{_MAX_DEV}Q", head, offset)
+    changed = False
+    for d in range(_MAX_DEV):
+        if current[d] != wanted[d]:
+            os.pwrite(fd, struct.pack("<Q", wanted[d]), offset + 8 * d)
+            changed = True
+    return changed
 
 
 def _write_limits_squeeze(directory: Path, wanted: list[int]) -> bool | None:
@@ -468,13 +476,7 @@ def _write_limits_squeeze(directory: Path, wanted: list[int]) -> bool | None:
         head = os.pread(fd, _LIMITS_SIZE, 0)
         if len(head) < _LIMITS_SIZE or struct.unpack_from("<Q", head, 0)[0] != _LIMITS_MAGIC:
             return None
-        current = struct.unpack_from(f"<{_MAX_DEV}Q", head, _L_SQUEEZE)
-        changed = False
-        for d in range(_MAX_DEV):
-            if current[d] != wanted[d]:  # one aligned 8-byte write each: the library loads it whole
-                os.pwrite(fd, struct.pack("<Q", wanted[d]), _L_SQUEEZE + 8 * d)
-                changed = True
-        return changed
+        return _pwrite_squeeze(fd, head, _L_SQUEEZE, wanted)
     finally:
         os.close(fd)
 
