@@ -206,3 +206,17 @@ async def eventually(predicate, timeout: float = 10.0, step: float = 0.01) -> No
         if loop.time() > deadline:
             raise AssertionError("condition not reached before the timeout")
         await asyncio.sleep(step)
+
+
+async def scrape_metrics(r: Rig) -> str:
+    """The agent's /metrics page, from the real metrics server on a free port (stopped afterwards)."""
+    import httpx
+
+    from gpupool.commands.agent_metrics import start_metrics_server
+
+    server = await start_metrics_server(r.agent, "127.0.0.1", 0, refresh_s=60)
+    try:
+        async with httpx.AsyncClient() as client:
+            return (await client.get(f"http://127.0.0.1:{server.port}/metrics")).text
+    finally:
+        await server.stop()

@@ -8,15 +8,13 @@ import asyncio
 from pathlib import Path
 
 import grpc
-import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.agent.mps import Answer, MpsConfig, MpsSupervisor
 from gpupool.api.inventory import decode_inventory
 from gpupool.api.names import ANN_INVENTORY
-from gpupool.commands.agent_metrics import start_metrics_server
-from tests.agent.agent_helpers import NODE, RESOURCE, Rig, eventually, pod_object, rig, scheduler_binds
+from tests.agent.agent_helpers import NODE, RESOURCE, Rig, eventually, pod_object, rig, scheduler_binds, scrape_metrics
 
 GPUS = [f"GPU-aaaa-{i}" for i in range(4)]
 
@@ -54,12 +52,7 @@ async def inventory_mps(r: Rig) -> dict[str, tuple[str, int]]:
 
 
 async def mps_metrics(r: Rig) -> dict[tuple[str, str], float]:
-    server = await start_metrics_server(r.agent, "127.0.0.1", 0, refresh_s=60)
-    try:
-        async with httpx.AsyncClient() as client:
-            text = (await client.get(f"http://127.0.0.1:{server.port}/metrics")).text
-    finally:
-        await server.stop()
+    text = await scrape_metrics(r)
     return {(s.name, s.labels["gpu"]): s.value for f in text_string_to_metric_families(text)
             for s in f.samples if s.name.startswith("gpupool_mps_daemon")}
 

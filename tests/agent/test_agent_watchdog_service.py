@@ -10,11 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-import httpx
-
 from gpupool.agent.config import load_config
-from gpupool.commands.agent_metrics import start_metrics_server
-from tests.agent.agent_helpers import eventually, pod_object, rig, scheduler_binds
+from tests.agent.agent_helpers import eventually, pod_object, rig, scheduler_binds, scrape_metrics
 from tests.agent.watchdog_helpers import write_proc
 
 CID = "c" * 64
@@ -40,12 +37,7 @@ async def test_the_agent_runs_the_watchdog_which_stops_a_process_over_its_grant(
             await eventually(lambda: any(e["reason"] == "GPUMemoryOverGrant" for e in r.cluster.events))
             (event,) = [e for e in r.cluster.events if e["reason"] == "GPUMemoryOverGrant"]
             assert event["involvedObject"]["uid"] == meta["uid"] and event["type"] == "Warning"
-            server = await start_metrics_server(r.agent, "127.0.0.1", 0, refresh_s=60)
-            try:
-                async with httpx.AsyncClient() as client:
-                    text = (await client.get(f"http://127.0.0.1:{server.port}/metrics")).text
-            finally:
-                await server.stop()
+            text = await scrape_metrics(r)
             assert 'gpupool_watchdog_kills_total{reason="memory"} 1.0' in text
     finally:
         if child.poll() is None:
