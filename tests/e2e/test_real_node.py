@@ -282,9 +282,12 @@ def test_container_is_stopped_at_its_memory_cap(real_cluster: RealCluster) -> No
     (the fake driver reports 80 GiB, so a refusal at 1 GiB is the cap's)."""
     c = real_cluster
     mib = 1 << 20
-    # 768 MiB fits the 1024 MiB share; another 768 MiB does not; 16 bytes still do.
-    script = (f"printf 'alloc mem {768 * mib}\\nalloc mem {768 * mib}\\nalloc mem 16\\n' | probe direct; "
-              "exec sleep 1000000")
+    # 768 MiB fits the 1024 MiB share; another 768 MiB does not; 16 bytes still do. Then the same again from a
+    # second process whose environment asks for 64 GiB and its own accounting directory, as a tenant would
+    # (the first process has exited and freed its memory): the read-only limits file still holds it.
+    asks = f"printf 'alloc mem {768 * mib}\\nalloc mem {768 * mib}\\nalloc mem 16\\n'"
+    script = (f"{asks} | probe direct; {asks} | env GPUPOOL_MEMORY_LIMIT_MIB=65536 GPUPOOL_HOOK_DIR=/tmp "
+              "probe direct; exec sleep 1000000")
     c.apply([share_pod("capped", c.node(0).name, 1024, 20, image=images.PROBE_IMAGE, command=["sh", "-c", script])])
     c.wait_running(["capped"])
 
@@ -293,11 +296,11 @@ def test_container_is_stopped_at_its_memory_cap(real_cluster: RealCluster) -> No
         # answers; they are kept for the message below, not counted as answers.
         out = [line for line in c.kubectl("logs", "-n", "e2e-real", "capped").splitlines()
                if line.strip() and not line.startswith("gpupool-hook")]
-        return out if len(out) >= 3 else None
+        return out if len(out) >= 6 else None
 
     lines = wait_for(answers, 60, "the probe's answers", lambda: c.kubectl("logs", "-n", "e2e-real", "capped"))
-    codes = [int(line.split()[0]) for line in lines[:3]]
-    assert codes == [0, 2, 0], c.kubectl("logs", "-n", "e2e-real", "capped")  # 2 = CUDA_ERROR_OUT_OF_MEMORY
+    codes = [int(line.split()[0]) for line in lines[:6]]
+    assert codes == [0, 2, 0] * 2, c.kubectl("logs", "-n", "e2e-real", "capped")  # 2 = CUDA_ERROR_OUT_OF_MEMORY
     c.delete_pods(["capped"])
     c.wait_pods_gone()
 
