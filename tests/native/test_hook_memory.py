@@ -15,12 +15,14 @@ OOM = 2
 SHARE = 10 * GIB
 # (kind, lookup paths): v1 entry points have no cuGetProcAddress form of their own (a CUDA >= 3.2 caller
 # gets the _v2 ABI for the base name).
-KINDS = ["mem", "pitch", "managed", "async", "async_ptsz", "pool", "vmm", "array", "array3d", "mipmap"]
+KINDS = ["mem", "pitch", "managed", "async", "async_ptsz", "pool", "pool_ptsz", "vmm", "array", "array3d",
+         "mipmap"]
+V1_KINDS = ["mem1", "pitch1", "array1", "array3d1"]
 PATHS = ["direct", "dlsym", "gpa", "gpa2"]
+CASES = [(k, p) for k in KINDS for p in PATHS] + [(k, p) for k in V1_KINDS for p in ("direct", "dlsym")]
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(("kind", "path"), CASES)
 def test_a_10_gib_share_allocates_10_gib_in_pieces_and_not_one_byte_more(
     pods: PodFactory, kind: str, path: str
 ) -> None:

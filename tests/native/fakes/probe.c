@@ -14,7 +14,13 @@
  *            stress BYTES -> never answers (alloc/free forever, for kill -9 tests)
  *            bench launch|alloc N -> "<rc> picoseconds per call" (an empty kernel; a 1 MiB alloc + free)
  *            pools N BYTES -> "<successes> <last rc>" (N new pools, BYTES allocated from each, kept)
- *            mixed SECONDS SEED [SYNC_EVERY] -> "<rc> launches" (kernels of 0.1 to 20 ms and graphs, a random mix) */
+ *            mixed SECONDS SEED [SYNC_EVERY] -> "<rc> launches" (kernels of 0.1 to 20 ms and graphs, a random mix)
+ *            plant overflow|misaligned -> "<rc>" if nothing caught it (a fault inside the library, for the
+ *                                          sanitizer tests: an instrumented library dies there instead)
+ * Allocation KINDs: mem mem1 pitch pitch1 managed async async_ptsz pool pool_ptsz vmm array array1 array3d
+ * array3d1 mipmap (the v1 ones, *1, only on the direct and dlsym paths: cuGetProcAddress hands a CUDA >= 3.2
+ * caller the _v2 ABI for their base names). Launch KINDs: kernel kernel_ptsz ex ex_ptsz coop coop_ptsz graph
+ * graph_ptsz. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
@@ -100,12 +106,20 @@ static CUresult alloc(const char *kind, unsigned long long n, unsigned long long
     } else if (!strcmp(kind, "pitch")) {
         size_t pitch;
         r = p_cuMemAllocPitch_v2(&p, &pitch, n / 4, 4, 4);
+    } else if (!strcmp(kind, "pitch1")) {
+        CUdeviceptr_v1 q = 0;
+        unsigned pitch;
+        r = p_cuMemAllocPitch(&q, &pitch, (unsigned)(n / 4), 4, 4);
+        p = q;
     } else if (!strcmp(kind, "managed")) r = p_cuMemAllocManaged(&p, n, 1);
     else if (!strcmp(kind, "async")) r = p_cuMemAllocAsync(&p, n, NULL);
     else if (!strcmp(kind, "async_ptsz")) r = p_cuMemAllocAsync_ptsz(&p, n, NULL);
     else if (!strcmp(kind, "pool")) {
         if (user_pool == NULL) cuMemPoolCreate(&user_pool, NULL);
         r = p_cuMemAllocFromPoolAsync(&p, n, user_pool, NULL);
+    } else if (!strcmp(kind, "pool_ptsz")) {
+        if (user_pool == NULL) cuMemPoolCreate(&user_pool, NULL);
+        r = p_cuMemAllocFromPoolAsync_ptsz(&p, n, user_pool, NULL);
     } else if (!strcmp(kind, "vmm")) {
         CUmemAllocationProp prop;
         memset(&prop, 0, sizeof prop);
@@ -116,6 +130,12 @@ static CUresult alloc(const char *kind, unsigned long long n, unsigned long long
     } else if (!strcmp(kind, "array")) {
         CUDA_ARRAY_DESCRIPTOR d = {n / 8, 2, CU_AD_FORMAT_UNSIGNED_INT16, 2};
         r = p_cuArrayCreate_v2((CUarray *)&p, &d);
+    } else if (!strcmp(kind, "array1")) {
+        CUDA_ARRAY_DESCRIPTOR_v1 d = {(unsigned)(n / 8), 2, CU_AD_FORMAT_UNSIGNED_INT16, 2};
+        r = p_cuArrayCreate((CUarray *)&p, &d);
+    } else if (!strcmp(kind, "array3d1")) {
+        CUDA_ARRAY3D_DESCRIPTOR_v1 d = {(unsigned)(n / 16), 2, 2, CU_AD_FORMAT_FLOAT, 1, 0};
+        r = p_cuArray3DCreate((CUarray *)&p, &d);
     } else if (!strcmp(kind, "array3d")) {
         CUDA_ARRAY3D_DESCRIPTOR d = {n / 16, 2, 2, CU_AD_FORMAT_FLOAT, 1, 0};
         r = p_cuArray3DCreate_v2((CUarray *)&p, &d);
@@ -128,15 +148,17 @@ static CUresult alloc(const char *kind, unsigned long long n, unsigned long long
 }
 
 static CUresult release(const char *kind, unsigned long long id) {
-    if (!strcmp(kind, "mem1")) return p_cuMemFree((CUdeviceptr_v1)id);
-    if (!strcmp(kind, "async") || !strcmp(kind, "async_ptsz") || !strcmp(kind, "pool")) {
+    if (!strcmp(kind, "mem1") || !strcmp(kind, "pitch1")) return p_cuMemFree((CUdeviceptr_v1)id);
+    if (!strcmp(kind, "async") || !strcmp(kind, "async_ptsz") || !strcmp(kind, "pool") ||
+        !strcmp(kind, "pool_ptsz")) {
         CUresult r = p_cuMemFreeAsync(id, NULL);
         cuStreamSynchronize(NULL);
         if (user_pool != NULL) p_cuMemPoolTrimTo(user_pool, 0);
         return r;
     }
     if (!strcmp(kind, "vmm")) return p_cuMemRelease(id);
-    if (!strcmp(kind, "array") || !strcmp(kind, "array3d")) return p_cuArrayDestroy((CUarray)(uintptr_t)id);
+    if (!strcmp(kind, "array") || !strcmp(kind, "array3d") || !strcmp(kind, "array1") || !strcmp(kind, "array3d1"))
+        return p_cuArrayDestroy((CUarray)(uintptr_t)id);
     if (!strcmp(kind, "mipmap")) return p_cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)id);
     return p_cuMemFree_v2(id);
 }
@@ -247,7 +269,10 @@ int main(int argc, char **argv) {
                 if (!strcmp(kind, "kernel")) r = p_cuLaunchKernel(NULL, (unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
                 else if (!strcmp(kind, "kernel_ptsz")) r = p_cuLaunchKernel_ptsz(NULL, (unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL);
                 else if (!strcmp(kind, "ex")) r = p_cuLaunchKernelEx(&cfg, NULL, NULL, NULL);
+                else if (!strcmp(kind, "ex_ptsz")) r = p_cuLaunchKernelEx_ptsz(&cfg, NULL, NULL, NULL);
                 else if (!strcmp(kind, "coop")) r = p_cuLaunchCooperativeKernel(NULL, (unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL);
+                else if (!strcmp(kind, "coop_ptsz")) r = p_cuLaunchCooperativeKernel_ptsz(NULL, (unsigned)n, 1, 1, 32, 1, 1, 0, NULL, NULL);
+                else if (!strcmp(kind, "graph_ptsz")) r = p_cuGraphLaunch_ptsz((CUgraphExec)(uintptr_t)n, NULL);
                 else r = p_cuGraphLaunch((CUgraphExec)(uintptr_t)n, NULL); /* a graph of n us: n blocks at 1 us */
                 if (++count % (long long)every == 0) cuStreamSynchronize(NULL);
             }
@@ -301,6 +326,23 @@ int main(int argc, char **argv) {
             }
             cuStreamSynchronize(NULL);
             printf("%d %lld\n", r, count);
+        } else if (sscanf(line, "plant %31s", kind) == 1) {
+            /* A fault planted in the library's own code for the sanitizer tests: its cuArrayCreate_v2 wrapper
+             * reads the caller's descriptor before the driver does, so a descriptor in a 4-byte heap block
+             * (overflow) or at an odd address (misaligned) is first touched inside the library. */
+            CUarray a;
+            CUresult r = CUDA_ERROR_INVALID_VALUE;
+            if (!strcmp(kind, "overflow")) {
+                void *block = malloc(4);
+                r = p_cuArrayCreate_v2(&a, (const CUDA_ARRAY_DESCRIPTOR *)block);
+                free(block);
+            } else if (!strcmp(kind, "misaligned")) {
+                static unsigned char raw[2 * sizeof(CUDA_ARRAY_DESCRIPTOR)] __attribute__((aligned(16)));
+                CUDA_ARRAY_DESCRIPTOR d = {64, 2, CU_AD_FORMAT_UNSIGNED_INT16, 2};
+                memcpy(raw + 1, &d, sizeof d);
+                r = p_cuArrayCreate_v2(&a, (const CUDA_ARRAY_DESCRIPTOR *)(void *)(raw + 1));
+            }
+            printf("%d\n", r);
         } else if (sscanf(line, "stress %llu", &n) == 1) {
             printf("started\n");
             for (;;) {
