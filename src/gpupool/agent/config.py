@@ -1,29 +1,26 @@
 """The node agent's one configuration object: defaults < file (YAML) < environment < flags.
 
-Environment variables are `GPUPOOL_AGENT_<FIELD>` (e.g. GPUPOOL_AGENT_SPLIT=4), plus `NODE_NAME` for the
-node name, which is how a DaemonSet passes it (fieldRef spec.nodeName). This is the only module of the
-agent that reads the environment.
+Environment variables are `GPUPOOL_AGENT_<FIELD>` (e.g. GPUPOOL_AGENT_SPLIT=4; GPUPOOL_AGENT_IGNORED_XIDS is
+comma-separated), plus `NODE_NAME` for the node name, which is how a DaemonSet passes it (fieldRef
+spec.nodeName); GPUPOOL_AGENT_NODE_NAME overrides it. The agent reads the environment only through this
+loader (the services' one loader, gpupool.api.config).
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from gpupool.api.config import ConfigError, ConfigLoader
 from gpupool.api.names import RESOURCE_GPU
 
 ENV_PREFIX = "GPUPOOL_AGENT_"
 # Xids caused by applications, not by the GPU (nvidia-facts.md section 4.6): they never mark a GPU unhealthy.
 APPLICATION_XIDS = (13, 31, 43, 45, 68, 109)
 
-
-class ConfigError(ValueError):
-    pass
+__all__ = ["APPLICATION_XIDS", "ENV_PREFIX", "LOADER", "AgentConfig", "ConfigError", "load_config"]
 
 
 class AgentConfig(BaseModel):
@@ -109,42 +106,9 @@ class AgentConfig(BaseModel):
         return " ".join(f"{k}={v}" for k, v in self.model_dump().items())
 
 
-def _from_env(name: str, text: str) -> Any:
-    if name == "ignored_xids":
-        return tuple(int(x) for x in text.replace(" ", "").split(",") if x)
-    return text
-
-
-def load_config(
-    file: str | Path | None = None,
-    flags: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> AgentConfig:
-    """Merge the sources (flag > env > file > defaults) and validate once; errors name the field."""
-    values: dict[str, Any] = {}
-    if file is not None:
-        try:
-            loaded = yaml.safe_load(Path(file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"agent config file {file}: {e}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"agent config file {file}: expected a mapping at the top level")
-        values.update(loaded)
-    environ = os.environ if env is None else env
-    if environ.get("NODE_NAME"):
-        values["node_name"] = environ["NODE_NAME"]
-    for name in AgentConfig.model_fields:
-        key = ENV_PREFIX + name.upper()
-        if key in environ:
-            try:
-                values[name] = _from_env(name, environ[key])
-            except ValueError:
-                raise ConfigError(f"{key}={environ[key]!r}: expected comma-separated integers") from None
-    values.update({k: v for k, v in (flags or {}).items() if v is not None})
-    try:
-        return AgentConfig(**values)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "config"
-        hint = " (set NODE_NAME or --node-name)" if where == "node_name" else ""
-        raise ConfigError(f"agent config {where}: {first['msg']}{hint}") from None
+LOADER = ConfigLoader(
+    AgentConfig, ENV_PREFIX, "agent", env_aliases={"node_name": "NODE_NAME"},
+    hints={"node_name": "set NODE_NAME or --node-name"},
+)
+# flag > env > file > defaults, validated once; errors (ConfigError) name the field and its source.
+load_config = LOADER.load

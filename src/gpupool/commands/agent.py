@@ -54,10 +54,10 @@ import click
 @click.option("--dry-run", is_flag=True, help="Discover the GPUs, print what would be advertised, and exit.")
 def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
     """Run the node agent: discover GPUs, publish the node inventory, serve the kubelet device plugin."""
-    from gpupool.agent.config import ConfigError, load_config
+    from gpupool.agent.config import LOADER, ConfigError
 
     try:
-        config = load_config(config_file, flags, os.environ)
+        config = LOADER.load(config_file, flags, os.environ)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     from gpupool.commands import logs

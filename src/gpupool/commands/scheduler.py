@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -35,7 +36,7 @@ def scheduler(
     """Serve /filter, /prioritize and /bind for kube-scheduler (see docs/scheduler.md for its config)."""
     from gpupool.commands import logs
     from gpupool.scheduler.auth import server_security
-    from gpupool.scheduler.config import ConfigError, load_config
+    from gpupool.scheduler.config import LOADER, ConfigError
 
     logs.configure(log_level)
     flags = {
@@ -43,7 +44,7 @@ def scheduler(
         "leader_elect": leader_elect, "lease_namespace": lease_namespace,
     }
     try:
-        config = load_config(config_file, flags)
+        config = LOADER.load(config_file, flags, os.environ)
         server_security(config)  # a non-loopback listener without TLS or a token never starts
     except ConfigError as e:
         raise click.UsageError(str(e)) from None

@@ -51,10 +51,10 @@ if TYPE_CHECKING:
 @click.option("--log-level", default=None, help="critical, error, warning, info or debug [info].")
 def webhook(config_file: Path | None, **flags: object) -> None:
     """Serve the admission webhook (mutating /mutate, validating /validate) over TLS."""
-    from gpupool.webhook.config import ConfigError, load_config
+    from gpupool.webhook.config import LOADER, ConfigError
 
     try:
-        config = load_config(flags, os.environ, config_file)
+        config = LOADER.load(config_file, flags, os.environ)
     except ConfigError as e:
         raise click.UsageError(str(e)) from None
     if config.cert_file is None or config.key_file is None:

@@ -1,22 +1,19 @@
-"""The scheduler service's one configuration object: defaults < file (YAML) < environment < flags."""
+"""The scheduler service's one configuration object: defaults < file (YAML) < environment < flags, loaded by
+the services' one loader (gpupool.api.config) from GPUPOOL_SCHEDULER_<FIELD> variables."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from gpupool.api.config import ConfigError, ConfigLoader
 from gpupool.core.policies import DEFAULT_POLICY, policy_names
 
 ENV_PREFIX = "GPUPOOL_SCHEDULER_"
 
-
-class ConfigError(ValueError):
-    pass
+__all__ = ["ENV_PREFIX", "LOADER", "ConfigError", "SchedulerConfig", "load_config"]
 
 
 class SchedulerConfig(BaseModel):
@@ -93,31 +90,6 @@ class SchedulerConfig(BaseModel):
         return " ".join(f"{k}={v}" for k, v in self.model_dump().items())
 
 
-def load_config(
-    file: str | Path | None = None,
-    flags: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-) -> SchedulerConfig:
-    """Merge the sources (flag > env > file > defaults) and validate once; errors name the source."""
-    values: dict[str, Any] = {}
-    if file is not None:
-        try:
-            loaded = yaml.safe_load(Path(file).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"config file {file}: {e}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {file}: expected a mapping at the top level")
-        values.update(loaded)
-    environ = os.environ if env is None else env
-    fields = SchedulerConfig.model_fields
-    for name in fields:
-        key = ENV_PREFIX + name.upper()
-        if key in environ:
-            values[name] = environ[key]
-    values.update({k: v for k, v in (flags or {}).items() if v is not None})
-    try:
-        return SchedulerConfig(**values)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise ConfigError(f"scheduler config {where}: {first['msg']}") from None
+LOADER = ConfigLoader(SchedulerConfig, ENV_PREFIX, "scheduler")
+# flag > env > file > defaults, validated once; errors (ConfigError) name the field and its source.
+load_config = LOADER.load

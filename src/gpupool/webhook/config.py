@@ -1,4 +1,5 @@
-"""The webhook's one configuration object, loaded in one place: flag > environment > file > default.
+"""The webhook's one configuration object, loaded by the services' one loader (gpupool.api.config):
+flag > environment > file > default.
 
 Environment variables are named GPUPOOL_WEBHOOK_<FIELD> (e.g. GPUPOOL_WEBHOOK_PORT); the file is YAML
 with the field names as keys. Lists in the environment are comma-separated; `policies` is JSON (the chart
@@ -7,15 +8,14 @@ writes it with toJson). Nothing else in the webhook reads the environment.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from gpupool.api.config import ConfigError, ConfigLoader
 from gpupool.api.names import ISOLATION_MODES
 from gpupool.webhook.admission import Settings
 from gpupool.webhook.policy import DEFAULT_POLICY, AdmissionPolicy, make_policy
@@ -24,9 +24,7 @@ ENV_PREFIX = "GPUPOOL_WEBHOOK_"
 _POLICY_NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
 CONFIG_VERSION = "webhook.gpupool.io/v1"
 
-
-class ConfigError(ValueError):
-    pass
+__all__ = ["CONFIG_VERSION", "ENV_PREFIX", "LOADER", "ConfigError", "PolicyConfig", "WebhookConfig", "load_config"]
 
 
 class PolicyConfig(BaseModel):
@@ -153,40 +151,10 @@ class WebhookConfig(BaseModel):
         return " ".join(f"{k}={v}" for k, v in fields.items())
 
 
-def _from_env(env: Mapping[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name in WebhookConfig.model_fields:
-        raw = env.get(ENV_PREFIX + name.upper())
-        if raw is None:
-            continue
-        if name in ("trusted_users", "allowed_isolation"):
-            # Lists come as comma-separated text; pydantic converts the rest from strings itself.
-            out[name] = tuple(p.strip() for p in raw.split(",") if p.strip())
-        elif name == "policies":
-            try:
-                out[name] = json.loads(raw) if raw.strip() else {}
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{ENV_PREFIX}POLICIES: not JSON ({e})") from None
-        else:
-            out[name] = raw
-    return out
+LOADER = ConfigLoader(WebhookConfig, ENV_PREFIX, "webhook")
 
 
 def load_config(flags: Mapping[str, Any], env: Mapping[str, str], file: Path | None = None) -> WebhookConfig:
-    """Merge the sources (None in `flags` means "not given") and validate once."""
-    merged: dict[str, Any] = {}
-    if file is not None:
-        try:
-            loaded = yaml.safe_load(file.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise ConfigError(f"config file {file}: {e}") from None
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {file}: expected a mapping of settings, got {type(loaded).__name__}")
-        merged.update(loaded)
-    merged.update(_from_env(env))
-    merged.update({k: v for k, v in flags.items() if v is not None and v != ()})
-    try:
-        return WebhookConfig(**merged)
-    except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'config'}: {err['msg']}" for err in e.errors())
-        raise ConfigError(f"invalid webhook configuration: {problems}") from None
+    """LOADER.load with the argument order this function had before the services shared one loader; kept
+    for its callers (tests of the chart). New code calls LOADER.load(file, flags, env)."""
+    return LOADER.load(file, flags, env)
