@@ -29,9 +29,16 @@ def finish(probe: Probe) -> int:
     return launches
 
 
-@pytest.mark.parametrize("kind", ["kernel", "kernel_ptsz", "ex", "coop", "graph"])
-def test_one_pod_at_30_gets_30(pods: PodFactory, kind: str) -> None:
-    probe = pods.start(pods.pod(cores="30"), "gpa2" if kind == "kernel_ptsz" else "direct")
+# Every launch entry point the library wraps (native/gp_compute.c), each found on every lookup path an
+# application uses (docs/concepts.md): the linked symbol, dlsym, cuGetProcAddress and cuGetProcAddress_v2.
+LAUNCHES = ["kernel", "kernel_ptsz", "ex", "ex_ptsz", "coop", "coop_ptsz", "graph", "graph_ptsz"]
+PATHS = ["direct", "dlsym", "gpa", "gpa2"]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("kind", LAUNCHES)
+def test_one_pod_at_30_gets_30(pods: PodFactory, kind: str, path: str) -> None:
+    probe = pods.start(pods.pod(cores="30"), path)
     run(probe, 1.5, kind)
     assert finish(probe) > 0
     share = busy_share(pods.device, {probe.pid}, *active_window(pods.device, [probe.pid], 4 * S // 10, S // 10))
