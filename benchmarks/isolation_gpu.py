@@ -10,8 +10,9 @@ today's grant sets them. Then:
    steps until refused (PyTorch's caching off, so every tensor is one cuMemAlloc), then tries 1 MiB more;
    it reports what torch.cuda.mem_get_info and nvidia-smi (run under the same preload) say the card holds;
 2. compute: the same matmul loop alone uncapped, then in two processes capped 30 and 70 at once: their
-   throughputs, ratio and each one's share of the uncapped rate;
-3. overhead at cap 100: a matmul loop and a small-kernel loop with and without the library;
+   throughputs, ratio and each one's share of the uncapped rate; then each cap alone;
+3. overhead at cap 100: a matmul loop and a small-kernel loop with and without the library (median of 3
+   rounds, alternating which goes first);
 4. the hostile tenant: the memory child again with GPUPOOL_MEMORY_LIMIT_MIB unset, then raised to 65536,
    then GPUPOOL_HOOK_DIR pointed elsewhere: each must still stop at 10 GiB.
 The last line is one JSON object.
@@ -26,6 +27,7 @@ import importlib.util
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -37,23 +39,31 @@ sys.path.insert(0, str(ROOT / "src"))
 
 MEMORY_CHILD = r"""
 import json, shutil, subprocess, torch
+# Without the caching allocator a refused cuMemAlloc reaches PyTorch 2.11 as AcceleratorError, not
+# OutOfMemoryError; both are RuntimeErrors that say "out of memory".
+def refused(e):
+    if "out of memory" not in str(e):
+        raise e
 free, total = torch.cuda.mem_get_info()
 held, step, refused_at = [], 64 << 20, None
 while step >= 1 << 20:
     try:
         held.append(torch.empty(step, dtype=torch.uint8, device="cuda"))
-    except torch.cuda.OutOfMemoryError:
+    except RuntimeError as e:
+        refused(e)
         step //= 64 if step == 64 << 20 else 2
 allocated = sum(t.numel() for t in held)
 try:
     held.append(torch.empty(1 << 20, dtype=torch.uint8, device="cuda"))
     beyond = "succeeded"
-except torch.cuda.OutOfMemoryError:
+except RuntimeError as e:
+    refused(e)
     beyond = "refused"
 smi = ""
 if shutil.which("nvidia-smi"):  # under the same LD_PRELOAD: NVML's memory figures are the share
+    # pass_fds: nvidia-smi must see the limits file too, as every process in the pod sees the mount
     smi = subprocess.run(["nvidia-smi", "--query-gpu=memory.total,memory.used", "--format=csv,noheader"],
-                         capture_output=True, text=True).stdout.strip().splitlines()[0]
+                         capture_output=True, text=True, pass_fds=(201,)).stdout.strip().splitlines()[0]
 print(json.dumps({"reported_total_mib": total >> 20, "reported_free_mib": free >> 20,
                   "allocated_mib": allocated / 2**20, "one_mib_beyond": beyond, "nvidia_smi": smi}))
 """
@@ -199,13 +209,26 @@ def main() -> None:
         b = start_child(LOOP_CHILD, child_env(lib, dirs[3], GPUPOOL_CORES_PERCENT="70"), "matmul", secs)
         rate30, rate70 = collect(a)["rate"], collect(b)["rate"]
         print(f"matmul it/s: uncapped alone {alone:.1f}; capped 30 -> {rate30:.1f}, capped 70 -> {rate70:.1f}")
+        # Each cap alone too: pacing accuracy on its own, apart from how two contexts time-slice the GPU.
+        solo = {cap: run_child(LOOP_CHILD, child_env(lib, dirs[2], GPUPOOL_CORES_PERCENT=cap), "matmul",
+                               secs)["rate"] for cap in ("30", "70")}
+        print(f"matmul it/s, each capped alone: 30 -> {solo['30']:.1f}, 70 -> {solo['70']:.1f}")
         overhead = {}
         for kind in ("matmul", "small"):
-            plain = run_child(LOOP_CHILD, child_env(None, dirs[1]), kind, secs)["rate"]
-            hooked = run_child(LOOP_CHILD, child_env(lib, dirs[1], GPUPOOL_CORES_PERCENT="100",
-                                                     GPUPOOL_MEMORY_LIMIT_MIB="10240"), kind, secs)["rate"]
+            # Alternate which runs first, median of three rounds: the GPU's clocks warm up over a run.
+            plain_rates: list[float] = []
+            hooked_rates: list[float] = []
+            for round_ in range(3):
+                order = ("plain", "hooked") if round_ % 2 == 0 else ("hooked", "plain")
+                for which in order:
+                    env = (child_env(None, dirs[1]) if which == "plain" else child_env(
+                        lib, dirs[1], GPUPOOL_CORES_PERCENT="100", GPUPOOL_MEMORY_LIMIT_MIB="10240"))
+                    rate = run_child(LOOP_CHILD, env, kind, secs)["rate"]
+                    (plain_rates if which == "plain" else hooked_rates).append(rate)
+            plain, hooked = statistics.median(plain_rates), statistics.median(hooked_rates)
             overhead[kind] = round((plain - hooked) / plain * 100, 2)
-            print(f"{kind} loop at cap 100: {plain:.1f} it/s without, {hooked:.1f} with ({overhead[kind]} % slower)")
+            print(f"{kind} loop at cap 100 (median of 3, alternating): {plain:.1f} it/s without, "
+                  f"{hooked:.1f} with ({overhead[kind]} % slower)")
         elsewhere = root / "elsewhere"
         elsewhere.mkdir()
         tampers = {"variable unset": {"TAMPER_GPUPOOL_MEMORY_LIMIT_MIB": ""},
@@ -224,6 +247,7 @@ def main() -> None:
         "ratio_70_over_30": round(rate70 / rate30, 3) if rate30 else None,
         "share_30_of_alone": round(rate30 / alone, 3),
         "share_70_of_alone": round(rate70 / alone, 3),
+        "share_of_alone_each_alone": {cap: round(rate / alone, 3) for cap, rate in solo.items()},
         "overhead_percent_at_cap_100": overhead,
         "tampered": tampered,
     }))
