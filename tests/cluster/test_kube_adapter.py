@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse
 from starlette.routing import Route
 
-from gpupool.cluster.kube import KubeCluster, annotation_patch, binding_for, to_obj
+from gpupool.cluster.kube import KubeCluster, binding_for, to_obj
 from gpupool.cluster.port import Conflict, Gone, NotFound
 from gpupool.scheduler.server import serve_in_background
 
@@ -94,10 +94,6 @@ def test_conversions_keep_kubernetes_json_shape():
     assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "node-a"}
     annotated = to_obj(binding_for("ns", "p", "uid-1", "node-a", {"gpupool.io/allocation": "{}"}))
     assert annotated["metadata"]["annotations"] == {"gpupool.io/allocation": "{}"}
-    assert annotation_patch({"a": "1", "b": None}, "9") == {
-        "metadata": {"annotations": {"a": "1", "b": None}, "resourceVersion": "9"}
-    }
-    assert annotation_patch({"a": "1"}, None) == {"metadata": {"annotations": {"a": "1"}}}
 
 
 async def test_list_returns_dicts_and_the_list_resource_version(fake):
@@ -123,6 +119,8 @@ async def test_annotation_patch_is_a_merge_patch_with_precondition(fake):
     assert body == {"metadata": {"annotations": {"gpupool.io/allocation": "{}"}, "resourceVersion": "1"}}
     with pytest.raises(Conflict):
         await cluster.patch_pod_annotations("default", "p", {"x": "y"}, resource_version="0")
+    await cluster.patch_pod_annotations("default", "p", {"x": None})  # no precondition: none sent
+    assert server.requests[-1][3] == {"metadata": {"annotations": {"x": None}}}
 
 
 async def test_binding_posts_the_subresource_with_uid_and_maps_409(fake):

@@ -2,8 +2,8 @@
 
 lightkube models never leave this module: everything is converted to Kubernetes-shaped dicts
 (`to_obj`) on the way in and built from dicts on the way out; lightkube errors become port errors
-(`translate_error`). Annotation writes are JSON merge patches that carry `metadata.resourceVersion`,
-which the API server treats as a precondition (409 when stale).
+(`translate_error`). Patches are JSON merge patches; one with a precondition carries
+`metadata.resourceVersion`, which the API server treats as such (409 when stale).
 
 Any kind goes through one lightkube resource class per `Kind`: lightkube's own typed class for the kinds
 lightkube-models knows, a generic resource (`create_global_resource` / `create_namespaced_resource`) for
@@ -27,11 +27,10 @@ from lightkube.resources.core_v1 import Event, PodBinding
 from lightkube.types import PatchType
 
 from gpupool.cluster.port import (
-    LEASES,
-    NODES,
     PODS,
     AlreadyExists,
     ApiError,
+    ClusterPort,
     Conflict,
     Gone,
     Invalid,
@@ -69,14 +68,6 @@ def translate_error(e: LightkubeApiError) -> ApiError:
     err = ApiError(message)
     err.status = code or 500
     return err
-
-
-def annotation_patch(annotations: Mapping[str, str | None], resource_version: str | None) -> Obj:
-    """Merge-patch body that sets/removes annotations, with an optional resourceVersion precondition."""
-    meta: Obj = {"annotations": dict(annotations)}
-    if resource_version is not None:
-        meta["resourceVersion"] = resource_version
-    return {"metadata": meta}
 
 
 def binding_for(
@@ -137,7 +128,7 @@ def _namespaced(obj: Obj) -> Obj:
     return {**obj, "metadata": meta}
 
 
-class KubeCluster:
+class KubeCluster(ClusterPort):
     """Implements `gpupool.cluster.port.ClusterPort` with a lightkube AsyncClient."""
 
     def __init__(self, client: AsyncClient) -> None:
@@ -267,44 +258,7 @@ class KubeCluster:
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
         await self._call(self._request("DELETE", kind_path(kind, where, name), body))
 
-    # --- reading --------------------------------------------------------------------------------------
-
-    async def list_nodes(
-        self, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> tuple[list[Obj], str]:
-        return await self._list(NODES, None, labels, fields)
-
-    async def list_pods(
-        self, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> tuple[list[Obj], str]:
-        return await self._list(PODS, None, labels, fields)
-
-    def watch_nodes(
-        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> AsyncIterator[WatchEvent]:
-        return self._watch(NODES, resource_version, None, labels, fields)
-
-    def watch_pods(
-        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> AsyncIterator[WatchEvent]:
-        return self._watch(PODS, resource_version, None, labels, fields)
-
-    async def get_node(self, name: str) -> Obj:
-        return await self.get_object(NODES, name)
-
-    async def get_pod(self, namespace: str, name: str) -> Obj:
-        return await self.get_object(PODS, name, namespace)
-
-    # --- writing --------------------------------------------------------------------------------------
-
-    async def create_node(self, node: Obj) -> Obj:
-        return await self.create_object(NODES, node)
-
-    async def create_pod(self, pod: Obj) -> Obj:
-        return await self.create_object(PODS, pod)
-
-    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
-        await self.delete_object(PODS, name, namespace=namespace, uid=uid)
+    # --- what the port leaves to each adapter (the Node/Pod/Lease shortcuts are the port's own) ---------
 
     async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
         path = kind_path(PODS, namespace, name) + "/eviction"
@@ -312,22 +266,6 @@ class KubeCluster:
         body: Obj = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": name, "namespace": namespace},
                      "deleteOptions": options}
         await self._call(self._request("POST", path, body))
-
-    async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
-    ) -> Obj:
-        return await self.patch_object(PODS, name, annotation_patch(annotations, resource_version), namespace=namespace)
-
-    async def patch_node_annotations(
-        self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
-    ) -> Obj:
-        return await self.patch_object(NODES, name, annotation_patch(annotations, resource_version))
-
-    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
-        return await self.patch_object(NODES, name, {"metadata": {"labels": dict(labels)}})
-
-    async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
-        return await self.patch_object(PODS, name, {"status": dict(status)}, namespace=namespace, subresource="status")
 
     async def create_binding(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
@@ -343,14 +281,6 @@ class KubeCluster:
         r = await http.request(method, path, json=body)
         if r.status_code >= 400:
             raise LightkubeApiError(request=r.request, response=r)
-
-    # --- coordination and events ----------------------------------------------------------------------
-
-    async def get_lease(self, namespace: str, name: str) -> Obj:
-        return await self.get_object(LEASES, name, namespace)
-
-    async def create_lease(self, lease: Obj) -> Obj:
-        return await self.create_object(LEASES, lease)
 
     async def replace_lease(self, lease: Obj) -> Obj:
         meta = lease["metadata"]

@@ -22,10 +22,10 @@ from typing import Any
 from gpupool.cluster.port import (
     CRDS,
     LEASES,
-    NODES,
     PDBS,
     PODS,
     AlreadyExists,
+    ClusterPort,
     Conflict,
     Gone,
     Invalid,
@@ -172,7 +172,7 @@ def _through(match: _Match | None, event: WatchEvent, before: Obj | None) -> Wat
     return None
 
 
-class MemoryCluster:
+class MemoryCluster(ClusterPort):
     """Implements `gpupool.cluster.port.ClusterPort` in memory."""
 
     def __init__(self, clock: Callable[[], float] = time.time, latency_s: float = 0.0) -> None:
@@ -412,44 +412,7 @@ class MemoryCluster:
             return
         self._remove(kind, obj)
 
-    # --- ClusterPort: reading ---------------------------------------------------------------------------
-
-    async def list_nodes(
-        self, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> tuple[list[Obj], str]:
-        return await self.list_objects(NODES, labels=labels, fields=fields)
-
-    async def list_pods(
-        self, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> tuple[list[Obj], str]:
-        return await self.list_objects(PODS, labels=labels, fields=fields)
-
-    def watch_nodes(
-        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> AsyncIterator[WatchEvent]:
-        return self._watch(NODES, resource_version, None, labels, fields)
-
-    def watch_pods(
-        self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> AsyncIterator[WatchEvent]:
-        return self._watch(PODS, resource_version, None, labels, fields)
-
-    async def get_node(self, name: str) -> Obj:
-        return await self.get_object(NODES, name)
-
-    async def get_pod(self, namespace: str, name: str) -> Obj:
-        return await self.get_object(PODS, name, namespace)
-
-    # --- ClusterPort: writing ---------------------------------------------------------------------------
-
-    async def create_node(self, node: Obj) -> Obj:
-        return await self.create_object(NODES, node)
-
-    async def create_pod(self, pod: Obj) -> Obj:
-        return await self.create_object(PODS, pod)
-
-    async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
-        await self.delete_object(PODS, name, namespace=namespace, uid=uid)
+    # --- ClusterPort: what the port leaves to each adapter (the Node/Pod/Lease shortcuts are its own) -----
 
     async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
         await self._io()
@@ -482,27 +445,6 @@ class MemoryCluster:
         """Memory-only helper: what a controller does when it is done; finishes a pending deletion."""
         await self.patch_object(PODS, name, {"metadata": {"finalizers": None}}, namespace=namespace)
 
-    async def patch_pod_annotations(
-        self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
-    ) -> Obj:
-        return await self.patch_object(
-            PODS, name, {"metadata": {"annotations": dict(annotations)}}, namespace=namespace,
-            resource_version=resource_version,
-        )
-
-    async def patch_node_annotations(
-        self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
-    ) -> Obj:
-        return await self.patch_object(
-            NODES, name, {"metadata": {"annotations": dict(annotations)}}, resource_version=resource_version
-        )
-
-    async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
-        return await self.patch_object(NODES, name, {"metadata": {"labels": dict(labels)}})
-
-    async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
-        return await self.patch_object(PODS, name, {"status": dict(status)}, namespace=namespace, subresource="status")
-
     async def create_binding(
         self, namespace: str, name: str, uid: str, node: str, annotations: Mapping[str, str] | None = None
     ) -> None:
@@ -523,14 +465,6 @@ class MemoryCluster:
         conditions.append({"type": "PodScheduled", "status": "True"})
         self.bindings += 1
         self._write(PODS, pod, "MODIFIED")
-
-    # --- ClusterPort: coordination and events -----------------------------------------------------------
-
-    async def get_lease(self, namespace: str, name: str) -> Obj:
-        return await self.get_object(LEASES, name, namespace)
-
-    async def create_lease(self, lease: Obj) -> Obj:
-        return await self.create_object(LEASES, lease)
 
     async def replace_lease(self, lease: Obj) -> Obj:
         await self._io()

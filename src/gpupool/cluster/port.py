@@ -169,64 +169,83 @@ class ClusterPort(Protocol):
         """Delete (graceful: with finalizers it only gets a deletionTimestamp); `uid` is a precondition."""
         ...
 
-    # --- reading ----------------------------------------------------------------------------------------
+    # --- Node/Pod/Lease shortcuts: the generic methods, named for the callers that use them most ----------
+    # Written once here; both adapters inherit them (they subclass ClusterPort), so a shortcut means exactly
+    # its generic call in either.
+
     async def list_nodes(
         self, *, labels: Selector | None = None, fields: Selector | None = None
     ) -> tuple[list[Obj], str]:
         """All nodes and the list's resourceVersion (start a watch from it)."""
-        ...
+        return await self.list_objects(NODES, labels=labels, fields=fields)
 
     async def list_pods(
         self, *, labels: Selector | None = None, fields: Selector | None = None
     ) -> tuple[list[Obj], str]:
         """Pods of every namespace; `fields={"spec.nodeName": node}` lists one node's pods."""
-        ...
+        return await self.list_objects(PODS, labels=labels, fields=fields)
 
     def watch_nodes(
         self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> AsyncIterator[WatchEvent]: ...
+    ) -> AsyncIterator[WatchEvent]:
+        return self.watch_objects(NODES, resource_version, labels=labels, fields=fields)
 
     def watch_pods(
         self, resource_version: str, *, labels: Selector | None = None, fields: Selector | None = None
-    ) -> AsyncIterator[WatchEvent]: ...
+    ) -> AsyncIterator[WatchEvent]:
+        return self.watch_objects(PODS, resource_version, labels=labels, fields=fields)
 
-    async def get_node(self, name: str) -> Obj: ...
+    async def get_node(self, name: str) -> Obj:
+        return await self.get_object(NODES, name)
 
-    async def get_pod(self, namespace: str, name: str) -> Obj: ...
+    async def get_pod(self, namespace: str, name: str) -> Obj:
+        return await self.get_object(PODS, name, namespace)
 
-    # --- writing ----------------------------------------------------------------------------------------
-    async def create_node(self, node: Obj) -> Obj: ...
+    async def create_node(self, node: Obj) -> Obj:
+        return await self.create_object(NODES, node)
 
-    async def create_pod(self, pod: Obj) -> Obj: ...
+    async def create_pod(self, pod: Obj) -> Obj:
+        return await self.create_object(PODS, pod)
 
     async def delete_pod(self, namespace: str, name: str, uid: str | None = None) -> None:
         """Delete a pod (graceful: with finalizers it only gets a deletionTimestamp). `uid` is a
         precondition: a different pod of the same name is left alone (Conflict)."""
-        ...
-
-    async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
-        """Evict through the Eviction API (the pod's PodDisruptionBudgets are honoured): the pod is deleted
-        gracefully. TooManyRequests when a budget forbids it now; Conflict when `uid` is no longer the pod."""
-        ...
+        await self.delete_object(PODS, name, namespace=namespace, uid=uid)
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
     ) -> Obj:
         """Merge `annotations` into the pod (None removes a key). With `resource_version`, fail with
         Conflict unless the pod is still at that version."""
-        ...
+        return await self.patch_object(PODS, name, {"metadata": {"annotations": dict(annotations)}},
+                                       namespace=namespace, resource_version=resource_version)
 
     async def patch_node_annotations(
         self, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
-    ) -> Obj: ...
+    ) -> Obj:
+        return await self.patch_object(NODES, name, {"metadata": {"annotations": dict(annotations)}},
+                                       resource_version=resource_version)
 
     async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj:
         """Merge `labels` into the node's labels (None removes a key); last writer wins (the node agent
         owns its gpupool.io/* labels)."""
-        ...
+        return await self.patch_object(NODES, name, {"metadata": {"labels": dict(labels)}})
 
     async def patch_pod_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> Obj:
         """Merge into `status` (the kubelet's job; the embedded cluster's fake kubelet uses it)."""
+        return await self.patch_object(PODS, name, {"status": dict(status)}, namespace=namespace, subresource="status")
+
+    async def get_lease(self, namespace: str, name: str) -> Obj:
+        return await self.get_object(LEASES, name, namespace)
+
+    async def create_lease(self, lease: Obj) -> Obj:
+        return await self.create_object(LEASES, lease)
+
+    # --- what each adapter does its own way -----------------------------------------------------------
+
+    async def evict_pod(self, namespace: str, name: str, uid: str) -> None:
+        """Evict through the Eviction API (the pod's PodDisruptionBudgets are honoured): the pod is deleted
+        gracefully. TooManyRequests when a budget forbids it now; Conflict when `uid` is no longer the pod."""
         ...
 
     async def create_binding(
@@ -236,11 +255,6 @@ class ClusterPort(Protocol):
         same write. Conflict if it is already bound (or, where the server checks, its UID is not `uid`);
         NotFound if it does not exist."""
         ...
-
-    # --- coordination and events ------------------------------------------------------------------------
-    async def get_lease(self, namespace: str, name: str) -> Obj: ...
-
-    async def create_lease(self, lease: Obj) -> Obj: ...
 
     async def replace_lease(self, lease: Obj) -> Obj:
         """Replace a Lease; its metadata.resourceVersion is a precondition (Conflict when stale)."""
