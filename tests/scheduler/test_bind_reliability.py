@@ -12,9 +12,10 @@ import pytest
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.extender import ExtenderBindingArgs
 from gpupool.api.names import ANN_ALLOCATION
+from gpupool.api.node_objects import nodes_from_objects
+from gpupool.api.recompute import recompute
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.ledger import nodes_from_objects, recompute
 from gpupool.scheduler.service import ExtenderService
 from gpupool.testing.embedded import node_objects, start_embedded
 from tests.scheduler.conftest import gpu_pod, record_pod_reads, small_scenario

@@ -9,9 +9,10 @@ import contextlib
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpupool.api.recompute import recompute
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.ledger import Ledger, recompute
+from gpupool.scheduler.ledger import Ledger
 from gpupool.scheduler.service import ExtenderService
 from gpupool.testing.embedded import FakeKubelet, node_objects
 from tests.scheduler.conftest import gpu_pod, small_scenario

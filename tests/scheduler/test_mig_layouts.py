@@ -1,4 +1,5 @@
-"""The ledger's MIG layouts: the agent's report with the ledger's own MIG grants laid over it. Whatever
+"""The MIG layouts (the mig_placement plugin's MigState, a view of the ledger): the agent's report with the
+ledger's own MIG grants laid over it. Whatever
 sequence of reservations and releases, what placement sees is a valid layout in which no two pods hold
 overlapping slices, and it follows the inventory when the agent reports."""
 
@@ -14,6 +15,7 @@ from gpupool.core.mig_placement import MigChoice, MigInstance, choose
 from gpupool.core.mig_request import grant_share
 from gpupool.core.model import GPU, Allocation, GPUGrant, MigSlot, PodRequest
 from gpupool.scheduler.ledger import Ledger
+from gpupool.scheduler.mig_layouts import MigState
 
 MODEL = mig_model("A100-40GB")
 PROFILES = ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"]
@@ -26,10 +28,16 @@ def node(instances: list[dict[str, object]]) -> dict[str, object]:
             "status": {"allocatable": {"cpu": "64", "memory": "256Gi"}}}
 
 
-def reserve(ledger: Ledger, uid: str, profile: str) -> bool:
+def attached(obj: dict[str, object]) -> tuple[Ledger, MigState]:
+    ledger, mig = Ledger([obj]), MigState()
+    ledger.attach(mig)
+    return ledger, mig
+
+
+def reserve(ledger: Ledger, mig: MigState, uid: str, profile: str) -> bool:
     """What Filter + Reserve do for a MIG pod on n0's GPU 0; False when it fits nowhere."""
     assert MODEL is not None
-    gpu = ledger.mig.gpus("n0")["GPU-0"]
+    gpu = mig.layouts.gpus("n0")["GPU-0"]
     c = choose([gpu], profile, {profile: 1.0})
     if not isinstance(c, MigChoice):
         return False
@@ -45,30 +53,30 @@ def reserve(ledger: Ledger, uid: str, profile: str) -> bool:
 @given(st.lists(st.tuples(st.booleans(), st.sampled_from(PROFILES)), min_size=1, max_size=25))
 def test_reservations_never_overlap(steps: list[tuple[bool, str]]) -> None:
     assert MODEL is not None
-    ledger = Ledger([node([{"profile": "1g.5gb", "start": 6, "used": False}])])  # one idle instance
+    ledger, mig = attached(node([{"profile": "1g.5gb", "start": 6, "used": False}]))  # one idle instance
     held: list[str] = []
     for n, (add, profile) in enumerate(steps):
         if add or not held:
-            if reserve(ledger, f"u{n}", profile):
+            if reserve(ledger, mig, f"u{n}", profile):
                 held.append(f"u{n}")
         else:
             ledger.forget(held.pop(0))
-        gpu = ledger.mig.gpus("n0")["GPU-0"]
+        gpu = mig.layouts.gpus("n0")["GPU-0"]
         assert layout_problems(MODEL, list(gpu.layout)) == []
         used = [i for i in gpu.instances if i.used]
         assert len(used) == len(held)  # each held pod has its own instance
 
 
 def test_claims_follow_the_report_and_the_ledger() -> None:
-    ledger = Ledger([node([{"profile": "3g.20gb", "start": 0, "used": True}])])
-    assert ledger.mig_gpu.tolist() == [[True, False]]
-    assert reserve(ledger, "a", "2g.10gb")  # 2g starts at 0, 2 or 4; 0-3 are taken: 4
-    assert MigInstance("2g.10gb", 4, True) in ledger.mig.gpus("n0")["GPU-0"].instances
-    assert ledger.mig.asked == {"2g.10gb": 1}
+    ledger, mig = attached(node([{"profile": "3g.20gb", "start": 0, "used": True}]))
+    assert mig.gpu.tolist() == [[True, False]]
+    assert reserve(ledger, mig, "a", "2g.10gb")  # 2g starts at 0, 2 or 4; 0-3 are taken: 4
+    assert MigInstance("2g.10gb", 4, True) in mig.layouts.gpus("n0")["GPU-0"].instances
+    assert mig.layouts.asked == {"2g.10gb": 1}
     # the agent reports the instance it carved: the claim and the report agree, nothing doubles
     ledger.apply_node("MODIFIED", node([{"profile": "3g.20gb", "start": 0, "used": True},
                                         {"profile": "2g.10gb", "start": 4, "used": True}]))
-    assert ledger.mig.gpus("n0")["GPU-0"].instances == (MigInstance("2g.10gb", 4, True),
+    assert mig.layouts.gpus("n0")["GPU-0"].instances == (MigInstance("2g.10gb", 4, True),
                                                         MigInstance("3g.20gb", 0, True))
     ledger.forget("a")
-    assert ledger.mig.asked == {} and ledger.mig.gpus("n0")["GPU-0"].instances[0].used  # the report still says used
+    assert mig.layouts.asked == {} and mig.layouts.gpus("n0")["GPU-0"].instances[0].used  # the report still says used

@@ -14,7 +14,7 @@ from gpupool.core.model import GPU, GPURequest, Node, PodRequest
 from gpupool.core.state import ClusterState
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet, Phase
 from gpupool.scheduler.framework.plugins.mig import Args, MigPlacement
-from gpupool.scheduler.mig_layouts import MigLayouts
+from gpupool.scheduler.mig_layouts import MigLayouts, MigState
 
 NODES = [Node(f"n{i}", 64000, 262144, (GPU(f"GPU-{i}", 0, "A100-40GB", 40960),)) for i in range(3)]
 
@@ -22,9 +22,10 @@ NODES = [Node(f"n{i}", 64000, 262144, (GPU(f"GPU-{i}", 0, "A100-40GB", 40960),))
 def plugin(layouts: MigLayouts) -> tuple[MigPlacement, ClusterState]:
     state = ClusterState(NODES)
     mig_gpu = np.array([[g.uuid in layouts.nodes.get(n.name, {}) for g in n.gpus] for n in NODES], dtype=bool)
-    handle: Any = SimpleNamespace(ledger=SimpleNamespace(state=state, mig_gpu=mig_gpu, mig_node=mig_gpu.any(axis=1),
-                                                         mig=layouts))
-    return MigPlacement(handle, Args()), state
+    mig = MigState()
+    mig.layouts, mig.gpu, mig.node = layouts, mig_gpu, mig_gpu.any(axis=1)
+    handle: Any = SimpleNamespace(ledger=SimpleNamespace(state=state))
+    return MigPlacement(handle, Args(), mig), state
 
 
 def cycle(request: GPURequest, isolation: str = "mig", profile: str | None = None) -> CycleState:

@@ -16,10 +16,18 @@ import pytest
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.framework.plugins.mig import MigPlacement
+from gpupool.scheduler.mig_layouts import MigState
 from gpupool.testing.embedded import Embedded, NodeGroup, PodShape, Scenario, Workload, start_embedded
 from tests.scheduler.conftest import eventually, gpu_pod
 
 MIG_NODE, PLAIN_NODE = "gpu-0000", "gpu-0001"
+
+
+def mig_state(emb: Embedded) -> MigState:
+    plugin = emb.service.framework.plugin("mig_placement")
+    assert isinstance(plugin, MigPlacement)
+    return plugin.state
 
 
 def _scenario() -> Scenario:
@@ -39,7 +47,7 @@ async def mig_cluster():
     doc["gpus"][0]["mig"] = True
     doc["gpus"][0]["mig_instances"] = [{"profile": "3g.20gb", "start": 0, "used": True, "uuid": "MIG-a"}]
     await emb.cluster.patch_node_annotations(MIG_NODE, {ANN_INVENTORY: json.dumps(doc)})
-    await eventually(lambda: MIG_NODE in emb.service.ledger.mig.nodes)
+    await eventually(lambda: MIG_NODE in mig_state(emb).layouts.nodes)
     yield emb
     await emb.stop()
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.extender import ExtenderArgs
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
+from gpupool.api.recompute import recompute
 from gpupool.api.squeeze import ANN_ROOM_MADE, ANN_SQUEEZE, ANN_SQUEEZED
-from gpupool.scheduler.ledger import recompute
 from gpupool.scheduler.service import ExtenderService
 from gpupool.scheduler.squeeze import lift_squeezes
 from tests.scheduler.conftest import bind_args, eventually, gpu_pod, queue_service, reclaim

@@ -4,14 +4,14 @@ and at most 48 MPS clients; the reason shows in filter answers and in the pendin
 from __future__ import annotations
 
 import asyncio
-import time
 
 from gpupool.api.extender import ExtenderArgs
 from gpupool.api.inventory import encode_inventory
+from gpupool.api.node_objects import nodes_from_objects
+from gpupool.api.recompute import recompute
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.core.model import GPU
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.ledger import nodes_from_objects, recompute
 from gpupool.scheduler.service import ExtenderService
 from gpupool.testing.embedded import SPLIT, PodShape, Scenario, Workload, load_scenario, start_embedded, workload_pods
 from gpupool.testing.kube_scheduler import KubeSchedulerDriver
@@ -109,9 +109,8 @@ async def test_the_demo_never_puts_more_than_split_pods_on_one_gpu():
     emb = await start_embedded(scenario, SchedulerConfig(port=0, leader_elect=False))
     driver = KubeSchedulerDriver(emb.url, emb.cluster, emb.node_names, seed=scenario.seed)
     try:
-        start = time.perf_counter()
         stats = await driver.run(workload_pods(scenario))
-        assert stats.bound > 0 and time.perf_counter() - start < 300
+        assert stats.bound > 0  # what it checks is placement; how fast it runs is benchmarks/extender_latency.py's
         nodes, _ = await emb.cluster.list_nodes()
         pods, _ = await emb.cluster.list_pods()
         counts = pods_per_gpu(nodes, pods)

@@ -12,11 +12,13 @@ import uuid
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpupool.api.counted import Counted, beyond_spec
 from gpupool.api.extender import ExtenderArgs, ExtenderBindingArgs
+from gpupool.api.node_objects import nodes_from_objects
 from gpupool.api.pod import parse_pod
+from gpupool.api.recompute import recompute
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.ledger import Counted, beyond_spec, nodes_from_objects, recompute
 from gpupool.scheduler.service import ExtenderService
 from gpupool.testing.embedded import SPLIT, FakeKubelet, node_objects
 from tests.scheduler.conftest import gpu_pod, small_scenario

@@ -142,6 +142,37 @@ class ClusterState:
         self.version += 1
         return held.allocation
 
+    def regrant(self, pod_key: str, allocation: Allocation) -> str | None:
+        """Replace what `pod_key` holds by `allocation`, with the same CPU and memory; None on success, else
+        why it was refused, and then nothing changed (the old grant is taken back)."""
+        held = self.held.get(pod_key)
+        if held is None:
+            return f"pod {pod_key} holds nothing"
+        pod = PodRequest(pod_key, held.cpu_milli, held.memory_mib)
+        self.release(pod_key)
+        refused = self.allocate(pod, allocation)
+        if refused is not None:
+            self.allocate(pod, held.allocation)
+        return refused
+
+    def node_copy(self, i: int) -> ClusterState:
+        """Node `i` alone, as a state of its own holding what its pods hold here (their keys kept): a
+        what-if changes the copy, never this state. O(one node), however large the cluster."""
+        node = self.nodes[i]
+        out = ClusterState([node])
+        w = out.width
+        out.max_sharers = self.max_sharers
+        out.cpu_free[0], out.mem_free[0] = self.cpu_free[i], self.mem_free[i]
+        # Health may have changed since the node was built (set_gpu_health): the row, not the Node, is truth.
+        out.gpu_healthy[0] = self.gpu_healthy[i, :w]
+        out.gpu_milli_free[0] = self.gpu_milli_free[i, :w]
+        out.gpu_mem_free[0] = self.gpu_mem_free[i, :w]
+        out.gpu_sharers[0] = self.gpu_sharers[i, :w]
+        out.held = {key: Held(self.held[key].allocation, 0, self.held[key].cpu_milli, self.held[key].memory_mib)
+                    for key in self.node_pods[i]}
+        out.node_pods[0] = set(self.node_pods[i])
+        return out
+
     def set_gpu_health(self, node: str, index: int, healthy: bool) -> None:
         i = self.index[node]
         self.gpu_healthy[i, index] = healthy

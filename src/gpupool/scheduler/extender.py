@@ -24,7 +24,6 @@ from gpupool.api.extender import (
 )
 from gpupool.api.preferences import soft_preferences
 from gpupool.cluster.port import ApiError, Obj
-from gpupool.scheduler.events import pod_event
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet, Offered, Phase
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.runtime import Framework
@@ -164,5 +163,5 @@ class Extender:
 
     async def _event(self, pod: Obj, reason: str, message: str, type_: str) -> None:
         meta = pod.get("metadata") or {}
-        await pod_event(self.h, meta.get("namespace") or "default", str(meta.get("name")), str(meta.get("uid")),
-                        reason, message[:1024], type_)
+        await self.h.record_event(meta.get("namespace") or "default", str(meta.get("name")), str(meta.get("uid")),
+                                  reason, message[:1024], type_)

@@ -6,6 +6,9 @@ agent reports an instance only after Allocate carved it, so without the overlay 
 scheduling burst would get the same slices. Claims follow the ledger (assume, confirm, forget, release),
 so a pod that ends gives its slices back even before the agent says so; an instance the agent still
 reports as used stays used.
+
+`MigState` is the mig_placement plugin's own state (the layouts, and which GPU slots of the ledger's
+ClusterState are in MIG mode), kept beside the ledger as a LedgerView the plugin attaches.
 """
 
 from __future__ import annotations
@@ -14,9 +17,13 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from gpupool.api.inventory import InventoryDoc
 from gpupool.core.mig_placement import MigGPU, MigInstance
 from gpupool.core.model import GPUGrant
+from gpupool.core.state import BoolArray, ClusterState
+from gpupool.scheduler.ledger import Ledger
 
 # Inventories of nodes without MIG GPUs (nearly all) are not decoded a second time.
 
@@ -94,3 +101,37 @@ class MigLayouts:
                 if gpu is not None and g.mig is not None:
                     out[g.uuid] = gpu.with_claim(g.mig.profile, g.mig.start)
         return out
+
+
+class MigState:
+    """The MIG layouts over the ledger's nodes and claims (gpupool.scheduler.ledger.LedgerView), with
+    `gpu` ([node, GPU slot] of the ledger's ClusterState: in MIG mode) and `node` (has a GPU in MIG mode)."""
+
+    def __init__(self) -> None:
+        self.layouts = MigLayouts()
+        self.gpu: BoolArray = np.zeros((0, 1), dtype=bool)
+        self.node: BoolArray = np.zeros(0, dtype=bool)
+        # node -> (the inventory read, its MIG GPUs): an unchanged inventory is not walked again
+        self._read: dict[str, tuple[InventoryDoc, dict[str, MigGPU]]] = {}
+
+    def nodes_changed(self, state: ClusterState, inventories: Mapping[str, InventoryDoc]) -> None:
+        read: dict[str, tuple[InventoryDoc, dict[str, MigGPU]]] = {}
+        for name, doc in inventories.items():
+            cached = self._read.get(name)
+            read[name] = cached if cached is not None and cached[0] is doc else (doc, mig_gpus(doc))
+        self._read = read
+        self.layouts.replace_nodes((name, gpus) for name, (_, gpus) in read.items())
+        self.layouts.clear_claims()  # the ledger reports its entries again
+        self.gpu = np.zeros((len(state), state.width), dtype=bool)
+        for name, gpus in self.layouts.nodes.items():
+            i = state.index[name]
+            for j, card in enumerate(state.nodes[i].gpus):
+                self.gpu[i, j] = card.uuid in gpus
+        self.node = np.asarray(self.gpu.any(axis=1), dtype=bool)
+
+    def entry_changed(self, ledger: Ledger, uid: str) -> None:
+        entry = ledger.entries.get(uid)
+        if entry is None:
+            self.layouts.unclaim(uid)
+        else:
+            self.layouts.claim(uid, entry.allocation.node, entry.allocation.grants)

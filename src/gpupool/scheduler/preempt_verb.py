@@ -16,22 +16,17 @@ actually make room for the pod's GPU share (kube-scheduler replaces its candidat
   sets of victims.
 
 The pod is read from the scheduler's cache by the reference the body gives; the rest of the body is only a
-list of UIDs, each checked against the ledger's allocations on that node.
+list of UIDs, each checked against the ledger's allocations on that node. The judging is the framework's
+preemption evaluator's (gpupool.scheduler.framework.preemption.Evaluator.trim), on a snapshot of the ledger.
 """
 
 from __future__ import annotations
 
-from gpupool.api.extender import ExtenderPreemptionArgs, ExtenderPreemptionResult, MetaPod, MetaVictims
-from gpupool.core.model import GPURequest
-from gpupool.core.preemption import Preemptor, in_quota, victim_reason
-from gpupool.core.queues import charge_of_request
+from gpupool.api.extender import ExtenderPreemptionArgs, ExtenderPreemptionResult
 from gpupool.scheduler.framework.cycle import Phase
 from gpupool.scheduler.framework.interface import Handle
-from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim, candidate, priority_of
 from gpupool.scheduler.framework.runtime import Framework
 from gpupool.scheduler.pods import PodRef, PodRefused
-from gpupool.scheduler.queues import namespace_of
-from gpupool.scheduler.what_if import fits_without
 
 
 async def preempt(handle: Handle, framework: Framework, args: ExtenderPreemptionArgs) -> ExtenderPreemptionResult:
@@ -42,45 +37,4 @@ async def preempt(handle: Handle, framework: Framework, args: ExtenderPreemption
     cycle = framework.cycle(pod, Phase.FILTER)
     if not framework.pre_filter(cycle).ok:
         return ExtenderPreemptionResult()
-    candidates = {n: v for n, v in args.candidates().items() if v.NumPDBViolations == 0}
-    reclaim = next((p for p in framework.plugins if isinstance(p, QueueReclaim)), None)
-    if reclaim is not None and reclaim.waiting_for(cycle.uid):
-        return ExtenderPreemptionResult()
-    request = cycle.request
-    if request is None or request.gpu.count == 0:
-        return ExtenderPreemptionResult(NodeNameToMetaVictims=candidates)  # no GPU share: nothing to judge
-    ledger, queues = handle.ledger, handle.queues
-    out: dict[str, MetaVictims] = {}
-    for node, victims in candidates.items():
-        uids = [m.UID for m in victims.Pods]
-        on_node = {u for u in uids if u in ledger.entries and ledger.entries[u].allocation.node == node}
-        if queues is not None and queues.enabled:
-            on_node = _allowed(handle, cycle.uid, cycle.key, priority_of(pod), request.gpu, on_node)
-        if not fits_without(ledger, request, node, on_node):
-            continue
-        keep = set(on_node)
-        for uid in sorted(on_node, key=lambda u: (-priority_of(handle.pods.get(u)), u)):
-            if fits_without(ledger, request, node, keep - {uid}):
-                keep.discard(uid)
-        chosen = [u for u in uids if u in keep or u not in ledger.entries]
-        if chosen:
-            out[node] = MetaVictims(Pods=[MetaPod(UID=u) for u in chosen], NumPDBViolations=victims.NumPDBViolations)
-    return ExtenderPreemptionResult(NodeNameToMetaVictims=out)
-
-
-def _allowed(handle: Handle, uid: str, key: str, priority: int, gpu: GPURequest, proposed: set[str]) -> set[str]:
-    """The proposed GPU holders gpupool's queue rules let this pod take."""
-    cache = handle.queues
-    assert cache is not None
-    tree, memory = cache.queues.tree, cache.gpu_memory()
-    usage = cache.usage(without=uid)
-    queue = cache.queue_of(namespace_of(key))
-    preemptor = Preemptor(uid, queue, priority, charge_of_request(gpu, cache.largest_gpu_mib()))
-    reclaims = in_quota(tree, usage, preemptor)
-    allowed: set[str] = set()
-    for victim_uid in sorted(proposed):
-        running = candidate(cache, handle.ledger.entries[victim_uid], handle.pods.get(victim_uid), memory)
-        if victim_reason(tree, usage, preemptor, running, reclaims) is not None:
-            allowed.add(victim_uid)
-            usage[running.queue] = usage[running.queue] - running.charge
-    return allowed
+    return ExtenderPreemptionResult(NodeNameToMetaVictims=handle.preemption.trim(cycle, args.candidates()))

@@ -28,6 +28,7 @@ from gpupool.api.extender import (
     ExtenderPreemptionArgs,
     ExtenderPreemptionResult,
 )
+from gpupool.api.recompute import recompute
 from gpupool.cluster.port import ClusterPort
 from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.config import SchedulerConfig
@@ -35,7 +36,7 @@ from gpupool.scheduler.extender import Extender
 from gpupool.scheduler.framework.interface import Handle, StepHook
 from gpupool.scheduler.framework.registry import build_plugins
 from gpupool.scheduler.framework.runtime import Framework
-from gpupool.scheduler.ledger import Ledger, recompute
+from gpupool.scheduler.ledger import Ledger
 from gpupool.scheduler.metrics import SchedulerMetrics
 from gpupool.scheduler.pending import PendingPods
 from gpupool.scheduler.pods import PodCache

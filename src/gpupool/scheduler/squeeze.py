@@ -24,20 +24,18 @@ from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
-import numpy as np
-
 from gpupool.api.allocation import AllocationError, decode_allocation
 from gpupool.api.logsafe import shown
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.api.squeeze import ANN_SQUEEZED, squeezable_doc, with_cores
 from gpupool.api.times import format_time
 from gpupool.cluster.port import ApiError, ClusterPort, Conflict, Obj
-from gpupool.core.fit import OK, check
 from gpupool.core.model import MILLI_PER_GPU, Allocation, PodRequest
 from gpupool.core.preemption import Share
 from gpupool.core.queues import Admitted, admit, charge_of_allocation
 from gpupool.scheduler.ledger import Entry, Ledger
 from gpupool.scheduler.queues import QueueCache, namespace_of
+from gpupool.scheduler.what_if import Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -71,45 +69,15 @@ def can_squeeze(pod: Obj | None) -> bool:
     return squeezable_doc(pod) is not None
 
 
-def _swap(ledger: Ledger, uid: str, allocation: Allocation) -> tuple[PodRequest, Allocation] | None:
-    """Replace what `uid` holds in the ledger's state by `allocation` (for a question only); returns what to
-    put back, or None when the state refused it (nothing changed then)."""
-    entry = ledger.entries.get(uid)
-    if entry is None:
-        return None
-    held = ledger.state.release(uid)
-    if held is None:
-        return None
-    if ledger.state.allocate(entry.request, allocation) is not None:
-        ledger.state.allocate(entry.request, held)
-        return None
-    return entry.request, held
-
-
-def _restore(ledger: Ledger, uid: str, back: tuple[PodRequest, Allocation]) -> None:
-    ledger.state.release(uid)
-    ledger.state.allocate(*back)
-
-
-def fits_squeezed(ledger: Ledger, request: PodRequest, node: str, squeezes: Mapping[str, int]) -> bool:
-    """Would `request` fit on `node` with the named pods' compute lowered to the given milli per GPU? The
-    ledger's state is changed for the question and put back before returning (no await in between)."""
-    i = ledger.state.index.get(node)
-    if i is None:
-        return False
-    swapped: list[tuple[str, tuple[PodRequest, Allocation]]] = []
-    try:
-        for uid, milli in squeezes.items():
-            entry = ledger.entries.get(uid)
-            if entry is None:
-                continue
-            back = _swap(ledger, uid, squeezed_allocation(entry.allocation, milli))
-            if back is not None:
-                swapped.append((uid, back))
-        return bool(check(ledger.state, request, np.asarray([i], dtype=np.int64)).code[0] == OK)
-    finally:
-        for uid, back in reversed(swapped):
-            _restore(ledger, uid, back)
+def fits_squeezed(snapshot: Snapshot, request: PodRequest, node: str, squeezes: Mapping[str, int]) -> bool:
+    """Would `request` fit on `node` with the named pods' compute lowered to the given milli per GPU? Asked
+    of a snapshot: the ledger is never changed for the question."""
+    regrants: dict[str, Allocation] = {}
+    for uid, milli in squeezes.items():
+        held = snapshot.holds(uid)
+        if held is not None:
+            regrants[uid] = squeezed_allocation(held, milli)
+    return snapshot.fits(request, node, regrants=regrants)
 
 
 def _with_allocation(pod: Obj, text: str, squeezed: str | None) -> Obj:
@@ -174,11 +142,7 @@ def may_lift(cache: QueueCache, entry: Entry, pending: Mapping[str, Any]) -> boo
         return False
     if decision.borrowing and any(cache.queue_of(namespace_of(k)) != queue for k in pending):
         return False  # it would borrow again while another queue's pod waits: the squeeze stays
-    back = _swap(cache.ledger, entry.uid, full)
-    if back is None:
-        return False
-    _restore(cache.ledger, entry.uid, back)
-    return True
+    return Snapshot(cache.ledger).takes(entry.uid, full)
 
 
 async def lift_squeezes(cluster: ClusterPort, cache: QueueCache, pending: Mapping[str, Any], now: float,

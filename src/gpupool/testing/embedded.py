@@ -21,6 +21,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from gpupool.api.counted import counted_allocation
 from gpupool.api.inventory import encode_inventory
 from gpupool.api.names import ANN_POLICY, RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
 from gpupool.cluster.memory import MemoryCluster
@@ -29,7 +30,6 @@ from gpupool.core.model import GPU
 from gpupool.scheduler.app import RouteFactory, create_app
 from gpupool.scheduler.auth import server_security
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.ledger import counted_allocation
 from gpupool.scheduler.metrics import SchedulerMetrics
 from gpupool.scheduler.server import ServerHandle, serve_in_background
 from gpupool.scheduler.service import ExtenderService

@@ -48,6 +48,10 @@ class CycleState:
     # node index -> why some of its GPUs are not offered to this pod (shares_per_gpu); GPU choice honours
     # gpu_ok, so these nodes need no other treatment.
     narrowed: dict[int, str] = field(default_factory=dict)
+    # Allocations a plugin decided per node index (mig_placement: the MIG instance it chose there); None: the
+    # policy places the pod. With a dict, Reserve takes the node's allocation from it, and a node without one
+    # cannot take the pod. Plugins tell each other through the cycle, never by importing one another.
+    placed: dict[int, Allocation] | None = None
     allocation: Allocation | None = None  # the reservation made or kept by Reserve
     data: dict[str, Any] = field(default_factory=dict)  # plugin-private, keyed by plugin name
 

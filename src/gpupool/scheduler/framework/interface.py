@@ -15,19 +15,26 @@ A plugin is a class with a `name`, built by its module's factory from a `Handle`
 
 Filter and Score work on arrays of ledger node indices (thousands of nodes per request), not one node at
 a time. Plugins marked `gpu_only` are skipped for pods that ask for no gpupool resource.
+
+What plugins share they reach through the `Handle`: the caches, the preemption evaluator
+(gpupool.scheduler.framework.preemption), `record_event`, and the views of the ledger they attach
+(gpupool.scheduler.ledger.LedgerView). A plugin module never imports another plugin module, nor a module of
+the service around the framework (tests/scheduler/test_plugin_rules.py holds it to that).
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import numpy as np
 
-from gpupool.cluster.port import ClusterPort
+from gpupool.api.times import format_time
+from gpupool.cluster.port import ClusterPort, Obj
 from gpupool.core.model import PodRequest
 from gpupool.core.policies import get_policy
 from gpupool.core.policy import FloatArray, Policy, PolicyContext
@@ -35,6 +42,7 @@ from gpupool.core.state import BoolArray, IntArray
 from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
+from gpupool.scheduler.framework.preemption import Evaluator
 from gpupool.scheduler.framework.status import Status
 from gpupool.scheduler.ledger import Ledger
 from gpupool.scheduler.metrics import SchedulerMetrics
@@ -44,6 +52,8 @@ from gpupool.scheduler.workload import ObservedWorkload
 
 if TYPE_CHECKING:
     from gpupool.scheduler.queues import QueueCache
+
+log = logging.getLogger(__name__)
 
 # Called after each bind step: "assumed", "locked", "bound" (fault injection in tests; may be a coroutine
 # function).
@@ -79,6 +89,10 @@ class Handle:
     _ctx_generation: int = -1
     _policies: dict[str, Policy] = field(default_factory=dict)
     _node_waiters: dict[str, asyncio.Event] = field(default_factory=dict)
+    preemption: Evaluator = field(init=False)  # the framework's, shared by every plugin and verb
+
+    def __post_init__(self) -> None:
+        self.preemption = Evaluator(self)
 
     def policy(self, request: PodRequest) -> Policy:
         """The pod's policy (`gpupool.io/policy`, else the default); raises UnknownPolicy."""
@@ -105,6 +119,29 @@ class Handle:
         waiter = self._node_waiters.pop(node, None)
         if waiter is not None:
             waiter.set()
+
+    async def record_event(self, namespace: str, name: str, uid: str, reason: str, message: str,
+                           type_: str) -> None:
+        """Record `reason: message` on the pod as an Event (FailedBinding, Preempted, Preempting, ...): best
+        effort, never failing the decision it describes. The caller bounds and escapes the message."""
+        now = format_time(self.clock())
+        event: Obj = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{name}.", "namespace": namespace},
+            "involvedObject": {"kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": self.config.scheduler_name},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.cluster.create_event(event)
+        except Exception as e:  # events are best effort
+            log.debug("event %s for %s/%s not written: %s", reason, namespace, name, e)
 
     async def step(self, name: str) -> None:
         if self.step_hook is not None:

@@ -14,13 +14,13 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from gpupool.api.allocation import encode_allocation
+from gpupool.api.counted import counted_allocation, grants_signature
 from gpupool.api.names import ANN_ALLOCATION, DEFAULT_ISOLATION
 from gpupool.api.times import format_time
 from gpupool.cluster.port import Conflict, NotFound
 from gpupool.scheduler.framework.cycle import CycleState
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Status, unschedulable
-from gpupool.scheduler.ledger import counted_allocation, grants_signature
 from gpupool.scheduler.pods import PodRef, PodRefused
 
 

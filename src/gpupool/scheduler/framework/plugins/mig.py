@@ -6,14 +6,16 @@ A node passes when one of its MIG GPUs (among those gpu_fit left: model, UUIDs, 
 instance of that profile or free slices at an allowed start for a new one; the score is the growth of the
 best GPU's slice fragmentation against the observed profile mix (gpupool.core.mig_placement), so the node
 that spoils least future demand wins. The choice per node (GPU, profile, start) is left in
-`cycle.data["mig_placement"]`, and `mig_allocation` turns it into the grant Reserve records: the
-profile's compute and memory (gpupool.core.mig_request.grant_share) and `mig: {profile, start}`.
+`cycle.data["mig_placement"]`, and `mig_allocation` turns it into the grant Reserve records
+(`cycle.placed`): the profile's compute and memory (gpupool.core.mig_request.grant_share) and
+`mig: {profile, start}`.
 
 For every other pod, MIG-mode GPUs are taken out of the GPUs gpu_fit offered (a MIG GPU has no shares to
 give: its slices belong to instances), and a node left without enough GPUs fails with the reason.
 
-The layouts are the ledger's (`Ledger.mig`: the agents' reports with the ledger's own MIG grants laid
-over them), so two pods of one burst never get the same slices.
+The layouts are this plugin's own state (gpupool.scheduler.mig_layouts.MigState: the agents' reports with
+the ledger's MIG grants laid over them, following the ledger as a view it attaches), so two pods of one
+burst never get the same slices.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ from gpupool.core.state import IntArray
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle, NodeScores
 from gpupool.scheduler.framework.status import SUCCESS, Code, Status
-from gpupool.scheduler.mig_layouts import MigLayouts
+from gpupool.scheduler.mig_layouts import MigLayouts, MigState
 
-__all__ = ["ANN_MIG_PROFILE", "Args", "MigLayouts", "MigPlacement", "NodeChoice", "mig_allocation"]
+__all__ = ["ANN_MIG_PROFILE", "Args", "MigLayouts", "MigPlacement", "MigState", "NodeChoice", "mig_allocation"]
 
 SCORE_PER_SLICE = 1000.0  # one memory slice of fragmentation outweighs any share-based policy score
 NAME = "mig_placement"
@@ -81,27 +83,31 @@ class MigPlacement:
     name: ClassVar[str] = NAME
     gpu_only: ClassVar[bool] = True
 
-    def __init__(self, handle: Handle, args: Args, layouts: MigLayouts | None = None) -> None:
+    def __init__(self, handle: Handle, args: Args, state: MigState | None = None) -> None:
         self.handle = handle
-        self._layouts = layouts
+        if state is None:
+            state = MigState()
+            handle.ledger.attach(state)
+        self.state = state
 
     @property
     def layouts(self) -> MigLayouts:
-        return self._layouts if self._layouts is not None else self.handle.ledger.mig
+        return self.state.layouts
 
     def pre_filter(self, cycle: CycleState) -> Status:
         """A pod that names its profile and gives no share asks for that instance, not for a whole GPU's
         free capacity: gpu_fit then only checks that a GPU is eligible (model, UUIDs, health, a sliver
         of room) and the slice geometry decides. Any other MIG request is at most its profile on every
         model (the profile is chosen to hold it), so gpu_fit's check stays a true necessary condition."""
+        if wants_mig(cycle):
+            cycle.placed = {}  # Reserve takes the instance Filter chooses, never the policy's GPUs
         if wants_mig(cycle) and _named(cycle) and cycle.request is not None and cycle.request.gpu.whole:
             cycle.request = replace(cycle.request, gpu=replace(cycle.request.gpu, milli=1))
         return SUCCESS
 
     def _near(self, idx: IntArray) -> IntArray:
         """Positions in `idx` of the nodes with a GPU in MIG mode (usually few)."""
-        ledger = self.handle.ledger
-        near: IntArray = np.flatnonzero(ledger.mig_node[np.where(idx >= 0, idx, 0)] & (idx >= 0))
+        near: IntArray = np.flatnonzero(self.state.node[np.where(idx >= 0, idx, 0)] & (idx >= 0))
         return near
 
     def filter(self, cycle: CycleState, nodes: NodeSet) -> None:
@@ -121,7 +127,7 @@ class MigPlacement:
         gpu_ok = cycle.gpu_ok
         if not len(near) or gpu_ok is None:
             return
-        mig_gpu = self.handle.ledger.mig_gpu
+        mig_gpu = self.state.gpu
         bad = np.zeros(len(idx), dtype=bool)
         reasons = []
         for k in near.tolist():
@@ -186,6 +192,7 @@ class MigPlacement:
                 row[best.gpu_index] = keep
                 cycle.narrowed[i] = f"MIG instance {best.choice.option.profile}@{best.choice.option.start}"
         cycle.data[self.name] = chosen
+        cycle.placed = {i: a for i in chosen if (a := mig_allocation(cycle, i, state.nodes[i].name)) is not None}
         nodes.reject(bad, [why_not.get(k, "no GPU in MIG mode") for k in np.flatnonzero(bad).tolist()],
                      Code.UNSCHEDULABLE)
 

@@ -10,19 +10,24 @@ A pod that takes whole GPUs gets no MPS settings and needs no daemon; other isol
 
 Like shares_per_gpu it narrows `cycle.gpu_ok` (the GPUs gpu_fit offered) to the GPUs with a daemon up, so
 the policy's GPU choice and Reserve see only those, and rejects the nodes left with fewer GPUs than the pod
-asks for. The daemon states come from the ledger, which decodes each inventory once per change.
+asks for. The daemon states are this plugin's own (`MpsStates`), read from the inventories the ledger
+decodes once per node change.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from gpupool.api.inventory import InventoryDoc
+from gpupool.core.state import ClusterState
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import Code
+from gpupool.scheduler.ledger import Ledger
 
 MPS_UP = "up"
 
@@ -41,15 +46,31 @@ def _state_words(state: str) -> str:
     return "MPS daemon down" if state == "down" else "no MPS daemon (the node's agent runs none)"
 
 
+class MpsStates:
+    """Node name -> GPU UUID -> its MPS daemon's state as the inventory reports it ("", "up", "down"); a
+    view of the ledger's nodes (gpupool.scheduler.ledger.LedgerView)."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, dict[str, str]] = {}
+
+    def nodes_changed(self, state: ClusterState, inventories: Mapping[str, InventoryDoc]) -> None:
+        self.nodes = {name: {g.uuid: str(g.mps) for g in doc.gpus} for name, doc in inventories.items()}
+
+    def entry_changed(self, ledger: Ledger, uid: str) -> None:
+        pass  # daemon states do not depend on the pods
+
+
 class MpsReady:
     name: ClassVar[str] = "mps_ready"
     gpu_only: ClassVar[bool] = True
 
     def __init__(self, handle: Handle, args: Args) -> None:
         self.handle = handle
+        self.states = MpsStates()
+        handle.ledger.attach(self.states)
 
     def _states(self, node: str) -> dict[str, str]:
-        return self.handle.ledger.mps_states.get(node, {})  # decoded with the node's inventory, once
+        return self.states.nodes.get(node, {})
 
     def filter(self, cycle: CycleState, nodes: NodeSet) -> None:
         if not wants_mps_daemon(cycle):

@@ -38,7 +38,6 @@ from gpupool.core.model import Allocation, PodRequest
 from gpupool.core.placement import Placement, place
 from gpupool.scheduler.framework.cycle import CycleState, Phase
 from gpupool.scheduler.framework.interface import Handle
-from gpupool.scheduler.framework.plugins.mig import mig_allocation, wants_mig
 from gpupool.scheduler.framework.status import SUCCESS, Status, unschedulable
 
 log = logging.getLogger(__name__)
@@ -173,16 +172,16 @@ class Nominate:
         return cycle.parsed is not None and cycle.parsed.isolation == "mps"
 
     def _place(self, cycle: CycleState, node: str) -> Allocation | None:
-        """The GPUs the pod's policy picks on `node` (gpupool.core.placement.place on that node). Where a
-        Filter plugin narrowed the node's GPUs (cycle.narrowed), the same steps over the GPUs it left:
-        score the node, then choose among them."""
+        """The GPUs the pod's policy picks on `node` (gpupool.core.placement.place on that node), unless a
+        plugin placed the pod already (cycle.placed). Where a Filter plugin narrowed the node's GPUs
+        (cycle.narrowed), the same steps over the GPUs it left: score the node, then choose among them."""
         request, policy, gpu_ok = cycle.request, cycle.policy, cycle.gpu_ok
         state = self.handle.ledger.state
         i = state.index.get(node)
         if request is None or policy is None or gpu_ok is None or i is None:
             return None
-        if wants_mig(cycle):
-            return mig_allocation(cycle, i, node)  # the instance mig_placement chose on this node
+        if cycle.placed is not None:
+            return cycle.placed.get(i)  # decided by a plugin (mig_placement: the instance it chose here)
         ctx = self.handle.context()
         nodes = np.array([i], dtype=np.int64)
         if i not in cycle.narrowed:

@@ -10,10 +10,10 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
+from gpupool.api.counted import TERMINAL_PHASES
 from gpupool.scheduler.framework.cycle import CycleState, Phase
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Status, unresolvable
-from gpupool.scheduler.ledger import TERMINAL_PHASES
 
 
 class Args(BaseModel):

@@ -13,15 +13,16 @@ Never a loop: while the victims chosen for a pod are still terminating it choose
 come back through the watch and kube-scheduler's retry of the pod takes them), a pod is never evicted twice,
 and core's rules make a reclaim unanswerable by a reclaim back. Each eviction is recorded on both pods as
 an Event. Only confirmed allocations (pods bound and seen by the watch) are candidates.
+
+Choosing is the framework's preemption evaluator's (gpupool.scheduler.framework.preemption: candidates,
+budgets, victims in flight, what-ifs on a snapshot of the ledger); this plugin decides when to ask it and
+carries out its plans (evictions, squeezes, events).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections import OrderedDict
-from collections.abc import Mapping
-from datetime import datetime
 from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -29,17 +30,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from gpupool.api.logsafe import shown
 from gpupool.api.squeeze import ANN_ROOM_MADE
 from gpupool.api.times import format_time
-from gpupool.cluster.port import ApiError, Conflict, NotFound, Obj, TooManyRequests
-from gpupool.core.preemption import Plan, Preemptor, Running, SqueezePlan, Victim, plan_preemption, plan_squeeze
-from gpupool.core.queues import charge_of_allocation, charge_of_request
-from gpupool.scheduler.events import pod_event
+from gpupool.cluster.port import ApiError, Conflict, NotFound, TooManyRequests
+from gpupool.core.preemption import Plan, Preemptor, SqueezePlan, Victim
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Status
-from gpupool.scheduler.ledger import Entry
-from gpupool.scheduler.queues import QueueCache, namespace_of
-from gpupool.scheduler.squeeze import can_squeeze, fits_squeezed, shares_of, squeeze_pod
-from gpupool.scheduler.what_if import fits_without
+from gpupool.scheduler.squeeze import squeeze_pod
 
 log = logging.getLogger(__name__)
 
@@ -51,29 +47,6 @@ class Args(BaseModel):
     squeeze: bool = True  # squeeze borrowed hook shares' compute before evicting anything
 
 
-def _started(pod: Obj | None) -> float:
-    text = ((pod or {}).get("status") or {}).get("startTime") or ((pod or {}).get("metadata") or {}).get(
-        "creationTimestamp")
-    if not text:
-        return 0.0
-    try:
-        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return 0.0
-
-
-def candidate(cache: QueueCache, entry: Entry, pod: Obj | None, memory: Mapping[str, int]) -> Running:
-    """A ledger entry as a possible victim: its queue, priority, charge and start (from its pod)."""
-    return Running(entry.uid, entry.key, cache.queue_of(namespace_of(entry.key)), entry.allocation.node,
-                   priority_of(pod), charge_of_allocation(entry.allocation, memory), _started(pod),
-                   squeezable=can_squeeze(pod), shares=shares_of(entry, memory))
-
-
-def priority_of(pod: Obj | None) -> int:
-    value = ((pod or {}).get("spec") or {}).get("priority")
-    return int(value) if isinstance(value, int) else 0
-
-
 class QueueReclaim:
     name: ClassVar[str] = "queue_reclaim"
     gpu_only: ClassVar[bool] = True
@@ -81,11 +54,8 @@ class QueueReclaim:
     def __init__(self, handle: Handle, args: Args) -> None:
         self.handle = handle
         self.args = args
-        self._waiting: OrderedDict[str, tuple[frozenset[str], float]] = OrderedDict()  # preemptor -> victims
-        self._evicted: set[str] = set()  # victims once asked to go (never twice)
-        self._blocked: dict[str, float] = {}  # victim uid -> until when a budget protects it
+        self.evaluator = handle.preemption
         self._tasks: set[asyncio.Task[None]] = set()
-        self._squeezing: dict[str, frozenset[str]] = {}  # preemptor -> pods whose squeeze is being written
         self._marks = 0  # room-made notes written (each one distinct)
         self.plans: list[Plan] = []  # the latest plans (bounded), for tests and the debug view
         self.squeezes: list[SqueezePlan] = []  # likewise, the latest squeezes
@@ -95,44 +65,24 @@ class QueueReclaim:
         if cache is None or not cache.enabled or cycle.request is None:
             return SUCCESS
         now = self.handle.clock()
-        if self._still_waiting(cycle.uid, now):
+        if self.evaluator.waiting_for(cycle.uid, now):
             return SUCCESS
         # Only nodes that did not fit for now (not those that never can) may be freed.
         state = self.handle.ledger.state
         candidates = frozenset(n for n in nodes.failed if n in state.index)
         if not candidates:
             return SUCCESS
-        squeeze = self._choose_squeeze(cycle, candidates, now) if self.args.squeeze else None
+        squeeze = self.evaluator.choose_squeeze(cycle, candidates, now) if self.args.squeeze else None
         if squeeze is not None:
             self._start_squeeze(cycle, *squeeze, now)
             return SUCCESS
-        chosen = self._choose(cycle, candidates, now)
+        chosen = self.evaluator.choose(cycle, candidates, now)
         if chosen is not None:
             self._start(cycle, candidates, *chosen, now)
         return SUCCESS
 
-    def _preemptor(self, cache: QueueCache, cycle: CycleState) -> Preemptor:
-        assert cycle.request is not None
-        return Preemptor(cycle.uid, cache.queue_of(namespace_of(cycle.key)), priority_of(cycle.pod),
-                         charge_of_request(cycle.request.gpu, cache.largest_gpu_mib()))
-
-    def _choose_squeeze(self, cycle: CycleState, candidates: frozenset[str],
-                        now: float) -> tuple[Preemptor, SqueezePlan] | None:
-        """Compute squeezes that make room for the pod on one of `candidates` (no eviction), or None."""
-        cache = self.handle.queues
-        assert cache is not None and cycle.request is not None
-        going = frozenset(u for u in self._evicted if u in self.handle.ledger.entries)
-        busy = frozenset(u for uids in self._squeezing.values() for u in uids)
-        running = [r for r in self._running(cache, set(candidates), now) if r.uid not in busy]
-        preemptor = self._preemptor(cache, cycle)
-        usage = cache.usage(without=cycle.uid, gone=going)
-        ledger, request = self.handle.ledger, cycle.request
-        plan = plan_squeeze(cache.queues.tree, usage, preemptor, running,
-                            lambda node, squeezes: fits_squeezed(ledger, request, node, squeezes), now)
-        return None if plan is None else (preemptor, plan)
-
     def _start_squeeze(self, cycle: CycleState, preemptor: Preemptor, plan: SqueezePlan, now: float) -> None:
-        self._squeezing[cycle.uid] = frozenset(s.pod.uid for s in plan.squeezes)
+        self.evaluator.squeezing(cycle.uid, frozenset(s.pod.uid for s in plan.squeezes))
         self.squeezes = [*self.squeezes[-31:], plan]
         log.info("%s: squeezing %s on %s", cycle.key,
                  ", ".join(f"{s.pod.key} to {s.milli / 10:g} %" for s in plan.squeezes), plan.node)
@@ -153,7 +103,7 @@ class QueueReclaim:
                 await self._event(cycle.key, cycle.uid, "Squeezing",
                                   f"squeezed {sq.pod.key} on {sq.pod.node} to {sq.milli / 10:g} % compute (reclaim)")
         finally:
-            self._squeezing.pop(cycle.uid, None)
+            self.evaluator.squeezed(cycle.uid)
         if done:
             namespace, name = cycle.key.split("/", 1)
             # kube-scheduler retries a pending pod when it changes (gpupool.api.squeeze.ANN_ROOM_MADE): the value
@@ -165,51 +115,6 @@ class QueueReclaim:
             except ApiError as e:
                 log.info("%s: room made, but the pod could not be marked for a retry: %s", cycle.key, e)
 
-    def _choose(self, cycle: CycleState, candidates: frozenset[str], now: float) -> tuple[Preemptor, Plan] | None:
-        """The victims for the pod on `candidates`, pods already being evicted counted as gone."""
-        cache = self.handle.queues
-        assert cache is not None and cycle.request is not None
-        going = frozenset(u for u in self._evicted if u in self.handle.ledger.entries)
-        running = self._running(cache, set(candidates), now)
-        preemptor = self._preemptor(cache, cycle)
-        usage = cache.usage(without=cycle.uid, gone=going)
-        ledger, request = self.handle.ledger, cycle.request
-        plan = plan_preemption(cache.queues.tree, usage, preemptor, running,
-                               lambda node, victims: fits_without(ledger, request, node, victims | going), now)
-        return None if plan is None else (preemptor, plan)
-
-    def waiting_for(self, uid: str) -> bool:
-        """True while the victims chosen for this pod are still going (kube-scheduler's own preemption must
-        not pick more for it meanwhile)."""
-        return self._still_waiting(uid, self.handle.clock())
-
-    def _still_waiting(self, uid: str, now: float) -> bool:
-        if uid in self._squeezing:
-            return True  # its squeezes are being written: the next cycle sees the room they make
-        waiting = self._waiting.get(uid)
-        if waiting is None:
-            return False
-        victims, since = waiting
-        gone = all(v not in self.handle.ledger.entries for v in victims)
-        if gone or now - since > self.args.waiting_s:
-            del self._waiting[uid]
-            return False
-        return True
-
-    def _running(self, cache: QueueCache, nodes: set[str], now: float) -> list[Running]:
-        memory = cache.gpu_memory()
-        out: list[Running] = []
-        for uid, entry in self.handle.ledger.confirmed().items():
-            if entry.allocation.node not in nodes or uid in self._evicted:
-                continue
-            if self._blocked.get(uid, 0.0) > now:
-                continue
-            pod = self.handle.pods.get(uid)
-            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                continue
-            out.append(candidate(cache, entry, pod, memory))
-        return out
-
     def _start(self, cycle: CycleState, candidates: frozenset[str], preemptor: Preemptor, plan: Plan,
                now: float) -> None:
         self._remember(cycle, plan, now)
@@ -218,11 +123,7 @@ class QueueReclaim:
         task.add_done_callback(self._tasks.discard)
 
     def _remember(self, cycle: CycleState, plan: Plan, now: float) -> None:
-        victims = frozenset(v.pod.uid for v in plan.victims)
-        self._waiting[cycle.uid] = (victims, now)
-        while len(self._waiting) > 4096:
-            self._waiting.popitem(last=False)
-        self._evicted |= victims
+        self.evaluator.evicting(cycle.uid, frozenset(v.pod.uid for v in plan.victims), now, self.args.waiting_s)
         self.plans = [*self.plans[-31:], plan]
         log.info("%s: evicting %s on %s", cycle.key, ", ".join(v.pod.key for v in plan.victims), plan.node)
 
@@ -234,14 +135,13 @@ class QueueReclaim:
                 await self.handle.cluster.evict_pod(namespace, name, victim.pod.uid)
             except TooManyRequests:
                 now = self.handle.clock()
-                self._blocked[victim.pod.uid] = now + self.args.blocked_s
+                self.evaluator.block(victim.pod.uid, now + self.args.blocked_s)
                 # The rest of this plan is no longer needed as such: choose again without the protected pod
                 # (those already evicted count as gone), now rather than at the pod's next cycle.
-                self._evicted -= {v.pod.uid for v in plan.victims[k:]}
-                self._waiting.pop(cycle.uid, None)
+                self.evaluator.abandon(cycle.uid, frozenset(v.pod.uid for v in plan.victims[k:]))
                 await self._event(victim.pod.key, victim.pod.uid, "PreemptionBlocked",
                                   f"not evicted for {cycle.key}: its PodDisruptionBudget allows no disruption now")
-                again = self._choose(cycle, candidates, now) if tries > 1 else None
+                again = self.evaluator.choose(cycle, candidates, now) if tries > 1 else None
                 if again is not None:
                     self._remember(cycle, again[1], now)
                     await self._evict(cycle, candidates, preemptor, again[1], tries - 1)
@@ -250,7 +150,7 @@ class QueueReclaim:
                 continue  # gone or replaced meanwhile: its capacity comes back anyway
             except ApiError as e:
                 log.warning("evicting %s for %s failed: %s", victim.pod.key, cycle.key, e)
-                self._evicted.discard(victim.pod.uid)
+                self.evaluator.not_evicted(victim.pod.uid)
                 continue
             await self._record(cycle, preemptor, victim)
 
@@ -261,5 +161,5 @@ class QueueReclaim:
 
     async def _event(self, key: str, uid: str, reason: str, message: str) -> None:
         namespace, name = key.split("/", 1)
-        await pod_event(self.handle, namespace, name, uid, reason, shown(message, 1000),
-                        "Normal" if reason == "Preempting" else "Warning")
+        await self.handle.record_event(namespace, name, uid, reason, shown(message, 1000),
+                                       "Normal" if reason == "Preempting" else "Warning")

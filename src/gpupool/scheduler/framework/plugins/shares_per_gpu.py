@@ -2,7 +2,7 @@
 
 A node's inventory says how many pods may share one of its GPUs (`split`, the device-plugin slots per GPU;
 docs/concepts.md: at most splitCount pods share one GPU), and an MPS control daemon serves at most 48
-clients per GPU (gpupool.scheduler.ledger.MPS_CLIENTS_PER_GPU). Core counts compute and memory, not pods,
+clients per GPU (gpupool.api.counted.MPS_CLIENTS_PER_GPU). Core counts compute and memory, not pods,
 so a GPU full of memory-only shares (1/1000 of the compute each) would take pod after pod. The ledger
 counts pods per GPU; this plugin hides the GPUs at their limit from the pod: for the nodes where such a
 GPU was among the fitting ones it checks the pod again (gpupool.core.fit.check) with a derived request
@@ -19,11 +19,11 @@ from typing import ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from gpupool.api.counted import MPS_CLIENTS_PER_GPU
 from gpupool.core.fit import NO_GPU_SHARE, OK, Fit, check
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import Code
-from gpupool.scheduler.ledger import MPS_CLIENTS_PER_GPU
 
 
 class Args(BaseModel):
