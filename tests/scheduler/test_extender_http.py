@@ -135,7 +135,13 @@ async def test_bad_input_gets_clear_errors_and_the_service_keeps_serving(embedde
 async def test_unknown_policy_is_rejected_everywhere(embedded, client):
     pod = await _create(embedded, gpu_pod("p", annotations={"gpupool.io/policy": "nonsense"}))
     body = (await client.post(f"{embedded.url}/filter", json={"Pod": pod, "NodeNames": embedded.node_names})).json()
-    assert all("unknown policy" in why for why in body["FailedAndUnresolvableNodes"].values())
+    # every node refused, each for this reason (an all() over no reasons would pass a silent fallback)
+    assert body["NodeNames"] == [] and body["Error"] == ""
+    reasons = body["FailedAndUnresolvableNodes"]
+    assert set(reasons) == set(embedded.node_names), body
+    assert all("unknown policy" in why and "nonsense" in why for why in reasons.values()), reasons
+    r = await client.post(f"{embedded.url}/prioritize", json={"Pod": pod, "NodeNames": embedded.node_names})
+    assert r.json() == [], r.text  # no node is scored for a policy that does not exist
 
 
 async def test_readyz_metrics_and_debug_ledger(embedded, client):
