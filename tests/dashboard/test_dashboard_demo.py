@@ -5,6 +5,7 @@ HTTP by its fake kube-scheduler, with the dashboard and the pool metrics served 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry
@@ -27,6 +28,24 @@ def scenario() -> Scenario:
         nodes=[NodeGroup(prefix="gpu", count=2, model="A100-80GB", gpus=2, gpu_memory_mib=81920, cpu=64)],
         workload=Workload(pods=14, namespace="obs", mix=[PodShape(weight=3, cores=30), PodShape(weight=1)]),
     )
+
+
+async def watch_confirmed(ledger: Any, placed: set[str], timeout_s: float = 30.0) -> None:
+    """Wait until the scheduler's pod watch has confirmed exactly the pods the driver saw bound (no bind
+    still only assumed): the state the views are then checked against. Fails, saying what is missing, if
+    that does not happen within `timeout_s`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        confirmed = {e.key for e in ledger.confirmed().values()}
+        assumed = {e.key for e in ledger.assumed().values()}
+        if confirmed == placed and not assumed:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"the watch did not confirm the binds within {timeout_s:g} s: not confirmed "
+                                 f"{sorted(placed - confirmed)}, unexpected {sorted(confirmed - placed)}, "
+                                 f"still assumed {sorted(assumed)}")
+        await asyncio.sleep(0.01)
 
 
 async def test_views_follow_the_real_scheduler() -> None:
@@ -52,8 +71,8 @@ async def test_views_follow_the_real_scheduler() -> None:
     handle = await serve_in_background(views)
     try:
         await driver.run(workload_pods(emb.scenario), on_outcome)
-        await asyncio.sleep(0.3)  # let the watch confirm the last binds
         assert placed and pending, "the scenario should both place and refuse pods"
+        await watch_confirmed(ledger, set(placed))
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{handle.port}", timeout=30) as client:
             snap = Snapshot.model_validate_json((await client.get("/ui/api/snapshot")).content)
             shown = {f"{g.namespace}/{g.pod}": g.node for g in snap.grants()}

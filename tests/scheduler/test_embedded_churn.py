@@ -4,11 +4,27 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from gpupool.testing.embedded import PodShape, Scenario, Workload, churn, start_embedded, workload_pods
 from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 from tests.scheduler.conftest import small_scenario
 from tests.scheduler.test_bind_reliability import settle
+
+
+async def all_running(emb: Any, count: int, timeout_s: float = 30.0) -> None:
+    """Wait until `count` pods are bound and every bound pod is Running; fails saying which are not."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        pods, _ = await emb.cluster.list_pods()
+        bound = [p for p in pods if p.get("spec", {}).get("nodeName")]
+        waiting = [p["metadata"]["name"] for p in bound if (p.get("status") or {}).get("phase") != "Running"]
+        if len(bound) == count and not waiting:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"{len(bound)} of {count} pods bound, not Running after {timeout_s:g} s: {waiting}")
+        await asyncio.sleep(0.01)
 
 
 async def test_churn_replaces_finished_pods_and_keeps_the_ledger_consistent():
@@ -27,7 +43,8 @@ async def test_churn_replaces_finished_pods_and_keeps_the_ledger_consistent():
 
     try:
         await driver.run(workload_pods(scenario))
-        await asyncio.sleep(0.1)  # the fake kubelet marks them Running
+        assert driver.stats.bound == 10
+        await all_running(emb, 10)  # the fake kubelet marks them Running: the churn ends Running pods only
         task = asyncio.create_task(churn(emb, submit, lifetime_s=0.1, first=10, period_s=0.05, seed=1))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 10
