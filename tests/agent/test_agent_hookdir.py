@@ -18,6 +18,7 @@ from gpupool.agent.hookdir import (
     CONTAINER_LIBRARY,
     HookLimits,
     HookPod,
+    PodGpuUsage,
     accounting_dir,
     container_dir,
     cores_mode_of,
@@ -32,7 +33,7 @@ from gpupool.agent.hookdir import (
     write_squeeze,
 )
 from gpupool.api.allocation import AllocationDoc, GrantDoc
-from tests.native.native_helpers import GIB, Built, Pod, build_all, have_cc
+from tests.native.native_helpers import GIB, Built, Pod, build_all, have_cc, kernel_log
 
 UID_A = "6b1e0d2c-8e0a-4a4c-9d1e-3f2a1b0c9d8e"
 UID_B = "0f0e0d0c-0b0a-4909-8807-060504030201"
@@ -98,6 +99,20 @@ def test_the_cores_mode_comes_from_the_pods_annotation_and_a_bad_one_is_refused(
     assert isinstance(refused, Refused) and "gpupool.io/cores-mode='greedy'" in refused.reason
 
 
+def _usage_caught_up(directory: Path, ran_s: float, timeout_s: float = 10.0) -> PodGpuUsage:
+    """The container's one usage record once its busy time has caught up with `ran_s` (what the device ran),
+    less what the poller's first reading leaves uncounted (it only sets where counting starts, a few ms of
+    kernels). Fails with the last figures if that does not happen within `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = read_usage(directory)
+        if len(records) == 1 and records[0].busy_seconds >= ran_s - 0.01:
+            return records[0]
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the file's busy time never reached the device's {ran_s:.3f} s: {records}")
+        time.sleep(0.005)
+
+
 def test_usage_written_by_the_library_is_read_back_and_dead_processes_drop_out(
     built: Built, tmp_path: Path
 ) -> None:
@@ -110,12 +125,15 @@ def test_usage_written_by_the_library_is_read_back_and_dead_processes_drop_out(
                 extra={"NVIDIA_VISIBLE_DEVICES": pod.gpus[0]}).start()
     try:
         assert probe.alloc("mem", 3 * GIB)[0] == 0
-        probe.ask("launch kernel 2000 0.3 4")
-        time.sleep(0.1)  # one more poll period: the last samples reach the file
-        (usage,) = read_usage(pod.dir)
+        assert probe.ask("launch kernel 2000 0.3 4")[0] == 0
+        # what the device itself ran for the probe (its kernel log); the library's poller writes the NVML
+        # samples of it into the file a poll or two after the last kernel: wait for them, not for a time
+        ran = sum(end - start for pid, start, end in kernel_log(tmp_path / "gpu") if pid == probe.pid) / 1e9
+        usage = _usage_caught_up(pod.dir, ran)
         assert (usage.limit_bytes, usage.used_bytes, usage.processes) == (10 * GIB, 3 * GIB, 1)
         assert usage.gpu == pod.gpus[0] and usage.label == "team/trainer" and usage.cores_percent == 50
         assert 0.05 < usage.busy_seconds < 0.3  # capped at 50 % of ~0.3 s
+        assert usage.busy_seconds <= ran + 0.005  # never more than the device ran
         registry = CollectorRegistry()
         registry.register(HookUsageCollector(root))
         text = generate_latest(registry).decode()
