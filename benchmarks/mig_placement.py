@@ -37,7 +37,7 @@ def main() -> None:
     counts = [len(n.gpus) for n in load_nodes(TRACE_DIR / NODES_FILE) if n.gpus]
     print(f"mig_placement: {sum(counts)} GPUs as {args.gpu_model}, seeds {seeds}, churn {args.churn} steps, "
           f"{os.cpu_count()} CPU cores (median over seeds)")
-    summary: dict[str, dict[str, dict[str, float]]] = {}
+    summary: dict[str, dict[str, dict[str, float | None]]] = {}
     for trace in [t.strip() for t in args.traces.split(",") if t.strip()]:
         pods = load_pods(resolve_trace(trace))
         at100: dict[str, list[float]] = {v: [] for v in VARIANTS}
@@ -49,17 +49,21 @@ def main() -> None:
             first = what_if(counts, pods, args.gpu_model, ("mig",), seed=seed, mig_first_fit=True, churn=args.churn)
             for name, row in zip(("mig-frag", "whole", "hook", "mig-first"), (*rows, *first), strict=True):
                 at100[name].append(row.unallocated_pct)
-                churn[name].append(row.churn_unallocated_pct or 0.0)
                 needed[name].append(row.gpus_needed)
+                if args.churn > 0:  # a figure asked for and missing is an error, never a 0 %
+                    if row.churn_unallocated_pct is None:
+                        raise SystemExit(f"{trace}, seed {seed}, {name}: no churn figure for --churn {args.churn}")
+                    churn[name].append(row.churn_unallocated_pct)
         summary[trace] = {v: {"unallocated_pct_at_100": round(statistics.median(at100[v]), 2),
-                              "unallocated_pct_churn": round(statistics.median(churn[v]), 2),
+                              # None (JSON null, printed "-"): not measured (--churn 0)
+                              "unallocated_pct_churn": round(statistics.median(churn[v]), 2) if churn[v] else None,
                               "gpus_needed": statistics.median(needed[v])} for v in VARIANTS}
         print(f"{trace} ({len(pods)} pods, {time.perf_counter() - started:.0f} s)")
         print(f"  {'variant':<10} {'unalloc % @100 %':>17} {'unalloc % churn':>16} {'GPUs needed':>12}")
         for v in VARIANTS:
             s = summary[trace][v]
-            print(f"  {v:<10} {s['unallocated_pct_at_100']:>17.2f} {s['unallocated_pct_churn']:>16.2f} "
-                  f"{s['gpus_needed']:>12,.0f}")
+            at_churn = "-" if s["unallocated_pct_churn"] is None else f"{s['unallocated_pct_churn']:.2f}"
+            print(f"  {v:<10} {s['unallocated_pct_at_100']:>17.2f} {at_churn:>16} {s['gpus_needed']:>12,.0f}")
     print(json.dumps({"gpu_model": args.gpu_model, "seeds": seeds, "churn": args.churn, "cores": os.cpu_count(),
                       "traces": summary}))
 
