@@ -197,3 +197,44 @@ def test_a_served_call_is_always_for_the_pod_kubelet_admits(specs: list[tuple[in
     result = identify(pods, N, count, answered)
     if isinstance(result, Identified | Repeat):
         assert result.uid == subject["metadata"]["uid"]
+
+
+# --- which containers ask for GPUs: the one pod reader (gpupool.api.pod) decides, for the agent too ----------
+
+# How a count may be written in a pod: the API server accepts any quantity that is a whole number.
+COUNT_TEXT = [lambda n: n, str, lambda n: f"{n}e0", lambda n: f"{n * 1000}m"]
+
+
+@given(st.lists(st.tuples(st.sampled_from(["init", "sidecar", "app"]), st.integers(1, 4),
+                          st.sampled_from(range(len(COUNT_TEXT))), st.booleans()), min_size=1, max_size=5))
+def test_the_agent_counts_a_pods_gpus_as_the_scheduler_does(specs: list[tuple[str, int, int, bool]]) -> None:
+    """kubelet's Allocate carries a container's gpupool.io/gpu count; the agent matches calls to pods by
+    it, so it must read each container's count as the scheduler placed it (parse_pod), whatever way the
+    quantity is written, and know which containers hand their devices on (plain init containers only)."""
+    from gpupool.agent.identify import gpu_containers
+    from gpupool.api.pod import INIT, parse_pod
+
+    inits: list[dict[str, Any]] = []
+    apps: list[dict[str, Any]] = []
+    for i, (kind, count, form, in_requests) in enumerate(specs):
+        section = "requests" if in_requests else "limits"
+        c: dict[str, Any] = {"name": f"c{i}", "resources": {section: {RESOURCE_GPU: COUNT_TEXT[form](count)}}}
+        if kind == "sidecar":
+            c["restartPolicy"] = "Always"
+        (apps if kind == "app" else inits).append(c)
+    subject = {"metadata": {"name": "p"}, "spec": {"initContainers": inits, "containers": apps}}
+    read = [(c.name, c.count, c.reusable) for c in gpu_containers(subject)]
+    placed = [(c.name, c.count, c.kind == INIT) for c in parse_pod(subject).containers]
+    assert read == placed and len(read) == len(specs)
+
+
+def test_containers_asking_for_no_gpu_or_an_unreadable_count() -> None:
+    from gpupool.agent.identify import GpuContainer, gpu_containers
+
+    subject = {"spec": {"containers": [
+        {"name": "cpu-only", "resources": {"limits": {"cpu": "1"}}},
+        {"name": "zero", "resources": {"limits": {RESOURCE_GPU: "0"}}},  # kubelet makes no Allocate for it
+        {"name": "bad", "resources": {"limits": {RESOURCE_GPU: "two"}}},  # never matches a call
+        {"name": "limit-wins", "resources": {"requests": {RESOURCE_GPU: "1"}, "limits": {RESOURCE_GPU: "2"}}},
+    ]}}
+    assert gpu_containers(subject) == [GpuContainer("bad", -1, False), GpuContainer("limit-wins", 2, False)]

@@ -52,6 +52,8 @@ from typing import Any
 
 from gpupool.api.allocation import AllocationDoc, AllocationError, decode_allocation
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, RESOURCE_GPU
+from gpupool.api.pod import INIT, containers, gpu_count, pod_annotations, pod_key
+from gpupool.api.quantity import QuantityError
 from gpupool.api.waiting import awaits_allocate, waiting_for_allocate
 
 # ANN_ALLOCATED: the pod annotation the agent writes once it served the pod's Allocate (JSON: node,
@@ -89,15 +91,6 @@ def _meta(obj: Obj) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
 
 
-def _annotations(obj: Obj) -> Mapping[str, str]:
-    return _meta(obj).get("annotations") or {}
-
-
-def _label(pod: Obj) -> str:
-    m = _meta(pod)
-    return f"{m.get('namespace', 'default')}/{m.get('name', '?')}"
-
-
 @dataclass(frozen=True, slots=True)
 class GpuContainer:
     name: str
@@ -121,22 +114,16 @@ class Again:
 
 def gpu_containers(pod: Obj) -> list[GpuContainer]:
     """Every container asking for GPUs, in the order kubelet calls Allocate for them: init containers
-    first, then app containers, each in spec order."""
-    spec = pod.get("spec") or {}
+    first, then app containers, each in spec order (read by the one pod reader, gpupool.api.pod, so that
+    a count means here what it means to the scheduler)."""
     out: list[GpuContainer] = []
-    inits = [(c, True) for c in spec.get("initContainers") or []]
-    for c, is_init in inits + [(c, False) for c in spec.get("containers") or []]:
-        res = c.get("resources") or {}
-        value = (res.get("limits") or {}).get(RESOURCE_GPU, (res.get("requests") or {}).get(RESOURCE_GPU))
-        if value is None:
-            continue
+    for c in containers(pod):
         try:
-            count = int(str(value))
-        except ValueError:
-            count = -1
-        if count != 0:
-            reusable = is_init and c.get("restartPolicy") != "Always"  # a sidecar keeps its devices
-            out.append(GpuContainer(str(c.get("name", "?")), count, reusable))
+            count = gpu_count(c)
+        except QuantityError:
+            count = -1  # unreadable: no Allocate is for it
+        if count:  # None: asks for no GPU; 0 GPUs: kubelet makes no Allocate call
+            out.append(GpuContainer(c.name, count, reusable=c.kind == INIT))  # a sidecar keeps its devices
     return out
 
 
@@ -229,10 +216,11 @@ def is_candidate(pod: Obj, node_name: str, device_count: int, answered: Collecti
 
 def _describe(pod: Obj, node_name: str, answered: Collection[str]) -> str:
     if _meta(pod).get("uid") in answered:
-        return f"{_label(pod)} (was answered these devices before)"
+        return f"{pod_key(pod)} (was answered these devices before)"
     if waiting_for_allocate(pod, node_name) is None:
-        return f"{_label(pod)} (a GPU pod without a {ANN_ALLOCATION} for this node: bound without gpupool's scheduler?)"
-    return _label(pod)
+        return (f"{pod_key(pod)} (a GPU pod without a {ANN_ALLOCATION} for this node: bound without gpupool's "
+                "scheduler?)")
+    return pod_key(pod)
 
 
 def identify(
@@ -268,7 +256,7 @@ def identify(
 
 def _no_candidate(pods: list[Obj], node_name: str, device_count: int) -> str:
     others = [
-        f"{_label(p)} asks for {', '.join(str(c.count) for c in gpu_containers(p))}"
+        f"{pod_key(p)} asks for {', '.join(str(c.count) for c in gpu_containers(p))}"
         for p in pods
         if is_alive_on(p, node_name) and awaits_allocate(p) and gpu_containers(p)
     ]
@@ -285,10 +273,10 @@ def _check(pod: Obj, node_name: str) -> Identified | Unidentified:
     """The only candidate, served when it passes checks 1-3 of the module's docstring."""
     meta = _meta(pod)
     uid = str(meta.get("uid", ""))
-    label = f"{_label(pod)} (uid {uid})"
+    label = f"{pod_key(pod)} (uid {uid})"
     if not is_alive_on(pod, node_name):
         return Unidentified(f"pod {label} is not alive on node {node_name}")
-    annotations = _annotations(pod)
+    annotations = pod_annotations(pod)
     if ANN_ALLOCATED in annotations:
         return Unidentified(f"pod {label} was already served ({ANN_ALLOCATED} is set)")
     if ANN_ALLOCATION not in annotations:

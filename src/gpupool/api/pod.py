@@ -93,17 +93,24 @@ class ParsedPod:
 
 
 @dataclass(frozen=True, slots=True)
-class _Spec:
-    """A container as the effective-request rule sees it."""
+class Container:
+    """A container of a pod, in start order: its kind (APP, INIT or SIDECAR) and where it stands in the
+    spec (`spec.<field>[index]`, the path a patch of it names)."""
 
     name: str
     kind: str
+    field: str  # "initContainers" or "containers"
+    index: int
     body: Mapping[str, Any]
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
     meta = pod.get("metadata") or {}
     return f"{meta.get('namespace') or 'default'}/{meta.get('name', '')}"
+
+
+def pod_annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:
+    return (pod.get("metadata") or {}).get("annotations") or {}
 
 
 def _is_map(value: object) -> TypeGuard[Mapping[str, Any]]:
@@ -115,41 +122,49 @@ def _is_sidecar(container: Mapping[str, Any]) -> bool:
     return container.get("restartPolicy") == "Always"
 
 
-def _ordered(pod: Mapping[str, Any]) -> list[_Spec]:
-    """Init containers (with sidecars among them, in order), then app containers."""
+def containers(pod: Mapping[str, Any]) -> list[Container]:
+    """Init containers (with sidecars among them, in order), then app containers: the order kubelet starts
+    them and calls Allocate for them. Entries that are not objects are passed over."""
     spec = pod.get("spec") or {}
-    out: list[_Spec] = []
-    for c in spec.get("initContainers") or []:
-        if _is_map(c):
-            out.append(_Spec(str(c.get("name", "?")), SIDECAR if _is_sidecar(c) else INIT, c))
-    for c in spec.get("containers") or []:
-        if _is_map(c):
-            out.append(_Spec(str(c.get("name", "?")), APP, c))
+    out: list[Container] = []
+    for field_name in ("initContainers", "containers"):
+        for i, c in enumerate(spec.get(field_name) or []):
+            if _is_map(c):
+                kind = APP if field_name == "containers" else SIDECAR if _is_sidecar(c) else INIT
+                out.append(Container(str(c.get("name", "?")), kind, field_name, i, c))
     return out
 
 
-def _section(container: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+def resource_section(container: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """A container's `resources.<name>` ("requests" or "limits"), {} when absent or not an object."""
     res = container.get("resources") or {}
     value = res.get(name) if _is_map(res) else None
     return value if _is_map(value) else {}
 
 
-def _extended(container: Mapping[str, Any]) -> dict[str, Any]:
+def gpupool_resources(container: Mapping[str, Any]) -> dict[str, Any]:
     """gpupool resources of a container: limits are authoritative (requests must equal them)."""
-    merged: dict[str, Any] = dict(_section(container, "requests"))
-    merged.update(_section(container, "limits"))
+    merged: dict[str, Any] = dict(resource_section(container, "requests"))
+    merged.update(resource_section(container, "limits"))
     return {k: v for k, v in merged.items() if k in _GPUPOOL_RESOURCES}
+
+
+def gpu_count(container: Container) -> int | None:
+    """How many gpupool.io/gpu the container asks for (what kubelet's Allocate for it carries), None when it
+    asks for none; QuantityError when the value is not a whole number."""
+    value = gpupool_resources(container.body).get(RESOURCE_GPU)
+    return None if value is None else whole_number(value, RESOURCE_GPU)
 
 
 def _request(container: Mapping[str, Any], resource: str) -> Any:
     """A cpu/memory request, or the limit when no request is written (the API server's defaulting)."""
-    requests = _section(container, "requests")
-    return requests[resource] if resource in requests else _section(container, "limits").get(resource)
+    requests = resource_section(container, "requests")
+    return requests[resource] if resource in requests else resource_section(container, "limits").get(resource)
 
 
 def wants_gpu(pod: Mapping[str, Any]) -> bool:
     """Whether any container (init containers and sidecars included) asks for a gpupool resource."""
-    return any(_extended(s.body) for s in _ordered(pod))
+    return any(gpupool_resources(c.body) for c in containers(pod))
 
 
 def effective(values: Sequence[tuple[str, int]]) -> int:
@@ -173,12 +188,13 @@ def parse_cpu_milli(value: Any) -> int:
     return cpu_milli(value)
 
 
-def _csv(annotations: Mapping[str, str], key: str) -> frozenset[str]:
-    raw = annotations.get(key, "")
+def annotation_set(annotations: Mapping[str, Any], key: str) -> frozenset[str]:
+    """A comma-separated annotation (GPU models, UUIDs) as a set; blank entries and a missing key: none."""
+    raw = annotations.get(key) or ""
     return frozenset(p.strip() for p in str(raw).split(",") if p.strip())
 
 
-def _container_gpu(s: _Spec, res: Mapping[str, Any], errors: list[str]) -> ContainerGPU | None:
+def _container_gpu(s: Container, res: Mapping[str, Any], errors: list[str]) -> ContainerGPU | None:
     """One container's GPU request, or None with the problems appended to `errors`."""
     where = f"{s.kind} {s.name}"
     before = len(errors)
@@ -279,9 +295,8 @@ def _mig_problems(annotations: Mapping[str, str], isolation: str, containers: Se
 def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
     """Translate a pod object (Kubernetes JSON shape) into a PodRequest, or the list of what is wrong."""
     errors: list[str] = []
-    meta = pod.get("metadata") or {}
-    annotations: Mapping[str, str] = meta.get("annotations") or {}
-    specs = _ordered(pod)
+    annotations = pod_annotations(pod)
+    specs = containers(pod)
 
     cpus: list[tuple[str, int]] = []
     mems: list[tuple[str, int]] = []
@@ -294,7 +309,7 @@ def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
             mems.append((s.kind, 0 if raw_mem is None else memory_mib(raw_mem)))
         except QuantityError as e:
             errors.append(f"{where}: {e}")
-        res = _extended(s.body)
+        res = gpupool_resources(s.body)
         if res:
             one = _container_gpu(s, res, errors)
             if one is not None:
@@ -305,7 +320,8 @@ def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
         errors.append(f"annotation {ANN_ISOLATION}={isolation!r}: use one of {', '.join(ISOLATION_MODES)}")
 
     errors.extend(_mig_problems(annotations, isolation, gpu_containers))
-    first = gpu_containers[0].name if gpu_containers else next((s.name for s in specs if _extended(s.body)), None)
+    asking = (s.name for s in specs if gpupool_resources(s.body))
+    first = gpu_containers[0].name if gpu_containers else next(asking, None)
     shape = _pod_gpu(gpu_containers, errors) if gpu_containers and not errors else None
     if errors:
         return ParsedPod(None, isolation, errors, first, tuple(gpu_containers))
@@ -316,9 +332,9 @@ def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
             count=count,
             milli=milli,
             memory_mib=memory,
-            models=_csv(annotations, ANN_MODEL),
-            include_uuids=_csv(annotations, ANN_UUID),
-            exclude_uuids=_csv(annotations, ANN_EXCLUDE),
+            models=annotation_set(annotations, ANN_MODEL),
+            include_uuids=annotation_set(annotations, ANN_UUID),
+            exclude_uuids=annotation_set(annotations, ANN_EXCLUDE),
         )
     policy = annotations.get(ANN_POLICY)
     request = PodRequest(

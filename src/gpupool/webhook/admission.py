@@ -37,7 +37,16 @@ from gpupool.api.names import (
     RESOURCE_GPU,
     RESOURCE_MEMORY,
 )
-from gpupool.api.pod import parse_pod, pod_key, wants_gpu
+from gpupool.api.pod import (
+    annotation_set,
+    containers,
+    gpupool_resources,
+    parse_pod,
+    pod_annotations,
+    pod_key,
+    resource_section,
+    wants_gpu,
+)
 from gpupool.api.quantity import QuantityError, gpu_memory_mib
 from gpupool.core.mig import known_models, mig_model
 from gpupool.core.mig_request import ProfileRefusal, profile_for
@@ -94,23 +103,10 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
 
 
-def _containers(pod: Mapping[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
-    spec = pod.get("spec") or {}
-    out: list[tuple[str, int, dict[str, Any]]] = []
-    for kind in ("initContainers", "containers"):
-        for i, c in enumerate(spec.get(kind) or []):
-            out.append((kind, i, c))
-    return out
-
-
-def _annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
-    return (pod.get("metadata") or {}).get("annotations") or {}
-
-
 def touches_gpupool(pod: Mapping[str, Any]) -> bool:
     """Whether the pod asks for a gpupool resource or carries a gpupool annotation (only those pods are
     the webhook's business; the configurations' matchConditions send no others)."""
-    return wants_gpu(pod) or any(str(k).startswith(DOMAIN + "/") for k in _annotations(pod))
+    return wants_gpu(pod) or any(str(k).startswith(DOMAIN + "/") for k in pod_annotations(pod))
 
 
 # --- mutation ---------------------------------------------------------------------------------------------
@@ -118,11 +114,12 @@ def touches_gpupool(pod: Mapping[str, Any]) -> bool:
 
 def _normalise(pod: dict[str, Any], patcher: Patcher, errors: list[str]) -> None:
     """GPU memory in MiB; whole-GPU requests made explicit. Edits `pod` through `patcher`."""
-    for kind, i, c in _containers(pod):
-        resources = c.get("resources") or {}
-        where = f"{'init container' if kind == 'initContainers' else 'container'} {shown(c.get('name', i))}"
+    for c in containers(pod):
+        kind = "init container" if c.field == "initContainers" else "container"
+        where = f"{kind} {shown(c.body.get('name', c.index))}"
+        resources = ("spec", c.field, c.index, "resources")
         for section in ("limits", "requests"):
-            values = resources.get(section) or {}
+            values = resource_section(c.body, section)
             if RESOURCE_MEMORY not in values:
                 continue
             raw = values[RESOURCE_MEMORY]
@@ -132,14 +129,14 @@ def _normalise(pod: dict[str, Any], patcher: Patcher, errors: list[str]) -> None
                 errors.append(f"{where}: {e}")
                 continue
             if str(mib) != str(raw):
-                patcher.set(("spec", kind, i, "resources", section, RESOURCE_MEMORY), str(mib))
-        merged = {**(resources.get("requests") or {}), **(resources.get("limits") or {})}
-        if RESOURCE_GPU in merged and RESOURCE_CORES not in merged and RESOURCE_MEMORY not in merged:
+                patcher.set((*resources, section, RESOURCE_MEMORY), str(mib))
+        asked = gpupool_resources(c.body)
+        if RESOURCE_GPU in asked and RESOURCE_CORES not in asked and RESOURCE_MEMORY not in asked:
             # No share given = the whole GPU (ARCHITECTURE: resource model); say so in the pod itself so
             # that every reader (scheduler, agent, `kubectl describe`) sees the same request.
             for section in ("limits", "requests"):
-                if RESOURCE_GPU in (resources.get(section) or {}):
-                    patcher.set(("spec", kind, i, "resources", section, RESOURCE_CORES), "100")
+                if RESOURCE_GPU in resource_section(c.body, section):
+                    patcher.set((*resources, section, RESOURCE_CORES), "100")
 
 
 def _route(pod: dict[str, Any], settings: Settings, patcher: Patcher, errors: list[str]) -> None:
@@ -159,14 +156,14 @@ def _isolation(work: dict[str, Any], settings: Settings, policy: AdmissionPolicy
                warnings: list[str]) -> None:
     """Write the namespace's default isolation into pods without one, and raise a weaker choice to it
     when the policy says so (refusals are check_create's)."""
-    verdict = judge_isolation(_annotations(work), policy, mutating=True)
+    verdict = judge_isolation(pod_annotations(work), policy, mutating=True)
     if verdict.raised_from:
         patcher.set(("metadata", "annotations", ANN_ISOLATION), verdict.mode)
         warnings.append(
             f"gpupool: annotation {ANN_ISOLATION}={verdict.raised_from!r} is weaker than the policy "
             f"{policy.name!r} of this namespace allows; the pod runs with {verdict.mode!r}"
         )
-    elif ANN_ISOLATION not in _annotations(work) and (policy.name != DEFAULT_POLICY or settings.default_isolation):
+    elif ANN_ISOLATION not in pod_annotations(work) and (policy.name != DEFAULT_POLICY or settings.default_isolation):
         patcher.set(("metadata", "annotations", ANN_ISOLATION), policy.default_isolation)
 
 
@@ -258,7 +255,7 @@ def _mig_problems(limits: Limits, request_gpu: GPURequest, named: str | None) ->
 
 
 def _annotation_problems(pod: Mapping[str, Any], user: str, settings: Settings) -> list[str]:
-    annotations = _annotations(pod)
+    annotations = pod_annotations(pod)
     out: list[str] = []
     if user not in settings.trusted_users:
         for key in RESERVED_ANNOTATIONS:
@@ -267,14 +264,10 @@ def _annotation_problems(pod: Mapping[str, Any], user: str, settings: Settings) 
     policy = annotations.get(ANN_POLICY)
     if policy is not None and policy not in policy_names():
         out.append(f"annotation {ANN_POLICY}={policy!r}: unknown policy (use one of {', '.join(policy_names())})")
-    include, exclude = (_csv(annotations.get(k)) for k in (ANN_UUID, ANN_EXCLUDE))
+    include, exclude = (annotation_set(annotations, k) for k in (ANN_UUID, ANN_EXCLUDE))
     if include and include <= exclude:
         out.append(f"annotations {ANN_UUID} and {ANN_EXCLUDE}: every allowed GPU is also excluded")
     return out
-
-
-def _csv(value: Any) -> frozenset[str]:
-    return frozenset(p.strip() for p in str(value or "").split(",") if p.strip())
 
 
 def _spec_problems(pod: Mapping[str, Any], settings: Settings) -> list[str]:
@@ -301,7 +294,7 @@ def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | No
     if not touches_gpupool(pod):
         return _deny(pod, forbidden, 403) if forbidden else Decision(True)
     errors = _annotation_problems(pod, user, settings)
-    if user not in settings.trusted_users and any(k in _annotations(pod) for k in RESERVED_ANNOTATIONS):
+    if user not in settings.trusted_users and any(k in pod_annotations(pod) for k in RESERVED_ANNOTATIONS):
         forbidden.extend(errors)
         errors = []
     parsed = parse_pod(pod)
@@ -309,7 +302,7 @@ def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | No
     warnings: list[str] = []
     if gpu:
         errors.extend(_spec_problems(pod, settings))
-        verdict = judge_isolation(_annotations(pod), policy, mutating=False)
+        verdict = judge_isolation(pod_annotations(pod), policy, mutating=False)
         if verdict.error:
             forbidden.append(verdict.error)
         if parsed.request is not None:
@@ -318,7 +311,7 @@ def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | No
             else:
                 errors.extend(_capacity_problems(limits, parsed.request.gpu, warnings))
                 if parsed.isolation == "mig":
-                    named = str(_annotations(pod).get(ANN_MIG_PROFILE, "")).strip() or None
+                    named = str(pod_annotations(pod).get(ANN_MIG_PROFILE, "")).strip() or None
                     errors.extend(_mig_problems(limits, parsed.request.gpu, named))
     if forbidden or errors:
         # 403 when the pod asks for what the policy (or gpupool's own records) forbid; 422 when the
@@ -337,7 +330,7 @@ def check_update(pod: Mapping[str, Any], old: Mapping[str, Any], settings: Setti
     isolation chosen at creation."""
     if user in settings.trusted_users:
         return Decision(True)
-    new, before = _annotations(pod), _annotations(old)
+    new, before = pod_annotations(pod), pod_annotations(old)
     problems = [
         f"annotation {k} is written by gpupool itself (scheduler or node agent) only; leave it unchanged"
         for k in RESERVED_ANNOTATIONS
