@@ -3,9 +3,16 @@
 
 The API server validates every object as a cluster would: the webhooks' matchConditions and the agent's
 ValidatingAdmissionPolicy are compiled by it (CEL), the RBAC, PodDisruptionBudgets and NetworkPolicies are
-checked against its schemas. The chart's pods cannot start here (their image is not on the testbed's nodes),
-so the release's admission webhook has no endpoint: a GPU pod is refused while the release is installed
-(the chart fails closed) and admitted again once it is uninstalled.
+checked against its schemas. The chart's pods cannot start here (their image is not on the testbed's nodes):
+until their programs run, the release's admission webhook has no endpoint and a GPU pod is refused (the
+chart fails closed). Then the release's pods run as local processes (scripts/k8s/release.py: each
+container's own arguments and environment as installed, the release's ServiceAccounts, ConfigMaps and
+certificate, the webhook reached through the release's Service) beside a real node, and a share pod
+created with kubectl, as a tenant writes it, is admitted by the release's webhook, scheduled by its
+kube-scheduler and extender, and runs with the grant of the release's agent (which may patch only its own
+node: the release's policy sees the node in the agent's token). After `helm upgrade` the restarted
+programs follow the new values; after `helm uninstall` nothing of the release is left and GPU pods are
+admitted again.
 
 The release is its own (`lc` in `gpupool-lc`, scheduler name `gpupool-lc`), beside the `gp` release whose
 RBAC the other e2e tests apply, so the two never share an object.
@@ -13,11 +20,12 @@ RBAC the other e2e tests apply, so the two never share an object.
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import subprocess
+import sys
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -26,6 +34,12 @@ from gpupool.testing import fleet
 from gpupool.testing import testbed as tb
 from tests.e2e.conftest import ROOT
 from tests.e2e.kubectl_tool import kubectl_binary
+from tests.e2e.real_node_fixtures import _ensure_tools, parse_grant, wait_for
+
+sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
+
+import realnode  # noqa: E402
+import release  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 RELEASE, NAMESPACE, TENANT = "lc", "gpupool-lc", "e2e-chart-tenant"
@@ -38,22 +52,13 @@ CLUSTER = "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,valida
           "validatingadmissionpolicies,validatingadmissionpolicybindings"
 
 
-def helm_path() -> Path:
-    from tests.deploy.helm_tool import helm_binary
-
-    return helm_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
-
-
 class Tools:
     def __init__(self, bed: tb.Testbed) -> None:
         self.kubeconfig = str(bed.kubeconfig())
-        self.helm_bin, self.kubectl_bin = helm_path(), kubectl_binary()
-
-    def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([str(self.helm_bin), "--kubeconfig", self.kubeconfig, *args],
-                              capture_output=True, text=True, timeout=300, check=False)
-        assert not check or done.returncode == 0, f"helm {' '.join(args)}: {done.stderr}"
-        return done
+        self.kubectl_bin = kubectl_binary()
+        self.release = release.LocalRelease(bed, RELEASE, NAMESPACE, values=[
+            "--set", "schedulerName=gpupool-lc", "--set", "webhook.certs.mode=helm", "--set", "agent.backend=fake",
+            "--set-json", 'agent.fakeGpus={"gpus":[{"count":3,"model":"L40S","memory_mib":46068}]}'])
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(self.kubectl_bin), "--kubeconfig", self.kubeconfig, *args], input=stdin,
@@ -77,7 +82,20 @@ def tools(testbed: tb.Testbed, chart_rbac: object) -> Iterator[Tools]:
     try:
         yield t
     finally:
-        t.helm("uninstall", RELEASE, "-n", NAMESPACE, check=False)  # a failed test must not leave the webhooks
+        t.release.stop()
+        with contextlib.suppress(tb.TestbedError):  # a failed test must not leave the webhooks
+            t.release.helm("uninstall", RELEASE, "-n", NAMESPACE)
+
+
+@pytest.fixture(scope="module")
+def node(testbed: tb.Testbed) -> Iterator[realnode.RealNode]:
+    """One real node (containerd + kubelet), tainted so that only this module's share pod lands on it."""
+    _ensure_tools()
+    nodes = realnode.RealNodes(testbed, 1, taint=True).start()
+    try:
+        yield nodes.nodes[0]
+    finally:
+        nodes.stop()
 
 
 def gpu_pod(name: str) -> str:
@@ -87,9 +105,15 @@ def gpu_pod(name: str) -> str:
     return json.dumps(pod)
 
 
-def test_install_upgrade_uninstall_leaves_nothing(tools: Tools, testbed: tb.Testbed) -> None:
-    values = ["--set", "schedulerName=gpupool-lc", "--set", "webhook.certs.mode=helm"]
-    tools.helm("install", RELEASE, str(CHART), "-n", NAMESPACE, "--create-namespace", *values)
+def allocatable_slots(tools: Tools, name: str) -> int:
+    out = tools.kubectl("get", "node", name, "-o", "jsonpath={.status.allocatable.gpupool\\.io/gpu}")
+    return int(out.stdout or "0")
+
+
+def test_install_run_a_share_pod_upgrade_uninstall(tools: Tools, testbed: tb.Testbed,
+                                                   node: realnode.RealNode) -> None:
+    rel = tools.release
+    rel.install()
     installed = tools.left()
     kinds = {n.split("/")[0] for n in installed}
     assert {"deployment.apps", "daemonset.apps", "mutatingwebhookconfiguration.admissionregistration.k8s.io",
@@ -102,22 +126,42 @@ def test_install_upgrade_uninstall_leaves_nothing(tools: Tools, testbed: tb.Test
     hooks = yaml.safe_load(tools.kubectl("get", "mutatingwebhookconfiguration", "-l", INSTANCE, "-o", "yaml").stdout)
     assert all(w.get("matchConditions") for item in hooks["items"] for w in item["webhooks"])
 
-    # Fails closed: the release's webhook has no endpoint here, so a GPU pod is refused ...
+    # Fails closed: nothing serves the release's webhook yet, so a GPU pod is refused ...
     out = tools.kubectl("create", "--dry-run=server", "-f", "-", stdin=gpu_pod("while-installed"))
     assert out.returncode != 0 and "gpupool" in out.stderr, out.stderr
 
-    tools.helm("upgrade", RELEASE, str(CHART), "-n", NAMESPACE, *values, "--set", "splitCount=5")
-    status = json.loads(tools.helm("status", RELEASE, "-n", NAMESPACE, "-o", "json").stdout)
-    assert (status["version"], status["info"]["status"]) == (2, "deployed")
-    agent = json.loads(tools.kubectl("get", "daemonset", "-n", NAMESPACE, "-l", INSTANCE, "-o", "json").stdout)
-    env = {e["name"]: e.get("value") for c in agent["items"][0]["spec"]["template"]["spec"]["containers"]
-           for e in c.get("env") or []}
-    assert env["GPUPOOL_AGENT_SPLIT"] == "5"
-    assert tools.left() == installed  # the same objects, changed in place
+    # ... and once the release's programs run, a share pod written as a tenant writes it runs.
+    rel.start([node])
+    wait_for(lambda: allocatable_slots(tools, node.name) == 3 * 10, 120, "the release's agent's 30 slots",
+             lambda: "\n".join(p.tail(5) for p in rel.processes))
+    pod = release.example_pod("share", TENANT, memory_mib=4096, cores=20)
+    created = tools.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+    assert created.returncode == 0, created.stderr
 
-    tools.helm("uninstall", RELEASE, "-n", NAMESPACE)
+    def grant() -> dict[str, str] | None:
+        logs = tools.kubectl("-n", TENANT, "logs", "share")
+        return parse_grant(logs.stdout)[0] if "GPUPOOL_MEMORY_LIMIT_MIB" in logs.stdout else None
+
+    env = wait_for(grant, 120, "the share pod's grant", lambda: "\n".join(p.tail(5) for p in rel.processes))
+    assert (env["GPUPOOL_MEMORY_LIMIT_MIB"], env["GPUPOOL_CORES_PERCENT"]) == ("4096", "20")
+    assert env["NVIDIA_VISIBLE_DEVICES"].startswith(f"GPU-{node.name.replace('.', '-')}-")
+    admitted: dict[str, Any] = json.loads(tools.kubectl("-n", TENANT, "get", "pod", "share", "-o", "json").stdout)
+    assert admitted["spec"]["schedulerName"] == "gpupool-lc"  # written by the release's webhook
+    assert admitted["spec"]["nodeName"] == node.name
+
+    rel.upgrade("--set", "splitCount=5")
+    status = json.loads(rel.helm("status", RELEASE, "-n", NAMESPACE, "-o", "json").stdout)
+    assert (status["version"], status["info"]["status"]) == (2, "deployed")
+    assert tools.left() == installed  # the same objects, changed in place
+    # The DaemonSet rolls its pods; here: the programs restart with the upgraded container spec.
+    rel.stop()
+    rel.start([node])
+    wait_for(lambda: allocatable_slots(tools, node.name) == 3 * 5, 120, "15 slots after the upgrade",
+             lambda: "\n".join(p.tail(5) for p in rel.processes))
+    tools.kubectl("-n", TENANT, "delete", "pod", "share", "--grace-period=1", "--wait=true")
+
+    rel.uninstall()
     assert tools.left() == []
     # ... and admitted once the release is gone (no configuration of it left behind).
     out = tools.kubectl("create", "--dry-run=server", "-f", "-", stdin=gpu_pod("after-uninstall"))
     assert out.returncode == 0, out.stderr
-

@@ -249,19 +249,24 @@ class Testbed:
                 raise
         return self.admin_request("GET", f"{collection}/{obj['metadata']['name']}")
 
-    def service_account_kubeconfig(self, namespace: str, name: str) -> Path:
+    def service_account_kubeconfig(self, namespace: str, name: str, node: str | None = None) -> Path:
         """A kubeconfig that authenticates as ServiceAccount `namespace/name` (created if missing) with a
         bound token from the TokenRequest API, as a pod's projected token is: the API server signs it,
         ties it to the account's UID and expires it (a day here; a test session is shorter), and RBAC sees
-        system:serviceaccount:<namespace>:<name>."""
-        path = self.dir / f"kubeconfig-sa-{namespace}-{name}.yaml"
+        system:serviceaccount:<namespace>:<name>. With `node`, the token is also bound to that Node, so the
+        API server names the node in the request's user info (`authentication.kubernetes.io/node-name`) as
+        it does for the token of a pod running there: what the chart's own-node policy for the agent reads."""
+        path = self.dir / f"kubeconfig-sa-{namespace}-{name}{f'-{node}' if node else ''}.yaml"
         if path.exists():
             return path
         self.ensure("/api/v1/namespaces", {"metadata": {"name": namespace}})
         self.ensure(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}})
+        spec: dict[str, Any] = {"expirationSeconds": 86400}
+        if node is not None:
+            uid = self.admin_request("GET", f"/api/v1/nodes/{node}")["metadata"]["uid"]
+            spec["boundObjectRef"] = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": uid}
         answer = self.admin_request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}/token", {
-            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 86400},
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec,
         })
         self._write_kubeconfig(path, f"sa-{namespace}-{name}", answer["status"]["token"])
         return path
@@ -388,6 +393,9 @@ class Testbed:
             "--advertise-address", "127.0.0.1",
             # The `kubernetes` Service's endpoints may not be loopback; nothing in the testbed dials it.
             "--endpoint-reconciler-type", "none",
+            # Webhooks behind a Service are dialled at an endpoint's address (no kube-proxy serves ClusterIPs
+            # here): a chart release's webhook runs as a local process (scripts/k8s/release.py).
+            "--enable-aggregator-routing=true",
             "--secure-port", str(self.api_port),
             "--cert-dir", str(self.dir / "certs"),
             "--token-auth-file", str(self.dir / "tokens.csv"),
