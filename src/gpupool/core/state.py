@@ -7,6 +7,7 @@ exactly what was taken. The scheduler's ledger and the simulator both drive it.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -171,6 +172,17 @@ class ClusterState:
         out.held = {key: Held(self.held[key].allocation, 0, self.held[key].cpu_milli, self.held[key].memory_mib)
                     for key in self.node_pods[i]}
         out.node_pods[0] = set(self.node_pods[i])
+        return out
+
+    def copy(self) -> ClusterState:
+        """An independent copy: what changes with allocate, release and set_gpu_health is copied, the rest
+        (nodes, totals, models: never changed after construction) is shared."""
+        out = copy.copy(self)
+        for name in ("cpu_free", "mem_free", "gpu_healthy", "gpu_milli_free", "gpu_mem_free", "gpu_sharers",
+                     "node_version"):
+            setattr(out, name, getattr(self, name).copy())
+        out.held = dict(self.held)  # Held is frozen: sharing the values is safe
+        out.node_pods = [set(p) for p in self.node_pods]
         return out
 
     def set_gpu_health(self, node: str, index: int, healthy: bool) -> None:

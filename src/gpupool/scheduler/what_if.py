@@ -3,7 +3,7 @@ other grants? Reclaim, the preempt verb and squeeze planning ask them, many time
 
 A `Snapshot` is copy-on-write by node: the first question about a node copies that node's row of the
 ledger's ClusterState (ClusterState.node_copy, O(one node)), and every question works on a fresh copy of
-that copy. The live state is only ever read, so a question that raises halfway, or a second question
+that copy (ClusterState.copy). The live state is only ever read, so a question that raises halfway, or a second question
 asked meanwhile, cannot leave the ledger changed (the old way, releasing and re-taking pods on the live
 state, left it corrupted when anything failed in between, and bumped the versions the fit caches key on).
 
@@ -49,7 +49,7 @@ class Snapshot:
             if i is None:
                 return None
             base = self._nodes[name] = self._state.node_copy(i)
-        return base.node_copy(0)
+        return base.copy()
 
     def holds(self, uid: str) -> Allocation | None:
         """What pod `uid` holds in the ledger's state (None: nothing)."""
