@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.commands.pool_views import pool_views
+from gpupool.scheduler.ledger import Ledger
 from gpupool.testing.embedded import load_scenario, start_embedded, workload_pods
 from gpupool.testing.kube_scheduler import KubeSchedulerDriver
+
+
+async def confirmed(ledger: Ledger, timeout_s: float = 30.0) -> None:
+    """Until the watch has shown every bound pod to the ledger (its entries no longer assumed)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while any(e.assumed for e in ledger.entries.values()):
+        assert asyncio.get_running_loop().time() < deadline, "binds not confirmed by the watch"
+        await asyncio.sleep(0.01)
 
 
 async def test_pool_views_follow_the_ledger() -> None:
@@ -18,12 +29,15 @@ async def test_pool_views_follow_the_ledger() -> None:
         pods = workload_pods(scenario, 12)
         stats = await driver.run(pods)
         assert stats.bound > 0
+        await confirmed(emb.service.ledger)
         async with httpx.AsyncClient(base_url=emb.url, timeout=30) as client:
             snap = (await client.get("/pool")).json()
             grants = [g for n in snap["nodes"] for gpu in n["gpus"] for g in gpu["grants"]]
-            # Every pod holding capacity in the ledger is listed once, by its namespace/name.
+            # Every pod holding capacity in the ledger is listed once, by its namespace/name ...
             ledger_keys = sorted(e.key for e in emb.service.ledger.entries.values())
             assert sorted({f"{g['namespace']}/{g['pod']}" for g in grants}) == ledger_keys
+            # ... with the container that asks for its GPUs (the workload's pods have one, "main").
+            assert {g["container"] for g in grants} == {"main"}
             text = (await client.get("/metrics")).text
             names = {f.name for f in text_string_to_metric_families(text)}
             assert any(n.startswith("gpupool_grant") for n in names)

@@ -30,6 +30,7 @@ def snapshot_of(service: ExtenderService) -> Snapshot:
         ledger.state,
         {key: why for key, (why, _) in pending.items()},
         names={uid: entry.key for uid, entry in ledger.entries.items()},
+        containers={uid: entry.containers for uid, entry in ledger.entries.items()},
         pending_since={key: since for key, (_, since) in pending.items()},
         now=service.clock(),
     )

@@ -57,6 +57,7 @@ class Entry:
     assumed: bool
     deadline: float = 0.0  # assumed entries are forgotten after this time
     mps: bool = False  # an MPS client on its GPUs (isolation "mps")
+    containers: str = ""  # its GPU containers (Counted.containers), known once the API shows it bound
 
 
 class LedgerView(Protocol):
@@ -313,10 +314,12 @@ class Ledger:
         if entry is not None and grants_signature(entry.allocation) == grants_signature(counted.allocation):
             confirmed = entry.assumed
             entry.assumed = False
+            entry.containers = counted.containers
             return entry if confirmed else None
         if entry is not None or uid in self.stranded:
             self.release(uid)
-        new = Entry(uid, counted.key, counted.request, counted.allocation, False, mps=counted.mps)
+        new = Entry(uid, counted.key, counted.request, counted.allocation, False, mps=counted.mps,
+                    containers=counted.containers)
         refused = self._take(new)
         if refused is not None:
             log.error("pod %s is bound with an allocation that exceeds capacity: %s", counted.key, refused)
