@@ -40,7 +40,7 @@ from gpupool.agent.service import Agent
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from gpupool.api.names import ANN_ALLOCATION, RESOURCE_GPU
 from gpupool.cluster.memory import MemoryCluster
-from gpupool.testing.kubelet import StandInKubelet
+from tests.harness.kubelet import StandInKubelet
 
 NODE = "bench-node"
 GPUS = 8

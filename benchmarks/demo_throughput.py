@@ -15,8 +15,8 @@ import os
 import statistics
 import time
 
-from gpupool.testing.embedded import load_scenario, start_embedded, workload_pods
-from gpupool.testing.kube_scheduler import KubeSchedulerDriver
+from gpupool.demo.embedded import load_scenario, start_embedded, workload_pods
+from gpupool.demo.kube_scheduler import KubeSchedulerDriver
 
 
 async def one_run(nodes: int, pods: int) -> tuple[float, int, int]:

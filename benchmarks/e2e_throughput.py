@@ -40,8 +40,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpupool.testing import fleet  # noqa: E402
-from gpupool.testing import testbed as tb  # noqa: E402
+from tests.harness import fleet  # noqa: E402
+from tests.harness import testbed as tb  # noqa: E402
 
 
 def chart_config() -> dict | None:

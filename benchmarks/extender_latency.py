@@ -42,10 +42,10 @@ import numpy as np
 
 
 def _serve(nodes: int, conn: Any) -> None:
+    from gpupool.demo.embedded import load_scenario, start_embedded, workload_pods
+    from gpupool.demo.kube_scheduler import KubeSchedulerDriver
     from gpupool.scheduler.heap import keep_frozen
     from gpupool.scheduler.server import serve_in_background
-    from gpupool.testing.embedded import load_scenario, start_embedded, workload_pods
-    from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 
     logging.basicConfig(level=logging.ERROR)
 
@@ -98,7 +98,7 @@ async def _floor_app(emb: Any, probes: dict[str, dict]) -> Any:
 
 
 def _pod(name: str, soft: bool) -> dict:
-    from gpupool.testing.embedded import PodShape, pod_object
+    from gpupool.demo.embedded import PodShape, pod_object
 
     pod = pod_object(name, "bench", PodShape(weight=1, gpu=1, cores=30, memory_mib=8192))
     if soft:

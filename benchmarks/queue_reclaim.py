@@ -41,8 +41,8 @@ from benchmarks.e2e_throughput import chart_config, start_extender  # noqa: E402
 from gpupool.api.names import ANN_ALLOCATED  # noqa: E402
 from gpupool.api.queue import LABEL_QUEUE  # noqa: E402
 from gpupool.api.squeeze import ANN_SQUEEZED  # noqa: E402
-from gpupool.testing import fleet  # noqa: E402
-from gpupool.testing import testbed as tb  # noqa: E402
+from tests.harness import fleet  # noqa: E402
+from tests.harness import testbed as tb  # noqa: E402
 
 CRD = ROOT / "deploy" / "helm" / "gpupool" / "crds" / "gpuqueues.yaml"
 QUEUES = ("flood", "owner")

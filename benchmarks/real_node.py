@@ -28,7 +28,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from gpupool.testing import testbed as tb  # noqa: E402
 from tests.e2e.conftest import Extender, chart_scheduler_config  # noqa: E402
 from tests.e2e.kubectl_tool import kubectl_binary  # noqa: E402
 from tests.e2e.real_node_fixtures import (  # noqa: E402
@@ -43,6 +42,7 @@ from tests.e2e.real_node_fixtures import (  # noqa: E402
     share_pod,
     wait_for,
 )
+from tests.harness import testbed as tb  # noqa: E402
 
 
 def time_to_running(c: RealCluster, pods: list[dict]) -> float:

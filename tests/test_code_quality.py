@@ -42,16 +42,17 @@ def test_core_imports_nothing_outside_the_domain() -> None:
 
 SRC = ROOT / "src" / "gpupool"
 SERVICES = ("scheduler", "agent", "webhook", "exporter", "dashboard", "sim")
-# Which gpupool packages each package may import (besides itself). `testing` is the harness (fake
-# kube-scheduler, embedded cluster, stand-in kubelet, testbed): no production package may import it, only
-# the entry layer (commands/ runs `gpupool demo` on it).
+# Which gpupool packages each package may import (besides itself). `demo` is what `gpupool demo` runs in
+# place of a cluster (embedded cluster, extender client, stand-in kube-scheduler): no production package may
+# import it, only the entry layer (commands/ runs `gpupool demo` on it). The real-Kubernetes harness is
+# under tests/harness, outside the package.
 MAY_IMPORT: dict[str, set[str]] = {
     "core": set(),
     "api": {"core"},
     "cluster": {"core", "api"},
     **{service: {"core", "api", "cluster"} for service in SERVICES},
-    "testing": {"core", "api", "cluster", *SERVICES},
-    "commands": {"core", "api", "cluster", *SERVICES, "testing", "hook"},
+    "demo": {"core", "api", "cluster", *SERVICES},
+    "commands": {"core", "api", "cluster", *SERVICES, "demo", "hook"},
     "cli": {"commands"},
     "__main__": {"cli"},
     "__init__": set(),
@@ -62,7 +63,7 @@ MAY_IMPORT["agent"] |= {"hook"}  # the agent installs the library on the host fo
 ONLY_IN = {
     "lightkube": ("gpupool.cluster",),
     "pynvml": ("gpupool.agent.nvml",),
-    "grpc": ("gpupool.agent", "gpupool.testing"),
+    "grpc": ("gpupool.agent",),
 }
 
 
@@ -127,16 +128,16 @@ def test_the_layer_check_catches_what_it_should() -> None:
     source = (
         "from ..scheduler import service\n"
         "def later():\n"
-        "    import gpupool.testing.embedded\n"
+        "    import gpupool.demo.embedded\n"
         "    from lightkube import AsyncClient\n"
         "from . import config\n"
         "from gpupool.api import pod\n"
     )
     assert _violations("gpupool.webhook.bad", source) == [
         "1: webhook imports gpupool.scheduler",
-        "3: webhook imports gpupool.testing.embedded",
+        "3: webhook imports gpupool.demo.embedded",
         "4: lightkube belongs in gpupool.cluster",
     ]
     # The entry layer may run the demo on the harness; core may import nothing of gpupool.
-    assert _violations("gpupool.commands.demo", "from gpupool.testing import embedded\n") == []
+    assert _violations("gpupool.commands.demo", "from gpupool.demo import embedded\n") == []
     assert _violations("gpupool.core.fit", "from ..api import pod\n") == ["1: core imports gpupool.api"]

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import realnode  # noqa: E402
 
-from gpupool.testing import testbed as tb  # noqa: E402
+from tests.harness import testbed as tb  # noqa: E402
 
 CHART = ROOT / "deploy" / "helm" / "gpupool"
 Obj = dict[str, Any]

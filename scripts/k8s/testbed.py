@@ -1,6 +1,6 @@
-"""The testbed moved into the package (src/gpupool/testing/testbed.py: `from gpupool.testing import
-testbed`). This module keeps `import testbed` working for the stand-alone scripts in this directory, and
-adds what only a source checkout has: `build()` runs build.sh. Standard library only, like the original."""
+"""The testbed lives with the test harness (tests/harness/testbed.py, outside the installed package). This
+module keeps `import testbed` working for the stand-alone scripts in this directory, and adds what only a
+source checkout has: `build()` runs build.sh. Standard library only, like the harness module."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from gpupool.testing.testbed import *  # noqa: E402, F403
-from gpupool.testing.testbed import Binaries, Process, Testbed, TestbedError  # noqa: E402, F401
+from tests.harness.testbed import *  # noqa: E402, F403
+from tests.harness.testbed import Binaries, Process, Testbed, TestbedError  # noqa: E402, F401
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build.sh"
 

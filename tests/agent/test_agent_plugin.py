@@ -16,7 +16,6 @@ from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpupool.cluster.memory import MemoryCluster
-from gpupool.testing.kubelet import StandInKubelet
 from tests.agent.agent_helpers import (
     NODE,
     RESOURCE,
@@ -28,6 +27,7 @@ from tests.agent.agent_helpers import (
     rig,
     scheduler_binds,
 )
+from tests.harness.kubelet import StandInKubelet
 
 
 def slots_of(kubelet: StandInKubelet, uuid: str) -> dict[str, str]:

@@ -17,8 +17,8 @@ from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.api.names import ANN_INVENTORY
 from gpupool.cluster.memory import MemoryCluster
-from gpupool.testing.kubelet import StandInKubelet
 from tests.agent.agent_helpers import NODE, RESOURCE, agent_config, four_gpus, pod_object, rig, scheduler_binds
+from tests.harness.kubelet import StandInKubelet
 
 
 async def test_kubelet_restart_twenty_times_reregisters_every_time() -> None:

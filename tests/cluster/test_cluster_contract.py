@@ -36,7 +36,7 @@ from gpupool.cluster.port import (
     WatchEvent,
 )
 from gpupool.cluster.reflector import Reflector
-from gpupool.testing import testbed as tb
+from tests.harness import testbed as tb
 
 QUEUES = Kind("gpupool.io", "v1alpha1", "GPUQueue", "gpuqueues", namespaced=False)
 QUEUE_CRD: Obj = {

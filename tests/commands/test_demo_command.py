@@ -5,7 +5,7 @@ from __future__ import annotations
 from click.testing import CliRunner
 
 from gpupool.commands.demo import demo
-from gpupool.testing.embedded import load_scenario, node_objects
+from gpupool.demo.embedded import load_scenario, node_objects
 
 SCENARIO = """
 version: 1

@@ -8,9 +8,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpupool.commands.pool_views import pool_views
+from gpupool.demo.embedded import load_scenario, start_embedded, workload_pods
+from gpupool.demo.kube_scheduler import KubeSchedulerDriver
 from gpupool.scheduler.ledger import Ledger
-from gpupool.testing.embedded import load_scenario, start_embedded, workload_pods
-from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 
 
 async def confirmed(ledger: Ledger, timeout_s: float = 30.0) -> None:

@@ -14,11 +14,11 @@ from starlette.applications import Starlette
 
 from gpupool.api.snapshot import Snapshot, build_snapshot
 from gpupool.dashboard import create_dashboard
+from gpupool.demo.embedded import NodeGroup, PodShape, Scenario, Workload, start_embedded, workload_pods
+from gpupool.demo.kube_scheduler import KubeSchedulerDriver, Outcome
 from gpupool.exporter import PoolCollector, metrics_route
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.server import serve_in_background
-from gpupool.testing.embedded import NodeGroup, PodShape, Scenario, Workload, start_embedded, workload_pods
-from gpupool.testing.kube_scheduler import KubeSchedulerDriver, Outcome
 
 
 def scenario() -> Scenario:

@@ -186,7 +186,7 @@ def test_kube_scheduler_image_follows_the_cluster(helm: Path) -> None:
 def test_kube_scheduler_retries_extender_refusals_as_the_testbed_does(render: Render) -> None:
     """The e2e testbed starts kube-scheduler with the chart's retry bound, so the suite sees what a cluster
     running the chart sees."""
-    from gpupool.testing.testbed import UNSCHEDULABLE_RETRY
+    from tests.harness.testbed import UNSCHEDULABLE_RETRY
 
     command = container(objects(render, "default"), "scheduler", "kube-scheduler")["command"]
     assert f"--pod-max-in-unschedulable-pods-duration={UNSCHEDULABLE_RETRY}" in command

@@ -27,8 +27,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 
 from gpupool.cluster.kube import KubeCluster  # noqa: E402
-from gpupool.testing import fleet  # noqa: E402
-from gpupool.testing import testbed as tb  # noqa: E402
+from tests.harness import fleet  # noqa: E402
+from tests.harness import testbed as tb  # noqa: E402
 
 RELEASE, NAMESPACE = "gp", "gpupool-system"  # the chart's service-account names follow from these
 # The chart's templates that define who the components are and what they may do.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpupool.testing import testbed as tb
+from tests.harness import testbed as tb
 
 
 def kubectl_binary() -> Path:

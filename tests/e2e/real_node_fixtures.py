@@ -26,9 +26,9 @@ import pytest
 from gpupool.agent.mps import CONTROL, MpsConfig, MpsSupervisor
 from gpupool.api.allocation import AllocationDoc, decode_allocation
 from gpupool.api.names import ANN_ALLOCATION, RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
-from gpupool.testing import testbed as tb
 from tests.e2e.conftest import Extender, Identities
 from tests.e2e.kubectl_tool import kubectl_binary
+from tests.harness import testbed as tb
 
 ROOT = Path(__file__).resolve().parents[2]
 FAKE_MPS = ROOT / "tests" / "agent" / "fakes"  # nvidia-cuda-mps-control for the agents' MPS daemons

@@ -20,11 +20,11 @@ from gpupool.agent.service import Agent
 from gpupool.agent.slots import slot_gpu
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY, RESOURCE_GPU
-from gpupool.testing import fleet
-from gpupool.testing import testbed as tb
-from gpupool.testing.kubelet import StandInKubelet
 from tests.e2e.conftest import Extender, Identities, kube_cluster
 from tests.e2e.e2e_checks import allocation_problems, eventually
+from tests.harness import fleet
+from tests.harness import testbed as tb
+from tests.harness.kubelet import StandInKubelet
 
 pytestmark = pytest.mark.e2e
 NS = "e2e-agent"

@@ -30,11 +30,11 @@ from typing import Any
 import pytest
 import yaml
 
-from gpupool.testing import fleet
-from gpupool.testing import testbed as tb
 from tests.e2e.conftest import ROOT
 from tests.e2e.kubectl_tool import kubectl_binary
 from tests.e2e.real_node_fixtures import _ensure_tools, parse_grant, wait_for
+from tests.harness import fleet
+from tests.harness import testbed as tb
 
 sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
 

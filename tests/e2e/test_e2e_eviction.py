@@ -4,8 +4,8 @@ with the budgets' status written by kube-controller-manager's disruption control
 import pytest
 
 from gpupool.cluster.kube import KubeCluster
-from gpupool.testing import fleet
 from tests.cluster.eviction_contract import check_eviction
+from tests.harness import fleet
 
 pytestmark = pytest.mark.e2e
 

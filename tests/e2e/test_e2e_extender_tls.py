@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 from gpupool.api.names import ANN_ALLOCATION
-from gpupool.testing import fleet
-from gpupool.testing import testbed as tb
 from tests.e2e.conftest import Identities, helm_template
 from tests.e2e.e2e_checks import eventually
+from tests.harness import fleet
+from tests.harness import testbed as tb
 
 pytestmark = pytest.mark.e2e
 

@@ -16,10 +16,10 @@ import httpx
 import pytest
 import yaml
 
-from gpupool.testing import fleet
-from gpupool.testing import testbed as tb
 from tests.e2e.conftest import Extender
 from tests.e2e.test_e2e_webhook import kubectl, manifest, registered, webhook_process  # noqa: F401 (fixtures)
+from tests.harness import fleet
+from tests.harness import testbed as tb
 
 pytestmark = pytest.mark.e2e
 NS = "e2e-hardening"

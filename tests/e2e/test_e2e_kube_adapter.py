@@ -12,9 +12,9 @@ import pytest
 from gpupool.cluster.kube import KubeCluster
 from gpupool.cluster.port import Conflict, NotFound, WatchEvent
 from gpupool.scheduler.leader import LeaderElector
-from gpupool.testing import fleet
 from tests.e2e.conftest import kube_cluster
 from tests.e2e.e2e_checks import eventually
+from tests.harness import fleet
 
 pytestmark = pytest.mark.e2e
 NS = "e2e-adapter"

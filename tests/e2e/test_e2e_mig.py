@@ -9,9 +9,9 @@ import pytest
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.inventory import encode_inventory
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
-from gpupool.testing import fleet
 from tests.e2e.conftest import Extender
 from tests.e2e.test_e2e_scheduling import _create_all, _wait_bound
+from tests.harness import fleet
 
 pytestmark = pytest.mark.e2e
 

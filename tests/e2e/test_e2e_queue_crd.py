@@ -12,8 +12,8 @@ import pytest
 
 from gpupool.api.queue import read_queues
 from gpupool.core.queues import Quota
-from gpupool.testing import testbed as tb
 from tests.e2e.kubectl_tool import kubectl_binary
+from tests.harness import testbed as tb
 
 pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parents[2]

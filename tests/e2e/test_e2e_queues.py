@@ -14,9 +14,9 @@ from gpupool.api.queue import LABEL_QUEUE
 from gpupool.cluster.kube import KubeCluster
 from gpupool.cluster.port import EVENTS, PDBS
 from gpupool.scheduler.queues import GPUQUEUES
-from gpupool.testing import fleet
 from tests.e2e.conftest import Extender
 from tests.e2e.e2e_checks import eventually
+from tests.harness import fleet
 
 pytestmark = pytest.mark.e2e
 QUEUES = ("e2e-qa", "e2e-qb")

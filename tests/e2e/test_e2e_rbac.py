@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-from gpupool.testing import testbed as tb
 from tests.e2e.conftest import NAMESPACE
+from tests.harness import testbed as tb
 
 pytestmark = pytest.mark.e2e
 

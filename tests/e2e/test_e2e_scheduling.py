@@ -11,9 +11,9 @@ import httpx
 import pytest
 
 from gpupool.api.names import ANN_ALLOCATION
-from gpupool.testing import fleet
 from tests.e2e.conftest import Extender
 from tests.e2e.e2e_checks import allocation_problems, eventually
+from tests.harness import fleet
 
 pytestmark = pytest.mark.e2e
 

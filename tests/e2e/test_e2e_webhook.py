@@ -18,10 +18,10 @@ import httpx
 import pytest
 import yaml
 
-from gpupool.testing import fleet
-from gpupool.testing import testbed as tb
 from tests.e2e.conftest import ROOT, Identities
 from tests.e2e.kubectl_tool import kubectl_binary
+from tests.harness import fleet
+from tests.harness import testbed as tb
 from tests.webhook.helpers import make_tls
 
 pytestmark = pytest.mark.e2e

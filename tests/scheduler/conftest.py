@@ -14,11 +14,11 @@ from gpupool.api.extender import ExtenderBindingArgs
 from gpupool.api.queue import LABEL_QUEUE
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import CRDS, NAMESPACES
+from gpupool.demo.embedded import NodeGroup, PodShape, Scenario, Workload, node_objects, start_embedded
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.framework.plugins.queue_reclaim import QueueReclaim
 from gpupool.scheduler.queues import GPUQUEUES
 from gpupool.scheduler.service import ExtenderService
-from gpupool.testing.embedded import NodeGroup, PodShape, Scenario, Workload, node_objects, start_embedded
 
 
 def small_scenario(nodes: int = 2, gpus: int = 8, memory_mib: int = 16384) -> Scenario:

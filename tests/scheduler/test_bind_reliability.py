@@ -15,9 +15,9 @@ from gpupool.api.names import ANN_ALLOCATION
 from gpupool.api.node_objects import nodes_from_objects
 from gpupool.api.recompute import recompute
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.demo.embedded import node_objects, start_embedded
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.service import ExtenderService
-from gpupool.testing.embedded import node_objects, start_embedded
 from tests.scheduler.conftest import gpu_pod, record_pod_reads, small_scenario
 
 

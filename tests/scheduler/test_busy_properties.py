@@ -17,9 +17,9 @@ from gpupool.api.extender import ExtenderBindingArgs
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.api.times import parse_time
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.demo.embedded import node_objects
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.service import ExtenderService
-from gpupool.testing.embedded import node_objects
 from tests.scheduler.conftest import gpu_pod, small_scenario
 
 TIMEOUT = 60.0

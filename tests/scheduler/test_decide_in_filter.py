@@ -10,9 +10,9 @@ import pytest
 from gpupool.api.extender import ExtenderArgs
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import NODES
+from gpupool.demo.embedded import node_objects
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.service import ExtenderService
-from gpupool.testing.embedded import node_objects
 from tests.scheduler.conftest import bind_args, eventually, gpu_pod, small_scenario
 
 NAMES = ["gpu-0000", "gpu-0001"]

@@ -6,8 +6,8 @@ import asyncio
 import contextlib
 from typing import Any
 
-from gpupool.testing.embedded import PodShape, Scenario, Workload, churn, start_embedded, workload_pods
-from gpupool.testing.kube_scheduler import KubeSchedulerDriver
+from gpupool.demo.embedded import PodShape, Scenario, Workload, churn, start_embedded, workload_pods
+from gpupool.demo.kube_scheduler import KubeSchedulerDriver
 from tests.scheduler.conftest import small_scenario
 from tests.scheduler.test_bind_reliability import settle
 

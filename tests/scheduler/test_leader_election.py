@@ -64,9 +64,9 @@ async def test_leader_that_cannot_renew_steps_down_after_the_renew_deadline():
 async def test_failover_between_replicas_serves_only_after_a_fresh_sync():
     import httpx
 
+    from gpupool.demo.embedded import node_objects
     from gpupool.scheduler.config import SchedulerConfig
     from gpupool.scheduler.runner import start_replica
-    from gpupool.testing.embedded import node_objects
     from tests.scheduler.conftest import gpu_pod, small_scenario
 
     cluster = MemoryCluster()

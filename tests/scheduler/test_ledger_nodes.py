@@ -8,8 +8,8 @@ import json
 from gpupool.api.allocation import encode_allocation
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
 from gpupool.core.model import Allocation, GPUGrant
+from gpupool.demo.embedded import node_objects
 from gpupool.scheduler.ledger import Ledger
-from gpupool.testing.embedded import node_objects
 from tests.scheduler.conftest import gpu_pod, small_scenario
 
 

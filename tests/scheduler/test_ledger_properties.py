@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 
 from gpupool.api.recompute import recompute
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.demo.embedded import FakeKubelet, node_objects
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.ledger import Ledger
 from gpupool.scheduler.service import ExtenderService
-from gpupool.testing.embedded import FakeKubelet, node_objects
 from tests.scheduler.conftest import gpu_pod, small_scenario
 from tests.scheduler.test_bind_reliability import _args, assert_within_capacity, settle
 

@@ -15,10 +15,10 @@ import pytest
 
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
+from gpupool.demo.embedded import Embedded, NodeGroup, PodShape, Scenario, Workload, start_embedded
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.framework.plugins.mig import MigPlacement
 from gpupool.scheduler.mig_layouts import MigState
-from gpupool.testing.embedded import Embedded, NodeGroup, PodShape, Scenario, Workload, start_embedded
 from tests.scheduler.conftest import eventually, gpu_pod
 
 MIG_NODE, PLAIN_NODE = "gpu-0000", "gpu-0001"

@@ -16,9 +16,9 @@ from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import CRDS, NAMESPACES
 from gpupool.core.model import Allocation, GPUGrant, GPURequest, PodRequest
 from gpupool.core.queues import charge_of_allocation
+from gpupool.demo.embedded import node_objects
 from gpupool.scheduler.ledger import Ledger
 from gpupool.scheduler.queues import GPUQUEUES, QueueCache
-from gpupool.testing.embedded import node_objects
 from tests.scheduler.conftest import eventually, small_scenario
 
 CRD = Path(__file__).resolve().parents[2] / "deploy/helm/gpupool/crds/gpuqueues.yaml"

@@ -10,11 +10,11 @@ import httpx
 import pytest
 
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.demo.embedded import node_objects
 from gpupool.scheduler.app import create_app
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.server import serve_in_background
 from gpupool.scheduler.service import ExtenderService
-from gpupool.testing.embedded import node_objects
 from tests.scheduler.conftest import eventually, gpu_pod, small_scenario
 
 START = 10_000.0

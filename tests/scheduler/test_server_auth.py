@@ -18,10 +18,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from gpupool.cli import main as cli
+from gpupool.demo.extender_client import JsonClient
 from gpupool.scheduler.auth import server_security
 from gpupool.scheduler.config import ConfigError, SchedulerConfig
 from gpupool.scheduler.server import ServerHandle, serve_in_background
-from gpupool.testing.extender_client import JsonClient
 from tests.tls_material import Pair, issue, make_ca
 
 TOKEN = "s3cret-token-0123456789abcdef"

@@ -11,10 +11,10 @@ from gpupool.api.node_objects import nodes_from_objects
 from gpupool.api.recompute import recompute
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.core.model import GPU
+from gpupool.demo.embedded import SPLIT, PodShape, Scenario, Workload, load_scenario, start_embedded, workload_pods
+from gpupool.demo.kube_scheduler import KubeSchedulerDriver
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.service import ExtenderService
-from gpupool.testing.embedded import SPLIT, PodShape, Scenario, Workload, load_scenario, start_embedded, workload_pods
-from gpupool.testing.kube_scheduler import KubeSchedulerDriver
 from tests.scheduler.conftest import bind_args, gpu_pod, started_service
 
 

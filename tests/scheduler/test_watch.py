@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from gpupool.api.extender import ExtenderArgs
-from gpupool.testing.embedded import node_objects
+from gpupool.demo.embedded import node_objects
 from tests.scheduler.conftest import eventually, gpu_pod, small_scenario, started_service
 
 

@@ -15,11 +15,11 @@ import pytest
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.demo.embedded import Embedded, node_objects, start_embedded
 from gpupool.scheduler.app import create_app
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.server import serve_in_background
 from gpupool.scheduler.service import ExtenderService
-from gpupool.testing.embedded import Embedded, node_objects, start_embedded
 from tests.scheduler.conftest import decided, gpu_pod, small_scenario
 
 CLEAN = {"missing": [], "extra": [], "different": [], "overcommitted": []}

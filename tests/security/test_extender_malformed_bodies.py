@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from gpupool.demo.embedded import Embedded, start_embedded
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.testing.embedded import Embedded, start_embedded
 from tests.scheduler.conftest import gpu_pod, small_scenario
 
 JSON = st.recursive(

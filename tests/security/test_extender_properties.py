@@ -18,9 +18,9 @@ from gpupool.api.node_objects import nodes_from_objects
 from gpupool.api.pod import parse_pod
 from gpupool.api.recompute import recompute
 from gpupool.cluster.memory import MemoryCluster
+from gpupool.demo.embedded import SPLIT, FakeKubelet, node_objects
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.service import ExtenderService
-from gpupool.testing.embedded import SPLIT, FakeKubelet, node_objects
 from tests.scheduler.conftest import gpu_pod, small_scenario
 from tests.scheduler.test_bind_reliability import assert_within_capacity, settle
 

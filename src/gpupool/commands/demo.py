@@ -26,20 +26,15 @@ from gpupool.core.policies import policy_names
 @click.option("--serve", is_flag=True, help="Keep running after the workload (until Ctrl-C) so tools can attach.")
 @click.option("--churn", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS",
               help="With --serve: pods finish after about SECONDS and new ones arrive, so the pool keeps moving.")
-@click.option("--kube", is_flag=True,
-              help="Run on a real Kubernetes 1.37 control plane instead (binaries from scripts/k8s-testbed build).")
 def demo(
     scenario_path: Path | None, nodes: int | None, pods: int | None, policy: str | None, port: int, weight: int,
-    serve: bool, churn: float | None, kube: bool,
+    serve: bool, churn: float | None,
 ) -> None:
     """Start an embedded cluster of fake GPU nodes, the gpupool extender on 127.0.0.1 and a fake
     kube-scheduler that submits the scenario's workload over HTTP (filter -> prioritize -> bind).
-    With --kube, etcd, kube-apiserver and the real kube-scheduler do the work (20 nodes, 200 pods)."""
-    if kube:
-        from gpupool.commands.demo_kube import run_kube_demo
-
-        raise SystemExit(run_kube_demo(nodes, pods, policy, serve))
-    from gpupool.testing.embedded import ScenarioError, load_scenario
+    For a real Kubernetes 1.37 cluster with gpupool installed from its chart, run
+    `scripts/k8s-testbed up --nodes 2 --gpupool` from a source checkout (docs/e2e.md)."""
+    from gpupool.demo.embedded import ScenarioError, load_scenario
 
     try:
         scenario = load_scenario(scenario_path)
@@ -63,10 +58,10 @@ async def _run(
     from gpupool.commands.pool_views import pool_views
     from gpupool.commands.signals import until_stopped
     from gpupool.core.policies import DEFAULT_POLICY
+    from gpupool.demo.embedded import churn as keep_busy
+    from gpupool.demo.embedded import start_embedded, workload_pods
+    from gpupool.demo.kube_scheduler import KubeSchedulerDriver, Outcome
     from gpupool.scheduler.config import SchedulerConfig
-    from gpupool.testing.embedded import churn as keep_busy
-    from gpupool.testing.embedded import start_embedded, workload_pods
-    from gpupool.testing.kube_scheduler import KubeSchedulerDriver, Outcome
 
     console = Console()
     config = SchedulerConfig(port=port, leader_elect=False, default_policy=policy or DEFAULT_POLICY)

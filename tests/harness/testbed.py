@@ -1,9 +1,9 @@
 """A real Kubernetes control plane on loopback: etcd, kube-apiserver, kube-controller-manager and
 kube-scheduler (1.37, built from their Go modules by scripts/k8s/build.sh), for the end-to-end tests, the
-e2e benchmark and `gpupool demo --kube`.
+e2e benchmarks and `scripts/k8s-testbed up`.
 
-Standard library only (gpupool/__init__ and gpupool/testing/__init__ import nothing), so the
-`scripts/k8s-testbed` command runs without the project's virtualenv.
+Standard library only (tests/__init__ and tests/harness/__init__ import nothing), so `scripts/k8s-testbed
+build` and `check` run without the project's virtualenv.
 
 - The API server listens on 127.0.0.1 on a free port, serves a self-signed certificate (--cert-dir) and
   knows three static bearer tokens (token file), all in system:masters: an administrator, and two users

@@ -1,6 +1,6 @@
 """Fake GPU nodes, share pods and a status-only kubelet on a real API server (the testbed's), over raw REST.
 
-Used by the e2e tests, benchmarks/e2e_throughput.py and `gpupool demo --kube`. Needs the project's
+Used by the e2e tests and benchmarks/e2e_throughput.py. Needs the project's
 virtualenv (httpx, gpupool.api).
 
 Nodes are plain API objects: this module writes what a kubelet and the gpupool agent would write (status

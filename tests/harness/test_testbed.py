@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gpupool.testing.testbed import Process
+from tests.harness.testbed import Process
 
 
 def _exited(tmp_path: Path, lines: list[str]) -> Process:

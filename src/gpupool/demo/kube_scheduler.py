@@ -16,7 +16,7 @@ from typing import Any
 
 from gpupool.api.pod import pod_key
 from gpupool.cluster.port import ClusterPort, Obj
-from gpupool.testing.extender_client import JsonClient
+from gpupool.demo.extender_client import JsonClient
 
 
 @dataclass(slots=True)

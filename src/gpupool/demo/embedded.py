@@ -97,7 +97,7 @@ class Scenario(BaseModel):
 
 
 def default_scenario_path() -> Path:
-    return Path(str(resources.files("gpupool.testing") / "scenarios" / "default.yaml"))
+    return Path(str(resources.files("gpupool.demo") / "scenarios" / "default.yaml"))
 
 
 def load_scenario(path: str | Path | None = None) -> Scenario:
