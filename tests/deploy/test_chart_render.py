@@ -281,7 +281,7 @@ def test_rendered_env_is_a_valid_configuration_for_each_component(
     agent = agent_config(env=env_of(container(objs, "agent", "agent")))
     assert (agent.node_name, agent.isolation, agent.split) == ("gpu-node-1", isolation, split)
     assert str(agent.device_plugin_dir) == "/var/lib/kubelet/device-plugins"
-    hook = webhook_config({}, env_of(container(objs, "webhook", "webhook")))
+    hook = webhook_config(env=env_of(container(objs, "webhook", "webhook")))
     assert (hook.scheduler_name, hook.default_isolation) == (scheduler_name, isolation)
     assert hook.trusted_users == (
         f"system:serviceaccount:{NAMESPACE}:gp-gpupool-scheduler",

@@ -55,7 +55,7 @@ def test_allow_env_from_reaches_the_webhook(render: Render, values: dict[str, An
     objs = render({"webhook": {"admission": values}})
     [deployment] = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-webhook")]
     env = {e["name"]: e.get("value", "") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    settings = load_config({}, env).settings()
+    settings = load_config(env=env).settings()
     if "policies" in values:
         assert settings.policy("ml").allow_env_from and not settings.policy().allow_env_from
     else:

@@ -147,7 +147,7 @@ def test_chart_policies_are_the_ones_the_webhook_reads(render: Render) -> None: 
     objs = render({"isolation": "mps", "webhook": {"admission": {"policies": POLICIES, "strict": True}}})
     (deploy,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"].endswith("-webhook")]
     env = {e["name"]: e["value"] for e in deploy["spec"]["template"]["spec"]["containers"][0]["env"]}
-    settings = load_config({}, env).settings()
+    settings = load_config(env=env).settings()
     default = settings.policy()
     # allowedIsolation empty: mps and every mode at least as strong (hook ranks with mps, mig above)
     assert (default.default_isolation, default.strict) == ("mps", True)
@@ -175,4 +175,4 @@ def test_chart_policies_are_the_ones_the_webhook_reads(render: Render) -> None: 
 )
 def test_bad_policy_configuration_is_named(env: dict[str, str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
-        load_config({}, env)
+        load_config(env=env)

@@ -10,7 +10,7 @@ from gpupool.webhook.config import ConfigError, load_config
 
 
 def test_defaults() -> None:
-    config = load_config({}, {})
+    config = load_config(None, {}, {})
     assert (config.port, config.scheduler_name, config.default_isolation) == (8443, "gpupool-scheduler", "hook")
     assert config.allow_privileged is False and config.trusted_users == ()
 
@@ -19,12 +19,12 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
     file = tmp_path / "webhook.yaml"
     file.write_text("port: 9000\nscheduler_name: from-file\ndefault_isolation: none\n")
     env = {"GPUPOOL_WEBHOOK_PORT": "9100", "GPUPOOL_WEBHOOK_TRUSTED_USERS": "system:serviceaccount:a:b, u2"}
-    config = load_config({"port": 9200, "scheduler_name": None}, env, file)
+    config = load_config(file, {"port": 9200, "scheduler_name": None}, env)
     assert config.port == 9200  # flag
     assert config.scheduler_name == "from-file"  # flag not given, no env: file
     assert config.default_isolation == "none"
     assert config.trusted_users == ("system:serviceaccount:a:b", "u2")  # env, comma-separated
-    assert load_config({}, env, file).port == 9100  # env over file
+    assert load_config(file, {}, env).port == 9100  # env over file
 
 
 @pytest.mark.parametrize(
@@ -39,7 +39,7 @@ def test_precedence_flag_over_env_over_file(tmp_path: Path) -> None:
 )
 def test_bad_values_name_the_field(flags: dict[str, object], env: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match="^webhook config ") as e:
-        load_config(flags, env)
+        load_config(None, flags, env)
     assert message in str(e.value)
 
 
@@ -47,10 +47,10 @@ def test_bad_file(tmp_path: Path) -> None:
     file = tmp_path / "w.yaml"
     file.write_text("prot: 1\n")
     with pytest.raises(ConfigError, match="prot: Extra inputs are not permitted"):
-        load_config({}, {}, file)
+        load_config(file, {}, {})
     file.write_text("- a list\n")
     with pytest.raises(ConfigError, match="expected a mapping"):
-        load_config({}, {}, file)
+        load_config(file, {}, {})
     file.write_text("apiVersion: webhook.gpupool.io/v9\n")
     with pytest.raises(ConfigError, match="unsupported config version"):
-        load_config({}, {}, file)
+        load_config(file, {}, {})

@@ -9,9 +9,8 @@ writes it with toJson). Nothing else in the webhook reads the environment.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -154,7 +153,4 @@ class WebhookConfig(BaseModel):
 LOADER = ConfigLoader(WebhookConfig, ENV_PREFIX, "webhook")
 
 
-def load_config(flags: Mapping[str, Any], env: Mapping[str, str], file: Path | None = None) -> WebhookConfig:
-    """LOADER.load with the argument order this function had before the services shared one loader; kept
-    for its callers (tests of the chart). New code calls LOADER.load(file, flags, env)."""
-    return LOADER.load(file, flags, env)
+load_config = LOADER.load
