@@ -24,7 +24,7 @@ def test_ruff_is_clean() -> None:
 
 
 def test_core_imports_nothing_outside_the_domain() -> None:
-    """ARCHITECTURE.md: core never imports I/O libraries or other gpupool layers."""
+    """docs/architecture.md: core never imports I/O libraries or other gpupool layers."""
     forbidden = ("lightkube", "grpc", "pynvml", "starlette", "uvicorn", "httpx", "pydantic", "yaml", "os",
                  "gpupool.api", "gpupool.cluster", "gpupool.scheduler", "gpupool.agent", "gpupool.sim")
     offenders = []
@@ -38,7 +38,7 @@ def test_core_imports_nothing_outside_the_domain() -> None:
     assert offenders == []
 
 
-# --- layers (ARCHITECTURE.md, "Layers") ------------------------------------------------------------------
+# --- layers (docs/architecture.md, "Layers") ------------------------------------------------------------
 
 SRC = ROOT / "src" / "gpupool"
 SERVICES = ("scheduler", "agent", "webhook", "exporter", "dashboard", "sim")
@@ -59,7 +59,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "hook": set(),  # where the built CUDA interception library lies (native/): imports nothing of gpupool
 }
 MAY_IMPORT["agent"] |= {"hook"}  # the agent installs the library on the host for isolation hook
-# Third-party libraries that belong to one adapter (ARCHITECTURE.md: one adapter per external system).
+# Third-party libraries that belong to one adapter (docs/architecture.md: one adapter per external system).
 ONLY_IN = {
     "lightkube": ("gpupool.cluster",),
     "pynvml": ("gpupool.agent.nvml",),

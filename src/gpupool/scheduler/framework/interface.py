@@ -5,7 +5,7 @@ A plugin is a class with a `name`, built by its module's factory from a `Handle`
 
   PreFilter  pre_filter(cycle) -> Status            checks on the pod alone; may derive cycle data
   Filter     filter(cycle, nodes) -> None           rejects nodes of `nodes` with a reason (in bulk)
-  PostFilter post_filter(cycle, nodes) -> Status    when no node fits (pending note; later: preemption)
+  PostFilter post_filter(cycle, nodes) -> Status    when no node fits (pending note, queue reclaim)
   Score      score(cycle, nodes) -> NodeScores      scores (higher is better) and nodes to avoid
   Reserve    reserved(cycle, node) -> bool          the pod already holds a reservation there
              reserve(cycle, node) -> Status         take capacity on the chosen node
