@@ -38,3 +38,25 @@ def test_regrant_replaces_a_grant_or_changes_nothing() -> None:
     assert state.regrant("p", Allocation("p", "b", grant("b0", 0, 200))) is None
     assert int(state.gpu_milli_free[1, 0]) == 400 and int(state.cpu_free[1]) == 7000  # CPU kept as held
     assert state.regrant("nobody", Allocation("nobody", "b", grant("b0", 0, 1))) == "pod nobody holds nothing"
+
+
+def test_fits_without_answers_on_a_copy_and_leaves_the_state_alone() -> None:
+    from gpupool.core.fit import fits_without
+    from gpupool.core.model import GPURequest
+
+    state = ClusterState(NODES)
+    p, q = PodRequest("p", 1000, 2048), PodRequest("q", 0, 0)
+    assert state.allocate(p, Allocation("p", "b", grant("b0", 0, 600))) is None
+    assert state.allocate(q, Allocation("q", "b", grant("b1", 1, 700))) is None
+    r = PodRequest("r", 0, 0)
+    assert state.allocate(r, Allocation("r", "a", grant("a0", 0, 700))) is None
+    before = (state.gpu_milli_free.tolist(), state.cpu_free.tolist(), dict(state.held), state.node_version.tolist())
+    wants = PodRequest("w", 0, 0, GPURequest(count=1, milli=500, memory_mib=1024))
+    # b0 has 400 free, b1 300: half a GPU fits only once one of their holders is gone.
+    assert not fits_without(state, wants, state.index["b"], [])
+    assert fits_without(state, wants, state.index["b"], [p])
+    assert fits_without(state, wants, state.index["b"], [q])
+    assert not fits_without(state, wants, state.index["a"], [p])  # p holds nothing on a: a0 keeps 300 free
+    assert fits_without(state, wants, state.index["a"], [r])
+    after = (state.gpu_milli_free.tolist(), state.cpu_free.tolist(), dict(state.held), state.node_version.tolist())
+    assert after == before  # versions too: the fit caches key on them

@@ -112,12 +112,9 @@ def check(state: ClusterState, pod: PodRequest, nodes: IntArray | None = None) -
 
 def fits_without(state: ClusterState, pod: PodRequest, node: int, gone: Iterable[PodRequest]) -> bool:
     """Would `pod` fit on node `node` if the pods `gone` (holding allocations in `state`, by key) were gone?
-    Their allocations are released for the question and taken again before it returns, so the state is
-    unchanged afterwards (callers must not yield in between). Reclaim and preemption ask it."""
-    taken = [(p, state.release(p.key)) for p in gone]
-    try:
-        return bool(check(state, pod, np.asarray([node], dtype=np.int64)).code[0] == OK)
-    finally:
-        for p, allocation in taken:
-            if allocation is not None:
-                state.allocate(p, allocation)
+    Asked on a copy of that node (ClusterState.node_copy): `state` is never changed, even for a moment. The
+    simulator's reclaim asks it."""
+    alone = state.node_copy(node)
+    for p in gone:
+        alone.release(p.key)
+    return bool(check(alone, pod, np.asarray([0], dtype=np.int64)).code[0] == OK)
