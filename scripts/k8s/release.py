@@ -251,10 +251,11 @@ class LocalRelease:
         self.processes.clear()
 
 
-def example_pod(name: str, namespace: str, memory_mib: int = 10240, cores: int = 30) -> Obj:
+def example_pod(name: str, namespace: str, memory_mib: int = 10240, cores: int = 30,
+                node_selector: dict[str, str] | None = None) -> Obj:
     """A share pod as a tenant writes it: no schedulerName (the release's webhook sets it), the testbed's
     busybox image (never pulled) and a toleration for the testbed's real-node taint."""
-    return {
+    pod: Obj = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
@@ -265,6 +266,9 @@ def example_pod(name: str, namespace: str, memory_mib: int = 10240, cores: int =
                                                      "gpupool.io/gpu-cores": str(cores)}}}],
         },
     }
+    if node_selector:
+        pod["spec"]["nodeSelector"] = node_selector
+    return pod
 
 
 def dump(obj: Obj) -> str:

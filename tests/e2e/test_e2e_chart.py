@@ -134,7 +134,9 @@ def test_install_run_a_share_pod_upgrade_uninstall(tools: Tools, testbed: tb.Tes
     rel.start([node])
     wait_for(lambda: allocatable_slots(tools, node.name) == 3 * 10, 120, "the release's agent's 30 slots",
              lambda: "\n".join(p.tail(5) for p in rel.processes))
-    pod = release.example_pod("share", TENANT, memory_mib=4096, cores=20)
+    # On this module's node: the suite's shared control plane may hold other tests' fake GPU nodes.
+    pod = release.example_pod("share", TENANT, memory_mib=4096, cores=20,
+                              node_selector={realnode.REAL_NODE_LABEL: node.labels[realnode.REAL_NODE_LABEL]})
     created = tools.kubectl("create", "-f", "-", stdin=json.dumps(pod))
     assert created.returncode == 0, created.stderr
 
