@@ -41,7 +41,7 @@ def test_core_imports_nothing_outside_the_domain() -> None:
 # --- layers (docs/architecture.md, "Layers") ------------------------------------------------------------
 
 SRC = ROOT / "src" / "gpupool"
-SERVICES = ("scheduler", "agent", "webhook", "exporter", "dashboard", "sim")
+SERVICES = ("scheduler", "agent", "webhook", "exporter", "dashboard", "sim", "doctor")
 # Which gpupool packages each package may import (besides itself). `demo` is what `gpupool demo` runs in
 # place of a cluster (embedded cluster, extender client, stand-in kube-scheduler): no production package may
 # import it, only the entry layer (commands/ runs `gpupool demo` on it). The real-Kubernetes harness is

@@ -19,6 +19,7 @@ SUBCOMMANDS = {
     "top": "Show the pool in the terminal.",
     "hook": "The CUDA interception library behind hook isolation (gpupool hook path).",
     "mig": "MIG geometry, layouts and what-if planning per isolation.",
+    "doctor": "Check an installation end to end and say what is wrong and how to fix it.",
 }
 
 

@@ -106,3 +106,28 @@ def test_every_service_account_is_used_by_one_workload(render: Render) -> None:
         o["spec"]["template"]["spec"]["serviceAccountName"] for o in objs if o["kind"] in ("Deployment", "DaemonSet")
     )
     assert accounts == used == ["gp-gpupool-agent", "gp-gpupool-scheduler", "gp-gpupool-webhook"]
+
+
+@pytest.mark.parametrize("watchdog", [False, True])
+def test_the_doctors_rights_table_is_the_charts_own_roles(render: Render, watchdog: bool) -> None:
+    """`gpupool doctor` asks for each right in gpupool.doctor.rbac.NEEDS; its `chart` rows must be exactly
+    the rules of the chart's own roles (for the values that switch rules on), so neither can drift."""
+    from gpupool.doctor.rbac import NEEDS
+
+    account = "gp-gpupool-{}"
+    rendered = set()
+    for obj in render({"agent": {"watchdog": {"enabled": watchdog}}}):
+        if obj["kind"] not in ("ClusterRole", "Role"):
+            continue
+        component = next(c for c in NEEDS if obj["metadata"]["name"].startswith(account.format(c)))
+        for rule in obj["rules"]:
+            for verb in rule["verbs"]:
+                for resource in rule["resources"]:
+                    for group in rule.get("apiGroups", []):
+                        for name in rule.get("resourceNames") or [""]:
+                            rendered.add((component, verb, group, resource, obj["kind"] == "Role", name))
+    enabled = {"watchdog"} if watchdog else set()
+    table = {(c, a.verb, a.group, a.resource, a.in_release_namespace, a.object_name(account.format(c)))
+             for c, needs in NEEDS.items() for a in needs if a.chart and (not a.when or a.when in enabled)}
+    assert len(table) > 10
+    assert rendered == table

@@ -226,11 +226,11 @@ class KubeCluster(ClusterPort):
     ) -> AsyncIterator[WatchEvent]:
         return self._watch(kind, resource_version, namespace, labels, fields)
 
-    async def create_object(self, kind: Kind, obj: Obj) -> Obj:
+    async def create_object(self, kind: Kind, obj: Obj, *, dry_run: bool = False) -> Obj:
         body = {**obj, "apiVersion": kind.api_version, "kind": kind.kind}
         if kind.namespaced:
             body = _namespaced(body)
-        return to_obj(await self._call(self.client.create(self._resource(kind).from_dict(body))))
+        return to_obj(await self._call(self.client.create(self._resource(kind).from_dict(body), dry_run=dry_run)))
 
     async def patch_object(
         self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None,

@@ -265,7 +265,7 @@ class MemoryCluster(ClusterPort):
         self._emit(k, type_, obj)
         return _copy(obj)
 
-    def _create(self, kind: Kind, obj: Obj) -> Obj:
+    def _create(self, kind: Kind, obj: Obj, dry_run: bool = False) -> Obj:
         store = self._kind(kind)
         obj = copy_obj(obj)
         meta = obj.setdefault("metadata", {})
@@ -287,6 +287,8 @@ class MemoryCluster(ClusterPort):
         meta.pop("resourceVersion", None)
         obj["apiVersion"] = kind.api_version
         obj["kind"] = kind.kind
+        if dry_run:  # checked like a real create, stored nowhere (no resourceVersion, no watch event)
+            return obj
         return self._write(kind, obj, "ADDED")
 
     def _list(
@@ -385,9 +387,9 @@ class MemoryCluster(ClusterPort):
     ) -> AsyncIterator[WatchEvent]:
         return self._watch(kind, resource_version, namespace, labels, fields)
 
-    async def create_object(self, kind: Kind, obj: Obj) -> Obj:
+    async def create_object(self, kind: Kind, obj: Obj, *, dry_run: bool = False) -> Obj:
         await self._io()
-        return self._create(kind, obj)
+        return self._create(kind, obj, dry_run)
 
     async def patch_object(
         self, kind: Kind, name: str, patch: Mapping[str, Any], *, namespace: str | None = None,

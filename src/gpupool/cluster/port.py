@@ -151,8 +151,10 @@ class ClusterPort(Protocol):
         matching arrives as ADDED, one that stops matching as DELETED."""
         ...
 
-    async def create_object(self, kind: Kind, obj: Obj) -> Obj:
-        """Create; a namespaced object without metadata.namespace goes to `default`."""
+    async def create_object(self, kind: Kind, obj: Obj, *, dry_run: bool = False) -> Obj:
+        """Create; a namespaced object without metadata.namespace goes to `default`. With `dry_run` the server
+        admits and validates it (webhooks included, as `kubectl create --dry-run=server`) and answers the
+        object as it would have stored it, storing nothing."""
         ...
 
     async def patch_object(

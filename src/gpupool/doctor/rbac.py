@@ -1,0 +1,64 @@
+"""What each component's ServiceAccount must be allowed to do, asked of the API server one
+SubjectAccessReview per line.
+
+The rows marked `chart` are exactly the rules of the chart's own Roles and ClusterRoles
+(`tests/deploy/test_chart_rbac.py` compares them with the rendered chart, both ways), so the doctor and the
+chart cannot drift apart. The other rows come from the built-in roles the chart binds for kube-scheduler
+(`system:kube-scheduler`): a few of the rights without which no GPU pod is placed, asked so that a missing
+binding shows too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Placeholders in `Access.name`: the component's ServiceAccount name (the chart names the scheduler's
+# leader-election Lease after it).
+ACCOUNT = "{account}"
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    verb: str
+    group: str
+    resource: str  # with its subresource: "pods/eviction"
+    why: str
+    in_release_namespace: bool = False  # False: cluster-wide
+    name: str = ""  # one object only ("" = any); ACCOUNT is replaced
+    chart: bool = True  # a rule of the chart's own roles (False: a built-in role the chart binds)
+    when: str = ""  # "" always; "watchdog": only with agent.watchdog.enabled
+
+    def object_name(self, account: str) -> str:
+        return self.name.replace(ACCOUNT, account)
+
+
+def _rows(verbs: str, group: str, resource: str, why: str, *, in_release_namespace: bool = False, name: str = "",
+          chart: bool = True, when: str = "") -> list[Access]:
+    return [Access(v, group, resource, why, in_release_namespace, name, chart, when) for v in verbs.split()]
+
+
+NEEDS: dict[str, list[Access]] = {
+    "scheduler": [
+        *_rows("list watch", "", "nodes", "the extender's node cache"),
+        *_rows("list watch", "gpupool.io", "gpuqueues", "team queues"),
+        *_rows("patch", "gpupool.io", "gpuqueues/status", "team queue usage"),
+        *_rows("list watch", "", "namespaces", "the namespace label that joins a queue"),
+        *_rows("create", "", "pods/eviction", "queue reclaim and preemption"),
+        *_rows("create", "coordination.k8s.io", "leases", "kube-scheduler's leader election",
+               in_release_namespace=True),
+        *_rows("get update", "coordination.k8s.io", "leases", "kube-scheduler's leader election",
+               in_release_namespace=True, name=f"{ACCOUNT}-kube"),
+        *_rows("list watch", "", "pods", "kube-scheduler sees pods (system:kube-scheduler)", chart=False),
+        *_rows("create", "", "pods/binding", "kube-scheduler binds (system:kube-scheduler)", chart=False),
+    ],
+    "agent": [
+        *_rows("get patch", "", "nodes", "the node's inventory and labels"),
+        *_rows("get list patch", "", "pods", "finding the pod of an Allocate, its allocated marker"),
+        *_rows("create", "", "events", "the watchdog's Events on pods", when="watchdog"),
+    ],
+    "webhook": [
+        *_rows("list watch", "", "nodes", "the inventory the admission checks read"),
+    ],
+}
+
+COMPONENTS = tuple(NEEDS)

@@ -1,0 +1,196 @@
+"""The doctor's verdicts on hand-built API objects: each names what is wrong, and passes what is right."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console
+
+from gpupool.api.inventory import encode_inventory
+from gpupool.commands.doctor import render
+from gpupool.core.model import GPU
+from gpupool.doctor import checks
+from gpupool.doctor.checks import Finding, Review, SchedulerConfig, Status
+from gpupool.doctor.collect import is_gpu_node
+
+Obj = dict[str, Any]
+SVC = {"namespace": "gpupool-system", "name": "gpupool-webhook", "port": 443}
+
+
+def hooks(ca: str = "Q0E=", service: Obj | None = None) -> Obj:
+    client = {"service": service or SVC, **({"caBundle": ca} if ca else {})}
+    return {"metadata": {"name": "gpupool"}, "webhooks": [{"name": "mutate.gpupool.io", "clientConfig": client}]}
+
+
+def endpoints(*ready: bool | None) -> list[Obj]:
+    return [{"endpoints": [{"addresses": ["10.0.0.1"], "conditions": {} if r is None else {"ready": r}}
+                           for r in ready]}]
+
+
+def test_webhook_configuration_needs_a_ca_bundle_and_a_ready_endpoint() -> None:
+    key = ("gpupool-system", "gpupool-webhook")
+    [ok] = checks.webhook_configuration("MutatingWebhookConfiguration", hooks(), {key: endpoints(True, None)}, "gp")
+    assert (ok.status, ok.detail) == (Status.OK, "2 ready endpoint(s) for MutatingWebhookConfiguration gpupool")
+    [none] = checks.webhook_configuration("MutatingWebhookConfiguration", hooks(), {key: endpoints(False)}, "gp")
+    assert none.status is Status.FAIL and "no ready endpoint" in none.detail
+    no_ca = checks.webhook_configuration("MutatingWebhookConfiguration", hooks(ca=""), {key: endpoints(True)}, "gp")
+    assert [(f.status, f.detail) for f in no_ca][0] == (Status.FAIL, "mutate.gpupool.io: no caBundle")
+    [missing] = checks.webhook_configuration("ValidatingWebhookConfiguration", None, {}, "gp")
+    assert missing.status is Status.FAIL and missing.detail == "no ValidatingWebhookConfiguration of release gp"
+
+
+def test_admission_probe_proves_the_webhook_is_reached_and_mutates() -> None:
+    routed = checks.admission_probe({"spec": {"schedulerName": "gpupool-scheduler"}}, "", "gpupool-scheduler", "ns")
+    assert routed.status is Status.OK
+    unrouted = checks.admission_probe({"spec": {"schedulerName": "default-scheduler"}}, "", "gpupool-scheduler", "ns")
+    assert unrouted.status is Status.FAIL and "not routed" in unrouted.detail
+    down = checks.admission_probe(None, 'Internal error occurred: failed calling webhook "mutate.gpupool.io": '
+                                        "connection refused", "gpupool-scheduler", "ns")
+    assert down.status is Status.FAIL and down.detail.startswith("the API server cannot call the webhook")
+    refused = checks.admission_probe(None, "gpupool refused pod", "gpupool-scheduler", "ns")
+    assert refused.status is Status.FAIL and refused.detail == "refused: gpupool refused pod"
+
+
+def deployment(replicas: int, ready: int) -> Obj:
+    return {"metadata": {"name": "gpupool-webhook"}, "spec": {"replicas": replicas}, "status": {"readyReplicas": ready}}
+
+
+def test_workload_readiness_fails_only_without_other_evidence() -> None:
+    assert checks.workload("webhook", "Deployment", deployment(2, 2), "ns", False).status is Status.OK
+    assert checks.workload("webhook", "Deployment", deployment(2, 1), "ns", False).status is Status.WARN
+    assert checks.workload("webhook", "Deployment", deployment(2, 0), "ns", False).status is Status.FAIL
+    served = checks.workload("webhook", "Deployment", deployment(2, 0), "ns", True)
+    assert served.status is Status.WARN and "outside the release" in served.detail
+    assert checks.workload("webhook", "Deployment", None, "ns", True).status is Status.FAIL
+    idle = {"metadata": {"name": "gpupool-agent"}, "status": {"desiredNumberScheduled": 0}}
+    assert checks.workload("agent", "DaemonSet", idle, "ns", False).status is Status.WARN
+
+
+SCHEDULER_CONFIG = """
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection: {leaderElect: true, resourceNamespace: gpupool-system, resourceName: gpupool-scheduler-kube}
+profiles: [{schedulerName: gpupool-scheduler}]
+extenders:
+  - urlPrefix: http://127.0.0.1:8888
+    filterVerb: filter
+    bindVerb: bind
+    managedResources: [{name: gpupool.io/gpu, ignoredByScheduler: false}]
+"""
+
+
+def configmap(text: str) -> Obj:
+    return {"data": {"scheduler-config.yaml": text}}
+
+
+def test_scheduler_config_names_the_extender() -> None:
+    ok, config = checks.scheduler_config(configmap(SCHEDULER_CONFIG), "ns")
+    assert ok.status is Status.OK
+    assert config == SchedulerConfig("gpupool-scheduler", True, "gpupool-scheduler-kube")
+    gone = SCHEDULER_CONFIG.split("extenders:")[0]
+    bad, config = checks.scheduler_config(configmap(gone), "ns")
+    assert bad.status is Status.FAIL and "no extender manages gpupool.io/gpu" in bad.detail
+    assert config is not None and config.scheduler_name == "gpupool-scheduler"
+    no_bind = SCHEDULER_CONFIG.replace("    bindVerb: bind\n", "")
+    assert "lacks bindVerb" in checks.scheduler_config(configmap(no_bind), "ns")[0].detail
+    assert checks.scheduler_config(configmap("a: [b"), "ns")[0].status is Status.FAIL
+    assert checks.scheduler_config(None, "ns")[0].status is Status.FAIL
+
+
+def lease(renewed: str, holder: str = "sched-1") -> Obj:
+    return {"spec": {"holderIdentity": holder, "renewTime": renewed, "leaseDurationSeconds": 15}}
+
+
+def test_scheduler_lease_must_be_renewed() -> None:
+    config = SchedulerConfig("gpupool-scheduler", True, "gpupool-scheduler-kube")
+    now = 1_800_000_000.0  # 2027-01-15T08:00:00Z
+    fresh = checks.scheduler_lease(lease("2027-01-15T07:59:55.123456Z"), config, "ns", now)
+    assert (fresh.status, fresh.detail) == (Status.OK, "held by sched-1, renewed 5 s ago")
+    stale = checks.scheduler_lease(lease("2027-01-15T07:58:00.000000Z"), config, "ns", now)
+    assert stale.status is Status.FAIL and "last renewed 120 s ago" in stale.detail
+    assert checks.scheduler_lease(None, config, "ns", now).status is Status.FAIL
+    assert checks.scheduler_lease(lease("", holder=""), config, "ns", now).status is Status.FAIL
+    off = SchedulerConfig("gpupool-scheduler", False, "")
+    assert checks.scheduler_lease(None, off, "ns", now).status is Status.INFO
+
+
+def test_extender_answer_and_pod_readiness() -> None:
+    assert checks.extender_answer("http://x", 200, "", "ns").status is Status.OK
+    assert checks.extender_answer("http://x", 503, "", "ns").detail == "answered HTTP 503"
+    assert checks.extender_answer("http://x", None, "refused", "ns").status is Status.FAIL
+    pod = {"metadata": {"name": "s-1"}, "status": {"containerStatuses": [
+        {"name": "kube-scheduler", "ready": True}, {"name": "extender", "ready": False}]}}
+    assert checks.extender_pods([pod], "ns").status is Status.FAIL
+    pod["status"]["containerStatuses"][1]["ready"] = True
+    assert checks.extender_pods([pod], "ns").detail == "the kubelet's /readyz probe passes in s-1"
+
+
+def node(name: str = "gpu-1", slots: str | None = "20", healthy: bool = True, labels: Obj | None = None,
+         conditions: list[Obj] | None = None, inventory: str | None = "auto") -> Obj:
+    gpus = [GPU(uuid=f"GPU-{i}", index=i, model="L4", memory_mib=23034, healthy=healthy or i > 0) for i in range(2)]
+    text = encode_inventory(name, gpus, split=10, driver="570.86") if inventory == "auto" else inventory
+    return {"metadata": {"name": name, "labels": labels or {}, "annotations": {"gpupool.io/inventory": text}
+                         if text is not None else {}},
+            "status": {"allocatable": {} if slots is None else {"gpupool.io/gpu": slots},
+                       "conditions": conditions or []}}
+
+
+def test_gpu_node_needs_an_inventory_and_the_kubelets_slots() -> None:
+    ok = checks.gpu_node(node(), "ns")
+    assert (ok.status, ok.detail) == (Status.OK, "2 GPU(s), 20 slots allocatable, driver 570.86")
+    stopped = checks.gpu_node(node(slots="0"), "ns")
+    assert stopped.status is Status.FAIL and "allocatable gpupool.io/gpu is 0" in stopped.detail
+    assert checks.gpu_node(node(slots=None), "ns").status is Status.FAIL
+    missing = checks.gpu_node(node(inventory=None), "ns")
+    assert missing.status is Status.FAIL and "no agent ever ran here" in missing.detail
+    assert checks.gpu_node(node(inventory="{not json"), "ns").status is Status.FAIL
+    sick = checks.gpu_node(node(healthy=False), "ns")
+    assert sick.status is Status.WARN and "unhealthy GPU index [0]" in sick.detail
+
+
+def test_gpu_nodes_are_the_agents_nodes_or_those_with_an_inventory() -> None:
+    selector = {"gpupool.io/gpu-node": "true"}
+    assert is_gpu_node(node(inventory=None, labels=selector), selector)
+    assert is_gpu_node(node(), selector)
+    assert not is_gpu_node(node(inventory=None, labels={"other": "x"}), selector)
+    assert not is_gpu_node(node(inventory=None), {})
+
+
+def test_validation_state_is_read_when_published() -> None:
+    assert checks.validation(node()).status is Status.INFO
+    passed = checks.validation(node(labels={"gpupool.io/validation.driver": "passed"},
+                                    conditions=[{"type": "GpupoolReady", "status": "True"}]))
+    assert (passed.status, passed.detail) == (Status.OK, "driver=passed, GpupoolReady=True")
+    bad = checks.validation(node(labels={"gpupool.io/validation.cuda": "failed"}))
+    assert (bad.status, bad.detail) == (Status.FAIL, "failed: cuda=failed")
+    cond = checks.validation(node(conditions=[{"type": "GpupoolReady", "status": "False", "reason": "NoDriver",
+                                               "message": "libcuda missing"}]))
+    assert cond.status is Status.FAIL and "NoDriver: libcuda missing" in cond.detail
+
+
+def test_toolkit_and_dra_are_information() -> None:
+    assert "not reported by the agents" in checks.toolkit([node()]).detail
+    reported = node(inventory=json.dumps({"toolkit": {"envvar": False}}))
+    assert checks.toolkit([reported]).detail == "gpu-1: {'envvar': False}"
+    assert checks.device_classes([]).detail == "none installed (gpupool has no DRA driver yet)"
+    assert checks.device_classes(None).status is Status.INFO
+    assert "gpu.nvidia.com" in checks.device_classes([{"metadata": {"name": "gpu.nvidia.com"}}]).detail
+
+
+def test_rbac_names_each_denied_right() -> None:
+    reviews = [Review("patch nodes", "inventory", True), Review("list pods", "identify", False)]
+    denied = checks.rbac("agent", "gp-agent", reviews, "gp")
+    assert (denied.status, denied.detail) == (Status.FAIL, "denied: list pods (identify)")
+    assert checks.rbac("agent", "gp-agent", reviews[:1], "gp").status is Status.OK
+    broken = checks.rbac("agent", "gp-agent", [Review("x", "y", False, "forbidden")], "gp")
+    assert broken.status is Status.FAIL and "could not ask" in broken.detail
+    assert checks.failed([denied]) and not checks.failed([checks.rbac("agent", "a", reviews[:1], "gp")])
+
+
+def test_names_from_the_cluster_cannot_inject_markup_or_escapes() -> None:
+    console = Console(record=True, width=200, color_system=None)
+    console.print(render([Finding("agent", "node [bold]x[/bold]\x1b]8;;http://evil\x07", Status.FAIL, "[red]d")]))
+    text = console.export_text()
+    assert "node [bold]x[/bold]" in text and "[red]d" in text
+    assert "\x1b" not in text
