@@ -65,6 +65,14 @@ async def test_labels_and_change_only_writes() -> None:
             LABEL_MODEL: "A100-80GB",
             LABEL_COUNT: "4",
             LABEL_MEMORY: "81920",
+            "gpupool.io/mig.capable": "true",  # A100-80GB has MIG geometry
+            "gpupool.io/mig.mode": "disabled",
+            "gpupool.io/nvlink.present": "true",
+            "gpupool.io/driver.major": "570",
+            "gpupool.io/driver.minor": "86",
+            "gpupool.io/cuda.major": "12",
+            "gpupool.io/cuda.minor": "8",
+            **{f"gpupool.io/validation.{step}": "true" for step in ("driver", "toolkit", "isolation", "workload")},
         }
         rv = (await r.cluster.get_node(NODE))["metadata"]["resourceVersion"]
         patches = cluster.label_patches

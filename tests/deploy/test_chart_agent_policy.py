@@ -39,7 +39,9 @@ def policy(render: Render) -> dict[str, dict[str, Any]]:
     for vap in vaps:
         assert vap["spec"]["failurePolicy"] == "Fail"
         (rule,) = vap["spec"]["matchConstraints"]["resourceRules"]
-        (resource,) = rule["resources"]
+        resource, *subresources = rule["resources"]
+        # the node policy also holds the agent's condition writes (nodes/status) to its own node
+        assert subresources == (["nodes/status"] if resource == "nodes" else []), rule
         by_resource[resource] = vap["spec"]
     assert set(by_resource) == {"nodes", "pods"}
     return by_resource

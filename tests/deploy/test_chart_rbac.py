@@ -35,6 +35,7 @@ REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = 
     ],
     ("ClusterRole", "gp-gpupool-agent", ""): [
         (("",), ("nodes",), (), ("get", "patch")),
+        (("",), ("nodes/status",), (), ("patch",)),
         (("",), ("pods",), (), ("get", "list", "patch")),
     ],
     ("ClusterRole", "gp-gpupool-webhook", ""): [

@@ -53,6 +53,10 @@ class AgentConfig(BaseModel):
     watch_interval_s: float = Field(default=0.2, gt=0, le=1.0)  # how often kubelet.sock is checked
     reprobe_interval_s: float = Field(default=30.0, gt=0)  # unhealthy GPUs are re-probed this often
     inventory_interval_s: float = Field(default=30.0, gt=0)  # rediscovery and inventory refresh
+    # Node validation (agent/validation.py): re-checked this often while the node is ready, and this often
+    # while a step fails (a fixed fault is noticed within it); SIGHUP re-checks at once.
+    validation_interval_s: float = Field(default=300.0, gt=0)
+    validation_retry_s: float = Field(default=10.0, gt=0)
     mps_check_interval_s: float = Field(default=10.0, gt=0)  # MPS daemons are probed (and restarted) this often
     # MIG: instances of pods gone are released, and those idle this long destroyed, every mig_interval_s
     mig_interval_s: float = Field(default=30.0, gt=0)

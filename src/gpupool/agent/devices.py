@@ -25,6 +25,7 @@ class DeviceInfo:
     nvlink_peers: tuple[int, ...] = ()  # indices of GPUs joined to this one by NVLink
     mig_enabled: bool = False
     vendor: str = "nvidia"
+    compute_capability: str = ""  # "major.minor" (e.g. "9.0"); "" when the driver did not say
 
     def to_gpu(self, healthy: bool = True) -> GPU:
         return GPU(

@@ -17,10 +17,16 @@ File format (YAML or JSON; every field checked, errors name the field):
         nvlink_peers: [1]       # indices of the other GPUs joined by NVLink
         mig: false
         healthy: true           # false: probes fail until `heal` is called
+        compute_capability: "9.0"
       - count: 4                # shorthand: four identical GPUs, UUIDs derived from uuid_prefix
         uuid_prefix: GPU-fake-node1
         model: A10
         memory_mib: 23028
+    validation:                 # optional: node validation steps that fail, with the reason shown
+      toolkit: "toolkit 1.17.3 is older than 1.17.8"   # driver, toolkit, isolation, workload
+
+Only `validation` is read again when the file changes (each validation pass looks at the file's size
+and modification time): tests inject a validation fault by rewriting the file and fix it the same way.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import queue
 import threading
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -65,6 +71,7 @@ class _GPUEntry(BaseModel):
     nvlink_peers: list[int] = Field(default_factory=list)
     mig: bool = False
     healthy: bool = True
+    compute_capability: str = Field(default="", pattern=r"^(\d+\.\d+)?$")
 
     @model_validator(mode="after")
     def _uuid_or_count(self) -> _GPUEntry:
@@ -81,6 +88,7 @@ class _FakeFile(BaseModel):
     driver_version: str = "fake"
     cuda_version: str = "fake"
     gpus: list[_GPUEntry] = Field(min_length=1)
+    validation: dict[Literal["driver", "toolkit", "isolation", "workload"], str] = Field(default_factory=dict)
 
 
 def _where(loc: tuple[int | str, ...]) -> str:
@@ -114,6 +122,7 @@ def parse_fake_description(data: Any, source: str) -> Discovered:
                     nvlink_peers=tuple(entry.nvlink_peers),
                     mig_enabled=entry.mig,
                     vendor=doc.vendor,
+                    compute_capability=entry.compute_capability,
                 )
             )
     seen: set[str] = set()
@@ -132,6 +141,19 @@ def parse_fake_description(data: Any, source: str) -> Discovered:
 
 def load_fake_file(path: Path) -> tuple[Discovered, set[str]]:
     """Read and validate the file; returns the devices and the UUIDs declared unhealthy."""
+    data = _read(path)
+    discovered = parse_fake_description(data, str(path))
+    unhealthy = _declared_unhealthy(data, discovered)
+    return discovered, unhealthy
+
+
+def validation_faults(data: Any, source: str) -> dict[str, str]:
+    """The `validation` section of a parsed description: failing step -> reason."""
+    parse_fake_description(data, source)  # the whole file must stay valid
+    return {str(step): reason for step, reason in _FakeFile.model_validate(data).validation.items()}
+
+
+def _read(path: Path) -> Any:
     try:
         text = path.read_text()
     except OSError as e:
@@ -141,9 +163,7 @@ def load_fake_file(path: Path) -> tuple[Discovered, set[str]]:
     except (json.JSONDecodeError, yaml.YAMLError) as e:
         kind = "JSON" if path.suffix == ".json" else "YAML"
         raise FakeGPUFileError(f"fake GPU file {path}: not valid {kind}: {e}") from None
-    discovered = parse_fake_description(data, str(path))
-    unhealthy = _declared_unhealthy(data, discovered)
-    return discovered, unhealthy
+    return data
 
 
 def _declared_unhealthy(data: Mapping[str, Any], discovered: Discovered) -> set[str]:
@@ -162,8 +182,12 @@ class FakeBackend:
 
     name = "fake"
 
-    def __init__(self, discovered: Discovered, unhealthy: set[str] | None = None) -> None:
+    def __init__(self, discovered: Discovered, unhealthy: set[str] | None = None, path: Path | None = None,
+                 validation: Mapping[str, str] | None = None) -> None:
         self._discovered = discovered
+        self._path = path  # re-read for `validation` when it changes (None: built in memory)
+        self._stamp = _stamp(path)
+        self._validation: dict[str, str] = dict(validation or {})
         self._lock = threading.Lock()
         self._broken: dict[str, str] = {u: "declared unhealthy in the fake GPU file" for u in unhealthy or set()}
         self._missing: set[str] = set()
@@ -175,8 +199,9 @@ class FakeBackend:
 
     @classmethod
     def from_file(cls, path: Path) -> FakeBackend:
-        discovered, unhealthy = load_fake_file(path)
-        return cls(discovered, unhealthy)
+        data = _read(path)
+        discovered = parse_fake_description(data, str(path))
+        return cls(discovered, _declared_unhealthy(data, discovered), path, validation_faults(data, str(path)))
 
     def mig_backend(self) -> MigBackend | None:
         """A fake MIG driver for the GPUs described with `mig: true` (same geometry and NVML answers;
@@ -253,3 +278,37 @@ class FakeBackend:
         """The GPU disappears from discovery without an Xid (fell off the bus silently)."""
         with self._lock:
             self._missing.add(uuid)
+
+    # --- node validation faults (gpupool.agent.checks.fake) -----------------------------------------------
+    def fail_validation(self, step: str, reason: str) -> None:
+        """The validation check of `step` fails with `reason` until `fix_validation`."""
+        with self._lock:
+            self._validation[step] = reason
+
+    def fix_validation(self, step: str) -> None:
+        with self._lock:
+            self._validation.pop(step, None)
+
+    def validation_fault(self, step: str) -> str | None:
+        """Why `step` fails now (None: it passes). Reads the file's `validation` again when the file changed;
+        a file that no longer parses fails every step with the parse error (a test's mistake must show)."""
+        stamp = _stamp(self._path)
+        if self._path is not None and stamp != self._stamp:
+            try:
+                faults = validation_faults(_read(self._path), str(self._path))
+            except FakeGPUFileError as e:
+                return str(e)
+            with self._lock:
+                self._validation, self._stamp = faults, stamp
+        with self._lock:
+            return self._validation.get(step)
+
+
+def _stamp(path: Path | None) -> tuple[int, int] | None:
+    if path is None:
+        return None
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size

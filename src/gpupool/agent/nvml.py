@@ -114,6 +114,7 @@ class NvmlBackend:
             numa = self._numa_reader(bus_id)
         sm_count = self._optional(lambda: int(n.nvmlDeviceGetAttributes(handle).multiprocessorCount), 0)
         mig = self._optional(lambda: int(n.nvmlDeviceGetMigMode(handle)[0]) == 1, False)
+        capability = self._optional(lambda: "{}.{}".format(*n.nvmlDeviceGetCudaComputeCapability(handle)), "")
         return DeviceInfo(
             uuid=uuid,
             index=index,
@@ -125,6 +126,7 @@ class NvmlBackend:
             nvlink_peers=peers,
             mig_enabled=mig,
             vendor="nvidia",
+            compute_capability=capability,
         )
 
     def _nvlink_peers(self, handles: list[Any]) -> list[tuple[int, ...]]:

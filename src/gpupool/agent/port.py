@@ -1,9 +1,10 @@
 """The few cluster operations the agent needs, and the adapter onto gpupool.cluster's ClusterPort.
 
 Kept narrow on purpose: the agent reads its own node and the pods bound to it (a `spec.nodeName` field
-selector), and writes only annotations and labels on its node, one annotation on pods it served, and
+selector), and writes only annotations, labels and its own condition (`GpupoolReady`, status subresource)
+on its node, one annotation on pods it served, and
 Events about pods of its node whose processes the watchdog stopped or reported (least privilege for the
-DaemonSet's RBAC: nodes get/patch, pods list/get/patch, events create).
+DaemonSet's RBAC: nodes get/patch, nodes/status patch, pods list/get/patch, events create).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from gpupool.cluster.port import ClusterPort
+from gpupool.cluster.port import NODES, ClusterPort
 
 Obj = dict[str, Any]
 
@@ -28,6 +29,8 @@ class AgentCluster(Protocol):
     ) -> Obj: ...
 
     async def patch_node_labels(self, name: str, labels: Mapping[str, str | None]) -> Obj: ...
+
+    async def patch_node_conditions(self, name: str, conditions: list[Obj], resource_version: str) -> Obj: ...
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None
@@ -70,6 +73,13 @@ class ClusterPortAgent:
             raise LabelsUnsupported("the cluster adapter has no patch_node_labels; node labels not published")
         result: Obj = await patch(name, labels)
         return result
+
+    async def patch_node_conditions(self, name: str, conditions: list[Obj], resource_version: str) -> Obj:
+        """Replace the node's `status.conditions` (the whole list: a merge patch cannot change one entry),
+        only if the node is still at `resource_version`, so a condition kubelet wrote in between is never
+        lost (Conflict: read again and retry)."""
+        return await self.port.patch_object(NODES, name, {"status": {"conditions": conditions}},
+                                            resource_version=resource_version, subresource="status")
 
     async def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None], resource_version: str | None = None

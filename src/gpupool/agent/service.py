@@ -15,6 +15,11 @@ across agent restarts.
 Kubelet restarts are detected by polling (every `watch_interval_s`) the identity of kubelet.sock (inode
 and change time) and the presence of our own socket: when kubelet re-creates its socket, or deletes ours,
 the plugin server is restarted and registers again.
+
+Node validation (gpupool.agent.validation, checks in gpupool.agent.checks): a pass runs at start, before
+the plugin server, every `validation_interval_s` (every `validation_retry_s` while a step fails) and at
+once on `revalidate()` (SIGHUP in `gpupool agent`). While the node is not ready every GPU is withheld
+(DeviceTable.withhold): slots Unhealthy, Allocate refused, the inventory says why.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpupool.agent.checkpoint import Checkpoint
+from gpupool.agent.checks.node import Check, node_checks, run_pass
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
 from gpupool.agent.health import HealthTracker
@@ -41,6 +47,7 @@ from gpupool.agent.port import AgentCluster
 from gpupool.agent.procs import Killer
 from gpupool.agent.squeeze import follow_squeezes
 from gpupool.agent.table import DeviceTable
+from gpupool.agent.validation import Step, Validation, withheld_reason
 from gpupool.agent.watchdog import Watchdog
 from gpupool.api.names import ANN_ALLOCATED
 from gpupool.api.waiting import waiting_for_allocate
@@ -93,6 +100,10 @@ class Agent:
         self._stop = asyncio.Event()
         self._probe_all = asyncio.Event()
         self._inventory_dirty = asyncio.Event()
+        self._revalidate = asyncio.Event()
+        self.validation = Validation()
+        self.validation_passes = 0
+        self.checks: dict[Step, Check] | None = None  # None: before start (node_checks)
         self._event_thread: threading.Thread | None = None
         self._thread_stop = threading.Event()
 
@@ -100,7 +111,7 @@ class Agent:
     async def start(self) -> None:
         discovered = await asyncio.to_thread(self.backend.discover)
         tracker = HealthTracker(self.config.ignored_xids, quarantine_s=self.config.reprobe_interval_s)
-        self.table = DeviceTable(discovered, self.config.split, tracker)
+        self.table = table_ = DeviceTable(discovered, self.config.split, tracker)
         for d in discovered.devices:  # GPUs that are already broken start unhealthy
             problem = await asyncio.to_thread(self.backend.probe, d.uuid)
             if problem is not None:
@@ -115,7 +126,6 @@ class Agent:
         )
         if self.mps is not None:  # before the first inventory and Allocate: MPS shares need a daemon that answers
             await asyncio.to_thread(self.mps.start_all)
-        await self._publish()
         checkpoint = Checkpoint(self.config.checkpoint_path, self.config.node_name)
         problem = await asyncio.to_thread(checkpoint.load)
         if problem is not None:
@@ -127,8 +137,13 @@ class Agent:
         if self.step is not None:
             self.service.step = self.step
         await self.service.recover()
-        if await self.service.housekeeping(reconcile=True):
-            await self._publish()
+        await self.service.housekeeping(reconcile=True)
+        # The first validation pass needs the MIG reconciliation above; it runs before the first inventory
+        # and before kubelet can see a slot, so a node that fails validation never advertises its GPUs.
+        self.checks = node_checks(self.config, self.backend, self.mps,
+                                  None if self.mig is None else self._mig_reconciled, lambda: len(table_.known))
+        await self._validate()
+        await self._publish()
         await self._adopt()
         self.server = PluginServer(self.service, self.config.plugin_socket_path)
         self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
@@ -144,6 +159,7 @@ class Agent:
                                                 self._stop), name="squeeze"),
         ]
         self._tasks.append(asyncio.create_task(self._housekeeping_loop(), name="housekeeping"))
+        self._tasks.append(asyncio.create_task(self._validation_loop(), name="validation"))
         if self.config.watchdog:  # the second line behind isolation hook (agent/watchdog.py)
             self.watchdog = Watchdog(self.config, self.backend, self.cluster, self.isolation, self._watched_gpus,
                                      killer=self.killer, wall_clock=self.wall_clock)
@@ -269,7 +285,35 @@ class Agent:
                     log.info("GPU %s: %s", uuid, "healthy again" if problem is None else f"unhealthy: {problem}")
                     self._inventory_dirty.set()
 
-    # --- inventory ----------------------------------------------------------------------------------------
+    # --- node validation ----------------------------------------------------------------------------------
+    def revalidate(self) -> None:
+        """Run a validation pass now (SIGHUP; thread-safe only from the event loop's thread)."""
+        self._revalidate.set()
+
+    async def _validation_loop(self) -> None:
+        while not self._stop.is_set():
+            wait = self.config.validation_interval_s if self.validation.ready else self.config.validation_retry_s
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._revalidate.wait(), timeout=wait)
+            self._revalidate.clear()
+            await self._validate()
+
+    async def _validate(self) -> None:
+        """One pass over the checks; withholds or gives back the GPUs and publishes what changed."""
+        assert self.table is not None and self.checks is not None
+        before = self.validation
+        self.validation = await asyncio.to_thread(run_pass, before, self.checks)
+        self.validation_passes += 1
+        reason = withheld_reason(self.validation)
+        if await self.table.withhold(reason):
+            if reason is None:
+                log.info("node validation passed: advertising the GPUs")
+            else:
+                log.warning("GPUs withheld: %s", reason)
+        if self.validation != before:
+            self._inventory_dirty.set()
+
+        # --- inventory ----------------------------------------------------------------------------------------
     async def _inventory_loop(self) -> None:
         assert self.table is not None
         while not self._stop.is_set():
@@ -319,7 +363,8 @@ class Agent:
             return
         try:
             await self.publisher.publish(
-                self.table.inventory_view(), self.table.unhealthy(), self.wall_clock(), self._per_gpu()
+                self.table.inventory_view(), self.table.unhealthy(), self.wall_clock(), self._per_gpu(),
+                self.validation,
             )
         except Exception as e:  # the API being down must not stop the device plugin; retried next round
             log.warning("could not publish the inventory of node %s: %s", self.config.node_name, e)

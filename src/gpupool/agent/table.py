@@ -3,6 +3,10 @@
 ListAndWatch streams wait on `changed()`; every change bumps `version` and wakes them. A GPU that
 vanishes keeps its slots (reported Unhealthy, so kubelet keeps the capacity but stops allocating them)
 until the agent restarts; a new GPU adds slots.
+
+While node validation does not pass (`withheld`, set by the agent from gpupool.agent.validation), every
+GPU counts as unhealthy with that reason: its slots are reported Unhealthy (kubelet's allocatable drops to
+0), Allocate refuses it and the inventory marks it, the same path a GPU fault takes.
 """
 
 from __future__ import annotations
@@ -26,18 +30,22 @@ class DeviceTable:
         self.discovered = discovered
         self.known: dict[str, DeviceInfo] = {d.uuid: d for d in discovered.devices}
         self.version = 0
+        self.withheld: str | None = None  # why node validation keeps every GPU out (None: it does not)
         self._cond = asyncio.Condition()
 
     # --- reading ------------------------------------------------------------------------------------------
     def slots(self) -> list[Slot]:
         return [
-            Slot(slot_id(d.uuid, n), d.uuid, self.tracker.healthy(d.uuid), d.numa_node)
+            Slot(slot_id(d.uuid, n), d.uuid, self.withheld is None and self.tracker.healthy(d.uuid), d.numa_node)
             for d in self.known.values()
             for n in range(self.split)
         ]
 
     def unhealthy(self) -> dict[str, str]:
-        return {u: f.reason for u, f in self.tracker.faults.items()}
+        faults = {u: f.reason for u, f in self.tracker.faults.items()}
+        if self.withheld is not None:  # a GPU's own fault is the more specific reason
+            return {u: faults.get(u, self.withheld) for u in self.known}
+        return faults
 
     def inventory_view(self) -> Discovered:
         """Every known GPU (vanished ones too, reported unhealthy), indices 0..n-1 as the schema wants."""
@@ -59,6 +67,14 @@ class DeviceTable:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._cond.wait_for(lambda: self.version != seen), timeout)
             return self.version
+
+    async def withhold(self, reason: str | None) -> bool:
+        """Take every GPU out (`reason`) or give them back (None); True when that changed anything."""
+        if reason == self.withheld:
+            return False
+        self.withheld = reason
+        await self._bump()
+        return True
 
     async def apply_event(self, event: HealthEvent, now: float) -> tuple[bool, bool]:
         changed, reprobe_all = self.tracker.on_event(event, self.known, now)

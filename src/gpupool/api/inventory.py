@@ -9,7 +9,7 @@ Example (version 1):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -67,6 +67,15 @@ class GPUDoc(BaseModel):
         )
 
 
+class ValidationStepDoc(BaseModel):
+    """One node validation step as the agent last saw it (docs/agent.md, "Node validation")."""
+
+    model_config = ConfigDict(extra="ignore")
+    step: str = Field(min_length=1)
+    state: Literal["pending", "true", "false"]
+    reason: str = ""
+
+
 class InventoryDoc(BaseModel):
     model_config = ConfigDict(extra="ignore")
     version: Literal[1] = INVENTORY_VERSION
@@ -76,13 +85,16 @@ class InventoryDoc(BaseModel):
     cuda: str = ""
     time: str = ""
     gpus: list[GPUDoc]
+    validation: list[ValidationStepDoc] = Field(default_factory=list)  # empty: an agent without validation
 
 
 def encode_inventory(
     node: str, gpus: list[GPU], split: int, driver: str = "", cuda: str = "", time: str = "",
     extra: Mapping[int, Mapping[str, Any]] | None = None,
+    validation: Sequence[Mapping[str, str]] = (),
 ) -> str:
-    """`extra` adds per-GPU fields by index (e.g. mig, pci_bus_id)."""
+    """`extra` adds per-GPU fields by index (e.g. mig, pci_bus_id); `validation`: the node's validation
+    steps in order ({step, state, reason})."""
     docs = []
     for g in sorted(gpus, key=lambda g: g.index):
         fields: dict[str, Any] = {
@@ -92,7 +104,9 @@ def encode_inventory(
         }
         fields.update((extra or {}).get(g.index, {}))
         docs.append(GPUDoc(**fields))
-    return InventoryDoc(node=node, split=split, driver=driver, cuda=cuda, time=time, gpus=docs).model_dump_json()
+    steps = [ValidationStepDoc.model_validate(v) for v in validation]
+    return InventoryDoc(node=node, split=split, driver=driver, cuda=cuda, time=time, gpus=docs,
+                        validation=steps).model_dump_json()
 
 
 def decode_inventory(text: str) -> InventoryDoc:

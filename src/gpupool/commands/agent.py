@@ -123,6 +123,7 @@ async def _run(config: Any, backend: Any) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node_agent.request_stop)
+    loop.add_signal_handler(signal.SIGHUP, node_agent.revalidate)  # re-run node validation now (docs/agent.md)
     await node_agent.start()
     metrics = None if config.metrics_port is None else await _metrics(node_agent, config)
     try:

@@ -1,0 +1,53 @@
+"""Which checks this node runs (`node_checks`), and one validation pass over them (`run_pass`)."""
+
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+
+from gpupool.agent.checks import driver, fake, isolation, toolkit, workload
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.devices import DiscoveryBackend
+from gpupool.agent.fake import FakeBackend
+from gpupool.agent.hookdir import hook_paths
+from gpupool.agent.mps import MpsSupervisor
+from gpupool.agent.validation import STEPS, Result, Step, Validation, record
+
+Check = Callable[[], Result]
+
+
+def run_pass(v: Validation, checks: Mapping[Step, Check]) -> Validation:
+    """Check every step in order from the first, stopping at the first failure (later steps are then
+    pending). A check that raises is a failure with the exception as its reason. Blocking: the agent runs
+    it off the event loop."""
+    for step in STEPS:
+        try:
+            result = checks[step]()  # type: ignore[index]
+        except Exception as e:  # a broken check must fail its step, not the agent
+            result = Result.failed(f"check raised {e!r}")
+        v = record(v, step, result)  # type: ignore[arg-type]
+        if not result.ok:
+            break
+    return v
+
+
+def node_checks(
+    config: AgentConfig,
+    backend: DiscoveryBackend,
+    mps: MpsSupervisor | None,
+    mig_reconciled: Callable[[], bool] | None,
+    gpu_count: Callable[[], int],
+) -> dict[Step, Check]:
+    """The checks of this node: the fake ones for the fake backend, else the real ones. `mig_reconciled`:
+    None where the node has no MIG manager; `gpu_count`: how many GPUs discovery knows (the workload runs
+    on each)."""
+    if isinstance(backend, FakeBackend):
+        return {step: functools.partial(fake.step_check, backend, step) for step in fake.all_steps()}
+    library = hook_paths(config.hook_root).library  # any node may serve isolation hook pods
+    return {
+        "driver": functools.partial(driver.check, backend),
+        "toolkit": functools.partial(toolkit.check, cdi=config.cdi),
+        "isolation": lambda: isolation.check(library, {} if mps is None else mps.health, mig_reconciled),
+        "workload": lambda: workload.check(gpu_count()),
+    }
