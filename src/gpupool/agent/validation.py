@@ -43,8 +43,9 @@ class Result:
     reason: str = ""
 
     @staticmethod
-    def passed() -> Result:
-        return Result(True)
+    def passed(note: str = "") -> Result:
+        """`note`: what the check could not see (published with the step, which still passes)."""
+        return Result(True, note)
 
     @staticmethod
     def failed(reason: str) -> Result:
@@ -92,7 +93,7 @@ def record(v: Validation, step: Step, result: Result) -> Validation:
         raise OutOfOrder(f"validation step {step} checked before {STEPS[: i]} all passed")
     steps = list(v.steps)
     if result.ok:
-        steps[i] = StepStatus("true")
+        steps[i] = StepStatus("true", result.reason)
     else:
         steps[i] = StepStatus("false", result.reason)
         steps[i + 1:] = [StepStatus("pending", f"waiting for {step}") for _ in steps[i + 1:]]
