@@ -6,7 +6,9 @@ names each fault put in (and fails) and passes again once it is undone:
 - the webhook process stopped: the server-side dry run is refused (`failed calling webhook`);
 - the extender entry removed from the scheduler ConfigMap;
 - the agent stopped on the node: the kubelet's allocatable gpupool.io/gpu drops to 0;
-- a verb removed from the agent's ClusterRole: its SubjectAccessReview is denied.
+- a verb removed from the agent's ClusterRole: its SubjectAccessReview is denied;
+- the node failing validation (a toolkit fault in the agent's fake GPU file, re-validated on SIGHUP): the
+  node's validation state says which step and why.
 
 The node checks are limited to this module's node (`--nodes`): the suite's shared control plane holds other
 tests' fake GPU nodes, which no agent serves. The extender is asked at the URL the local process listens on
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -160,4 +164,22 @@ def test_doctor_passes_a_healthy_release_then_names_each_fault(installed: Instal
     assert len(denied) == 1 and denied[0][0] == f"agent ({FULLNAME}-agent)", failures(report)
     assert "patch nodes" in denied[0][1], denied
     assert realnode.api_request(inst.bed, "PATCH", role_path, {"rules": rules}) is not None
+    healthy(inst)
+
+    # 5. The node fails validation: the agent withdraws its GPUs and publishes why; the doctor names it.
+    def validation_fault(reason: str | None) -> None:
+        fake = realnode.fake_gpus_file(inst.node)  # the agent's GPU file on this node (rewritten healthy)
+        if reason is not None:
+            fake.write_text(json.dumps({**json.loads(fake.read_text()), "validation": {"toolkit": reason}}))
+        agent = next(p for p in inst.release.processes if p.name == f"agent@{inst.node.name}")
+        os.kill(agent.popen.pid, signal.SIGHUP)  # re-validate now (docs/agent.md)
+
+    validation_fault("toolkit 1.17.3 is older than 1.17.8")
+    wait_for(lambda: inst.slots() == 0, 120, "allocatable 0 after the validation fault", inst.logs)
+    report = wait_for(lambda: (lambda r: r[1] if r[0] == 1 else None)(inst.doctor()), 60, "the failing step seen",
+                      step_s=1)
+    named = [(a, s, d) for a, s, d in failures(report) if a == "validation"]
+    assert len(named) == 1 and named[0][1] == f"node {inst.node.name}", failures(report)
+    assert "toolkit" in named[0][2] and "1.17.3" in named[0][2], named
+    validation_fault(None)
     healthy(inst)
