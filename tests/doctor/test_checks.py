@@ -194,3 +194,30 @@ def test_names_from_the_cluster_cannot_inject_markup_or_escapes() -> None:
     text = console.export_text()
     assert "node [bold]x[/bold]" in text and "[red]d" in text
     assert "\x1b" not in text
+
+
+async def test_agent_pods_not_ready_are_a_warning_while_the_checked_nodes_are_served() -> None:
+    """The DaemonSet's readiness is judged with the nodes' evidence: pods not ready (e.g. on a node outside
+    --nodes that no kubelet runs) only warn while every node checked has a fresh inventory and its slots; with
+    a node not served they fail."""
+    from gpupool.cluster.memory import MemoryCluster
+    from gpupool.doctor.collect import Doctor, Options
+
+    daemonset = {"metadata": {"name": "gp-agent", "namespace": "ns"},
+                 "spec": {"template": {"spec": {"nodeSelector": {"gpupool.io/gpu-node": "true"}}}},
+                 "status": {"desiredNumberScheduled": 1, "numberReady": 0}}
+
+    async def verdict(*nodes: Obj) -> Finding:
+        cluster = MemoryCluster()
+        for n in nodes:
+            await cluster.create_node(n)
+        doctor = Doctor(cluster, Options(namespace="ns", node_labels={"scope": "in"}), clock=lambda: 0.0)
+        await doctor._nodes(daemonset)
+        return next(f for f in doctor.findings if f.subject == "DaemonSet gp-agent")
+
+    served = node("gpu-1", labels={"scope": "in", "gpupool.io/gpu-node": "true"})
+    outside = node("gpu-2", inventory=None, slots=None, labels={"gpupool.io/gpu-node": "true"})
+    warned = await verdict(served, outside)
+    assert warned.status is Status.WARN and "yet the component answers" in warned.detail
+    stopped = node("gpu-3", slots="0", labels={"scope": "in", "gpupool.io/gpu-node": "true"})
+    assert (await verdict(served, stopped)).status is Status.FAIL

@@ -158,17 +158,23 @@ class Doctor:
     # --- nodes ---------------------------------------------------------------------------------------------
 
     async def _nodes(self, daemonset: Obj | None) -> None:
-        self.findings.append(checks.workload("agent", "DaemonSet", daemonset, self.ns, answered=False))
         selector = ((daemonset or {}).get("spec") or {}).get("template", {}).get("spec", {}).get("nodeSelector") or {}
         nodes, _ = await self.cluster.list_objects(NODES, labels=self.options.node_labels or None)
-        gpu_nodes = [n for n in nodes if is_gpu_node(n, selector)]
+        gpu_nodes = sorted((n for n in nodes if is_gpu_node(n, selector)), key=lambda n: str(n["metadata"]["name"]))
+        found: list[Finding] = []
         if not gpu_nodes:
-            self.findings.append(Finding(
+            found.append(Finding(
                 "agent", "GPU nodes", Status.FAIL,
                 f"no node carries the agent's nodeSelector {dict(selector)} or a {ANN_INVENTORY}",
                 f"label the GPU nodes: kubectl label node <name> {checks.GPU_NODE_LABEL}=true"))
-        for node in sorted(gpu_nodes, key=lambda n: str(n["metadata"]["name"])):
-            self.findings.append(checks.gpu_node(node, self.ns))
+        served = [checks.gpu_node(node, self.ns) for node in gpu_nodes]
+        # Agents answer for the nodes checked (fresh inventory, slots at the kubelet): DaemonSet pods that
+        # are not ready are then a warning, as for the webhook and the scheduler.
+        answered = bool(served) and all(f.status == Status.OK for f in served)
+        self.findings.append(checks.workload("agent", "DaemonSet", daemonset, self.ns, answered=answered))
+        self.findings.extend(found)
+        for node, finding in zip(gpu_nodes, served, strict=True):
+            self.findings.append(finding)
             self.findings.append(checks.validation(node))
         self.findings.append(checks.toolkit(gpu_nodes))
 

@@ -53,6 +53,7 @@ NEEDS: dict[str, list[Access]] = {
     ],
     "agent": [
         *_rows("get patch", "", "nodes", "the node's inventory and labels"),
+        *_rows("patch", "", "nodes/status", "the node's GpupoolReady condition (node validation)"),
         *_rows("get list patch", "", "pods", "finding the pod of an Allocate, its allocated marker"),
         *_rows("create", "", "events", "the watchdog's Events on pods", when="watchdog"),
     ],
