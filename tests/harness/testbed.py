@@ -7,7 +7,7 @@ build` and `check` run without the project's virtualenv.
 
 - The API server listens on 127.0.0.1 on a free port, serves a self-signed certificate (--cert-dir) and
   knows three static bearer tokens (token file), all in system:masters: an administrator, and two users
-  named like the Helm chart's scheduler and agent service accounts, for the demo and the benchmark.
+  named like the Helm chart's scheduler and agent service accounts, for the throughput benchmarks.
 - RBAC as in a cluster: `service_account_kubeconfig` creates a ServiceAccount and asks the API server
   for a bound token (TokenRequest), so the e2e suite runs each component with exactly the chart's rules.
 - Every request made by a service account is written to an audit log (`audit_events`), so a test can
@@ -103,7 +103,7 @@ def free_port() -> int:
 
 
 def die_with_parent() -> None:
-    """In the child: get SIGKILL when the thread that started us ends (a killed pytest or demo must not
+    """In the child: get SIGKILL when the thread that started us ends (a killed pytest or testbed command must not
     leave an API server behind). Linux only; elsewhere a no-op. So start the testbed from a thread that
     lives as long as it (the main thread), never from a short-lived worker thread."""
     try:
