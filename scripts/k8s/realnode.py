@@ -179,12 +179,7 @@ class RealNode:
         return self.dir / "kubelet"
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> tb.Process:
-        log = self.dir / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=tb.die_with_parent,
-                                     env={**os.environ, **(env or {})})
-        return tb.Process(f"{name}@{self.name}", popen, log)
+        return tb.spawn(f"{name}@{self.name}", argv, self.dir / f"{name}.log", env or {})
 
     # --- containerd -----------------------------------------------------------------------------------
     def start_containerd(self, archives: dict[str, Path], timeout_s: float = 60.0) -> None:

@@ -88,7 +88,6 @@ class Container:
 
     argv: list[str]
     env: dict[str, str]
-    mounts: dict[str, Path]  # mount path in the container -> local directory
 
 
 @dataclass
@@ -160,7 +159,7 @@ class LocalRelease:
             elif ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") == "spec.nodeName":
                 env[item["name"]] = node
         argv = [_relocate(a, mounts) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
-        return Container(argv, env, mounts)
+        return Container(argv, env)
 
     def _volume_files(self, volume: Obj) -> dict[str, bytes]:
         if "secret" in volume:
@@ -172,12 +171,7 @@ class LocalRelease:
         return {}
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> tb.Process:
-        log = self.dir / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     env={**os.environ, **env}, start_new_session=True,
-                                     preexec_fn=tb.die_with_parent)
-        proc = tb.Process(name, popen, log)
+        proc = tb.spawn(name, argv, self.dir / f"{name}.log", env)
         self.processes.append(proc)
         return proc
 
@@ -217,14 +211,15 @@ class LocalRelease:
         config = yaml.safe_load(config_path.read_text())
         config["clientConnection"] = {**(config.get("clientConnection") or {}),
                                       "kubeconfig": str(self._account("scheduler"))}
-        url = config["extenders"][0]["urlPrefix"]
-        scheme, _, rest = url.partition("://")
+        # The chart's extender URL with this process's port: same scheme, host and path.
+        scheme, _, rest = config["extenders"][0]["urlPrefix"].partition("://")
         host_port, _, path = rest.partition("/")
-        config["extenders"][0]["urlPrefix"] = f"{scheme}://{host_port.rsplit(':', 1)[0]}:{port}/{path}"
+        url = f"{scheme}://{host_port.rsplit(':', 1)[0]}:{port}"
+        config["extenders"][0]["urlPrefix"] = f"{url}/{path}"
         config_path.write_text(yaml.safe_dump(config))
         binary = tb.find_binaries().kube_scheduler
         self._spawn("kube-scheduler", [str(binary), *ks.argv[1:], "--secure-port=0"], ks.env)
-        return f"{scheme}://{host_port.rsplit(':', 1)[0]}:{port}"
+        return url
 
     def start_agent(self, node: realnode.RealNode) -> tb.Process:
         """The agent DaemonSet's container on `node`: its host paths are the node's own directories (the

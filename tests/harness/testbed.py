@@ -149,6 +149,16 @@ class Process:
         kill_process(self.popen)
 
 
+def spawn(name: str, argv: list[str], log: Path, env: dict[str, str] | None = None) -> Process:
+    """Start `argv` in its own session, its output appended to `log`, killed when the thread that started it
+    ends (die_with_parent); `env` is added to this process's environment."""
+    with log.open("ab") as out:
+        popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 start_new_session=True, preexec_fn=die_with_parent,
+                                 env=None if env is None else {**os.environ, **env})
+    return Process(name, popen, log)
+
+
 def stop_process(popen: subprocess.Popen[bytes] | None, timeout: float = 10.0) -> None:
     """SIGTERM, then SIGKILL if it has not exited within `timeout` (nothing if it already exited)."""
     if popen is None or popen.poll() is not None:
@@ -324,12 +334,7 @@ class Testbed:
         self.stop()
 
     def _spawn(self, name: str, argv: list[str]) -> Process:
-        log = self.dir / f"{name}.log"
-        with log.open("ab") as out:
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True, preexec_fn=die_with_parent)
-        proc = Process(name, popen, log)
-        self.processes[name] = proc
+        proc = self.processes[name] = spawn(name, argv, self.dir / f"{name}.log")
         return proc
 
     def _wait(self, proc: Process, ready: object, timeout_s: float) -> None:

@@ -11,7 +11,6 @@ The limits on how many pods share one GPU are API facts too: a node's inventory 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -19,8 +18,7 @@ from typing import Any
 
 from gpupool.api.allocation import AllocationError, decode_allocation
 from gpupool.api.names import ANN_ALLOCATION
-from gpupool.api.pod import containers, gpu_count, parse_pod, pod_key
-from gpupool.api.quantity import QuantityError
+from gpupool.api.pod import parse_pod, pod_key
 from gpupool.api.squeeze import is_squeezed
 from gpupool.core.mig import mig_model
 from gpupool.core.mig_request import ProfileRefusal, grant_share, profile_for
@@ -73,17 +71,7 @@ def counted_allocation(pod: Mapping[str, Any]) -> Counted | None:
     parsed = parse_pod(pod)
     request = parsed.request or PodRequest(key=uid)
     return Counted(uid, pod_key(pod), replace(request, key=uid), doc.allocation(uid), parsed.isolation == "mps",
-                   tuple(parsed.errors), is_squeezed(pod), gpu_container_names(pod))
-
-
-def gpu_container_names(pod: Mapping[str, Any]) -> str:
-    """The names of the pod's containers that ask for GPUs, in start order, comma-separated."""
-    names = []
-    for c in containers(pod):
-        with contextlib.suppress(QuantityError):
-            if gpu_count(c):
-                names.append(c.name)
-    return ",".join(names)
+                   tuple(parsed.errors), is_squeezed(pod), ",".join(c.name for c in parsed.containers))
 
 
 def beyond_spec(c: Counted, node: Node) -> str | None:
