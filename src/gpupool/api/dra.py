@@ -1,0 +1,244 @@
+"""gpupool's DRA driver contract: its names, the ResourceSlice it publishes per node, and how a claim's
+allocation reads back as shares (docs/claims.md).
+
+Pure (no I/O): the agent's kubelet plugin (gpupool.agent.dra) publishes `resource_slice` and prepares what
+`claim_shares` reads; the chart's DeviceClasses select these devices by the names below.
+
+Devices: one per GPU, `gpu-<index>`, shared by several claims (`allowMultipleAllocations`), with two
+consumable capacities:
+- `memory`: the GPU's memory; a claim that asks for none takes all of it (the request policy's default),
+  so a plain claim is a whole GPU;
+- `cores`: percent of the GPU's compute, 0..100; a claim that asks for none takes 0 (a memory-only share,
+  which competes for compute without a cap, like a `gpupool.io/gpu-memory`-only pod).
+
+Isolation comes from the DeviceClass's opaque config only (`FromClass`, written by the admin): a claim's
+own config (`FromClaim`) is the tenant's and never chooses it, or a tenant could ask for `none` and lift
+its caps.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpupool.api.quantity import QuantityError, gpu_memory_mib, parse_quantity
+
+DRIVER = "gpu.gpupool.io"  # the driver name in ResourceSlices, claims' results and the kubelet registration
+CDI_VENDOR = DRIVER
+CDI_CLASS = "claim"
+CDI_KIND = f"{CDI_VENDOR}/{CDI_CLASS}"  # one CDI device per prepared claim, named by the claim's UID
+CONFIG_API_VERSION = f"{DRIVER}/v1"
+CONFIG_KIND = "GpuConfig"
+CAPACITY_MEMORY = "memory"
+CAPACITY_CORES = "cores"
+TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"  # the GPU failed a health check (NoSchedule: new claims avoid it)
+TAINT_NOT_READY = f"{DRIVER}/not-validated"  # the node failed validation (gpupool.agent.validation)
+DRA_ISOLATIONS = ("hook", "mps", "none")
+DEFAULT_ISOLATION = "hook"
+MAX_DEVICES_PER_SLICE = 128
+
+_DEVICE = re.compile(r"^gpu-(\d{1,3})$")
+
+Obj = dict[str, Any]
+
+
+def device_name(index: int) -> str:
+    return f"gpu-{index}"
+
+
+def device_index(name: str) -> int | None:
+    """The GPU index of one of our device names, None for any other name."""
+    m = _DEVICE.match(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceDevice:
+    """One GPU as the ResourceSlice shows it."""
+
+    index: int
+    uuid: str
+    model: str
+    memory_mib: int
+    compute_capability: str = ""  # "9.0"
+    numa_node: int = -1
+    nvlink_peers: tuple[int, ...] = ()
+    mig_capable: bool = False
+    taints: tuple[tuple[str, str], ...] = ()  # (key, value), effect NoSchedule
+
+
+def _version(text: str) -> str | None:
+    """A driver or CUDA version as the semantic version DRA's `version` attributes need ("9.0" -> "9.0.0")."""
+    parts = re.findall(r"\d+", text)[:3]
+    if not parts:
+        return None
+    parts += ["0"] * (3 - len(parts))
+    return ".".join(str(int(p)) for p in parts)
+
+
+def _attributes(d: SliceDevice, driver_version: str) -> Obj:
+    attrs: Obj = {
+        "uuid": {"string": d.uuid},
+        "index": {"int": d.index},
+        "model": {"string": d.model[:64]},
+        "migCapable": {"bool": d.mig_capable},
+    }
+    cc = _version(d.compute_capability)
+    if cc is not None:
+        attrs["computeCapability"] = {"version": cc}
+    dv = _version(driver_version)
+    if dv is not None:
+        attrs["driverVersion"] = {"version": dv}
+    if d.numa_node >= 0:
+        attrs["numaNode"] = {"int": d.numa_node}
+    if d.nvlink_peers:
+        attrs["nvlinkPeers"] = {"string": ",".join(map(str, sorted(d.nvlink_peers)))[:64]}
+    return attrs
+
+
+def slice_device(d: SliceDevice, driver_version: str, time_added: str) -> Obj:
+    memory = f"{d.memory_mib}Mi"
+    device: Obj = {
+        "name": device_name(d.index),
+        "attributes": _attributes(d, driver_version),
+        "allowMultipleAllocations": True,
+        "capacity": {
+            CAPACITY_MEMORY: {"value": memory, "requestPolicy": {
+                "default": memory, "validRange": {"min": "1Mi", "max": memory, "step": "1Mi"}}},
+            CAPACITY_CORES: {"value": "100", "requestPolicy": {
+                "default": "0", "validRange": {"min": "0", "max": "100", "step": "1"}}},
+        },
+    }
+    if d.taints:
+        device["taints"] = [{"key": k, "value": v[:63], "effect": "NoSchedule", "timeAdded": time_added}
+                            for k, v in d.taints[:4]]
+    return device
+
+
+def resource_slice(node: str, node_uid: str, devices: Sequence[SliceDevice], driver_version: str,
+                   generation: int, time_added: str) -> Obj:
+    """The node's one ResourceSlice (pool = the node's name), owned by its Node so it goes with it."""
+    if len(devices) > MAX_DEVICES_PER_SLICE:
+        raise ValueError(f"{len(devices)} GPUs on node {node}: one ResourceSlice holds at most "
+                         f"{MAX_DEVICES_PER_SLICE}")
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {
+            "name": slice_name(node),
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
+                                 "controller": True}],
+        },
+        "spec": {
+            "driver": DRIVER, "nodeName": node,
+            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
+            "devices": [slice_device(d, driver_version, time_added) for d in devices],
+        },
+    }
+
+
+def slice_name(node: str) -> str:
+    # node names are DNS subdomains (≤253); the slice's name must be one too
+    return f"{node[:230]}-{DRIVER}".replace("_", "-").lower()
+
+
+# --- reading a claim's allocation ----------------------------------------------------------------------------
+
+
+class ClaimError(ValueError):
+    """The claim cannot be served as allocated; the message names the claim and what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceShare:
+    """One device of a claim's allocation that is ours, with what the claim consumes of it."""
+
+    request: str
+    pool: str
+    device: str
+    index: int
+    memory_mib: int | None  # None: the whole GPU's memory (no consumedCapacity: an older allocator)
+    cores: int | None  # None: whole GPU; 0: no compute reserved
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimShares:
+    namespace: str
+    name: str
+    uid: str
+    isolation: str
+    devices: tuple[DeviceShare, ...] = field(default_factory=tuple)
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+def _class_isolation(configs: Sequence[Mapping[str, Any]], request: str, label: str) -> str | None:
+    """The isolation a DeviceClass config of our driver names for `request` (None: none names it)."""
+    found = None
+    for c in configs:
+        opaque = c.get("opaque") or {}
+        if c.get("source") != "FromClass" or opaque.get("driver") != DRIVER:
+            continue
+        requests = c.get("requests") or []
+        if requests and request not in requests and request.split("/")[0] not in requests:
+            continue
+        params = opaque.get("parameters") or {}
+        iso = params.get("isolation") if isinstance(params, Mapping) else None
+        if iso not in DRA_ISOLATIONS:
+            raise ClaimError(f"claim {label}: its DeviceClass config names isolation {iso!r} (use "
+                             f"{', '.join(DRA_ISOLATIONS)})")
+        found = str(iso)
+    return found
+
+
+def _consumed(result: Mapping[str, Any], label: str) -> tuple[int | None, int | None]:
+    consumed = result.get("consumedCapacity") or {}
+    memory = cores = None
+    try:
+        if CAPACITY_MEMORY in consumed:
+            memory = gpu_memory_mib(consumed[CAPACITY_MEMORY], f"consumedCapacity.{CAPACITY_MEMORY}")
+        if CAPACITY_CORES in consumed:
+            amount, _ = parse_quantity(consumed[CAPACITY_CORES], f"consumedCapacity.{CAPACITY_CORES}")
+            if amount.denominator != 1 or not 0 <= amount <= 100:
+                raise QuantityError(f"consumedCapacity.{CAPACITY_CORES}={consumed[CAPACITY_CORES]!r} is not a "
+                                    "whole percent 0..100")
+            cores = int(amount)
+    except QuantityError as e:
+        raise ClaimError(f"claim {label}: device {result.get('device')!r}: {e}") from None
+    return memory, cores
+
+
+def claim_shares(claim: Mapping[str, Any], driver: str = DRIVER) -> ClaimShares:
+    """What an allocated claim holds of our devices. Raises ClaimError when it is not allocated or names
+    devices we never publish; the isolation is the class's (one per claim: a container sees one library)."""
+    meta = claim.get("metadata") or {}
+    label = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    allocation = (claim.get("status") or {}).get("allocation")
+    if not allocation:
+        raise ClaimError(f"claim {label} is not allocated")
+    devices_part = allocation.get("devices") or {}
+    configs = devices_part.get("config") or []
+    shares: list[DeviceShare] = []
+    isolations: set[str] = set()
+    for r in devices_part.get("results") or []:
+        if r.get("driver") != driver:
+            continue
+        name = str(r.get("device", ""))
+        index = device_index(name)
+        if index is None:
+            raise ClaimError(f"claim {label}: device {name!r} is not one gpupool publishes")
+        if r.get("adminAccess"):
+            raise ClaimError(f"claim {label}: admin access to {name} is not served (it would bypass the shares)")
+        memory, cores = _consumed(r, label)
+        request = str(r.get("request", ""))
+        isolations.add(_class_isolation(configs, request, label) or DEFAULT_ISOLATION)
+        shares.append(DeviceShare(request, str(r.get("pool", "")), name, index, memory, cores, r.get("shareID")))
+    if len(isolations) > 1:
+        raise ClaimError(f"claim {label} mixes isolations {', '.join(sorted(isolations))}; one claim is served "
+                         "by one isolation")
+    return ClaimShares(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
+                       isolations.pop() if isolations else DEFAULT_ISOLATION, tuple(shares))
