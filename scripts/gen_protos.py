@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Generate the Python gRPC stubs for the kubelet device plugin API, or check that the committed ones are
-current.
+"""Generate the Python gRPC stubs for the kubelet APIs the agent speaks (device plugin v1beta1, plugin
+registration, DRA v1 and v1beta1), or check that the committed ones are current.
 
-    python scripts/gen_protos.py            # write src/gpupool/agent/proto/deviceplugin_v1beta1_pb2*.py(i)
+    python scripts/gen_protos.py            # write src/gpupool/agent/proto/<module>_pb2*.py(i)
     python scripts/gen_protos.py --check    # regenerate into a temporary directory and compare
 
-The .proto is copied into a temporary tree at gpupool/agent/proto/ before protoc runs, because the
+Each .proto is copied into a temporary tree at gpupool/agent/proto/ before protoc runs, because the
 generated *_pb2_grpc.py imports its messages by the path relative to the include root: this way the
 import is `from gpupool.agent.proto import ...` and lands inside our package.
 
@@ -26,10 +26,14 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO_SOURCE = ROOT / "proto" / "deviceplugin" / "v1beta1" / "api.proto"
 PACKAGE_DIR = Path("gpupool") / "agent" / "proto"
-MODULE = "deviceplugin_v1beta1"
-OUTPUTS = (f"{MODULE}_pb2.py", f"{MODULE}_pb2.pyi", f"{MODULE}_pb2_grpc.py")
+# module name in gpupool.agent.proto -> its .proto
+PROTOS = {
+    "deviceplugin_v1beta1": ROOT / "proto" / "deviceplugin" / "v1beta1" / "api.proto",
+    "pluginregistration_v1": ROOT / "proto" / "pluginregistration" / "v1" / "api.proto",
+    "dra_v1": ROOT / "proto" / "dra" / "v1" / "api.proto",
+    "dra_v1beta1": ROOT / "proto" / "dra" / "v1beta1" / "api.proto",
+}
 
 # Lines that only record the generator's or runtime's version.
 _VERSION_LINE = re.compile(
@@ -42,23 +46,26 @@ def generate(out_root: Path) -> list[Path]:
     """Run protoc; return the generated files (under out_root/gpupool/agent/proto)."""
     from grpc_tools import protoc  # imported here: only this script needs grpcio-tools
 
-    with tempfile.TemporaryDirectory() as tmp:
-        include = Path(tmp)
-        (include / PACKAGE_DIR).mkdir(parents=True)
-        shutil.copyfile(PROTO_SOURCE, include / PACKAGE_DIR / f"{MODULE}.proto")
-        (out_root / PACKAGE_DIR).mkdir(parents=True, exist_ok=True)
-        args = [
-            "grpc_tools.protoc",
-            f"-I{include}",
-            f"--python_out={out_root}",
-            f"--pyi_out={out_root}",
-            f"--grpc_python_out={out_root}",
-            str(include / PACKAGE_DIR / f"{MODULE}.proto"),
-        ]
-        rc = protoc.main(args)
-        if rc != 0:
-            raise SystemExit(f"protoc failed with exit code {rc}")
-    return [out_root / PACKAGE_DIR / name for name in OUTPUTS]
+    out: list[Path] = []
+    for module, source in PROTOS.items():
+        with tempfile.TemporaryDirectory() as tmp:
+            include = Path(tmp)
+            (include / PACKAGE_DIR).mkdir(parents=True)
+            shutil.copyfile(source, include / PACKAGE_DIR / f"{module}.proto")
+            (out_root / PACKAGE_DIR).mkdir(parents=True, exist_ok=True)
+            args = [
+                "grpc_tools.protoc",
+                f"-I{include}",
+                f"--python_out={out_root}",
+                f"--pyi_out={out_root}",
+                f"--grpc_python_out={out_root}",
+                str(include / PACKAGE_DIR / f"{module}.proto"),
+            ]
+            rc = protoc.main(args)
+            if rc != 0:
+                raise SystemExit(f"protoc failed on {source.name} of {module} with exit code {rc}")
+        out += [out_root / PACKAGE_DIR / f"{module}{suffix}" for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")]
+    return out
 
 
 def _show(path: Path) -> str:
@@ -83,7 +90,7 @@ def check(committed_root: Path) -> int:
             old, new = _normalise(committed.read_text()), _normalise(path.read_text())
             if old != new:
                 stale += 1
-                print(f"stale: {_show(committed)} differs from {_show(PROTO_SOURCE)}:")
+                print(f"stale: {_show(committed)} differs from its .proto (PROTOS):")
                 sys.stdout.writelines(line + "\n" for line in difflib.unified_diff(old, new, lineterm="", n=1))
         return 1 if stale else 0
 
