@@ -38,6 +38,13 @@ class AgentConfig(BaseModel):
     socket_name: str = Field(default="gpupool.sock", pattern=r"^[A-Za-z0-9._-]+\.sock$")
     resource_name: str = RESOURCE_GPU
     cdi: bool = False  # hand GPUs to the runtime as CDI devices instead of NVIDIA_VISIBLE_DEVICES
+    # Serve GPUs as a DRA driver (gpupool.agent.dra: ResourceSlices, claims prepared through CDI) instead of
+    # the device plugin. kubelet_root holds plugins_registry/ and plugins/; cdi_dir is where the container
+    # runtime reads CDI specs; the slice is checked every dra_resync_s (kubelet deletes it at its start).
+    dra: bool = False
+    kubelet_root: Path = Path("/var/lib/kubelet")
+    cdi_dir: Path = Path("/var/run/cdi")
+    dra_resync_s: float = Field(default=10.0, gt=0)
     cdi_kind: str = Field(default="nvidia.com/gpu", pattern=r"^[a-z0-9.-]+/[A-Za-z0-9._-]+$")
     mps_root: Path = Path("/run/gpupool/mps")  # host dir; <mps_root>/<GPU UUID> is that GPU's pipe dir
     mps_container_dir: str = "/run/gpupool/mps"  # where the pipe dir appears in the container

@@ -73,6 +73,7 @@ def grant_request(
     cores_mode: str = "hard",
     gpu_containers: int = 1,
     pods_on_node: Sequence[Mapping[str, Any]] = (),
+    claim: bool = False,
 ) -> tuple[Isolation, GrantRequest] | Refused:
     """The checks every mode shares, then the mode's own (`Isolation.check`): the strategy that serves the
     container and its request, or why it cannot be served."""
@@ -96,7 +97,7 @@ def grant_request(
     if strategy is None:
         return Refused(f"pod {pod_label}: unknown isolation {isolation!r} (use {', '.join(sorted(ISOLATION_MODES))})")
     request = GrantRequest(doc, container, tuple(gpus), devices, config, pod_label, cores_mode, gpu_containers,
-                           tuple(pods_on_node))
+                           tuple(pods_on_node), claim)
     refused = strategy.check(request)
     return refused if refused is not None else (strategy, request)
 

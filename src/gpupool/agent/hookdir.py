@@ -11,6 +11,9 @@ Host layout under `hook_root` (AgentConfig, default /run/gpupool/hook):
                                          CONTAINER_LIMITS_DIR, the path compiled into the library
     pods/<pod UID>/<container>/hook/     the container's accounting directory: mounted read-write at
                                          CONTAINER_HOOK_DIR; the library keeps usage.v1 there
+    claims/<claim UID>/                  the same for a DRA claim's share (gpupool.agent.dra), which every
+                                         container using the claim shares; removed when kubelet unprepares
+                                         the claim, never by the pods' clean-up
 
 The library takes its caps, compute mode and the place of its accounting from limits.v1 only; the
 container's environment (GPUPOOL_MEMORY_LIMIT_MIB, GPUPOOL_CORES_PERCENT, GPUPOOL_CORES_MODE) can lower a
@@ -144,6 +147,13 @@ def pod_dir(root: Path, uid: str) -> Path:
     if not valid_uid(uid):  # it becomes a path: nothing but a UID may reach the file system
         raise ValueError(f"not usable as a pod UID: {uid!r}")
     return hook_paths(root).pods / uid
+
+
+def claim_dir(root: Path, uid: str) -> Path:
+    """The hook directory of a DRA claim's share (not under pods/: the pods' clean-up must not see it)."""
+    if not valid_uid(uid):
+        raise ValueError(f"not a claim UID: {uid!r}")
+    return root / "claims" / uid
 
 
 def container_dir(root: Path, uid: str, container: str) -> Path:

@@ -37,10 +37,12 @@ from gpupool.agent.hookdir import (
     HookLimits,
     HookPod,
     accounting_dir,
+    claim_dir,
     container_dir,
     hook_paths,
     limits_dir,
     prepare_hook_pod,
+    prepare_pod,
     remove_gone,
     valid_container,
     valid_uid,
@@ -82,6 +84,9 @@ class GrantRequest:
     cores_mode: str = "hard"
     gpu_containers: int = 1  # how many GPU containers the pod has
     pods_on_node: Sequence[Mapping[str, Any]] = ()
+    # A DRA claim's share (gpupool.agent.dra): doc.pod_uid is the claim's UID, and the hook directory is
+    # the claim's own (claims/<UID>), which the pods' clean-up never removes.
+    claim: bool = False
 
     def shared(self) -> list[GrantDoc]:
         """The GPUs of which the container gets less than the whole card."""
@@ -184,14 +189,18 @@ class HookIsolation:
             gpus=gpus,
             accounting_dir=CONTAINER_HOOK_DIR,
         )
-        return HookPod(request.doc.pod_uid, request.pod_label, request.container, gpus,
-                       container_dir(request.config.hook_root, request.doc.pod_uid, request.container), limits)
+        root, uid = request.config.hook_root, request.doc.pod_uid
+        directory = claim_dir(root, uid) if request.claim else container_dir(root, uid, request.container)
+        return HookPod(uid, request.pod_label, request.container, gpus, directory, limits)
 
     async def prepare(self, request: GrantRequest) -> Prepared | Refused:
         # the container's directories and limits file must exist before kubelet mounts them
         try:
-            await asyncio.to_thread(prepare_hook_pod, request.config.hook_root, self._hook_pod(request),
-                                    request.pods_on_node)
+            if request.claim:
+                await asyncio.to_thread(prepare_pod, self._hook_pod(request))
+            else:
+                await asyncio.to_thread(prepare_hook_pod, request.config.hook_root, self._hook_pod(request),
+                                        request.pods_on_node)
         except OSError as e:
             return Refused(f"cannot prepare the hook directory of pod {request.pod_label}: {e}", retry=True)
         except ValueError as e:  # limits the file cannot hold (too many GPUs for one container, say)

@@ -4,7 +4,8 @@ Kept narrow on purpose: the agent reads its own node and the pods bound to it (a
 selector), and writes only annotations, labels and its own condition (`GpupoolReady`, status subresource)
 on its node, one annotation on pods it served, and
 Events about pods of its node whose processes the watchdog stopped or reported (least privilege for the
-DaemonSet's RBAC: nodes get/patch, nodes/status patch, pods list/get/patch, events create).
+DaemonSet's RBAC: nodes get/patch, nodes/status patch, pods list/get/patch, events create). As a DRA
+driver it also reads ResourceClaims (get) and writes its node's ResourceSlice (get, create, patch).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from gpupool.cluster.port import NODES, ClusterPort
+from gpupool.cluster.port import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, ClusterPort, NotFound
 
 Obj = dict[str, Any]
 
@@ -38,6 +39,15 @@ class AgentCluster(Protocol):
 
 
     async def create_event(self, event: Obj) -> None: ...
+
+    # DRA (gpupool.agent.dra): read the claims kubelet asks to prepare, write this node's ResourceSlice
+    async def get_claim(self, namespace: str, name: str) -> Obj: ...
+
+    async def get_slice(self, name: str) -> Obj | None: ...
+
+    async def create_slice(self, obj: Obj) -> Obj: ...
+
+    async def patch_slice(self, name: str, patch: Obj, resource_version: str) -> Obj: ...
 
 
 class LabelsUnsupported(RuntimeError):
@@ -88,3 +98,18 @@ class ClusterPortAgent:
 
     async def create_event(self, event: Obj) -> None:
         await self.port.create_event(event)
+
+    async def get_claim(self, namespace: str, name: str) -> Obj:
+        return await self.port.get_object(RESOURCE_CLAIMS, name, namespace)
+
+    async def get_slice(self, name: str) -> Obj | None:
+        try:
+            return await self.port.get_object(RESOURCE_SLICES, name)
+        except NotFound:
+            return None
+
+    async def create_slice(self, obj: Obj) -> Obj:
+        return await self.port.create_object(RESOURCE_SLICES, obj)
+
+    async def patch_slice(self, name: str, patch: Obj, resource_version: str) -> Obj:
+        return await self.port.patch_object(RESOURCE_SLICES, name, patch, resource_version=resource_version)

@@ -37,6 +37,7 @@ from gpupool.agent.checkpoint import Checkpoint
 from gpupool.agent.checks.node import Check, node_checks, run_pass
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
+from gpupool.agent.dra import DraDriver, DraServer
 from gpupool.agent.health import HealthTracker
 from gpupool.agent.inventory import InventoryPublisher
 from gpupool.agent.isolation import merged_inventory, node_strategies
@@ -87,6 +88,8 @@ class Agent:
         self.table: DeviceTable | None = None
         self.service: DevicePluginService | None = None
         self.server: PluginServer | None = None
+        self.dra: DraDriver | None = None  # config.dra: the DRA driver serves the GPUs instead of `server`
+        self.dra_server: DraServer | None = None
         self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
         # the isolation modes of this node (gpupool.agent.isolation), shared by Allocate, watchdog and inventory
         self.isolation = node_strategies(config, mps, mig, self._mig_reconciled, self._inventory_changed)
@@ -145,14 +148,23 @@ class Agent:
         await self._validate()
         await self._publish()
         await self._adopt()
-        self.server = PluginServer(self.service, self.config.plugin_socket_path)
-        self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
-        await self.server.start()
+        if self.config.dra:  # a DRA driver instead of the device plugin (gpupool.agent.dra)
+            self.dra = DraDriver(self.config, table_, self.cluster, self.isolation, self.wall_clock)
+            problem = await asyncio.to_thread(self.dra.load)
+            if problem is not None:
+                log.warning("%s", problem)
+            self.dra_server = DraServer(self.dra, self.config.kubelet_root)
+            await self.dra_server.start()
+        else:
+            self.server = PluginServer(self.service, self.config.plugin_socket_path)
+            self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
+            await self.server.start()
         loop = asyncio.get_running_loop()
         self._event_thread = threading.Thread(target=self._watch_events, args=(loop,), name="gpupool-xid", daemon=True)
         self._event_thread.start()
         self._tasks = [
-            asyncio.create_task(self._kubelet_loop(), name="kubelet-watch"),
+            asyncio.create_task(self._slice_loop() if self.dra is not None else self._kubelet_loop(),
+                                name="resource-slice" if self.dra is not None else "kubelet-watch"),
             asyncio.create_task(self._probe_loop(), name="health-probe"),
             asyncio.create_task(self._inventory_loop(), name="inventory"),
             asyncio.create_task(follow_squeezes(self.cluster, self.config.node_name, self.config.hook_root,
@@ -207,10 +219,26 @@ class Agent:
         if self.server is not None:
             await self.server.stop(grace=0.2)
             self.config.plugin_socket_path.unlink(missing_ok=True)
+        if self.dra_server is not None:
+            await self.dra_server.stop()
         self._thread_stop.set()
         if self._event_thread is not None:
             await asyncio.to_thread(self._event_thread.join)
         self.backend.close()
+
+    # --- DRA: the node's ResourceSlice ---------------------------------------------------------------------
+    async def _slice_loop(self) -> None:
+        """Publish the slice now, on every change of the GPUs' health or validation, and every
+        dra_resync_s (kubelet deletes a driver's slices when it starts; this puts them back)."""
+        assert self.dra is not None and self.table is not None
+        while not self._stop.is_set():
+            seen = self.table.version
+            try:
+                node = await self.cluster.get_node(self.config.node_name)
+                await self.dra.publish(str((node.get("metadata") or {}).get("uid", "")))
+            except Exception as e:  # API trouble: the next pass tries again
+                log.warning("could not publish the ResourceSlice of node %s: %s", self.config.node_name, e)
+            await self.table.wait_changed(seen, timeout=self.config.dra_resync_s)
 
     # --- kubelet registration -----------------------------------------------------------------------------
     async def _kubelet_loop(self) -> None:

@@ -39,6 +39,12 @@ import click
 @click.option("--socket-name", default=None, help="The plugin's socket file name [gpupool.sock].")
 @click.option("--cdi/--no-cdi", default=None, help="Hand GPUs over as CDI devices [off].")
 @click.option("--cdi-kind", default=None, help="CDI kind of the GPU devices [nvidia.com/gpu].")
+@click.option("--dra/--no-dra", default=None,
+              help="Serve GPUs as DRA driver gpu.gpupool.io instead of the device plugin [off] (docs/claims.md).")
+@click.option("--kubelet-root", type=click.Path(path_type=Path), default=None,
+              help="Kubelet's root directory, with plugins_registry/ and plugins/ (--dra) [/var/lib/kubelet].")
+@click.option("--cdi-dir", type=click.Path(path_type=Path), default=None,
+              help="Where the container runtime reads CDI specs (--dra) [/var/run/cdi].")
 @click.option(
     "--mps-root",
     type=click.Path(path_type=Path),

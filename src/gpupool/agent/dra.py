@@ -1,0 +1,473 @@
+"""gpupool's DRA driver on the node: the kubelet plugin (registration and the DRA gRPC service, v1 and
+v1beta1), claim preparation through CDI, its checkpoint, and the node's ResourceSlice (gpupool.api.dra).
+
+Prepare (kubelet, before a pod's containers start): the claim is read from the API (kubelet passes only
+namespace, name and UID; the UID must match, the allocation must be there), its results for our driver and
+this node become one share per GPU (`claim_shares`), and the share is given to the container exactly like
+a device-plugin grant (gpupool.agent.grant: the same checks and the same isolation strategies), except that
+the answer is a CDI device `gpu.gpupool.io/claim=<claim UID>` whose spec file (in `cdi_dir`, read by the
+container runtime) carries the environment and mounts: for `hook`, the library and the claim's limits file
+read-only, its accounting directory read-write, so the claim's share holds whatever the container's
+environment says. The answer is checkpointed before it is returned: a repeated prepare (kubelet restarted,
+a timeout) gets the same answer, also from a restarted agent, without reading the claim again.
+
+Unprepare (after the pod's containers are gone): the CDI spec, the claim's hook directory and its checkpoint
+entry go. Unknown claims are already unprepared (idempotent).
+
+The ResourceSlice is published when it changes (GPU health, node validation, discovery) and checked every
+`dra_resync_s`, because kubelet deletes a driver's slices at its own start and 30 s after the driver's
+socket went away; an unhealthy GPU or a node failing validation stays in the slice with a NoSchedule taint,
+so claims already prepared keep their devices and new claims avoid them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import shutil
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+from gpupool.agent.checkpoint import write_atomically
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.devices import DeviceInfo
+from gpupool.agent.grant import ContainerGrant, answer, grant_request
+from gpupool.agent.hookdir import claim_dir
+from gpupool.agent.isolation import Isolation, Refused
+from gpupool.agent.port import AgentCluster
+from gpupool.agent.proto import dra_v1_pb2 as v1
+from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
+from gpupool.agent.proto import dra_v1beta1_pb2 as v1beta1
+from gpupool.agent.proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
+from gpupool.agent.proto import pluginregistration_v1_pb2 as reg
+from gpupool.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
+from gpupool.agent.table import DeviceTable
+from gpupool.api.allocation import AllocationDoc, GrantDoc
+from gpupool.api.dra import (
+    CDI_KIND,
+    DRIVER,
+    TAINT_NOT_READY,
+    TAINT_UNHEALTHY,
+    ClaimError,
+    SliceDevice,
+    claim_shares,
+    resource_slice,
+    slice_name,
+)
+from gpupool.cluster.port import NotFound
+from gpupool.core.mig import mig_model
+
+log = logging.getLogger("gpupool.agent.dra")
+
+CHECKPOINT_FILE = "dra-claims.json"
+CHECKPOINT_VERSION = 1
+CDI_VERSION = "0.6.0"  # env, mounts and device nodes: all this spec uses
+CLAIM_CONTAINER = "claim"  # the grant's container name: one share per claim, whatever container uses it
+SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # kubelet takes the first it knows
+_LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    namespace: str
+    name: str
+    uid: str
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    request: str
+    pool: str
+    device: str
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedClaim:
+    """What prepare answered for one claim (the checkpoint's entry)."""
+
+    uid: str
+    namespace: str
+    name: str
+    isolation: str
+    devices: tuple[PreparedDevice, ...]
+    cdi_ids: tuple[str, ...]
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any]) -> PreparedClaim:
+        return PreparedClaim(
+            str(data["uid"]), str(data["namespace"]), str(data["name"]), str(data["isolation"]),
+            tuple(PreparedDevice(str(d["request"]), str(d["pool"]), str(d["device"]), d.get("share_id"))
+                  for d in data["devices"]),
+            tuple(str(c) for c in data["cdi_ids"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One claim's answer: its devices, or why it could not be prepared (kubelet retries it)."""
+
+    claim: PreparedClaim | None = None
+    error: str = ""
+
+
+# --- CDI ---------------------------------------------------------------------------------------------------
+
+
+def cdi_spec(uid: str, grant: ContainerGrant) -> Obj:
+    """The CDI spec of one claim: one device named by the claim's UID whose edits are the grant's."""
+    mounts = [{"hostPath": m.host_path, "containerPath": m.container_path, "type": "bind",
+               "options": ["bind", "ro" if m.read_only else "rw", "nosuid", "nodev"]} for m in grant.mounts]
+    edits: Obj = {"env": [f"{k}={v}" for k, v in sorted(grant.envs.items())]}
+    if mounts:
+        edits["mounts"] = mounts
+    return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": [{"name": uid, "containerEdits": edits}]}
+
+
+def cdi_path(cdi_dir: Path, uid: str) -> Path:
+    return cdi_dir / f"{DRIVER}-claim_{uid}.json"
+
+
+def _write_cdi(cdi_dir: Path, uid: str, spec: Obj) -> None:
+    cdi_dir.mkdir(parents=True, exist_ok=True)
+    write_atomically(cdi_path(cdi_dir, uid), json.dumps(spec, indent=1).encode())
+    cdi_path(cdi_dir, uid).chmod(0o644)  # the runtime reads it (root, but not necessarily as the agent)
+
+
+# --- the driver -------------------------------------------------------------------------------------------
+
+
+class DraDriver:
+    """Prepares and unprepares this node's claims; publishes the node's ResourceSlice."""
+
+    def __init__(self, config: AgentConfig, table: DeviceTable, cluster: AgentCluster,
+                 strategies: Mapping[str, Isolation], wall_clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.table = table
+        self.cluster = cluster
+        self.strategies = strategies
+        self.wall_clock = wall_clock
+        self.path = config.checkpoint_path / CHECKPOINT_FILE
+        self.prepared: dict[str, PreparedClaim] = {}
+        self._lock = asyncio.Lock()  # prepares and unprepares one at a time: the checkpoint is one file
+        self._taint_since: dict[tuple[str, str], str] = {}  # (device, key) -> timeAdded, stable across publishes
+
+    # --- checkpoint ---------------------------------------------------------------------------------------
+    def load(self) -> str | None:
+        """Read the checkpoint; a damaged one is set aside (a warning is returned) and the agent starts empty."""
+        try:
+            doc = json.loads(self.path.read_bytes())
+            if doc.get("version") != CHECKPOINT_VERSION or doc.get("node") != self.config.node_name:
+                raise ValueError(f"version {doc.get('version')!r} for node {doc.get('node')!r}")
+            self.prepared = {c["uid"]: PreparedClaim.from_json(c) for c in doc["claims"]}
+        except FileNotFoundError:
+            self.prepared = {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            aside = self.path.with_name(self.path.name + ".unreadable")
+            with contextlib.suppress(OSError):
+                self.path.replace(aside)
+            self.prepared = {}
+            return f"DRA checkpoint {self.path} unreadable ({e}); moved to {aside.name}, starting empty"
+        return None
+
+    def _save(self, prepared: dict[str, PreparedClaim]) -> None:
+        doc = {"version": CHECKPOINT_VERSION, "node": self.config.node_name,
+               "claims": [asdict(c) for c in prepared.values()]}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomically(self.path, json.dumps(doc).encode())
+        self.prepared = prepared
+
+    # --- prepare ------------------------------------------------------------------------------------------
+    async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
+        async with self._lock:
+            return {c.uid: await self._prepare_one(c) for c in claims}
+
+    async def _prepare_one(self, ref: ClaimRef) -> Outcome:
+        done = self.prepared.get(ref.uid)
+        if done is not None:  # kubelet asks again: the same answer, without reading the claim again
+            return Outcome(done)
+        try:
+            claim = await self.cluster.get_claim(ref.namespace, ref.name)
+        except NotFound:
+            return Outcome(error=f"claim {ref.label} not found")
+        except Exception as e:  # transport or API trouble: kubelet retries the claim
+            return Outcome(error=f"cannot read claim {ref.label}: {e}")
+        uid = str((claim.get("metadata") or {}).get("uid", ""))
+        if uid != ref.uid:
+            return Outcome(error=f"claim {ref.label} is now another object (UID {uid}, kubelet asked for {ref.uid})")
+        try:
+            shares = claim_shares(claim)
+        except ClaimError as e:
+            return Outcome(error=str(e))
+        mine = [s for s in shares.devices if s.pool == self.config.node_name]
+        if len(mine) != len(shares.devices):
+            return Outcome(error=f"claim {ref.label} is allocated devices of other nodes' pools; node "
+                                 f"{self.config.node_name} serves only its own")
+        label = f"{ref.label} (claim)"
+        if self.table.withheld is not None:
+            return Outcome(error=f"node {self.config.node_name} holds its GPUs back: {self.table.withheld}")
+        by_index = {d.index: d for d in self.table.known.values()}
+        grants: list[GrantDoc] = []
+        for s in mine:
+            dev = by_index.get(s.index)
+            if dev is None:
+                return Outcome(error=f"claim {ref.label}: node {self.config.node_name} has no GPU {s.device}")
+            memory = dev.memory_mib if s.memory_mib is None else s.memory_mib
+            # 0 cores consumed: a memory-only share, which competes for compute without a cap (100)
+            cores = 100 if not s.cores else s.cores
+            if shares.isolation == "none" and (memory < dev.memory_mib or cores < 100):
+                return Outcome(error=f"claim {ref.label}: its class gives isolation none, which serves whole GPUs "
+                                     f"only, but it holds {memory} MiB and {cores} % of {s.device}; nothing would "
+                                     "hold it to that share")
+            grants.append(GrantDoc(uuid=dev.uuid, index=dev.index, memory_mib=memory, cores=cores))
+        devices: tuple[PreparedDevice, ...] = tuple(
+            PreparedDevice(s.request, s.pool, s.device, s.share_id) for s in mine)
+        cdi_ids: tuple[str, ...] = ()
+        if grants:
+            made = await self._grant(ref, shares.isolation, grants, label)
+            if isinstance(made, Refused):
+                return Outcome(error=made.reason)
+            cdi_ids = made
+        prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, shares.isolation, devices, cdi_ids)
+        try:
+            await asyncio.to_thread(self._save, {**self.prepared, ref.uid: prepared})
+        except OSError as e:
+            return Outcome(error=f"cannot checkpoint claim {ref.label}: {e}")
+        log.info("prepared claim %s: %s (%s)", ref.label, ", ".join(d.device for d in devices) or "no devices",
+                 shares.isolation)
+        return Outcome(prepared)
+
+    async def _grant(self, ref: ClaimRef, isolation: str, grants: list[GrantDoc],
+                     label: str) -> tuple[str, ...] | Refused:
+        doc = AllocationDoc(version=1, pod_uid=ref.uid, node=self.config.node_name, policy="dra",
+                            isolation=isolation, gpus=grants)
+        devices: dict[str, DeviceInfo] = dict(self.table.known)
+        found = grant_request(doc, CLAIM_CONTAINER, devices, self.table.unhealthy(), self.config, label,
+                              self.strategies, claim=True)
+        if isinstance(found, Refused):
+            return found
+        strategy, request = found
+        made = await strategy.prepare(request)
+        if isinstance(made, Refused):
+            return made
+        grant = answer(strategy, request, made)
+        if isinstance(grant, Refused):
+            return grant
+        try:
+            await asyncio.to_thread(_write_cdi, self.config.cdi_dir, ref.uid, cdi_spec(ref.uid, grant))
+        except OSError as e:
+            return Refused(f"cannot write the CDI spec of claim {ref.label}: {e}", retry=True)
+        return (f"{CDI_KIND}={ref.uid}", *grant.cdi_devices)
+
+    # --- unprepare ----------------------------------------------------------------------------------------
+    async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:
+        """Per claim UID, "" when it is unprepared (or never was), else what failed (kubelet retries)."""
+        async with self._lock:
+            out = {}
+            for c in claims:
+                try:
+                    await asyncio.to_thread(self._unprepare_one, c.uid)
+                    out[c.uid] = ""
+                except OSError as e:
+                    out[c.uid] = f"cannot unprepare claim {c.label}: {e}"
+            return out
+
+    def _unprepare_one(self, uid: str) -> None:
+        with contextlib.suppress(ValueError):  # not a UID: nothing of it can be on disk
+            shutil.rmtree(claim_dir(self.config.hook_root, uid), ignore_errors=True)
+            cdi_path(self.config.cdi_dir, uid).unlink(missing_ok=True)
+        if uid in self.prepared:
+            self._save({u: c for u, c in self.prepared.items() if u != uid})
+            log.info("unprepared claim %s", uid)
+
+    # --- the ResourceSlice --------------------------------------------------------------------------------
+    def _taints(self, device: DeviceInfo) -> tuple[tuple[str, str], ...]:
+        out = []
+        fault = self.table.tracker.faults.get(device.uuid)
+        if fault is not None:
+            out.append((TAINT_UNHEALTHY, _label_value(fault.reason)))
+        if self.table.withheld is not None:
+            out.append((TAINT_NOT_READY, _label_value(self.table.withheld)))
+        return tuple(out)
+
+    def _time_added(self, device: str, key: str) -> str:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall_clock()))
+        return self._taint_since.setdefault((device, key), stamp)
+
+    def slice_devices(self) -> list[SliceDevice]:
+        known = sorted(self.table.known.values(), key=lambda d: d.index)
+        return [SliceDevice(d.index, d.uuid, d.model, d.memory_mib, d.compute_capability, d.numa_node,
+                            d.nvlink_peers, mig_model(d.model) is not None, self._taints(d))
+                for d in known]
+
+    async def publish(self, node_uid: str) -> bool:
+        """Write the node's ResourceSlice when it differs from what the API holds; True when written."""
+        devices = self.slice_devices()
+        for d in devices:  # taints gone: their time stamps go too, so a new fault gets a new time
+            for key in (TAINT_UNHEALTHY, TAINT_NOT_READY):
+                if all(k != key for k, _ in d.taints):
+                    self._taint_since.pop((f"gpu-{d.index}", key), None)
+        name = slice_name(self.config.node_name)
+        existing = await self.cluster.get_slice(name)
+        generation = 1 if existing is None else int(((existing.get("spec") or {}).get("pool") or {})
+                                                    .get("generation", 0)) + 1
+        stamps = {(f"gpu-{d.index}", k): self._time_added(f"gpu-{d.index}", k) for d in devices for k, _ in d.taints}
+        wanted = resource_slice(self.config.node_name, node_uid, devices, self.table.discovered.driver_version,
+                                generation, "")
+        for dev in wanted["spec"]["devices"]:
+            for taint in dev.get("taints", []):
+                taint["timeAdded"] = stamps[(dev["name"], taint["key"])]
+        if existing is not None and (existing.get("spec") or {}).get("devices") == wanted["spec"]["devices"]:
+            return False
+        if existing is None:
+            await self.cluster.create_slice(wanted)
+        else:
+            await self.cluster.patch_slice(name, {"spec": {"devices": wanted["spec"]["devices"],
+                                                           "pool": wanted["spec"]["pool"]}},
+                                           str((existing.get("metadata") or {}).get("resourceVersion", "")))
+        log.info("published ResourceSlice %s (generation %d, %d GPU(s))", name, generation, len(devices))
+        return True
+
+
+def _label_value(text: str) -> str:
+    """A taint value (a label value: 63 characters of [A-Za-z0-9_.-], alphanumeric at both ends)."""
+    value = _LABEL_VALUE.sub("-", text)[:63].strip("-_.")
+    return value or "true"
+
+
+# --- gRPC: registration and the DRA service ---------------------------------------------------------------
+
+
+def _refs(claims: Sequence[Any]) -> list[ClaimRef]:
+    return [ClaimRef(c.namespace, c.name, c.uid) for c in claims]
+
+
+class _Registration(reg_grpc.RegistrationServicer):
+    def __init__(self, server: DraServer) -> None:
+        self.server = server
+
+    async def GetInfo(self, request: reg.InfoRequest, context: grpc.aio.ServicerContext) -> reg.PluginInfo:
+        return reg.PluginInfo(type="DRAPlugin", name=DRIVER, endpoint=str(self.server.service_socket),
+                              supported_versions=list(SERVICES))
+
+    async def NotifyRegistrationStatus(self, request: reg.RegistrationStatus,
+                                       context: grpc.aio.ServicerContext) -> reg.RegistrationStatusResponse:
+        self.server.registered = request.plugin_registered
+        if request.plugin_registered:
+            self.server.registrations += 1
+            log.info("kubelet registered DRA driver %s", DRIVER)
+        else:
+            log.error("kubelet refused DRA driver %s: %s", DRIVER, request.error)
+        return reg.RegistrationStatusResponse()
+
+
+class _ServiceV1(v1_grpc.DRAPluginServicer):
+    def __init__(self, driver: DraDriver) -> None:
+        self.driver = driver
+
+    async def NodePrepareResources(self, request: v1.NodePrepareResourcesRequest,
+                                   context: grpc.aio.ServicerContext) -> v1.NodePrepareResourcesResponse:
+        outcomes = await self.driver.prepare(_refs(request.claims))
+        reply = v1.NodePrepareResourcesResponse()
+        for uid, o in outcomes.items():
+            if o.claim is None:
+                reply.claims[uid].error = o.error
+                continue
+            reply.claims[uid].devices.extend(
+                v1.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device,
+                          cdi_device_ids=list(o.claim.cdi_ids), **({"share_id": d.share_id} if d.share_id else {}))
+                for d in o.claim.devices)
+        return reply
+
+    async def NodeUnprepareResources(self, request: v1.NodeUnprepareResourcesRequest,
+                                     context: grpc.aio.ServicerContext) -> v1.NodeUnprepareResourcesResponse:
+        reply = v1.NodeUnprepareResourcesResponse()
+        for uid, error in (await self.driver.unprepare(_refs(request.claims))).items():
+            reply.claims[uid].error = error
+        return reply
+
+
+class _ServiceV1beta1(v1beta1_grpc.DRAPluginServicer):
+    """The same service for kubelets that speak only v1beta1 (no share IDs there)."""
+
+    def __init__(self, driver: DraDriver) -> None:
+        self.driver = driver
+
+    async def NodePrepareResources(self, request: v1beta1.NodePrepareResourcesRequest,
+                                   context: grpc.aio.ServicerContext) -> v1beta1.NodePrepareResourcesResponse:
+        outcomes = await self.driver.prepare(_refs(request.claims))
+        reply = v1beta1.NodePrepareResourcesResponse()
+        for uid, o in outcomes.items():
+            if o.claim is None:
+                reply.claims[uid].error = o.error
+                continue
+            reply.claims[uid].devices.extend(
+                v1beta1.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device,
+                               cdi_device_ids=list(o.claim.cdi_ids))
+                for d in o.claim.devices)
+        return reply
+
+    async def NodeUnprepareResources(self, request: v1beta1.NodeUnprepareResourcesRequest,
+                                     context: grpc.aio.ServicerContext) -> v1beta1.NodeUnprepareResourcesResponse:
+        reply = v1beta1.NodeUnprepareResourcesResponse()
+        for uid, error in (await self.driver.unprepare(_refs(request.claims))).items():
+            reply.claims[uid].error = error
+        return reply
+
+
+@dataclass
+class DraServer:
+    """The kubelet plugin's two unix sockets: registration in plugins_registry (kubelet watches it) and the
+    DRA service under plugins/<driver>/. Removing the registration socket deregisters the driver."""
+
+    driver: DraDriver
+    kubelet_root: Path
+    registered: bool = False
+    registrations: int = 0
+    _server: grpc.aio.Server | None = field(default=None, repr=False)
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.kubelet_root / "plugins_registry" / f"{DRIVER}-reg.sock"
+
+    @property
+    def service_socket(self) -> Path:
+        return self.kubelet_root / "plugins" / DRIVER / "dra.sock"
+
+    async def start(self) -> None:
+        for path in (self.registration_socket, self.service_socket):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.unlink(missing_ok=True)  # a stale socket of an earlier run
+        server = grpc.aio.server()
+        reg_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
+        v1_grpc.add_DRAPluginServicer_to_server(_ServiceV1(self.driver), server)
+        v1beta1_grpc.add_DRAPluginServicer_to_server(_ServiceV1beta1(self.driver), server)
+        # the service socket first: kubelet dials it as soon as it sees the registration socket
+        server.add_insecure_port(f"unix://{self.service_socket}")
+        server.add_insecure_port(f"unix://{self.registration_socket}")
+        await server.start()
+        self._server = server
+
+    async def stop(self, grace: float | None = 0.2) -> None:
+        self.registration_socket.unlink(missing_ok=True)
+        if self._server is not None:
+            server, self._server = self._server, None
+            await server.stop(grace)
+        self.service_socket.unlink(missing_ok=True)
+
+    def sockets_ok(self) -> bool:
+        return self.registration_socket.is_socket() and self.service_socket.is_socket()
