@@ -74,7 +74,8 @@ def test_claims_that_cannot_be_read(claim: dict[str, Any], message: str) -> None
 
 def test_isolation_comes_from_the_class_for_the_requests_it_names() -> None:
     configs = [
-        {"source": "FromClass", "requests": ["other"], "opaque": {"driver": DRIVER, "parameters": {"isolation": "mps"}}},
+        {"source": "FromClass", "requests": ["other"],
+         "opaque": {"driver": DRIVER, "parameters": {"isolation": "mps"}}},
         {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {"isolation": "none"}}},
     ]
     assert claim_shares(_claim([_result("gpu-0")], configs)).isolation == "hook"  # the default, not the tenant's
