@@ -169,13 +169,75 @@ def test_validation_state_is_read_when_published() -> None:
     assert cond.status is Status.FAIL and "NoDriver: libcuda missing" in cond.detail
 
 
-def test_toolkit_and_dra_are_information() -> None:
+def test_toolkit_is_information() -> None:
     assert "not reported by the agents" in checks.toolkit([node()]).detail
     reported = node(inventory=json.dumps({"toolkit": {"envvar": False}}))
     assert checks.toolkit([reported]).detail == "gpu-1: {'envvar': False}"
-    assert checks.device_classes([]).detail == "none installed (gpupool has no DRA driver yet)"
-    assert checks.device_classes(None).status is Status.INFO
-    assert "gpu.nvidia.com" in checks.device_classes([{"metadata": {"name": "gpu.nvidia.com"}}]).detail
+
+
+def device_class(name: str, driver: str = "gpu.gpupool.io", isolation: Any = None, **extra_config: Any) -> Obj:
+    """A DeviceClass as the chart writes one (selector on the driver; an opaque config when isolation is
+    given, `extra_config` merged into its parameters)."""
+    spec: Obj = {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]}
+    if isolation is not None or extra_config:
+        params = {"apiVersion": f"{driver}/v1", "kind": "GpuConfig", **extra_config}
+        if isolation is not None:
+            params["isolation"] = isolation
+        spec["config"] = [{"opaque": {"driver": driver, "parameters": params}}]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec}
+
+
+NVIDIA_CLASS = device_class("gpu.nvidia.com", driver="gpu.nvidia.com")
+
+
+def test_dra_classes_other_than_gpupools_are_information() -> None:
+    unserved = checks.device_classes(None)
+    assert (unserved.status, unserved.detail) == (Status.INFO, "resource.k8s.io/v1 is not served by this API server")
+    empty = checks.device_classes([])
+    assert (empty.status, empty.detail) == (Status.INFO, "none of gpupool's DRA classes installed (chart value "
+                                                         "dra.enabled)")
+    # Another driver's class is named, and is not taken for ours.
+    others = checks.device_classes([NVIDIA_CLASS, {"metadata": {"name": "bare"}}])
+    assert (others.status, others.detail) == (
+        Status.INFO, "none of gpupool's DRA classes installed (chart value dra.enabled); other classes: bare, "
+                     "gpu.nvidia.com")
+
+
+def test_gpupools_dra_classes_are_recognised_by_their_selector() -> None:
+    chart = [device_class("gpu.gpupool.io", isolation="hook"), device_class("mps.gpu.gpupool.io", isolation="mps"),
+             device_class("whole.gpu.gpupool.io", isolation="none")]
+    found = checks.device_classes([NVIDIA_CLASS, *chart])
+    assert (found.status, found.detail) == (
+        Status.OK, "gpupool's classes: gpu.gpupool.io (hook), mps.gpu.gpupool.io (mps), whole.gpu.gpupool.io (none)")
+    # By what the class selects, not by its name: an admin's own class narrowing ours counts, and is served
+    # with the default isolation when it carries no config of ours.
+    narrowed = device_class("a100s", isolation=None)
+    narrowed["spec"]["selectors"][0]["cel"]["expression"] += ' && device.attributes["gpu.gpupool.io"].model == "A100"'
+    assert checks.device_classes([narrowed]).detail == "gpupool's classes: a100s (hook, the default)"
+    assert checks.device_classes([device_class("gpu.gpupool.io.copy", driver="gpu.nvidia.com")]).status is Status.INFO
+
+
+def test_a_gpupool_class_naming_no_valid_isolation_is_a_warning() -> None:
+    """The driver refuses every claim of a class whose config of ours names an isolation it does not know, or
+    none (api/dra.py), so the doctor warns with the class's name and the value it found."""
+    bad = checks.device_classes([device_class("gpu.gpupool.io", isolation="hook"),
+                                 device_class("fast.gpu.gpupool.io", isolation="vfio"),
+                                 device_class("empty.gpu.gpupool.io", extra="x")])
+    assert bad.status is Status.WARN
+    assert bad.detail == ("empty.gpu.gpupool.io names isolation None; fast.gpu.gpupool.io names isolation 'vfio': "
+                          "the driver refuses their claims (use hook, mps, none)")
+    assert "helm upgrade" in bad.fix
+
+
+def test_dra_class_names_are_escaped_when_shown() -> None:
+    """Class names and config values come from the cluster: the table shows them as text, never as markup
+    or terminal escapes."""
+    for isolation in ("hook", "[red]vfio"):  # the class listed (ok), and named in a warning
+        hostile = device_class("[bold]x[/bold]\x1b]8;;http://evil\x07", isolation=isolation)
+        console = Console(record=True, width=300, color_system=None)
+        console.print(render([checks.device_classes([hostile])]))
+        text = console.export_text()
+        assert "[bold]x[/bold]" in text and "\x1b" not in text and "\x07" not in text, text
 
 
 def test_rbac_names_each_denied_right() -> None:

@@ -17,6 +17,9 @@ from typing import Any
 
 import yaml
 
+from gpupool.api.dra import DEFAULT_ISOLATION as DRA_DEFAULT_ISOLATION
+from gpupool.api.dra import DRA_ISOLATIONS
+from gpupool.api.dra import DRIVER as DRA_DRIVER
 from gpupool.api.inventory import InventoryError, decode_inventory
 from gpupool.api.names import ANN_INVENTORY, DOMAIN, RESOURCE_GPU
 
@@ -338,14 +341,52 @@ def toolkit(nodes: Iterable[Obj]) -> Finding:
                    "kubectl logs the agents and look for 'NVIDIA toolkit:' (docs/install.md, Prerequisites)")
 
 
+def _selects_our_driver(device_class: Mapping[str, Any]) -> bool:
+    """A class is gpupool's when one of its selectors names our driver (the chart's select
+    `device.driver == "gpu.gpupool.io"`; an admin's own class may narrow that further)."""
+    selectors = (device_class.get("spec") or {}).get("selectors") or []
+    return any(isinstance(s, Mapping) and DRA_DRIVER in str((s.get("cel") or {}).get("expression", ""))
+               for s in selectors)
+
+
+_NO_CONFIG = object()  # the class has no opaque config for our driver
+
+
+def _named_isolation(device_class: Mapping[str, Any]) -> object:
+    """The isolation the class's opaque config for our driver names, as the driver reads it (the last such
+    config wins; None when that config names none); _NO_CONFIG when the class has no config of ours."""
+    found: object = _NO_CONFIG
+    for config in (device_class.get("spec") or {}).get("config") or []:
+        opaque = (config.get("opaque") or {}) if isinstance(config, Mapping) else {}
+        if opaque.get("driver") != DRA_DRIVER:
+            continue
+        params = opaque.get("parameters")
+        found = params.get("isolation") if isinstance(params, Mapping) else None
+    return found
+
+
 def device_classes(classes: list[Obj] | None) -> Finding:
+    """gpupool's DeviceClasses (those selecting driver gpu.gpupool.io) and the isolation each one gives."""
     subject = "DRA DeviceClasses"
     if classes is None:
         return Finding("dra", subject, Status.INFO, "resource.k8s.io/v1 is not served by this API server")
-    if not classes:
-        return Finding("dra", subject, Status.INFO, "none installed (gpupool has no DRA driver yet)")
-    names = ", ".join(sorted(map(_name, classes)))
-    return Finding("dra", subject, Status.INFO, f"installed (none is gpupool's): {names}")
+    ours = sorted((c for c in classes if _selects_our_driver(c)), key=_name)
+    if not ours:
+        others = ", ".join(sorted(map(_name, classes)))
+        return Finding("dra", subject, Status.INFO, "none of gpupool's DRA classes installed (chart value "
+                       f"dra.enabled){f'; other classes: {others}' if others else ''}")
+    isolations = {_name(c): _named_isolation(c) for c in ours}
+    # A config of ours that names no valid isolation makes the driver refuse every claim of the class
+    # (api/dra.py); a class without any config of ours gets the default isolation, which is fine.
+    broken = [f"{name} names isolation {iso!r}" for name, iso in isolations.items()
+              if iso is not _NO_CONFIG and iso not in DRA_ISOLATIONS]
+    if broken:
+        return Finding("dra", subject, Status.WARN,
+                       "; ".join(broken) + f": the driver refuses their claims (use {', '.join(DRA_ISOLATIONS)})",
+                       "helm upgrade restores the chart's classes; fix or delete a class of your own")
+    listed = ", ".join(f"{name} ({f'{DRA_DEFAULT_ISOLATION}, the default' if iso is _NO_CONFIG else iso})"
+                       for name, iso in isolations.items())
+    return Finding("dra", subject, Status.OK, f"gpupool's classes: {listed}")
 
 
 # --- RBAC ----------------------------------------------------------------------------------------------
