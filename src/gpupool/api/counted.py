@@ -45,6 +45,7 @@ class Counted:
     spec_errors: tuple[str, ...] = ()  # the pod's own spec could not be read (it asks for nothing valid)
     squeezed: bool = False  # a reclaim lowered its compute (gpupool.api.squeeze): less than its spec is right
     containers: str = ""  # the containers that ask for GPUs, comma-separated (shown in the pool views)
+    claim: bool = False  # a DRA ResourceClaim (gpupool.api.dra.counted_claim), not a pod
 
 
 def grants_signature(a: Allocation) -> tuple[str, tuple[tuple[str, int, int, int, str, int], ...]]:

@@ -18,12 +18,17 @@ its caps.
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.api.counted import Counted
 from gpupool.api.quantity import QuantityError, gpu_memory_mib, parse_quantity
+from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, GPURequest, PodRequest
+
+log = logging.getLogger(__name__)
 
 DRIVER = "gpu.gpupool.io"  # the driver name in ResourceSlices, claims' results and the kubelet registration
 CDI_VENDOR = DRIVER
@@ -242,3 +247,43 @@ def claim_shares(claim: Mapping[str, Any], driver: str = DRIVER) -> ClaimShares:
                          "by one isolation")
     return ClaimShares(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
                        isolations.pop() if isolations else DEFAULT_ISOLATION, tuple(shares))
+
+
+# --- claims in the ledger -----------------------------------------------------------------------------------
+
+GpuOf = Callable[[str, int], "tuple[str, int] | None"]  # (node, GPU index) -> (UUID, memory MiB), None: unknown
+CLAIM_CONTAINERS = "(claim)"  # what the pool views show where a pod would name its GPU containers
+
+
+def counted_claim(claim: Mapping[str, Any], gpu_of: GpuOf) -> Counted | None:
+    """The capacity an allocated claim holds on our devices, in the same terms as a pod's (so the scheduler's
+    ledger, its recomputation from API objects, the queues and the pool views count both forms alike), or
+    None when it holds none. A memory-only share (0 cores) counts 1 milli, as a memory-only pod does."""
+    meta = claim.get("metadata") or {}
+    uid = str(meta.get("uid", ""))
+    if not (claim.get("status") or {}).get("allocation"):
+        return None
+    try:
+        shares = claim_shares(claim)
+    except ClaimError as e:
+        log.warning("%s", e)
+        return None
+    if not shares.devices:
+        return None
+    nodes = {s.pool for s in shares.devices}
+    if len(nodes) != 1:
+        log.warning("claim %s holds devices of several pools (%s); not counted", shares.label, ", ".join(sorted(nodes)))
+        return None
+    node = nodes.pop()
+    grants = []
+    for s in shares.devices:
+        gpu = gpu_of(node, s.index)
+        uuid, card_mib = gpu if gpu is not None else ("", 0)  # unknown GPU: the ledger reports it as stranded
+        milli = MILLI_PER_GPU if s.cores is None else max(1, s.cores * 10)
+        grants.append(GPUGrant(uuid=uuid, index=s.index, milli=milli,
+                               memory_mib=card_mib if s.memory_mib is None else s.memory_mib))
+    first = grants[0]
+    request = PodRequest(key=uid, gpu=GPURequest(count=len(grants), milli=first.milli, memory_mib=first.memory_mib))
+    allocation = Allocation(pod=uid, node=node, grants=tuple(grants), policy="dra")
+    return Counted(uid, shares.label, request, allocation, shares.isolation == "mps", containers=CLAIM_CONTAINERS,
+                   claim=True)

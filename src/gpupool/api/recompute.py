@@ -15,6 +15,7 @@ from gpupool.api.counted import (
     beyond_spec,
     counted_allocation,
 )
+from gpupool.api.dra import counted_claim
 from gpupool.api.node_objects import inventory_split, nodes_from_objects
 from gpupool.core.state import ClusterState
 
@@ -27,7 +28,9 @@ class Recomputed:
     overcommitted: dict[str, str] = field(default_factory=dict)  # uid -> why the API view is over capacity
 
 
-def recompute(node_objs: Iterable[Mapping[str, Any]], pod_objs: Iterable[Mapping[str, Any]]) -> Recomputed:
+def recompute(node_objs: Iterable[Mapping[str, Any]], pod_objs: Iterable[Mapping[str, Any]],
+              claim_objs: Iterable[Mapping[str, Any]] = ()) -> Recomputed:
+    """Pods first, then DRA claims (gpupool.api.dra.counted_claim), as the ledger counts them."""
     node_objs = list(node_objs)
     nodes, _ = nodes_from_objects(node_objs)
     splits = {str((o.get("metadata") or {}).get("name", "")): inventory_split(o) for o in node_objs}
@@ -35,13 +38,21 @@ def recompute(node_objs: Iterable[Mapping[str, Any]], pod_objs: Iterable[Mapping
     out = Recomputed()
     pods_on: dict[str, list[str]] = {}  # GPU uuid -> pods holding a share of it
     mps_on: dict[str, list[str]] = {}
-    for pod in pod_objs:
-        c = counted_allocation(pod)
+
+    def gpu_of(node: str, index: int) -> tuple[str, int] | None:
+        i = state.index.get(node)
+        gpu = None if i is None else next((g for g in state.nodes[i].gpus if g.index == index), None)
+        return None if gpu is None else (gpu.uuid, gpu.memory_mib)
+
+    counted = [counted_allocation(pod) for pod in pod_objs]
+    claims = [counted_claim(claim, gpu_of) for claim in claim_objs]
+    for c in [*counted, *claims]:
         if c is None:
             continue
         out.allocations[c.uid] = c
         i = state.index.get(c.allocation.node)
-        unasked = beyond_spec(c, state.nodes[i]) if i is not None else None
+        # a claim's share is what the allocator put in the claim: there is no pod spec to hold it to
+        unasked = beyond_spec(c, state.nodes[i]) if i is not None and not c.claim else None
         refused = state.allocate(c.request, c.allocation)
         if refused is not None:
             out.overcommitted[c.uid] = f"{c.key}: {refused}"

@@ -12,6 +12,11 @@ capacity, this limit is a rule of the store: `assume` refuses a grant on a full 
 (what the API confirms is counted regardless: it is the truth, and the diff reports it), and the
 `shares_per_gpu` plugin reads the counts to hide full GPUs from a pod.
 
+DRA claims (ResourceClaims allocated devices of gpupool's driver) are entries like pods, keyed by the
+claim's UID, so both forms count against one capacity (gpupool.api.dra.counted_claim reads them). Their
+GPUs are named by index in the claim; the UUIDs come from the node's inventory, so the claim objects are
+kept and counted again whenever the nodes are rebuilt.
+
 Reading objects is not the ledger's: pods and nodes are read by gpupool.api.counted and
 gpupool.api.node_objects, and `gpupool.api.recompute` rebuilds the same view from API objects alone; `diff`
 compares the two (the invariant checker behind the debug endpoint and the tests).
@@ -38,6 +43,7 @@ from gpupool.api.counted import (
     fmt_allocation,
     grants_signature,
 )
+from gpupool.api.dra import counted_claim
 from gpupool.api.inventory import InventoryDoc, InventoryError, read_node
 from gpupool.api.node_objects import node_signature
 from gpupool.api.preferences import soft_taints
@@ -58,6 +64,7 @@ class Entry:
     deadline: float = 0.0  # assumed entries are forgotten after this time
     mps: bool = False  # an MPS client on its GPUs (isolation "mps")
     containers: str = ""  # its GPU containers (Counted.containers), known once the API shows it bound
+    claim: bool = False  # a DRA ResourceClaim's share (gpupool.api.dra.counted_claim), uid = the claim's
 
 
 class LedgerView(Protocol):
@@ -102,6 +109,7 @@ class Ledger:
         self.full_gpus = 0
         self.node_full: IntArray = np.zeros(0, dtype=np.int64)  # per node: its GPUs at a limit (either kind)
         self.views: list[LedgerView] = []
+        self.claim_objs: dict[str, Mapping[str, Any]] = {}  # DRA claims by UID, counted again on node changes
         self.replace_nodes(node_objs)
 
     def attach(self, view: LedgerView) -> None:
@@ -161,12 +169,16 @@ class Ledger:
         entries += list(self.stranded.values())
         self.entries, self.stranded = {}, {}
         for e in entries:
+            if e.claim:
+                continue  # counted again from its object below: its GPUs' UUIDs may only be known now
             refused = self._take(e)
             if refused is not None:
                 self._notify(e.uid)  # it held capacity before the change, now nothing
                 if not e.assumed:
                     log.warning("pod %s no longer fits after a node change: %s", e.key, refused)
                     self.stranded[e.uid] = e
+        for uid, claim in list(self.claim_objs.items()):
+            self._count_claim(uid, claim)
 
     def apply_node(self, event_type: str, obj: Mapping[str, Any], rebuild: bool = True) -> bool:
         """Apply a node watch event; returns True when it changes the capacity view, which is rebuilt now,
@@ -328,15 +340,67 @@ class Ledger:
 
     def replace_pods(self, pods: Iterable[Mapping[str, Any]]) -> None:
         """Resynchronise with a fresh pod list: confirmed entries are rebuilt from it; assumed entries
-        survive only while their pod still exists."""
+        survive only while their pod still exists. Claims are not pods: they stay."""
         pods = list(pods)
         alive = {str((p.get("metadata") or {}).get("uid", "")) for p in pods}
         for uid, e in list(self.entries.items()):
-            if not e.assumed or uid not in alive:
+            if not e.claim and (not e.assumed or uid not in alive):
                 self.release(uid)
-        self.stranded.clear()
+        self.stranded = {u: e for u, e in self.stranded.items() if e.claim}
         for p in pods:
             self.apply_pod("ADDED", p)
+
+    # --- DRA claims ------------------------------------------------------------------------------------
+
+    def _gpu_of(self, node: str, index: int) -> tuple[str, int] | None:
+        i = self.state.index.get(node)
+        if i is None:
+            return None
+        gpu = next((g for g in self.state.nodes[i].gpus if g.index == index), None)
+        return None if gpu is None else (gpu.uuid, gpu.memory_mib)
+
+    def apply_claim(self, event_type: str, claim: Mapping[str, Any]) -> Entry | None:
+        """Follow a ResourceClaim event; returns the claim's entry while it holds our devices."""
+        uid = str((claim.get("metadata") or {}).get("uid", ""))
+        if event_type == "DELETED":
+            self.claim_objs.pop(uid, None)
+            self._count_claim(uid, None)
+            return None
+        self.claim_objs[uid] = claim
+        return self._count_claim(uid, claim)
+
+    def _count_claim(self, uid: str, claim: Mapping[str, Any] | None) -> Entry | None:
+        counted = None if claim is None else counted_claim(claim, self._gpu_of)
+        entry = self.entries.get(uid)
+        if counted is None:  # deallocated, deleted, or holding none of our devices
+            self.stranded.pop(uid, None)
+            if entry is not None and entry.claim:
+                self.release(uid)
+            if claim is not None and counted is None:
+                self.claim_objs.pop(uid, None)
+            return None
+        if entry is not None and grants_signature(entry.allocation) == grants_signature(counted.allocation):
+            entry.assumed = False
+            return entry
+        if entry is not None or uid in self.stranded:
+            self.release(uid)
+        new = Entry(uid, counted.key, counted.request, counted.allocation, False, mps=counted.mps,
+                    containers=counted.containers, claim=True)
+        refused = self._take(new)
+        if refused is not None:
+            log.error("claim %s is allocated beyond what gpupool counts free: %s", counted.key, refused)
+            self.stranded[uid] = new
+        return new
+
+    def replace_claims(self, claims: Iterable[Mapping[str, Any]]) -> None:
+        """Resynchronise with a fresh list of ResourceClaims."""
+        for uid, e in list(self.entries.items()):
+            if e.claim:
+                self.release(uid)
+        self.stranded = {u: e for u, e in self.stranded.items() if not e.claim}
+        self.claim_objs = {}
+        for c in claims:
+            self.apply_claim("ADDED", c)
 
     # --- inspection -----------------------------------------------------------------------------------
 
@@ -371,6 +435,7 @@ class Ledger:
         def one(e: Entry) -> dict[str, Any]:
             return {
                 "pod": e.key,
+                "kind": "claim" if e.claim else "pod",
                 "uid": e.uid,
                 "node": e.allocation.node,
                 "state": "assumed" if e.assumed else "confirmed",

@@ -29,7 +29,7 @@ from gpupool.api.extender import (
     ExtenderPreemptionResult,
 )
 from gpupool.api.recompute import recompute
-from gpupool.cluster.port import ClusterPort
+from gpupool.cluster.port import RESOURCE_CLAIMS, ApiError, ClusterPort
 from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.extender import Extender
@@ -142,7 +142,11 @@ class ExtenderService:
         allocation against its pod's spec and every GPU against its pod limit)."""
         nodes, _ = await self.cluster.list_nodes()
         pods, _ = await self.cluster.list_pods()
-        truth = recompute(nodes, pods)
+        try:
+            claims, _ = await self.cluster.list_objects(RESOURCE_CLAIMS)
+        except ApiError:  # no DRA here (the watch says so once): nothing of it can be in the ledger either
+            claims = []
+        truth = recompute(nodes, pods, claims)
         workload = [
             {"cpu_milli": t.cpu_milli, "gpu_milli": t.gpu_milli, "gpu_count": t.gpu_count,
              "models": sorted(t.models), "weight": round(t.weight, 4)}

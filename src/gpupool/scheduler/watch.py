@@ -2,6 +2,10 @@
 framework's cache), the pod cache, busy nodes, pending pods and the observed workload. A 410 lists again;
 any other failure retries with back-off, so a broken stream never stops the service.
 
+DRA ResourceClaims are followed into the ledger too (claims of gpupool's driver hold GPU shares like pods);
+where the API server has no resource.k8s.io/v1 or the scheduler may not list claims, that is logged once
+and the scheduler goes on without them.
+
 The learned workload (gpupool.scheduler.workload) learns here, from pods the API shows bound with an
 allocation, and nowhere else: a request body teaches it nothing.
 """
@@ -14,7 +18,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gpupool.api.pod import pod_key
-from gpupool.cluster.port import Gone, Obj, WatchEvent
+from gpupool.cluster.port import RESOURCE_CLAIMS, ApiError, Gone, Obj, WatchEvent
 from gpupool.scheduler.framework.interface import Handle
 
 log = logging.getLogger(__name__)
@@ -35,7 +39,8 @@ class Watcher:
         pods, pod_rv = await h.cluster.list_pods()
         self._replace_nodes(nodes)
         self._replace_pods(pods)
-        h.workload.seed(e.request for e in h.ledger.entries.values())
+        claim_rv = await self._list_claims()
+        h.workload.seed(e.request for e in h.ledger.entries.values() if not e.claim)
         log.info("ledger synced: %d gpupool nodes, %d GPUs, %d allocations, %d pods",
                  len(h.ledger.state), h.ledger.state.total_gpus, len(h.ledger.entries), len(h.pods))
         self._tasks = [
@@ -43,6 +48,8 @@ class Watcher:
             asyncio.create_task(self._follow("pod", pod_rv)),
             asyncio.create_task(self._expire_loop()),
         ]
+        if claim_rv is not None:
+            self._tasks.append(asyncio.create_task(self._follow("claim", claim_rv)))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -52,6 +59,28 @@ class Watcher:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._tasks = []
+
+    async def _list_claims(self) -> str | None:
+        """List the ResourceClaims into the ledger; None when they cannot be listed (no DRA here)."""
+        try:
+            claims, rv = await self.h.cluster.list_objects(RESOURCE_CLAIMS)
+        except ApiError as e:
+            log.warning("DRA ResourceClaims not followed (%s): claims of gpupool's driver will not count", e)
+            return None
+        self.h.ledger.replace_claims(claims)
+        return rv
+
+    async def _list_claims_again(self) -> tuple[list[Obj], str]:
+        return await self.h.cluster.list_objects(RESOURCE_CLAIMS)
+
+    def _watch_claims(self, rv: str) -> AsyncIterator[WatchEvent]:
+        return self.h.cluster.watch_objects(RESOURCE_CLAIMS, rv)
+
+    def _replace_claims(self, objs: list[Obj]) -> None:
+        self.h.ledger.replace_claims(objs)
+
+    def _claim_event(self, event: WatchEvent) -> None:
+        self.h.ledger.apply_claim(event.type, event.object)
 
     # --- applying events ------------------------------------------------------------------------------
 
@@ -96,6 +125,9 @@ class Watcher:
         if kind == "node":
             watch, lister, apply, replace = h.cluster.watch_nodes, h.cluster.list_nodes, self._node_event, \
                 self._replace_nodes
+        elif kind == "claim":
+            watch, lister, apply, replace = self._watch_claims, self._list_claims_again, self._claim_event, \
+                self._replace_claims
         else:
             watch, lister, apply, replace = h.cluster.watch_pods, h.cluster.list_pods, self._pod_event, \
                 self._replace_pods
