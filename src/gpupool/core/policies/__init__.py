@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpupool.core.policies.clustering import Clustering
+from gpupool.core.policies.dra_default import DraDefault
 from gpupool.core.policies.fgd import FGD
 from gpupool.core.policies.gpupool import GpupoolPolicy
 from gpupool.core.policies.packing import BestFit, DotProd, Packing
@@ -20,6 +21,7 @@ REGISTRY: dict[str, Callable[[], Policy]] = {
     "clustering": Clustering,
     "fgd": FGD,
     "gpupool": GpupoolPolicy,
+    "dra-default": DraDefault,  # baseline: what a stock kube-scheduler does with DRA claims
 }
 
 DEFAULT_POLICY = "gpupool"
