@@ -287,3 +287,89 @@ def counted_claim(claim: Mapping[str, Any], gpu_of: GpuOf) -> Counted | None:
     allocation = Allocation(pod=uid, node=node, grants=tuple(grants), policy="dra")
     return Counted(uid, shares.label, request, allocation, shares.isolation == "mps", containers=CLAIM_CONTAINERS,
                    claim=True)
+
+
+# --- gpupool as the allocator of its classes' claims (gpupool.scheduler.claims) -------------------------------
+
+# The scheduling gate the webhook puts on pods whose claims gpupool places; the scheduler removes it once
+# it has allocated them (or found nothing of its own to allocate).
+SCHEDULING_GATE = f"{DRIVER}/allocate"
+DELETE_PROTECTION = "resource.kubernetes.io/delete-protection"  # the finalizer an allocator puts on a claim
+
+
+def class_isolation(device_class: Mapping[str, Any]) -> str | None:
+    """The isolation one of gpupool's DeviceClasses gives (its opaque config), None for any other class."""
+    for c in (device_class.get("spec") or {}).get("config") or []:
+        opaque = c.get("opaque") or {}
+        params = opaque.get("parameters") or {}
+        if opaque.get("driver") == DRIVER and isinstance(params, Mapping) and params.get("isolation") in DRA_ISOLATIONS:
+            return str(params["isolation"])
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimAsk:
+    """What one request of a claim asks of gpupool's devices, in the terms placement uses."""
+
+    request: str
+    device_class: str
+    count: int
+    memory_mib: int | None  # None: the request policy's default, the whole GPU's memory
+    cores: int  # 0: none reserved (a memory-only share)
+
+
+class NotOurs(ValueError):
+    """The claim asks for something gpupool's allocator does not decide (kube-scheduler's allocator does)."""
+
+
+def claim_asks(claim: Mapping[str, Any], gpupool_classes: Mapping[str, str]) -> list[ClaimAsk]:
+    """The requests of an unallocated claim, when every one is a plain ask of one of gpupool's classes
+    (`gpupool_classes`: class name -> isolation). Raises NotOurs, saying why, for anything else: other
+    classes, CEL selectors (evaluated only by kube-scheduler), constraints, prioritized lists, `All`, admin
+    access; such claims are left to kube-scheduler's allocator."""
+    label = f"{(claim.get('metadata') or {}).get('namespace', '')}/{(claim.get('metadata') or {}).get('name', '')}"
+    devices = (claim.get("spec") or {}).get("devices") or {}
+    if devices.get("constraints") or devices.get("config"):
+        raise NotOurs(f"claim {label} has constraints or its own config")
+    asks = []
+    for r in devices.get("requests") or []:
+        exactly = r.get("exactly")
+        if not exactly:
+            raise NotOurs(f"claim {label}: request {r.get('name')!r} is a prioritized list")
+        cls = str(exactly.get("deviceClassName", ""))
+        if cls not in gpupool_classes:
+            raise NotOurs(f"claim {label}: class {cls!r} is not one of gpupool's")
+        if exactly.get("selectors") or exactly.get("adminAccess") or exactly.get("tolerations") \
+                or exactly.get("allocationMode", "ExactCount") != "ExactCount":
+            raise NotOurs(f"claim {label}: request {r.get('name')!r} has selectors, tolerations, admin access "
+                          "or allocation mode All")
+        wanted = (exactly.get("capacity") or {}).get("requests") or {}
+        try:
+            memory = gpu_memory_mib(wanted[CAPACITY_MEMORY], CAPACITY_MEMORY) if CAPACITY_MEMORY in wanted else None
+            cores_q = parse_quantity(wanted[CAPACITY_CORES], CAPACITY_CORES)[0] if CAPACITY_CORES in wanted else 0
+        except QuantityError as e:
+            raise NotOurs(f"claim {label}: {e}") from None
+        # the slice's request policy: whole MiB, whole percent (the allocator rounds up to the next step)
+        cores = int(-(-cores_q // 1))
+        if not 0 <= cores <= 100 or (memory is not None and memory <= 0):
+            raise NotOurs(f"claim {label}: request {r.get('name')!r} asks for more than one GPU has")
+        asks.append(ClaimAsk(str(r.get("name", "")), cls, int(exactly.get("count", 1)), memory, cores))
+    if not asks:
+        raise NotOurs(f"claim {label} requests nothing")
+    return asks
+
+
+def allocation_status(node: str, devices: Sequence[tuple[ClaimAsk, int, int, int, str]],
+                      class_configs: Mapping[str, Sequence[Mapping[str, Any]]]) -> Obj:
+    """status.allocation for a claim gpupool allocated: `devices` are (ask, GPU index, memory MiB, cores,
+    share ID); each request gets its class's config (source FromClass), as kube-scheduler copies it."""
+    results = [{"request": ask.request, "driver": DRIVER, "pool": node, "device": device_name(index),
+                "shareID": share, "consumedCapacity": {CAPACITY_MEMORY: f"{memory}Mi", CAPACITY_CORES: str(cores)}}
+               for ask, index, memory, cores, share in devices]
+    configs = []
+    for ask in {d[0].request: d[0] for d in devices}.values():
+        configs += [{"source": "FromClass", "requests": [ask.request], "opaque": dict(c["opaque"])}
+                    for c in class_configs.get(ask.device_class, ()) if c.get("opaque")]
+    return {"devices": {"results": results, "config": configs},
+            "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}

@@ -284,13 +284,17 @@ class Ledger:
         return entry
 
     def assume(
-        self, uid: str, key: str, request: PodRequest, allocation: Allocation, deadline: float, mps: bool = False
+        self, uid: str, key: str, request: PodRequest, allocation: Allocation, deadline: float, mps: bool = False,
+        claim: bool = False,
     ) -> str | None:
-        """Reserve capacity for a bind in flight. Returns None, or why it cannot be reserved (over capacity,
-        or a GPU already shared by as many pods as its node allows)."""
+        """Reserve capacity for a bind in flight (or, with `claim`, for a DRA claim gpupool is allocating).
+        Returns None, or why it cannot be reserved (over capacity, or a GPU already shared by as many pods
+        as its node allows)."""
         if uid in self.entries:
-            return f"pod {key} already holds an allocation on {self.entries[uid].allocation.node}"
-        entry = Entry(uid, key, replace(request, key=uid), replace(allocation, pod=uid), True, deadline, mps)
+            held = self.entries[uid].allocation.node
+            return f"{'claim' if claim else 'pod'} {key} already holds an allocation on {held}"
+        entry = Entry(uid, key, replace(request, key=uid), replace(allocation, pod=uid), True, deadline, mps,
+                      claim=claim)
         return self._over_share_limit(entry) or self._take(entry)
 
     def forget(self, uid: str) -> None:

@@ -31,6 +31,7 @@ from gpupool.api.extender import (
 from gpupool.api.recompute import recompute
 from gpupool.cluster.port import RESOURCE_CLAIMS, ApiError, ClusterPort
 from gpupool.scheduler.busy import BusyNodes
+from gpupool.scheduler.claims import ClaimAllocator
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.extender import Extender
 from gpupool.scheduler.framework.interface import Handle, StepHook
@@ -77,7 +78,8 @@ class ExtenderService:
         register_queue_metrics(self.metrics.registry, self.queues, self.pending)
         self.framework = Framework(self.handle, build_plugins(self.handle))
         self.extender = Extender(self.handle, self.framework, lambda: self.ready)
-        self.watcher = Watcher(self.handle)
+        self.claims = ClaimAllocator(self.handle, lambda: self.ready)  # gpupool's DRA claims (scheduler/claims.py)
+        self.watcher = Watcher(self.handle, self.claims)
         self.synced = False
         self.leading = not config.leader_elect
         self.metrics.track_ledger(
@@ -106,10 +108,12 @@ class ExtenderService:
         await self.watcher.start()
         await self.queues.start()
         self.queue_status.start()
+        self.claims.start()
         self.synced = True
 
     async def stop(self) -> None:
         self.synced = False
+        await self.claims.stop()
         await self.watcher.stop()
         await self.queue_status.stop()
         await self.queues.stop()

@@ -19,14 +19,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 from gpupool.api.pod import pod_key
 from gpupool.cluster.port import RESOURCE_CLAIMS, ApiError, Gone, Obj, WatchEvent
+from gpupool.scheduler.claims import ClaimAllocator
 from gpupool.scheduler.framework.interface import Handle
 
 log = logging.getLogger(__name__)
 
 
 class Watcher:
-    def __init__(self, handle: Handle) -> None:
+    def __init__(self, handle: Handle, claims: ClaimAllocator | None = None) -> None:
         self.h = handle
+        self.claims = claims  # gpupool's allocator of its DRA claims, fed with pods and claims
         self._tasks: list[asyncio.Task[None]] = []
         self._stopping = False
         self._refresh_due = False
@@ -67,7 +69,7 @@ class Watcher:
         except ApiError as e:
             log.warning("DRA ResourceClaims not followed (%s): claims of gpupool's driver will not count", e)
             return None
-        self.h.ledger.replace_claims(claims)
+        self._replace_claims(claims)
         return rv
 
     async def _list_claims_again(self) -> tuple[list[Obj], str]:
@@ -78,9 +80,13 @@ class Watcher:
 
     def _replace_claims(self, objs: list[Obj]) -> None:
         self.h.ledger.replace_claims(objs)
+        if self.claims is not None:
+            self.claims.replace_claims(objs)
 
     def _claim_event(self, event: WatchEvent) -> None:
         self.h.ledger.apply_claim(event.type, event.object)
+        if self.claims is not None:
+            self.claims.claim_event(event)
 
     # --- applying events ------------------------------------------------------------------------------
 
@@ -91,6 +97,10 @@ class Watcher:
         self.h.ledger.replace_pods(objs)
         self.h.pods.replace(objs)
         self.h.busy.replace(objs)
+        if self.claims is not None:
+            self.claims.gated.clear()
+            for pod in objs:
+                self.claims.pod_event("ADDED", pod)
 
     def _node_event(self, event: WatchEvent) -> None:
         h = self.h
@@ -114,6 +124,8 @@ class Watcher:
         if event.type == "DELETED" or node:
             h.pending.discard(pod_key(pod))
         h.busy.on_pod(event.type, pod)
+        if self.claims is not None:
+            self.claims.pod_event(event.type, pod)
         if node:
             # A pod on this node changed: if it waited for its Allocate and now runs, a waiting bind may go.
             h.wake(str(node))

@@ -1,0 +1,299 @@
+"""gpupool as the allocator of its own DRA claims: pods whose claims ask for gpupool's DeviceClasses get
+their node and GPUs from gpupool's placement policy, the same decision (and the same ledger) as a pod
+asking through the device plugin, instead of kube-scheduler's first-fit allocator.
+
+How it meets kube-scheduler (docs/claims.md, Placement): the webhook puts the scheduling gate
+`gpu.gpupool.io/allocate` on such pods, so kube-scheduler leaves them alone. Here, once the pod's claims
+exist (the resourceclaim controller makes them from their templates), the policy picks a node and GPUs
+among the nodes that publish gpupool's ResourceSlice and that the pod may run on (its nodeSelector, the
+nodes' NoSchedule/NoExecute taints, untainted devices), the ledger assumes the share, the claim's
+`status.allocation` is written (results with consumedCapacity and a share ID, the class's config, the
+node as nodeSelector), and the gate is removed. kube-scheduler then sees an allocated claim: it can only
+place the pod on that node, reserves the claim for the pod and binds it, running its own filters (CPU,
+affinity) as for any pod. A burst packs as the policy says, because every decision is taken here, one at a
+time, against the ledger that already holds the previous ones.
+
+What gpupool does not decide is left to kube-scheduler's allocator, and the gate removed at once: claims of
+other classes, claims with CEL selectors (only kube-scheduler evaluates CEL), constraints, prioritized
+lists or admin access, pods with several unallocated claims or requests. Claims already allocated (a
+shared claim) need nothing. The ledger counts every claim on gpupool's devices however it was allocated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from gpupool.api.dra import (
+    DELETE_PROTECTION,
+    DRIVER,
+    SCHEDULING_GATE,
+    ClaimAsk,
+    NotOurs,
+    allocation_status,
+    claim_asks,
+    class_isolation,
+    device_index,
+)
+from gpupool.api.logsafe import shown
+from gpupool.api.pod import parse_pod, pod_key
+from gpupool.cluster.port import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, ApiError, Obj, WatchEvent
+from gpupool.core.model import MILLI_PER_GPU, GPURequest, PodRequest
+from gpupool.core.placement import Unschedulable, place
+from gpupool.scheduler.framework.interface import Handle
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 5.0  # a pod that fits nowhere is tried again this often (and at once on any claim or pod change)
+
+
+def gated(pod: Mapping[str, Any]) -> bool:
+    return any(g.get("name") == SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def tolerated(taint: Mapping[str, Any], tolerations: list[Mapping[str, Any]]) -> bool:
+    """Whether a pod with `tolerations` may run on a node with `taint` (kube-scheduler's rule)."""
+    if taint.get("effect") not in ("NoSchedule", "NoExecute"):
+        return True
+    for t in tolerations:
+        if t.get("effect") and t.get("effect") != taint.get("effect"):
+            continue
+        if t.get("operator") == "Exists":
+            if not t.get("key") or t.get("key") == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
+
+
+class ClaimAllocator:
+    """Places the claims of gated pods (fed by gpupool.scheduler.watch: pods and claims)."""
+
+    def __init__(self, handle: Handle, ready: Callable[[], bool], retry_s: float = RETRY_S) -> None:
+        self.h = handle
+        self.ready = ready
+        self.retry_s = retry_s
+        self.claims: dict[str, Obj] = {}  # namespace/name -> claim, every claim the watch shows
+        self.gated: dict[str, Obj] = {}  # pod UID -> pod, the pods carrying our gate
+        self.told: dict[str, str] = {}  # pod UID -> the last reason recorded on it (one Event per change)
+        self.allocated = 0  # claims gpupool allocated (metrics, tests)
+        self.left = 0  # pods whose claims were left to kube-scheduler
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # --- fed by the watch ------------------------------------------------------------------------------
+    def claim_event(self, event: WatchEvent) -> None:
+        meta = event.object.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        if event.type == "DELETED":
+            self.claims.pop(key, None)
+        else:
+            self.claims[key] = event.object
+        self._changed.set()
+
+    def replace_claims(self, claims: list[Obj]) -> None:
+        self.claims = {}
+        for c in claims:
+            self.claim_event(WatchEvent("ADDED", c))
+
+    def pod_event(self, event_type: str, pod: Mapping[str, Any]) -> None:
+        uid = str((pod.get("metadata") or {}).get("uid", ""))
+        if event_type != "DELETED" and gated(pod):
+            self.gated[uid] = dict(pod)
+            self._changed.set()
+        else:
+            self.gated.pop(uid, None)
+            self.told.pop(uid, None)
+
+    # --- the loop -------------------------------------------------------------------------------------
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="claim-allocator")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._changed.wait(), self.retry_s)
+            self._changed.clear()
+            if not self.ready() or not self.gated:
+                continue
+            try:
+                await self.pass_once()
+            except Exception as e:  # one bad pass must not stop allocation for good
+                log.warning("claim allocation pass failed: %s", e)
+
+    async def pass_once(self) -> None:
+        """Try every gated pod once, oldest first."""
+        classes = await self._classes()
+        slices = await self._slices()
+        pods = sorted(self.gated.values(), key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
+        for pod in pods:
+            uid = str(pod["metadata"].get("uid", ""))
+            if uid not in self.gated:
+                continue
+            waiting = await self._place(pod, classes, slices)
+            if waiting and self.told.get(uid) != waiting:
+                self.told[uid] = waiting
+                m = pod["metadata"]
+                await self.h.record_event(m.get("namespace", ""), m.get("name", ""), uid, "FailedScheduling",
+                                          f"gpupool: {waiting}"[:1024], "Warning")
+
+    async def _classes(self) -> dict[str, tuple[str, list[Obj]]]:
+        """gpupool's DeviceClasses: name -> (isolation, config)."""
+        objs, _ = await self.h.cluster.list_objects(DEVICE_CLASSES)
+        out = {}
+        for c in objs:
+            iso = class_isolation(c)
+            if iso is not None:
+                out[str(c["metadata"]["name"])] = (iso, list((c.get("spec") or {}).get("config") or []))
+        return out
+
+    async def _slices(self) -> dict[str, set[int]]:
+        """Node -> the indices of gpupool's devices there without a NoSchedule/NoExecute taint."""
+        objs, _ = await self.h.cluster.list_objects(RESOURCE_SLICES)
+        out: dict[str, set[int]] = {}
+        for s in objs:
+            spec = s.get("spec") or {}
+            if spec.get("driver") != DRIVER:
+                continue
+            usable = out.setdefault(str(spec.get("nodeName", "")), set())
+            for d in spec.get("devices") or []:
+                index = device_index(str(d.get("name", "")))
+                if index is not None and not any(t.get("effect") in ("NoSchedule", "NoExecute")
+                                                 for t in d.get("taints") or []):
+                    usable.add(index)
+        return out
+
+    # --- one pod --------------------------------------------------------------------------------------
+    async def _place(self, pod: Obj, classes: Mapping[str, tuple[str, list[Obj]]],
+                     slices: Mapping[str, set[int]]) -> str | None:
+        """Allocate the pod's claim and ungate it. Returns None when the pod is done (ungated), else why it
+        waits ("" when there is nothing to tell: its claims are not made yet)."""
+        ns = str(pod["metadata"].get("namespace", ""))
+        generated = {s.get("name"): s.get("resourceClaimName")
+                     for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []}
+        claims = []
+        for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+            name = ref.get("resourceClaimName")
+            if not name:  # from a template: the resourceclaim controller records the claim it made
+                if ref.get("name") not in generated:
+                    return ""  # not made yet: the pod watch brings the name
+                name = generated[ref.get("name")]
+                if name is None:
+                    continue  # the template asks for nothing on this pod
+            claim = self.claims.get(f"{ns}/{name}")
+            if claim is None:
+                return ""  # not seen yet: the claim watch brings it
+            claims.append(claim)
+        todo: list[tuple[Obj, list[ClaimAsk]]] = []
+        for c in claims:
+            if (c.get("status") or {}).get("allocation"):
+                continue
+            try:
+                todo.append((c, claim_asks(c, {n: iso for n, (iso, _) in classes.items()})))
+            except NotOurs as e:
+                return await self._leave(pod, str(e))
+        if not todo:
+            return await self._ungate(pod)
+        if len(todo) != 1 or len(todo[0][1]) != 1:
+            return await self._leave(pod, "several unallocated gpupool claims or requests")
+        claim, (ask,) = todo[0]
+        return await self._allocate(pod, claim, ask, classes[ask.device_class], slices)
+
+    def _nodes(self, pod: Obj, slices: Mapping[str, set[int]]) -> tuple[list[int], frozenset[str]]:
+        """The ledger's node indices the pod may go to, and the GPUs it must not get (tainted devices)."""
+        state = self.h.ledger.state
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        tolerations = (pod.get("spec") or {}).get("tolerations") or []
+        nodes, excluded = [], set()
+        for name, usable in slices.items():
+            i = state.index.get(name)
+            obj = self.h.ledger.node_objs.get(name)
+            if i is None or obj is None:
+                continue
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            if any(labels.get(k) != v for k, v in selector.items()):
+                continue
+            if not all(tolerated(t, tolerations) for t in (obj.get("spec") or {}).get("taints") or []):
+                continue
+            nodes.append(i)
+            excluded |= {g.uuid for g in state.nodes[i].gpus if g.index not in usable}
+        return sorted(nodes), frozenset(excluded)
+
+    async def _allocate(self, pod: Obj, claim: Obj, ask: ClaimAsk, cls: tuple[str, list[Obj]],
+                        slices: Mapping[str, set[int]]) -> str | None:
+        isolation, config = cls
+        parsed = parse_pod(pod).request or PodRequest(key=pod_key(pod))
+        whole = ask.memory_mib is None  # no memory asked: the request policy's default, the whole GPU
+        gpu = GPURequest(count=ask.count, milli=MILLI_PER_GPU if whole else max(1, ask.cores * 10),
+                         memory_mib=None if whole else ask.memory_mib)
+        nodes, excluded = self._nodes(pod, slices)
+        request = replace(parsed, gpu=replace(gpu, exclude_uuids=excluded))
+        if not nodes:
+            return "no node that runs gpupool's DRA driver can take this pod (its nodeSelector, the nodes' taints)"
+        state = self.h.ledger.state
+        decided = place(state, request, self.h.policy(request), self.h.context(), np.array(nodes, dtype=np.int64))
+        if isinstance(decided, Unschedulable):
+            return f"claim {shown(self._label(claim))} fits on no GPU: {decided.summary()}"
+        uid = str(claim["metadata"]["uid"])
+        label = self._label(claim)
+        allocation = replace(decided.allocation, pod=uid)
+        # The claim holds the GPU share only; the pod's CPU is kube-scheduler's to count.
+        held = replace(request, key=uid, cpu_milli=0, memory_mib=0)
+        refused = self.h.ledger.assume(uid, label, held, allocation, self.h.clock() + self.h.config.assume_timeout_s,
+                                       mps=isolation == "mps", claim=True)
+        if refused is not None:
+            return f"claim {shown(label)}: {refused}"
+        devices = [(ask, g.index, g.memory_mib, 0 if g.milli < 10 else g.milli // 10, str(uuid.uuid4()))
+                   for g in allocation.grants]
+        status = allocation_status(allocation.node, devices, {ask.device_class: config})
+        ns, name = str(claim["metadata"]["namespace"]), str(claim["metadata"]["name"])
+        try:
+            finalizers = list(claim["metadata"].get("finalizers") or [])
+            if DELETE_PROTECTION not in finalizers:
+                await self.h.cluster.patch_object(RESOURCE_CLAIMS, name, {"metadata": {
+                    "finalizers": [*finalizers, DELETE_PROTECTION]}}, namespace=ns,
+                    resource_version=str(claim["metadata"].get("resourceVersion", "")) or None)
+            await self.h.cluster.patch_object(RESOURCE_CLAIMS, name, {"status": {"allocation": status}},
+                                              namespace=ns, subresource="status")
+        except ApiError as e:
+            self.h.ledger.forget(uid)
+            return f"claim {shown(label)} could not be allocated: {e}"
+        self.allocated += 1
+        log.info("allocated claim %s of pod %s: %s GPU(s) %s", label, pod_key(pod), allocation.node,
+                 ",".join(str(g.index) for g in allocation.grants))
+        return await self._ungate(pod)
+
+    async def _leave(self, pod: Obj, why: str) -> str | None:
+        log.info("pod %s: left to kube-scheduler's allocator (%s)", pod_key(pod), why)
+        self.left += 1
+        return await self._ungate(pod)
+
+    async def _ungate(self, pod: Obj) -> str | None:
+        m = pod["metadata"]
+        gates = [g for g in (pod.get("spec") or {}).get("schedulingGates") or [] if g.get("name") != SCHEDULING_GATE]
+        try:
+            await self.h.cluster.patch_object(PODS, str(m["name"]), {"spec": {"schedulingGates": gates or None}},
+                                              namespace=str(m["namespace"]))
+        except ApiError as e:
+            return f"its scheduling gate could not be removed: {e}"
+        self.gated.pop(str(m.get("uid", "")), None)
+        return None
+
+    @staticmethod
+    def _label(claim: Mapping[str, Any]) -> str:
+        m = claim.get("metadata") or {}
+        return f"{m.get('namespace', '')}/{m.get('name', '')}"

@@ -1,0 +1,198 @@
+"""gpupool as the allocator of its DRA claims (gpupool.scheduler.claims), on the in-memory cluster: gated pods
+get their claims allocated by gpupool's policy against the one ledger, then lose their gate; what gpupool
+does not decide is left to kube-scheduler."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from gpupool.api.dra import DELETE_PROTECTION, DRIVER, SCHEDULING_GATE, TAINT_UNHEALTHY
+from gpupool.cluster.memory import MemoryCluster
+from gpupool.cluster.port import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
+from gpupool.demo.embedded import node_objects
+from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.service import ExtenderService
+from tests.scheduler.conftest import small_scenario
+
+CONFIG = SchedulerConfig(leader_elect=False)
+NS = "team-dra"
+GPU_MIB = 16384
+NODES = ("gpu-0000", "gpu-0001")
+
+
+def device_class(name: str, isolation: str) -> dict[str, Any]:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{DRIVER}"'}}],
+                     "config": [{"opaque": {"driver": DRIVER, "parameters": {
+                         "apiVersion": f"{DRIVER}/v1", "kind": "GpuConfig", "isolation": isolation}}}]}}
+
+
+def resource_slice(node: str, tainted: tuple[int, ...] = ()) -> dict[str, Any]:
+    devices = [{"name": f"gpu-{i}", **({"taints": [{"key": TAINT_UNHEALTHY, "value": "xid-79", "effect": "NoSchedule"}]}
+                                       if i in tainted else {})} for i in range(2)]
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": f"{node}-{DRIVER}"},
+            "spec": {"driver": DRIVER, "nodeName": node, "pool": {"name": node, "generation": 1,
+                                                                  "resourceSliceCount": 1}, "devices": devices}}
+
+
+def claim(name: str, memory: str | None = "8Gi", cores: str | None = "50", cls: str = DRIVER,
+          selectors: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    capacity = {k: v for k, v in (("memory", memory), ("cores", cores)) if v is not None}
+    exactly: dict[str, Any] = {"deviceClassName": cls}
+    if capacity:
+        exactly["capacity"] = {"requests": capacity}
+    if selectors:
+        exactly["selectors"] = selectors
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": name, "namespace": NS},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+def gated_pod(name: str, claim_name: str, node_selector: dict[str, str] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "schedulingGates": [{"name": SCHEDULING_GATE}],
+        "resourceClaims": [{"name": "gpu", "resourceClaimName": claim_name}],
+        "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpu"}]}}],
+    }
+    if node_selector:
+        spec["nodeSelector"] = node_selector
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
+
+
+async def setup(tainted: dict[str, tuple[int, ...]] | None = None) -> tuple[MemoryCluster, ExtenderService]:
+    cluster = MemoryCluster()
+    for obj in node_objects(small_scenario(nodes=2, gpus=2)):
+        await cluster.create_node(obj)
+    for node in NODES:
+        await cluster.create_object(RESOURCE_SLICES, resource_slice(node, (tainted or {}).get(node, ())))
+    await cluster.create_object(DEVICE_CLASSES, device_class(DRIVER, "hook"))
+    await cluster.create_object(DEVICE_CLASSES, device_class(f"mps.{DRIVER}", "mps"))
+    await cluster.create_object(DEVICE_CLASSES, {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                                                 "metadata": {"name": "other.example.com"}, "spec": {}})
+    svc = ExtenderService(cluster, CONFIG)
+    await svc.start()
+    return cluster, svc
+
+
+async def until(check: Any, timeout: float = 10.0) -> Any:
+    """Poll until `check()` returns something truthy; the timeout only prevents a hang."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        got = await check()
+        if got:
+            return got
+        assert loop.time() < deadline, "not reached before the timeout"
+        await asyncio.sleep(0.02)
+
+
+async def run(cluster: MemoryCluster, *objs: tuple[dict[str, Any], dict[str, Any]]) -> None:
+    for c, p in objs:
+        await cluster.create_object(RESOURCE_CLAIMS, c)
+        await cluster.create_pod(p)
+
+
+async def allocation(cluster: MemoryCluster, name: str) -> dict[str, Any] | None:
+    obj = await cluster.get_object(RESOURCE_CLAIMS, name, NS)
+    got: dict[str, Any] | None = (obj.get("status") or {}).get("allocation")
+    return got
+
+
+async def ungated(cluster: MemoryCluster, name: str) -> bool:
+    pod = await cluster.get_pod(NS, name)
+    return not (pod.get("spec") or {}).get("schedulingGates")
+
+
+async def test_a_gated_pods_claim_is_allocated_with_its_share_and_class_config_then_ungated() -> None:
+    cluster, svc = await setup()
+    try:
+        await run(cluster, (claim("c1", "8Gi", "30", cls=f"mps.{DRIVER}"), gated_pod("p1", "c1")))
+        await until(lambda: ungated(cluster, "p1"))
+        got = await allocation(cluster, "c1")
+        assert got is not None
+        (result,) = got["devices"]["results"]
+        assert (result["driver"], result["request"], result["consumedCapacity"]) == (
+            DRIVER, "gpu", {"memory": "8192Mi", "cores": "30"})
+        assert result["pool"] in NODES and result["device"] in ("gpu-0", "gpu-1") and len(result["shareID"]) == 36
+        assert got["devices"]["config"] == [{"source": "FromClass", "requests": ["gpu"], "opaque": {
+            "driver": DRIVER, "parameters": {"apiVersion": f"{DRIVER}/v1", "kind": "GpuConfig", "isolation": "mps"}}}]
+        assert got["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"] == [result["pool"]]
+        stored = await cluster.get_object(RESOURCE_CLAIMS, "c1", NS)
+        assert DELETE_PROTECTION in stored["metadata"]["finalizers"]
+        # the ledger holds the claim's share where the allocation says (assumed, then confirmed by the watch)
+        entry = svc.ledger.entries[stored["metadata"]["uid"]]
+        grants = [(g.index, g.milli, g.memory_mib) for g in entry.allocation.grants]
+        assert (entry.claim, entry.allocation.node, grants) == (True, result["pool"], [(int(result["device"][-1]), 300, 8192)])
+    finally:
+        await svc.stop()
+
+
+async def test_a_burst_fills_every_gpu_exactly_and_the_next_claim_waits_with_a_reason() -> None:
+    """Eight 8 GiB claims on 2 nodes x 2 GPUs x 16 GiB: each decision sees the ones before it, so each GPU
+    gets exactly two; a ninth fits nowhere and keeps its gate, with an Event saying why."""
+    cluster, svc = await setup()
+    try:
+        await run(cluster, *((claim(f"c{i}", "8Gi", "10"), gated_pod(f"p{i}", f"c{i}")) for i in range(8)))
+
+        async def all_ungated() -> bool:
+            return all([await ungated(cluster, f"p{i}") for i in range(8)])
+
+        await until(all_ungated)
+        placed: dict[tuple[str, str], int] = {}
+        for i in range(8):
+            got = await allocation(cluster, f"c{i}")
+            assert got is not None
+            r = got["devices"]["results"][0]
+            placed[(r["pool"], r["device"])] = placed.get((r["pool"], r["device"]), 0) + 1
+        assert placed == {(n, d): 2 for n in NODES for d in ("gpu-0", "gpu-1")}
+        await run(cluster, (claim("c8", "8Gi", "10"), gated_pod("p8", "c8")))
+
+        async def told() -> list[str]:
+            return [e["message"] for e in cluster.events
+                    if e["involvedObject"]["name"] == "p8" and e["reason"] == "FailedScheduling"]
+
+        (message,) = await until(told)
+        assert message.startswith("gpupool: claim team-dra/c8 fits on no GPU:"), message
+        assert not await ungated(cluster, "p8") and await allocation(cluster, "c8") is None
+    finally:
+        await svc.stop()
+
+
+async def test_tainted_devices_and_the_pods_node_selector_are_respected() -> None:
+    cluster, svc = await setup(tainted={"gpu-0001": (0,)})
+    try:
+        await run(cluster, (claim("c1", "1Gi", "10"), gated_pod("p1", "c1", {"kubernetes.io/hostname": "gpu-0001"})))
+        await until(lambda: ungated(cluster, "p1"))
+        got = await allocation(cluster, "c1")
+        assert got is not None
+        assert [(r["pool"], r["device"]) for r in got["devices"]["results"]] == [("gpu-0001", "gpu-1")]
+    finally:
+        await svc.stop()
+
+
+async def test_what_gpupool_does_not_decide_is_left_to_kube_scheduler() -> None:
+    cluster, svc = await setup()
+    try:
+        cel = [{"cel": {"expression": 'device.attributes["gpu.gpupool.io"].model == "H100"'}}]
+        await run(cluster,
+                  (claim("sel", selectors=cel), gated_pod("p-sel", "sel")),
+                  (claim("other", cls="other.example.com"), gated_pod("p-other", "other")))
+        for pod in ("p-sel", "p-other"):
+            await until(lambda pod=pod: ungated(cluster, pod))
+        assert await allocation(cluster, "sel") is None and await allocation(cluster, "other") is None
+        assert svc.claims.left == 2 and svc.claims.allocated == 0
+    finally:
+        await svc.stop()
+
+
+async def test_a_pod_whose_claim_does_not_exist_yet_waits_silently_then_goes() -> None:
+    cluster, svc = await setup()
+    try:
+        await cluster.create_pod(gated_pod("early", "later"))
+        await asyncio.sleep(0.2)  # several passes of the allocator
+        assert not await ungated(cluster, "early")
+        await cluster.create_object(RESOURCE_CLAIMS, claim("later"))
+        await until(lambda: ungated(cluster, "early"))
+        assert await allocation(cluster, "later") is not None
+    finally:
+        await svc.stop()
