@@ -122,7 +122,8 @@ async def test_a_gated_pods_claim_is_allocated_with_its_share_and_class_config_t
         # the ledger holds the claim's share where the allocation says (assumed, then confirmed by the watch)
         entry = svc.ledger.entries[stored["metadata"]["uid"]]
         grants = [(g.index, g.milli, g.memory_mib) for g in entry.allocation.grants]
-        assert (entry.claim, entry.allocation.node, grants) == (True, result["pool"], [(int(result["device"][-1]), 300, 8192)])
+        index = int(result["device"].removeprefix("gpu-"))
+        assert (entry.claim, entry.allocation.node, grants) == (True, result["pool"], [(index, 300, 8192)])
     finally:
         await svc.stop()
 
