@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpupool.api.dra import SCHEDULING_GATE
 from gpupool.api.logsafe import shown
 from gpupool.api.names import (
     ANN_ALLOCATED,
@@ -79,6 +80,7 @@ class Settings:
     default_isolation: str = "hook"  # "" = do not write the annotation
     trusted_users: frozenset[str] = frozenset()
     allow_privileged: bool = False  # the default policy's host access (privileged, /dev mounts, ...)
+    dra_placement: bool = False  # gate pods with ResourceClaims so gpupool places their claims (claims_gate)
     # The default namespace policy; None = built from default_isolation and allow_privileged.
     default_policy: AdmissionPolicy | None = None
     policies: Mapping[str, AdmissionPolicy] = field(default_factory=dict)  # by the name in the webhook path
@@ -167,11 +169,28 @@ def _isolation(work: dict[str, Any], settings: Settings, policy: AdmissionPolicy
         patcher.set(("metadata", "annotations", ANN_ISOLATION), policy.default_isolation)
 
 
+def claims_gate(pod: Mapping[str, Any], settings: Settings) -> list[dict[str, Any]]:
+    """The patch that puts gpupool's scheduling gate on a pod with ResourceClaims (gpupool.scheduler.claims
+    allocates them, or hands them to kube-scheduler, and removes it); [] for any other pod. Pods asking for
+    gpupool resources through the device plugin are placed by the extender and never gated."""
+    spec = pod.get("spec") or {}
+    gates = list(spec.get("schedulingGates") or [])
+    if not settings.dra_placement or not spec.get("resourceClaims") or wants_gpu(pod) \
+            or any(g.get("name") == SCHEDULING_GATE for g in gates):
+        return []
+    work = copy.deepcopy(dict(pod))
+    patcher = Patcher(work)
+    patcher.set(("spec", "schedulingGates"), [*gates, {"name": SCHEDULING_GATE}])
+    return patcher.ops
+
+
 def mutate(pod: Mapping[str, Any], settings: Settings, limits: Limits | None, user: str = "",
            policy: AdmissionPolicy | None = None) -> Decision:
     policy = policy or settings.policy()
     if not touches_gpupool(pod):
-        return check_create(pod, settings, limits, user, policy)
+        decision = check_create(pod, settings, limits, user, policy)
+        gate = claims_gate(pod, settings) if decision.allowed else []
+        return Decision(True, patch=gate, warnings=decision.warnings) if gate else decision
     work = copy.deepcopy(dict(pod))
     patcher = Patcher(work)
     errors: list[str] = []

@@ -72,6 +72,9 @@ class WebhookConfig(BaseModel):
     weaker_isolation: Literal["refuse", "raise"] = "refuse"
     strict: bool = False
     allow_env_from: bool = False  # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden)
+    # DRA: put the scheduling gate gpu.gpupool.io/allocate on new pods with ResourceClaims, so that gpupool
+    # places their claims (gpupool.scheduler.claims; the chart sends only pods of the namespaces it selects).
+    dra_placement: bool = False
     # Named policies, picked per namespace by label through the webhook path /validate/<name>.
     policies: dict[str, PolicyConfig] = Field(default_factory=dict)
     # What one caller may hold (gpupool.scheduler.server.ConnectionLimits): the TLS handshake and the request
@@ -126,6 +129,7 @@ class WebhookConfig(BaseModel):
             default_isolation=self.default_isolation,
             trusted_users=frozenset(self.trusted_users),
             allow_privileged=self.allow_privileged,
+            dra_placement=self.dra_placement,
             default_policy=self.default_policy(),
             policies={name: p.build(name) for name, p in self.policies.items()},
         )
