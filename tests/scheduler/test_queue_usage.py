@@ -15,7 +15,7 @@ from gpupool.api.queue import LABEL_QUEUE
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import CRDS, NAMESPACES
 from gpupool.core.model import Allocation, GPUGrant, GPURequest, PodRequest
-from gpupool.core.queues import charge_of_allocation
+from gpupool.core.queues import ZERO, charge_of_allocation
 from gpupool.demo.embedded import node_objects
 from gpupool.scheduler.ledger import Ledger
 from gpupool.scheduler.queues import GPUQUEUES, QueueCache
@@ -93,3 +93,34 @@ def _nonzero(usage: dict) -> dict:  # type: ignore[type-arg]
 @given(ops)
 def test_incremental_usage_equals_a_recount_from_scratch(sequence: list[Op]) -> None:
     asyncio.run(scenario(sequence))
+
+
+async def test_a_dra_claim_counts_against_its_namespaces_queue() -> None:
+    """A claim on gpupool's devices is charged to the queue of its namespace, as a pod there would be."""
+    from gpupool.api.dra import DRIVER
+
+    cluster = MemoryCluster()
+    nodes = node_objects(small_scenario(nodes=2, gpus=2))
+    await cluster.create_object(CRDS, yaml.safe_load(CRD.read_text()))
+    await cluster.create_object(GPUQUEUES, {"metadata": {"name": "q-a"}, "spec": {"guaranteed": {"gpus": "1"}}})
+    await cluster.create_object(NAMESPACES, {"metadata": {"name": "ns-0", "labels": {LABEL_QUEUE: "q-a"}}})
+    ledger = Ledger(nodes)
+    cache = QueueCache(cluster, ledger)
+    await cache.start()
+    try:
+        await eventually(lambda: cache.enabled and cache.queue_of("ns-0") == "q-a")
+        node = ledger.state.nodes[0]
+        ledger.apply_claim("ADDED", {
+            "metadata": {"name": "c", "namespace": "ns-0", "uid": "claim-1"},
+            "status": {"allocation": {"devices": {"results": [{
+                "request": "gpu", "driver": DRIVER, "pool": node.name, "device": "gpu-1",
+                "consumedCapacity": {"memory": "4Gi", "cores": "30"}}]}}}})
+        # 30 % of one GPU = 300 milli, and its 4096 MiB, charged to q-a
+        expected = charge_of_allocation(Allocation("claim-1", node.name, (GPUGrant(node.gpus[1].uuid, 1, 300, 4096),)),
+                                        cache.gpu_memory())
+        assert cache.usage() == cache.recount() == {"q-a": expected}
+        assert expected.gpu_milli == 300
+        ledger.apply_claim("DELETED", {"metadata": {"name": "c", "namespace": "ns-0", "uid": "claim-1"}})
+        assert cache.usage().get("q-a", ZERO) == ZERO and cache.recount() == {}
+    finally:
+        await cache.stop()
