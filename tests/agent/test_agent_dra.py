@@ -364,3 +364,4 @@ async def _eventually_async(check: Any, timeout: float = 10.0) -> None:
         if loop.time() > deadline:
             raise AssertionError("condition not reached before the timeout")
         await asyncio.sleep(0.02)
+

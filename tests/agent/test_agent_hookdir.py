@@ -20,6 +20,7 @@ from gpupool.agent.hookdir import (
     HookPod,
     PodGpuUsage,
     accounting_dir,
+    claim_dir,
     container_dir,
     cores_mode_of,
     hook_paths,
@@ -27,6 +28,7 @@ from gpupool.agent.hookdir import (
     limits_bytes,
     limits_dir,
     pod_dir,
+    prepare_pod,
     prepare_hook_pod,
     read_all,
     read_usage,
@@ -146,6 +148,26 @@ def test_usage_written_by_the_library_is_read_back_and_dead_processes_drop_out(
     (usage,) = read_all(root)
     assert (usage.used_bytes, usage.processes) == (0, 0)  # kill -9: nothing left counted
 
+
+
+def test_a_dra_claims_usage_is_read_beside_the_containers(built: Built, tmp_path: Path) -> None:
+    """A claim's hook directory (claims/<UID>, gpupool.agent.dra) is read for the metrics like a container's."""
+    root = tmp_path / "root"
+    hook_paths(root).pods.mkdir(parents=True)
+    gpu = "GPU-11111111-2222-3333-4444-555555555555"
+    claim = HookPod(UID_B, "team/c (claim)", "claim", (gpu,), claim_dir(root, UID_B),
+                    HookLimits(memory_mib=(4096,), cores=(20.0,), gpus=(gpu,)))
+    prepare_pod(claim)
+    probe = Pod(built, tmp_path / "gpu", claim.dir, memory_mib="4096", cores="20",
+                extra={"NVIDIA_VISIBLE_DEVICES": gpu}).start()
+    try:
+        assert probe.alloc("mem", GIB)[0] == 0
+        usage = [u for u in read_all(root) if u.pod_uid == UID_B]
+        assert [(u.label, u.gpu, u.limit_bytes, u.used_bytes, u.cores_percent) for u in usage] == [
+            ("team/c (claim)", gpu, 4 * GIB, GIB, 20.0)]
+    finally:
+        probe.proc.send_signal(signal.SIGKILL)
+        probe.close()
 
 # ---- limits.v1: what the agent writes for the library ----------------------------------------------------
 def test_limits_file_layout_is_the_librarys_struct() -> None:

@@ -405,6 +405,7 @@ def _pod_info(directory: Path) -> dict[str, Any]:
 
 
 def read_all(root: Path) -> list[PodGpuUsage]:
+    """The usage of every hook directory: each GPU container's, then each DRA claim's."""
     pods = hook_paths(root).pods
     out: list[PodGpuUsage] = []
     with contextlib.suppress(FileNotFoundError):
@@ -412,6 +413,10 @@ def read_all(root: Path) -> list[PodGpuUsage]:
             if entry.is_dir() and valid_uid(entry.name):
                 for directory in hook_dirs(root, entry.name):
                     out.extend(read_usage(directory))
+    with contextlib.suppress(FileNotFoundError):
+        for entry in sorted((root / "claims").iterdir()):
+            if entry.is_dir() and valid_uid(entry.name):
+                out.extend(read_usage(entry))
     return out
 
 
