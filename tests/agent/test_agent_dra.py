@@ -365,3 +365,22 @@ async def _eventually_async(check: Any, timeout: float = 10.0) -> None:
             raise AssertionError("condition not reached before the timeout")
         await asyncio.sleep(0.02)
 
+
+
+async def test_prepares_are_counted_on_the_agents_metrics() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.agent.agent_helpers import scrape_metrics
+
+    async with dra_rig() as r:
+        c = await r.cluster.create_object(RESOURCE_CLAIMS, claim("m", [share("gpu-0", "1Gi", "10")]))
+        await prepare(r, c)
+        await prepare(r, c)  # a repeat answered from the checkpoint: not a second preparation
+        bad = await r.cluster.create_object(RESOURCE_CLAIMS, claim("bad", [share("gpu-7", "1Gi", "10")]))
+        await prepare(r, bad)
+        text = await scrape_metrics(r)  # type: ignore[arg-type]
+        samples = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples
+                   if s.name.startswith("gpupool_dra_")}
+        assert samples["gpupool_dra_claims_prepared"] == 1
+        assert samples["gpupool_dra_prepare_seconds_count"] == 1 and samples["gpupool_dra_prepare_seconds_sum"] > 0
+        assert samples["gpupool_dra_prepare_errors_total"] == 1

@@ -29,12 +29,15 @@ import logging
 import re
 import shutil
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 from gpupool.agent.checkpoint import write_atomically
 from gpupool.agent.config import AgentConfig
@@ -165,6 +168,9 @@ class DraDriver:
         self.prepared: dict[str, PreparedClaim] = {}
         self._lock = asyncio.Lock()  # prepares and unprepares one at a time: the checkpoint is one file
         self._taint_since: dict[tuple[str, str], str] = {}  # (device, key) -> timeAdded, stable across publishes
+        self.prepare_count = 0  # claims prepared (answered from the checkpoint: not counted)
+        self.prepare_seconds = 0.0  # their total time, from the claim's read to the checkpoint's write
+        self.prepare_errors = 0
 
     # --- checkpoint ---------------------------------------------------------------------------------------
     def load(self) -> str | None:
@@ -194,7 +200,17 @@ class DraDriver:
     # --- prepare ------------------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
         async with self._lock:
-            return {c.uid: await self._prepare_one(c) for c in claims}
+            out = {}
+            for c in claims:
+                cached = c.uid in self.prepared
+                started = time.monotonic()
+                out[c.uid] = outcome = await self._prepare_one(c)
+                if outcome.claim is None:
+                    self.prepare_errors += 1
+                elif not cached:
+                    self.prepare_count += 1
+                    self.prepare_seconds += time.monotonic() - started
+            return out
 
     async def _prepare_one(self, ref: ClaimRef) -> Outcome:
         done = self.prepared.get(ref.uid)
@@ -471,3 +487,22 @@ class DraServer:
 
     def sockets_ok(self) -> bool:
         return self.registration_socket.is_socket() and self.service_socket.is_socket()
+
+
+class DraCollector(Collector):
+    """gpupool_dra_* on the agent's /metrics (where the agent is a DRA driver)."""
+
+    def __init__(self, driver: DraDriver) -> None:
+        self.driver = driver
+
+    def collect(self) -> Iterator[Any]:
+        d = self.driver
+        yield GaugeMetricFamily("gpupool_dra_claims_prepared", "Claims prepared on this node now",
+                                value=len(d.prepared))
+        summary = SummaryMetricFamily("gpupool_dra_prepare_seconds",
+                                      "NodePrepareResources per claim: read, grant, CDI spec, checkpoint")
+        summary.samples.extend([Sample("gpupool_dra_prepare_seconds_count", {}, d.prepare_count),
+                                Sample("gpupool_dra_prepare_seconds_sum", {}, d.prepare_seconds)])
+        yield summary
+        yield CounterMetricFamily("gpupool_dra_prepare_errors", "Claims whose preparation failed (kubelet retries)",
+                                  value=d.prepare_errors)

@@ -33,6 +33,7 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
+from gpupool.agent.dra import DraCollector
 from gpupool.agent.hook_metrics import HookUsageCollector
 from gpupool.agent.hookdir import read_all
 from gpupool.agent.mps import MpsCollector
@@ -152,6 +153,8 @@ async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: fl
         registry.register(MpsCollector(agent.mps))
     if agent.watchdog is not None:  # gpupool_watchdog_kills_total{reason}, ... (gpupool.agent.watchdog)
         registry.register(WatchdogCollector(agent.watchdog))
+    if agent.dra is not None:  # gpupool_dra_claims_prepared, gpupool_dra_prepare_seconds (gpupool.agent.dra)
+        registry.register(DraCollector(agent.dra))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
