@@ -63,6 +63,12 @@ async def test_a_claim_holds_its_share_against_pods() -> None:
         i = svc.ledger.state.index["gpu-0000"]
         assert (int(svc.ledger.state.gpu_mem_free[i, 0]), int(svc.ledger.state.gpu_milli_free[i, 0])) == (4096, 400)
         assert svc.ledger.dump()["entries"][0]["kind"] == "claim"
+        # /pool (and so the dashboard and `gpupool top`) shows the claim beside the pods
+        from gpupool.commands.pool_views import snapshot_of
+
+        node = next(n for n in snapshot_of(svc).nodes if n.name == "gpu-0000")
+        assert [(g.namespace, g.pod, g.container, g.memory_mib, g.cores_percent) for g in node.gpus[0].grants] \
+            == [("team-dra", "c1", "(claim)", 12288, 60.0)]
         # two whole GPUs of gpu-0000 are not free while the claim holds part of GPU 0
         pod = await cluster.create_pod(gpu_pod("two-whole", cores=None, gpus=2))
         refused = await svc.bind(_args(pod, node="gpu-0000"))
