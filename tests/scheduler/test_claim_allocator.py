@@ -197,3 +197,29 @@ async def test_a_pod_whose_claim_does_not_exist_yet_waits_silently_then_goes() -
         assert await allocation(cluster, "later") is not None
     finally:
         await svc.stop()
+
+
+async def test_the_template_a_translated_pod_names_is_made_on_first_use() -> None:
+    """The webhook points a device-plugin manifest at gpupool-<isolation>-<count>x<memory>-<cores>c; the
+    allocator makes that template (the resourceclaim controller then makes the pod's claim from it)."""
+    from gpupool.cluster.port import RESOURCE_CLAIM_TEMPLATES
+
+    cluster, svc = await setup()
+    try:
+        pod = gated_pod("translated", "unused")
+        pod["spec"]["resourceClaims"] = [{"name": "gpupool", "resourceClaimTemplateName": "gpupool-mps-1x2048mi-25c"}]
+        await cluster.create_pod(pod)
+
+        async def made() -> dict[str, Any] | None:
+            try:
+                return await cluster.get_object(RESOURCE_CLAIM_TEMPLATES, "gpupool-mps-1x2048mi-25c", NS)
+            except Exception:
+                return None
+
+        template = await until(made)
+        assert template["spec"]["spec"]["devices"]["requests"][0]["exactly"] == {
+            "deviceClassName": f"mps.{DRIVER}", "count": 1,
+            "capacity": {"requests": {"memory": "2048Mi", "cores": "25"}}}
+        assert not await ungated(cluster, "translated")  # its claim is not made yet (no resourceclaim controller here)
+    finally:
+        await svc.stop()

@@ -7,9 +7,10 @@ from typing import Any
 
 import jsonpatch
 
-from gpupool.api.dra import SCHEDULING_GATE
+from gpupool.api.dra import SCHEDULING_GATE, template_for
 from gpupool.webhook.admission import Settings, mutate
 from gpupool.webhook.config import WebhookConfig
+from gpupool.webhook.policy import make_policy
 
 ON = Settings(dra_placement=True)
 
@@ -52,3 +53,62 @@ def test_device_plugin_pods_are_placed_by_the_extender_not_gated() -> None:
 def test_the_setting_reaches_the_admission_settings() -> None:
     assert WebhookConfig(dra_placement=True).settings().dra_placement is True
     assert WebhookConfig().settings().dra_placement is False
+
+
+# --- device-plugin manifests served through claims (a namespace policy with `dra`) ---------------------------
+
+DRA_NS = Settings(policies={"dra": make_policy("dra", dra=True)})
+
+
+def gpu_pod(limits: dict[str, str], containers: int = 1) -> dict[str, Any]:
+    main = {"name": "main", "image": "cuda", "resources": {"limits": {"cpu": "1", **limits}}}
+    extra = [{"name": f"side{i}", "image": "cuda", "resources": {"limits": dict(limits)}} for i in range(1, containers)]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "team-a"},
+            "spec": {"containers": [main, *extra]}}
+
+
+def translated(pod: dict[str, Any]) -> dict[str, Any]:
+    decision = mutate(pod, DRA_NS, None, policy=DRA_NS.policy("dra"))
+    assert decision.allowed, decision.message
+    return dict(jsonpatch.apply_patch(pod, decision.patch))
+
+
+def test_a_share_pod_becomes_a_claim_from_the_template_of_its_share() -> None:
+    out = translated(gpu_pod({"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": "8Gi", "gpupool.io/gpu-cores": "30"}))
+    spec = out["spec"]
+    assert spec["containers"][0]["resources"] == {"limits": {"cpu": "1"}, "claims": [{"name": "gpupool"}]}
+    assert spec["resourceClaims"] == [{"name": "gpupool", "resourceClaimTemplateName": "gpupool-hook-1x8192mi-30c"}]
+    assert spec["schedulingGates"] == [{"name": SCHEDULING_GATE}]
+    # the template that name stands for asks for the same share in gpupool's hook class
+    template = template_for("gpupool-hook-1x8192mi-30c", "team-a")
+    assert template is not None
+    request = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    assert request == {"deviceClassName": "gpu.gpupool.io", "count": 1,
+                       "capacity": {"requests": {"memory": "8192Mi", "cores": "30"}}}
+
+
+def test_whole_gpus_and_memory_only_shares_get_their_own_templates() -> None:
+    whole = translated(gpu_pod({"gpupool.io/gpu": "2"}))
+    assert whole["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "gpupool-hook-2xwhole-100c"
+    memory_only = translated(gpu_pod({"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": "4096"}))
+    assert memory_only["spec"]["resourceClaims"][0]["resourceClaimTemplateName"] == "gpupool-hook-1x4096mi-0c"
+
+
+def test_what_a_claim_cannot_carry_is_refused_with_the_reason() -> None:
+    decision = mutate(gpu_pod({"gpupool.io/gpu": "1", "gpupool.io/gpu-cores": "50"}, containers=2), DRA_NS, None,
+                      policy=DRA_NS.policy("dra"))
+    assert not decision.allowed and decision.code == 422
+    assert "one GPU container per pod" in decision.message
+
+
+def test_other_namespaces_keep_the_device_plugin() -> None:
+    pod = gpu_pod({"gpupool.io/gpu": "1", "gpupool.io/gpu-cores": "50"})
+    decision = mutate(pod, DRA_NS, None)
+    out = dict(jsonpatch.apply_patch(pod, decision.patch))
+    assert "resourceClaims" not in out["spec"] and out["spec"]["containers"][0]["resources"]["limits"]["gpupool.io/gpu"]
+
+
+def test_template_names_that_are_not_a_possible_share_stand_for_nothing() -> None:
+    for name in ("gpupool-hook-1x8192mi-101c", "gpupool-none-1x8192mi-30c", "gpupool-mig-1xwhole-100c",
+                 "gpupool-hook-0xwhole-100c", "my-template"):
+        assert template_for(name, "ns") is None, name

@@ -373,3 +373,38 @@ def allocation_status(node: str, devices: Sequence[tuple[ClaimAsk, int, int, int
     return {"devices": {"results": results, "config": configs},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
                 {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
+
+
+# --- device-plugin manifests served through claims (the webhook's `dra` namespace policy) ---------------------
+
+CLASS_OF_ISOLATION = {"hook": DRIVER, "mps": f"mps.{DRIVER}", "none": f"whole.{DRIVER}"}  # the chart's classes
+TEMPLATE_CLAIM = "gpupool"  # the pod's resourceClaims entry (and container claim) the webhook writes
+_TEMPLATE = re.compile(r"^gpupool-(hook|mps|none)-(\d{1,2})x(whole|\d{1,7}mi)-(\d{1,3})c$")
+
+
+def template_name(isolation: str, count: int, memory_mib: int | None, cores: int) -> str:
+    """The ResourceClaimTemplate the webhook points a translated pod at: its name says all it asks, so the
+    scheduler can make it on first use (`template_for`) and every pod of the same shape shares it."""
+    memory = "whole" if memory_mib is None else f"{memory_mib}mi"
+    return f"gpupool-{isolation}-{count}x{memory}-{cores}c"
+
+
+def template_for(name: str, namespace: str) -> Obj | None:
+    """The ResourceClaimTemplate a `template_name` stands for, None for any other name (or an impossible
+    share: the webhook never writes one, a tenant may)."""
+    m = _TEMPLATE.match(name)
+    if m is None:
+        return None
+    isolation, count, memory, cores = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
+    if not (1 <= count <= 16 and 0 <= cores <= 100) or (isolation == "none" and (memory != "whole" or cores != 100)):
+        return None
+    capacity: dict[str, str] = {CAPACITY_CORES: str(cores)}
+    if memory != "whole":
+        capacity[CAPACITY_MEMORY] = memory.replace("mi", "Mi")
+    return {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app.kubernetes.io/managed-by": "gpupool"}},
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": CLASS_OF_ISOLATION[isolation], "count": count,
+            "capacity": {"requests": capacity}}}]}}},
+    }

@@ -56,6 +56,8 @@ CRDS = Kind("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customres
 # Dynamic Resource Allocation (GA in Kubernetes 1.34: resource.k8s.io/v1).
 RESOURCE_SLICES = Kind("resource.k8s.io", "v1", "ResourceSlice", "resourceslices", namespaced=False)
 RESOURCE_CLAIMS = Kind("resource.k8s.io", "v1", "ResourceClaim", "resourceclaims", namespaced=True)
+RESOURCE_CLAIM_TEMPLATES = Kind("resource.k8s.io", "v1", "ResourceClaimTemplate", "resourceclaimtemplates",
+                                namespaced=True)
 DEVICE_CLASSES = Kind("resource.k8s.io", "v1", "DeviceClass", "deviceclasses", namespaced=False)
 PDBS = Kind("policy", "v1", "PodDisruptionBudget", "poddisruptionbudgets", namespaced=True)
 

@@ -41,10 +41,21 @@ from gpupool.api.dra import (
     claim_asks,
     class_isolation,
     device_index,
+    template_for,
 )
 from gpupool.api.logsafe import shown
 from gpupool.api.pod import parse_pod, pod_key
-from gpupool.cluster.port import DEVICE_CLASSES, PODS, RESOURCE_CLAIMS, RESOURCE_SLICES, ApiError, Obj, WatchEvent
+from gpupool.cluster.port import (
+    DEVICE_CLASSES,
+    PODS,
+    RESOURCE_CLAIM_TEMPLATES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    AlreadyExists,
+    ApiError,
+    Obj,
+    WatchEvent,
+)
 from gpupool.core.model import MILLI_PER_GPU, GPURequest, PodRequest
 from gpupool.core.placement import Unschedulable, place
 from gpupool.scheduler.framework.interface import Handle
@@ -83,6 +94,7 @@ class ClaimAllocator:
         self.claims: dict[str, Obj] = {}  # namespace/name -> claim, every claim the watch shows
         self.gated: dict[str, Obj] = {}  # pod UID -> pod, the pods carrying our gate
         self.told: dict[str, str] = {}  # pod UID -> the last reason recorded on it (one Event per change)
+        self.templates: set[tuple[str, str]] = set()  # gpupool's templates known to exist (namespace, name)
         self.allocated = 0  # claims gpupool allocated (metrics, tests)
         self.left = 0  # pods whose claims were left to kube-scheduler
         self._changed = asyncio.Event()
@@ -190,6 +202,7 @@ class ClaimAllocator:
             name = ref.get("resourceClaimName")
             if not name:  # from a template: the resourceclaim controller records the claim it made
                 if ref.get("name") not in generated:
+                    await self._ensure_template(ns, str(ref.get("resourceClaimTemplateName", "")))
                     return ""  # not made yet: the pod watch brings the name
                 name = generated[ref.get("name")]
                 if name is None:
@@ -212,6 +225,24 @@ class ClaimAllocator:
             return await self._leave(pod, "several unallocated gpupool claims or requests")
         claim, (ask,) = todo[0]
         return await self._allocate(pod, claim, ask, classes[ask.device_class], slices)
+
+    async def _ensure_template(self, namespace: str, name: str) -> None:
+        """Make the ResourceClaimTemplate a translated device-plugin pod points at (its name says its share:
+        gpupool.api.dra.template_for), once per namespace and name; any other template is the user's."""
+        if (namespace, name) in self.templates:
+            return
+        template = template_for(name, namespace)
+        if template is None:
+            return
+        try:
+            await self.h.cluster.create_object(RESOURCE_CLAIM_TEMPLATES, template)
+            log.info("made ResourceClaimTemplate %s/%s", namespace, name)
+        except AlreadyExists:
+            pass
+        except ApiError as e:
+            log.warning("cannot make ResourceClaimTemplate %s/%s: %s", namespace, shown(name), e)
+            return
+        self.templates.add((namespace, name))
 
     def _nodes(self, pod: Obj, slices: Mapping[str, set[int]]) -> tuple[list[int], frozenset[str]]:
         """The ledger's node indices the pod may go to, and the GPUs it must not get (tainted devices)."""

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpupool.api.dra import SCHEDULING_GATE
+from gpupool.api.dra import CLASS_OF_ISOLATION, SCHEDULING_GATE, TEMPLATE_CLAIM, template_name
 from gpupool.api.logsafe import shown
 from gpupool.api.names import (
     ANN_ALLOCATED,
@@ -51,7 +51,7 @@ from gpupool.api.pod import (
 from gpupool.api.quantity import QuantityError, gpu_memory_mib
 from gpupool.core.mig import known_models, mig_model
 from gpupool.core.mig_request import ProfileRefusal, profile_for
-from gpupool.core.model import GPURequest
+from gpupool.core.model import MILLI_PER_GPU, GPURequest
 from gpupool.core.policies import policy_names
 from gpupool.webhook.forbidden import pod_problems
 from gpupool.webhook.inventory import Limits
@@ -112,6 +112,8 @@ def touches_gpupool(pod: Mapping[str, Any]) -> bool:
 
 
 # --- mutation ---------------------------------------------------------------------------------------------
+
+_GPUPOOL_RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_CORES)
 
 
 def _normalise(pod: dict[str, Any], patcher: Patcher, errors: list[str]) -> None:
@@ -204,7 +206,45 @@ def mutate(pod: Mapping[str, Any], settings: Settings, limits: Limits | None, us
     decision = check_create(work, settings, limits, user, policy)
     if not decision.allowed:
         return decision
+    if policy.dra and wants_gpu(work):
+        problem = to_claims(work, patcher)
+        if problem:
+            return _deny(pod, [problem], 422)
     return Decision(True, patch=patcher.ops, warnings=warnings + decision.warnings)
+
+
+def to_claims(work: dict[str, Any], patcher: Patcher) -> str:
+    """Serve a checked GPU pod through a DRA claim (the namespace policy's `dra`): its gpupool.io/*
+    requests go, a claim from the ResourceClaimTemplate named for its share takes their place (the
+    scheduler makes the template on first use: gpupool.api.dra.template_for), and the pod is gated for
+    gpupool's claim allocator. Returns what makes the pod impossible to serve so, or ""."""
+    parsed = parse_pod(work)
+    if parsed.request is None or len(parsed.containers) != 1:
+        return "the namespace serves GPU pods through DRA claims, which take one GPU container per pod"
+    if parsed.isolation not in CLASS_OF_ISOLATION:
+        return f"the namespace serves GPU pods through DRA claims, which have no isolation {parsed.isolation!r}"
+    g = parsed.request.gpu
+    whole = g.memory_mib is None and g.milli >= MILLI_PER_GPU
+    if parsed.isolation == "none" and not whole:
+        return "isolation none serves whole GPUs only through DRA claims"
+    cores = 0 if g.milli < 10 else g.milli // 10  # a memory-only share (1 milli) reserves no compute
+    template = template_name(parsed.isolation, g.count, None if whole else g.memory_mib, cores)
+    spec = work["spec"]
+    for c in containers(work):
+        if c.body.get("name") != parsed.containers[0].name:
+            continue
+        resources = ("spec", c.field, c.index, "resources")
+        for section in ("limits", "requests"):
+            values = resource_section(c.body, section)
+            if any(k in values for k in _GPUPOOL_RESOURCES):
+                patcher.set((*resources, section), {k: v for k, v in values.items() if k not in _GPUPOOL_RESOURCES})
+        claims = list((c.body.get("resources") or {}).get("claims") or [])
+        patcher.set((*resources, "claims"), [*claims, {"name": TEMPLATE_CLAIM}])
+    refs = list(spec.get("resourceClaims") or [])
+    patcher.set(("spec", "resourceClaims"), [*refs, {"name": TEMPLATE_CLAIM, "resourceClaimTemplateName": template}])
+    gates = [g for g in spec.get("schedulingGates") or [] if g.get("name") != SCHEDULING_GATE]
+    patcher.set(("spec", "schedulingGates"), [*gates, {"name": SCHEDULING_GATE}])
+    return ""
 
 
 # --- validation -------------------------------------------------------------------------------------------

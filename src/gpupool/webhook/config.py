@@ -37,10 +37,11 @@ class PolicyConfig(BaseModel):
     strict: bool = False
     allow_host_access: bool = False
     allow_env_from: bool = False  # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden)
+    dra: bool = False  # GPU pods of this policy's namespaces are served through DRA claims (docs/claims.md)
 
     def build(self, name: str) -> AdmissionPolicy:
         return make_policy(name, self.default_isolation, self.allowed_isolation, self.weaker_isolation,
-                           self.strict, self.allow_host_access, self.allow_env_from)
+                           self.strict, self.allow_host_access, self.allow_env_from, self.dra)
 
     @model_validator(mode="after")
     def _consistent(self) -> PolicyConfig:

@@ -53,6 +53,9 @@ class AdmissionPolicy:
     # the namespace's administrators vouch for its ConfigMaps and Secrets (who can write them can then
     # set NVIDIA_VISIBLE_DEVICES or GPUPOOL_* in its GPU pods).
     allow_env_from: bool = False
+    # Serve this namespace's GPU pods through DRA claims (gpupool.webhook.admission.to_claims): their
+    # gpupool.io/* requests become a ResourceClaimTemplate of gpupool's classes, for clusters moving over.
+    dra: bool = False
     problems: tuple[str, ...] = field(default=(), compare=False)
 
     @property
@@ -68,6 +71,7 @@ def make_policy(
     strict: bool = False,
     allow_host_access: bool = False,
     allow_env_from: bool = False,
+    dra: bool = False,
 ) -> AdmissionPolicy:
     """Build a policy, raising ValueError that names the field when it is inconsistent."""
     unknown = sorted(set(allowed_isolation) - set(ISOLATION_MODES))
@@ -83,8 +87,10 @@ def make_policy(
     action: WeakerAction = "raise" if weaker == "raise" else "refuse"
     if strict and allow_env_from:
         raise ValueError(f"policy {name}: strict refuses every envFrom; allowEnvFrom contradicts it")
+    if dra and default_isolation == "mig":
+        raise ValueError(f"policy {name}: dra serves isolation hook, mps and none; not the default mig")
     return AdmissionPolicy(name, default_isolation, frozenset(allowed_isolation), action, strict, allow_host_access,
-                           allow_env_from)
+                           allow_env_from, dra)
 
 
 @dataclass(frozen=True, slots=True)
