@@ -1,7 +1,9 @@
 """The chart with `dra.enabled`: gpupool's DeviceClasses and the isolation each one names, the agent's
 ResourceSlice and ResourceClaim rights, the admission policy that holds its ResourceSlice writes to its own
-node (evaluated with cel-python on the slice the agent really builds, gpupool.api.dra.resource_slice), and
-the agent's settings and host directories. docs/claims.md is the user's side of the same objects."""
+node (evaluated with cel-python on the slice the agent really builds, gpupool.api.dra.resource_slice), the
+agent's settings and host directories, and placement (dra.placement): the webhook entry that gates new pods
+with claims and the policy that lets the scheduler remove only that gate (evaluated on the patch
+gpupool.scheduler.claims really sends). docs/claims.md is the user's side of the same objects."""
 
 from __future__ import annotations
 
@@ -98,6 +100,9 @@ def test_extended_resource_name_is_opt_in_and_on_the_whole_class_only(render: Re
         ("dra.cdiDir=var/run/cdi", "/dra/cdiDir"),
         ("dra.kubeletRoot=/var/lib/kubelet/", "/dra/kubeletRoot"),
         ("dra.enable=true", "additional properties 'enable' not allowed"),
+        ("dra.placement.enable=false", "additional properties 'enable' not allowed"),
+        ("dra.placement.namespaceSelector.matchLabel.team=a", "additional properties 'matchLabel' not allowed"),
+        ("dra.placement.namespaceSelector.matchExpressions[0].key=team", "/dra/placement/namespaceSelector"),
     ],
 )
 def test_bad_dra_values_are_refused(helm: Path, setting: str, message: str) -> None:
@@ -184,7 +189,7 @@ def gpu_slice(node: str, driver: str = dra.DRIVER, pool: str | None = None) -> O
 
 
 def decide(policy: Obj, operation: str, new: Obj | None, old: Obj | None, user: str = AGENT,
-           node_claim: str | None = "gpu-1") -> str:
+           node_claim: str | None = "gpu-1", resource: tuple[str, str] = ("resource.k8s.io", "resourceslices")) -> str:
     """'skip' when the policy does not apply, 'allow', or the first failing validation's message (an
     evaluation error counts as a failure: failurePolicy Fail)."""
     env = celpy.Environment()
@@ -193,7 +198,7 @@ def decide(policy: Obj, operation: str, new: Obj | None, old: Obj | None, user: 
         "oldObject": celpy.json_to_cel(old),
         "request": celpy.json_to_cel({
             "operation": operation,
-            "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceslices"},
+            "resource": {"group": resource[0], "version": "v1", "resource": resource[1]},
             "userInfo": {"username": user, "extra": {NODE_CLAIM: [node_claim]} if node_claim else {}},
         }),
     }
@@ -311,6 +316,312 @@ def test_without_dra_the_agent_has_no_dra_settings_or_directories(render: Render
     pod = agent_pod(render(None, *KUBE))
     assert not {"GPUPOOL_AGENT_DRA", "GPUPOOL_AGENT_KUBELET_ROOT", "GPUPOOL_AGENT_CDI_DIR"} & set(env(pod))
     assert sorted(host_mounts(pod)) == ["/run/gpupool/hook", "/run/gpupool/mps", "/var/lib/kubelet/device-plugins"]
+
+
+# --- placement: the webhook gates new pods with claims ----------------------------------------------------
+
+SCHEDULER = f"system:serviceaccount:{NAMESPACE}:gp-gpupool-scheduler"
+CLAIMS_ENTRY = "claims.mutate.gpupool.io"
+GATE_PATCH = [{"op": "add", "path": "/spec/schedulingGates", "value": [{"name": dra.SCHEDULING_GATE}]}]
+SECURE: Obj = {"admission": {"policies": {"secure": {"strict": True}}}}  # a named admission policy
+
+
+def mutating(objs: list[Obj]) -> dict[str, Obj]:
+    (config,) = kinds(objs, "MutatingWebhookConfiguration")
+    return {w["name"]: w for w in config["webhooks"]}
+
+
+def claims_entries(objs: list[Obj]) -> dict[str, Obj]:
+    return {name: w for name, w in mutating(objs).items() if name.endswith(CLAIMS_ENTRY)}
+
+
+def webhook_env(objs: list[Obj]) -> dict[str, str]:
+    (deployment,) = [o for o in kinds(objs, "Deployment") if o["metadata"]["name"] == "gp-gpupool-webhook"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def claim_pod(limits: dict[str, str] | None = None, claims: int = 1) -> Obj:
+    """A pod taking its GPU through a claim template (as in docs/claims.md), optionally also asking for
+    `limits` (e.g. gpupool.io/gpu, which makes it a device-plugin pod)."""
+    container: Obj = {"name": "main", "image": "cuda", "resources": {"claims": [{"name": "gpu"}][:claims]}}
+    if limits:
+        container["resources"]["limits"] = limits
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "team-a"},
+            "spec": {"resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "share-8g-30"}][:claims],
+                     "containers": [container]}}
+
+
+@pytest.mark.parametrize(
+    "values",
+    [None, {"dra": {"enabled": False, "placement": {"enabled": True}}},
+     {"dra": {"enabled": True, "placement": {"enabled": False}}}],
+    ids=["no-dra", "placement-without-dra", "dra-without-placement"],
+)
+def test_nothing_is_gated_without_dra_and_placement(render: Render, values: Obj | None) -> None:
+    objs = render(values, *KUBE)
+    assert claims_entries(objs) == {}
+    assert "GPUPOOL_WEBHOOK_DRA_PLACEMENT" not in webhook_env(objs)
+    assert len(mutating(objs)) == 1  # the device-plugin entry alone
+
+
+def test_placement_is_on_by_default_with_dra(render: Render) -> None:
+    objs = dra_on(render)
+    assert sorted(claims_entries(objs)) == [CLAIMS_ENTRY]
+    assert webhook_env(objs)["GPUPOOL_WEBHOOK_DRA_PLACEMENT"] == "true"
+
+
+def test_the_claims_entry_fails_open_and_reaches_the_same_webhook(render: Render) -> None:
+    """failurePolicy Ignore even where the device-plugin entry fails closed: a pod admitted ungated only has
+    its claims allocated by kube-scheduler's own allocator."""
+    entries = mutating(dra_on(render, webhook={"failurePolicy": "Fail"}))
+    claims, plugin = entries[CLAIMS_ENTRY], entries["mutate.gpupool.io"]
+    assert (plugin["failurePolicy"], claims["failurePolicy"]) == ("Fail", "Ignore")
+    assert claims["sideEffects"] == "None"
+    assert claims["rules"] == [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                                "resources": ["pods"], "scope": "Namespaced"}]
+    for key in ("clientConfig", "namespaceSelector", "timeoutSeconds", "admissionReviewVersions"):
+        assert claims[key] == plugin[key], key
+
+
+def test_each_admission_policy_has_its_own_claims_entry(render: Render) -> None:
+    """The webhook judges the pod under the policy its path names (it may refuse it), so a namespace's pods
+    must reach its own policy's path, as on the device-plugin entries."""
+    entries = mutating(dra_on(render, webhook=SECURE))
+    assert sorted(claims_entries(dra_on(render, webhook=SECURE))) == [CLAIMS_ENTRY, f"secure.{CLAIMS_ENTRY}"]
+    for prefix in ("", "secure."):
+        claims, plugin = entries[prefix + CLAIMS_ENTRY], entries[prefix + "mutate.gpupool.io"]
+        assert claims["clientConfig"]["service"]["path"] == plugin["clientConfig"]["service"]["path"]
+        assert claims["namespaceSelector"] == plugin["namespaceSelector"]
+    assert entries[f"secure.{CLAIMS_ENTRY}"]["clientConfig"]["service"]["path"] == "/mutate/secure"
+
+
+def test_the_namespace_selector_narrows_each_claims_entry(render: Render) -> None:
+    chosen = {"matchLabels": {"gpupool.io/dra-placement": "true"},
+              "matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]}
+    entries = mutating(dra_on(render, webhook=SECURE, dra={"placement": {"namespaceSelector": chosen}}))
+    for prefix in ("", "secure."):
+        plugin = entries[prefix + "mutate.gpupool.io"]["namespaceSelector"]
+        assert entries[prefix + CLAIMS_ENTRY]["namespaceSelector"] == {
+            "matchLabels": chosen["matchLabels"],
+            "matchExpressions": plugin["matchExpressions"] + chosen["matchExpressions"]}
+        assert "matchLabels" not in plugin  # the device-plugin entries are not narrowed
+
+
+@pytest.mark.parametrize(
+    ("obj", "user", "to_claims", "to_plugin"),
+    [
+        pytest.param(claim_pod(), "alice", True, False, id="claim-pod"),
+        pytest.param(claim_pod({"gpupool.io/gpu": "1"}), "alice", False, True, id="device-plugin-pod-with-a-claim"),
+        pytest.param(claim_pod(claims=0), "alice", False, False, id="no-claims"),
+        pytest.param(claim_pod(), SCHEDULER, False, False, id="gpupools-own-account"),
+    ],
+)
+def test_the_claims_entry_sends_pods_with_claims_and_nothing_from_the_device_plugin(
+        render: Render, obj: Obj, user: str, to_claims: bool, to_plugin: bool) -> None:
+    from tests.deploy.test_chart_match_conditions import matches
+
+    entries = mutating(dra_on(render))
+    assert matches(entries[CLAIMS_ENTRY]["matchConditions"], obj, user=user) is to_claims
+    assert matches(entries["mutate.gpupool.io"]["matchConditions"], obj, user=user) is to_plugin
+    without_key = copy.deepcopy(obj)
+    without_key["spec"].pop("resourceClaims", None)  # absent, not empty: the guard must hold
+    assert matches(entries[CLAIMS_ENTRY]["matchConditions"], without_key, user=user) is False
+
+
+@pytest.mark.parametrize("placement", [True, False])
+def test_the_webhook_gates_what_the_claims_entry_sends_it(render: Render, placement: bool) -> None:
+    """The chart's variable sets the webhook's dra_placement, and a pod the entry sends (claims, no gpupool
+    resources) gets the gate from /mutate and /mutate/<policy> alike; without placement, no gate."""
+    from gpupool.webhook.admission import Request, decide
+    from gpupool.webhook.config import load_config
+
+    on = dra_on(render, webhook=SECURE)
+    objs = on if placement else dra_on(render, webhook=SECURE, dra={"placement": {"enabled": False}})
+    config = load_config(env=webhook_env(objs))
+    assert config.dra_placement is placement
+    settings = config.settings()
+    for entry in claims_entries(on).values():
+        policy = settings.policy(entry["clientConfig"]["service"]["path"].removeprefix("/mutate").strip("/"))
+        answer = decide(Request("u1", "CREATE", "Pod", "alice", claim_pod(), None), True, settings, None, policy)
+        assert answer.allowed and answer.patch == (GATE_PATCH if placement else []), entry["name"]
+
+
+# --- the scheduler may only remove its scheduling gate ----------------------------------------------------
+
+UNGATE_ONLY = "gp-gpupool-scheduler-ungate-only"
+ADD = "the gpupool scheduler may not add scheduling gates"
+OTHER_GATE = f"the gpupool scheduler may remove only its own scheduling gate {dra.SCHEDULING_GATE}"
+METADATA = "the gpupool scheduler may not change a pod's labels, annotations, owners or finalizers"
+SPEC = "the gpupool scheduler may change nothing of a pod's spec but remove its scheduling gate"
+QUEUE_GATE = "kueue.x-k8s.io/admission"  # another controller's gate
+
+
+@pytest.fixture(scope="module")
+def ungate_policy(render: Render) -> Obj:
+    objs = dra_on(render)
+    (vap,) = [o for o in kinds(objs, "ValidatingAdmissionPolicy") if o["metadata"]["name"] == UNGATE_ONLY]
+    (binding,) = [o for o in kinds(objs, "ValidatingAdmissionPolicyBinding") if o["spec"]["policyName"] == UNGATE_ONLY]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    spec: Obj = vap["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    # The pod itself: kube-scheduler, under the same account, writes pods/status and pods/binding, not held here.
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"], "resources": ["pods"]}]
+    return spec
+
+
+def gated_pod(*gates: str, bare: bool = False) -> Obj:
+    """A pod as admitted with the gate: with every field an update may change set, or (bare) none of the
+    optional ones, which the policy must then read through its guards."""
+    out = claim_pod()
+    out["spec"]["schedulingGates"] = [{"name": g} for g in gates or (dra.SCHEDULING_GATE,)]
+    if not bare:
+        out["metadata"].update(labels={"app": "train"}, annotations={"team": "a"}, finalizers=["example.com/keep"],
+                               ownerReferences=[{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u"}])
+        out["spec"].update(initContainers=[{"name": "fetch", "image": "busybox"}], activeDeadlineSeconds=3600,
+                           terminationGracePeriodSeconds=30, nodeSelector={"pool": "gpu"},
+                           tolerations=[{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                           affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+                               "nodeSelectorTerms": [{"matchExpressions": [
+                                   {"key": "zone", "operator": "In", "values": ["a"]}]}]}}})
+    return out
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """`patch` applied to `target` as the API server applies a JSON merge patch (RFC 7386)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = copy.deepcopy(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+async def ungated(pod: Obj) -> Obj:
+    """The pod after the patch gpupool's scheduler really sends to remove its gate (ClaimAllocator._ungate)."""
+    from typing import cast
+
+    from gpupool.cluster.port import Kind
+    from gpupool.scheduler.claims import ClaimAllocator
+    from gpupool.scheduler.framework.interface import Handle
+
+    sent: list[tuple[str, Any]] = []
+
+    class Cluster:
+        async def patch_object(self, kind: Kind, name: str, patch: Any, **_: Any) -> Obj:
+            sent.append((kind.plural, patch))
+            return {}
+
+    class Stub:
+        cluster = Cluster()
+
+    assert await ClaimAllocator(cast(Handle, Stub()), lambda: True)._ungate(pod) is None
+    ((plural, patch),) = sent
+    assert plural == "pods"
+    out: Obj = merge_patch(pod, patch)
+    return out
+
+
+def update(policy: Obj, new: Obj, old: Obj, user: str = SCHEDULER) -> str:
+    return decide(policy, "UPDATE", new, old, user=user, node_claim=None, resource=("", "pods"))
+
+
+@pytest.mark.parametrize("bare", [False, True], ids=["full", "bare"])
+async def test_the_scheduler_may_remove_its_gate(ungate_policy: Obj, bare: bool) -> None:
+    alone = gated_pod(bare=bare)
+    done = await ungated(alone)
+    assert "schedulingGates" not in done["spec"]  # the last gate gone: the field is dropped
+    assert update(ungate_policy, done, alone) == "allow"
+    with_queue = gated_pod(QUEUE_GATE, dra.SCHEDULING_GATE, bare=bare)
+    done = await ungated(with_queue)
+    assert done["spec"]["schedulingGates"] == [{"name": QUEUE_GATE}]
+    assert update(ungate_policy, done, with_queue) == "allow"
+    assert update(ungate_policy, alone, alone) == "allow"  # an update that changes nothing
+
+
+def test_the_scheduler_may_not_add_gates_or_remove_anothers(ungate_policy: Obj) -> None:
+    with_queue = gated_pod(QUEUE_GATE, dra.SCHEDULING_GATE)
+    released = copy.deepcopy(with_queue)
+    released["spec"]["schedulingGates"] = [{"name": dra.SCHEDULING_GATE}]
+    assert update(ungate_policy, released, with_queue) == OTHER_GATE
+    released["spec"].pop("schedulingGates")
+    assert update(ungate_policy, released, with_queue) == OTHER_GATE
+    alone = gated_pod()
+    added = copy.deepcopy(alone)
+    added["spec"]["schedulingGates"].append({"name": QUEUE_GATE})
+    assert update(ungate_policy, added, alone) == ADD
+    ungated_before = copy.deepcopy(alone)
+    del ungated_before["spec"]["schedulingGates"]
+    assert update(ungate_policy, alone, ungated_before) == ADD  # gating a pod again
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda p: p["metadata"]["labels"].update(app="web"), METADATA),
+        (lambda p: p["metadata"].pop("labels"), METADATA),
+        (lambda p: p["metadata"]["annotations"].update(extra="x"), METADATA),
+        (lambda p: p["metadata"].pop("finalizers"), METADATA),
+        (lambda p: p["metadata"].pop("ownerReferences"), METADATA),
+        (lambda p: p["spec"]["containers"][0].update(image="evil"), SPEC),
+        (lambda p: p["spec"]["initContainers"][0].update(image="evil"), SPEC),
+        (lambda p: p["spec"].update(activeDeadlineSeconds=1), SPEC),
+        (lambda p: p["spec"].pop("activeDeadlineSeconds"), SPEC),
+        (lambda p: p["spec"]["tolerations"].append({"operator": "Exists"}), SPEC),
+        (lambda p: p["spec"].update(terminationGracePeriodSeconds=0), SPEC),
+        (lambda p: p["spec"]["nodeSelector"].update(pool="other"), SPEC),
+        (lambda p: p["spec"].pop("affinity"), SPEC),
+    ],
+    ids=["label", "labels-removed", "annotation", "finalizers", "owners", "image", "init-image", "deadline",
+         "deadline-removed", "toleration", "grace", "node-selector", "affinity"],
+)
+async def test_the_scheduler_may_change_nothing_else(ungate_policy: Obj, change: Any, message: str) -> None:
+    """Each change, made alongside a legitimate removal of the gate, is refused."""
+    old = gated_pod()
+    new = await ungated(old)
+    change(new)
+    assert update(ungate_policy, new, old) == message
+
+
+@pytest.mark.parametrize(
+    ("part", "field", "value"),
+    [("metadata", "labels", {"app": "web"}), ("metadata", "annotations", {"x": "y"}),
+     ("metadata", "finalizers", ["f"]), ("metadata", "ownerReferences", [{"kind": "Job", "name": "j"}]),
+     ("spec", "activeDeadlineSeconds", 1), ("spec", "tolerations", [{"operator": "Exists"}]),
+     ("spec", "nodeSelector", {"a": "b"}), ("spec", "initContainers", [{"name": "i", "image": "evil"}]),
+     ("spec", "affinity", {"nodeAffinity": {}}), ("spec", "terminationGracePeriodSeconds", 0)],
+)
+async def test_a_field_absent_before_may_not_appear(ungate_policy: Obj, part: str, field: str, value: Any) -> None:
+    old = gated_pod(bare=True)
+    new = await ungated(old)
+    new[part][field] = value
+    assert update(ungate_policy, new, old) == (METADATA if part == "metadata" else SPEC)
+
+
+def test_the_policy_holds_only_the_schedulers_account(ungate_policy: Obj) -> None:
+    old = gated_pod()
+    relabelled = copy.deepcopy(old)
+    relabelled["metadata"]["labels"]["app"] = "web"
+    assert update(ungate_policy, relabelled, old) == METADATA
+    for user in ("alice", AGENT, SCHEDULER.replace(NAMESPACE, "team-a")):  # an account of the same name elsewhere
+        assert update(ungate_policy, relabelled, old, user=user) == "skip"
+
+
+def test_the_ungate_policy_only_with_dra(render: Render) -> None:
+    def names(objs: list[Obj]) -> list[str]:
+        return [o["kind"] for o in objs if o["kind"].startswith("ValidatingAdmissionPolicy")
+                and o["metadata"]["name"] == UNGATE_ONLY]
+
+    assert names(render(None, *KUBE)) == []
+    # With dra.enabled even when placement is off: gated pods from before must still be released, and the
+    # scheduler keeps its pod patch for that.
+    for objs in (dra_on(render), dra_on(render, dra={"placement": {"enabled": False}}),
+                 dra_on(render, agent={"restrictToOwnNode": False})):
+        assert sorted(names(objs)) == ["ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"]
 
 
 # --- docs/claims.md ---------------------------------------------------------------------------------------

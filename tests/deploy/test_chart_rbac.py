@@ -109,15 +109,16 @@ def test_every_service_account_is_used_by_one_workload(render: Render) -> None:
     assert accounts == used == ["gp-gpupool-agent", "gp-gpupool-scheduler", "gp-gpupool-webhook"]
 
 
-@pytest.mark.parametrize("watchdog", [False, True])
-def test_the_doctors_rights_table_is_the_charts_own_roles(render: Render, watchdog: bool) -> None:
+@pytest.mark.parametrize(("watchdog", "dra"), [(False, False), (True, False), (False, True), (True, True)])
+def test_the_doctors_rights_table_is_the_charts_own_roles(render: Render, watchdog: bool, dra: bool) -> None:
     """`gpupool doctor` asks for each right in gpupool.doctor.rbac.NEEDS; its `chart` rows must be exactly
     the rules of the chart's own roles (for the values that switch rules on), so neither can drift."""
     from gpupool.doctor.rbac import NEEDS
 
     account = "gp-gpupool-{}"
     rendered = set()
-    for obj in render({"agent": {"watchdog": {"enabled": watchdog}}}):
+    values = {"agent": {"watchdog": {"enabled": watchdog}}, "dra": {"enabled": dra}}
+    for obj in render(values, "--kube-version", "1.37.0"):  # dra.enabled needs 1.36 or newer
         if obj["kind"] not in ("ClusterRole", "Role"):
             continue
         component = next(c for c in NEEDS if obj["metadata"]["name"].startswith(account.format(c)))
@@ -127,7 +128,7 @@ def test_the_doctors_rights_table_is_the_charts_own_roles(render: Render, watchd
                     for group in rule.get("apiGroups", []):
                         for name in rule.get("resourceNames") or [""]:
                             rendered.add((component, verb, group, resource, obj["kind"] == "Role", name))
-    enabled = {"watchdog"} if watchdog else set()
+    enabled = {name for name, on in (("watchdog", watchdog), ("dra", dra)) if on}
     table = {(c, a.verb, a.group, a.resource, a.in_release_namespace, a.object_name(account.format(c)))
              for c, needs in NEEDS.items() for a in needs if a.chart and (not a.when or a.when in enabled)}
     assert len(table) > 10

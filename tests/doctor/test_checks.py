@@ -283,3 +283,50 @@ async def test_agent_pods_not_ready_are_a_warning_while_the_checked_nodes_are_se
     assert warned.status is Status.WARN and "yet the component answers" in warned.detail
     stopped = node("gpu-3", slots="0", labels={"scope": "in", "gpupool.io/gpu-node": "true"})
     assert (await verdict(served, stopped)).status is Status.FAIL
+
+
+async def test_the_dra_rights_are_asked_only_of_a_release_with_dra() -> None:
+    """With dra.enabled (seen as GPUPOOL_AGENT_DRA on the agent) the doctor also asks for the agent's
+    ResourceSlice and claim rights and for the scheduler's pod patch (removing the scheduling gate); without,
+    it does not, since the chart grants none of them then. The watchdog's variable is read the same way."""
+    from gpupool.cluster.memory import MemoryCluster
+    from gpupool.cluster.port import Kind
+    from gpupool.doctor.collect import Doctor, Options
+
+    class Answering(MemoryCluster):
+        """Allows every SubjectAccessReview and keeps what was asked: (user, verb, resource)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.asked: set[tuple[str, str, str]] = set()
+
+        async def create_object(self, kind: Kind, obj: Obj, *, dry_run: bool = False) -> Obj:
+            spec = obj["spec"]
+            attrs = spec["resourceAttributes"]
+            resource = "/".join(x for x in (attrs.get("group", ""), attrs["resource"]) if x)
+            self.asked.add((spec["user"].rsplit(":", 1)[-1], attrs["verb"], resource))
+            return {"status": {"allowed": True}}
+
+    def workload(account: str, env: dict[str, str] | None = None) -> Obj:
+        container = {"name": "c", "env": [{"name": k, "value": v} for k, v in (env or {}).items()]}
+        return {"spec": {"template": {"spec": {"serviceAccountName": account, "containers": [container]}}}}
+
+    async def asked(agent_env: dict[str, str]) -> tuple[set[tuple[str, str, str]], list[Finding]]:
+        cluster = Answering()
+        doctor = Doctor(cluster, Options(namespace="ns"), clock=lambda: 0.0)
+        await doctor._rbac({"scheduler": workload("gp-scheduler"), "webhook": workload("gp-webhook"),
+                            "agent": workload("gp-agent", agent_env)})
+        return cluster.asked, doctor.findings
+
+    dra_rights = {("gp-scheduler", "patch", "pods"), ("gp-agent", "get", "resource.k8s.io/resourceslices"),
+                  ("gp-agent", "create", "resource.k8s.io/resourceslices"),
+                  ("gp-agent", "patch", "resource.k8s.io/resourceslices"),
+                  ("gp-agent", "get", "resource.k8s.io/resourceclaims")}
+    watchdog = ("gp-agent", "create", "events")
+    without, _ = await asked({})
+    assert not dra_rights & without and watchdog not in without
+    with_dra, findings = await asked({"GPUPOOL_AGENT_DRA": "true"})
+    assert with_dra == without | dra_rights
+    assert [f.status for f in findings] == [Status.OK] * 3
+    both, _ = await asked({"GPUPOOL_AGENT_DRA": "true", "GPUPOOL_AGENT_WATCHDOG": "true"})
+    assert both == with_dra | {watchdog}

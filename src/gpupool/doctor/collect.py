@@ -19,7 +19,7 @@ from gpupool.api.names import ANN_INVENTORY, RESOURCE_GPU
 from gpupool.cluster.port import DEVICE_CLASSES, LEASES, NAMESPACES, NODES, PODS, ApiError, ClusterPort, Kind, NotFound
 from gpupool.doctor import checks
 from gpupool.doctor.checks import Finding, Obj, Review, Status
-from gpupool.doctor.rbac import NEEDS, Access
+from gpupool.doctor.rbac import NEEDS, VARIANTS, Access
 
 DEPLOYMENTS = Kind("apps", "v1", "Deployment", "deployments", namespaced=True)
 DAEMONSETS = Kind("apps", "v1", "DaemonSet", "daemonsets", namespaced=True)
@@ -188,12 +188,13 @@ class Doctor:
     # --- RBAC ----------------------------------------------------------------------------------------------
 
     async def _rbac(self, workloads: Mapping[str, Obj | None]) -> None:
+        # Read from the agent for every component: the scheduler's DRA right comes with the same chart value.
+        enabled = {v for v, variable in VARIANTS.items() if _env(workloads.get("agent"), variable) == "true"}
         for component, needs in NEEDS.items():
             obj = workloads.get(component)
             account = ((obj or {}).get("spec") or {}).get("template", {}).get("spec", {}).get("serviceAccountName")
             if not account:
                 continue  # no workload: its own finding says so
-            enabled = {"watchdog"} if component == "agent" and _env(obj, "GPUPOOL_AGENT_WATCHDOG") == "true" else set()
             asked = [a for a in needs if not a.when or a.when in enabled]
             reviews = await asyncio.gather(*(self._review(account, a) for a in asked))
             self.findings.append(checks.rbac(component, account, list(reviews), self.options.release))

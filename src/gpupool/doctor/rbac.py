@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# The parts of the chart that add rights (`Access.when`), each recognised by a variable of the agent's
+# DaemonSet: dra.enabled sets GPUPOOL_AGENT_DRA, and with it the chart grants the scheduler its pod patch too.
+VARIANTS = {"watchdog": "GPUPOOL_AGENT_WATCHDOG", "dra": "GPUPOOL_AGENT_DRA"}
+
 # Placeholders in `Access.name`: the component's ServiceAccount name (the chart names the scheduler's
 # leader-election Lease after it).
 ACCOUNT = "{account}"
@@ -26,7 +30,7 @@ class Access:
     in_release_namespace: bool = False  # False: cluster-wide
     name: str = ""  # one object only ("" = any); ACCOUNT is replaced
     chart: bool = True  # a rule of the chart's own roles (False: a built-in role the chart binds)
-    when: str = ""  # "" always; "watchdog": only with agent.watchdog.enabled
+    when: str = ""  # "" always; else a VARIANTS name: only with that part of the chart on
 
     def object_name(self, account: str) -> str:
         return self.name.replace(ACCOUNT, account)
@@ -50,12 +54,16 @@ NEEDS: dict[str, list[Access]] = {
                in_release_namespace=True, name=f"{ACCOUNT}-kube"),
         *_rows("list watch", "", "pods", "kube-scheduler sees pods (system:kube-scheduler)", chart=False),
         *_rows("create", "", "pods/binding", "kube-scheduler binds (system:kube-scheduler)", chart=False),
+        *_rows("patch", "", "pods", "removing the scheduling gate of a pod whose claim gpupool placed", when="dra"),
     ],
     "agent": [
         *_rows("get patch", "", "nodes", "the node's inventory and labels"),
         *_rows("patch", "", "nodes/status", "the node's GpupoolReady condition (node validation)"),
         *_rows("get list patch", "", "pods", "finding the pod of an Allocate, its allocated marker"),
         *_rows("create", "", "events", "the watchdog's Events on pods", when="watchdog"),
+        *_rows("get create patch", "resource.k8s.io", "resourceslices", "publishing the node's DRA devices",
+               when="dra"),
+        *_rows("get", "resource.k8s.io", "resourceclaims", "preparing a pod's claims (DRA kubelet plugin)", when="dra"),
     ],
     "webhook": [
         *_rows("list watch", "", "nodes", "the inventory the admission checks read"),

@@ -42,6 +42,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- define "gpupool.webhookService" -}}{{ include "gpupool.fullname" . }}-webhook{{- end -}}
 {{- define "gpupool.webhookSecret" -}}{{ include "gpupool.fullname" . }}-webhook-tls{{- end -}}
 
+{{/* "true" when gpupool places the claims of its DRA classes itself (the webhook gates pods with claims);
+"" otherwise. dra.placement means nothing without dra.enabled. */}}
+{{- define "gpupool.draPlacement" -}}
+{{- if and .Values.dra.enabled .Values.dra.placement.enabled }}true{{ end -}}
+{{- end -}}
+
 {{/* The users whose writes of gpupool's own pod annotations are legitimate. */}}
 {{- define "gpupool.trustedUsers" -}}
 system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpupool.schedulerSA" . }},system:serviceaccount:{{ .Release.Namespace }}:{{ include "gpupool.agentSA" . }}
