@@ -661,3 +661,26 @@ def test_the_examples_in_the_claims_doc_are_valid_and_use_the_charts_classes(ren
         assert set(refs.values()) <= set(templates), pod["metadata"]["name"]
         for container in pod["spec"]["containers"]:
             assert {c["name"] for c in container["resources"]["claims"]} <= set(refs)
+
+
+# --- device-plugin manifests served through claims --------------------------------------------------------
+
+
+def test_a_policy_with_dra_reaches_the_webhooks_configuration(render: Render) -> None:
+    import json
+
+    from gpupool.webhook.config import WebhookConfig
+
+    objs = dra_on(render, webhook={"admission": {"policies": {"moved": {"dra": True}, "kept": {}}}})
+    policies = json.loads(webhook_env(objs)["GPUPOOL_WEBHOOK_POLICIES"])
+    settings = WebhookConfig(policies=policies).settings()
+    assert (settings.policy("moved").dra, settings.policy("kept").dra) == (True, False)
+
+
+def test_the_scheduler_may_make_claim_templates_only_with_dra(render: Render) -> None:
+    def rules(objs: list[Obj]) -> list[tuple[str, ...]]:
+        (role,) = [o for o in kinds(objs, "ClusterRole") if o["metadata"]["name"] == "gp-gpupool-scheduler"]
+        return [tuple(r["resources"]) + tuple(r["verbs"]) for r in role["rules"]]
+
+    assert ("resourceclaimtemplates", "create") in rules(dra_on(render))
+    assert not any("resourceclaimtemplates" in r for r in rules(render({}, *KUBE)))

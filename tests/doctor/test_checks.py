@@ -318,7 +318,9 @@ async def test_the_dra_rights_are_asked_only_of_a_release_with_dra() -> None:
                             "agent": workload("gp-agent", agent_env)})
         return cluster.asked, doctor.findings
 
-    dra_rights = {("gp-scheduler", "patch", "pods"), ("gp-agent", "get", "resource.k8s.io/resourceslices"),
+    dra_rights = {("gp-scheduler", "patch", "pods"),
+                  ("gp-scheduler", "create", "resource.k8s.io/resourceclaimtemplates"),
+                  ("gp-agent", "get", "resource.k8s.io/resourceslices"),
                   ("gp-agent", "create", "resource.k8s.io/resourceslices"),
                   ("gp-agent", "patch", "resource.k8s.io/resourceslices"),
                   ("gp-agent", "get", "resource.k8s.io/resourceclaims")}

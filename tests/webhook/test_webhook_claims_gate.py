@@ -112,3 +112,9 @@ def test_template_names_that_are_not_a_possible_share_stand_for_nothing() -> Non
     for name in ("gpupool-hook-1x8192mi-101c", "gpupool-none-1x8192mi-30c", "gpupool-mig-1xwhole-100c",
                  "gpupool-hook-0xwhole-100c", "my-template"):
         assert template_for(name, "ns") is None, name
+
+
+def test_a_pod_with_claims_and_a_gpupool_annotation_is_gated_too() -> None:
+    pod = claim_pod()
+    pod["metadata"]["annotations"] = {"gpupool.io/policy": "gpupool"}  # sent to the GPU pods' entry
+    assert applied(pod, ON)["spec"]["schedulingGates"] == [{"name": SCHEDULING_GATE}]

@@ -55,6 +55,8 @@ NEEDS: dict[str, list[Access]] = {
         *_rows("list watch", "", "pods", "kube-scheduler sees pods (system:kube-scheduler)", chart=False),
         *_rows("create", "", "pods/binding", "kube-scheduler binds (system:kube-scheduler)", chart=False),
         *_rows("patch", "", "pods", "removing the scheduling gate of a pod whose claim gpupool placed", when="dra"),
+        *_rows("create", "resource.k8s.io", "resourceclaimtemplates",
+               "making the claim template a GPU pod of a dra namespace policy points at", when="dra"),
     ],
     "agent": [
         *_rows("get patch", "", "nodes", "the node's inventory and labels"),

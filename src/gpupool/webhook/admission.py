@@ -171,18 +171,21 @@ def _isolation(work: dict[str, Any], settings: Settings, policy: AdmissionPolicy
         patcher.set(("metadata", "annotations", ANN_ISOLATION), policy.default_isolation)
 
 
-def claims_gate(pod: Mapping[str, Any], settings: Settings) -> list[dict[str, Any]]:
-    """The patch that puts gpupool's scheduling gate on a pod with ResourceClaims (gpupool.scheduler.claims
-    allocates them, or hands them to kube-scheduler, and removes it); [] for any other pod. Pods asking for
-    gpupool resources through the device plugin are placed by the extender and never gated."""
-    spec = pod.get("spec") or {}
+def _gate(work: dict[str, Any], settings: Settings, patcher: Patcher) -> None:
+    """Put gpupool's scheduling gate on a pod with ResourceClaims (gpupool.scheduler.claims allocates them,
+    or hands them to kube-scheduler, and removes it). Pods asking for gpupool resources through the device
+    plugin are placed by the extender and never gated."""
+    spec = work.get("spec") or {}
     gates = list(spec.get("schedulingGates") or [])
-    if not settings.dra_placement or not spec.get("resourceClaims") or wants_gpu(pod) \
-            or any(g.get("name") == SCHEDULING_GATE for g in gates):
-        return []
-    work = copy.deepcopy(dict(pod))
-    patcher = Patcher(work)
-    patcher.set(("spec", "schedulingGates"), [*gates, {"name": SCHEDULING_GATE}])
+    if settings.dra_placement and spec.get("resourceClaims") and not wants_gpu(work) \
+            and not any(g.get("name") == SCHEDULING_GATE for g in gates):
+        patcher.set(("spec", "schedulingGates"), [*gates, {"name": SCHEDULING_GATE}])
+
+
+def claims_gate(pod: Mapping[str, Any], settings: Settings) -> list[dict[str, Any]]:
+    """The patch `_gate` makes on `pod` ([] when it makes none)."""
+    patcher = Patcher(copy.deepcopy(dict(pod)))
+    _gate(patcher.doc, settings, patcher)
     return patcher.ops
 
 
@@ -210,6 +213,8 @@ def mutate(pod: Mapping[str, Any], settings: Settings, limits: Limits | None, us
         problem = to_claims(work, patcher)
         if problem:
             return _deny(pod, [problem], 422)
+    else:
+        _gate(work, settings, patcher)  # claims of a pod that carries a gpupool annotation only
     return Decision(True, patch=patcher.ops, warnings=warnings + decision.warnings)
 
 
