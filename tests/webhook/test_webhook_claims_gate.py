@@ -99,6 +99,10 @@ def test_what_a_claim_cannot_carry_is_refused_with_the_reason() -> None:
                       policy=DRA_NS.policy("dra"))
     assert not decision.allowed and decision.code == 422
     assert "one GPU container per pod" in decision.message
+    pinned = gpu_pod({"gpupool.io/gpu": "1", "gpupool.io/gpu-cores": "50"})
+    pinned["metadata"]["annotations"] = {"gpupool.io/gpu-model": "H100"}
+    decision = mutate(pinned, DRA_NS, None, policy=DRA_NS.policy("dra"))
+    assert not decision.allowed and "gpupool.io/gpu-model" in decision.message
 
 
 def test_other_namespaces_keep_the_device_plugin() -> None:

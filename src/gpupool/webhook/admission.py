@@ -229,6 +229,9 @@ def to_claims(work: dict[str, Any], patcher: Patcher) -> str:
     if parsed.isolation not in CLASS_OF_ISOLATION:
         return f"the namespace serves GPU pods through DRA claims, which have no isolation {parsed.isolation!r}"
     g = parsed.request.gpu
+    if g.models or g.include_uuids or g.exclude_uuids:
+        return (f"the namespace serves GPU pods through DRA claims, which do not carry {ANN_MODEL}, {ANN_UUID} "
+                f"or {ANN_EXCLUDE}; write a claim with a CEL selector instead (docs/claims.md)")
     whole = g.memory_mib is None and g.milli >= MILLI_PER_GPU
     if parsed.isolation == "none" and not whole:
         return "isolation none serves whole GPUs only through DRA claims"
