@@ -64,8 +64,11 @@ class DeviceTable:
     async def wait_changed(self, seen: int, timeout: float | None = None) -> int:
         """Wait until `version` differs from `seen` (or the timeout passes); returns the version."""
         async with self._cond:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that arrives
+            # as the condition is notified, and a task stopped here would then never end.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._cond.wait_for(lambda: self.version != seen), timeout)
+                async with asyncio.timeout(timeout):
+                    await self._cond.wait_for(lambda: self.version != seen)
             return self.version
 
     async def withhold(self, reason: str | None) -> bool:

@@ -45,6 +45,7 @@ from gpupool.api.dra import (
 )
 from gpupool.api.logsafe import shown
 from gpupool.api.pod import parse_pod, pod_key
+from gpupool.api.times import format_time
 from gpupool.cluster.port import (
     DEVICE_CLASSES,
     PODS,
@@ -137,8 +138,11 @@ class ClaimAllocator:
 
     async def _run(self) -> None:
         while True:
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow the cancellation that stops
+            # this task when the event is set at the same moment, and the service's stop then waits forever.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), self.retry_s)
+                async with asyncio.timeout(self.retry_s):
+                    await self._changed.wait()
             self._changed.clear()
             if not self.ready() or not self.gated:
                 continue
@@ -291,6 +295,11 @@ class ClaimAllocator:
         devices = [(ask, g.index, g.memory_mib, 0 if g.milli < 10 else g.milli // 10, str(uuid.uuid4()))
                    for g in allocation.grants]
         status = allocation_status(allocation.node, devices, {ask.device_class: config})
+        # Stamped as kube-scheduler's own allocator stamps it. When kube-scheduler 1.37 reserves a claim whose
+        # allocation has no timestamp, it adds one (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus,
+        # on by default) in the same status update, and the API server refuses that update, as any change of
+        # an allocation once set: without the stamp, the pod would never be bound.
+        status["allocationTimestamp"] = format_time(self.h.clock())
         ns, name = str(claim["metadata"]["namespace"]), str(claim["metadata"]["name"])
         try:
             finalizers = list(claim["metadata"].get("finalizers") or [])
