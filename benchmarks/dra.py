@@ -16,19 +16,29 @@ with 3 fake L40S each. In order, each part `--runs` times, pods and claims delet
    prepare (claim read from the API, hook directory and limits file, CDI spec, checkpoint), one at a time, so
    `prepare_p50_ms`/`prepare_p99_ms` are its service time on this machine, without the wait behind other
    claims that a burst adds (the agent prepares one claim at a time);
-3. the ResourceSlice: `slice_update_s`, a fault in a running agent (a node validation step failing, written
+3. gpupool allocator: `gpupool scheduler` as its own process under the chart's scheduler identity with
+   dra.enabled (release `gpd`, as in test_e2e_dra.py), the same `--pods` pods with the scheduling gate
+   gpu.gpupool.io/allocate (as the webhook puts it when gpupool places claims): gpupool's ClaimAllocator
+   writes each claim's allocation with gpupool's policy and removes the gate, the same plain kube-scheduler
+   reserves the claim and binds the pod; grants compared as above, and every claim checked to be allocated
+   by gpupool (its field manager owns status.allocation). For the first run of this part and of part 2,
+   the packing outcome: GPUs holding at least one claim once the burst runs (`gpus_used_gpupool`,
+   `gpus_used_dra_default`: kube-scheduler's own allocator), the nodes they are on (`nodes_used_*`), and
+   whether gpupool's equals what its policy decides for the same burst replayed through the simulator's
+   engine (`gpupool_packing_as_policy`);
+4. the ResourceSlice: `slice_update_s`, a fault in a running agent (a node validation step failing, written
    into the fake GPU file, SIGHUP) until the node's slice carries the NoSchedule taint on its devices: the
    same path a GPU turning unhealthy takes (device table changed, slice published). The fake backend cannot
    break a GPU inside a running agent, so `slice_taint_after_restart_s` is the time from starting an agent
    whose fake file declares GPU 1 broken to the slice carrying gpu.gpupool.io/unhealthy on gpu-1 (agent
    start-up included);
-4. extender: the DRA agents stopped, `gpupool agent` as device plugin (3 GPUs, 10 slots each) and the gpupool
+5. extender: the DRA agents stopped, `gpupool agent` as device plugin (3 GPUs, 10 slots each) and the gpupool
    extender with the chart's kube-scheduler configuration; the same shares as `gpupool.io/gpu-memory: 2048`,
    `gpu-cores: 10` pods (as the webhook leaves them), one `kubectl apply`; grants compared with allocations.
 pods/s = pods Running / seconds from the `kubectl apply` to all Running (this process's clock, the API polled
-every 0.2 s); medians over the runs. `unallocated_pct_*` come from the simulator
-(gpupool.sim.unallocated.unallocated_pct, policies `dra-default` and `gpupool`); null where that module is
-not there. Last line: one JSON object.
+every 0.2 s); medians over the runs (`dra_pods_per_s`: part 2, `dra_gpupool_pods_per_s`: part 3).
+`unallocated_pct_*` come from the simulator (gpupool.sim.unallocated.unallocated_pct, policies `dra-default`
+and `gpupool`); null where that module is not there. Last line: one JSON object.
 """
 
 from __future__ import annotations
@@ -164,20 +174,72 @@ def dra_part(bed: tb.Testbed, args: argparse.Namespace) -> dict[str, Any]:
             ran = [p for p in c.pods() if rn.phase(p) == "Running"]
             ok = sum(c.grant(p["metadata"]["name"]) == dra.expected_grant(c, c.pod_claim(p)) for p in ran)
             env_ok = env_ok and ok == len(ran) == args.pods
+            if run == 1:
+                held_dra_default = dra.gpus_held(c, ran)
+                print(f"  DRA run 1 packing (kube-scheduler's allocator): {dra.shown_counts(held_dra_default)}",
+                      flush=True)
             took = time_prepares(c, ran)
             prepares += took
             print(f"  DRA run {run}: {n} pods Running in {seconds:.2f} s ({n / seconds:.2f} pods/s), {ok} grants "
                   f"as allocated; prepare p50 {percentile(took, 0.5):.1f} ms, max {max(took):.1f} ms", flush=True)
             c.clear()
+        first = gpupool_part(c, args)
         fault = [slice_after_fault(c) for _ in range(args.runs)]
         restart = [slice_after_restart(c) for _ in range(args.runs)]
         print(f"  slice: fault to taint {', '.join(f'{s:.2f}' for s in fault)} s; agent start with a broken GPU to "
               f"taint {', '.join(f'{s:.2f}' for s in restart)} s", flush=True)
-        return {"plain": plain, "dra": rates, "prepares": prepares, "env_ok": env_ok,
-                "claims_running": claims_running, "fault": fault, "restart": restart, "cluster": c}
+        return {"plain": plain, "dra": rates, "prepares": prepares, "env_ok": env_ok and first["env_ok"],
+                "claims_running": claims_running + first["claims_running"], "fault": fault, "restart": restart,
+                "cluster": c, "gpupool": first["rates"], "held_dra_default": held_dra_default,
+                "held_gpupool": first["held"], "as_policy": first["as_policy"]}
     except BaseException:
         dra.stop_dra_cluster(c)
         raise
+
+
+def gpupool_part(c: dra.DraCluster, args: argparse.Namespace) -> dict[str, Any]:
+    """Part 3: the same bursts, gated, allocated by gpupool's scheduler (its own process, the chart's
+    scheduler identity with dra.enabled), bound by the same plain kube-scheduler."""
+    bed = c.bed
+    kubeconfig = bed.service_account_kubeconfig(dra.RELEASE_NAMESPACE, dra.SCHEDULER_ACCOUNT)
+    ext = Extender(bed, tb.free_port(), bed.dir / "gpupool-scheduler-dra.log", kubeconfig)
+    try:
+        ext.start()
+        ext.wait_ready()
+        rn.wait_for(lambda: ext.ledger()["ledger"]["nodes"] >= len(c.agents), 120, "the DRA nodes in the ledger")
+
+        def running(names: set[str]) -> int:
+            return running_in(c.pods(), names)
+
+        rates, env_ok, claims_running = [], True, 0
+        held: Any = None
+        as_policy = False
+        for run in range(1, args.runs + 1):
+            # the replay reads the empty cluster: computed before the burst, as the allocator starts from it
+            want = dra.replay(c, "gpupool", args.pods, MEMORY_MIB, CORES) if run == 1 else None
+            template = dra.claim_template(f"gp-share-{run}", memory=f"{MEMORY_MIB}Mi", cores=str(CORES))
+            pods = [dra.gated_pod(f"gp-{run}-{k}", template=f"gp-share-{run}") for k in range(args.pods)]
+            seconds, n = batch(lambda objs, t=template: c.apply([t, *objs]), pods, running)  # type: ignore[misc]
+            rates.append(n / seconds)
+            claims_running += n
+            ran = [p for p in c.pods() if rn.phase(p) == "Running"]
+            ok = sum(c.grant(p["metadata"]["name"]) == dra.expected_grant(c, c.pod_claim(p))
+                     and dra.allocation_writers(c.pod_claim(p)) == {dra.MANAGER} for p in ran)
+            env_ok = env_ok and ok == len(ran) == args.pods
+            if run == 1:
+                held = dra.gpus_held(c, ran)
+                as_policy = held == want
+                print(f"  gpupool run 1 packing: {dra.shown_counts(held)} "
+                      f"({'as' if as_policy else 'NOT as'} the policy's replay)", flush=True)
+            print(f"  gpupool run {run}: {n} pods Running in {seconds:.2f} s ({n / seconds:.2f} pods/s), {ok} grants "
+                  "as allocated by gpupool", flush=True)
+            c.clear()
+            # the next burst's replay starts from empty GPUs: so must the allocator's ledger
+            rn.wait_for(lambda: ext.ledger()["ledger"]["entries"] == [], 120, "an empty ledger")
+        return {"rates": rates, "env_ok": env_ok, "claims_running": claims_running, "held": held,
+                "as_policy": as_policy}
+    finally:
+        ext.stop()
 
 
 def extender_part(bed: tb.Testbed, c: dra.DraCluster, args: argparse.Namespace) -> tuple[list[float], bool]:
@@ -242,6 +304,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     missing = rn.realnode.missing_tools()
     if missing:
         raise SystemExit("real nodes need: " + "; ".join(missing))
+    load_start = os.getloadavg()[0]
     bed = tb.Testbed().start()
     c: dra.DraCluster | None = None
     try:
@@ -254,16 +317,25 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"p99 {percentile(prepares, 0.99):.1f} ms", flush=True)
         return {
             "kubernetes_version": bed.server_version(),
-            "nodes": args.nodes, "gpus_per_node": GPUS, "claims": args.pods * args.runs,
+            "nodes": args.nodes, "gpus_per_node": GPUS, "claims": 2 * args.pods * args.runs,
             "claims_running": got["claims_running"], "env_ok": bool(got["env_ok"] and ext_env_ok),
             "dra_pods_per_s": round(statistics.median(got["dra"]), 2),
+            "dra_gpupool_pods_per_s": round(statistics.median(got["gpupool"]), 2),
             "extender_pods_per_s": round(statistics.median(ext_rates), 2),
             "plain_pods_per_s": round(statistics.median(got["plain"]), 2),
             "prepare_p50_ms": round(percentile(prepares, 0.5), 1),
             "prepare_p99_ms": round(percentile(prepares, 0.99), 1),
             "slice_update_s": round(statistics.median(got["fault"]), 2),
             "slice_taint_after_restart_s": round(statistics.median(got["restart"]), 2),
+            "gpus_used_dra_default": len(got["held_dra_default"]), "gpus_used_gpupool": len(got["held_gpupool"]),
+            # whole nodes left free matter as much to the next multi-GPU pod as GPUs
+            "nodes_used_dra_default": len({n for n, _ in got["held_dra_default"]}),
+            "nodes_used_gpupool": len({n for n, _ in got["held_gpupool"]}),
+            "gpupool_packing_as_policy": got["as_policy"],
             "runs": args.runs, "cores": os.cpu_count(),
+            # the machine's 1-minute load at the start and the end: the figures above are only comparable
+            # between runs on an equally loaded machine
+            "load_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)],
         }
     finally:
         if c is not None:

@@ -7,6 +7,13 @@ The agents run as the chart's agent with `dra.enabled=true`: its ServiceAccount,
 admission policies rendered by helm as release `gpd` (the session's release `gp` has DRA off, and its rules
 are what test_e2e_rbac.py compares the `gp` accounts with), each with a token bound to its Node. The
 DeviceClasses are the chart's too. Two real nodes, two fake L40S GPUs each.
+
+gpupool's own allocator (gpupool.scheduler.claims) is tested here too: `gpupool scheduler` as a process of
+its own under release `gpd`'s scheduler ServiceAccount (the chart's rules with dra.enabled: pods `patch`
+on top of system:kube-scheduler, and the chart's admission policy for its pod patches), pods carrying the
+scheduling gate gpu.gpupool.io/allocate as the webhook puts it (created with the gate here). gpupool
+writes the claim's allocation and removes the gate; the same plain kube-scheduler then reserves the claim
+and binds the pod, and kubelet prepares it through the agent as for any claim.
 """
 
 from __future__ import annotations
@@ -15,12 +22,14 @@ import json
 import os
 import re
 import subprocess
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 import yaml
 
@@ -28,7 +37,14 @@ from gpupool.agent.proto import dra_v1_pb2 as v1
 from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
 from gpupool.agent.proto import dra_v1beta1_pb2 as v1beta1
 from gpupool.agent.proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
-from gpupool.api.dra import CDI_KIND, DRIVER, TAINT_UNHEALTHY
+from gpupool.api.dra import CDI_KIND, DRIVER, SCHEDULING_GATE, TAINT_UNHEALTHY
+from gpupool.api.inventory import read_node
+from gpupool.core.model import GPURequest, PodRequest
+from gpupool.core.placement import Unschedulable, place
+from gpupool.core.policies import get_policy
+from gpupool.core.policy import PolicyContext
+from gpupool.core.state import ClusterState
+from tests.e2e.conftest import Extender
 from tests.e2e.kubectl_tool import kubectl_binary
 from tests.e2e.real_node_fixtures import (
     GRANT_COMMAND,
@@ -50,9 +66,13 @@ Obj = dict[str, Any]
 NAMESPACE = "e2e-dra"
 RELEASE, RELEASE_NAMESPACE = "gpd", "gpupool-system"
 AGENT_ACCOUNT = f"{RELEASE}-gpupool-agent"
-# The chart's templates that make the agent who it is with DRA on, and the classes claims name.
+SCHEDULER_ACCOUNT = f"{RELEASE}-gpupool-scheduler"
+# The chart's templates that make the agent and the scheduler who they are with DRA on, and the classes
+# claims name.
 CHART_TEMPLATES = ("templates/agent/serviceaccount.yaml", "templates/agent/rbac.yaml",
-                   "templates/agent/admissionpolicy.yaml", "templates/dra/deviceclasses.yaml")
+                   "templates/agent/admissionpolicy.yaml", "templates/scheduler/serviceaccount.yaml",
+                   "templates/scheduler/rbac.yaml", "templates/scheduler/admissionpolicy.yaml",
+                   "templates/dra/deviceclasses.yaml")
 SCHEDULER = "gpupool-dra-e2e"  # a plain kube-scheduler profile of its own: no other scheduler takes these pods
 GPUS = 2
 GPU_MIB = 46068
@@ -456,6 +476,27 @@ def nothing_left(request: pytest.FixtureRequest) -> Iterator[None]:
         request.getfixturevalue("dra").clear()
 
 
+@pytest.fixture(scope="module")
+def allocator(dra: DraCluster) -> Iterator[Extender]:
+    """`gpupool scheduler` as its own process, as the chart runs it (no election of its own), under release
+    `gpd`'s scheduler ServiceAccount: every request it makes is checked against the chart's dra.enabled
+    rules (test_the_scheduler_used_only_the_charts_dra_rules). Only its ClaimAllocator matters here: claim
+    pods need no extender entry in kube-scheduler's configuration, since gpupool has decided their node
+    before kube-scheduler sees them."""
+    bed = dra.bed
+    kubeconfig = bed.service_account_kubeconfig(RELEASE_NAMESPACE, SCHEDULER_ACCOUNT)
+    ext = Extender(bed, tb.free_port(), bed.dir / "gpupool-scheduler-dra.log", kubeconfig)
+    ext.start()
+    try:
+        ext.wait_ready()
+        # The DRA nodes are in its ledger once their agents' inventories are (they were published before).
+        wait_for(lambda: ext.ledger()["ledger"]["nodes"] >= len(dra.agents), 60, "the DRA nodes in the ledger",
+                 lambda: f"{ext.ledger()['ledger']}\n{ext.tail()}")
+        yield ext
+    finally:
+        ext.stop()
+
+
 # --- what a container must see ------------------------------------------------------------------------------
 
 
@@ -733,6 +774,290 @@ def test_an_unhealthy_gpu_taints_its_device_and_new_claims_avoid_it(dra: DraClus
         wait_for(lambda: _taints(c, 0) == {"gpu-0": [], "gpu-1": []}, 90, "node 0 untainted", agent.tail)
 
 
+# --- gpupool's own allocator (gpupool.scheduler.claims) ---------------------------------------------------
+
+SCHEDULER_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SCHEDULER_ACCOUNT}"
+GPUPOOL_SOURCE = "gpupool-scheduler"  # the component of its Events (SchedulerConfig.scheduler_name)
+MANAGER = "gpupool"  # the field manager of its writes (gpupool.cluster.kube.FIELD_MANAGER)
+# Shares that fill a GPU exactly (GPU_MIB is divisible by 4): in two, and in four.
+HALF_MIB, HALF_CORES = GPU_MIB // 2, 50
+QUARTER_MIB, QUARTER_CORES = GPU_MIB // 4, 25
+GPU_ID = tuple[str, str]  # (pool = node, device)
+
+
+def gated_pod(name: str, **kw: Any) -> Obj:
+    """`claim_pod` on any real node with gpupool's scheduling gate, as the webhook puts it on a claim pod
+    when gpupool places claims (webhook/admission.py)."""
+    pod = claim_pod(name, None, **kw)
+    pod["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+    return pod
+
+
+def allocation_writers(claim_obj: Obj) -> set[str]:
+    """The field managers that own the claim's status.allocation (its managedFields): who allocated it."""
+    return {m["manager"] for m in claim_obj["metadata"].get("managedFields") or []
+            if "f:allocation" in ((m.get("fieldsV1") or {}).get("f:status") or {})}
+
+
+def scheduler_requests(c: DraCluster, resource: str, name: str | None = None) -> list[tuple[str, int]]:
+    """(verb, response code) of each request the gpupool scheduler's account made on `resource`
+    ("pods", "resourceclaims/status", ...), on the object `name` when given (the audit log)."""
+    out = []
+    for e in c.bed.audit_events():
+        ref = e.get("objectRef")
+        if e["user"]["username"] != SCHEDULER_USER or ref is None:
+            continue
+        if ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "") != resource:
+            continue
+        if name is None or ref.get("name") == name:
+            out.append((e["verb"], int((e.get("responseStatus") or {}).get("code", 0))))
+    return out
+
+
+def gpus_held(c: DraCluster, pods: list[Obj]) -> Counter[GPU_ID]:
+    """Claims per GPU, from the claims' allocations."""
+    out: Counter[GPU_ID] = Counter()
+    for pod in pods:
+        for r in c.pod_claim(pod)["status"]["allocation"]["devices"]["results"]:
+            out[(r["pool"], r["device"])] += 1
+    return out
+
+
+def replay(c: DraCluster, policy: str, count: int, memory_mib: int, cores: int,
+           nodes: list[str] | None = None) -> Counter[GPU_ID]:
+    """Where `count` claims of one share go when `policy` places them one after the other on empty GPUs,
+    decided by the simulator's engine (gpupool.core.placement.place), not read from the cluster: the state
+    is every Node with a gpupool inventory as the API shows them (the scheduler's ledger is built from the
+    same objects, ordered by name), the candidates the DRA nodes (or `nodes`), each claim a one-GPU share
+    without CPU or memory, the context fresh (no observed workload, ties to the node order)."""
+    read = [r[0] for r in map(read_node, (c.get("/api/v1/nodes") or {}).get("items") or []) if r is not None]
+    state = ClusterState(sorted(read, key=lambda n: n.name))
+    allowed = np.array(sorted(state.index[n] for n in nodes or [a.node.name for a in c.agents]), dtype=np.int64)
+    ctx = PolicyContext(rng=np.random.default_rng(0), rank=np.arange(len(state), dtype=np.int64))
+    chosen = get_policy(policy)
+    out: Counter[GPU_ID] = Counter()
+    for k in range(count):
+        request = PodRequest(key=f"replay-{k}", gpu=GPURequest(count=1, milli=cores * 10, memory_mib=memory_mib))
+        decided = place(state, request, chosen, ctx, allowed)
+        assert not isinstance(decided, Unschedulable), f"claim {k} fits nowhere in the replay: {decided}"
+        assert state.allocate(request, decided.allocation) is None
+        for g in decided.allocation.grants:
+            out[(decided.allocation.node, f"gpu-{g.index}")] += 1
+    return out
+
+
+def shown_counts(counts: Counter[GPU_ID]) -> str:
+    return ", ".join(f"{n}/{d}: {k}" for (n, d), k in sorted(counts.items()))
+
+
+def gpupool_events(c: DraCluster, pod: Obj) -> list[Obj]:
+    """The Events gpupool's scheduler recorded on `pod`."""
+    items = (c.get(f"/api/v1/namespaces/{NAMESPACE}/events") or {}).get("items") or []
+    return [e for e in items if e["involvedObject"].get("uid") == pod["metadata"]["uid"]
+            and (e.get("source") or {}).get("component") == GPUPOOL_SOURCE]
+
+
+def wait_placed(c: DraCluster, allocator: Extender, names: list[str], timeout_s: float = 150.0) -> list[Obj]:
+    """`wait_running`, and on a timeout what gpupool's side shows too: the claims, the scheduler's log."""
+    try:
+        return c.wait_running(names, timeout_s)
+    except AssertionError as e:
+        claims = [(x["metadata"]["name"], bool((x.get("status") or {}).get("allocation"))) for x in c.claims()]
+        raise AssertionError(f"{e}\nclaims (name, allocated): {claims}\n--- gpupool scheduler:\n"
+                             f"{allocator.tail()}") from None
+
+
+def check_gpupool_allocated(c: DraCluster, pod: Obj, memory_mib: int, cores: int) -> Obj:
+    """`pod` (Running) got its claim from gpupool: the allocation written by gpupool's scheduler only, the
+    share asked, on the node the pod runs on, reserved for the pod by kube-scheduler, and the container
+    sees exactly that allocation. Returns the claim."""
+    name = pod["metadata"]["name"]
+    got = c.pod_claim(pod)
+    assert allocation_writers(got) == {MANAGER}, got["metadata"].get("managedFields")
+    assert not pod["spec"].get("schedulingGates"), pod["spec"]["schedulingGates"]
+    (result,) = got["status"]["allocation"]["devices"]["results"]
+    assert (result["driver"], result["pool"]) == (DRIVER, pod["spec"]["nodeName"]), result
+    assert (mib(result["consumedCapacity"]["memory"]), int(result["consumedCapacity"]["cores"])) == (
+        memory_mib, cores), result
+    assert result.get("shareID"), result  # one of several claims on a shared device (allowMultipleAllocations)
+    # stamped when allocated: kube-scheduler 1.37 would add the stamp itself when reserving, a change of the
+    # allocation the API server refuses (scheduler/claims.py)
+    assert got["status"]["allocation"].get("allocationTimestamp"), got["status"]["allocation"]
+    assert [r["uid"] for r in got["status"].get("reservedFor") or []] == [pod["metadata"]["uid"]]
+    assert c.grant(name) == expected_grant(c, got), name
+    return got
+
+
+def test_gpupool_allocates_a_gated_pods_claim_and_kube_scheduler_binds_it(dra: DraCluster,
+                                                                           allocator: Extender) -> None:
+    """A gated pod whose claim (from a template) asks for a share: gpupool's scheduler writes the claim's
+    allocation (its account, the audit log says; its field manager, managedFields say) and removes the gate;
+    kube-scheduler 1.37 accepts a claim allocated by someone else (it reserves it for the pod and binds the
+    pod to the allocation's node), kubelet prepares it through the agent, and the container gets exactly
+    that share."""
+    c = dra
+    c.apply([claim_template("gp-share", memory="8Gi", cores="30"), gated_pod("placed", template="gp-share")])
+    (pod,) = wait_placed(c, allocator, ["placed"])
+    got = check_gpupool_allocated(c, pod, 8192, 30)
+    name = got["metadata"]["name"]
+    assert ("patch", 200) in scheduler_requests(c, "resourceclaims/status", name)
+    assert ("patch", 200) in scheduler_requests(c, "pods", "placed")  # the gate removed
+    # kube-scheduler wrote only the reservation: the allocation is gpupool's alone
+    reservers = {m["manager"] for m in got["metadata"]["managedFields"]
+                 if "f:reservedFor" in ((m.get("fieldsV1") or {}).get("f:status") or {})}
+    assert reservers and MANAGER not in reservers, got["metadata"]["managedFields"]
+    uid = got["metadata"]["uid"]
+    assert c.agent_of(pod).prepared()[uid]["cdi_ids"] == [f"{CDI_KIND}={uid}"]
+    # the scheduler's ledger holds the claim where it was allocated
+    (entry,) = [e for e in allocator.ledger()["ledger"]["entries"] if e["uid"] == uid]
+    (result,) = got["status"]["allocation"]["devices"]["results"]
+    assert (entry["kind"], entry["node"], [g["index"] for g in entry["gpus"]]) == (
+        "claim", result["pool"], [int(result["device"].removeprefix("gpu-"))])
+
+
+def test_a_burst_of_gated_claims_packs_as_gpupools_policy_decides(dra: DraCluster, allocator: Extender) -> None:
+    """Eight gated pods at once, each with a quarter of a GPU (2 nodes x 2 GPUs hold 16): every pod runs
+    with its claim allocated by gpupool, and each GPU holds exactly the claims that gpupool's policy puts
+    there when it places the same eight on empty GPUs (the simulator's engine, `replay`). Compared per GPU,
+    not in time; every request is the same, so the order in which the pods are placed cannot matter."""
+    c = dra
+    # Empty GPUs, as the replay starts: the previous test's claims are gone from the API (`nothing_left`),
+    # and from the scheduler's ledger once its watch has brought their deletion.
+    wait_for(lambda: allocator.ledger()["ledger"]["entries"] == [], 60, "an empty ledger",
+             lambda: str(allocator.ledger()["ledger"]["entries"]))
+    want = replay(c, "gpupool", 8, QUARTER_MIB, QUARTER_CORES)
+    names = [f"pack-{k}" for k in range(8)]
+    c.apply([claim_template("quarter", memory=f"{QUARTER_MIB}Mi", cores=str(QUARTER_CORES)),
+             *(gated_pod(n, template="quarter") for n in names)])
+    pods = wait_placed(c, allocator, names, 300)
+    got = gpus_held(c, pods)
+    print(f"gpupool allocator: {shown_counts(got)}; the policy's replay: {shown_counts(want)}")
+    assert got == want
+    for pod in pods:
+        check_gpupool_allocated(c, pod, QUARTER_MIB, QUARTER_CORES)
+
+
+def test_the_same_burst_left_to_kube_scheduler_fills_each_nodes_first_gpu_first(dra: DraCluster,
+                                                                                 allocator: Extender) -> None:
+    """The same eight pods without the gate: kube-scheduler's own allocator. Its choice of node has random
+    ties, so only what the dra-default model (gpupool.core.policies.dra_default) says about the devices
+    inside a node is held to: on each node the claims go to the first GPU that fits, in device order,
+    exactly as the model's `choose` puts that node's claims one after the other. The node split and what
+    gpupool's policy does with the same burst are printed beside it."""
+    c = dra
+    names = [f"first-fit-{k}" for k in range(8)]
+    c.apply([claim_template("quarter", memory=f"{QUARTER_MIB}Mi", cores=str(QUARTER_CORES)),
+             *(claim_pod(n, None, template="quarter") for n in names)])
+    pods = c.wait_running(names, 300)
+    got = gpus_held(c, pods)
+    for pod in pods:
+        writers = allocation_writers(c.pod_claim(pod))
+        assert writers and MANAGER not in writers, writers  # kube-scheduler's allocator, not gpupool's
+    per_node = Counter(pod["spec"]["nodeName"] for pod in pods)
+    for node, count in per_node.items():
+        mine = Counter({k: v for k, v in got.items() if k[0] == node})
+        assert mine == replay(c, "dra-default", count, QUARTER_MIB, QUARTER_CORES, nodes=[node]), (node, mine)
+    print(f"kube-scheduler's allocator: {shown_counts(got)} (pods per node {dict(per_node)}; GPUs used "
+          f"{len(got)}); gpupool's policy: {shown_counts(replay(c, 'gpupool', 8, QUARTER_MIB, QUARTER_CORES))}")
+
+
+def test_a_pod_that_fits_nowhere_stays_gated_until_a_gpu_frees(dra: DraCluster, allocator: Extender) -> None:
+    """Eight gated pods of half a GPU fill the four GPUs (two each, as the policy's replay says); a ninth
+    stays gated, unallocated and unbound, with one FailedScheduling Event from gpupool naming its claim;
+    when one of the eight goes, the ninth gets the GPU it freed and runs."""
+    c = dra
+    names = [f"fill-{k}" for k in range(8)]
+    c.apply([claim_template("half", memory=f"{HALF_MIB}Mi", cores=str(HALF_CORES)),
+             *(gated_pod(n, template="half") for n in names)])
+    pods = wait_placed(c, allocator, names, 300)
+    assert gpus_held(c, pods) == replay(c, "gpupool", 8, HALF_MIB, HALF_CORES)
+    assert set(gpus_held(c, pods).values()) == {2}  # full: every GPU holds two halves
+    c.apply([gated_pod("ninth", template="half")])
+
+    def told() -> list[Obj]:
+        pod = c.pod("ninth")
+        return gpupool_events(c, pod) if pod else []
+
+    events = wait_for(told, 90, "gpupool's FailedScheduling Event on the ninth pod",
+                      lambda: f"{describe_pod(c.pod('ninth'))}\n{allocator.tail()}")
+    ninth = c.pod("ninth") or {}
+    claim_name = c.pod_claim(ninth)["metadata"]["name"]
+    (event,) = events  # one Event per reason, however often the pod is tried
+    assert (event["reason"], event["type"]) == ("FailedScheduling", "Warning"), event
+    assert f"claim {NAMESPACE}/{claim_name} fits on no GPU" in event["message"], event["message"]
+    assert [g["name"] for g in ninth["spec"].get("schedulingGates") or []] == [SCHEDULING_GATE]
+    assert not ninth["spec"].get("nodeName")
+    assert not (c.pod_claim(ninth).get("status") or {}).get("allocation")
+    # one of the eight goes: its GPU has room for the ninth, and nowhere else has
+    freed = c.pod_claim(pods[3])["status"]["allocation"]["devices"]["results"][0]
+    c.delete_pods([names[3]])
+    (ninth,) = wait_placed(c, allocator, ["ninth"], 180)
+    got = check_gpupool_allocated(c, ninth, HALF_MIB, HALF_CORES)
+    (result,) = got["status"]["allocation"]["devices"]["results"]
+    assert (result["pool"], result["device"]) == (freed["pool"], freed["device"])
+    assert len(gpupool_events(c, ninth)) == 1
+
+
+def test_a_claim_with_a_cel_selector_is_left_to_kube_scheduler(dra: DraCluster, allocator: Extender) -> None:
+    """Only kube-scheduler evaluates CEL: gpupool removes the gate without allocating (no write of the
+    claim's status by its account), kube-scheduler's allocator allocates the claim on the device the
+    selector names, and the pod runs with exactly that allocation."""
+    c = dra
+    c.apply([claim_template("cel-gpu1", memory="1Gi", selector=f'device.attributes["{DRIVER}"].index == 1'),
+             gated_pod("cel", template="cel-gpu1")])
+    (pod,) = wait_placed(c, allocator, ["cel"])
+    got = c.pod_claim(pod)
+    writers = allocation_writers(got)
+    assert writers and MANAGER not in writers, writers
+    (result,) = got["status"]["allocation"]["devices"]["results"]
+    assert (result["pool"], result["device"]) == (pod["spec"]["nodeName"], "gpu-1"), result
+    assert ("patch", 200) in scheduler_requests(c, "pods", "cel")
+    assert scheduler_requests(c, "resourceclaims/status", got["metadata"]["name"]) == []
+    assert c.grant("cel") == expected_grant(c, got)
+
+
+def test_the_scheduler_used_only_the_charts_dra_rules(dra: DraCluster, allocator: Extender) -> None:
+    """Every request of gpupool's scheduler (the audit log, with at least one claim allocated here) was
+    granted and is within what the chart gives its account with dra.enabled: system:kube-scheduler and
+    system:volume-scheduler (bound by the chart) and the chart's own roles. The chart's admission policy
+    refuses any other change of a pod by that account."""
+    c = dra
+    c.apply([claim_template("rules", memory="2Gi", cores="10"), gated_pod("rules", template="rules")])
+    (pod,) = wait_placed(c, allocator, ["rules"])
+    check_gpupool_allocated(c, pod, 2048, 10)
+    rules = []
+    for built_in in ("system:kube-scheduler", "system:volume-scheduler"):
+        role = c.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{built_in}")
+        assert role is not None, built_in
+        rules += role["rules"]
+    mine = [o for o in c.objects if o["kind"] in ("ClusterRole", "Role")
+            and o["metadata"]["name"].startswith(SCHEDULER_ACCOUNT)]
+    rules += [r for o in mine for r in o["rules"]]
+    granted = {(g, r, v) for rule in rules if "resources" in rule for g in rule.get("apiGroups", [""])
+               for r in rule["resources"] for v in rule["verbs"]}
+    used, refused = set(), []
+    for e in c.bed.audit_events():
+        ref = e.get("objectRef")
+        if e["user"]["username"] != SCHEDULER_USER or ref is None:
+            continue
+        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+        used.add((ref.get("apiGroup", ""), resource, e["verb"]))
+        if (e.get("responseStatus") or {}).get("code") == 403:
+            refused.append(f"{e['verb']} {e.get('requestURI')}")
+    assert refused == []
+    assert used - granted == set()
+    # what allocating needs was used: the claim's finalizer and status written, the gate removed
+    assert {("resource.k8s.io", "resourceclaims", "patch"), ("resource.k8s.io", "resourceclaims/status", "patch"),
+            ("", "pods", "patch")} <= used, sorted(used)
+    print("scheduler requests:", sorted(used))
+    # The same account changing anything else of a pod: RBAC allows the patch, and so would the API server
+    # on a running pod (a label, a deadline), the chart's policy does not.
+    for patch in ({"metadata": {"labels": {"moved": "yes"}}}, {"spec": {"activeDeadlineSeconds": 3600}}):
+        done = c.kubectl("patch", "pod", "-n", NAMESPACE, "rules", "--type", "merge", "-p", json.dumps(patch),
+                         check=False, kubeconfig=allocator.kubeconfig)
+        assert done.returncode != 0 and "the gpupool scheduler may" in done.stderr, (patch, done.stderr)
+
+
 def test_the_agents_used_only_the_charts_dra_rules_and_only_their_own_slice(dra: DraCluster) -> None:
     """Every request the agents made (the audit log) was granted and is within the chart's agent role with
     dra.enabled; and the chart's own-node policy refuses an agent's write to another node's slice."""
@@ -756,13 +1081,11 @@ def test_the_agents_used_only_the_charts_dra_rules_and_only_their_own_slice(dra:
     assert {("resource.k8s.io", "resourceslices", "create"), ("resource.k8s.io", "resourceslices", "patch"),
             ("resource.k8s.io", "resourceclaims", "get")} <= used
     print("agent rules granted, unused here:", sorted(granted - used))
-    # Node 0's agent writing node 1's slice: RBAC allows resourceslices, the chart's policy does not.
+    # Node 0's agent emptying node 1's slice with a patch (the write its role grants: get, create, patch):
+    # RBAC allows it on every slice, the chart's policy does not.
     other = c.slice(1)
     assert other is not None
-    forged = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {
-        "name": other["metadata"]["name"], "resourceVersion": other["metadata"]["resourceVersion"]},
-        "spec": {**other["spec"], "devices": []}}
-    done = c.kubectl("replace", "-f", "-", stdin=json.dumps(forged), check=False, kubeconfig=c.agents[0].kubeconfig)
+    done = c.kubectl("patch", "resourceslice", other["metadata"]["name"], "--type", "merge", "-p",
+                     json.dumps({"spec": {"devices": []}}), check=False, kubeconfig=c.agents[0].kubeconfig)
     assert done.returncode != 0 and "only the ResourceSlice of its own node" in done.stderr, done.stderr
     assert len((c.slice(1) or {})["spec"]["devices"]) == GPUS
-
