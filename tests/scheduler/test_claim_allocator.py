@@ -223,3 +223,26 @@ async def test_the_template_a_translated_pod_names_is_made_on_first_use() -> Non
         assert not await ungated(cluster, "translated")  # its claim is not made yet (no resourceclaim controller here)
     finally:
         await svc.stop()
+
+
+async def test_a_gpu_shared_by_as_many_claims_as_its_node_allows_is_passed_over() -> None:
+    """Twelve small claims on 2 nodes x 2 GPUs with 10 shares per GPU (the nodes' split): the policy packs
+    them, but never an eleventh on one GPU; every claim is allocated."""
+    cluster, svc = await setup()
+    try:
+        split = int(svc.ledger.split[0])
+        await run(cluster, *((claim(f"s{i}", "512Mi", "5"), gated_pod(f"q{i}", f"s{i}")) for i in range(split + 2)))
+
+        async def all_ungated() -> bool:
+            return all([await ungated(cluster, f"q{i}") for i in range(split + 2)])
+
+        await until(all_ungated)
+        per_gpu: dict[tuple[str, str], int] = {}
+        for i in range(split + 2):
+            got = await allocation(cluster, f"s{i}")
+            assert got is not None
+            r = got["devices"]["results"][0]
+            per_gpu[(r["pool"], r["device"])] = per_gpu.get((r["pool"], r["device"]), 0) + 1
+        assert sum(per_gpu.values()) == split + 2 and max(per_gpu.values()) == split
+    finally:
+        await svc.stop()

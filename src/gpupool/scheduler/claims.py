@@ -248,8 +248,10 @@ class ClaimAllocator:
             return
         self.templates.add((namespace, name))
 
-    def _nodes(self, pod: Obj, slices: Mapping[str, set[int]]) -> tuple[list[int], frozenset[str]]:
-        """The ledger's node indices the pod may go to, and the GPUs it must not get (tainted devices)."""
+    def _nodes(self, pod: Obj, slices: Mapping[str, set[int]], mps: bool) -> tuple[list[int], frozenset[str]]:
+        """The ledger's node indices the pod may go to, and the GPUs it must not get: tainted devices, and
+        GPUs already shared by as many pods and claims as their node allows (the ledger would refuse the
+        share there, while another GPU may be free)."""
         state = self.h.ledger.state
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         tolerations = (pod.get("spec") or {}).get("tolerations") or []
@@ -265,7 +267,8 @@ class ClaimAllocator:
             if not all(tolerated(t, tolerations) for t in (obj.get("spec") or {}).get("taints") or []):
                 continue
             nodes.append(i)
-            excluded |= {g.uuid for g in state.nodes[i].gpus if g.index not in usable}
+            full = self.h.ledger.full(np.array([i], dtype=np.int64), mps)[0]
+            excluded |= {g.uuid for g in state.nodes[i].gpus if g.index not in usable or full[g.index]}
         return sorted(nodes), frozenset(excluded)
 
     async def _allocate(self, pod: Obj, claim: Obj, ask: ClaimAsk, cls: tuple[str, list[Obj]],
@@ -275,7 +278,7 @@ class ClaimAllocator:
         whole = ask.memory_mib is None  # no memory asked: the request policy's default, the whole GPU
         gpu = GPURequest(count=ask.count, milli=MILLI_PER_GPU if whole else max(1, ask.cores * 10),
                          memory_mib=None if whole else ask.memory_mib)
-        nodes, excluded = self._nodes(pod, slices)
+        nodes, excluded = self._nodes(pod, slices, isolation == "mps")
         request = replace(parsed, gpu=replace(gpu, exclude_uuids=excluded))
         if not nodes:
             return "no node that runs gpupool's DRA driver can take this pod (its nodeSelector, the nodes' taints)"
