@@ -391,29 +391,42 @@ class _Registration(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
+def _prepare_reply(pb: Any, outcomes: Mapping[str, Outcome], share_ids: bool) -> Any:
+    """NodePrepareResourcesResponse of the proto module `pb` (v1 or v1beta1; share IDs exist in v1 only)."""
+    reply = pb.NodePrepareResourcesResponse()
+    for uid, o in outcomes.items():
+        if o.claim is None:
+            reply.claims[uid].error = o.error
+            continue
+        reply.claims[uid].devices.extend(
+            pb.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device,
+                      cdi_device_ids=list(o.claim.cdi_ids),
+                      **({"share_id": d.share_id} if share_ids and d.share_id else {}))
+            for d in o.claim.devices)
+    return reply
+
+
+def _unprepare_reply(pb: Any, errors: Mapping[str, str]) -> Any:
+    reply = pb.NodeUnprepareResourcesResponse()
+    for uid, error in errors.items():
+        reply.claims[uid].error = error
+    return reply
+
+
 class _ServiceV1(v1_grpc.DRAPluginServicer):
     def __init__(self, driver: DraDriver) -> None:
         self.driver = driver
 
     async def NodePrepareResources(self, request: v1.NodePrepareResourcesRequest,
                                    context: grpc.aio.ServicerContext) -> v1.NodePrepareResourcesResponse:
-        outcomes = await self.driver.prepare(_refs(request.claims))
-        reply = v1.NodePrepareResourcesResponse()
-        for uid, o in outcomes.items():
-            if o.claim is None:
-                reply.claims[uid].error = o.error
-                continue
-            reply.claims[uid].devices.extend(
-                v1.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device,
-                          cdi_device_ids=list(o.claim.cdi_ids), **({"share_id": d.share_id} if d.share_id else {}))
-                for d in o.claim.devices)
+        reply: v1.NodePrepareResourcesResponse = _prepare_reply(v1, await self.driver.prepare(_refs(request.claims)),
+                                                                 share_ids=True)
         return reply
 
     async def NodeUnprepareResources(self, request: v1.NodeUnprepareResourcesRequest,
                                      context: grpc.aio.ServicerContext) -> v1.NodeUnprepareResourcesResponse:
-        reply = v1.NodeUnprepareResourcesResponse()
-        for uid, error in (await self.driver.unprepare(_refs(request.claims))).items():
-            reply.claims[uid].error = error
+        reply: v1.NodeUnprepareResourcesResponse = _unprepare_reply(
+            v1, await self.driver.unprepare(_refs(request.claims)))
         return reply
 
 
@@ -425,23 +438,14 @@ class _ServiceV1beta1(v1beta1_grpc.DRAPluginServicer):
 
     async def NodePrepareResources(self, request: v1beta1.NodePrepareResourcesRequest,
                                    context: grpc.aio.ServicerContext) -> v1beta1.NodePrepareResourcesResponse:
-        outcomes = await self.driver.prepare(_refs(request.claims))
-        reply = v1beta1.NodePrepareResourcesResponse()
-        for uid, o in outcomes.items():
-            if o.claim is None:
-                reply.claims[uid].error = o.error
-                continue
-            reply.claims[uid].devices.extend(
-                v1beta1.Device(request_names=[d.request], pool_name=d.pool, device_name=d.device,
-                               cdi_device_ids=list(o.claim.cdi_ids))
-                for d in o.claim.devices)
+        reply: v1beta1.NodePrepareResourcesResponse = _prepare_reply(
+            v1beta1, await self.driver.prepare(_refs(request.claims)), share_ids=False)
         return reply
 
     async def NodeUnprepareResources(self, request: v1beta1.NodeUnprepareResourcesRequest,
                                      context: grpc.aio.ServicerContext) -> v1beta1.NodeUnprepareResourcesResponse:
-        reply = v1beta1.NodeUnprepareResourcesResponse()
-        for uid, error in (await self.driver.unprepare(_refs(request.claims))).items():
-            reply.claims[uid].error = error
+        reply: v1beta1.NodeUnprepareResourcesResponse = _unprepare_reply(
+            v1beta1, await self.driver.unprepare(_refs(request.claims)))
         return reply
 
 
