@@ -202,7 +202,8 @@ def gpupool_part(c: dra.DraCluster, args: argparse.Namespace) -> dict[str, Any]:
     scheduler identity with dra.enabled), bound by the same plain kube-scheduler."""
     bed = c.bed
     kubeconfig = bed.service_account_kubeconfig(dra.RELEASE_NAMESPACE, dra.SCHEDULER_ACCOUNT)
-    ext = Extender(bed, tb.free_port(), bed.dir / "gpupool-scheduler-dra.log", kubeconfig)
+    ext = Extender(bed, tb.free_port(), bed.dir / "gpupool-scheduler-dra.log", kubeconfig,
+                   env={"GPUPOOL_SCHEDULER_DRA_PLACEMENT": "true"})  # as the chart sets it with dra.placement
     try:
         ext.start()
         ext.wait_ready()
@@ -216,7 +217,8 @@ def gpupool_part(c: dra.DraCluster, args: argparse.Namespace) -> dict[str, Any]:
         as_policy = False
         for run in range(1, args.runs + 1):
             # the replay reads the empty cluster: computed before the burst, as the allocator starts from it
-            want = dra.replay(c, "gpupool", args.pods, MEMORY_MIB, CORES) if run == 1 else None
+            want = dra.replay(c, "gpupool", args.pods, MEMORY_MIB, CORES,
+                              workload=dra.allocator_workload(ext)) if run == 1 else None
             template = dra.claim_template(f"gp-share-{run}", memory=f"{MEMORY_MIB}Mi", cores=str(CORES))
             pods = [dra.gated_pod(f"gp-{run}-{k}", template=f"gp-share-{run}") for k in range(args.pods)]
             seconds, n = batch(lambda objs, t=template: c.apply([t, *objs]), pods, running)  # type: ignore[misc]

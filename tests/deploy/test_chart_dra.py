@@ -684,3 +684,14 @@ def test_the_scheduler_may_make_claim_templates_only_with_dra(render: Render) ->
 
     assert ("resourceclaimtemplates", "create") in rules(dra_on(render))
     assert not any("resourceclaimtemplates" in r for r in rules(render({}, *KUBE)))
+
+
+def test_only_the_scheduler_of_a_release_with_dra_placement_places_claims(render: Render) -> None:
+    def scheduler_env(objs: list[Obj]) -> dict[str, str]:
+        (deployment,) = [o for o in kinds(objs, "Deployment") if o["metadata"]["name"] == "gp-gpupool-scheduler"]
+        return {e["name"]: e.get("value", "") for c in deployment["spec"]["template"]["spec"]["containers"]
+                for e in c.get("env") or []}
+
+    assert scheduler_env(dra_on(render)).get("GPUPOOL_SCHEDULER_DRA_PLACEMENT") == "true"
+    assert "GPUPOOL_SCHEDULER_DRA_PLACEMENT" not in scheduler_env(dra_on(render, dra={"placement": {"enabled": False}}))
+    assert "GPUPOOL_SCHEDULER_DRA_PLACEMENT" not in scheduler_env(render({}, *KUBE))

@@ -16,7 +16,7 @@ import os
 import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -163,13 +163,14 @@ class Extender:
     kubeconfig: Path
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # settings beyond the chart's defaults (GPUPOOL_SCHEDULER_*)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        env = dict(os.environ)
+        env = {**os.environ, **self.env}
         env["GPUPOOL_SCHEDULER_IDENTITY"] = f"e2e-extender-{self.starts}"
         self.starts += 1
         with self.log.open("ab") as out:

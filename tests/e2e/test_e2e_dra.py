@@ -42,7 +42,7 @@ from gpupool.api.inventory import read_node
 from gpupool.core.model import GPURequest, PodRequest
 from gpupool.core.placement import Unschedulable, place
 from gpupool.core.policies import get_policy
-from gpupool.core.policy import PolicyContext
+from gpupool.core.policy import PolicyContext, TaskShape
 from gpupool.core.state import ClusterState
 from tests.e2e.conftest import Extender
 from tests.e2e.kubectl_tool import kubectl_binary
@@ -485,7 +485,10 @@ def allocator(dra: DraCluster) -> Iterator[Extender]:
     before kube-scheduler sees them."""
     bed = dra.bed
     kubeconfig = bed.service_account_kubeconfig(RELEASE_NAMESPACE, SCHEDULER_ACCOUNT)
-    ext = Extender(bed, tb.free_port(), bed.dir / "gpupool-scheduler-dra.log", kubeconfig)
+    # The chart sets GPUPOOL_SCHEDULER_DRA_PLACEMENT with dra.placement (on): only this scheduler places
+    # claims, not the session's extender (release gp, DRA off), which leaves gated pods alone.
+    ext = Extender(bed, tb.free_port(), bed.dir / "gpupool-scheduler-dra.log", kubeconfig,
+                   env={"GPUPOOL_SCHEDULER_DRA_PLACEMENT": "true"})
     ext.start()
     try:
         ext.wait_ready()
@@ -823,8 +826,16 @@ def gpus_held(c: DraCluster, pods: list[Obj]) -> Counter[GPU_ID]:
     return out
 
 
+def allocator_workload(allocator: Extender) -> tuple[TaskShape, ...]:
+    """The workload gpupool's scheduler has observed (its debug view): a policy that weighs the expected
+    workload (gpupool's does) decides with it, so the replay must too. In a full session the scheduler has
+    seen other modules' pods."""
+    return tuple(TaskShape(w["cpu_milli"], w["gpu_milli"], w["gpu_count"], frozenset(w["models"]), w["weight"])
+                 for w in allocator.ledger()["workload"])
+
+
 def replay(c: DraCluster, policy: str, count: int, memory_mib: int, cores: int,
-           nodes: list[str] | None = None) -> Counter[GPU_ID]:
+           nodes: list[str] | None = None, workload: tuple[TaskShape, ...] = ()) -> Counter[GPU_ID]:
     """Where `count` claims of one share go when `policy` places them one after the other on empty GPUs,
     decided by the simulator's engine (gpupool.core.placement.place), not read from the cluster: the state
     is every Node with a gpupool inventory as the API shows them (the scheduler's ledger is built from the
@@ -833,7 +844,7 @@ def replay(c: DraCluster, policy: str, count: int, memory_mib: int, cores: int,
     read = [r[0] for r in map(read_node, (c.get("/api/v1/nodes") or {}).get("items") or []) if r is not None]
     state = ClusterState(sorted(read, key=lambda n: n.name))
     allowed = np.array(sorted(state.index[n] for n in nodes or [a.node.name for a in c.agents]), dtype=np.int64)
-    ctx = PolicyContext(rng=np.random.default_rng(0), rank=np.arange(len(state), dtype=np.int64))
+    ctx = PolicyContext(rng=np.random.default_rng(0), rank=np.arange(len(state), dtype=np.int64), workload=workload)
     chosen = get_policy(policy)
     out: Counter[GPU_ID] = Counter()
     for k in range(count):
@@ -923,9 +934,11 @@ def test_a_burst_of_gated_claims_packs_as_gpupools_policy_decides(dra: DraCluste
     c = dra
     # Empty GPUs, as the replay starts: the previous test's claims are gone from the API (`nothing_left`),
     # and from the scheduler's ledger once its watch has brought their deletion.
-    wait_for(lambda: allocator.ledger()["ledger"]["entries"] == [], 60, "an empty ledger",
-             lambda: str(allocator.ledger()["ledger"]["entries"]))
-    want = replay(c, "gpupool", 8, QUARTER_MIB, QUARTER_CORES)
+    # (Other modules' pods of the session may hold GPUs of other nodes: only the DRA nodes must be empty.)
+    dra_nodes = {a.node.name for a in c.agents}
+    wait_for(lambda: not [e for e in allocator.ledger()["ledger"]["entries"] if e["node"] in dra_nodes], 60,
+             "no entry on the DRA nodes in the ledger", lambda: str(allocator.ledger()["ledger"]["entries"]))
+    want = replay(c, "gpupool", 8, QUARTER_MIB, QUARTER_CORES, workload=allocator_workload(allocator))
     names = [f"pack-{k}" for k in range(8)]
     c.apply([claim_template("quarter", memory=f"{QUARTER_MIB}Mi", cores=str(QUARTER_CORES)),
              *(gated_pod(n, template="quarter") for n in names)])
@@ -970,7 +983,8 @@ def test_a_pod_that_fits_nowhere_stays_gated_until_a_gpu_frees(dra: DraCluster, 
     c.apply([claim_template("half", memory=f"{HALF_MIB}Mi", cores=str(HALF_CORES)),
              *(gated_pod(n, template="half") for n in names)])
     pods = wait_placed(c, allocator, names, 300)
-    assert gpus_held(c, pods) == replay(c, "gpupool", 8, HALF_MIB, HALF_CORES)
+    assert gpus_held(c, pods) == replay(c, "gpupool", 8, HALF_MIB, HALF_CORES,
+                                        workload=allocator_workload(allocator))
     assert set(gpus_held(c, pods).values()) == {2}  # full: every GPU holds two halves
     c.apply([gated_pod("ninth", template="half")])
 

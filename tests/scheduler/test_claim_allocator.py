@@ -15,7 +15,7 @@ from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.service import ExtenderService
 from tests.scheduler.conftest import small_scenario
 
-CONFIG = SchedulerConfig(leader_elect=False)
+CONFIG = SchedulerConfig(leader_elect=False, dra_placement=True)
 NS = "team-dra"
 GPU_MIB = 16384
 NODES = ("gpu-0000", "gpu-0001")
@@ -244,5 +244,22 @@ async def test_a_gpu_shared_by_as_many_claims_as_its_node_allows_is_passed_over(
             r = got["devices"]["results"][0]
             per_gpu[(r["pool"], r["device"])] = per_gpu.get((r["pool"], r["device"]), 0) + 1
         assert sum(per_gpu.values()) == split + 2 and max(per_gpu.values()) == split
+    finally:
+        await svc.stop()
+
+
+async def test_a_scheduler_without_dra_placement_leaves_gated_pods_alone() -> None:
+    """Only the scheduler configured to place claims touches gated pods (one per cluster)."""
+    cluster = MemoryCluster()
+    for obj in node_objects(small_scenario(nodes=2, gpus=2)):
+        await cluster.create_node(obj)
+    await cluster.create_object(RESOURCE_SLICES, resource_slice("gpu-0000"))
+    await cluster.create_object(DEVICE_CLASSES, device_class(DRIVER, "hook"))
+    svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
+    await svc.start()
+    try:
+        await run(cluster, (claim("c1"), gated_pod("p1", "c1")))
+        await asyncio.sleep(0.3)  # several passes an allocator would have made
+        assert svc.claims is None and not await ungated(cluster, "p1") and await allocation(cluster, "c1") is None
     finally:
         await svc.stop()

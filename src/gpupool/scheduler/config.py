@@ -72,6 +72,9 @@ class SchedulerConfig(BaseModel):
     context: str | None = None
     # Leader election through a coordination.k8s.io Lease.
     leader_elect: bool = True
+    # Place the DRA claims of pods the webhook gated (scheduler/claims.py; chart: dra.enabled with
+    # dra.placement.enabled). Off, gated pods are left alone: one scheduler per cluster does this.
+    dra_placement: bool = False
     lease_namespace: str = "kube-system"
     lease_name: str = "gpupool-scheduler"
     identity: str = Field(default_factory=lambda: os.uname().nodename + f"-{os.getpid()}")

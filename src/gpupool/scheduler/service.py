@@ -78,7 +78,8 @@ class ExtenderService:
         register_queue_metrics(self.metrics.registry, self.queues, self.pending)
         self.framework = Framework(self.handle, build_plugins(self.handle))
         self.extender = Extender(self.handle, self.framework, lambda: self.ready)
-        self.claims = ClaimAllocator(self.handle, lambda: self.ready)  # gpupool's DRA claims (scheduler/claims.py)
+        # gpupool's DRA claims (scheduler/claims.py), where this scheduler places them
+        self.claims = ClaimAllocator(self.handle, lambda: self.ready) if config.dra_placement else None
         self.watcher = Watcher(self.handle, self.claims)
         self.synced = False
         self.leading = not config.leader_elect
@@ -108,12 +109,14 @@ class ExtenderService:
         await self.watcher.start()
         await self.queues.start()
         self.queue_status.start()
-        self.claims.start()
+        if self.claims is not None:
+            self.claims.start()
         self.synced = True
 
     async def stop(self) -> None:
         self.synced = False
-        await self.claims.stop()
+        if self.claims is not None:
+            await self.claims.stop()
         await self.watcher.stop()
         await self.queue_status.stop()
         await self.queues.stop()
