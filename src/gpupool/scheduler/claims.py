@@ -64,6 +64,7 @@ from gpupool.scheduler.framework.interface import Handle
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0  # a pod that fits nowhere is tried again this often (and at once on any claim or pod change)
+MAX_TEMPLATES_KNOWN = 10_000  # tenants name templates: what is remembered of them stays bounded
 
 
 def gated(pod: Mapping[str, Any]) -> bool:
@@ -240,12 +241,14 @@ class ClaimAllocator:
             return
         try:
             await self.h.cluster.create_object(RESOURCE_CLAIM_TEMPLATES, template)
-            log.info("made ResourceClaimTemplate %s/%s", namespace, name)
+            log.info("made ResourceClaimTemplate %s/%s", namespace, shown(name))
         except AlreadyExists:
             pass
         except ApiError as e:
             log.warning("cannot make ResourceClaimTemplate %s/%s: %s", namespace, shown(name), e)
             return
+        if len(self.templates) >= MAX_TEMPLATES_KNOWN:  # bounded: forgetting costs one AlreadyExists each
+            self.templates.clear()
         self.templates.add((namespace, name))
 
     def _nodes(self, pod: Obj, slices: Mapping[str, set[int]], mps: bool) -> tuple[list[int], frozenset[str]]:
