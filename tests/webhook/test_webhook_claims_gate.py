@@ -122,3 +122,12 @@ def test_a_pod_with_claims_and_a_gpupool_annotation_is_gated_too() -> None:
     pod = claim_pod()
     pod["metadata"]["annotations"] = {"gpupool.io/policy": "gpupool"}  # sent to the GPU pods' entry
     assert applied(pod, ON)["spec"]["schedulingGates"] == [{"name": SCHEDULING_GATE}]
+
+
+def test_the_validating_webhook_admits_what_the_translation_made() -> None:
+    """The API server sends the translated pod to the validating entry next: it must pass there."""
+    from gpupool.webhook.admission import check_create
+
+    out = translated(gpu_pod({"gpupool.io/gpu": "1", "gpupool.io/gpu-memory": "8Gi", "gpupool.io/gpu-cores": "30"}))
+    decision = check_create(out, DRA_NS, None, "someone", DRA_NS.policy("dra"))
+    assert decision.allowed, decision.message
