@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.api.counted import Counted
 from gpupool.api.quantity import QuantityError, gpu_memory_mib, parse_quantity
 from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, GPURequest, PodRequest
+from gpupool.core.state import ClusterState
 
 log = logging.getLogger(__name__)
 
@@ -251,14 +252,14 @@ def claim_shares(claim: Mapping[str, Any], driver: str = DRIVER) -> ClaimShares:
 
 # --- claims in the ledger -----------------------------------------------------------------------------------
 
-GpuOf = Callable[[str, int], "tuple[str, int] | None"]  # (node, GPU index) -> (UUID, memory MiB), None: unknown
 CLAIM_CONTAINERS = "(claim)"  # what the pool views show where a pod would name its GPU containers
 
 
-def counted_claim(claim: Mapping[str, Any], gpu_of: GpuOf) -> Counted | None:
+def counted_claim(claim: Mapping[str, Any], state: ClusterState) -> Counted | None:
     """The capacity an allocated claim holds on our devices, in the same terms as a pod's (so the scheduler's
     ledger, its recomputation from API objects, the queues and the pool views count both forms alike), or
-    None when it holds none. A memory-only share (0 cores) counts 1 milli, as a memory-only pod does."""
+    None when it holds none. The claim names GPUs by index; `state` gives their UUIDs and sizes. A
+    memory-only share (0 cores) counts 1 milli, as a memory-only pod does."""
     meta = claim.get("metadata") or {}
     uid = str(meta.get("uid", ""))
     if not (claim.get("status") or {}).get("allocation"):
@@ -277,8 +278,8 @@ def counted_claim(claim: Mapping[str, Any], gpu_of: GpuOf) -> Counted | None:
     node = nodes.pop()
     grants = []
     for s in shares.devices:
-        gpu = gpu_of(node, s.index)
-        uuid, card_mib = gpu if gpu is not None else ("", 0)  # unknown GPU: the ledger reports it as stranded
+        gpu = state.gpu_at(node, s.index)
+        uuid, card_mib = (gpu.uuid, gpu.memory_mib) if gpu is not None else ("", 0)  # unknown: stranded
         milli = MILLI_PER_GPU if s.cores is None else max(1, s.cores * 10)
         grants.append(GPUGrant(uuid=uuid, index=s.index, milli=milli,
                                memory_mib=card_mib if s.memory_mib is None else s.memory_mib))

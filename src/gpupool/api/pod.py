@@ -43,7 +43,7 @@ from gpupool.api.names import (
 from gpupool.api.quantity import QuantityError, cpu_milli, gpu_memory_mib, memory_mib, whole_number
 from gpupool.core.model import MILLI_PER_GPU, GPURequest, PodRequest
 
-_GPUPOOL_RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_CORES)
+GPUPOOL_RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_CORES)
 
 # Kinds of container, as they are named in errors and in the allocation annotation.
 APP = "container"
@@ -146,7 +146,7 @@ def gpupool_resources(container: Mapping[str, Any]) -> dict[str, Any]:
     """gpupool resources of a container: limits are authoritative (requests must equal them)."""
     merged: dict[str, Any] = dict(resource_section(container, "requests"))
     merged.update(resource_section(container, "limits"))
-    return {k: v for k, v in merged.items() if k in _GPUPOOL_RESOURCES}
+    return {k: v for k, v in merged.items() if k in GPUPOOL_RESOURCES}
 
 
 def gpu_count(container: Container) -> int | None:

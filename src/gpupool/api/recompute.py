@@ -39,13 +39,8 @@ def recompute(node_objs: Iterable[Mapping[str, Any]], pod_objs: Iterable[Mapping
     pods_on: dict[str, list[str]] = {}  # GPU uuid -> pods holding a share of it
     mps_on: dict[str, list[str]] = {}
 
-    def gpu_of(node: str, index: int) -> tuple[str, int] | None:
-        i = state.index.get(node)
-        gpu = None if i is None else next((g for g in state.nodes[i].gpus if g.index == index), None)
-        return None if gpu is None else (gpu.uuid, gpu.memory_mib)
-
     counted = [counted_allocation(pod) for pod in pod_objs]
-    claims = [counted_claim(claim, gpu_of) for claim in claim_objs]
+    claims = [counted_claim(claim, state) for claim in claim_objs]
     for c in [*counted, *claims]:
         if c is None:
             continue

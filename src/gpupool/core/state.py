@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, Node, PodRequest
+from gpupool.core.model import GPU, MILLI_PER_GPU, Allocation, GPUGrant, Node, PodRequest
 
 IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
@@ -155,6 +155,11 @@ class ClusterState:
         if refused is not None:
             self.allocate(pod, held.allocation)
         return refused
+
+    def gpu_at(self, node: str, index: int) -> GPU | None:
+        """GPU `index` of node `node`, None when either is unknown."""
+        i = self.index.get(node)
+        return None if i is None else next((g for g in self.nodes[i].gpus if g.index == index), None)
 
     def node_copy(self, i: int) -> ClusterState:
         """Node `i` alone, as a state of its own holding what its pods hold here (their keys kept): a

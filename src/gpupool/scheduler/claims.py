@@ -45,6 +45,7 @@ from gpupool.api.dra import (
 )
 from gpupool.api.logsafe import shown
 from gpupool.api.pod import parse_pod, pod_key
+from gpupool.api.preferences import untolerated
 from gpupool.api.times import format_time
 from gpupool.cluster.port import (
     DEVICE_CLASSES,
@@ -64,26 +65,12 @@ from gpupool.scheduler.framework.interface import Handle
 log = logging.getLogger(__name__)
 
 RETRY_S = 5.0  # a pod that fits nowhere is tried again this often (and at once on any claim or pod change)
+HARD_EFFECTS = ("NoSchedule", "NoExecute")  # taints that keep new pods (and claims) away; PreferNoSchedule does not
 MAX_TEMPLATES_KNOWN = 10_000  # tenants name templates: what is remembered of them stays bounded
 
 
 def gated(pod: Mapping[str, Any]) -> bool:
     return any(g.get("name") == SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
-
-
-def tolerated(taint: Mapping[str, Any], tolerations: list[Mapping[str, Any]]) -> bool:
-    """Whether a pod with `tolerations` may run on a node with `taint` (kube-scheduler's rule)."""
-    if taint.get("effect") not in ("NoSchedule", "NoExecute"):
-        return True
-    for t in tolerations:
-        if t.get("effect") and t.get("effect") != taint.get("effect"):
-            continue
-        if t.get("operator") == "Exists":
-            if not t.get("key") or t.get("key") == taint.get("key"):
-                return True
-        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
-            return True
-    return False
 
 
 class ClaimAllocator:
@@ -189,8 +176,7 @@ class ClaimAllocator:
             usable = out.setdefault(str(spec.get("nodeName", "")), set())
             for d in spec.get("devices") or []:
                 index = device_index(str(d.get("name", "")))
-                if index is not None and not any(t.get("effect") in ("NoSchedule", "NoExecute")
-                                                 for t in d.get("taints") or []):
+                if index is not None and not any(t.get("effect") in HARD_EFFECTS for t in d.get("taints") or []):
                     usable.add(index)
         return out
 
@@ -257,7 +243,6 @@ class ClaimAllocator:
         share there, while another GPU may be free)."""
         state = self.h.ledger.state
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-        tolerations = (pod.get("spec") or {}).get("tolerations") or []
         nodes, excluded = [], set()
         for name, usable in slices.items():
             i = state.index.get(name)
@@ -267,7 +252,8 @@ class ClaimAllocator:
             labels = (obj.get("metadata") or {}).get("labels") or {}
             if any(labels.get(k) != v for k, v in selector.items()):
                 continue
-            if not all(tolerated(t, tolerations) for t in (obj.get("spec") or {}).get("taints") or []):
+            hard = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("effect") in HARD_EFFECTS]
+            if untolerated(pod, hard):
                 continue
             nodes.append(i)
             full = self.h.ledger.full(np.array([i], dtype=np.int64), mps)[0]

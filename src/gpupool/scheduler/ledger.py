@@ -356,13 +356,6 @@ class Ledger:
 
     # --- DRA claims ------------------------------------------------------------------------------------
 
-    def _gpu_of(self, node: str, index: int) -> tuple[str, int] | None:
-        i = self.state.index.get(node)
-        if i is None:
-            return None
-        gpu = next((g for g in self.state.nodes[i].gpus if g.index == index), None)
-        return None if gpu is None else (gpu.uuid, gpu.memory_mib)
-
     def apply_claim(self, event_type: str, claim: Mapping[str, Any]) -> Entry | None:
         """Follow a ResourceClaim event; returns the claim's entry while it holds our devices."""
         uid = str((claim.get("metadata") or {}).get("uid", ""))
@@ -374,7 +367,7 @@ class Ledger:
         return self._count_claim(uid, claim)
 
     def _count_claim(self, uid: str, claim: Mapping[str, Any] | None) -> Entry | None:
-        counted = None if claim is None else counted_claim(claim, self._gpu_of)
+        counted = None if claim is None else counted_claim(claim, self.state)
         entry = self.entries.get(uid)
         if counted is None:  # deallocated, deleted, or holding none of our devices
             self.stranded.pop(uid, None)

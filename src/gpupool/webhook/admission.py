@@ -39,6 +39,7 @@ from gpupool.api.names import (
     RESOURCE_MEMORY,
 )
 from gpupool.api.pod import (
+    GPUPOOL_RESOURCES,
     annotation_set,
     containers,
     gpupool_resources,
@@ -112,8 +113,6 @@ def touches_gpupool(pod: Mapping[str, Any]) -> bool:
 
 
 # --- mutation ---------------------------------------------------------------------------------------------
-
-_GPUPOOL_RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_CORES)
 
 
 def _normalise(pod: dict[str, Any], patcher: Patcher, errors: list[str]) -> None:
@@ -244,8 +243,8 @@ def to_claims(work: dict[str, Any], patcher: Patcher) -> str:
         resources = ("spec", c.field, c.index, "resources")
         for section in ("limits", "requests"):
             values = resource_section(c.body, section)
-            if any(k in values for k in _GPUPOOL_RESOURCES):
-                patcher.set((*resources, section), {k: v for k, v in values.items() if k not in _GPUPOOL_RESOURCES})
+            if any(k in values for k in GPUPOOL_RESOURCES):
+                patcher.set((*resources, section), {k: v for k, v in values.items() if k not in GPUPOOL_RESOURCES})
         claims = list((c.body.get("resources") or {}).get("claims") or [])
         patcher.set((*resources, "claims"), [*claims, {"name": TEMPLATE_CLAIM}])
     refs = list(spec.get("resourceClaims") or [])
