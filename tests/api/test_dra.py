@@ -84,8 +84,7 @@ def test_isolation_comes_from_the_class_for_the_requests_it_names() -> None:
 
 
 def test_the_slice_tells_the_allocator_what_a_plain_claim_takes() -> None:
-    s = resource_slice("n1", "node-uid", [SliceDevice(0, "GPU-x", "H100 80GB HBM3", 81559, "9.0")], "570.124.06",
-                       7, "2026-11-27T00:00:00Z")
+    s = resource_slice("n1", "node-uid", [SliceDevice(0, "GPU-x", "H100 80GB HBM3", 81559, "9.0")], "570.124.06", 7)
     device = s["spec"]["devices"][0]
     assert s["spec"]["pool"] == {"name": "n1", "generation": 7, "resourceSliceCount": 1}
     assert device["capacity"]["memory"]["requestPolicy"]["default"] == "81559Mi"  # no memory asked: whole GPU
@@ -98,4 +97,4 @@ def test_the_slice_tells_the_allocator_what_a_plain_claim_takes() -> None:
 def test_a_node_with_more_gpus_than_a_slice_holds_is_refused() -> None:
     devices = [SliceDevice(i, f"GPU-{i}", "m", 1) for i in range(129)]
     with pytest.raises(ValueError, match="at most 128"):
-        resource_slice("n1", "u", devices, "", 1, "")
+        resource_slice("n1", "u", devices, "", 1)

@@ -182,7 +182,7 @@ def slice_policy(render: Render) -> Obj:
 def gpu_slice(node: str, driver: str = dra.DRIVER, pool: str | None = None) -> Obj:
     """The slice the agent publishes (api/dra.resource_slice), optionally bent into one it must not write."""
     gpu = dra.SliceDevice(index=0, uuid="GPU-0", model="NVIDIA H100 80GB HBM3", memory_mib=81559)
-    out = dra.resource_slice(node, "uid-" + node, [gpu], "580.65.06", 1, "2026-09-01T00:00:00Z")
+    out = dra.resource_slice(node, "uid-" + node, [gpu], "580.65.06", 1)
     out["spec"]["driver"] = driver
     out["spec"]["pool"]["name"] = pool if pool is not None else node
     return out
@@ -640,8 +640,8 @@ def test_the_examples_in_the_claims_doc_are_valid_and_use_the_charts_classes(ren
     pods = [o for o in objs if o["kind"] == "Pod"]
     assert len(templates) == 5 and len(pods) == 4
     classes = {o["metadata"]["name"] for o in kinds(dra_on(render), "DeviceClass")}
-    attributes = set(dra.slice_device(dra.SliceDevice(0, "GPU-0", "m", 1024, "9.0", 0, (1,)), "580.65.06",
-                                      "t")["attributes"])
+    attributes = set(dra.slice_device(dra.SliceDevice(0, "GPU-0", "m", 1024, "9.0", 0, (1,)),
+                                      "580.65.06")["attributes"])
     for obj in objs:
         kubernetes_validate.validate(obj, "1.37.0", strict=True)
     for name, template in templates.items():

@@ -167,7 +167,7 @@ class DraDriver:
         self.path = config.checkpoint_path / CHECKPOINT_FILE
         self.prepared: dict[str, PreparedClaim] = {}
         self._lock = asyncio.Lock()  # prepares and unprepares one at a time: the checkpoint is one file
-        self._taint_since: dict[tuple[str, str], str] = {}  # (device, key) -> timeAdded, stable across publishes
+        self._taint_since: dict[tuple[str, str], str] = {}  # (GPU UUID, key) -> timeAdded, stable across publishes
         self.prepare_count = 0  # claims prepared (answered from the checkpoint: not counted)
         self.prepare_seconds = 0.0  # their total time, from the claim's read to the checkpoint's write
         self.prepare_errors = 0
@@ -311,42 +311,36 @@ class DraDriver:
             log.info("unprepared claim %s", uid)
 
     # --- the ResourceSlice --------------------------------------------------------------------------------
-    def _taints(self, device: DeviceInfo) -> tuple[tuple[str, str], ...]:
-        out = []
+    def _taints(self, device: DeviceInfo, now: str) -> tuple[tuple[str, str, str], ...]:
+        """The device's taints, each with the time it was first seen (kept while it lasts, so an unchanged
+        slice compares equal and is not rewritten; a new fault gets a new time)."""
+        wanted = []
         fault = self.table.tracker.faults.get(device.uuid)
         if fault is not None:
-            out.append((TAINT_UNHEALTHY, _label_value(fault.reason)))
+            wanted.append((TAINT_UNHEALTHY, _label_value(fault.reason)))
         if self.table.withheld is not None:
-            out.append((TAINT_NOT_READY, _label_value(self.table.withheld)))
-        return tuple(out)
-
-    def _time_added(self, device: str, key: str) -> str:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall_clock()))
-        return self._taint_since.setdefault((device, key), stamp)
+            wanted.append((TAINT_NOT_READY, _label_value(self.table.withheld)))
+        for key in (TAINT_UNHEALTHY, TAINT_NOT_READY):
+            if all(k != key for k, _ in wanted):
+                self._taint_since.pop((device.uuid, key), None)
+        return tuple((k, v, self._taint_since.setdefault((device.uuid, k), now)) for k, v in wanted)
 
     def slice_devices(self) -> list[SliceDevice]:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall_clock()))
         known = sorted(self.table.known.values(), key=lambda d: d.index)
         return [SliceDevice(d.index, d.uuid, d.model, d.memory_mib, d.compute_capability, d.numa_node,
-                            d.nvlink_peers, mig_model(d.model) is not None, self._taints(d))
+                            d.nvlink_peers, mig_model(d.model) is not None, self._taints(d, now))
                 for d in known]
 
     async def publish(self, node_uid: str) -> bool:
         """Write the node's ResourceSlice when it differs from what the API holds; True when written."""
         devices = self.slice_devices()
-        for d in devices:  # taints gone: their time stamps go too, so a new fault gets a new time
-            for key in (TAINT_UNHEALTHY, TAINT_NOT_READY):
-                if all(k != key for k, _ in d.taints):
-                    self._taint_since.pop((f"gpu-{d.index}", key), None)
         name = slice_name(self.config.node_name)
         existing = await self.cluster.get_slice(name)
         generation = 1 if existing is None else int(((existing.get("spec") or {}).get("pool") or {})
                                                     .get("generation", 0)) + 1
-        stamps = {(f"gpu-{d.index}", k): self._time_added(f"gpu-{d.index}", k) for d in devices for k, _ in d.taints}
         wanted = resource_slice(self.config.node_name, node_uid, devices, self.table.discovered.driver_version,
-                                generation, "")
-        for dev in wanted["spec"]["devices"]:
-            for taint in dev.get("taints", []):
-                taint["timeAdded"] = stamps[(dev["name"], taint["key"])]
+                                generation)
         if existing is not None and (existing.get("spec") or {}).get("devices") == wanted["spec"]["devices"]:
             return False
         if existing is None:

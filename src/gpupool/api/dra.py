@@ -72,7 +72,7 @@ class SliceDevice:
     numa_node: int = -1
     nvlink_peers: tuple[int, ...] = ()
     mig_capable: bool = False
-    taints: tuple[tuple[str, str], ...] = ()  # (key, value), effect NoSchedule
+    taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, timeAdded), effect NoSchedule
 
 
 def _version(text: str) -> str | None:
@@ -104,7 +104,7 @@ def _attributes(d: SliceDevice, driver_version: str) -> Obj:
     return attrs
 
 
-def slice_device(d: SliceDevice, driver_version: str, time_added: str) -> Obj:
+def slice_device(d: SliceDevice, driver_version: str) -> Obj:
     memory = f"{d.memory_mib}Mi"
     device: Obj = {
         "name": device_name(d.index),
@@ -118,13 +118,13 @@ def slice_device(d: SliceDevice, driver_version: str, time_added: str) -> Obj:
         },
     }
     if d.taints:
-        device["taints"] = [{"key": k, "value": v[:63], "effect": "NoSchedule", "timeAdded": time_added}
-                            for k, v in d.taints[:4]]
+        device["taints"] = [{"key": k, "value": v[:63], "effect": "NoSchedule", "timeAdded": added}
+                            for k, v, added in d.taints[:4]]
     return device
 
 
 def resource_slice(node: str, node_uid: str, devices: Sequence[SliceDevice], driver_version: str,
-                   generation: int, time_added: str) -> Obj:
+                   generation: int) -> Obj:
     """The node's one ResourceSlice (pool = the node's name), owned by its Node so it goes with it."""
     if len(devices) > MAX_DEVICES_PER_SLICE:
         raise ValueError(f"{len(devices)} GPUs on node {node}: one ResourceSlice holds at most "
@@ -139,7 +139,7 @@ def resource_slice(node: str, node_uid: str, devices: Sequence[SliceDevice], dri
         "spec": {
             "driver": DRIVER, "nodeName": node,
             "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [slice_device(d, driver_version, time_added) for d in devices],
+            "devices": [slice_device(d, driver_version) for d in devices],
         },
     }
 
