@@ -11,9 +11,9 @@ import asyncio
 import json
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,9 @@ import pytest
 
 from gpupool.agent.dra import CHECKPOINT_FILE, DraServer, cdi_path
 from gpupool.agent.fake import FakeBackend
+from gpupool.agent.fake_mig import FakeMigDriver
 from gpupool.agent.hookdir import read_limits
+from gpupool.agent.mig import MigManager
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.proto import dra_v1_pb2 as v1
 from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
@@ -37,6 +39,8 @@ from gpupool.cluster.port import RESOURCE_CLAIMS, RESOURCE_SLICES
 from tests.agent.agent_helpers import NODE, agent_config, eventually, four_gpus
 
 MIB = 1 << 20
+MIG_GPU = "GPU-aaaa-0"
+MIG_CLASS = [{"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {"isolation": "mig"}}}]
 
 
 @dataclass
@@ -54,9 +58,12 @@ class DraRig:
         assert self.agent.dra_server is not None
         return self.agent.dra_server
 
+    mig: Callable[[], MigManager] | None = None
+
     async def restart(self) -> None:
         await self.agent.stop()
-        self.agent = Agent(self.agent.config, self.backend, ClusterPortAgent(self.cluster))
+        self.agent = Agent(self.agent.config, self.backend, ClusterPortAgent(self.cluster),
+                           mig=None if self.mig is None else self.mig())
         await self.agent.start()
 
 
@@ -71,19 +78,28 @@ async def _register(kubelet_root: Path) -> reg.PluginInfo:
 
 
 @asynccontextmanager
-async def dra_rig(**overrides: Any) -> AsyncIterator[DraRig]:
+async def dra_rig(mig: bool = False, **overrides: Any) -> AsyncIterator[DraRig]:
+    """The agent as DRA driver on four A100-80GB GPUs; with `mig`, GPU 0 is in MIG mode (fake MIG driver,
+    which outlives agent restarts as the hardware does)."""
     directory = Path(tempfile.mkdtemp(prefix="gpd-", dir="/tmp"))  # unix socket paths stay short
     cluster = MemoryCluster()
     await cluster.create_node({"metadata": {"name": NODE}, "status": {"allocatable": {"cpu": "32"}}})
-    backend = FakeBackend(four_gpus())
+    gpus = four_gpus()
+    if mig:
+        gpus = replace(gpus, devices=(replace(gpus.devices[0], mig_enabled=True), *gpus.devices[1:]))
+    backend = FakeBackend(gpus)
     config = agent_config(directory, dra=True, kubelet_root=directory / "kubelet", cdi_dir=directory / "cdi",
                           dra_resync_s=0.05, **overrides)
-    agent = Agent(config, backend, ClusterPortAgent(cluster))
+    make_mig: Callable[[], MigManager] | None = None
+    if mig:
+        hardware = FakeMigDriver({MIG_GPU: "A100-80GB"})
+        make_mig = lambda: MigManager(hardware, directory / "mig.json", lambda: 1000.0, idle_after_s=0)  # noqa: E731
+    agent = Agent(config, backend, ClusterPortAgent(cluster), mig=None if make_mig is None else make_mig())
     await agent.start()
     try:
         info = await _register(config.kubelet_root)
         channel = grpc.aio.insecure_channel(f"unix://{info.endpoint}")
-        r = DraRig(cluster, backend, agent, directory, channel, v1_grpc.DRAPluginStub(channel), info)
+        r = DraRig(cluster, backend, agent, directory, channel, v1_grpc.DRAPluginStub(channel), info, make_mig)
         yield r
         await channel.close()
     finally:
@@ -384,3 +400,83 @@ async def test_prepares_are_counted_on_the_agents_metrics() -> None:
         assert samples["gpupool_dra_claims_prepared"] == 1
         assert samples["gpupool_dra_prepare_seconds_count"] == 1 and samples["gpupool_dra_prepare_seconds_sum"] > 0
         assert samples["gpupool_dra_prepare_errors_total"] == 1
+
+
+# --- MIG partitions ---------------------------------------------------------------------------------------
+
+
+async def _pool(r: DraRig) -> list[dict[str, Any]]:
+    slices, _ = await r.cluster.list_objects(RESOURCE_SLICES)
+    return sorted(slices, key=lambda s: str(s["metadata"]["name"]))
+
+
+def _partition(name: str) -> dict[str, Any]:
+    return {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": name}
+
+
+def _mig_instances(r: DraRig) -> list[tuple[str, int, str | None]]:
+    assert r.agent.mig is not None
+    return [(e.profile, e.start, e.pod) for e in r.agent.mig.entries]
+
+
+async def test_a_gpu_in_mig_mode_is_published_as_partitions_beside_the_shared_gpus() -> None:
+    async with dra_rig(mig=True) as r:
+        async def two_slices() -> bool:
+            return len(await _pool(r)) == 2
+
+        await _eventually_async(two_slices)
+        devices_slice, counters_slice = await _pool(r)
+        names = [d["name"] for d in devices_slice["spec"]["devices"]]
+        assert [n for n in names if not n.startswith("gpu-0-")] == ["gpu-1", "gpu-2", "gpu-3"]
+        assert len(names) == 3 + 25 and "gpu-0" not in names  # A100-80GB: 25 placements
+        assert [c["name"] for c in counters_slice["spec"]["sharedCounters"]] == ["gpu-0-mig"]
+        assert {s["spec"]["pool"]["resourceSliceCount"] for s in (devices_slice, counters_slice)} == {2}
+        assert devices_slice["spec"]["pool"]["generation"] == counters_slice["spec"]["pool"]["generation"]
+
+
+async def test_a_mig_claim_is_carved_at_prepare_held_while_prepared_and_released_by_unprepare() -> None:
+    async with dra_rig(mig=True) as r:
+        c = await r.cluster.create_object(RESOURCE_CLAIMS, claim("infer", [_partition("gpu-0-3g40gb-4")], MIG_CLASS))
+        uid = c["metadata"]["uid"]
+        first = await prepare(r, c)
+        assert first.claims[uid].error == ""
+        assert _mig_instances(r) == [("3g.40gb", 4, uid)]
+        assert r.agent.mig is not None
+        entry = r.agent.mig.holder(uid)
+        assert entry is not None and entry.uuid is not None and entry.uuid.startswith("MIG-")
+        env = dict(e.split("=", 1) for e in spec_of(r, uid)["devices"][0]["containerEdits"]["env"])
+        assert (env["NVIDIA_VISIBLE_DEVICES"], env["GPUPOOL_ISOLATION"], env["GPUPOOL_MIG_PROFILE"]) == (
+            entry.uuid, "mig", "3g.40gb")
+        assert "mounts" not in spec_of(r, uid)["devices"][0]["containerEdits"]  # hardware isolation: no library
+        assert await prepare(r, c) == first  # kubelet asking again: same device, no second instance
+        # Housekeeping (no pod on the node holds it) keeps the instance: the prepared claim does, even
+        # with the instances' idle time at 0 s.
+        assert r.agent.service is not None
+        await r.agent.service.housekeeping()
+        assert _mig_instances(r) == [("3g.40gb", 4, uid)]
+        # ... also across a restart of the agent (reconciled with the DRA checkpoint)
+        await r.restart()
+        assert _mig_instances(r) == [("3g.40gb", 4, uid)]
+        info = await _register(r.agent.config.kubelet_root)
+        async with grpc.aio.insecure_channel(f"unix://{info.endpoint}") as channel:
+            gone = await v1_grpc.DRAPluginStub(channel).NodeUnprepareResources(
+                v1.NodeUnprepareResourcesRequest(claims=[ref(c)]), timeout=10)
+        assert gone.claims[uid].error == ""
+        assert _mig_instances(r) == [("3g.40gb", 4, None)]  # idle: the next claim of its profile reuses it
+        await r.agent.service.housekeeping()  # idle for 0 s of 0: destroyed
+        assert _mig_instances(r) == []
+
+
+@pytest.mark.parametrize(("results", "configs", "message"), [
+    ([share("gpu-0", "1Gi", "10")], None, "GPU gpu-0 is in MIG mode; it serves MIG partitions only"),
+    ([_partition("gpu-1-3g40gb-4")], MIG_CLASS, "gpu-1-3g40gb-4: the GPU is not in MIG mode"),
+    ([_partition("gpu-0-3g40gb-2")], MIG_CLASS, "A100-80GB has no MIG profile 3g.40gb at slice 2"),
+    ([_partition("gpu-0-3g40gb-4")], None, "MIG partitions are served only by isolation mig"),
+])
+async def test_claims_the_mig_gpu_cannot_serve_are_refused(results: list[dict[str, Any]],
+                                                           configs: list[dict[str, Any]] | None,
+                                                           message: str) -> None:
+    async with dra_rig(mig=True) as r:
+        c = await r.cluster.create_object(RESOURCE_CLAIMS, claim("bad", results, configs))
+        assert message in (await prepare(r, c)).claims[c["metadata"]["uid"]].error
+        assert _mig_instances(r) == []

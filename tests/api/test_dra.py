@@ -13,10 +13,16 @@ from gpupool.api.dra import (
     ClaimError,
     SliceDevice,
     claim_shares,
+    counted_claim,
     device_index,
     device_name,
-    resource_slice,
+    mig_device,
+    mig_device_name,
+    resource_slices,
 )
+from gpupool.core.mig import MODELS, PlacedInstance, layout_problems
+from gpupool.core.model import GPU, MigSlot, Node
+from gpupool.core.state import ClusterState
 
 
 def _claim(results: list[dict[str, Any]], configs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
@@ -65,7 +71,11 @@ def test_other_drivers_results_are_left_alone() -> None:
     (_claim([_result("gpu-0", memory="lots")]), "gpu-0"),
     (_claim([_result("gpu-0")], [{"source": "FromClass", "opaque": {"driver": DRIVER,
                                                                    "parameters": {"isolation": "mig"}}}]),
-     "isolation 'mig'"),
+     "isolation mig only by MIG partitions"),
+    (_claim([_result("gpu-0-3g40gb-4")]), "MIG partitions are served only by isolation mig"),
+    (_claim([_result("gpu-0")], [{"source": "FromClass", "opaque": {"driver": DRIVER,
+                                                                   "parameters": {"isolation": "vgpu"}}}]),
+     "isolation 'vgpu'"),
 ])
 def test_claims_that_cannot_be_read(claim: dict[str, Any], message: str) -> None:
     with pytest.raises(ClaimError, match=message.replace(".", r"\.").replace("(", r"\(")):
@@ -84,17 +94,125 @@ def test_isolation_comes_from_the_class_for_the_requests_it_names() -> None:
 
 
 def test_the_slice_tells_the_allocator_what_a_plain_claim_takes() -> None:
-    s = resource_slice("n1", "node-uid", [SliceDevice(0, "GPU-x", "H100 80GB HBM3", 81559, "9.0")], "570.124.06", 7)
+    (s,) = resource_slices("n1", "node-uid", [SliceDevice(0, "GPU-x", "H100 80GB HBM3", 81559, "9.0")], "570.124.06", 7)
     device = s["spec"]["devices"][0]
     assert s["spec"]["pool"] == {"name": "n1", "generation": 7, "resourceSliceCount": 1}
     assert device["capacity"]["memory"]["requestPolicy"]["default"] == "81559Mi"  # no memory asked: whole GPU
     assert device["capacity"]["cores"]["requestPolicy"]["default"] == "0"  # no cores asked: no compute reserved
     assert device["attributes"]["computeCapability"] == {"version": "9.0.0"}
     assert device["attributes"]["driverVersion"] == {"version": "570.124.6"}
+    assert device["attributes"]["type"] == {"string": "gpu"}
     assert "taints" not in device
 
 
-def test_a_node_with_more_gpus_than_a_slice_holds_is_refused() -> None:
+def test_a_node_with_more_gpus_than_gpupool_publishes_is_refused() -> None:
     devices = [SliceDevice(i, f"GPU-{i}", "m", 1) for i in range(129)]
     with pytest.raises(ValueError, match="at most 128"):
-        resource_slice("n1", "u", devices, "", 1)
+        resource_slices("n1", "u", devices, "", 1)
+
+
+def test_many_gpus_spread_over_slices_of_one_pool() -> None:
+    devices = [SliceDevice(i, f"GPU-{i}", "m", 1) for i in range(100)]
+    slices = resource_slices("n1", "u", devices, "", 3)
+    assert [len(s["spec"]["devices"]) for s in slices] == [64, 36]  # 64: the API's limit with taints
+    assert [s["metadata"]["name"] for s in slices] == ["n1-gpu.gpupool.io", "n1-gpu.gpupool.io-1"]
+    assert all(s["spec"]["pool"] == {"name": "n1", "generation": 3, "resourceSliceCount": 2} for s in slices)
+
+
+# --- MIG partitions -----------------------------------------------------------------------------------------
+
+H100 = MODELS["H100-80GB"]
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_mig_device_names_round_trip_for_every_profile(model: str) -> None:
+    for p in MODELS[model].profiles:
+        for start in p.starts:
+            name = mig_device_name(5, p.name, start)
+            assert len(name) <= 63 and name == name.lower()
+            assert mig_device(name) == (5, MigSlot(p.name, start))
+            assert device_index(name) is None  # never mistaken for a shared GPU
+
+
+def _mig_slices(model: str = "H100-80GB", gpus: int = 1) -> list[dict[str, Any]]:
+    devices = [SliceDevice(i, f"GPU-{i}", model, MODELS[model].memory_mib, mig_mode=True) for i in range(gpus)]
+    return resource_slices("n1", "u", devices, "", 1)
+
+
+def test_a_mig_gpu_is_published_as_partitions_with_a_counter_set_in_its_own_slice() -> None:
+    devices_slice, counters_slice = _mig_slices()
+    names = [d["name"] for d in devices_slice["spec"]["devices"]]
+    # every placement of every profile: 1g 7 + 1g+me 7 + 1g.20gb 4 + 2g 3 + 3g 2 + 4g 1 + 7g 1
+    assert len(names) == 25
+    assert "gpu-0" not in names
+    assert "sharedCounters" not in devices_slice["spec"] and "devices" not in counters_slice["spec"]
+    (counter_set,) = counters_slice["spec"]["sharedCounters"]
+    assert counter_set["name"] == "gpu-0-mig"
+    assert counter_set["counters"]["compute-slices"] == {"value": "7"}
+    assert sorted(counter_set["counters"]) == sorted([f"memory-slice-{k}" for k in range(8)]
+                                                     + ["compute-slices", "media"])
+    three_g = next(d for d in devices_slice["spec"]["devices"] if d["name"] == "gpu-0-3g40gb-4")
+    assert three_g["attributes"]["type"] == {"string": "mig"}
+    assert three_g["attributes"]["profile"] == {"string": "3g.40gb"}
+    assert "allowMultipleAllocations" not in three_g  # one claim per partition
+    # 3 of 7 compute slices = 428 milli (rounded down), shown as 42 %; 39.5 GiB (the H100 row of core.mig) = 40448 MiB
+    assert three_g["capacity"] == {"memory": {"value": "40448Mi"}, "cores": {"value": "42"}}
+    (consumes,) = three_g["consumesCounters"]
+    assert consumes["counterSet"] == "gpu-0-mig"
+    assert consumes["counters"] == {"memory-slice-4": {"value": "1"}, "memory-slice-5": {"value": "1"},
+                                    "memory-slice-6": {"value": "1"}, "memory-slice-7": {"value": "1"},
+                                    "compute-slices": {"value": "3"}}
+
+
+def test_partitions_of_a_profile_are_listed_from_the_highest_start() -> None:
+    devices = _mig_slices()[0]["spec"]["devices"]
+    ones = [d["attributes"]["migStart"]["int"] for d in devices if d["attributes"]["profile"]["string"] == "1g.10gb"]
+    assert ones == [6, 5, 4, 3, 2, 1, 0]
+
+
+def test_counter_sets_and_devices_respect_the_api_limits_on_a_big_mig_node() -> None:
+    slices = _mig_slices(gpus=9)  # 9 x 25 partitions, 9 counter sets
+    device_slices = [s for s in slices if "devices" in s["spec"]]
+    counter_slices = [s for s in slices if "sharedCounters" in s["spec"]]
+    assert [len(s["spec"]["devices"]) for s in device_slices] == [64, 64, 64, 33]
+    assert [len(s["spec"]["sharedCounters"]) for s in counter_slices] == [8, 1]
+    assert all(len(s["metadata"]["name"]) <= 253 for s in slices)
+    assert all(s["spec"]["pool"]["resourceSliceCount"] == 6 for s in slices)
+    assert max(len(d["attributes"]) + len(d["capacity"]) for s in device_slices for d in s["spec"]["devices"]) <= 32
+
+
+def _fits(counters: dict[str, int], chosen: list[dict[str, Any]]) -> bool:
+    left = dict(counters)
+    for d in chosen:
+        for k, v in d["consumesCounters"][0]["counters"].items():
+            left[k] -= int(v["value"])
+    return all(v >= 0 for v in left.values())
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+@given(data=st.data())
+def test_partitions_whose_counters_fit_are_exactly_the_valid_mig_layouts(model: str, data: st.DataObject) -> None:
+    """The allocator (kube-scheduler's, which knows nothing of MIG) may hand out any set of partitions whose
+    counters fit: that must be a layout the GPU can really carve, and every layout core.mig allows must fit."""
+    devices_slice, counters_slice = _mig_slices(model)
+    counters = {k: int(v["value"]) for k, v in counters_slice["spec"]["sharedCounters"][0]["counters"].items()}
+    devices = devices_slice["spec"]["devices"]
+    chosen = data.draw(st.lists(st.sampled_from(devices), max_size=8, unique_by=lambda d: d["name"]))
+    layout = [PlacedInstance(d["attributes"]["profile"]["string"], d["attributes"]["migStart"]["int"])
+              for d in chosen]
+    assert _fits(counters, chosen) == (not layout_problems(MODELS[model], layout))
+
+
+def test_mig_partitions_read_back_with_their_profile_and_count_as_the_profile() -> None:
+    config = [{"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {"isolation": "mig"}}}]
+    claim = _claim([{"request": "gpu", "driver": DRIVER, "pool": "n1", "device": "gpu-1-3g40gb-4"}], config)
+    shares = claim_shares(claim)
+    assert shares.isolation == "mig"
+    assert [(s.index, s.mig, s.memory_mib, s.cores) for s in shares.devices] == [(1, MigSlot("3g.40gb", 4), None, None)]
+    gpus = tuple(GPU(f"GPU-{i}", i, "NVIDIA H100 80GB HBM3", 81559) for i in range(2))
+    counted = counted_claim(claim, ClusterState([Node("n1", 64_000, 256_000, gpus)]))
+    assert counted is not None
+    (grant,) = counted.allocation.grants
+    # 3 of 7 compute slices: 1000 * 3 // 7 = 428 milli; the profile's 39.5 GiB (the H100 row of core.mig) = 40448 MiB
+    assert (grant.uuid, grant.milli, grant.memory_mib, grant.mig) == ("GPU-1", 428, 40448, MigSlot("3g.40gb", 4))
+

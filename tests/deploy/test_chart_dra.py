@@ -1,6 +1,6 @@
 """The chart with `dra.enabled`: gpupool's DeviceClasses and the isolation each one names, the agent's
 ResourceSlice and ResourceClaim rights, the admission policy that holds its ResourceSlice writes to its own
-node (evaluated with cel-python on the slice the agent really builds, gpupool.api.dra.resource_slice), the
+node (evaluated with cel-python on the slice the agent really builds, gpupool.api.dra.resource_slices), the
 agent's settings and host directories, and placement (dra.placement): the webhook entry that gates new pods
 with claims and the policy that lets the scheduler remove only that gate (evaluated on the patch
 gpupool.scheduler.claims really sends). docs/claims.md is the user's side of the same objects."""
@@ -24,7 +24,8 @@ KUBE = ("--kube-version", "1.37.0")  # helm template's own default (1.35) is bel
 ON: Obj = {"dra": {"enabled": True}}
 AGENT = f"system:serviceaccount:{NAMESPACE}:gp-gpupool-agent"
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
-CLASSES = {"gpu.gpupool.io": "hook", "mps.gpu.gpupool.io": "mps", "whole.gpu.gpupool.io": "none"}
+CLASSES = {"gpu.gpupool.io": "hook", "mps.gpu.gpupool.io": "mps", "whole.gpu.gpupool.io": "none",
+           "mig.gpu.gpupool.io": "mig"}
 
 
 def dra_on(render: Render, **values: Any) -> list[Obj]:
@@ -60,7 +61,9 @@ def test_each_class_selects_gpupools_devices_and_names_its_isolation(render: Ren
     for cls in kinds(dra_on(render), "DeviceClass"):
         name, spec = cls["metadata"]["name"], cls["spec"]
         assert cls["apiVersion"] == "resource.k8s.io/v1"
-        assert spec["selectors"] == [{"cel": {"expression": f'device.driver == "{dra.DRIVER}"'}}], name
+        kind = "mig" if CLASSES[name] == "mig" else "gpu"
+        assert spec["selectors"] == [{"cel": {"expression": f'device.driver == "{dra.DRIVER}" && '
+                                              f'device.attributes["{dra.DRIVER}"].type == "{kind}"'}}], name
         (config,) = spec["config"]
         assert config == {"opaque": {"driver": dra.DRIVER, "parameters": {
             "apiVersion": dra.CONFIG_API_VERSION, "kind": dra.CONFIG_KIND, "isolation": CLASSES[name]}}}, name
@@ -73,20 +76,44 @@ def test_the_driver_reads_each_classs_isolation_from_an_allocation(render: Rende
     """The class's config as the scheduler copies it into a claim's allocation (source FromClass) is what
     the driver reads (api/dra.claim_shares): the chart and the driver agree on the parameters' shape."""
     (cls,) = [o for o in kinds(dra_on(render), "DeviceClass") if o["metadata"]["name"] == name]
+    device = "gpu-0-3g40gb-4" if CLASSES[name] == "mig" else "gpu-0"
     claim = {
         "metadata": {"namespace": "ml", "name": "c", "uid": "u1"},
         "status": {"allocation": {"devices": {
-            "results": [{"request": "gpu", "driver": dra.DRIVER, "pool": "gpu-1", "device": "gpu-0"}],
+            "results": [{"request": "gpu", "driver": dra.DRIVER, "pool": "gpu-1", "device": device}],
             "config": [{"source": "FromClass", "requests": ["gpu"], **c} for c in cls["spec"]["config"]],
         }}},
     }
     assert dra.claim_shares(claim).isolation == CLASSES[name]
 
 
+def _device_cel(device: Obj) -> Any:
+    """A device as DRA's CEL sees it: `device.driver`, attributes by domain, their values unwrapped."""
+    values = {k: next(iter(v.values())) for k, v in device["attributes"].items()}
+    return celpy.json_to_cel({"driver": dra.DRIVER, "attributes": {dra.DRIVER: values}})
+
+
+def test_each_class_selects_exactly_its_own_kind_of_device(render: Render) -> None:
+    """On a node with one shared GPU and one in MIG mode (the slices the agent really builds), the MIG class
+    sees only the partitions and every other class only the shared GPU."""
+    gpus = [dra.SliceDevice(0, "GPU-0", "NVIDIA H100 80GB HBM3", 81559),
+            dra.SliceDevice(1, "GPU-1", "NVIDIA H100 80GB HBM3", 81559, mig_mode=True)]
+    devices = [d for s in dra.resource_slices("n", "u", gpus, "", 1) for d in s["spec"].get("devices", [])]
+    env = celpy.Environment()
+    for cls in kinds(dra_on(render), "DeviceClass"):
+        name = cls["metadata"]["name"]
+        program = env.program(env.compile(cls["spec"]["selectors"][0]["cel"]["expression"]))
+        chosen = {d["name"] for d in devices if bool(program.evaluate({"device": _device_cel(d)}))}
+        if CLASSES[name] == "mig":
+            assert len(chosen) == 25 and all(n.startswith("gpu-1-") for n in chosen), name
+        else:
+            assert chosen == {"gpu-0"}, name
+
+
 def test_extended_resource_name_is_opt_in_and_on_the_whole_class_only(render: Render) -> None:
     objs = dra_on(render, dra={"extendedResourceName": "gpu.gpupool.io/whole"})
     names = {o["metadata"]["name"]: o["spec"].get("extendedResourceName") for o in kinds(objs, "DeviceClass")}
-    assert names == {"gpu.gpupool.io": None, "mps.gpu.gpupool.io": None,
+    assert names == {"gpu.gpupool.io": None, "mps.gpu.gpupool.io": None, "mig.gpu.gpupool.io": None,
                      "whole.gpu.gpupool.io": "gpu.gpupool.io/whole"}
 
 
@@ -139,7 +166,8 @@ def test_the_doctor_recognises_the_charts_classes(render: Render) -> None:
 
     found = device_classes(kinds(dra_on(render), "DeviceClass"))
     assert (found.status, found.detail) == (
-        Status.OK, "gpupool's classes: gpu.gpupool.io (hook), mps.gpu.gpupool.io (mps), whole.gpu.gpupool.io (none)")
+        Status.OK, "gpupool's classes: gpu.gpupool.io (hook), mig.gpu.gpupool.io (mig), mps.gpu.gpupool.io (mps), "
+        "whole.gpu.gpupool.io (none)")
 
 
 # --- the agent's rights -----------------------------------------------------------------------------------
@@ -180,9 +208,9 @@ def slice_policy(render: Render) -> Obj:
 
 
 def gpu_slice(node: str, driver: str = dra.DRIVER, pool: str | None = None) -> Obj:
-    """The slice the agent publishes (api/dra.resource_slice), optionally bent into one it must not write."""
+    """The slice the agent publishes (api/dra.resource_slices), optionally bent into one it must not write."""
     gpu = dra.SliceDevice(index=0, uuid="GPU-0", model="NVIDIA H100 80GB HBM3", memory_mib=81559)
-    out = dra.resource_slice(node, "uid-" + node, [gpu], "580.65.06", 1)
+    (out,) = dra.resource_slices(node, "uid-" + node, [gpu], "580.65.06", 1)
     out["spec"]["driver"] = driver
     out["spec"]["pool"]["name"] = pool if pool is not None else node
     return out

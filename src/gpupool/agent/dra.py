@@ -45,6 +45,7 @@ from gpupool.agent.devices import DeviceInfo
 from gpupool.agent.grant import ContainerGrant, answer, grant_request
 from gpupool.agent.hookdir import claim_dir
 from gpupool.agent.isolation import Isolation, Refused
+from gpupool.agent.mig import MigManager
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import dra_v1_pb2 as v1
 from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
@@ -53,7 +54,7 @@ from gpupool.agent.proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from gpupool.agent.proto import pluginregistration_v1_pb2 as reg
 from gpupool.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from gpupool.agent.table import DeviceTable
-from gpupool.api.allocation import AllocationDoc, GrantDoc
+from gpupool.api.allocation import AllocationDoc, GrantDoc, MigGrantDoc
 from gpupool.api.dra import (
     CDI_KIND,
     DRIVER,
@@ -62,11 +63,12 @@ from gpupool.api.dra import (
     ClaimError,
     SliceDevice,
     claim_shares,
-    resource_slice,
-    slice_name,
+    resource_slices,
 )
 from gpupool.cluster.port import NotFound
 from gpupool.core.mig import mig_model
+from gpupool.core.mig_request import grant_share
+from gpupool.core.model import MigSlot
 
 log = logging.getLogger("gpupool.agent.dra")
 
@@ -158,15 +160,19 @@ class DraDriver:
     """Prepares and unprepares this node's claims; publishes the node's ResourceSlice."""
 
     def __init__(self, config: AgentConfig, table: DeviceTable, cluster: AgentCluster,
-                 strategies: Mapping[str, Isolation], wall_clock: Callable[[], float] = time.time) -> None:
+                 strategies: Mapping[str, Isolation], wall_clock: Callable[[], float] = time.time,
+                 mig: MigManager | None = None, lock: asyncio.Lock | None = None) -> None:
         self.config = config
         self.table = table
         self.cluster = cluster
         self.strategies = strategies
         self.wall_clock = wall_clock
+        self.mig = mig  # carves the MIG partitions claims are prepared on (None: no GPU in MIG mode)
         self.path = config.checkpoint_path / CHECKPOINT_FILE
         self.prepared: dict[str, PreparedClaim] = {}
-        self._lock = asyncio.Lock()  # prepares and unprepares one at a time: the checkpoint is one file
+        # prepares and unprepares one at a time (the checkpoint is one file); the agent passes the lock its
+        # housekeeping holds, so a MIG instance is never carved and reaped at once
+        self._lock = lock or asyncio.Lock()
         self._taint_since: dict[tuple[str, str], str] = {}  # (GPU UUID, key) -> timeAdded, stable across publishes
         self.prepare_count = 0  # claims prepared (answered from the checkpoint: not counted)
         self.prepare_seconds = 0.0  # their total time, from the claim's read to the checkpoint's write
@@ -242,6 +248,15 @@ class DraDriver:
             dev = by_index.get(s.index)
             if dev is None:
                 return Outcome(error=f"claim {ref.label}: node {self.config.node_name} has no GPU {s.device}")
+            if s.mig is not None:
+                partition = _partition(dev, s.mig)
+                if isinstance(partition, str):
+                    return Outcome(error=f"claim {ref.label}: {s.device}: {partition}")
+                grants.append(partition)
+                continue
+            if dev.mig_enabled:
+                return Outcome(error=f"claim {ref.label}: GPU {s.device} is in MIG mode; it serves MIG partitions "
+                                     "only")
             memory = dev.memory_mib if s.memory_mib is None else s.memory_mib
             # 0 cores consumed: a memory-only share, which competes for compute without a cap (100)
             cores = 100 if not s.cores else s.cores
@@ -306,6 +321,8 @@ class DraDriver:
         with contextlib.suppress(ValueError):  # not a UID: nothing of it can be on disk
             shutil.rmtree(claim_dir(self.config.hook_root, uid), ignore_errors=True)
             cdi_path(self.config.cdi_dir, uid).unlink(missing_ok=True)
+        if self.mig is not None and self.mig.holder(uid) is not None:
+            self.mig.release(uid)  # idle from now: reused by the next claim of its profile, or reaped
         if uid in self.prepared:
             self._save({u: c for u, c in self.prepared.items() if u != uid})
             log.info("unprepared claim %s", uid)
@@ -329,28 +346,56 @@ class DraDriver:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall_clock()))
         known = sorted(self.table.known.values(), key=lambda d: d.index)
         return [SliceDevice(d.index, d.uuid, d.model, d.memory_mib, d.compute_capability, d.numa_node,
-                            d.nvlink_peers, mig_model(d.model) is not None, self._taints(d, now))
+                            d.nvlink_peers, mig_model(d.model) is not None, self._taints(d, now),
+                            mig_mode=d.mig_enabled and self.mig is not None)
                 for d in known]
 
     async def publish(self, node_uid: str) -> bool:
-        """Write the node's ResourceSlice when it differs from what the API holds; True when written."""
-        devices = self.slice_devices()
-        name = slice_name(self.config.node_name)
-        existing = await self.cluster.get_slice(name)
-        generation = 1 if existing is None else int(((existing.get("spec") or {}).get("pool") or {})
-                                                    .get("generation", 0)) + 1
-        wanted = resource_slice(self.config.node_name, node_uid, devices, self.table.discovered.driver_version,
-                                generation)
-        if existing is not None and (existing.get("spec") or {}).get("devices") == wanted["spec"]["devices"]:
+        """Write the node's ResourceSlices when they differ from what the API holds (all of them, with the
+        next generation: consumers read a pool only from slices of its newest generation); slices the pool
+        no longer needs are deleted. True when written."""
+        node = self.config.node_name
+        wanted = resource_slices(node, node_uid, self.slice_devices(), self.table.discovered.driver_version, 0)
+        first = await self.cluster.get_slice(wanted[0]["metadata"]["name"])
+        pool = ((first or {}).get("spec") or {}).get("pool") or {}
+        had = int(pool.get("resourceSliceCount", 0) or 0)
+        existing = [first] + [await self.cluster.get_slice(w["metadata"]["name"]) for w in wanted[1:]]
+        pairs = list(zip(existing, wanted, strict=True))
+        if had == len(wanted) and all(e is not None and _content(e) == _content(w) for e, w in pairs):
             return False
-        if existing is None:
-            await self.cluster.create_slice(wanted)
-        else:
-            await self.cluster.patch_slice(name, {"spec": {"devices": wanted["spec"]["devices"],
-                                                           "pool": wanted["spec"]["pool"]}},
-                                           str((existing.get("metadata") or {}).get("resourceVersion", "")))
-        log.info("published ResourceSlice %s (generation %d, %d GPU(s))", name, generation, len(devices))
+        generation = max(int((((e or {}).get("spec") or {}).get("pool") or {}).get("generation", 0))
+                         for e in existing) + 1
+        for e, w in pairs:
+            w["spec"]["pool"]["generation"] = generation
+            if e is None:
+                await self.cluster.create_slice(w)
+            else:
+                await self.cluster.patch_slice(w["metadata"]["name"], {"spec": {k: w["spec"].get(k) for k in (
+                    "pool", "devices", "sharedCounters")}}, str((e.get("metadata") or {}).get("resourceVersion", "")))
+        for k in range(len(wanted), had):  # an older generation had more slices (a GPU left MIG mode)
+            with contextlib.suppress(NotFound):
+                await self.cluster.delete_slice(f"{wanted[0]['metadata']['name']}-{k}")
+        log.info("published %d ResourceSlice(s) of node %s (generation %d, %d GPU(s))", len(wanted), node,
+                 generation, len(self.table.known))
         return True
+
+
+def _content(obj: Mapping[str, Any]) -> tuple[Any, Any]:
+    spec = obj.get("spec") or {}
+    return spec.get("devices") or [], spec.get("sharedCounters") or []
+
+
+def _partition(dev: DeviceInfo, slot: MigSlot) -> GrantDoc | str:
+    """The grant of a MIG partition of `dev`, or why the GPU cannot serve it."""
+    model = mig_model(dev.model)
+    profile = model.profile(slot.profile) if model is not None else None
+    if not dev.mig_enabled or model is None:
+        return "the GPU is not in MIG mode"
+    if profile is None or slot.start not in profile.starts:
+        return f"{dev.model} has no MIG profile {slot.profile} at slice {slot.start}"
+    milli, memory = grant_share(model, profile)
+    return GrantDoc(uuid=dev.uuid, index=dev.index, memory_mib=memory, cores=milli / 10,
+                    mig=MigGrantDoc(profile=slot.profile, start=slot.start))
 
 
 def _label_value(text: str) -> str:

@@ -21,7 +21,7 @@ A new mode is one new class here and one line in `node_strategies`; nothing else
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -126,7 +126,9 @@ class Isolation(Protocol):
 
     def grant(self, request: GrantRequest, prepared: Prepared) -> ModeGrant | Refused: ...
 
-    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None: ...
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str, claims: Collection[str] = ()) -> None:
+        """Let go of what pods no longer on the node (`pods`: those that are) and no prepared DRA claim
+        (`claims`: their UIDs) hold."""
 
     def inventory_fields(self) -> dict[str, dict[str, Any]]: ...
 
@@ -150,7 +152,7 @@ class NoIsolation:
     def grant(self, request: GrantRequest, prepared: Prepared) -> ModeGrant | Refused:
         return ModeGrant(visible=_plain(request))
 
-    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None:
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str, claims: Collection[str] = ()) -> None:
         return None
 
     def inventory_fields(self) -> dict[str, dict[str, Any]]:
@@ -223,7 +225,7 @@ class HookIsolation:
             hook_pod=hook_pod,
         )
 
-    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None:
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str, claims: Collection[str] = ()) -> None:
         # the rule of prepare_hook_pod: a directory stays while its pod is on the node in any phase
         listed = {str((p.get("metadata") or {}).get("uid")) for p in pods}
         await asyncio.to_thread(remove_gone, self.config.hook_root, listed)
@@ -282,7 +284,7 @@ class MpsIsolation:
             mps_gpu=g.uuid,
         )
 
-    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None:
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str, claims: Collection[str] = ()) -> None:
         return None  # an MPS client leaves nothing behind on the node
 
     def inventory_fields(self) -> dict[str, dict[str, Any]]:
@@ -347,13 +349,14 @@ class MigIsolation:
             visible=tuple(prepared.visible[g.uuid] for g in request.gpus),
         )
 
-    async def release(self, pods: Sequence[Mapping[str, Any]], node: str) -> None:
+    async def release(self, pods: Sequence[Mapping[str, Any]], node: str, claims: Collection[str] = ()) -> None:
         """The instances of pods gone, finished or being deleted go back to the pool (idle, destroyed later
         by reap, which keeps an instance NVML reports in use)."""
         manager = self.manager
         if manager is None:
             return
         alive = {str(p["metadata"].get("uid")) for p in pods if is_alive_on(dict(p), node) and p.get("metadata")}
+        alive |= set(claims)  # a claim's instance goes back when the claim is unprepared (gpupool.agent.dra)
         for uid in sorted({e.pod for e in manager.entries if e.pod is not None} - alive):
             await asyncio.to_thread(manager.release, uid)
 

@@ -31,7 +31,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +119,12 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self.isolation: Mapping[str, Isolation] = isolation or node_strategies(
             config, mps, mig, lambda: self.mig_reconciled, changed)
         self.stats = AllocateStats()
-        self._allocate_lock = asyncio.Lock()
+        # One at a time: Allocate, DRA prepare and unprepare, housekeeping (the MIG manager is not shared
+        # between two threads, and nothing is released while something is being served).
+        self.allocate_lock = asyncio.Lock()
+        # UIDs of the DRA claims prepared on the node (set where the agent is a DRA driver): they hold what
+        # they were given (a MIG instance) as long as they are prepared, as pods do while on the node.
+        self.claims: Callable[[], Collection[str]] = lambda: ()
         self._stopping = asyncio.Event()
 
     def stop_streams(self) -> None:
@@ -220,7 +225,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 f"{what}: this plugin serves {self.config.resource_name} slots named <GPU UUID>::<n> "
                 f"for the GPUs of node {self.config.node_name}",
             )
-        async with self._allocate_lock:
+        async with self.allocate_lock:
             try:
                 outcome = await self._allocate(ids)
             except Exception as e:  # a bug must still answer kubelet with a reason, and keep serving
@@ -336,24 +341,26 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         Allocate lock: nothing is released while a pod is being served, and the MIG manager is not shared
         between two threads."""
         mig = self.mig
-        async with self._allocate_lock:
+        async with self.allocate_lock:
             try:
                 pods = await self.cluster.list_pods_on_node(self.config.node_name)
             except Exception as e:  # the API being away: try again next round
                 log.warning("housekeeping: cannot list the pods of node %s: %s", self.config.node_name, e)
                 return False
             alive = {uid for p in pods if is_alive_on(p, self.config.node_name) and (uid := p["metadata"].get("uid"))}
+            claims = frozenset(self.claims())
             before = _mig_state(mig) if mig is not None else []
             switched = await self._switch_mig_mode(mig) if mig is not None else []
             try:
                 if mig is not None and (reconcile or not self.mig_reconciled):
                     records = _mig_records(self.checkpoint)
-                    report = await asyncio.to_thread(mig.reconcile, {uid: records.get(uid) for uid in alive})
+                    report = await asyncio.to_thread(mig.reconcile,
+                                                     {uid: records.get(uid) for uid in alive | claims})
                     self.mig_reconciled = True
                     if report.finished or report.adopted or report.lost or report.destroyed or report.kept_in_use:
                         log.info("MIG reconciled: %s", report)
                 for strategy in self.isolation.values():
-                    await strategy.release(pods, self.config.node_name)
+                    await strategy.release(pods, self.config.node_name, claims)
                 if mig is not None:
                     report = await asyncio.to_thread(mig.reap)
                     if report.destroyed or report.kept_in_use:
@@ -389,7 +396,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         counts it as waiting, and it stays a candidate of later calls); entries of pods gone or finished
         are dropped. A pod with GPU containers still to serve is left as it is (kubelet calls for them).
         Other pods are never written."""
-        async with self._allocate_lock:
+        async with self.allocate_lock:
             try:
                 pods = await self._read()
             except Exception as e:  # the API being down must not stop the agent; a repeat completes later

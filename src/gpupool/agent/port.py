@@ -49,6 +49,8 @@ class AgentCluster(Protocol):
 
     async def patch_slice(self, name: str, patch: Obj, resource_version: str) -> Obj: ...
 
+    async def delete_slice(self, name: str) -> None: ...
+
 
 class LabelsUnsupported(RuntimeError):
     pass
@@ -113,3 +115,6 @@ class ClusterPortAgent:
 
     async def patch_slice(self, name: str, patch: Obj, resource_version: str) -> Obj:
         return await self.port.patch_object(RESOURCE_SLICES, name, patch, resource_version=resource_version)
+
+    async def delete_slice(self, name: str) -> None:
+        await self.port.delete_object(RESOURCE_SLICES, name)

@@ -140,6 +140,14 @@ class Agent:
         if self.step is not None:
             self.service.step = self.step
         await self.service.recover()
+        if self.config.dra:  # a DRA driver instead of the device plugin (gpupool.agent.dra)
+            # Its checkpoint is read before the MIG reconciliation below: prepared claims hold instances too.
+            self.dra = dra = DraDriver(self.config, table_, self.cluster, self.isolation, self.wall_clock,
+                                       mig=self.mig, lock=self.service.allocate_lock)
+            problem = await asyncio.to_thread(dra.load)
+            if problem is not None:
+                log.warning("%s", problem)
+            self.service.claims = lambda: dra.prepared.keys()
         await self.service.housekeeping(reconcile=True)
         # The first validation pass needs the MIG reconciliation above; it runs before the first inventory
         # and before kubelet can see a slot, so a node that fails validation never advertises its GPUs.
@@ -148,11 +156,7 @@ class Agent:
         await self._validate()
         await self._publish()
         await self._adopt()
-        if self.config.dra:  # a DRA driver instead of the device plugin (gpupool.agent.dra)
-            self.dra = DraDriver(self.config, table_, self.cluster, self.isolation, self.wall_clock)
-            problem = await asyncio.to_thread(self.dra.load)
-            if problem is not None:
-                log.warning("%s", problem)
+        if self.dra is not None:
             self.dra_server = DraServer(self.dra, self.config.kubelet_root)
             await self.dra_server.start()
         else:

@@ -11,6 +11,13 @@ consumable capacities:
 - `cores`: percent of the GPU's compute, 0..100; a claim that asks for none takes 0 (a memory-only share,
   which competes for compute without a cap, like a `gpupool.io/gpu-memory`-only pod).
 
+A GPU in MIG mode is published instead as its MIG partitions (KEP-4815 partitionable devices): one device
+per profile and start slot, `gpu-<index>-<profile>-<start>` (e.g. `gpu-0-3g40gb-4`), each held by one claim
+and consuming counters of the GPU's counter set (one per memory slice, the compute slices, the media
+engines), so that the allocator can only hand out partitions that form a valid MIG layout (core.mig); the
+agent carves the instance when the claim is prepared. Counter sets live in their own ResourceSlices (the
+API keeps devices and counters apart), so a node's pool may span several slices.
+
 Isolation comes from the DeviceClass's opaque config only (`FromClass`, written by the admin): a claim's
 own config (`FromClaim`) is the tenant's and never chooses it, or a tenant could ask for `none` and lift
 its caps.
@@ -26,7 +33,9 @@ from typing import Any
 
 from gpupool.api.counted import Counted
 from gpupool.api.quantity import QuantityError, gpu_memory_mib, parse_quantity
-from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, GPURequest, PodRequest
+from gpupool.core.mig import MigModel, MigProfile, mig_model
+from gpupool.core.mig_request import grant_share
+from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, GPURequest, MigSlot, PodRequest
 from gpupool.core.state import ClusterState
 
 log = logging.getLogger(__name__)
@@ -41,11 +50,19 @@ CAPACITY_MEMORY = "memory"
 CAPACITY_CORES = "cores"
 TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"  # the GPU failed a health check (NoSchedule: new claims avoid it)
 TAINT_NOT_READY = f"{DRIVER}/not-validated"  # the node failed validation (gpupool.agent.validation)
-DRA_ISOLATIONS = ("hook", "mps", "none")
+DRA_ISOLATIONS = ("hook", "mps", "none", "mig")
 DEFAULT_ISOLATION = "hook"
-MAX_DEVICES_PER_SLICE = 128
+MIG_ISOLATION = "mig"  # served only by MIG partitions, which are served by nothing else
+TYPE_GPU, TYPE_MIG = "gpu", "mig"  # the `type` attribute the chart's classes select on
+# The API's limits: 64 devices in a slice once any device has taints or consumes counters (ours may do
+# both), 8 counter sets in a slice.
+MAX_DEVICES_PER_SLICE = 64
+MAX_COUNTER_SETS_PER_SLICE = 8
+MAX_GPUS_PER_NODE = 128
 
 _DEVICE = re.compile(r"^gpu-(\d{1,3})$")
+_MIG_DEVICE = re.compile(r"^gpu-(\d{1,3})-(\d{1,2})g(\d{1,4})gb(me)?-(\d{1,2})$")
+_MIG_PROFILE = re.compile(r"^(\d{1,2})g\.(\d{1,4})gb(\+me)?$")
 
 Obj = dict[str, Any]
 
@@ -55,9 +72,29 @@ def device_name(index: int) -> str:
 
 
 def device_index(name: str) -> int | None:
-    """The GPU index of one of our device names, None for any other name."""
+    """The GPU index of one of our shared GPU devices, None for any other name (MIG partitions included)."""
     m = _DEVICE.match(name)
     return int(m.group(1)) if m else None
+
+
+def mig_device_name(index: int, profile: str, start: int) -> str:
+    """A MIG partition's device name (a DNS label: the profile's dot and plus go)."""
+    m = _MIG_PROFILE.match(profile)
+    if m is None:
+        raise ValueError(f"MIG profile {profile!r} has no device name")
+    return f"gpu-{index}-{m.group(1)}g{m.group(2)}gb{'me' if m.group(3) else ''}-{start}"
+
+
+def mig_device(name: str) -> tuple[int, MigSlot] | None:
+    """(GPU index, profile and start) of one of our MIG partition names, None for any other name."""
+    m = _MIG_DEVICE.match(name)
+    if m is None:
+        return None
+    return int(m.group(1)), MigSlot(f"{m.group(2)}g.{m.group(3)}gb{'+me' if m.group(4) else ''}", int(m.group(5)))
+
+
+def counter_set_name(index: int) -> str:
+    return f"gpu-{index}-mig"
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +110,12 @@ class SliceDevice:
     nvlink_peers: tuple[int, ...] = ()
     mig_capable: bool = False
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, timeAdded), effect NoSchedule
+    mig_mode: bool = False  # in MIG mode: published as its MIG partitions (a model gpupool knows the geometry of)
+
+    @property
+    def mig(self) -> MigModel | None:
+        """The geometry its partitions follow, None when it is published as one shared device."""
+        return mig_model(self.model) if self.mig_mode else None
 
 
 def _version(text: str) -> str | None:
@@ -86,6 +129,7 @@ def _version(text: str) -> str | None:
 
 def _attributes(d: SliceDevice, driver_version: str) -> Obj:
     attrs: Obj = {
+        "type": {"string": TYPE_GPU},
         "uuid": {"string": d.uuid},
         "index": {"int": d.index},
         "model": {"string": d.model[:64]},
@@ -104,7 +148,12 @@ def _attributes(d: SliceDevice, driver_version: str) -> Obj:
     return attrs
 
 
+def _taints(d: SliceDevice) -> list[Obj]:
+    return [{"key": k, "value": v[:63], "effect": "NoSchedule", "timeAdded": added} for k, v, added in d.taints[:4]]
+
+
 def slice_device(d: SliceDevice, driver_version: str) -> Obj:
+    """The GPU as one device that several claims share."""
     memory = f"{d.memory_mib}Mi"
     device: Obj = {
         "name": device_name(d.index),
@@ -118,30 +167,84 @@ def slice_device(d: SliceDevice, driver_version: str) -> Obj:
         },
     }
     if d.taints:
-        device["taints"] = [{"key": k, "value": v[:63], "effect": "NoSchedule", "timeAdded": added}
-                            for k, v, added in d.taints[:4]]
+        device["taints"] = _taints(d)
     return device
 
 
-def resource_slice(node: str, node_uid: str, devices: Sequence[SliceDevice], driver_version: str,
-                   generation: int) -> Obj:
-    """The node's one ResourceSlice (pool = the node's name), owned by its Node so it goes with it."""
-    if len(devices) > MAX_DEVICES_PER_SLICE:
-        raise ValueError(f"{len(devices)} GPUs on node {node}: one ResourceSlice holds at most "
-                         f"{MAX_DEVICES_PER_SLICE}")
-    return {
+def _mig_counters(model: MigModel) -> dict[str, int]:
+    """The GPU's counters: each memory slice once, its compute slices, its one set of media engines (the
+    `+me` profiles). A set of partitions whose consumption fits is exactly a valid MIG layout (placements
+    at allowed starts, no shared slice, compute within the GPU's, one `+me`): tests/api/test_dra.py checks
+    this against core.mig for every model."""
+    counters = {f"memory-slice-{k}": 1 for k in range(model.memory_slices)}
+    counters["compute-slices"] = model.compute_slices
+    counters["media"] = 1
+    return counters
+
+
+def _consumes(model: MigModel, profile: MigProfile, start: int) -> dict[str, int]:
+    used = {f"memory-slice-{k}": 1 for k in range(start, start + profile.memory_slices)}
+    used["compute-slices"] = profile.compute_slices
+    if profile.media:
+        used["media"] = 1
+    return used
+
+
+def mig_devices(d: SliceDevice, model: MigModel, driver_version: str) -> list[Obj]:
+    """The GPU's MIG partitions, one device per profile and allowed start. Within a profile the highest
+    start comes first: kube-scheduler's allocator takes the first device that fits, and filling from the
+    top keeps slice 0, where the 4g and 7g profiles must start, free longest."""
+    out = []
+    base = {k: v for k, v in _attributes(d, driver_version).items() if k != "migCapable"}
+    for p in model.profiles:
+        milli, memory = grant_share(model, p)
+        for start in sorted(p.starts, reverse=True):
+            device: Obj = {
+                "name": mig_device_name(d.index, p.name, start),
+                "attributes": {**base, "type": {"string": TYPE_MIG}, "profile": {"string": p.name},
+                               "migStart": {"int": start}},
+                "capacity": {CAPACITY_MEMORY: {"value": f"{memory}Mi"}, CAPACITY_CORES: {"value": str(milli // 10)}},
+                "consumesCounters": [{"counterSet": counter_set_name(d.index), "counters": {
+                    k: {"value": str(v)} for k, v in _consumes(model, p, start).items()}}],
+            }
+            if d.taints:
+                device["taints"] = _taints(d)
+            out.append(device)
+    return out
+
+
+def resource_slices(node: str, node_uid: str, devices: Sequence[SliceDevice], driver_version: str,
+                    generation: int) -> list[Obj]:
+    """The node's pool (named after the node), every slice owned by its Node so they go with it: the
+    devices (at most MAX_DEVICES_PER_SLICE a slice), then the MIG GPUs' counter sets in slices of their own.
+    The first slice is named `slice_name(node)`, the others get `-1`, `-2`, ... after it."""
+    if len(devices) > MAX_GPUS_PER_NODE:
+        raise ValueError(f"{len(devices)} GPUs on node {node}: gpupool publishes at most {MAX_GPUS_PER_NODE}")
+    entries: list[Obj] = []
+    counter_sets: list[Obj] = []
+    for d in devices:
+        model = d.mig
+        if model is None:
+            entries.append(slice_device(d, driver_version))
+        else:
+            entries += mig_devices(d, model, driver_version)
+            counter_sets.append({"name": counter_set_name(d.index), "counters": {
+                k: {"value": str(v)} for k, v in _mig_counters(model).items()}})
+    parts: list[Obj] = [{"devices": entries[i:i + MAX_DEVICES_PER_SLICE]}
+                        for i in range(0, len(entries), MAX_DEVICES_PER_SLICE)] or [{"devices": []}]
+    parts += [{"sharedCounters": counter_sets[i:i + MAX_COUNTER_SETS_PER_SLICE]}
+              for i in range(0, len(counter_sets), MAX_COUNTER_SETS_PER_SLICE)]
+    base = slice_name(node)
+    return [{
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {
-            "name": slice_name(node),
+            "name": base if k == 0 else f"{base}-{k}",
             "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid,
                                  "controller": True}],
         },
-        "spec": {
-            "driver": DRIVER, "nodeName": node,
-            "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
-            "devices": [slice_device(d, driver_version) for d in devices],
-        },
-    }
+        "spec": {"driver": DRIVER, "nodeName": node,
+                 "pool": {"name": node, "generation": generation, "resourceSliceCount": len(parts)}, **part},
+    } for k, part in enumerate(parts)]
 
 
 def slice_name(node: str) -> str:
@@ -167,6 +270,7 @@ class DeviceShare:
     memory_mib: int | None  # None: the whole GPU's memory (no consumedCapacity: an older allocator)
     cores: int | None  # None: whole GPU; 0: no compute reserved
     share_id: str | None = None
+    mig: MigSlot | None = None  # a MIG partition (memory and cores are then its profile's: None here)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,14 +338,24 @@ def claim_shares(claim: Mapping[str, Any], driver: str = DRIVER) -> ClaimShares:
         if r.get("driver") != driver:
             continue
         name = str(r.get("device", ""))
-        index = device_index(name)
+        partition = mig_device(name)
+        index = device_index(name) if partition is None else partition[0]
         if index is None:
             raise ClaimError(f"claim {label}: device {name!r} is not one gpupool publishes")
         if r.get("adminAccess"):
             raise ClaimError(f"claim {label}: admin access to {name} is not served (it would bypass the shares)")
-        memory, cores = _consumed(r, label)
         request = str(r.get("request", ""))
-        isolations.add(_class_isolation(configs, request, label) or DEFAULT_ISOLATION)
+        isolation = _class_isolation(configs, request, label) or DEFAULT_ISOLATION
+        if (partition is not None) != (isolation == MIG_ISOLATION):
+            raise ClaimError(f"claim {label}: device {name} with isolation {isolation}: MIG partitions are served "
+                             "only by isolation mig, and isolation mig only by MIG partitions (check the "
+                             "DeviceClass's selector)")
+        isolations.add(isolation)
+        if partition is not None:
+            shares.append(DeviceShare(request, str(r.get("pool", "")), name, index, None, None, r.get("shareID"),
+                                      partition[1]))
+            continue
+        memory, cores = _consumed(r, label)
         shares.append(DeviceShare(request, str(r.get("pool", "")), name, index, memory, cores, r.get("shareID")))
     if len(isolations) > 1:
         raise ClaimError(f"claim {label} mixes isolations {', '.join(sorted(isolations))}; one claim is served "
@@ -281,8 +395,13 @@ def counted_claim(claim: Mapping[str, Any], state: ClusterState) -> Counted | No
         gpu = state.gpu_at(node, s.index)
         uuid, card_mib = (gpu.uuid, gpu.memory_mib) if gpu is not None else ("", 0)  # unknown: stranded
         milli = MILLI_PER_GPU if s.cores is None else max(1, s.cores * 10)
-        grants.append(GPUGrant(uuid=uuid, index=s.index, milli=milli,
-                               memory_mib=card_mib if s.memory_mib is None else s.memory_mib))
+        memory = card_mib if s.memory_mib is None else s.memory_mib
+        if s.mig is not None:  # a partition holds its profile's share, as a device-plugin MIG pod does
+            model = mig_model(gpu.model) if gpu is not None else None
+            profile = model.profile(s.mig.profile) if model is not None else None
+            if model is not None and profile is not None:
+                milli, memory = grant_share(model, profile)
+        grants.append(GPUGrant(uuid=uuid, index=s.index, milli=milli, memory_mib=memory, mig=s.mig))
     first = grants[0]
     request = PodRequest(key=uid, gpu=GPURequest(count=len(grants), milli=first.milli, memory_mib=first.memory_mib))
     allocation = Allocation(pod=uid, node=node, grants=tuple(grants), policy="dra")
@@ -326,8 +445,8 @@ class NotOurs(ValueError):
 def claim_asks(claim: Mapping[str, Any], gpupool_classes: Mapping[str, str]) -> list[ClaimAsk]:
     """The requests of an unallocated claim, when every one is a plain ask of one of gpupool's classes
     (`gpupool_classes`: class name -> isolation). Raises NotOurs, saying why, for anything else: other
-    classes, CEL selectors (evaluated only by kube-scheduler), constraints, prioritized lists, `All`, admin
-    access; such claims are left to kube-scheduler's allocator."""
+    classes, the MIG class, CEL selectors (evaluated only by kube-scheduler), constraints, prioritized lists,
+    `All`, admin access; such claims are left to kube-scheduler's allocator."""
     label = f"{(claim.get('metadata') or {}).get('namespace', '')}/{(claim.get('metadata') or {}).get('name', '')}"
     devices = (claim.get("spec") or {}).get("devices") or {}
     if devices.get("constraints") or devices.get("config"):
@@ -340,6 +459,9 @@ def claim_asks(claim: Mapping[str, Any], gpupool_classes: Mapping[str, str]) -> 
         cls = str(exactly.get("deviceClassName", ""))
         if cls not in gpupool_classes:
             raise NotOurs(f"claim {label}: class {cls!r} is not one of gpupool's")
+        if gpupool_classes[cls] == MIG_ISOLATION:
+            # a partition is one device, taken whole, and its counters already allow only valid layouts
+            raise NotOurs(f"claim {label}: class {cls!r} hands out MIG partitions")
         if exactly.get("selectors") or exactly.get("adminAccess") or exactly.get("tolerations") \
                 or exactly.get("allocationMode", "ExactCount") != "ExactCount":
             raise NotOurs(f"claim {label}: request {r.get('name')!r} has selectors, tolerations, admin access "
@@ -378,7 +500,8 @@ def allocation_status(node: str, devices: Sequence[tuple[ClaimAsk, int, int, int
 
 # --- device-plugin manifests served through claims (the webhook's `dra` namespace policy) ---------------------
 
-CLASS_OF_ISOLATION = {"hook": DRIVER, "mps": f"mps.{DRIVER}", "none": f"whole.{DRIVER}"}  # the chart's classes
+# the chart's classes (and mig.gpu.gpupool.io for MIG partitions, which a device-plugin manifest never becomes)
+CLASS_OF_ISOLATION = {"hook": DRIVER, "mps": f"mps.{DRIVER}", "none": f"whole.{DRIVER}"}
 TEMPLATE_CLAIM = "gpupool"  # the pod's resourceClaims entry (and container claim) the webhook writes
 _TEMPLATE = re.compile(r"^gpupool-(hook|mps|none)-(\d{1,2})x(whole|\d{1,7}mi)-(\d{1,3})c$")
 
