@@ -1,7 +1,8 @@
 """Build step for the C interception library; everything else is in pyproject.toml.
 
-`pip install .`, `pip wheel` and `pip install -e .` all run build_py: the library is compiled with the
-system C compiler into gpupool/hook/ of the build tree (wheels) or of the source tree (editable installs).
+`pip install .`, `pip wheel` and `pip install -e .` all run build_py: the library (and remote mode's client
+library and GPU server) are compiled with the system C compiler into gpupool/hook/ of the build tree (wheels)
+or of the source tree (editable installs).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class BuildWithHook(build_py):
         else:
             target = Path(self.build_lib) / "gpupool" / "hook" / native.LIBRARY_NAME
         native.compile_library(target)
+        native.compile_remote(target.parent)  # remote mode: the client library and the GPU server
 
 
 setup(cmdclass={"build_py": BuildWithHook})

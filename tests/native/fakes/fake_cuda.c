@@ -15,6 +15,7 @@ struct alloc {
     uint64_t key, bytes;
     void *pool;
     struct alloc *next;
+    unsigned char *data; /* the contents, mapped at the first copy, memset or kernel that touches them */
 };
 static struct alloc *allocs;
 static int have_ctx;
@@ -48,7 +49,7 @@ static CUresult alloc_bytes(unsigned long long *out, uint64_t bytes, void *pool)
         *out = fk->next_ptr;
         fk->next_ptr += (bytes + 255) / 256 * 256 + 256;
         struct alloc *a = malloc(sizeof *a);
-        *a = (struct alloc){*out, bytes, pool, allocs};
+        *a = (struct alloc){*out, bytes, pool, allocs, NULL};
         allocs = a;
     }
     fk_unlock();
@@ -71,6 +72,7 @@ static CUresult free_bytes(uint64_t key) {
     struct alloc *a = unlink_alloc(key);
     if (a != NULL) fk_me()->used -= a->bytes;
     fk_unlock();
+    if (a != NULL && a->data != NULL) munmap(a->data, a->bytes);
     free(a);
     return a != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
@@ -276,12 +278,17 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
     struct alloc *a = unlink_alloc(ptr);
     if (a != NULL && a->pool != NULL) ((struct fake_pool *)a->pool)->used -= a->bytes;
     fk_unlock();
+    if (a != NULL && a->data != NULL) munmap(a->data, a->bytes);
     free(a);
     return a != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 /* ---- streams, events, kernels ------------------------------------------------------------------------- */
-static struct fake_stream *stream_of(CUstream s) { return s == NULL ? &default_stream : (struct fake_stream *)s; }
+/* NULL and the driver's special handles CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) are the default
+ * stream (the fake has one thread of work per process) */
+static struct fake_stream *stream_of(CUstream s) {
+    return (uintptr_t)s <= 2 ? &default_stream : (struct fake_stream *)s;
+}
 static void sleep_until(int64_t t) {
     int64_t now = fk_now();
     if (t <= now) return;
@@ -326,14 +333,18 @@ static CUresult run(CUstream s, int64_t ns) {
 static int64_t grid_ns(unsigned gx, unsigned gy, unsigned gz) {
     return (int64_t)gx * gy * gz * (int64_t)fk_env("FAKE_GPU_NS_PER_BLOCK", 1000);
 }
+static CUresult kernel_body(CUfunction f, void **params, void **extra, int64_t *ns);
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
-    (void)f; (void)bx; (void)by; (void)bz; (void)shm; (void)params; (void)extra;
-    return run(s, grid_ns(gx, gy, gz));
+    (void)bx; (void)by; (void)bz; (void)shm;
+    int64_t ns = grid_ns(gx, gy, gz);
+    CUresult r = kernel_body(f, params, extra, &ns);
+    return r != CUDA_SUCCESS ? r : run(s, ns);
 }
 EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params, void **extra) {
-    (void)f; (void)params; (void)extra;
-    return run(c->hStream, grid_ns(c->gridDimX, c->gridDimY, c->gridDimZ));
+    int64_t ns = grid_ns(c->gridDimX, c->gridDimY, c->gridDimZ);
+    CUresult r = kernel_body(f, params, extra, &ns);
+    return r != CUDA_SUCCESS ? r : run(c->hStream, ns);
 }
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                           unsigned by, unsigned bz, unsigned shm, CUstream s, void **params) {
@@ -363,6 +374,241 @@ EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
 
 /* An entry point no interception library knows: it must reach the driver untouched. */
 EXPORT int cuFakeEcho(int x) { return x + 1000; }
+
+
+/* ---- contents, modules, kernels (what remote mode's tests check end to end) ---------------------------
+ * - allocations have contents: host memory mapped lazily (MAP_NORESERVE, so the existing tests' 70 GiB
+ *   allocations cost nothing until touched), read and written by cuMemcpy*, cuMemset* and the kernels below;
+ *   an access outside every live allocation of the process is CUDA_ERROR_INVALID_VALUE (copies) or
+ *   CUDA_ERROR_ILLEGAL_ADDRESS (kernels). Copies and kernels take effect when called (stream order is then
+ *   trivially kept); kernels also occupy the device clock as before.
+ * - a module image is the text "gpupool-fake-module:NAME,NAME,...", NUL-terminated; anything else is
+ *   CUDA_ERROR_INVALID_IMAGE. cuModuleGetFunction finds a NAME the image lists and the fake knows:
+ *     add_u32(u32 *buf, u32 n, u32 value)        buf[i] += value for i < n; layout (0,8) (8,4) (12,4)
+ *     axpy_u32(u32 a, u32 *x, u32 *y, u32 n)     y[i] = a * x[i] + y[i];    layout (0,4) (8,8) (16,8) (24,4)
+ *     spin_us(u64 us)                            occupies the device for us microseconds; layout (0,8)
+ *   cuFuncGetParamInfo describes those layouts (CUDA 12.4); parameters come as kernelParams or as an
+ *   `extra` CU_LAUNCH_PARAM_BUFFER_POINTER/SIZE block laid out the same way. A NULL function launches the
+ *   timing-only kernel the older tests use. */
+#define CUDA_ERROR_INVALID_IMAGE 200
+#define CUDA_ERROR_INVALID_HANDLE 400
+#define CUDA_ERROR_ILLEGAL_ADDRESS 700
+
+/* The bytes [p, p + n) if one live allocation of this process holds them all, else NULL. */
+static unsigned char *bytes_at(uint64_t p, uint64_t n) {
+    unsigned char *out = NULL;
+    fk_lock();
+    for (struct alloc *a = allocs; a != NULL; a = a->next) {
+        if (p >= a->key && n <= a->bytes && p - a->key <= a->bytes - n) {
+            if (a->data == NULL) {
+                void *m = mmap(NULL, a->bytes ? a->bytes : 1, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                if (m != MAP_FAILED) a->data = m;
+            }
+            if (a->data != NULL) out = a->data + (p - a->key);
+            break;
+        }
+    }
+    fk_unlock();
+    return out;
+}
+
+static CUresult copy_in(CUdeviceptr d, const void *h, size_t n) {
+    unsigned char *dst = bytes_at(d, n);
+    if (dst == NULL || (h == NULL && n > 0)) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(dst, h, n);
+    return CUDA_SUCCESS;
+}
+static CUresult copy_out(void *h, CUdeviceptr d, size_t n) {
+    unsigned char *src = bytes_at(d, n);
+    if (src == NULL || (h == NULL && n > 0)) return CUDA_ERROR_INVALID_VALUE;
+    memcpy(h, src, n);
+    return CUDA_SUCCESS;
+}
+static CUresult copy_dd(CUdeviceptr d, CUdeviceptr s, size_t n) {
+    unsigned char *dst = bytes_at(d, n), *src = bytes_at(s, n);
+    if (dst == NULL || src == NULL) return CUDA_ERROR_INVALID_VALUE;
+    memmove(dst, src, n);
+    return CUDA_SUCCESS;
+}
+static CUresult fill(CUdeviceptr d, unsigned value, unsigned size, size_t count) {
+    if (count > UINT64_MAX / size) return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *dst = bytes_at(d, (uint64_t)count * size);
+    if (dst == NULL || d % size != 0) return CUDA_ERROR_INVALID_VALUE;
+    for (size_t i = 0; i < count; i++) memcpy(dst + i * size, &value, size); /* little-endian: the low bytes */
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr d, const void *h, size_t n) { return copy_in(d, h, n); }
+EXPORT CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *h, size_t n, CUstream s) { (void)s; return copy_in(d, h, n); }
+EXPORT CUresult cuMemcpyDtoH_v2(void *h, CUdeviceptr d, size_t n) { return copy_out(h, d, n); }
+EXPORT CUresult cuMemcpyDtoHAsync_v2(void *h, CUdeviceptr d, size_t n, CUstream s) { (void)s; return copy_out(h, d, n); }
+EXPORT CUresult cuMemcpyDtoD_v2(CUdeviceptr d, CUdeviceptr src, size_t n) { return copy_dd(d, src, n); }
+EXPORT CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, CUstream s) { (void)s; return copy_dd(d, src, n); }
+EXPORT CUresult cuMemsetD8_v2(CUdeviceptr d, unsigned char v, size_t n) { return fill(d, v, 1, n); }
+EXPORT CUresult cuMemsetD16_v2(CUdeviceptr d, unsigned short v, size_t n) { return fill(d, v, 2, n); }
+EXPORT CUresult cuMemsetD32_v2(CUdeviceptr d, unsigned v, size_t n) { return fill(d, v, 4, n); }
+EXPORT CUresult cuMemsetD8Async(CUdeviceptr d, unsigned char v, size_t n, CUstream s) { (void)s; return fill(d, v, 1, n); }
+EXPORT CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, CUstream s) { (void)s; return fill(d, v, 2, n); }
+EXPORT CUresult cuMemsetD32Async(CUdeviceptr d, unsigned v, size_t n, CUstream s) { (void)s; return fill(d, v, 4, n); }
+
+struct fake_kernel {
+    const char *name;
+    unsigned nparams;
+    size_t offset[4], size[4];
+};
+static const struct fake_kernel kernels[] = {
+    {"add_u32", 3, {0, 8, 12}, {8, 4, 4}},
+    {"axpy_u32", 4, {0, 8, 16, 24}, {4, 8, 8, 4}},
+    {"spin_us", 1, {0}, {8}},
+};
+#define FAKE_IMAGE_PREFIX "gpupool-fake-module:"
+struct fake_module { char names[1024]; };
+
+static const struct fake_kernel *kernel_of(CUfunction f) {
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++)
+        if ((const void *)f == (const void *)&kernels[i]) return &kernels[i];
+    return NULL;
+}
+typedef struct CUmod_st *CUmodule;
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    if (m == NULL || image == NULL) return CUDA_ERROR_INVALID_VALUE;
+    const char *text = image;
+    size_t plen = strlen(FAKE_IMAGE_PREFIX);
+    if (strncmp(text, FAKE_IMAGE_PREFIX, plen) != 0 || strlen(text + plen) >= sizeof(struct fake_module) - 2)
+        return CUDA_ERROR_INVALID_IMAGE;
+    struct fake_module *fm = calloc(1, sizeof *fm);
+    snprintf(fm->names, sizeof fm->names, ",%s,", text + plen);
+    *m = (CUmodule)fm;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, void *opts, void **vals) {
+    (void)n; (void)opts; (void)vals;
+    return cuModuleLoadData(m, image);
+}
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *image) { return cuModuleLoadData(m, image); }
+EXPORT CUresult cuModuleUnload(CUmodule m) {
+    if (m == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    free(m);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    if (f == NULL || name == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (m == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    char key[300];
+    snprintf(key, sizeof key, ",%s,", name);
+    if (strstr(((struct fake_module *)m)->names, key) == NULL) return CUDA_ERROR_NOT_FOUND;
+    for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) {
+        if (strcmp(kernels[i].name, name) == 0) {
+            *f = (CUfunction)(void *)&kernels[i];
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_NOT_FOUND;
+}
+EXPORT CUresult cuFuncGetParamInfo(CUfunction f, size_t index, size_t *offset, size_t *size) {
+    const struct fake_kernel *k = kernel_of(f);
+    if (k == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    if (index >= k->nparams || offset == NULL || size == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *offset = k->offset[index];
+    *size = k->size[index];
+    return CUDA_SUCCESS;
+}
+
+/* Parameter i of a launch, read from kernelParams or from the `extra` block at its offset. */
+static int param(const struct fake_kernel *k, void **params, const unsigned char *block, size_t blen, unsigned i,
+                 void *out) {
+    if (params != NULL) {
+        if (params[i] == NULL) return -1;
+        memcpy(out, params[i], k->size[i]);
+        return 0;
+    }
+    if (block == NULL || k->offset[i] + k->size[i] > blen) return -1;
+    memcpy(out, block + k->offset[i], k->size[i]);
+    return 0;
+}
+
+static CUresult kernel_body(CUfunction f, void **params, void **extra, int64_t *ns) {
+    if (f == NULL) return CUDA_SUCCESS;
+    const struct fake_kernel *k = kernel_of(f);
+    if (k == NULL) return CUDA_ERROR_INVALID_HANDLE;
+    const unsigned char *block = NULL;
+    size_t blen = 0;
+    for (int i = 0; extra != NULL && extra[i] != NULL; i += 2) {
+        if (extra[i] == (void *)1) block = extra[i + 1];
+        else if (extra[i] == (void *)2) blen = *(size_t *)extra[i + 1];
+        else return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (params == NULL && block == NULL) return CUDA_ERROR_INVALID_VALUE;
+    if (!strcmp(k->name, "spin_us")) {
+        uint64_t us;
+        if (param(k, params, block, blen, 0, &us) != 0) return CUDA_ERROR_INVALID_VALUE;
+        *ns = (int64_t)us * 1000;
+        return CUDA_SUCCESS;
+    }
+    if (!strcmp(k->name, "add_u32")) {
+        uint64_t buf;
+        uint32_t n, value;
+        if (param(k, params, block, blen, 0, &buf) || param(k, params, block, blen, 1, &n) ||
+            param(k, params, block, blen, 2, &value))
+            return CUDA_ERROR_INVALID_VALUE;
+        unsigned char *b = bytes_at(buf, (uint64_t)n * 4);
+        if (b == NULL) return CUDA_ERROR_ILLEGAL_ADDRESS;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t v;
+            memcpy(&v, b + 4 * (size_t)i, 4);
+            v += value;
+            memcpy(b + 4 * (size_t)i, &v, 4);
+        }
+        return CUDA_SUCCESS;
+    }
+    uint32_t a, n; /* axpy_u32 */
+    uint64_t x, y;
+    if (param(k, params, block, blen, 0, &a) || param(k, params, block, blen, 1, &x) ||
+        param(k, params, block, blen, 2, &y) || param(k, params, block, blen, 3, &n))
+        return CUDA_ERROR_INVALID_VALUE;
+    unsigned char *xb = bytes_at(x, (uint64_t)n * 4), *yb = bytes_at(y, (uint64_t)n * 4);
+    if (xb == NULL || yb == NULL) return CUDA_ERROR_ILLEGAL_ADDRESS;
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t xv, yv;
+        memcpy(&xv, xb + 4 * (size_t)i, 4);
+        memcpy(&yv, yb + 4 * (size_t)i, 4);
+        yv = a * xv + yv;
+        memcpy(yb + 4 * (size_t)i, &yv, 4);
+    }
+    return CUDA_SUCCESS;
+}
+
+/* ---- the rest of a driver a forwarding server calls --------------------------------------------------- */
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    if (d != 0 || name == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "gpupool fake GPU");
+    return CUDA_SUCCESS;
+}
+/* A few attributes with an H100's values (compute capability 9.0, 132 SMs); the others answer 0. */
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+    if (d != 0 || v == NULL || attr <= 0 || attr > 140) return CUDA_ERROR_INVALID_VALUE;
+    *v = attr == 75 ? 9 : attr == 76 ? 0 : attr == 16 ? 132 : attr == 1 ? 1024 : 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) { (void)c; return CUDA_SUCCESS; }
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) { (void)d; return CUDA_SUCCESS; }
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) {
+    *c = have_ctx ? (CUcontext)(uintptr_t)1 : NULL;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int prio) {
+    (void)prio;
+    return cuStreamCreate(s, flags);
+}
+EXPORT CUresult cuStreamQuery(CUstream s) { return stream_of(s)->tail <= fk_now() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
+/* the stream's later work starts after the event's time */
+EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+    (void)flags;
+    struct fake_stream *st = stream_of(s);
+    int64_t t = ((struct fake_event *)e)->t;
+    if (t > st->tail) st->tail = t;
+    return CUDA_SUCCESS;
+}
 
 /* ---- the _ptsz aliases and cuGetProcAddress ----------------------------------------------------------- */
 #define ALIAS(name, target) EXPORT __typeof__(target) name __attribute__((alias(#target)));
@@ -458,6 +704,32 @@ static const struct { const char *name; void *fn; } exports[] = {
     {"cuEventSynchronize", (void *)cuEventSynchronize},
     {"cuEventElapsedTime", (void *)cuEventElapsedTime},
     {"cuFakeEcho", (void *)cuFakeEcho},
+    {"cuMemcpyHtoD_v2", (void *)cuMemcpyHtoD_v2},
+    {"cuMemcpyHtoDAsync_v2", (void *)cuMemcpyHtoDAsync_v2},
+    {"cuMemcpyDtoH_v2", (void *)cuMemcpyDtoH_v2},
+    {"cuMemcpyDtoHAsync_v2", (void *)cuMemcpyDtoHAsync_v2},
+    {"cuMemcpyDtoD_v2", (void *)cuMemcpyDtoD_v2},
+    {"cuMemcpyDtoDAsync_v2", (void *)cuMemcpyDtoDAsync_v2},
+    {"cuMemsetD8_v2", (void *)cuMemsetD8_v2},
+    {"cuMemsetD16_v2", (void *)cuMemsetD16_v2},
+    {"cuMemsetD32_v2", (void *)cuMemsetD32_v2},
+    {"cuMemsetD8Async", (void *)cuMemsetD8Async},
+    {"cuMemsetD16Async", (void *)cuMemsetD16Async},
+    {"cuMemsetD32Async", (void *)cuMemsetD32Async},
+    {"cuModuleLoadData", (void *)cuModuleLoadData},
+    {"cuModuleLoadDataEx", (void *)cuModuleLoadDataEx},
+    {"cuModuleLoadFatBinary", (void *)cuModuleLoadFatBinary},
+    {"cuModuleUnload", (void *)cuModuleUnload},
+    {"cuModuleGetFunction", (void *)cuModuleGetFunction},
+    {"cuFuncGetParamInfo", (void *)cuFuncGetParamInfo},
+    {"cuDeviceGetName", (void *)cuDeviceGetName},
+    {"cuDeviceGetAttribute", (void *)cuDeviceGetAttribute},
+    {"cuCtxDestroy_v2", (void *)cuCtxDestroy_v2},
+    {"cuDevicePrimaryCtxRelease_v2", (void *)cuDevicePrimaryCtxRelease_v2},
+    {"cuCtxGetCurrent", (void *)cuCtxGetCurrent},
+    {"cuStreamCreateWithPriority", (void *)cuStreamCreateWithPriority},
+    {"cuStreamQuery", (void *)cuStreamQuery},
+    {"cuStreamWaitEvent", (void *)cuStreamWaitEvent},
     {"cuGetProcAddress", (void *)cuGetProcAddress},
     {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2},
     {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},
