@@ -183,7 +183,7 @@ def test_agent_may_publish_slices_and_read_claims_only_with_dra(render: Render) 
     assert not [r for r in base if "resource.k8s.io" in r[0]]
     assert agent_rules(dra_on(render)) == sorted([
         *base,
-        (("resource.k8s.io",), ("resourceslices",), ("get", "create", "patch")),
+        (("resource.k8s.io",), ("resourceslices",), ("get", "create", "patch", "delete")),
         (("resource.k8s.io",), ("resourceclaims",), ("get",)),  # no list, watch or write of anyone's claims
     ])
 

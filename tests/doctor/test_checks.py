@@ -323,6 +323,7 @@ async def test_the_dra_rights_are_asked_only_of_a_release_with_dra() -> None:
                   ("gp-agent", "get", "resource.k8s.io/resourceslices"),
                   ("gp-agent", "create", "resource.k8s.io/resourceslices"),
                   ("gp-agent", "patch", "resource.k8s.io/resourceslices"),
+                  ("gp-agent", "delete", "resource.k8s.io/resourceslices"),
                   ("gp-agent", "get", "resource.k8s.io/resourceclaims")}
     watchdog = ("gp-agent", "create", "events")
     without, _ = await asked({})

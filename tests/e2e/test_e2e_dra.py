@@ -267,10 +267,14 @@ class DraAgent:
     def gpu_uuids(self) -> list[str]:
         return [f"GPU-{self.node.name.replace('.', '-')}-{i}" for i in range(self.gpus)]
 
-    def start(self, broken: tuple[int, ...] = ()) -> None:
+    def start(self, broken: tuple[int, ...] = (), mig: tuple[int, ...] = ()) -> None:
+        """With `mig`, those GPUs are H100s in MIG mode (the fake MIG driver carves their instances)."""
         self.broken = broken
         gpus = [{"uuid": u, "model": "L40S", "memory_mib": GPU_MIB, "numa_node": 0, "compute_capability": "8.9",
-                 **({"healthy": False} if i in broken else {})} for i, u in enumerate(self.gpu_uuids)]
+                 **({"healthy": False} if i in broken else {}),
+                 **({"model": "H100-80GB", "memory_mib": 81920, "compute_capability": "9.0", "mig": True}
+                    if i in mig else {})}
+                for i, u in enumerate(self.gpu_uuids)]
         self.fake_file.write_text(json.dumps({"driver_version": "570.86", "cuda_version": "12.8", "gpus": gpus}))
         argv = [*tb.gpupool_argv(), "agent", "--node-name", self.node.name, "--backend", "fake",
                 "--fake-file", str(self.fake_file), "--dra", "--kubelet-root", str(self.node.kubelet_root),
@@ -775,6 +779,79 @@ def test_an_unhealthy_gpu_taints_its_device_and_new_claims_avoid_it(dra: DraClus
         agent.start()
         wait_for(lambda: agent.registrations() > registrations, 90, "the agent registered again", agent.tail)
         wait_for(lambda: _taints(c, 0) == {"gpu-0": [], "gpu-1": []}, 90, "node 0 untainted", agent.tail)
+
+
+def _pool(c: DraCluster, i: int) -> list[Obj]:
+    """Node i's slices of gpupool's driver, the first one first."""
+    items = (c.get("/apis/resource.k8s.io/v1/resourceslices") or {}).get("items") or []
+    return sorted((s for s in items if s["spec"]["driver"] == DRIVER and s["spec"]["nodeName"] == c.node(i).name),
+                  key=lambda s: (len(s["metadata"]["name"]), s["metadata"]["name"]))
+
+
+def _partition_of(c: DraCluster, pod: Obj) -> str:
+    return str(c.pod_claim(pod)["status"]["allocation"]["devices"]["results"][0]["device"])
+
+
+def test_mig_partitions_are_carved_for_claims_and_their_counters_keep_the_layout_valid(dra: DraCluster) -> None:
+    """GPU 1 of node 1 is an H100 in MIG mode: the agent publishes it as 25 partitions consuming the counters
+    of its counter set (a slice of its own), the real API server keeps those fields, kube-scheduler's
+    allocator (which knows nothing of MIG) hands out only partitions that form a valid layout, and the agent
+    carves each claim's instance at prepare: the container sees its MIG device. A 4g.40gb claim holds
+    memory slices 0-3, so a 3g.40gb claim can only get the partition at slice 4, and a 7g.80gb claim none."""
+    c = dra
+    agent, n1 = c.agents[1], c.node(1).name
+    registrations = agent.registrations()
+    agent.stop()
+    agent.start(mig=(1,))
+    try:
+        wait_for(lambda: agent.registrations() > registrations, 90, "the restarted agent registered", agent.tail)
+        wait_for(lambda: len(_pool(c, 1)) == 2, 90, "node 1's pool in two slices", agent.tail)
+        devices_slice, counters_slice = _pool(c, 1)
+        assert devices_slice["spec"]["pool"]["resourceSliceCount"] == 2
+        devices = {d["name"]: d for d in devices_slice["spec"]["devices"]}
+        assert "gpu-0" in devices and "gpu-1" not in devices
+        partitions = [d for n, d in devices.items() if n.startswith("gpu-1-")]
+        assert len(partitions) == 25
+        four_g = devices["gpu-1-4g40gb-0"]
+        assert four_g["attributes"]["profile"] == {"string": "4g.40gb"}
+        assert four_g["consumesCounters"] == [{"counterSet": "gpu-1-mig", "counters": {
+            **{f"memory-slice-{k}": {"value": "1"} for k in range(4)}, "compute-slices": {"value": "4"}}}]
+        (counters,) = counters_slice["spec"]["sharedCounters"]
+        assert counters["name"] == "gpu-1-mig" and counters["counters"]["compute-slices"] == {"value": "7"}
+
+        def profile(p: str) -> str:
+            return f'device.attributes["{DRIVER}"].profile == "{p}"'
+
+        mig_class = f"mig.{DRIVER}"
+        c.apply([claim_template("four", device_class=mig_class, selector=profile("4g.40gb")),
+                 claim_template("three", device_class=mig_class, selector=profile("3g.40gb")),
+                 claim_template("seven", device_class=mig_class, selector=profile("7g.80gb")),
+                 claim_pod("mig-4g", n1, template="four")])
+        (four,) = c.wait_running(["mig-4g"])
+        assert _partition_of(c, four) == "gpu-1-4g40gb-0"
+        c.apply([claim_pod("mig-3g", n1, template="three")])
+        (three,) = c.wait_running(["mig-3g"])
+        assert _partition_of(c, three) == "gpu-1-3g40gb-4"  # slice 0 is held: only start 4 is left
+        seen = {}
+        for pod in (four, three):
+            env, mounts = c.grant(pod["metadata"]["name"])
+            assert env["GPUPOOL_ISOLATION"] == "mig" and env["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
+            assert not mounts & HOOK_MOUNTS  # hardware isolation: no interception library
+            seen[env["GPUPOOL_MIG_PROFILE"]] = env["NVIDIA_VISIBLE_DEVICES"]
+        assert sorted(seen) == ["3g.40gb", "4g.40gb"] and len(set(seen.values())) == 2
+        c.apply([claim_pod("mig-7g", n1, template="seven")])
+        wait_for(lambda: _unschedulable(c, "mig-7g"), 90, "the 7g.80gb pod found unschedulable",
+                 lambda: describe_pod(c.pod("mig-7g")))
+        assert not (c.pod_claim(c.pod("mig-7g") or {}).get("status") or {}).get("allocation")
+    finally:
+        c.clear()
+        registrations = agent.registrations()
+        agent.stop()
+        agent.start()
+        wait_for(lambda: agent.registrations() > registrations, 90, "the agent registered again", agent.tail)
+        # back to two shared GPUs: the counters' slice goes (deleted by the agent, under the chart's rules)
+        wait_for(lambda: len(_pool(c, 1)) == 1 and slice_ready(c, 1), 90, "node 1's pool in one slice again",
+                 agent.tail)
 
 
 # --- gpupool's own allocator (gpupool.scheduler.claims) ---------------------------------------------------

@@ -63,7 +63,7 @@ NEEDS: dict[str, list[Access]] = {
         *_rows("patch", "", "nodes/status", "the node's GpupoolReady condition (node validation)"),
         *_rows("get list patch", "", "pods", "finding the pod of an Allocate, its allocated marker"),
         *_rows("create", "", "events", "the watchdog's Events on pods", when="watchdog"),
-        *_rows("get create patch", "resource.k8s.io", "resourceslices", "publishing the node's DRA devices",
+        *_rows("get create patch delete", "resource.k8s.io", "resourceslices", "publishing the node's DRA devices",
                when="dra"),
         *_rows("get", "resource.k8s.io", "resourceclaims", "preparing a pod's claims (DRA kubelet plugin)", when="dra"),
     ],
