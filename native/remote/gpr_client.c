@@ -40,6 +40,7 @@ typedef struct CUmod_st *CUmodule;
 
 struct gctx {
     uint32_t magic;
+    struct gctx *retired_next; /* ended contexts stay allocated, listed (see end_ctx) */
     int fd;
     int dead;
     int device;
@@ -47,10 +48,12 @@ struct gctx {
     int refs;              /* primary contexts: retains outstanding */
     pthread_mutex_t mu;    /* one message (and its reply) at a time on the connection */
 };
+struct gfunc;
 struct gobj {              /* a module, stream or event: the server's number for it, in its context */
     uint32_t magic;
     uint32_t id;
     struct gctx *ctx;
+    struct gfunc *funcs;   /* a module's functions, freed with it (as the driver's are) */
 };
 struct gfunc {
     uint32_t magic;
@@ -59,6 +62,7 @@ struct gfunc {
     uint32_t nparams;      /* GPR_PARAMS_UNKNOWN: the server's driver cannot describe them */
     uint32_t argsize;
     uint32_t *layout;      /* nparams x (offset, size) */
+    struct gfunc *next;
 };
 
 static struct gpr_devices devs;
@@ -358,6 +362,7 @@ static CUresult new_ctx(struct gctx **out, int device, unsigned flags, int is_pr
 /* Ending a context closes its connection: the server's process for it exits and the driver frees all of
  * it. The object itself stays allocated (dead): another thread may still hold it current, and a call
  * there must fail cleanly rather than touch freed memory. */
+static struct gctx *retired;
 static void end_ctx(struct gctx *c) {
     pthread_mutex_lock(&c->mu);
     if (c->fd >= 0) close(c->fd);
@@ -365,6 +370,10 @@ static void end_ctx(struct gctx *c) {
     c->dead = 1;
     c->magic = 0;
     pthread_mutex_unlock(&c->mu);
+    pthread_mutex_lock(&primary_mu);
+    c->retired_next = retired;
+    retired = c;
+    pthread_mutex_unlock(&primary_mu);
 }
 
 static int valid_ctx(const struct gctx *c) { return c != NULL && c->magic == CTX_MAGIC; }
@@ -638,7 +647,7 @@ static CUresult load(CUmodule *m, const void *image) {
     if (r != CUDA_SUCCESS) return r;
     struct gobj *o = malloc(sizeof *o);
     if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    *o = (struct gobj){OBJ_MAGIC, id, c};
+    *o = (struct gobj){OBJ_MAGIC, id, c, NULL};
     *m = (CUmodule)o;
     return CUDA_SUCCESS;
 }
@@ -653,6 +662,12 @@ EXPORT CUresult cuModuleUnload(CUmodule m) {
     if (o == NULL || o->magic != OBJ_MAGIC) return GPR_CUDA_ERROR_INVALID_HANDLE;
     CUresult r = call_simple(o->ctx, GPR_OP_MODULE_UNLOAD, &o->id, 4);
     o->magic = 0;
+    for (struct gfunc *f = o->funcs, *next; f != NULL; f = next) {
+        next = f->next;
+        f->magic = 0;
+        free(f->layout);
+        free(f);
+    }
     free(o);
     return r;
 }
@@ -668,9 +683,15 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
     if (r != CUDA_SUCCESS) return r;
     uint32_t n = out[1], count = n == GPR_PARAMS_UNKNOWN ? 0 : n;
     if (got < 8 || count > GPR_MAX_PARAMS || got != 8 + (size_t)count * 8) return GPR_CUDA_ERROR_UNKNOWN;
+    for (struct gfunc *known = o->funcs; known != NULL; known = known->next) {
+        if (known->id == out[0]) { /* the server said: the same kernel as before, so the same handle */
+            *f = (CUfunction)known;
+            return CUDA_SUCCESS;
+        }
+    }
     struct gfunc *fn = calloc(1, sizeof *fn);
     if (fn == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    *fn = (struct gfunc){FN_MAGIC, out[0], o->ctx, n, 0, NULL};
+    *fn = (struct gfunc){FN_MAGIC, out[0], o->ctx, n, 0, NULL, o->funcs};
     if (count > 0) {
         fn->layout = malloc(count * 8);
         if (fn->layout == NULL) {
@@ -681,6 +702,7 @@ EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name)
         for (uint32_t i = 0; i < count; i++)
             if (fn->layout[2 * i] + fn->layout[2 * i + 1] > fn->argsize) fn->argsize = fn->layout[2 * i] + fn->layout[2 * i + 1];
     }
+    o->funcs = fn;
     *f = (CUfunction)fn;
     return CUDA_SUCCESS;
 }
@@ -768,7 +790,7 @@ static CUresult new_obj(uint32_t op, const void *a, size_t alen, void **out) {
     if (r != CUDA_SUCCESS) return r;
     struct gobj *o = malloc(sizeof *o);
     if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-    *o = (struct gobj){OBJ_MAGIC, id, c};
+    *o = (struct gobj){OBJ_MAGIC, id, c, NULL};
     *out = o;
     return CUDA_SUCCESS;
 }

@@ -122,6 +122,8 @@ static CUcontext ctx;
 static uint32_t deferred;          /* the first error of a request that got no reply, not yet reported */
 static long live_allocs;
 static void *modules[MAX_MODULES];
+static unsigned char *in;          /* the request being handled (static: reachable to the end) */
+static size_t incap;
 static struct func funcs[MAX_FUNCS];
 static CUstream streams[MAX_STREAMS];
 static unsigned char stream_used[MAX_STREAMS];
@@ -230,6 +232,7 @@ static unsigned char *out_room(size_t n) {
 /* One request; returns the result and sets *olen to the reply's payload length (in outbuf). */
 static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
     *olen = 0;
+    if (op <= GPR_OP_HELLO || op >= GPR_OP_COUNT) return GPR_CUDA_ERROR_NOT_SUPPORTED;
     if (op != GPR_OP_DEVICES && op != GPR_OP_CTX_CREATE && ctx == NULL) return GPR_CUDA_ERROR_INVALID_CONTEXT;
     switch (op) {
     case GPR_OP_DEVICES: {
@@ -388,13 +391,26 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
         if (r->bad || mid == 0 || mid >= MAX_MODULES || modules[mid] == NULL) return GPR_CUDA_ERROR_INVALID_HANDLE;
         if (r->left == 0 || r->left > GPR_MAX_NAME || memchr(r->p, '\0', r->left) == NULL)
             return CUDA_ERROR_INVALID_VALUE;
+        CUfunction f = NULL;
+        CUresult res = CALL(ModuleGetFunction, &f, modules[mid], (const char *)r->p);
+        if (res != CUDA_SUCCESS) return (uint32_t)res;
+        /* The driver hands out one handle per kernel; so does the table, however often a program asks. */
+        for (uint32_t i = 1; i < MAX_FUNCS; i++) {
+            if (funcs[i].module == mid && funcs[i].f == f) {
+                uint32_t cnt = funcs[i].nparams == GPR_PARAMS_UNKNOWN ? 0 : funcs[i].nparams;
+                uint32_t *o = (uint32_t *)(void *)out_room(8 + cnt * 8);
+                if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+                o[0] = i;
+                o[1] = funcs[i].nparams;
+                if (cnt > 0) memcpy(o + 2, funcs[i].layout, cnt * 8);
+                *olen = 8 + cnt * 8;
+                return CUDA_SUCCESS;
+            }
+        }
         uint32_t id = 0;
         for (uint32_t i = 1; i < MAX_FUNCS && id == 0; i++)
             if (funcs[i].module == 0) id = i;
         if (id == 0) return CUDA_ERROR_OUT_OF_MEMORY;
-        CUfunction f = NULL;
-        CUresult res = CALL(ModuleGetFunction, &f, modules[mid], (const char *)r->p);
-        if (res != CUDA_SUCCESS) return (uint32_t)res;
         uint32_t layout[2 * GPR_MAX_PARAMS], n = 0;
         if (drv.FuncGetParamInfo == NULL) n = GPR_PARAMS_UNKNOWN;
         while (n < GPR_MAX_PARAMS) {
@@ -551,8 +567,6 @@ static int worker(int fd, const char *cuda) {
     }
     uint32_t hello[2] = {GPR_VERSION, (uint32_t)getpid()};
     if (reply(fd, CUDA_SUCCESS, hello, sizeof hello) != 0) return 0;
-    unsigned char *in = NULL;
-    size_t incap = 0;
     for (;;) {
         struct gpr_hdr h;
         /* Idle as long as the client likes (keepalive finds a vanished peer); once a message has begun,

@@ -175,7 +175,9 @@ class App:
         self.proc.stdin.write(command + "\n")
         self.proc.stdin.flush()
         line = self.proc.stdout.readline()
-        assert line, f"remote_app died on {command[:80]!r}"
+        if not line and self.proc.stderr is not None:
+            self.proc.wait(timeout=10)
+            raise AssertionError(f"remote_app died on {command[:80]!r}: {self.proc.stderr.read()[:2500]}")
         return line.split()
 
     def rc(self, command: str) -> int:
