@@ -45,7 +45,12 @@ struct gp_limits {
     uint64_t squeeze_ppm[GP_MAX_DEV];     /* 280: the agent's reclaim squeeze, 0 = none */
     char uuid[GP_MAX_DEV][64];            /* 408: the container's GPUs in order ("" = match by ordinal) */
     char accounting_dir[256];             /* 1432: the writable accounting directory, a container path */
-    uint8_t pad[2048 - 1688];
+    /* 1688: memory oversubscription, bytes per GPU the pod may allocate beyond its cap (0 = none). Only
+     * cuMemAlloc(_v2) spills there, as managed memory kept on the host (gp_mem.c): the GPU's memory the
+     * pod uses never exceeds its cap, so the guaranteed shares beside it are untouched. Zero in files of
+     * agents before this field (it was padding), so GP_LIMITS_VERSION stays 1. */
+    uint64_t oversub[GP_MAX_DEV];
+    uint8_t pad[2048 - 1688 - 8 * GP_MAX_DEV];
 };
 
 /* Pod-wide compute state of one GPU, in the shared file (64 bytes; offsets documented for the agent). */
@@ -101,6 +106,7 @@ struct gp_config {
     const struct gp_limits *file;         /* the mapped limits file (read-only), NULL without one */
     int ndev;                             /* values given in the limits (0 = no limits at all) */
     uint64_t limit[GP_MAX_DEV];           /* bytes, 0 = unlimited */
+    uint64_t oversub[GP_MAX_DEV];         /* bytes beyond `limit` served from host memory (limits file only) */
     int64_t cores_ppm[GP_MAX_DEV];        /* GP_PPM = unlimited */
     int mode;
     int by_uuid;                          /* NVIDIA_VISIBLE_DEVICES lists UUIDs: match devices by UUID */
@@ -136,6 +142,7 @@ int gp_current_index(void);           /* limit index of the current context's de
 struct gp_shared *gp_shm(void);       /* the pod's shared state (private memory when no hook dir) */
 int gp_slot_index(void);
 int gp_mem_reserve(int li, uint64_t bytes);   /* 0 = reserved, -1 = over the cap */
+int gp_mem_reserve_over(int li, uint64_t bytes); /* the same within cap + oversubscription */
 void gp_mem_release(int li, uint64_t bytes);
 void gp_mem_adjust(int li, int64_t delta);    /* pool growth measured after the fact */
 uint64_t gp_pod_used(int li);

@@ -130,6 +130,7 @@ static void refuse_everything(struct gp_config *c, const char *why) {
     c->by_uuid = 0;
     for (int i = 0; i < GP_MAX_DEV; i++) {
         c->limit[i] = 1;
+        c->oversub[i] = 0;
         c->cores_ppm[i] = GP_PPM / 100;
     }
     c->acct_dir[0] = '\0';
@@ -163,6 +164,7 @@ static int load_limits_file(struct gp_config *c) {
     c->ndev = (int)f->ndev;
     for (int i = 0; i < c->ndev; i++) {
         c->limit[i] = f->limit[i];
+        c->oversub[i] = f->limit[i] != 0 ? f->oversub[i] : 0; /* beyond no cap there is nothing to spill */
         uint64_t ppm = f->cores_ppm[i];
         c->cores_ppm[i] = ppm == 0 || ppm >= (uint64_t)GP_PPM ? GP_PPM : (int64_t)ppm;
     }

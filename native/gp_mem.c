@@ -169,12 +169,109 @@ static int before_alloc(void) {
     return li;
 }
 
+/* ---- memory oversubscription ------------------------------------------------------------------------- */
+/* An allocation the cap refuses may still be served, up to the cap plus the pod's oversubscription (limits
+ * file only), as managed memory whose pages stay on the host: preferred location the CPU, mapped for the
+ * GPU, so kernels read and write it over the bus (slower) and the GPU memory the pod holds stays within its
+ * cap: the guaranteed shares beside it are untouched. Advice or a prefetch that would bring those pages
+ * onto the GPU is refused (cuMemAdvise, cuMemPrefetchAsync below). The ranges are kept in a fixed table; a
+ * spill beyond it is refused rather than left unguarded. */
+#define MAX_SPILLS 4096
+static struct { uint64_t start, bytes; } spills[MAX_SPILLS];
+static int nspills;
+static pthread_mutex_t spill_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int spill_add(uint64_t start, uint64_t bytes) {
+    pthread_mutex_lock(&spill_mu);
+    int ok = nspills < MAX_SPILLS;
+    if (ok) {
+        spills[nspills].start = start;
+        spills[nspills].bytes = bytes;
+        nspills++;
+    }
+    pthread_mutex_unlock(&spill_mu);
+    return ok;
+}
+
+static void spill_forget(uint64_t start) {
+    pthread_mutex_lock(&spill_mu);
+    for (int i = 0; i < nspills; i++) {
+        if (spills[i].start != start) continue;
+        spills[i] = spills[--nspills];
+        break;
+    }
+    pthread_mutex_unlock(&spill_mu);
+}
+
+static int spilled(uint64_t start, uint64_t bytes) {
+    uint64_t end = bytes > UINT64_MAX - start ? UINT64_MAX : start + bytes;
+    pthread_mutex_lock(&spill_mu);
+    int hit = 0;
+    for (int i = 0; i < nspills && !hit; i++) hit = start < spills[i].start + spills[i].bytes && spills[i].start < end;
+    pthread_mutex_unlock(&spill_mu);
+    return hit;
+}
+
+static CUresult spill(CUdeviceptr *dptr, size_t size, int li) {
+    GP_REAL(CUresult (*)(CUdeviceptr *, size_t, unsigned int), managed, "cuMemAllocManaged");
+    GP_REAL(CUresult (*)(CUdeviceptr, size_t, int, CUdevice), advise, "cuMemAdvise");
+    GP_REAL(CUresult (*)(CUdeviceptr), rfree, "cuMemFree_v2");
+    GP_REAL(CUresult (*)(CUdevice *), ctxdev, "cuCtxGetDevice");
+    if (gp_cfg.oversub[li] == 0 || managed == NULL || advise == NULL || rfree == NULL || ctxdev == NULL)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (gp_mem_reserve_over(li, size) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUdevice dev = 0;
+    CUresult r = managed(dptr, size, CU_MEM_ATTACH_GLOBAL);
+    if (r == CUDA_SUCCESS && (ctxdev(&dev) != CUDA_SUCCESS ||
+                              advise(*dptr, size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, CU_DEVICE_CPU) != CUDA_SUCCESS ||
+                              advise(*dptr, size, CU_MEM_ADVISE_SET_ACCESSED_BY, dev) != CUDA_SUCCESS ||
+                              !spill_add(*dptr, size))) {
+        rfree(*dptr); /* pages that could migrate onto the GPU are never handed out */
+        r = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (r == CUDA_SUCCESS) remember(*dptr, K_PTR, li, size);
+    else gp_mem_release(li, size);
+    return r == CUDA_SUCCESS ? r : CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+GP_EXPORT CUresult cuMemAdvise(CUdeviceptr p, size_t count, int advice, CUdevice dev) {
+    GP_REAL(CUresult (*)(CUdeviceptr, size_t, int, CUdevice), real, "cuMemAdvise");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    return spilled(p, count) ? CUDA_ERROR_INVALID_VALUE : real(p, count, advice, dev);
+}
+
+GP_EXPORT CUresult cuMemAdvise_v2(CUdeviceptr p, size_t count, int advice, CUmemLocation where) {
+    GP_REAL(CUresult (*)(CUdeviceptr, size_t, int, CUmemLocation), real, "cuMemAdvise_v2");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    return spilled(p, count) ? CUDA_ERROR_INVALID_VALUE : real(p, count, advice, where);
+}
+
+GP_EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t count, CUdevice dst, CUstream s) {
+    GP_REAL(CUresult (*)(CUdeviceptr, size_t, CUdevice, CUstream), real, "cuMemPrefetchAsync");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    return dst != CU_DEVICE_CPU && spilled(p, count) ? CUDA_ERROR_INVALID_VALUE : real(p, count, dst, s);
+}
+
+GP_EXPORT CUresult cuMemPrefetchAsync_ptsz(CUdeviceptr p, size_t count, CUdevice dst, CUstream s) {
+    GP_REAL(CUresult (*)(CUdeviceptr, size_t, CUdevice, CUstream), real, "cuMemPrefetchAsync_ptsz");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    return dst != CU_DEVICE_CPU && spilled(p, count) ? CUDA_ERROR_INVALID_VALUE : real(p, count, dst, s);
+}
+
+GP_EXPORT CUresult cuMemPrefetchAsync_v2(CUdeviceptr p, size_t count, CUmemLocation where, unsigned flags,
+                                         CUstream s) {
+    GP_REAL(CUresult (*)(CUdeviceptr, size_t, CUmemLocation, unsigned, CUstream), real, "cuMemPrefetchAsync_v2");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    return where.type == CU_MEM_LOCATION_TYPE_DEVICE && spilled(p, count) ? CUDA_ERROR_INVALID_VALUE
+                                                                            : real(p, count, where, flags, s);
+}
+
 GP_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
     GP_REAL(CUresult (*)(CUdeviceptr *, size_t), real, "cuMemAlloc_v2");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     int li = before_alloc();
     if (li < 0) return real(dptr, size);
-    RESERVE_OR_OOM(li, size);
+    if (gp_mem_reserve(li, size) != 0) return spill(dptr, size, li);
     CUresult r = real(dptr, size);
     if (r == CUDA_SUCCESS) remember(*dptr, K_PTR, li, size);
     else gp_mem_release(li, size);
@@ -376,7 +473,10 @@ GP_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
     GP_REAL(CUresult (*)(CUdeviceptr), real, "cuMemFree_v2");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(p);
-    if (r == CUDA_SUCCESS) forget(p, K_PTR);
+    if (r == CUDA_SUCCESS) {
+        forget(p, K_PTR);
+        spill_forget(p);
+    }
     return r;
 }
 
@@ -510,8 +610,10 @@ void gp_mem_after_fork(void) {
     /* The child has no CUDA context of its parent's: its allocations and pools are not its own. */
     pthread_mutex_init(&table_mu, NULL);
     pthread_mutex_init(&pool_mu, NULL);
+    pthread_mutex_init(&spill_mu, NULL);
     for (int i = 0; i < NBUCKETS; i++) buckets[i] = NULL; /* leaked on purpose: the parent's, copy-on-write */
     npools = 0;
+    nspills = 0;
 }
 
 struct gp_hook gp_mem_hooks[] = {
@@ -522,6 +624,7 @@ struct gp_hook gp_mem_hooks[] = {
     H(cuMipmappedArrayCreate) H(cuMemFree) H(cuMemFree_v2) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz)
     H(cuMemRelease) H(cuArrayDestroy) H(cuMipmappedArrayDestroy) H(cuMemPoolTrimTo) H(cuMemPoolDestroy)
     H(cuMemGetInfo) H(cuMemGetInfo_v2) H(cuDeviceTotalMem) H(cuDeviceTotalMem_v2)
+    H(cuMemAdvise) H(cuMemAdvise_v2) H(cuMemPrefetchAsync) H(cuMemPrefetchAsync_ptsz) H(cuMemPrefetchAsync_v2)
 #undef H
     {NULL, NULL, NULL},
 };

@@ -254,13 +254,14 @@ int gp_slot_index(void) {
     return s;
 }
 
-int gp_mem_reserve(int li, uint64_t bytes) {
+static int reserve(int li, uint64_t bytes, uint64_t extra) {
     if (li < 0) return 0;
     lock();
     claim_slot();
     uint64_t used = pod_used_locked(li);
     uint64_t limit = gp_cfg.limit[li];
-    int ok = limit == 0 || (bytes <= limit && used <= limit - bytes);
+    uint64_t ceiling = limit + extra < limit ? UINT64_MAX : limit + extra;
+    int ok = limit == 0 || (bytes <= ceiling && used <= ceiling - bytes);
     if (limit != 0 && (slot < 0 || broken)) ok = 0; /* uncounted is never an option: refuse */
     if (ok) {
         own_used[li] += bytes;
@@ -269,6 +270,10 @@ int gp_mem_reserve(int li, uint64_t bytes) {
     unlock();
     return ok ? 0 : -1;
 }
+
+int gp_mem_reserve(int li, uint64_t bytes) { return reserve(li, bytes, 0); }
+
+int gp_mem_reserve_over(int li, uint64_t bytes) { return li < 0 ? 0 : reserve(li, bytes, gp_cfg.oversub[li]); }
 
 void gp_mem_adjust(int li, int64_t delta) {
     if (li < 0 || delta == 0) return;

@@ -31,6 +31,13 @@ typedef struct CUmipmappedArray_st *CUmipmappedArray;
 
 typedef struct { char bytes[16]; } CUuuid;
 
+/* Managed memory (memory oversubscription, gp_mem.c) */
+#define CU_MEM_ATTACH_GLOBAL 0x1
+#define CU_DEVICE_CPU (-1)                           /* a CUdevice naming the host */
+#define CU_MEM_ADVISE_SET_PREFERRED_LOCATION 3       /* CUmem_advise values */
+#define CU_MEM_ADVISE_SET_ACCESSED_BY 5
+#define CU_MEM_LOCATION_TYPE_DEVICE 1             /* CUmemLocation.type (declared with the VMM types below) */
+
 /* CUarray_format values (element type of one channel) */
 #define CU_AD_FORMAT_UNSIGNED_INT8 0x01
 #define CU_AD_FORMAT_UNSIGNED_INT16 0x02

@@ -94,6 +94,7 @@ class Pod:
     samples: str | None = None  # FAKE_GPU_NVML_SAMPLES: None/"all" or "latest"
     unset: tuple[str, ...] = ()
     asan_runtime: str | None = None  # LD_PRELOAD it first (the probe and library are built with ASan)
+    oversub_mib: int = 0  # granted pods: memory oversubscription per GPU in the limits file
 
     @property
     def accounting(self) -> Path:
@@ -110,7 +111,7 @@ class Pod:
         self.accounting.mkdir(parents=True, exist_ok=True)
         return write_limits(limits_dir(self.hook_dir), HookLimits(
             memory_mib=tuple(mem), cores=tuple(cores), mode=self.mode or "hard",
-            accounting_dir=str(self.accounting)))
+            accounting_dir=str(self.accounting), oversub_mib=(self.oversub_mib,) * n if self.oversub_mib else ()))
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "FAKE_GPU_"))}

@@ -80,7 +80,7 @@ _FILE_SIZE = _SLOT_OFFSET + _SLOTS * _SLOT_SIZE
 # limits.v1 (struct gp_limits)
 _LIMITS_MAGIC = 0x3154494D494C5047  # "GPLIMIT1"
 _LIMITS_SIZE = 2048
-_L_LIMIT, _L_CORES, _L_MODE, _L_SQUEEZE, _L_UUID, _L_ACCOUNTING = 16, 144, 272, 280, 408, 1432
+_L_LIMIT, _L_CORES, _L_MODE, _L_SQUEEZE, _L_UUID, _L_ACCOUNTING, _L_OVERSUB = 16, 144, 272, 280, 408, 1432, 1688
 _UUID_LEN, _ACCOUNTING_LEN = 64, 256
 
 
@@ -101,6 +101,8 @@ class HookLimits:
     mode: str = "hard"  # hard or elastic
     gpus: tuple[str, ...] = ()  # the GPUs' UUIDs ("" or absent: matched by ordinal)
     accounting_dir: str = CONTAINER_HOOK_DIR  # where the container sees its writable accounting directory
+    # memory oversubscription: MiB per GPU beyond its cap, served from host memory (empty: none; docs/claims.md)
+    oversub_mib: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +260,10 @@ def limits_bytes(limits: HookLimits) -> bytes:
         raise ValueError(f"{len(limits.gpus)} GPU UUIDs for {n} GPUs")
     if limits.mode not in CORES_MODES:
         raise ValueError(f"cores mode {limits.mode!r} is not one of {', '.join(CORES_MODES)}")
+    if limits.oversub_mib and (len(limits.oversub_mib) != n or min(limits.oversub_mib) < 0):
+        raise ValueError(f"oversubscription {limits.oversub_mib} for {n} GPUs: one value per GPU, none negative")
+    if any(o and not m for o, m in zip(limits.oversub_mib, limits.memory_mib, strict=False)):
+        raise ValueError("oversubscription on a GPU without a memory cap")
     data = bytearray(_LIMITS_SIZE)
     struct.pack_into("<QII", data, 0, _LIMITS_MAGIC, 1, n)
     for i, (mib, cores) in enumerate(zip(limits.memory_mib, limits.cores, strict=True)):
@@ -266,6 +272,8 @@ def limits_bytes(limits: HookLimits) -> bytes:
         struct.pack_into("<Q", data, _L_LIMIT + 8 * i, mib << 20)
         struct.pack_into("<Q", data, _L_CORES + 8 * i, 0 if cores >= 100 else max(1, round(cores * _PPM / 100)))
     struct.pack_into("<Q", data, _L_MODE, CORES_MODES.index(limits.mode))
+    for i, mib in enumerate(limits.oversub_mib):
+        struct.pack_into("<Q", data, _L_OVERSUB + 8 * i, mib << 20)
     for i, uuid in enumerate(limits.gpus):
         raw = uuid.encode()
         if len(raw) >= _UUID_LEN:

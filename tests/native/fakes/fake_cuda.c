@@ -16,6 +16,7 @@ struct alloc {
     void *pool;
     struct alloc *next;
     unsigned char *data; /* the contents, mapped at the first copy, memset or kernel that touches them */
+    int on_host;         /* managed memory whose pages the driver keeps on the host: no device memory held */
 };
 static struct alloc *allocs;
 static int have_ctx;
@@ -49,7 +50,7 @@ static CUresult alloc_bytes(unsigned long long *out, uint64_t bytes, void *pool)
         *out = fk->next_ptr;
         fk->next_ptr += (bytes + 255) / 256 * 256 + 256;
         struct alloc *a = malloc(sizeof *a);
-        *a = (struct alloc){*out, bytes, pool, allocs, NULL};
+        *a = (struct alloc){*out, bytes, pool, allocs, NULL, 0};
         allocs = a;
     }
     fk_unlock();
@@ -70,7 +71,7 @@ static struct alloc *unlink_alloc(uint64_t key) { /* locked */
 static CUresult free_bytes(uint64_t key) {
     fk_lock();
     struct alloc *a = unlink_alloc(key);
-    if (a != NULL) fk_me()->used -= a->bytes;
+    if (a != NULL && !a->on_host) fk_me()->used -= a->bytes;
     fk_unlock();
     if (a != NULL && a->data != NULL) munmap(a->data, a->bytes);
     free(a);
@@ -176,6 +177,34 @@ EXPORT CUresult cuMemAllocPitch(CUdeviceptr_v1 *p, unsigned *pitch, unsigned w, 
     return r;
 }
 EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return free_bytes(p); }
+
+/* Managed memory moves as the real driver moves it: a preferred location on the host takes its pages off
+ * the device (their device memory is given back), a preferred location on the device or a prefetch there
+ * brings them back (and needs the device memory). Whole allocations only: enough for the tests. */
+static CUresult place_managed(CUdeviceptr p, int on_host) {
+    fk_lock();
+    struct alloc *a = allocs;
+    while (a != NULL && a->key != p) a = a->next;
+    CUresult r = a == NULL ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (a != NULL && on_host && !a->on_host) {
+        fk_me()->used -= a->bytes;
+        a->on_host = 1;
+    } else if (a != NULL && !on_host && a->on_host) {
+        r = take(a->bytes);
+        if (r == CUDA_SUCCESS) a->on_host = 0;
+    }
+    fk_unlock();
+    return r;
+}
+EXPORT CUresult cuMemAdvise(CUdeviceptr p, size_t n, int advice, CUdevice d) {
+    (void)n;
+    return advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION ? place_managed(p, d == CU_DEVICE_CPU) : CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPrefetchAsync(CUdeviceptr p, size_t n, CUdevice d, CUstream s) {
+    (void)n;
+    (void)s;
+    return place_managed(p, d == CU_DEVICE_CPU);
+}
 EXPORT CUresult cuMemFree(CUdeviceptr_v1 p) { return free_bytes(p); }
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t n, const CUmemAllocationProp *prop,
                             unsigned long long flags) {
@@ -671,6 +700,8 @@ static const struct { const char *name; void *fn; } exports[] = {
     {"cuMemAllocPitch_v2", (void *)cuMemAllocPitch_v2},
     {"cuMemAllocPitch", (void *)cuMemAllocPitch},
     {"cuMemFree_v2", (void *)cuMemFree_v2},
+    {"cuMemAdvise", (void *)cuMemAdvise},
+    {"cuMemPrefetchAsync", (void *)cuMemPrefetchAsync},
     {"cuMemFree", (void *)cuMemFree},
     {"cuMemCreate", (void *)cuMemCreate},
     {"cuMemRelease", (void *)cuMemRelease},

@@ -8,6 +8,7 @@
  *   dlvsym      dlvsym(RTLD_DEFAULT, "dlsym", "GLIBC_2.34") (then 2.2.5), then that dlsym's versioned names
  *   dlsym_libc  dlsym(dlopen("libc.so.6"), "dlsym"), then that dlsym's versioned names
  * Commands:  alloc KIND BYTES -> "<rc> <id>" | free ID -> "<rc>" | info -> "<rc> free total"
+ *            togpu advise|prefetch ID -> "<rc>" (preferred location / prefetch: device 0)
  *            total -> "<rc> bytes" | nvml -> "<rc> total free used" | echo -> cuFakeEcho(1) via dlsym
  *            launch KIND BLOCKS SECONDS SYNC_EVERY -> "<rc> launches"
  *            threads N OPS SEED SIZE... -> "<rc> max_live successes failures other_codes"
@@ -229,6 +230,10 @@ int main(int argc, char **argv) {
             printf("%d %llu\n", r, id);
         } else if (sscanf(line, "free %31s %llu", kind, &id) == 2) {
             printf("%d\n", release(kind, id));
+        } else if (sscanf(line, "togpu %31s %llu", kind, &id) == 2) { /* bring managed pages onto the GPU */
+            CUresult r = !strcmp(kind, "advise") ? p_cuMemAdvise(id, 1, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, 0)
+                                                 : p_cuMemPrefetchAsync(id, 1, 0, NULL);
+            printf("%d\n", r);
         } else if (!strncmp(line, "info", 4)) {
             size_t f = 0, t = 0;
             CUresult r = p_cuMemGetInfo_v2(&f, &t);
