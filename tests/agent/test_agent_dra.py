@@ -480,3 +480,45 @@ async def test_claims_the_mig_gpu_cannot_serve_are_refused(results: list[dict[st
         c = await r.cluster.create_object(RESOURCE_CLAIMS, claim("bad", results, configs))
         assert message in (await prepare(r, c)).claims[c["metadata"]["uid"]].error
         assert _mig_instances(r) == []
+
+
+# --- memory oversubscription ---------------------------------------------------------------------------------
+
+
+async def test_a_class_with_memory_oversubscription_puts_it_in_the_claims_limits_file() -> None:
+    """Class `memoryOversubscription: "1.5"`: an 8 GiB share may allocate 4 GiB more from host memory; the
+    agent writes that next to the cap in limits.v1 (at offset 1688, native/gp.h), where only it can."""
+    async with dra_rig() as r:
+        config = [{"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {
+            "isolation": "hook", "memoryOversubscription": "1.5"}}}]
+        c = await r.cluster.create_object(RESOURCE_CLAIMS, claim("spill", [share("gpu-1", "8Gi", "25")], config))
+        uid = c["metadata"]["uid"]
+        assert (await prepare(r, c)).claims[uid].error == ""
+        mounts = {m["containerPath"]: m for m in spec_of(r, uid)["devices"][0]["containerEdits"]["mounts"]}
+        limits = read_limits(Path(mounts["/run/gpupool/limits"]["hostPath"]))
+        assert limits is not None
+        assert limits["limit"][0] == 8192 * MIB and limits["oversub"][0] == 4096 * MIB
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"isolation": "mps", "memoryOversubscription": "1.5"}, "served by isolation hook only"),
+    ({"isolation": "hook", "memoryOversubscription": "8"}, "a factor from 1 to 4"),
+])
+async def test_oversubscription_the_driver_cannot_serve_is_refused(params: dict[str, str], message: str) -> None:
+    async with dra_rig() as r:
+        config = [{"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": params}}]
+        c = await r.cluster.create_object(RESOURCE_CLAIMS, claim("bad", [share("gpu-1", "8Gi", "25")], config))
+        assert message in (await prepare(r, c)).claims[c["metadata"]["uid"]].error
+
+
+async def test_the_tenants_claim_config_cannot_grant_oversubscription() -> None:
+    async with dra_rig() as r:
+        config = [{"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {"isolation": "hook"}}},
+                  {"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": {
+                      "memoryOversubscription": "4"}}}]
+        c = await r.cluster.create_object(RESOURCE_CLAIMS, claim("sneaky", [share("gpu-1", "8Gi", "25")], config))
+        uid = c["metadata"]["uid"]
+        assert (await prepare(r, c)).claims[uid].error == ""
+        mounts = {m["containerPath"]: m for m in spec_of(r, uid)["devices"][0]["containerEdits"]["mounts"]}
+        limits = read_limits(Path(mounts["/run/gpupool/limits"]["hostPath"]))
+        assert limits is not None and limits["oversub"][0] == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -216,3 +217,45 @@ def test_mig_partitions_read_back_with_their_profile_and_count_as_the_profile() 
     # 3 of 7 compute slices: 1000 * 3 // 7 = 428 milli; the profile's 39.5 GiB (the H100 row of core.mig) = 40448 MiB
     assert (grant.uuid, grant.milli, grant.memory_mib, grant.mig) == ("GPU-1", 428, 40448, MigSlot("3g.40gb", 4))
 
+
+
+# --- memory oversubscription ---------------------------------------------------------------------------------
+
+
+def _oversub_claim(factor: Any, source: str = "FromClass", isolation: str = "hook") -> dict[str, Any]:
+    config = [{"source": source, "opaque": {"driver": DRIVER, "parameters": {
+        "isolation": isolation, "memoryOversubscription": factor}}}]
+    return _claim([_result("gpu-0", memory="8Gi", cores="25")], config)
+
+
+@pytest.mark.parametrize(("factor", "expected"), [("1.5", Fraction(3, 2)), ("1", Fraction(1)), ("4", Fraction(4)),
+                                                   ("2.25", Fraction(9, 4))])
+def test_the_class_oversubscription_factor_reads_back(factor: str, expected: Fraction) -> None:
+    assert claim_shares(_oversub_claim(factor)).oversubscription == expected
+
+
+@pytest.mark.parametrize("factor", ["0.5", "4.5", "lots", "", True, None, "1/0"])
+def test_an_oversubscription_factor_out_of_range_is_an_error(factor: Any) -> None:
+    with pytest.raises(ClaimError, match="memoryOversubscription"):
+        claim_shares(_oversub_claim(factor))
+
+
+def test_oversubscription_from_the_claims_own_config_is_ignored() -> None:
+    claim = _oversub_claim("4", source="FromClaim")
+    claim["status"]["allocation"]["devices"]["config"].append(
+        {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {"isolation": "hook"}}})
+    assert claim_shares(claim).oversubscription == 1
+
+
+def test_oversubscription_needs_isolation_hook() -> None:
+    with pytest.raises(ClaimError, match="isolation hook only"):
+        claim_shares(_oversub_claim("1.5", isolation="mps"))
+
+
+def test_an_oversubscribed_claim_counts_its_spill_against_the_nodes_memory() -> None:
+    """8 GiB at 1.5x: 8192 MiB on the GPU (guaranteed), 4096 MiB more from the node's memory."""
+    gpus = (GPU("GPU-0", 0, "L40S", 46068),)
+    counted = counted_claim(_oversub_claim("1.5"), ClusterState([Node("n1", 64_000, 256_000, gpus)]))
+    assert counted is not None
+    assert counted.request.memory_mib == 4096
+    assert [g.memory_mib for g in counted.allocation.grants] == [8192]

@@ -263,3 +263,27 @@ async def test_a_scheduler_without_dra_placement_leaves_gated_pods_alone() -> No
         assert svc.claims is None and not await ungated(cluster, "p1") and await allocation(cluster, "c1") is None
     finally:
         await svc.stop()
+
+
+async def test_an_oversubscribed_claim_holds_its_share_on_the_gpu_and_its_spill_in_the_nodes_memory() -> None:
+    """A class with memoryOversubscription 1.5: an 8 GiB share holds 8192 MiB of its GPU (guaranteed) and
+    4096 MiB of its node's memory (what it may spill), assumed and then confirmed alike."""
+    cluster, svc = await setup()
+    try:
+        oversub = device_class(f"big.{DRIVER}", "hook")
+        oversub["spec"]["config"][0]["opaque"]["parameters"]["memoryOversubscription"] = "1.5"
+        await cluster.create_object(DEVICE_CLASSES, oversub)
+        state = svc.ledger.state
+        before = {n.name: int(state.mem_free[state.index[n.name]]) for n in state.nodes}
+        await run(cluster, (claim("c1", "8Gi", "25", cls=f"big.{DRIVER}"), gated_pod("p1", "c1")))
+        await until(lambda: ungated(cluster, "p1"))
+        got = await allocation(cluster, "c1")
+        assert got is not None
+        node = got["devices"]["results"][0]["pool"]
+        uid = (await cluster.get_object(RESOURCE_CLAIMS, "c1", NS))["metadata"]["uid"]
+        entry = svc.ledger.entries[uid]
+        assert ([g.memory_mib for g in entry.allocation.grants], entry.request.memory_mib) == ([8192], 4096)
+        state = svc.ledger.state
+        assert int(state.mem_free[state.index[node]]) == before[node] - 4096
+    finally:
+        await svc.stop()

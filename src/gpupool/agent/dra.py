@@ -264,7 +264,8 @@ class DraDriver:
                 return Outcome(error=f"claim {ref.label}: its class gives isolation none, which serves whole GPUs "
                                      f"only, but it holds {memory} MiB and {cores} % of {s.device}; nothing would "
                                      "hold it to that share")
-            grants.append(GrantDoc(uuid=dev.uuid, index=dev.index, memory_mib=memory, cores=cores))
+            grants.append(GrantDoc(uuid=dev.uuid, index=dev.index, memory_mib=memory, cores=cores,
+                                   oversub_mib=shares.oversub_mib(memory) or None))
         devices: tuple[PreparedDevice, ...] = tuple(
             PreparedDevice(s.request, s.pool, s.device, s.share_id) for s in mine)
         cdi_ids: tuple[str, ...] = ()

@@ -314,6 +314,7 @@ def read_limits(directory: Path) -> dict[str, Any] | None:
         "cores": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_CORES)),
         "mode": struct.unpack_from("<Q", data, _L_MODE)[0],
         "squeeze": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_SQUEEZE)),
+        "oversub": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_OVERSUB)),
         "ndev": ndev,
     }
 

@@ -190,6 +190,8 @@ class HookIsolation:
             mode=request.cores_mode,
             gpus=gpus,
             accounting_dir=CONTAINER_HOOK_DIR,
+            oversub_mib=tuple(g.oversub_mib or 0 for g in request.gpus) if any(g.oversub_mib for g in request.gpus)
+            else (),
         )
         root, uid = request.config.hook_root, request.doc.pod_uid
         directory = claim_dir(root, uid) if request.claim else container_dir(root, uid, request.container)

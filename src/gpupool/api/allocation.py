@@ -48,6 +48,8 @@ class GrantDoc(BaseModel):
     memory_mib: int = Field(ge=0)
     cores: float = Field(gt=0, le=100)  # percent of the GPU's compute
     mig: MigGrantDoc | None = None  # only for isolation `mig`; left out of the JSON otherwise
+    # memory oversubscription (isolation hook): MiB beyond memory_mib served from host memory; left out when none
+    oversub_mib: int | None = Field(default=None, ge=0)
 
 
 class ContainerDoc(BaseModel):

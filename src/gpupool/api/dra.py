@@ -29,6 +29,7 @@ import logging
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import Any
 
 from gpupool.api.counted import Counted
@@ -280,10 +281,20 @@ class ClaimShares:
     uid: str
     isolation: str
     devices: tuple[DeviceShare, ...] = field(default_factory=tuple)
+    oversubscription: Fraction = Fraction(1)  # the class's memory oversubscription factor (1: none)
+
+    def oversub_mib(self, memory_mib: int) -> int:
+        return oversub_mib(memory_mib, self.oversubscription)
 
     @property
     def label(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+def oversub_mib(memory_mib: int, factor: Fraction) -> int:
+    """MiB beyond a share of `memory_mib` that a class's oversubscription `factor` lets it allocate from
+    host memory (rounded down)."""
+    return int(memory_mib * (factor - 1))
 
 
 def _class_isolation(configs: Sequence[Mapping[str, Any]], request: str, label: str) -> str | None:
@@ -302,6 +313,32 @@ def _class_isolation(configs: Sequence[Mapping[str, Any]], request: str, label: 
             raise ClaimError(f"claim {label}: its DeviceClass config names isolation {iso!r} (use "
                              f"{', '.join(DRA_ISOLATIONS)})")
         found = str(iso)
+    return found
+
+
+OVERSUBSCRIPTION = "memoryOversubscription"  # GpuConfig parameter of a class: "1.5" lets a share allocate 1.5x
+MAX_OVERSUBSCRIPTION = Fraction(4)
+
+
+def class_oversubscription(configs: Sequence[Mapping[str, Any]], label: str) -> Fraction:
+    """The memory oversubscription the class configs of our driver (source FromClass, or a DeviceClass's
+    own config) grant: a factor from 1 (none) to MAX_OVERSUBSCRIPTION. A claim's own config never counts."""
+    found = Fraction(1)
+    for c in configs:
+        opaque = c.get("opaque") or {}
+        params = opaque.get("parameters") or {}
+        if c.get("source", "FromClass") != "FromClass" or opaque.get("driver") != DRIVER \
+                or not isinstance(params, Mapping) or OVERSUBSCRIPTION not in params:
+            continue
+        raw = params[OVERSUBSCRIPTION]
+        try:
+            factor = Fraction(str(raw))
+        except (ValueError, ZeroDivisionError):
+            factor = Fraction(0)
+        if not 1 <= factor <= MAX_OVERSUBSCRIPTION or isinstance(raw, bool):
+            raise ClaimError(f"claim {label}: its DeviceClass config names {OVERSUBSCRIPTION} {raw!r} (a factor "
+                             f"from 1 to {MAX_OVERSUBSCRIPTION}, as a string such as \"1.5\")")
+        found = factor
     return found
 
 
@@ -360,8 +397,13 @@ def claim_shares(claim: Mapping[str, Any], driver: str = DRIVER) -> ClaimShares:
     if len(isolations) > 1:
         raise ClaimError(f"claim {label} mixes isolations {', '.join(sorted(isolations))}; one claim is served "
                          "by one isolation")
+    isolation = isolations.pop() if isolations else DEFAULT_ISOLATION
+    factor = class_oversubscription(configs, label)
+    if factor != 1 and isolation != "hook":
+        raise ClaimError(f"claim {label}: {OVERSUBSCRIPTION} is served by isolation hook only (its class gives "
+                         f"{isolation})")
     return ClaimShares(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
-                       isolations.pop() if isolations else DEFAULT_ISOLATION, tuple(shares))
+                       isolation, tuple(shares), factor)
 
 
 # --- claims in the ledger -----------------------------------------------------------------------------------
@@ -403,7 +445,9 @@ def counted_claim(claim: Mapping[str, Any], state: ClusterState) -> Counted | No
                 milli, memory = grant_share(model, profile)
         grants.append(GPUGrant(uuid=uuid, index=s.index, milli=milli, memory_mib=memory, mig=s.mig))
     first = grants[0]
-    request = PodRequest(key=uid, gpu=GPURequest(count=len(grants), milli=first.milli, memory_mib=first.memory_mib))
+    # the guaranteed share on the GPUs; what oversubscription may add lives in the node's memory
+    request = PodRequest(key=uid, memory_mib=sum(shares.oversub_mib(g.memory_mib) for g in grants),
+                         gpu=GPURequest(count=len(grants), milli=first.milli, memory_mib=first.memory_mib))
     allocation = Allocation(pod=uid, node=node, grants=tuple(grants), policy="dra")
     return Counted(uid, shares.label, request, allocation, shares.isolation == "mps", containers=CLAIM_CONTAINERS,
                    claim=True)

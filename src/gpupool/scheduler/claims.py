@@ -36,11 +36,14 @@ from gpupool.api.dra import (
     DRIVER,
     SCHEDULING_GATE,
     ClaimAsk,
+    ClaimError,
     NotOurs,
     allocation_status,
     claim_asks,
     class_isolation,
+    class_oversubscription,
     device_index,
+    oversub_mib,
     template_for,
 )
 from gpupool.api.logsafe import shown
@@ -263,12 +266,19 @@ class ClaimAllocator:
     async def _allocate(self, pod: Obj, claim: Obj, ask: ClaimAsk, cls: tuple[str, list[Obj]],
                         slices: Mapping[str, set[int]]) -> str | None:
         isolation, config = cls
+        label = self._label(claim)
+        try:
+            factor = class_oversubscription(config, label)
+        except ClaimError as e:
+            return str(e)
         parsed = parse_pod(pod).request or PodRequest(key=pod_key(pod))
         whole = ask.memory_mib is None  # no memory asked: the request policy's default, the whole GPU
         gpu = GPURequest(count=ask.count, milli=MILLI_PER_GPU if whole else max(1, ask.cores * 10),
                          memory_mib=None if whole else ask.memory_mib)
         nodes, excluded = self._nodes(pod, slices, isolation == "mps")
-        request = replace(parsed, gpu=replace(gpu, exclude_uuids=excluded))
+        # memory oversubscription is served from the node's memory: the node must have it beside the pod's
+        spill = 0 if ask.memory_mib is None else ask.count * oversub_mib(ask.memory_mib, factor)
+        request = replace(parsed, memory_mib=parsed.memory_mib + spill, gpu=replace(gpu, exclude_uuids=excluded))
         if not nodes:
             return "no node that runs gpupool's DRA driver can take this pod (its nodeSelector, the nodes' taints)"
         state = self.h.ledger.state
@@ -276,10 +286,11 @@ class ClaimAllocator:
         if isinstance(decided, Unschedulable):
             return f"claim {shown(self._label(claim))} fits on no GPU: {decided.summary()}"
         uid = str(claim["metadata"]["uid"])
-        label = self._label(claim)
         allocation = replace(decided.allocation, pod=uid)
-        # The claim holds the GPU share only; the pod's CPU is kube-scheduler's to count.
-        held = replace(request, key=uid, cpu_milli=0, memory_mib=0)
+        # The claim holds the GPU share and what oversubscription may take of the node's memory (as
+        # api.dra.counted_claim counts it); the pod's own CPU and memory are kube-scheduler's to count.
+        held = replace(request, key=uid, cpu_milli=0,
+                       memory_mib=sum(oversub_mib(g.memory_mib, factor) for g in allocation.grants))
         refused = self.h.ledger.assume(uid, label, held, allocation, self.h.clock() + self.h.config.assume_timeout_s,
                                        mps=isolation == "mps", claim=True)
         if refused is not None:
