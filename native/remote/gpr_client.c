@@ -957,6 +957,8 @@ NOT_FORWARDED(cuMemHostAlloc, (U void **p, U size_t n, U unsigned flags))
 NOT_FORWARDED(cuMemHostRegister_v2, (U void *p, U size_t n, U unsigned flags))
 NOT_FORWARDED(cuFuncGetAttribute, (U int *v, U int attr, U CUfunction f))
 NOT_FORWARDED(cuFuncSetAttribute, (U CUfunction f, U int attr, U int v))
+NOT_FORWARDED(cuMemAdvise, (U CUdeviceptr p, U size_t n, U int advice, U CUdevice d))
+NOT_FORWARDED(cuMemPrefetchAsync, (U CUdeviceptr p, U size_t n, U CUdevice d, U CUstream s))
 
 /* ---- cuGetProcAddress: our own entry points, by the names the driver answers ---------------------------- */
 static const struct { const char *name; void *fn; } exports[] = {
@@ -984,6 +986,7 @@ static const struct { const char *name; void *fn; } exports[] = {
     E(cuArrayDestroy) E(cuMipmappedArrayDestroy) E(cuDeviceTotalMem) E(cuMemGetInfo) E(cuLaunchCooperativeKernel)
     E(cuLaunchCooperativeKernel_ptsz) E(cuGraphLaunch) E(cuGraphLaunch_ptsz) E(cuModuleGetGlobal_v2) E(cuMemcpy)
     E(cuMemcpyAsync) E(cuMemHostAlloc) E(cuMemHostRegister_v2) E(cuFuncGetAttribute) E(cuFuncSetAttribute)
+    E(cuMemAdvise) E(cuMemPrefetchAsync)
 #undef E
 };
 
