@@ -287,3 +287,28 @@ async def test_an_oversubscribed_claim_holds_its_share_on_the_gpu_and_its_spill_
         assert int(state.mem_free[state.index[node]]) == before[node] - 4096
     finally:
         await svc.stop()
+
+
+async def test_a_device_that_recovers_wakes_the_pod_waiting_for_it_without_listing() -> None:
+    """Both GPUs of gpu-0001 tainted: a pod pinned there waits. Its devices recovering (the slice watched,
+    not listed) places it at once, long before the allocator's own retry (set to an hour here)."""
+    cluster, svc = await setup(tainted={"gpu-0001": (0, 1)})
+    try:
+        assert svc.claims is not None
+        svc.claims.retry_s = 3600.0
+        await run(cluster, (claim("c1", "1Gi", "10"), gated_pod("p1", "c1", {"kubernetes.io/hostname": "gpu-0001"})))
+        await until(lambda: _told(svc, "p1"))
+        assert not await ungated(cluster, "p1")
+        await cluster.patch_object(RESOURCE_SLICES, f"gpu-0001-{DRIVER}",
+                                   {"spec": {"devices": resource_slice("gpu-0001")["spec"]["devices"]}})
+        await until(lambda: ungated(cluster, "p1"))
+        got = await allocation(cluster, "c1")
+        assert got is not None and got["devices"]["results"][0]["pool"] == "gpu-0001"
+    finally:
+        await svc.stop()
+
+
+async def _told(svc: ExtenderService, pod: str) -> bool:
+    """The allocator has tried the pod and recorded why it waits."""
+    assert svc.claims is not None
+    return any(p["metadata"]["name"] == pod for uid, p in svc.claims.gated.items() if uid in svc.claims.told)

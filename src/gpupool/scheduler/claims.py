@@ -61,6 +61,7 @@ from gpupool.cluster.port import (
     Obj,
     WatchEvent,
 )
+from gpupool.cluster.reflector import Reflector
 from gpupool.core.model import MILLI_PER_GPU, GPURequest, PodRequest
 from gpupool.core.placement import Unschedulable, place
 from gpupool.scheduler.framework.interface import Handle
@@ -91,6 +92,13 @@ class ClaimAllocator:
         self.left = 0  # pods whose claims were left to kube-scheduler
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # The classes and the devices from watch caches: a pass reads no list from the API server, and a
+        # device that changes (a taint goes, a GPU appears) wakes the pods that wait for one.
+        self._class_ref = Reflector(handle.cluster, DEVICE_CLASSES, on_event=self._wake)
+        self._slice_ref = Reflector(handle.cluster, RESOURCE_SLICES, on_event=self._wake)
+
+    def _wake(self, type_: str, obj: Obj, old: Obj | None) -> None:
+        self._changed.set()
 
     # --- fed by the watch ------------------------------------------------------------------------------
     def claim_event(self, event: WatchEvent) -> None:
@@ -118,6 +126,8 @@ class ClaimAllocator:
 
     # --- the loop -------------------------------------------------------------------------------------
     def start(self) -> None:
+        self._class_ref.start()
+        self._slice_ref.start()
         self._task = asyncio.create_task(self._run(), name="claim-allocator")
 
     async def stop(self) -> None:
@@ -126,6 +136,8 @@ class ClaimAllocator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self._class_ref.stop()
+        await self._slice_ref.stop()
 
     async def _run(self) -> None:
         while True:
@@ -135,7 +147,8 @@ class ClaimAllocator:
                 async with asyncio.timeout(self.retry_s):
                     await self._changed.wait()
             self._changed.clear()
-            if not self.ready() or not self.gated:
+            if not self.ready() or not self.gated or not (self._class_ref.synced.is_set()
+                                                          and self._slice_ref.synced.is_set()):
                 continue
             try:
                 await self.pass_once()
@@ -144,8 +157,8 @@ class ClaimAllocator:
 
     async def pass_once(self) -> None:
         """Try every gated pod once, oldest first."""
-        classes = await self._classes()
-        slices = await self._slices()
+        classes = self._classes()
+        slices = self._slices()
         pods = sorted(self.gated.values(), key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
         for pod in pods:
             uid = str(pod["metadata"].get("uid", ""))
@@ -158,21 +171,19 @@ class ClaimAllocator:
                 await self.h.record_event(m.get("namespace", ""), m.get("name", ""), uid, "FailedScheduling",
                                           f"gpupool: {waiting}"[:1024], "Warning")
 
-    async def _classes(self) -> dict[str, tuple[str, list[Obj]]]:
+    def _classes(self) -> dict[str, tuple[str, list[Obj]]]:
         """gpupool's DeviceClasses: name -> (isolation, config)."""
-        objs, _ = await self.h.cluster.list_objects(DEVICE_CLASSES)
         out = {}
-        for c in objs:
+        for c in self._class_ref.items():
             iso = class_isolation(c)
             if iso is not None:
                 out[str(c["metadata"]["name"])] = (iso, list((c.get("spec") or {}).get("config") or []))
         return out
 
-    async def _slices(self) -> dict[str, set[int]]:
+    def _slices(self) -> dict[str, set[int]]:
         """Node -> the indices of gpupool's devices there without a NoSchedule/NoExecute taint."""
-        objs, _ = await self.h.cluster.list_objects(RESOURCE_SLICES)
         out: dict[str, set[int]] = {}
-        for s in objs:
+        for s in self._slice_ref.items():
             spec = s.get("spec") or {}
             if spec.get("driver") != DRIVER:
                 continue
