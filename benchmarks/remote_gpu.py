@@ -7,11 +7,12 @@ test program (tests/native/fakes/remote_app.c), then per round:
     pair (root and iproute2 needed; null otherwise);
   - memcpy bandwidth (64 MiB host to device and back, best of 3 each way) through the forwarder over TCP
     loopback, as a ratio of the same copies by the same program on the same fake driver without it;
-  - programs_ok: the hook tests' memory session (probe.c) answers as locally, and a pattern sent through a
-    kernel comes back as computed here.
+  - live migration pause: a program holding 512 MiB of written device memory is moved between two servers
+    (unix sockets); the one call that carries the move is timed, per GiB moved;
+  - programs_ok: the hook tests' memory session (probe.c) answers as locally, a pattern sent through a
+    kernel comes back as computed here, and the moved memory reads back intact.
 Figures are medians of the rounds; the machine's own speed is in every number (the fake driver takes a
-file lock per call), so the ratio is the portable figure. Live migration is not built yet:
-migrate_pause_ms_per_gib is null. The last line is one JSON object.
+file lock per call), so the ratio is the portable figure. The last line is one JSON object.
 
     python benchmarks/remote_gpu.py [--rounds 5] [--calls 5000]
 """
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import struct
 import sys
@@ -36,6 +38,7 @@ from tests.native.remote_helpers import NetnsPair, Remote, Server, build_remote,
 from tests.native.test_remote_programs import EXPECTED, memory_session  # noqa: E402
 
 COPY_BYTES = 64 << 20
+MOVE_BYTES = 512 << 20
 MODULE = "gpupool-fake-module:add_u32"
 
 
@@ -62,6 +65,26 @@ def copy_ns(remote: Remote, server: Server | None, token: str = "") -> float:
         if rc != 0:
             raise SystemExit(f"the copies failed with CUDA error {rc}")
         return float(up + down)
+    finally:
+        app.close()
+
+
+def migrate_pause_ms(remote: Remote) -> tuple[float, bool]:
+    """(pause in ms for MOVE_BYTES, whether the memory came back intact)."""
+    source, target = remote.server(), remote.server()
+    token, pod = source.share(memory_mib="4096")
+    target.share(memory_mib="4096", token=token)
+    app = remote.app(source, token)
+    try:
+        ok = app.rc("ctx") == 0 and app.rc(f"alloc 0 {MOVE_BYTES}") == 0
+        ok &= app.rc(f"memset 32 0 {0x5A5A1234} {MOVE_BYTES // 4} 0 0") == 0 and app.rc("sync") == 0
+        (pod.hook_dir / "move-to").write_text(target.address + "\n")
+        for worker in source.workers_of(pod):
+            os.kill(worker, signal.SIGUSR1)
+        rc, ns = app.ask("tsync")
+        ok &= rc == "0" and len(target.workers()) == 1
+        ok &= app.ask(f"read 0 {MOVE_BYTES - 8} 8 0 0") == ["0", "34125a5a" * 2]
+        return int(ns) / 1e6, bool(ok)
     finally:
         app.close()
 
@@ -99,7 +122,7 @@ def main() -> None:
         root = Path(tmp)
         rb = build_remote(root / "remote", build_all(root / "build"))
         rows: dict[str, list[float]] = {k: [] for k in ("tcp_p50", "tcp_p99", "unix_p50", "unix_p99", "netns_p50",
-                                                         "netns_p99", "ratio")}
+                                                         "netns_p99", "ratio", "pause")}
         ok = True
         for r in range(args.rounds):
             remote = Remote(rb, root / f"gpu-{r}", root / f"round-{r}")
@@ -126,9 +149,13 @@ def main() -> None:
                 forwarded = copy_ns(remote, tcp, tcp_token)
                 rows["ratio"].append(local / forwarded)
                 ok &= programs_ok(remote, unix)
+                pause_ms, moved_ok = migrate_pause_ms(remote)
+                ok &= moved_ok
+                rows["pause"].append(pause_ms / (MOVE_BYTES / (1 << 30)))
                 print(f"round {r + 1}: rtt tcp p50 {rows['tcp_p50'][-1]:.1f} us, unix p50 "
                       f"{rows['unix_p50'][-1]:.1f} us, memcpy local {COPY_BYTES * 2 / local:.2f} GB/s, "
-                      f"forwarded {COPY_BYTES * 2 / forwarded:.2f} GB/s")
+                      f"forwarded {COPY_BYTES * 2 / forwarded:.2f} GB/s, migration pause {pause_ms:.1f} ms "
+                      f"for {MOVE_BYTES >> 20} MiB")
             finally:
                 remote.close()
                 if pair is not None:
@@ -142,6 +169,7 @@ def main() -> None:
     print(f"  unix socket       p50 {med('unix_p50')} us  p99 {med('unix_p99')} us")
     print(f"  TCP across netns  p50 {med('netns_p50')} us  p99 {med('netns_p99')} us")
     print(f"memcpy bandwidth through the forwarder / local (64 MiB each way): {med('ratio')}")
+    print(f"live migration pause: {med('pause')} ms per GiB moved ({MOVE_BYTES >> 20} MiB moved per round)")
     print(json.dumps({
         "call_rtt_p50_us": med("tcp_p50"),
         "call_rtt_p99_us": med("tcp_p99"),
@@ -149,7 +177,7 @@ def main() -> None:
         "call_rtt_netns_p50_us": med("netns_p50"),
         "call_rtt_netns_p99_us": med("netns_p99"),
         "memcpy_ratio": med("ratio"),
-        "migrate_pause_ms_per_gib": None,
+        "migrate_pause_ms_per_gib": med("pause"),
         "programs_ok": ok,
         "cores": cores,
     }))

@@ -35,6 +35,9 @@
 #define GPR_MAX_DEV 16
 #define GPR_NATTR 160              /* device attributes 1..GPR_NATTR-1 cached by the client at cuInit */
 #define GPR_E_PROTOCOL 0x7fff0001u /* reply to a message the server could not parse; it then hangs up */
+#define GPR_R_MOVED 0x7fff0002u    /* instead of running a request: move to the server in the payload (an
+                                    * address, NUL-terminated), then send the request again */
+#define GPR_MAX_ADDR 256u
 
 /* driver result codes the protocol and the client use beyond gpupool_cuda.h's (CUDA Driver API reference) */
 #define GPR_CUDA_ERROR_DEINITIALIZED 4
@@ -90,10 +93,26 @@ enum gpr_op {
     GPR_OP_EVENT_SYNC,       /* u32 event -> - */
     GPR_OP_EVENT_QUERY,      /* u32 event -> - */
     GPR_OP_EVENT_ELAPSED,    /* u32 start, u32 end -> f32 milliseconds */
+    /* live migration (docs/remote.md): the client reads its state from the source worker and replays it
+     * into a fresh worker on the target under the same numbers and device addresses */
+    GPR_OP_STATE,            /* - -> struct gpr_state_head, then its records (see gpr_server.c, op_state) */
+    GPR_OP_MODULE_IMAGE,     /* u32 module -> the image as it was loaded */
+    GPR_OP_RESTORE_ALLOC,    /* n x (u64 pointer, u64 bytes) -> - (memory at exactly those device addresses) */
+    GPR_OP_RESTORE_MODULE,   /* u32 module, image -> - */
+    GPR_OP_RESTORE_FUNCTION, /* u32 function, u32 module, name -> - */
+    GPR_OP_RESTORE_STREAM,   /* u32 stream, u32 flags, i32 priority -> - */
+    GPR_OP_RESTORE_EVENT,    /* u32 event, u32 flags -> - */
     GPR_OP_COUNT
 };
 
 #define GPR_PARAMS_UNKNOWN 0xffffffffu
+
+/* GPR_OP_STATE's reply: this head, then nallocs x (u64 pointer, u64 bytes), nmodules x (u32 module, u32
+ * image length), nfuncs x (u32 function, u32 module, u32 name length incl. NUL, name), nstreams x (u32
+ * stream, u32 flags, i32 priority), nevents x (u32 event, u32 flags). */
+struct gpr_state_head {
+    uint32_t nallocs, nmodules, nfuncs, nstreams, nevents;
+};
 
 struct gpr_hdr {
     uint32_t op_or_result;

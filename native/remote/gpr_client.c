@@ -45,6 +45,7 @@ struct gctx {
     int dead;
     int device;
     int primary;
+    unsigned flags;
     int refs;              /* primary contexts: retains outstanding */
     pthread_mutex_t mu;    /* one message (and its reply) at a time on the connection */
 };
@@ -69,7 +70,8 @@ static struct gpr_devices devs;
 static CUresult init_result = CUDA_ERROR_NOT_INITIALIZED;
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int initialised;
-static char server[512];
+static char server[512];             /* where new connections go (a migration moves it) */
+static pthread_mutex_t server_mu = PTHREAD_MUTEX_INITIALIZER;
 static char token[GPR_MAX_TOKEN + 1];
 static int64_t reply_timeout_ms = -1;
 static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -81,12 +83,12 @@ static __thread int ctx_depth;
 static void note(const char *what) { fprintf(stderr, "gpupool-remote: %s\n", what); }
 
 /* ---- the connection ----------------------------------------------------------------------------------- */
-static int dial(void) {
+static int dial(const char *addr) {
     int fd = -1, tcp = 0;
-    if (strncmp(server, "unix:", 5) == 0) {
+    if (strncmp(addr, "unix:", 5) == 0) {
         struct sockaddr_un a = {.sun_family = AF_UNIX};
-        if (strlen(server + 5) >= sizeof a.sun_path) return -1;
-        strcpy(a.sun_path, server + 5);
+        if (strlen(addr + 5) >= sizeof a.sun_path) return -1;
+        strcpy(a.sun_path, addr + 5);
         fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0) return -1;
         if (connect(fd, (struct sockaddr *)&a, sizeof a) != 0) {
@@ -95,9 +97,9 @@ static int dial(void) {
         }
         return fd;
     }
-    if (strncmp(server, "tcp:", 4) != 0) return -1;
+    if (strncmp(addr, "tcp:", 4) != 0) return -1;
     char host[sizeof server];
-    snprintf(host, sizeof host, "%s", server + 4);
+    snprintf(host, sizeof host, "%s", addr + 4);
     char *colon = strrchr(host, ':');
     if (colon == NULL) return -1;
     *colon = '\0';
@@ -143,8 +145,8 @@ static void lose(struct gctx *c) { /* locked */
 }
 
 /* Open a connection and pass the hello. 0, or the CUresult the server refused with. */
-static CUresult open_conn(struct gctx *c) {
-    c->fd = dial();
+static CUresult open_conn_to(struct gctx *c, const char *addr) {
+    c->fd = dial(addr);
     if (c->fd < 0) return GPR_CUDA_ERROR_NO_DEVICE;
     size_t tl = strlen(token);
     struct {
@@ -169,26 +171,31 @@ static CUresult open_conn(struct gctx *c) {
     return CUDA_SUCCESS;
 }
 
+static CUresult open_conn(struct gctx *c) {
+    char addr[sizeof server];
+    pthread_mutex_lock(&server_mu);
+    memcpy(addr, server, sizeof addr);
+    pthread_mutex_unlock(&server_mu);
+    return open_conn_to(c, addr);
+}
+
 /* One request: header + up to two payload parts. NOREPLY requests return at once; the others return the
  * server's result and its payload in out (at most outcap bytes; *outlen gets the length). */
-static CUresult call(struct gctx *c, uint32_t op, uint32_t flags, const void *a, size_t alen, const void *b,
-                     size_t blen, void *out, size_t outcap, size_t *outlen) {
-    if (outlen != NULL) *outlen = 0;
-    if (c == NULL) return GPR_CUDA_ERROR_INVALID_CONTEXT;
-    pthread_mutex_lock(&c->mu);
-    if (c->dead) {
-        pthread_mutex_unlock(&c->mu);
-        return GPR_CUDA_ERROR_LAUNCH_FAILED;
-    }
+/* One exchange on a connection: 0, or -1 when the connection failed. A GPR_R_MOVED reply leaves the
+ * server's new address in moved (GPR_MAX_ADDR bytes). */
+static int exchange(int fd, uint32_t op, uint32_t flags, const void *a, size_t alen, const void *b, size_t blen,
+                    void *out, size_t outcap, size_t *outlen, uint32_t *result, char *moved) {
     struct gpr_hdr h = {op, flags, (uint32_t)(alen + blen)};
     struct iovec iov[3] = {{&h, sizeof h}, {(void *)a, alen}, {(void *)b, blen}};
     int niov = blen > 0 ? 3 : alen > 0 ? 2 : 1;
     size_t total = sizeof h + alen + blen;
     struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)niov};
+    *result = CUDA_SUCCESS;
+    if (outlen != NULL) *outlen = 0;
     while (total > 0) {
-        ssize_t put = sendmsg(c->fd, &mh, MSG_NOSIGNAL);
+        ssize_t put = sendmsg(fd, &mh, MSG_NOSIGNAL);
         if (put < 0 && errno == EINTR) continue;
-        if (put <= 0) goto lost;
+        if (put <= 0) return -1;
         total -= (size_t)put;
         while (put > 0 && mh.msg_iovlen > 0) { /* advance past what went out */
             if ((size_t)put >= mh.msg_iov[0].iov_len) {
@@ -202,26 +209,161 @@ static CUresult call(struct gctx *c, uint32_t op, uint32_t flags, const void *a,
             }
         }
     }
-    if (flags & GPR_F_NOREPLY) {
-        pthread_mutex_unlock(&c->mu);
-        return CUDA_SUCCESS;
-    }
+    if (flags & GPR_F_NOREPLY) return 0;
     struct gpr_hdr r;
     int64_t deadline = reply_timeout_ms < 0 ? -1 : gpr_now_ms() + reply_timeout_ms;
-    if (gpr_read_full(c->fd, &r, sizeof r, deadline) != 0) goto lost;
-    if (r.op_or_result == GPR_E_PROTOCOL || r.len > outcap) goto lost;
-    if (r.len > 0 && gpr_read_full(c->fd, out, r.len, deadline) != 0) goto lost;
+    if (gpr_read_full(fd, &r, sizeof r, deadline) != 0) return -1;
+    if (r.op_or_result == GPR_R_MOVED) {
+        if (moved == NULL || r.len == 0 || r.len > GPR_MAX_ADDR || gpr_read_full(fd, moved, r.len, deadline) != 0)
+            return -1;
+        moved[r.len - 1] = '\0';
+        *result = GPR_R_MOVED;
+        return 0;
+    }
+    if (r.op_or_result == GPR_E_PROTOCOL || r.len > outcap) return -1;
+    if (r.len > 0 && gpr_read_full(fd, out, r.len, deadline) != 0) return -1;
     if (outlen != NULL) *outlen = r.len;
+    *result = r.op_or_result;
+    return 0;
+}
+
+static int migrate(struct gctx *c, const char *target);
+
+/* One request on a context's connection. NOREPLY requests return at once; the others return the server's
+ * result and its payload in out (at most outcap bytes; *outlen gets the length). A server that answers
+ * "moved" gets the context moved (migrate) and the request sent again where the context now is. */
+static CUresult call(struct gctx *c, uint32_t op, uint32_t flags, const void *a, size_t alen, const void *b,
+                     size_t blen, void *out, size_t outcap, size_t *outlen) {
+    if (outlen != NULL) *outlen = 0;
+    if (c == NULL) return GPR_CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&c->mu);
+    uint32_t res = GPR_CUDA_ERROR_LAUNCH_FAILED;
+    for (int tries = 0; !c->dead && tries < 3; tries++) {
+        char moved[GPR_MAX_ADDR];
+        if (exchange(c->fd, op, flags, a, alen, b, blen, out, outcap, outlen, &res, moved) != 0) {
+            lose(c);
+            res = GPR_CUDA_ERROR_LAUNCH_FAILED;
+            break;
+        }
+        if (res != GPR_R_MOVED) break;
+        migrate(c, moved); /* on failure the context stays where it was, which serves the request again */
+        res = GPR_CUDA_ERROR_UNKNOWN;
+    }
     pthread_mutex_unlock(&c->mu);
-    return (CUresult)r.op_or_result;
-lost:
-    lose(c);
-    pthread_mutex_unlock(&c->mu);
-    return GPR_CUDA_ERROR_LAUNCH_FAILED;
+    return (CUresult)res;
 }
 
 static CUresult call_simple(struct gctx *c, uint32_t op, const void *a, size_t alen) {
     return call(c, op, 0, a, alen, NULL, 0, NULL, 0, NULL);
+}
+
+
+/* ---- live migration (docs/remote.md) ------------------------------------------------------------------
+ * The source worker answered a request with "moved to TARGET" after synchronising the context: everything
+ * this context sent before has run there, and nothing else is in flight (its lock is held here). Its state
+ * is read from the source and replayed into a fresh worker on the target under the same numbers and device
+ * addresses, so the program's handles and pointers stay valid; then the connection is swapped and the
+ * source worker, seeing it close, exits and frees the GPU there. Any failure leaves the context on the
+ * source, untouched. Called with c->mu held. */
+struct xfer {
+    int from, to;
+    unsigned char *buf;        /* GPR_MAX_MSG bytes */
+};
+
+static int ask(int fd, uint32_t op, const void *a, size_t alen, const void *b, size_t blen, void *out,
+               size_t outcap, size_t *outlen) {
+    uint32_t res;
+    if (exchange(fd, op, 0, a, alen, b, blen, out, outcap, outlen, &res, NULL) != 0) return -1;
+    return res == CUDA_SUCCESS ? 0 : -1;
+}
+static int tell(int fd, uint32_t op, const void *a, size_t alen, const void *b, size_t blen) {
+    uint32_t res;
+    return exchange(fd, op, GPR_F_NOREPLY, a, alen, b, blen, NULL, 0, NULL, &res, NULL);
+}
+
+static int replay(struct xfer *x, const unsigned char *st, size_t len) {
+    struct gpr_state_head h;
+    if (len < sizeof h) return -1;
+    memcpy(&h, st, sizeof h);
+    const unsigned char *p = st + sizeof h, *end = st + len;
+#define TAKE(v) (p + sizeof(v) <= end ? (memcpy(&(v), p, sizeof(v)), p += sizeof(v), 0) : -1)
+    const unsigned char *allocs = p;
+    if ((size_t)(end - p) < (size_t)h.nallocs * 16) return -1;
+    p += (size_t)h.nallocs * 16;
+    for (uint32_t i = 0; i < h.nmodules; i++) { /* modules first: functions name them */
+        uint32_t id, ilen;
+        size_t got;
+        if (TAKE(id) || TAKE(ilen)) return -1;
+        if (ask(x->from, GPR_OP_MODULE_IMAGE, &id, 4, NULL, 0, x->buf, GPR_MAX_MSG, &got) != 0 || got != ilen ||
+            tell(x->to, GPR_OP_RESTORE_MODULE, &id, 4, x->buf, got) != 0)
+            return -1;
+    }
+    for (uint32_t i = 0; i < h.nfuncs; i++) {
+        uint32_t ids[2], nlen;
+        if (TAKE(ids) || TAKE(nlen) || (size_t)(end - p) < nlen) return -1;
+        if (tell(x->to, GPR_OP_RESTORE_FUNCTION, ids, 8, p, nlen) != 0) return -1;
+        p += nlen;
+    }
+    for (uint32_t i = 0; i < h.nstreams; i++) {
+        uint32_t v[3];
+        if (TAKE(v) || tell(x->to, GPR_OP_RESTORE_STREAM, v, sizeof v, NULL, 0) != 0) return -1;
+    }
+    for (uint32_t i = 0; i < h.nevents; i++) {
+        uint32_t v[2];
+        if (TAKE(v) || tell(x->to, GPR_OP_RESTORE_EVENT, v, sizeof v, NULL, 0) != 0) return -1;
+    }
+#undef TAKE
+    if (h.nallocs > 0 && tell(x->to, GPR_OP_RESTORE_ALLOC, allocs, (size_t)h.nallocs * 16, NULL, 0) != 0) return -1;
+    if (ask(x->to, GPR_OP_CTX_SYNC, NULL, 0, NULL, 0, NULL, 0, NULL) != 0) return -1; /* all rebuilt? */
+    for (uint32_t i = 0; i < h.nallocs; i++) { /* then the contents, chunk by chunk */
+        uint64_t ptr, bytes;
+        memcpy(&ptr, allocs + 16 * (size_t)i, 8);
+        memcpy(&bytes, allocs + 16 * (size_t)i + 8, 8);
+        for (uint64_t off = 0; off < bytes; off += GPR_CHUNK) {
+            uint64_t n = bytes - off < GPR_CHUNK ? bytes - off : GPR_CHUNK;
+            struct { uint64_t src, n; uint32_t stream, async; } rq = {ptr + off, n, 0, 0};
+            struct { uint64_t dst; uint32_t stream, async; } wr = {ptr + off, 0, 0};
+            size_t got;
+            if (ask(x->from, GPR_OP_DTOH, &rq, sizeof rq, NULL, 0, x->buf, GPR_MAX_MSG, &got) != 0 || got != n ||
+                tell(x->to, GPR_OP_HTOD, &wr, sizeof wr, x->buf, n) != 0)
+                return -1;
+        }
+    }
+    return ask(x->to, GPR_OP_CTX_SYNC, NULL, 0, NULL, 0, NULL, 0, NULL);
+}
+
+static int migrate(struct gctx *c, const char *target) {
+    int64_t t0 = gpr_now_ms();
+    struct gctx n = {.magic = CTX_MAGIC, .fd = -1};
+    struct xfer x = {c->fd, -1, malloc(GPR_MAX_MSG)};
+    unsigned char *st = malloc(GPR_MAX_MSG);
+    uint32_t a[3] = {(uint32_t)c->device, c->flags, (uint32_t)c->primary};
+    size_t stlen = 0;
+    const char *failed = NULL;
+    if (x.buf == NULL || st == NULL) failed = "memory";
+    else if (open_conn_to(&n, target) != CUDA_SUCCESS) failed = "connecting";
+    x.to = n.fd;
+    if (failed == NULL && ask(x.to, GPR_OP_CTX_CREATE, a, sizeof a, NULL, 0, NULL, 0, NULL) != 0) failed = "a context";
+    if (failed == NULL && ask(x.from, GPR_OP_STATE, NULL, 0, NULL, 0, st, GPR_MAX_MSG, &stlen) != 0)
+        failed = "reading the state";
+    if (failed == NULL && replay(&x, st, stlen) != 0) failed = "replaying the state";
+    free(st);
+    free(x.buf);
+    char msg[GPR_MAX_ADDR + 128];
+    if (failed != NULL) {
+        if (n.fd >= 0) close(n.fd);
+        snprintf(msg, sizeof msg, "could not move to %s (%s); staying on the current GPU server", target, failed);
+        note(msg);
+        return -1;
+    }
+    close(c->fd);
+    c->fd = n.fd;
+    pthread_mutex_lock(&server_mu); /* this process's new contexts go where the administrator sent it */
+    snprintf(server, sizeof server, "%s", target);
+    pthread_mutex_unlock(&server_mu);
+    snprintf(msg, sizeof msg, "moved to %s in %lld ms", target, (long long)(gpr_now_ms() - t0));
+    note(msg);
+    return 0;
 }
 
 /* ---- init, devices ------------------------------------------------------------------------------------ */
@@ -345,6 +487,7 @@ static CUresult new_ctx(struct gctx **out, int device, unsigned flags, int is_pr
     c->magic = CTX_MAGIC;
     c->device = device;
     c->primary = is_primary;
+    c->flags = flags;
     pthread_mutex_init(&c->mu, NULL);
     CUresult r = open_conn(c);
     uint32_t a[3] = {(uint32_t)device, flags, (uint32_t)is_primary};

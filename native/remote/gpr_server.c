@@ -107,6 +107,15 @@ static struct {
     CUresult (*EventSynchronize)(CUevent);
     CUresult (*EventQuery)(CUevent);
     CUresult (*EventElapsedTime)(float *, CUevent, CUevent);
+    /* the VMM calls a migrated allocation is rebuilt with, at the device address it had */
+    CUresult (*MemAddressReserve)(CUdeviceptr *, size_t, size_t, CUdeviceptr, unsigned long long);
+    CUresult (*MemAddressFree)(CUdeviceptr, size_t);
+    CUresult (*MemCreate)(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long);
+    CUresult (*MemRelease)(CUmemGenericAllocationHandle);
+    CUresult (*MemMap)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+    CUresult (*MemUnmap)(CUdeviceptr, size_t);
+    CUresult (*MemSetAccess)(CUdeviceptr, size_t, const void *, size_t);
+    CUresult (*MemGetAllocationGranularity)(size_t *, const CUmemAllocationProp *, int);
 } drv;
 
 struct func {
@@ -114,14 +123,39 @@ struct func {
     uint32_t module;       /* 0 = free slot */
     uint32_t nparams;      /* GPR_PARAMS_UNKNOWN when the driver cannot describe them */
     uint32_t *layout;      /* nparams x (offset, size) */
+    char *name;            /* kept for a migration, which looks it up again on the target */
 };
+
+/* Every live allocation, for a migration (and for the bound on how many a client holds). */
+struct arec {
+    uint64_t ptr, bytes;
+    int64_t region;                    /* rebuilt by a migration: its region (below); -1 = cuMemAlloc'd */
+};
+static struct arec *arecs;
+static size_t narecs, arecs_cap;
+
+/* Memory a migration rebuilt: one VMM mapping per run of allocations whose granularity-aligned spans touch
+ * (the driver packs small allocations closer than its 2 MiB mapping granularity, so each cannot have a
+ * mapping of its own at its address). Freed when the last allocation in it is. */
+struct region {
+    uint64_t base, size;
+    CUmemGenericAllocationHandle handle;
+    uint32_t users;
+};
+static struct region *regions;
+static size_t nregions;
 
 static int conn = -1;
 static int64_t msg_timeout_ms = 30000;
 static CUcontext ctx;
+static int device_ordinal;
 static uint32_t deferred;          /* the first error of a request that got no reply, not yet reported */
-static long live_allocs;
 static void *modules[MAX_MODULES];
+static unsigned char *module_image[MAX_MODULES]; /* as loaded, for a migration */
+static uint32_t module_len[MAX_MODULES];
+static uint32_t stream_flags[MAX_STREAMS], event_flags[MAX_EVENTS];
+static int32_t stream_prio[MAX_STREAMS];
+static volatile sig_atomic_t move_asked; /* SIGUSR1: move this client to the server named in SHARE/move-to */
 static unsigned char *in;          /* the request being handled (static: reachable to the end) */
 static size_t incap;
 static struct func funcs[MAX_FUNCS];
@@ -160,6 +194,9 @@ static void load_driver(const char *path) {
     R(EventCreate, "cuEventCreate"); R(EventDestroy, "cuEventDestroy_v2"); R(EventRecord, "cuEventRecord");
     R(EventSynchronize, "cuEventSynchronize"); R(EventQuery, "cuEventQuery");
     R(EventElapsedTime, "cuEventElapsedTime");
+    R(MemAddressReserve, "cuMemAddressReserve"); R(MemAddressFree, "cuMemAddressFree");
+    R(MemCreate, "cuMemCreate"); R(MemRelease, "cuMemRelease"); R(MemMap, "cuMemMap"); R(MemUnmap, "cuMemUnmap");
+    R(MemSetAccess, "cuMemSetAccess"); R(MemGetAllocationGranularity, "cuMemGetAllocationGranularity");
 #undef R
 }
 
@@ -186,6 +223,153 @@ static uint32_t free_slot(const unsigned char *used, uint32_t n) {
     for (uint32_t i = GPR_FIRST_ID; i < n; i++)
         if (!used[i]) return i;
     return 0;
+}
+
+static int reserve_arec(void) {
+    if (narecs < arecs_cap) return 0;
+    size_t cap = arecs_cap ? arecs_cap * 2 : 64;
+    struct arec *a = realloc(arecs, cap * sizeof *a);
+    if (a == NULL) return -1;
+    arecs = a;
+    arecs_cap = cap;
+    return 0;
+}
+
+static CUresult free_alloc(uint64_t p) {
+    size_t i = 0;
+    while (i < narecs && arecs[i].ptr != p) i++;
+    if (i == narecs) return CALL(MemFree, p); /* not ours: the driver gives the error it gives */
+    CUresult res = CUDA_SUCCESS;
+    if (arecs[i].region < 0) {
+        res = CALL(MemFree, p);
+    } else {
+        struct region *g = &regions[arecs[i].region];
+        if (--g->users == 0) {
+            res = CALL(MemUnmap, g->base, g->size);
+            if (res == CUDA_SUCCESS) res = CALL(MemRelease, g->handle);
+            if (res == CUDA_SUCCESS) res = CALL(MemAddressFree, g->base, g->size);
+        }
+    }
+    if (res == CUDA_SUCCESS) arecs[i] = arecs[--narecs];
+    return res;
+}
+
+static int by_ptr(const void *a, const void *b) {
+    uint64_t x, y;
+    memcpy(&x, a, 8);
+    memcpy(&y, b, 8);
+    return x < y ? -1 : x > y;
+}
+
+/* Memory mapped at exactly [base, base + size) (granularity-aligned), or an error: the range is taken. */
+static CUresult map_region(uint64_t base, uint64_t size, const CUmemAllocationProp *prop,
+                           CUmemGenericAllocationHandle *h) {
+    CUdeviceptr got = 0;
+    CUresult res = CALL(MemAddressReserve, &got, size, 0, base, 0);
+    if (res != CUDA_SUCCESS) return res;
+    if (got != base) {
+        CALL(MemAddressFree, got, size);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    res = CALL(MemCreate, h, size, prop, 0);
+    if (res == CUDA_SUCCESS) {
+        res = CALL(MemMap, base, size, 0, *h, 0);
+        if (res != CUDA_SUCCESS) CALL(MemRelease, *h);
+    }
+    if (res == CUDA_SUCCESS) {
+        struct { int type, id, flags; } access = {1, prop->location.id, 3}; /* CUmemAccessDesc: read-write */
+        res = CALL(MemSetAccess, base, size, &access, 1);
+        if (res != CUDA_SUCCESS) {
+            CALL(MemUnmap, base, size);
+            CALL(MemRelease, *h);
+        }
+    }
+    if (res != CUDA_SUCCESS) CALL(MemAddressFree, base, size);
+    return res;
+}
+
+/* A migration's allocations, all at once (n x (u64 pointer, u64 bytes)): each at the device address the
+ * program knows (docs/remote.md), runs of neighbours sharing one mapping. */
+static CUresult restore_allocs(const unsigned char *p, uint32_t n) {
+    if (n == 0) return CUDA_SUCCESS;
+    if (narecs + n > MAX_ALLOCS) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (arecs_cap < narecs + n) {
+        struct arec *a = realloc(arecs, (narecs + n) * sizeof *a);
+        if (a == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+        arecs = a;
+        arecs_cap = narecs + n;
+    }
+    uint64_t *list = malloc((size_t)n * 16);
+    if (list == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+    memcpy(list, p, (size_t)n * 16);
+    qsort(list, n, 16, by_ptr);
+    CUdevice dev = 0;
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = 1;          /* CU_MEM_ALLOCATION_TYPE_PINNED */
+    prop.location.type = 1; /* CU_MEM_LOCATION_TYPE_DEVICE */
+    size_t gran = 0;
+    CUresult res = CALL(DeviceGet, &dev, device_ordinal);
+    prop.location.id = dev;
+    if (res == CUDA_SUCCESS) res = CALL(MemGetAllocationGranularity, &gran, &prop, 0);
+    if (gran == 0) gran = 1;
+    for (uint32_t i = 0; i < n && res == CUDA_SUCCESS;) {
+        uint64_t lo = list[2 * i] / gran * gran, hi = lo;
+        uint32_t j = i;
+        do { /* sorted: the next allocation shares the mapping if it starts before this run's aligned end */
+            uint64_t bytes = list[2 * j + 1] ? list[2 * j + 1] : 1;
+            uint64_t end = (list[2 * j] + bytes + gran - 1) / gran * gran;
+            if (end > hi) hi = end;
+            j++;
+        } while (j < n && list[2 * j] < hi);
+        struct region *g = realloc(regions, (nregions + 1) * sizeof *g);
+        if (g == NULL) {
+            res = CUDA_ERROR_OUT_OF_MEMORY;
+            break;
+        }
+        regions = g;
+        struct region *r = &regions[nregions];
+        *r = (struct region){lo, hi - lo, 0, 0};
+        res = map_region(lo, hi - lo, &prop, &r->handle);
+        if (res != CUDA_SUCCESS) break;
+        for (uint32_t k = i; k < j; k++) {
+            arecs[narecs++] = (struct arec){list[2 * k], list[2 * k + 1], (int64_t)nregions};
+            r->users++;
+        }
+        nregions++;
+        i = j;
+    }
+    free(list);
+    return res;
+}
+
+static void keep_image(uint32_t id, const unsigned char *image, uint32_t len) {
+    free(module_image[id]);
+    module_image[id] = malloc(len ? len : 1);
+    module_len[id] = module_image[id] != NULL ? len : 0;
+    if (module_image[id] != NULL) memcpy(module_image[id], image, len);
+}
+
+/* Table entry `id` for function f of module mid: its parameter layout as the driver describes it. */
+static CUresult describe(uint32_t id, CUfunction f, uint32_t mid, const char *name) {
+    uint32_t layout[2 * GPR_MAX_PARAMS], n = 0;
+    if (drv.FuncGetParamInfo == NULL) n = GPR_PARAMS_UNKNOWN;
+    while (n < GPR_MAX_PARAMS) {
+        size_t off = 0, size = 0;
+        if (drv.FuncGetParamInfo(f, n, &off, &size) != CUDA_SUCCESS) break;
+        if (off > GPR_MAX_MSG || size > GPR_MAX_MSG) return GPR_CUDA_ERROR_NOT_SUPPORTED;
+        layout[2 * n] = (uint32_t)off;
+        layout[2 * n + 1] = (uint32_t)size;
+        n++;
+    }
+    uint32_t count = n == GPR_PARAMS_UNKNOWN ? 0 : n;
+    funcs[id] = (struct func){f, mid, n, NULL, strdup(name)};
+    if (count > 0) {
+        funcs[id].layout = malloc(count * 8);
+        if (funcs[id].layout == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+        memcpy(funcs[id].layout, layout, count * 8);
+    }
+    return CUDA_SUCCESS;
 }
 
 /* Payload readers: each checks the length, so a short message is an error reply, never an overread. */
@@ -227,6 +411,57 @@ static unsigned char *out_room(size_t n) {
         outcap = n;
     }
     return outbuf;
+}
+
+/* GPR_OP_STATE: everything a target worker needs to stand in for this one (gpr.h, struct gpr_state_head). */
+static uint32_t op_state(uint32_t *olen) {
+    struct gpr_state_head h = {(uint32_t)narecs, 0, 0, 0, 0};
+    size_t size = sizeof h + narecs * 16;
+    for (uint32_t i = 1; i < MAX_MODULES; i++)
+        if (modules[i] != NULL) h.nmodules++, size += 8;
+    for (uint32_t i = 1; i < MAX_FUNCS; i++)
+        if (funcs[i].module != 0) h.nfuncs++, size += 12 + strlen(funcs[i].name) + 1;
+    for (uint32_t i = GPR_FIRST_ID; i < MAX_STREAMS; i++)
+        if (stream_used[i]) h.nstreams++, size += 12;
+    for (uint32_t i = GPR_FIRST_ID; i < MAX_EVENTS; i++)
+        if (event_used[i]) h.nevents++, size += 8;
+    if (size > GPR_MAX_MSG) return GPR_CUDA_ERROR_NOT_SUPPORTED;
+    unsigned char *o = out_room(size), *p = o;
+    if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+#define PUT(v) (memcpy(p, &(v), sizeof(v)), p += sizeof(v))
+    PUT(h);
+    for (size_t i = 0; i < narecs; i++) {
+        PUT(arecs[i].ptr);
+        PUT(arecs[i].bytes);
+    }
+    for (uint32_t i = 1; i < MAX_MODULES; i++)
+        if (modules[i] != NULL) {
+            PUT(i);
+            PUT(module_len[i]);
+        }
+    for (uint32_t i = 1; i < MAX_FUNCS; i++)
+        if (funcs[i].module != 0) {
+            uint32_t len = (uint32_t)strlen(funcs[i].name) + 1;
+            PUT(i);
+            PUT(funcs[i].module);
+            PUT(len);
+            memcpy(p, funcs[i].name, len);
+            p += len;
+        }
+    for (uint32_t i = GPR_FIRST_ID; i < MAX_STREAMS; i++)
+        if (stream_used[i]) {
+            PUT(i);
+            PUT(stream_flags[i]);
+            PUT(stream_prio[i]);
+        }
+    for (uint32_t i = GPR_FIRST_ID; i < MAX_EVENTS; i++)
+        if (event_used[i]) {
+            PUT(i);
+            PUT(event_flags[i]);
+        }
+#undef PUT
+    *olen = (uint32_t)size;
+    return CUDA_SUCCESS;
 }
 
 /* One request; returns the result and sets *olen to the reply's payload length (in outbuf). */
@@ -272,6 +507,7 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
         CUdevice d = 0;
         CUresult res = CALL(DeviceGet, &d, (int)dev);
         if (res != CUDA_SUCCESS) return (uint32_t)res;
+        device_ordinal = (int)dev;
         res = primary ? CALL(PrimaryCtxRetain, &ctx, d) : CALL(CtxCreate, &ctx, flags, d);
         if (res == CUDA_SUCCESS) res = CALL(CtxSetCurrent, ctx);
         if (res != CUDA_SUCCESS) ctx = NULL;
@@ -291,10 +527,10 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
     case GPR_OP_MEM_ALLOC: {
         uint64_t n = rd_u64(r);
         if (r->bad) return CUDA_ERROR_INVALID_VALUE;
-        if (live_allocs >= MAX_ALLOCS) return CUDA_ERROR_OUT_OF_MEMORY;
+        if (narecs >= MAX_ALLOCS || reserve_arec() != 0) return CUDA_ERROR_OUT_OF_MEMORY;
         CUdeviceptr p = 0;
         CUresult res = CALL(MemAlloc, &p, (size_t)n);
-        if (res == CUDA_SUCCESS) live_allocs++;
+        if (res == CUDA_SUCCESS) arecs[narecs++] = (struct arec){p, n, -1};
         uint64_t *o = (uint64_t *)(void *)out_room(8);
         if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
         *o = p;
@@ -304,9 +540,7 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
     case GPR_OP_MEM_FREE: {
         uint64_t p = rd_u64(r);
         if (r->bad) return CUDA_ERROR_INVALID_VALUE;
-        CUresult res = CALL(MemFree, p);
-        if (res == CUDA_SUCCESS) live_allocs--;
-        return (uint32_t)res;
+        return (uint32_t)free_alloc(p);
     }
     case GPR_OP_HTOD: {
         uint64_t dst = rd_u64(r);
@@ -367,6 +601,7 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
         CUresult res = CALL(ModuleLoadData, &m, r->p);
         if (res != CUDA_SUCCESS) return (uint32_t)res;
         modules[id] = m;
+        keep_image(id, r->p, r->left);
         uint32_t *o = (uint32_t *)(void *)out_room(4);
         if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
         *o = id;
@@ -378,9 +613,12 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
         if (r->bad || id == 0 || id >= MAX_MODULES || modules[id] == NULL) return GPR_CUDA_ERROR_INVALID_HANDLE;
         CUresult res = CALL(ModuleUnload, modules[id]);
         modules[id] = NULL;
+        free(module_image[id]);
+        module_image[id] = NULL;
         for (uint32_t i = 1; i < MAX_FUNCS; i++) {
             if (funcs[i].module == id) {
                 free(funcs[i].layout);
+                free(funcs[i].name);
                 memset(&funcs[i], 0, sizeof funcs[i]);
             }
         }
@@ -411,28 +649,15 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
         for (uint32_t i = 1; i < MAX_FUNCS && id == 0; i++)
             if (funcs[i].module == 0) id = i;
         if (id == 0) return CUDA_ERROR_OUT_OF_MEMORY;
-        uint32_t layout[2 * GPR_MAX_PARAMS], n = 0;
-        if (drv.FuncGetParamInfo == NULL) n = GPR_PARAMS_UNKNOWN;
-        while (n < GPR_MAX_PARAMS) {
-            size_t off = 0, size = 0;
-            if (drv.FuncGetParamInfo(f, n, &off, &size) != CUDA_SUCCESS) break;
-            if (off > GPR_MAX_MSG || size > GPR_MAX_MSG) return GPR_CUDA_ERROR_NOT_SUPPORTED;
-            layout[2 * n] = (uint32_t)off;
-            layout[2 * n + 1] = (uint32_t)size;
-            n++;
-        }
-        uint32_t count = n == GPR_PARAMS_UNKNOWN ? 0 : n;
-        funcs[id] = (struct func){f, mid, n, NULL};
-        if (count > 0) {
-            funcs[id].layout = malloc(count * 8);
-            if (funcs[id].layout == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
-            memcpy(funcs[id].layout, layout, count * 8);
-        }
+        res = describe(id, f, mid, (const char *)r->p);
+        if (res != CUDA_SUCCESS) return (uint32_t)res;
+        uint32_t n = funcs[id].nparams, count = n == GPR_PARAMS_UNKNOWN ? 0 : n;
+        const uint32_t *layout = funcs[id].layout;
         uint32_t *o = (uint32_t *)(void *)out_room(8 + count * 8);
         if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
         o[0] = id;
         o[1] = n;
-        memcpy(o + 2, layout, count * 8);
+        if (count > 0) memcpy(o + 2, layout, count * 8);
         *olen = 8 + count * 8;
         return CUDA_SUCCESS;
     }
@@ -481,6 +706,8 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
         CUresult res = CALL(StreamCreateWithPriority, &streams[id], flags, (int)prio);
         if (res != CUDA_SUCCESS) return (uint32_t)res;
         stream_used[id] = 1;
+        stream_flags[id] = flags;
+        stream_prio[id] = (int32_t)prio;
         uint32_t *o = (uint32_t *)(void *)out_room(4);
         if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
         *o = id;
@@ -516,6 +743,7 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
         CUresult res = CALL(EventCreate, &events[id], flags);
         if (res != CUDA_SUCCESS) return (uint32_t)res;
         event_used[id] = 1;
+        event_flags[id] = flags;
         uint32_t *o = (uint32_t *)(void *)out_room(4);
         if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
         *o = id;
@@ -553,12 +781,89 @@ static uint32_t handle(uint32_t op, struct rd *r, uint32_t *olen) {
         *olen = 4;
         return (uint32_t)res;
     }
+    case GPR_OP_STATE: return op_state(olen);
+    case GPR_OP_MODULE_IMAGE: {
+        uint32_t id = rd_u32(r);
+        if (r->bad || id == 0 || id >= MAX_MODULES || module_image[id] == NULL) return GPR_CUDA_ERROR_INVALID_HANDLE;
+        unsigned char *o = out_room(module_len[id] ? module_len[id] : 1);
+        if (o == NULL) return CUDA_ERROR_OUT_OF_MEMORY;
+        memcpy(o, module_image[id], module_len[id]);
+        *olen = module_len[id];
+        return CUDA_SUCCESS;
+    }
+    case GPR_OP_RESTORE_ALLOC:
+        if (r->left % 16 != 0) return CUDA_ERROR_INVALID_VALUE;
+        return (uint32_t)restore_allocs(r->p, r->left / 16);
+    case GPR_OP_RESTORE_MODULE: {
+        uint32_t id = rd_u32(r);
+        if (r->bad || id == 0 || id >= MAX_MODULES || modules[id] != NULL || r->left == 0) return CUDA_ERROR_INVALID_VALUE;
+        CUresult res = CALL(ModuleLoadData, &modules[id], r->p);
+        if (res == CUDA_SUCCESS) keep_image(id, r->p, r->left);
+        else modules[id] = NULL;
+        return (uint32_t)res;
+    }
+    case GPR_OP_RESTORE_FUNCTION: {
+        uint32_t id = rd_u32(r), mid = rd_u32(r);
+        if (r->bad || id == 0 || id >= MAX_FUNCS || funcs[id].module != 0 || mid == 0 || mid >= MAX_MODULES ||
+            modules[mid] == NULL || r->left == 0 || memchr(r->p, '\0', r->left) == NULL)
+            return CUDA_ERROR_INVALID_VALUE;
+        CUfunction f = NULL;
+        CUresult res = CALL(ModuleGetFunction, &f, modules[mid], (const char *)r->p);
+        return (uint32_t)(res != CUDA_SUCCESS ? res : describe(id, f, mid, (const char *)r->p));
+    }
+    case GPR_OP_RESTORE_STREAM: {
+        uint32_t id = rd_u32(r), flags = rd_u32(r), prio = rd_u32(r);
+        if (r->bad || id < GPR_FIRST_ID || id >= MAX_STREAMS || stream_used[id]) return CUDA_ERROR_INVALID_VALUE;
+        CUresult res = CALL(StreamCreateWithPriority, &streams[id], flags, (int)prio);
+        if (res == CUDA_SUCCESS) {
+            stream_used[id] = 1;
+            stream_flags[id] = flags;
+            stream_prio[id] = (int32_t)prio;
+        }
+        return (uint32_t)res;
+    }
+    case GPR_OP_RESTORE_EVENT: {
+        uint32_t id = rd_u32(r), flags = rd_u32(r);
+        if (r->bad || id < GPR_FIRST_ID || id >= MAX_EVENTS || event_used[id]) return CUDA_ERROR_INVALID_VALUE;
+        CUresult res = CALL(EventCreate, &events[id], flags);
+        if (res == CUDA_SUCCESS) {
+            event_used[id] = 1;
+            event_flags[id] = flags;
+        }
+        return (uint32_t)res;
+    }
     default: return GPR_CUDA_ERROR_NOT_SUPPORTED;
     }
 }
 
+/* Where an administrator asked this share's clients to move: SHARE/move-to (one address), read when the
+ * worker is signalled (SIGUSR1). 0 = a target. */
+static int move_target(char *out) {
+    const char *share = getenv("GPUPOOL_REMOTE_SHARE");
+    if (share == NULL) return -1;
+    char path[1200];
+    snprintf(path, sizeof path, "%s/move-to", share);
+    FILE *f = fopen(path, "re");
+    if (f == NULL) return -1;
+    int ok = fgets(out, GPR_MAX_ADDR, f) != NULL;
+    fclose(f);
+    if (!ok) return -1;
+    out[strcspn(out, " \r\n")] = '\0';
+    return strncmp(out, "tcp:", 4) == 0 || strncmp(out, "unix:", 5) == 0 ? 0 : -1;
+}
+
+static void on_move(int sig) {
+    (void)sig;
+    move_asked = 1;
+}
+
 static int worker(int fd, const char *cuda) {
     conn = fd;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_move;
+    sa.sa_flags = SA_RESTART; /* a signal must not end a read: the read helpers treat EINTR as "go on" */
+    sigaction(SIGUSR1, &sa, NULL);
     load_driver(cuda);
     if (drv.Init == NULL || drv.Init(0) != CUDA_SUCCESS) {
         say("the driver does not initialise");
@@ -592,6 +897,16 @@ static int worker(int fd, const char *cuda) {
         in[h.len] = '\0'; /* a name or PTX image read as a string ends in the buffer even if the sender cut it */
         struct rd r = {in, h.len, 0};
         uint32_t olen = 0;
+        if (move_asked && !(h.flags & GPR_F_NOREPLY) && ctx != NULL && deferred == 0) {
+            move_asked = 0;
+            char target[GPR_MAX_ADDR];
+            if (move_target(target) == 0 && CALL(CtxSynchronize) == CUDA_SUCCESS) {
+                /* the client is waiting on this reply and sends nothing else: its work so far has run here */
+                say("moving this client to %s", target);
+                if (reply(fd, GPR_R_MOVED, target, (uint32_t)strlen(target) + 1) != 0) return 0;
+                continue;
+            }
+        }
         uint32_t res = handle(h.op_or_result, &r, &olen);
         if (h.flags & GPR_F_NOREPLY) {
             if (res != CUDA_SUCCESS && deferred == 0) deferred = res;

@@ -2,10 +2,12 @@
 listener and its workers, which preload the sanitized interception library after the ASan runtime), the
 fakes and both test programs. Data round trips, kernels with both parameter forms, streams and events, the
 probe's memory session, a killed client and malformed messages must all leave every process's stderr free of
-sanitizer reports, and every worker must exit cleanly (LeakSanitizer runs at its exit)."""
+sanitizer reports, and every worker must exit cleanly (LeakSanitizer runs at its exit). A live migration
+moves the program between two sanitized servers."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import struct
@@ -42,7 +44,7 @@ def test_forwarding_end_to_end_is_clean_under_the_sanitizers(asan_remote: tuple[
     try:
         server = remote.server(extra_env=CLEAN_ENV, hook=False, args=("--hook", f"{asan}:{rb.base.hook}"))
         token, pod = server.share(memory_mib="10240")
-        small, _ = server.share(memory_mib="1024")
+        small, small_pod = server.share(memory_mib="1024")
         probe = remote.probe(server, token, "gpa2")
         assert memory_session(probe) == EXPECTED
         app = remote.app(server, small, extra=CLEAN_ENV)
@@ -62,6 +64,14 @@ def test_forwarding_end_to_end_is_clean_under_the_sanitizers(asan_remote: tuple[
         assert app.ask("big 9000000 3 1") == ["0", "1"]
         assert app.rc("func add_u32") == 0
         assert app.rc("add 0 100000 1 params 0") == 0 and app.rc("sync") == 700
+        target = remote.server(extra_env=CLEAN_ENV, hook=False, args=("--hook", f"{asan}:{rb.base.hook}"))
+        target.share(memory_mib="1024", token=small)
+        (small_pod.hook_dir / "move-to").write_text(target.address + "\n")
+        for worker in server.workers_of(small_pod):
+            os.kill(worker, signal.SIGUSR1)
+        assert app.rc("sync") == 0  # a live migration, both ends sanitized
+        rc, back = app.ask("read 1 0 1024 0 0")
+        assert rc == "0" and struct.unpack("<256I", bytes.fromhex(back)) == tuple((2 * v) & 0xFFFFFFFF for v in x)
         assert app.rc("unload") == 0 and app.rc("edestroy 1") == 0 and app.rc("sdestroy 1") == 0
         assert app.rc("managed") == 801
 
@@ -83,9 +93,10 @@ def test_forwarding_end_to_end_is_clean_under_the_sanitizers(asan_remote: tuple[
         for client in (probe, app):
             err = client.close()
             assert client.proc.returncode == 0 and not any(r in err for r in REPORTS), err
-        assert wait_for(lambda: server.workers() == [], timeout=30)  # every worker ran its exit (and LSan)
+        assert wait_for(lambda: server.workers() == [] and target.workers() == [], timeout=30)  # exits ran LSan
     finally:
         remote.close()
-    err = server.close()
-    assert not any(r in err for r in REPORTS), err
+    for s in (server, target):
+        err = s.close()
+        assert not any(r in err for r in REPORTS), err
     assert pod.hook_dir.exists()

@@ -17,6 +17,7 @@ struct alloc {
     struct alloc *next;
     unsigned char *data; /* the contents, mapped at the first copy, memset or kernel that touches them */
     int on_host;         /* managed memory whose pages the driver keeps on the host: no device memory held */
+    uint64_t mapped;     /* a cuMemCreate handle's memory: where cuMemMap put it (0 = nowhere) */
 };
 static struct alloc *allocs;
 static int have_ctx;
@@ -50,7 +51,7 @@ static CUresult alloc_bytes(unsigned long long *out, uint64_t bytes, void *pool)
         *out = fk->next_ptr;
         fk->next_ptr += (bytes + 255) / 256 * 256 + 256;
         struct alloc *a = malloc(sizeof *a);
-        *a = (struct alloc){*out, bytes, pool, allocs, NULL, 0};
+        *a = (struct alloc){*out, bytes, pool, allocs, NULL, 0, 0};
         allocs = a;
     }
     fk_unlock();
@@ -428,13 +429,14 @@ static unsigned char *bytes_at(uint64_t p, uint64_t n) {
     unsigned char *out = NULL;
     fk_lock();
     for (struct alloc *a = allocs; a != NULL; a = a->next) {
-        if (p >= a->key && n <= a->bytes && p - a->key <= a->bytes - n) {
+        uint64_t base = a->mapped != 0 ? a->mapped : a->key; /* VMM memory is reached where it is mapped */
+        if (p >= base && n <= a->bytes && p - base <= a->bytes - n) {
             if (a->data == NULL) {
                 void *m = mmap(NULL, a->bytes ? a->bytes : 1, PROT_READ | PROT_WRITE,
                                MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
                 if (m != MAP_FAILED) a->data = m;
             }
-            if (a->data != NULL) out = a->data + (p - a->key);
+            if (a->data != NULL) out = a->data + (p - base);
             break;
         }
     }
@@ -607,6 +609,61 @@ static CUresult kernel_body(CUfunction f, void **params, void **extra, int64_t *
     return CUDA_SUCCESS;
 }
 
+
+/* The VMM calls a migration rebuilds allocations with: an address range is reserved (at the address asked
+ * for when no mapping of the process overlaps it, as the driver honours a free requested address), a
+ * cuMemCreate handle's memory is mapped there and reached at that address from then on. The granularity is
+ * the driver's usual 2 MiB. */
+#define FAKE_VMM_GRANULARITY (2ULL << 20)
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
+    (void)prop; (void)option;
+    if (g == NULL) return CUDA_ERROR_INVALID_VALUE;
+    *g = FAKE_VMM_GRANULARITY;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *p, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    (void)align; (void)flags;
+    if (p == NULL || size == 0 || size % FAKE_VMM_GRANULARITY != 0) return CUDA_ERROR_INVALID_VALUE;
+    fk_lock();
+    int free_there = addr != 0;
+    for (struct alloc *a = allocs; a != NULL && free_there; a = a->next)
+        if (a->mapped != 0 && addr < a->mapped + a->bytes && a->mapped < addr + size) free_there = 0;
+    if (free_there) {
+        *p = addr;
+    } else {
+        *p = fk->next_ptr;
+        fk->next_ptr += size;
+    }
+    fk_unlock();
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressFree(CUdeviceptr p, size_t size) { (void)p; (void)size; return CUDA_SUCCESS; }
+EXPORT CUresult cuMemMap(CUdeviceptr p, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags) {
+    (void)flags;
+    fk_lock();
+    struct alloc *a = allocs;
+    while (a != NULL && a->key != h) a = a->next;
+    CUresult r = a == NULL || offset != 0 || size > a->bytes || a->mapped != 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+    if (r == CUDA_SUCCESS) a->mapped = p;
+    fk_unlock();
+    return r;
+}
+EXPORT CUresult cuMemUnmap(CUdeviceptr p, size_t size) {
+    (void)size;
+    fk_lock();
+    struct alloc *a = allocs;
+    while (a != NULL && (a->mapped == 0 || a->mapped != p)) a = a->next;
+    if (a != NULL) a->mapped = 0;
+    fk_unlock();
+    return a != NULL ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMemSetAccess(CUdeviceptr p, size_t size, const void *desc, size_t count) {
+    (void)p; (void)size;
+    return desc != NULL && count > 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
 /* ---- the rest of a driver a forwarding server calls --------------------------------------------------- */
 EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     if (d != 0 || name == NULL || len <= 0) return CUDA_ERROR_INVALID_VALUE;
@@ -761,6 +818,12 @@ static const struct { const char *name; void *fn; } exports[] = {
     {"cuStreamCreateWithPriority", (void *)cuStreamCreateWithPriority},
     {"cuStreamQuery", (void *)cuStreamQuery},
     {"cuStreamWaitEvent", (void *)cuStreamWaitEvent},
+    {"cuMemGetAllocationGranularity", (void *)cuMemGetAllocationGranularity},
+    {"cuMemAddressReserve", (void *)cuMemAddressReserve},
+    {"cuMemAddressFree", (void *)cuMemAddressFree},
+    {"cuMemMap", (void *)cuMemMap},
+    {"cuMemUnmap", (void *)cuMemUnmap},
+    {"cuMemSetAccess", (void *)cuMemSetAccess},
     {"cuGetProcAddress", (void *)cuGetProcAddress},
     {"cuGetProcAddress_v2", (void *)cuGetProcAddress_v2},
     {"cuLaunchKernel_ptsz", (void *)cuLaunchKernel_ptsz},

@@ -21,6 +21,7 @@
  *   event SLOT / record E S / esync E / equery E / elapsed A B (-> "<rc> <microseconds>") / edestroy E
  *   wait S E                    -> "<rc>"  cuStreamWaitEvent
  *   sync                        -> "<rc>"  cuCtxSynchronize       info -> "<rc> <free> <total>"
+ *   tsync                       -> "<rc> <ns>"  one cuCtxSynchronize, timed (a migration's pause happens in one)
  *   dev                         -> "<rc> <count> <cc major> <cc minor> <total> <name with _ for spaces>"
  *   gpa NAME                    -> "<rc>"  cuGetProcAddress_v2(NAME, 12040, 0)
  *   managed                     -> "<rc>"  cuMemAllocManaged through cuGetProcAddress (not forwarded)
@@ -221,6 +222,10 @@ int main(void) {
             printf("%d %lld\n", r, (long long)(ms * 1000.0f + 0.5f));
         } else if (sscanf(line, "wait %u %u", &a, &b) == 2 && b < 16) {
             printf("%d\n", cuStreamWaitEvent(S(a), events[b], 0));
+        } else if (!strncmp(line, "tsync", 5)) {
+            int64_t t0 = now_ns();
+            r = cuCtxSynchronize();
+            printf("%d %lld\n", r, (long long)(now_ns() - t0));
         } else if (!strncmp(line, "sync", 4)) {
             printf("%d\n", cuCtxSynchronize());
         } else if (!strncmp(line, "info", 4)) {
