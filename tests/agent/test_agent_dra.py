@@ -33,6 +33,7 @@ from gpupool.agent.proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from gpupool.agent.proto import pluginregistration_v1_pb2 as reg
 from gpupool.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from gpupool.agent.service import Agent
+from gpupool.agent.watchdog import Limit
 from gpupool.api.dra import DRIVER, TAINT_NOT_READY, TAINT_UNHEALTHY
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import RESOURCE_CLAIMS, RESOURCE_SLICES
@@ -211,6 +212,18 @@ async def test_unprepare_of_an_unknown_claim_succeeds() -> None:
         reply = await r.stub.NodeUnprepareResources(v1.NodeUnprepareResourcesRequest(
             claims=[v1.Claim(namespace="x", name="y", uid="never-seen")]), timeout=10)
         assert dict(reply.claims) == {"never-seen": v1.NodeUnprepareResourceResponse(error="")}
+
+
+async def test_prepared_hook_claims_are_what_the_watchdog_holds() -> None:
+    """The second line (the watchdog) holds a prepared hook claim's pods to the claim's share; a whole GPU
+    (isolation none) has no second line."""
+    async with dra_rig() as r:
+        hook = await r.cluster.create_object(RESOURCE_CLAIMS, claim("train", [share("gpu-2", "8Gi", "30")]))
+        whole = await r.cluster.create_object(RESOURCE_CLAIMS, claim("serve", [share("gpu-1", None, None)], [
+            {"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {"isolation": "none"}}}]))
+        reply = await prepare(r, hook, whole)
+        assert [reply.claims[c["metadata"]["uid"]].error for c in (hook, whole)] == ["", ""]
+        assert r.agent._watched_claims() == {"team-a/train": {"GPU-aaaa-2": Limit(8192, 30.0, elastic=False)}}
 
 
 async def test_the_tenants_claim_config_cannot_choose_the_isolation() -> None:

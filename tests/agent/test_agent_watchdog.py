@@ -12,8 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from gpupool.agent.procs import ProcRef, ProcTable
-from gpupool.agent.watchdog import COMPUTE, MEMORY, REFRESH_S, WatchdogCollector
-from tests.agent.watchdog_helpers import G0, G1, Container, Node, pod, write_proc
+from gpupool.agent.watchdog import COMPUTE, MEMORY, REFRESH_S, Limit, WatchdogCollector
+from tests.agent.watchdog_helpers import G0, G1, NODE, Container, Node, pod, pod_uid, write_proc
 
 
 async def test_a_container_over_its_memory_loses_its_largest_process_and_its_neighbour_keeps_running(
@@ -295,3 +295,46 @@ async def test_a_slow_api_server_never_holds_up_acting_on_the_pods_already_known
     assert [x.pids for x in actions] == [(181,)]
     answer.set()
     await asyncio.wait_for(node.watchdog.tick(REFRESH_S + 0.5), timeout=30)
+
+
+# --- pods served through DRA claims ------------------------------------------------------------------------
+
+
+def claim_pod(name: str, claims: dict[str, str | None], generated: dict[str, str] | None = None) -> dict[str, Any]:
+    """A running pod using claims (entry name -> ResourceClaim name, None: made from a template, whose name
+    the status records in `generated`), without gpupool's allocation annotation."""
+    return {
+        "metadata": {"name": name, "namespace": "team", "uid": pod_uid()},
+        "spec": {"nodeName": NODE, "containers": [{"name": "main"}, {"name": "side"}],
+                 "resourceClaims": [{"name": k, **({"resourceClaimName": v} if v else
+                                                   {"resourceClaimTemplateName": "t"})} for k, v in claims.items()]},
+        "status": {"phase": "Running",
+                   "resourceClaimStatuses": [{"name": k, "resourceClaimName": v} for k, v in (generated or {}).items()],
+                   "containerStatuses": [{"name": "main", "containerID": "containerd://" + "a" * 64},
+                                         {"name": "side", "containerID": "containerd://" + "b" * 64}]},
+    }
+
+
+async def test_a_pod_over_its_claims_share_loses_its_largest_process(tmp_path: Path) -> None:
+    """The claims the agent prepared (namespace/name -> GPU -> share) hold the pods using them, all their
+    containers together: two claims of 4096 and 2048 MiB on G0 hold the pod to 6144 MiB there."""
+    node = Node(tmp_path)
+    node.watchdog.claims = lambda: {"team/named": {G0: Limit(4096, 30.0, elastic=False)},
+                                    "team/made-x7": {G0: Limit(2048, 20.0, elastic=False)}}
+    p = await node.add(claim_pod("p", {"a": "named", "b": None}, generated={"b": "made-x7"}))
+    main, side = Container("main", [], cid="a" * 64), Container("side", [], cid="b" * 64)
+    node.run(p, main, 301, G0, 3000)
+    node.run(p, side, 302, G0, 3000)
+    assert await node.watchdog.tick(0.0) == []  # 6000 of 6144: within
+    node.run(p, side, 303, G0, 1000)  # 7000 MiB > 6144
+    actions = await node.watchdog.tick(0.5)
+    assert [(x.reason, x.kind, x.used, x.limit) for x in actions] == [(MEMORY, "kill", 7000, 6144)]
+    assert node.killer.pids == [302]  # the largest (the newer of two equals) until the rest fits: 4000 <= 6144
+
+
+async def test_pods_whose_claims_are_not_held_by_the_second_line_are_left_alone(tmp_path: Path) -> None:
+    node = Node(tmp_path)
+    node.watchdog.claims = lambda: {"team/other": {G0: Limit(1024, 10.0, elastic=False)}}
+    p = await node.add(claim_pod("q", {"a": "not-prepared-here"}))
+    node.run(p, Container("main", [], cid="a" * 64), 401, G0, 30000)
+    assert await node.watchdog.tick(0.0) == [] and node.killer.pids == []

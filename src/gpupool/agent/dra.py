@@ -111,6 +111,11 @@ class PreparedClaim:
     isolation: str
     devices: tuple[PreparedDevice, ...]
     cdi_ids: tuple[str, ...]
+    shares: tuple[tuple[str, int, float], ...] = ()  # (GPU UUID, memory MiB, cores %) granted: the watchdog's
+
+    @property
+    def label(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> PreparedClaim:
@@ -119,6 +124,7 @@ class PreparedClaim:
             tuple(PreparedDevice(str(d["request"]), str(d["pool"]), str(d["device"]), d.get("share_id"))
                   for d in data["devices"]),
             tuple(str(c) for c in data["cdi_ids"]),
+            tuple((str(u), int(m), float(c)) for u, m, c in data.get("shares") or ()),
         )
 
 
@@ -274,7 +280,8 @@ class DraDriver:
             if isinstance(made, Refused):
                 return Outcome(error=made.reason)
             cdi_ids = made
-        prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, shares.isolation, devices, cdi_ids)
+        prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, shares.isolation, devices, cdi_ids,
+                                 tuple((g.uuid, g.memory_mib, g.cores) for g in grants))
         try:
             await asyncio.to_thread(self._save, {**self.prepared, ref.uid: prepared})
         except OSError as e:

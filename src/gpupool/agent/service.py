@@ -49,7 +49,7 @@ from gpupool.agent.procs import Killer
 from gpupool.agent.squeeze import follow_squeezes
 from gpupool.agent.table import DeviceTable
 from gpupool.agent.validation import Step, Validation, withheld_reason
-from gpupool.agent.watchdog import Watchdog
+from gpupool.agent.watchdog import Limit, Watchdog
 from gpupool.api.names import ANN_ALLOCATED
 from gpupool.api.waiting import waiting_for_allocate
 
@@ -178,7 +178,7 @@ class Agent:
         self._tasks.append(asyncio.create_task(self._validation_loop(), name="validation"))
         if self.config.watchdog:  # the second line behind isolation hook (agent/watchdog.py)
             self.watchdog = Watchdog(self.config, self.backend, self.cluster, self.isolation, self._watched_gpus,
-                                     killer=self.killer, wall_clock=self.wall_clock)
+                                     killer=self.killer, wall_clock=self.wall_clock, claims=self._watched_claims)
             self._tasks.append(asyncio.create_task(self.watchdog.run(self._stop, self.clock), name="watchdog"))
         if self.mps is not None:  # a daemon's state change reaches the inventory at once
             self._tasks.append(asyncio.create_task(
@@ -378,6 +378,14 @@ class Agent:
         if self.table is None:
             return []
         return [d.uuid for d in sorted(self.table.known.values(), key=lambda d: d.index) if not d.mig_enabled]
+
+    def _watched_claims(self) -> dict[str, dict[str, Limit]]:
+        """The prepared claims whose isolation has a second line (hook), as the watchdog holds them."""
+        if self.dra is None:
+            return {}
+        return {c.label: {uuid: Limit(memory, cores, elastic=False) for uuid, memory, cores in c.shares}
+                for c in self.dra.prepared.values()
+                if (s := self.isolation.get(c.isolation)) is not None and s.second_line}
 
     def _mig_reconciled(self) -> bool:
         return self.service is not None and self.service.mig_reconciled

@@ -95,10 +95,13 @@ class Tenant:
     containers: Mapping[str, str]  # container ID (bare) -> container name
     gpu_containers: tuple[str, ...]
     limits: Mapping[tuple[str, str], Limit]  # (container, GPU) -> grant; POD_WIDE for the pod's total
+    pod_wide: bool = False  # a pod served through DRA claims: its claims' shares hold all its processes together
 
     def key(self, ref: ProcRef, gpu: str) -> ShareKey:
         """Which share a process of this pod counts against: its container's when the cgroup names a
         known container, the only GPU container's when there is one, else the pod's total."""
+        if self.pod_wide:
+            return ShareKey(self.uid, POD_WIDE, gpu)
         name = self.containers.get(ref.container_id or "")
         if name is None:
             name = self.gpu_containers[0] if len(self.gpu_containers) == 1 else POD_WIDE
@@ -152,10 +155,38 @@ class WatchdogStats:
     errors: int = 0
 
 
+def pod_claims(pod: Mapping[str, Any]) -> list[str]:
+    """The ResourceClaims (namespace/name) a pod uses: named ones, and those made from its templates."""
+    ns = str((pod.get("metadata") or {}).get("namespace", ""))
+    made = {s.get("name"): s.get("resourceClaimName")
+            for s in (pod.get("status") or {}).get("resourceClaimStatuses") or [] if isinstance(s, Mapping)}
+    names = [r.get("resourceClaimName") or made.get(r.get("name"))
+             for r in (pod.get("spec") or {}).get("resourceClaims") or [] if isinstance(r, Mapping)]
+    return [f"{ns}/{n}" for n in names if n]
+
+
+def _claim_tenant(pod: Mapping[str, Any], claims: Mapping[str, Mapping[str, Limit]]) -> Tenant | None:
+    """A pod whose GPUs come from prepared claims with a second line: held, all its processes together, to
+    the sum of its claims' shares on each GPU (a claim several pods share holds each of them to all of it:
+    the library holds them together)."""
+    limits: dict[tuple[str, str], Limit] = {}
+    for label in pod_claims(pod):
+        for gpu, lim in (claims.get(label) or {}).items():
+            total = limits.get((POD_WIDE, gpu), Limit(0.0, 0.0, lim.elastic))
+            limits[(POD_WIDE, gpu)] = Limit(total.memory_mib + lim.memory_mib, total.cores + lim.cores, lim.elastic)
+    if not limits:
+        return None
+    meta = pod.get("metadata") or {}
+    return Tenant(str(meta.get("uid", "")), str(meta.get("namespace", "")), str(meta.get("name", "")), {}, (),
+                  limits, pod_wide=True)
+
+
 def tenants_of(pods: Iterable[Mapping[str, Any]], node: str, strategies: Mapping[str, Isolation],
-               default_isolation: str) -> dict[str, Tenant]:
+               default_isolation: str, claims: Mapping[str, Mapping[str, Limit]] | None = None) -> dict[str, Tenant]:
     """The pods of `node` that are not finished, carry an allocation, and whose isolation strategy asks
-    for the second line, by UID. Pods being deleted are kept: their processes run until they stop."""
+    for the second line, by UID; and those whose GPUs come from prepared DRA claims with a second line
+    (`claims`: namespace/name -> GPU UUID -> share). Pods being deleted are kept: their processes run until
+    they stop."""
     out: dict[str, Tenant] = {}
     for pod in pods:
         meta = pod.get("metadata") or {}
@@ -164,6 +195,9 @@ def tenants_of(pods: Iterable[Mapping[str, Any]], node: str, strategies: Mapping
             continue
         text = annotations.get(ANN_ALLOCATION)
         if not text:
+            claim_tenant = _claim_tenant(pod, claims or {})
+            if claim_tenant is not None:
+                out[claim_tenant.uid] = claim_tenant
             continue
         try:
             doc = decode_allocation(text)
@@ -221,8 +255,10 @@ class Watchdog:
         procs: ProcTable | None = None,
         killer: Killer | None = None,
         wall_clock: Callable[[], float] = time.time,
+        claims: Callable[[], Mapping[str, Mapping[str, Limit]]] = dict,
     ) -> None:
         self.config = config
+        self.claims = claims  # the prepared DRA claims held by the second line: namespace/name -> GPU -> share
         self.backend = backend
         self.cluster = cluster
         self.strategies = strategies
@@ -310,7 +346,8 @@ class Watchdog:
             return
         self._listed = {str((p.get("metadata") or {}).get("uid", "")) for p in pods}
         self._strangers = uids - self._listed
-        self.tenants = tenants_of(pods, self.config.node_name, self.strategies, self.config.isolation)
+        self.tenants = tenants_of(pods, self.config.node_name, self.strategies, self.config.isolation,
+                                  self.claims())
 
     def _uses(self, seen: list[Seen], now: float) -> list[Use]:
         """The processes of tenants, each tied to the share it counts against; those stopped lately left out."""
