@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 from gpupool.api.dra import (
     DRIVER,
     ClaimError,
+    NotOurs,
     SliceDevice,
+    claim_asks,
     claim_shares,
     counted_claim,
     device_index,
@@ -259,3 +261,40 @@ def test_an_oversubscribed_claim_counts_its_spill_against_the_nodes_memory() -> 
     assert counted is not None
     assert counted.request.memory_mib == 4096
     assert [g.memory_mib for g in counted.allocation.grants] == [8192]
+
+
+# --- gpupool's allocator and MIG claims --------------------------------------------------------------------
+
+
+def _mig_request(expression: str | None, **extra: Any) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": "mig.gpu.gpupool.io", **extra}
+    if expression is not None:
+        exactly["selectors"] = [{"cel": {"expression": expression}}]
+    return {"metadata": {"namespace": "ns", "name": "c"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}
+
+
+CLASSES = {"mig.gpu.gpupool.io": "mig", "gpu.gpupool.io": "hook"}
+
+
+@pytest.mark.parametrize(("expression", "profile"), [
+    ('device.attributes["gpu.gpupool.io"].profile == "3g.40gb"', "3g.40gb"),
+    (' device.attributes["gpu.gpupool.io"].profile=="1g.10gb+me" ', "1g.10gb+me"),
+])
+def test_a_mig_claim_naming_its_profile_is_gpupools_to_place(expression: str, profile: str) -> None:
+    (ask,) = claim_asks(_mig_request(expression), CLASSES)
+    assert (ask.mig_profile, ask.count, ask.memory_mib) == (profile, 1, None)
+
+
+@pytest.mark.parametrize(("expression", "extra"), [
+    (None, {}),  # no profile named: any partition, kube-scheduler's first fit
+    ('device.attributes["gpu.gpupool.io"].profile == "3g.40gb" || true', {}),
+    ('device.attributes["gpu.gpupool.io"].profile != "3g.40gb"', {}),
+    ('device.attributes["other.io"].profile == "3g.40gb"', {}),
+    ('device.attributes["gpu.gpupool.io"].profile == "3g.40gb"', {"count": 2}),
+    ('device.attributes["gpu.gpupool.io"].profile == "3g.40gb"', {"allocationMode": "All"}),
+    ('device.attributes["gpu.gpupool.io"].profile == "3g.40gb"', {"adminAccess": True}),
+])
+def test_any_other_mig_claim_is_left_to_kube_scheduler(expression: str | None, extra: dict[str, Any]) -> None:
+    with pytest.raises(NotOurs, match="MIG class"):
+        claim_asks(_mig_request(expression, **extra), CLASSES)

@@ -287,6 +287,17 @@ class DraAgent:
     def kill(self) -> None:
         tb.kill_process(self.proc)
 
+    def restart(self, kill: bool = False, broken: tuple[int, ...] = (), mig: tuple[int, ...] = ()) -> None:
+        """Stop (or kill: no clean-up of any kind) and start again with these GPUs; returns once kubelet
+        registered the new run."""
+        registrations = self.registrations()
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        self.start(broken=broken, mig=mig)
+        wait_for(lambda: self.registrations() > registrations, 90, "the restarted agent registered", self.tail)
+
     def stop(self) -> None:
         tb.stop_process(self.proc, 15)
 
@@ -704,10 +715,7 @@ def test_an_agent_killed_between_prepare_and_unprepare(dra: DraCluster) -> None:
     (first,) = c.wait_running(["first"])
     first_uid = c.pod_claim(first)["metadata"]["uid"]
     assert first_uid in agent.prepared()
-    registrations = agent.registrations()
-    agent.kill()  # no clean-up of any kind
-    agent.start()
-    wait_for(lambda: agent.registrations() > registrations, 90, "the restarted agent registered", agent.tail)
+    agent.restart(kill=True)
     c.apply([claim_pod("second", n0, template="k-share")])
     (second,) = c.wait_running(["second"])
     second_claim = c.pod_claim(second)
@@ -743,11 +751,8 @@ def test_an_unhealthy_gpu_taints_its_device_and_new_claims_avoid_it(dra: DraClus
     allocated; on node 1 the same claim is."""
     c = dra
     agent, n0, n1 = c.agents[0], c.node(0).name, c.node(1).name
-    registrations = agent.registrations()
-    agent.stop()
-    agent.start(broken=(1,))
+    agent.restart(broken=(1,))
     try:
-        wait_for(lambda: agent.registrations() > registrations, 90, "the restarted agent registered", agent.tail)
         wait_for(lambda: _taints(c, 0) == {"gpu-0": [], "gpu-1": [TAINT_UNHEALTHY]}, 90, "gpu-1 of node 0 tainted",
                  lambda: f"{_taints(c, 0)}\n{agent.tail()}")
         taint = next(t for d in (c.slice(0) or {})["spec"]["devices"] for t in d.get("taints") or [])
@@ -774,10 +779,7 @@ def test_an_unhealthy_gpu_taints_its_device_and_new_claims_avoid_it(dra: DraClus
             assert not (c.pod_claim(pod).get("status") or {}).get("allocation")
     finally:
         c.clear()
-        registrations = agent.registrations()
-        agent.stop()
-        agent.start()
-        wait_for(lambda: agent.registrations() > registrations, 90, "the agent registered again", agent.tail)
+        agent.restart()
         wait_for(lambda: _taints(c, 0) == {"gpu-0": [], "gpu-1": []}, 90, "node 0 untainted", agent.tail)
 
 
@@ -792,19 +794,18 @@ def _partition_of(c: DraCluster, pod: Obj) -> str:
     return str(c.pod_claim(pod)["status"]["allocation"]["devices"]["results"][0]["device"])
 
 
-def test_mig_partitions_are_carved_for_claims_and_their_counters_keep_the_layout_valid(dra: DraCluster) -> None:
+def test_mig_partitions_are_carved_for_claims_and_their_counters_keep_the_layout_valid(dra: DraCluster,
+                                                                                      allocator: Extender) -> None:
     """GPU 1 of node 1 is an H100 in MIG mode: the agent publishes it as 25 partitions consuming the counters
     of its counter set (a slice of its own), the real API server keeps those fields, kube-scheduler's
     allocator (which knows nothing of MIG) hands out only partitions that form a valid layout, and the agent
     carves each claim's instance at prepare: the container sees its MIG device. A 4g.40gb claim holds
-    memory slices 0-3, so a 3g.40gb claim can only get the partition at slice 4, and a 7g.80gb claim none."""
+    memory slices 0-3, so a 3g.40gb claim can only get the partition at slice 4, and a 7g.80gb claim none.
+    Then the same through gpupool's allocator (gated pods)."""
     c = dra
     agent, n1 = c.agents[1], c.node(1).name
-    registrations = agent.registrations()
-    agent.stop()
-    agent.start(mig=(1,))
+    agent.restart(mig=(1,))
     try:
-        wait_for(lambda: agent.registrations() > registrations, 90, "the restarted agent registered", agent.tail)
         wait_for(lambda: len(_pool(c, 1)) == 2, 90, "node 1's pool in two slices", agent.tail)
         devices_slice, counters_slice = _pool(c, 1)
         assert devices_slice["spec"]["pool"]["resourceSliceCount"] == 2
@@ -843,12 +844,24 @@ def test_mig_partitions_are_carved_for_claims_and_their_counters_keep_the_layout
         wait_for(lambda: _unschedulable(c, "mig-7g"), 90, "the 7g.80gb pod found unschedulable",
                  lambda: describe_pod(c.pod("mig-7g")))
         assert not (c.pod_claim(c.pod("mig-7g") or {}).get("status") or {}).get("allocation")
+
+        # The same claims from gated pods: gpupool's allocator places them with its MIG planning (the only
+        # GPU in MIG mode is node 1's GPU 1, found without the pods naming a node), kube-scheduler binds.
+        c.clear()
+        c.apply([claim_template("four", device_class=mig_class, selector=profile("4g.40gb")),
+                 claim_template("three", device_class=mig_class, selector=profile("3g.40gb")),
+                 gated_pod("gated-4g", template="four")])
+        (four,) = c.wait_running(["gated-4g"])
+        c.apply([gated_pod("gated-3g", template="three")])
+        (three,) = c.wait_running(["gated-3g"])
+        for pod, device in ((four, "gpu-1-4g40gb-0"), (three, "gpu-1-3g40gb-4")):
+            claim_obj = c.pod_claim(pod)
+            assert (pod["spec"]["nodeName"], _partition_of(c, pod)) == (n1, device)
+            assert MANAGER in allocation_writers(claim_obj)
+            assert c.grant(pod["metadata"]["name"])[0]["NVIDIA_VISIBLE_DEVICES"].startswith("MIG-")
     finally:
         c.clear()
-        registrations = agent.registrations()
-        agent.stop()
-        agent.start()
-        wait_for(lambda: agent.registrations() > registrations, 90, "the agent registered again", agent.tail)
+        agent.restart()
         # back to two shared GPUs: the counters' slice goes (deleted by the agent, under the chart's rules)
         wait_for(lambda: len(_pool(c, 1)) == 1 and slice_ready(c, 1), 90, "node 1's pool in one slice again",
                  agent.tail)

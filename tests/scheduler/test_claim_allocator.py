@@ -59,9 +59,10 @@ def gated_pod(name: str, claim_name: str, node_selector: dict[str, str] | None =
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
 
 
-async def setup(tainted: dict[str, tuple[int, ...]] | None = None) -> tuple[MemoryCluster, ExtenderService]:
+async def setup(tainted: dict[str, tuple[int, ...]] | None = None,
+                gpu_mib: int = GPU_MIB) -> tuple[MemoryCluster, ExtenderService]:
     cluster = MemoryCluster()
-    for obj in node_objects(small_scenario(nodes=2, gpus=2)):
+    for obj in node_objects(small_scenario(nodes=2, gpus=2, memory_mib=gpu_mib)):
         await cluster.create_node(obj)
     for node in NODES:
         await cluster.create_object(RESOURCE_SLICES, resource_slice(node, (tainted or {}).get(node, ())))
@@ -312,3 +313,73 @@ async def _told(svc: ExtenderService, pod: str) -> bool:
     """The allocator has tried the pod and recorded why it waits."""
     assert svc.claims is not None
     return any(p["metadata"]["name"] == pod for uid, p in svc.claims.gated.items() if uid in svc.claims.told)
+
+
+# --- MIG partitions --------------------------------------------------------------------------------------
+
+MIG_CLASS = f"mig.{DRIVER}"
+
+
+def mig_claim(name: str, profile: str) -> dict[str, Any]:
+    return claim(name, None, None, cls=MIG_CLASS, selectors=[
+        {"cel": {"expression": f'device.attributes["{DRIVER}"].profile == "{profile}"'}}])
+
+
+async def mig_setup() -> tuple[MemoryCluster, ExtenderService]:
+    """gpu-0000's two GPUs in MIG mode (A100-80GB geometry), published as the agent publishes them (their
+    partitions and counter sets, api.dra.resource_slices); gpu-0001 keeps its shared GPUs."""
+    from gpupool.api.dra import SliceDevice, resource_slices
+
+    cluster, svc = await setup(gpu_mib=81920)
+    gpus = [SliceDevice(i, f"GPU-{i}", "A100-80GB", 81920, mig_capable=True, mig_mode=True) for i in range(2)]
+    await cluster.delete_object(RESOURCE_SLICES, f"gpu-0000-{DRIVER}")
+    for s in resource_slices("gpu-0000", "uid", gpus, "", 1):
+        await cluster.create_object(RESOURCE_SLICES, s)
+    mig = device_class(MIG_CLASS, "mig")
+    await cluster.create_object(DEVICE_CLASSES, mig)
+    return cluster, svc
+
+
+async def test_mig_claims_get_the_partition_gpupools_mig_planning_chooses() -> None:
+    """A 4g.40gb claim can only start at slice 0; a 3g.40gb claim then best fills the same GPU at slice 4
+    (the other GPU stays whole for a 7g.80gb); that 7g.80gb claim gets the other GPU; a fourth claim of
+    any size finds no room and waits with the reason."""
+    cluster, svc = await mig_setup()
+    try:
+        got: dict[str, tuple[str, str]] = {}
+        for name, profile in (("four", "4g.40gb"), ("three", "3g.40gb"), ("seven", "7g.80gb")):
+            await run(cluster, (mig_claim(name, profile), gated_pod(f"p-{name}", name)))
+            await until(lambda name=name: ungated(cluster, f"p-{name}"))  # type: ignore[misc]
+            allocated = await allocation(cluster, name)
+            assert allocated is not None
+            (result,) = allocated["devices"]["results"]
+            assert "consumedCapacity" not in result and "shareID" not in result  # a partition is the claim's own
+            assert allocated["devices"]["config"][0]["opaque"]["parameters"]["isolation"] == "mig"
+            got[name] = (result["pool"], result["device"])
+        first = got["four"][1].split("-")[1]
+        assert got["four"] == ("gpu-0000", f"gpu-{first}-4g40gb-0")
+        assert got["three"] == ("gpu-0000", f"gpu-{first}-3g40gb-4")
+        assert got["seven"] == ("gpu-0000", f"gpu-{1 - int(first)}-7g80gb-0")
+        # the ledger holds each partition as its profile's share
+        uid = (await cluster.get_object(RESOURCE_CLAIMS, "three", NS))["metadata"]["uid"]
+        (grant,) = svc.ledger.entries[uid].allocation.grants
+        assert (grant.mig is not None and grant.mig.profile, grant.milli) == ("3g.40gb", 428)
+        await run(cluster, (mig_claim("more", "1g.10gb"), gated_pod("p-more", "more")))
+        assert svc.claims is not None
+        await until(lambda: _told(svc, "p-more"))
+        assert not await ungated(cluster, "p-more") and await allocation(cluster, "more") is None
+    finally:
+        await svc.stop()
+
+
+async def test_a_mig_claim_with_any_other_selector_is_left_to_kube_scheduler() -> None:
+    cluster, svc = await mig_setup()
+    try:
+        memory = claim("c", None, None, cls=MIG_CLASS, selectors=[{"cel": {"expression":
+                       f'device.capacity["{DRIVER}"].memory.compareTo(quantity("20Gi")) >= 0'}}])
+        await run(cluster, (memory, gated_pod("p", "c")))
+        await until(lambda: ungated(cluster, "p"))
+        assert await allocation(cluster, "c") is None  # kube-scheduler's to allocate
+        assert svc.claims is not None and svc.claims.left == 1
+    finally:
+        await svc.stop()

@@ -480,6 +480,7 @@ class ClaimAsk:
     count: int
     memory_mib: int | None  # None: the request policy's default, the whole GPU's memory
     cores: int  # 0: none reserved (a memory-only share)
+    mig_profile: str | None = None  # a MIG partition of this profile (the MIG class), instead of a share
 
 
 class NotOurs(ValueError):
@@ -488,9 +489,10 @@ class NotOurs(ValueError):
 
 def claim_asks(claim: Mapping[str, Any], gpupool_classes: Mapping[str, str]) -> list[ClaimAsk]:
     """The requests of an unallocated claim, when every one is a plain ask of one of gpupool's classes
-    (`gpupool_classes`: class name -> isolation). Raises NotOurs, saying why, for anything else: other
-    classes, the MIG class, CEL selectors (evaluated only by kube-scheduler), constraints, prioritized lists,
-    `All`, admin access; such claims are left to kube-scheduler's allocator."""
+    (`gpupool_classes`: class name -> isolation), or one partition of the MIG class whose profile the one
+    selector gpupool reads names. Raises NotOurs, saying why, for anything else: other classes, other CEL
+    selectors (evaluated only by kube-scheduler), constraints, prioritized lists, `All`, admin access; such
+    claims are left to kube-scheduler's allocator."""
     label = f"{(claim.get('metadata') or {}).get('namespace', '')}/{(claim.get('metadata') or {}).get('name', '')}"
     devices = (claim.get("spec") or {}).get("devices") or {}
     if devices.get("constraints") or devices.get("config"):
@@ -504,8 +506,8 @@ def claim_asks(claim: Mapping[str, Any], gpupool_classes: Mapping[str, str]) -> 
         if cls not in gpupool_classes:
             raise NotOurs(f"claim {label}: class {cls!r} is not one of gpupool's")
         if gpupool_classes[cls] == MIG_ISOLATION:
-            # a partition is one device, taken whole, and its counters already allow only valid layouts
-            raise NotOurs(f"claim {label}: class {cls!r} hands out MIG partitions")
+            asks.append(_mig_ask(r, exactly, cls, label))
+            continue
         if exactly.get("selectors") or exactly.get("adminAccess") or exactly.get("tolerations") \
                 or exactly.get("allocationMode", "ExactCount") != "ExactCount":
             raise NotOurs(f"claim {label}: request {r.get('name')!r} has selectors, tolerations, admin access "
@@ -526,15 +528,49 @@ def claim_asks(claim: Mapping[str, Any], gpupool_classes: Mapping[str, str]) -> 
     return asks
 
 
-def allocation_status(node: str, devices: Sequence[tuple[ClaimAsk, int, int, int, str]],
+# The one selector gpupool reads itself: a MIG claim naming its profile. Any other CEL is kube-scheduler's.
+_PROFILE_SELECTOR = re.compile(r'^\s*device\.attributes\["' + re.escape(DRIVER) +
+                               r'"\]\.profile\s*==\s*"(\d{1,2}g\.\d{1,4}gb(?:\+me)?)"\s*$')
+
+
+def _mig_ask(request: Mapping[str, Any], exactly: Mapping[str, Any], cls: str, label: str) -> ClaimAsk:
+    """A request of the MIG class that gpupool places: one partition of a profile named by the selector
+    `device.attributes["gpu.gpupool.io"].profile == "<profile>"` and nothing else."""
+    selectors = exactly.get("selectors") or []
+    found = _PROFILE_SELECTOR.match(str(((selectors[0] if len(selectors) == 1 else {}).get("cel") or {})
+                                        .get("expression", "")))
+    if found is None or exactly.get("adminAccess") or exactly.get("tolerations") or exactly.get("capacity") \
+            or exactly.get("allocationMode", "ExactCount") != "ExactCount" or int(exactly.get("count", 1)) != 1:
+        raise NotOurs(f"claim {label}: request {request.get('name')!r} of the MIG class is not one partition of a "
+                      "profile named by the one selector gpupool reads")
+    return ClaimAsk(str(request.get("name", "")), cls, 1, None, 0, mig_profile=found.group(1))
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """One device gpupool allocated to a request: a share (with what it consumes and its share ID) or a MIG
+    partition (neither: the device is the claim's alone)."""
+
+    ask: ClaimAsk
+    device: str
+    memory_mib: int | None = None
+    cores: int | None = None
+    share_id: str | None = None
+
+
+def allocation_status(node: str, devices: Sequence[Placed],
                       class_configs: Mapping[str, Sequence[Mapping[str, Any]]]) -> Obj:
-    """status.allocation for a claim gpupool allocated: `devices` are (ask, GPU index, memory MiB, cores,
-    share ID); each request gets its class's config (source FromClass), as kube-scheduler copies it."""
-    results = [{"request": ask.request, "driver": DRIVER, "pool": node, "device": device_name(index),
-                "shareID": share, "consumedCapacity": {CAPACITY_MEMORY: f"{memory}Mi", CAPACITY_CORES: str(cores)}}
-               for ask, index, memory, cores, share in devices]
+    """status.allocation for a claim gpupool allocated `devices` on `node`; each request gets its class's
+    config (source FromClass), as kube-scheduler copies it."""
+    results: list[Obj] = []
+    for d in devices:
+        result: Obj = {"request": d.ask.request, "driver": DRIVER, "pool": node, "device": d.device}
+        if d.share_id is not None:
+            result["shareID"] = d.share_id
+            result["consumedCapacity"] = {CAPACITY_MEMORY: f"{d.memory_mib}Mi", CAPACITY_CORES: str(d.cores)}
+        results.append(result)
     configs = []
-    for ask in {d[0].request: d[0] for d in devices}.values():
+    for ask in {d.ask.request: d.ask for d in devices}.values():
         configs += [{"source": "FromClass", "requests": [ask.request], "opaque": dict(c["opaque"])}
                     for c in class_configs.get(ask.device_class, ()) if c.get("opaque")]
     return {"devices": {"results": results, "config": configs},

@@ -13,8 +13,13 @@ place the pod on that node, reserves the claim for the pod and binds it, running
 affinity) as for any pod. A burst packs as the policy says, because every decision is taken here, one at a
 time, against the ledger that already holds the previous ones.
 
+A claim of the MIG class that names its profile with the selector
+`device.attributes["gpu.gpupool.io"].profile == "<profile>"` gets the partition gpupool's MIG planning
+chooses (core.mig_placement: the GPU and start slot that leave the least fragmentation for the profiles in
+use), where kube-scheduler's allocator would take the first partition that fits.
+
 What gpupool does not decide is left to kube-scheduler's allocator, and the gate removed at once: claims of
-other classes, claims with CEL selectors (only kube-scheduler evaluates CEL), constraints, prioritized
+other classes, claims with other CEL selectors (only kube-scheduler evaluates CEL), constraints, prioritized
 lists or admin access, pods with several unallocated claims or requests. Claims already allocated (a
 shared claim) need nothing. The ledger counts every claim on gpupool's devices however it was allocated.
 """
@@ -25,8 +30,8 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Callable, Mapping
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -38,11 +43,15 @@ from gpupool.api.dra import (
     ClaimAsk,
     ClaimError,
     NotOurs,
+    Placed,
     allocation_status,
     claim_asks,
     class_isolation,
     class_oversubscription,
     device_index,
+    device_name,
+    mig_device,
+    mig_device_name,
     oversub_mib,
     template_for,
 )
@@ -62,11 +71,22 @@ from gpupool.cluster.port import (
     WatchEvent,
 )
 from gpupool.cluster.reflector import Reflector
-from gpupool.core.model import MILLI_PER_GPU, GPURequest, PodRequest
+from gpupool.core.mig import mig_model
+from gpupool.core.mig_placement import MigGPU, MigInstance, MigRefusal, choose, observed_demand
+from gpupool.core.mig_request import grant_share
+from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, GPURequest, MigSlot, PodRequest
 from gpupool.core.placement import Unschedulable, place
 from gpupool.scheduler.framework.interface import Handle
 
 log = logging.getLogger(__name__)
+
+@dataclass
+class Usable:
+    """gpupool's devices the allocator may hand out, by node: shared GPUs and GPUs in MIG mode (indices)."""
+
+    shared: dict[str, set[int]] = field(default_factory=dict)
+    mig: dict[str, set[int]] = field(default_factory=dict)
+
 
 RETRY_S = 5.0  # a pod that fits nowhere is tried again this often (and at once on any claim or pod change)
 HARD_EFFECTS = ("NoSchedule", "NoExecute")  # taints that keep new pods (and claims) away; PreferNoSchedule does not
@@ -180,23 +200,28 @@ class ClaimAllocator:
                 out[str(c["metadata"]["name"])] = (iso, list((c.get("spec") or {}).get("config") or []))
         return out
 
-    def _slices(self) -> dict[str, set[int]]:
-        """Node -> the indices of gpupool's devices there without a NoSchedule/NoExecute taint."""
-        out: dict[str, set[int]] = {}
+    def _slices(self) -> Usable:
+        """gpupool's devices without a NoSchedule/NoExecute taint, by node: shared GPUs and MIG GPUs."""
+        out = Usable()
         for s in self._slice_ref.items():
             spec = s.get("spec") or {}
             if spec.get("driver") != DRIVER:
                 continue
-            usable = out.setdefault(str(spec.get("nodeName", "")), set())
+            node = str(spec.get("nodeName", ""))
+            shared, mig = out.shared.setdefault(node, set()), out.mig.setdefault(node, set())
             for d in spec.get("devices") or []:
-                index = device_index(str(d.get("name", "")))
-                if index is not None and not any(t.get("effect") in HARD_EFFECTS for t in d.get("taints") or []):
-                    usable.add(index)
+                if any(t.get("effect") in HARD_EFFECTS for t in d.get("taints") or []):
+                    continue
+                name = str(d.get("name", ""))
+                index, partition = device_index(name), mig_device(name)
+                if index is not None:
+                    shared.add(index)
+                elif partition is not None:
+                    mig.add(partition[0])
         return out
 
     # --- one pod --------------------------------------------------------------------------------------
-    async def _place(self, pod: Obj, classes: Mapping[str, tuple[str, list[Obj]]],
-                     slices: Mapping[str, set[int]]) -> str | None:
+    async def _place(self, pod: Obj, classes: Mapping[str, tuple[str, list[Obj]]], slices: Usable) -> str | None:
         """Allocate the pod's claim and ungate it. Returns None when the pod is done (ungated), else why it
         waits ("" when there is nothing to tell: its claims are not made yet)."""
         ns = str(pod["metadata"].get("namespace", ""))
@@ -229,6 +254,8 @@ class ClaimAllocator:
         if len(todo) != 1 or len(todo[0][1]) != 1:
             return await self._leave(pod, "several unallocated gpupool claims or requests")
         claim, (ask,) = todo[0]
+        if ask.mig_profile is not None:
+            return await self._allocate_mig(pod, claim, ask, classes[ask.device_class][1], slices)
         return await self._allocate(pod, claim, ask, classes[ask.device_class], slices)
 
     async def _ensure_template(self, namespace: str, name: str) -> None:
@@ -251,31 +278,36 @@ class ClaimAllocator:
             self.templates.clear()
         self.templates.add((namespace, name))
 
+    def _allowed(self, pod: Obj, names: Iterable[str]) -> list[str]:
+        """The nodes among `names` that the ledger knows and the pod may go to (its nodeSelector, the nodes'
+        NoSchedule/NoExecute taints)."""
+        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+        out = []
+        for name in names:
+            obj = self.h.ledger.node_objs.get(name)
+            if name not in self.h.ledger.state.index or obj is None:
+                continue
+            labels = (obj.get("metadata") or {}).get("labels") or {}
+            hard = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("effect") in HARD_EFFECTS]
+            if all(labels.get(k) == v for k, v in selector.items()) and not untolerated(pod, hard):
+                out.append(name)
+        return out
+
     def _nodes(self, pod: Obj, slices: Mapping[str, set[int]], mps: bool) -> tuple[list[int], frozenset[str]]:
         """The ledger's node indices the pod may go to, and the GPUs it must not get: tainted devices, and
         GPUs already shared by as many pods and claims as their node allows (the ledger would refuse the
         share there, while another GPU may be free)."""
         state = self.h.ledger.state
-        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         nodes, excluded = [], set()
-        for name, usable in slices.items():
-            i = state.index.get(name)
-            obj = self.h.ledger.node_objs.get(name)
-            if i is None or obj is None:
-                continue
-            labels = (obj.get("metadata") or {}).get("labels") or {}
-            if any(labels.get(k) != v for k, v in selector.items()):
-                continue
-            hard = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("effect") in HARD_EFFECTS]
-            if untolerated(pod, hard):
-                continue
+        for name in self._allowed(pod, slices):
+            i = state.index[name]
             nodes.append(i)
             full = self.h.ledger.full(np.array([i], dtype=np.int64), mps)[0]
-            excluded |= {g.uuid for g in state.nodes[i].gpus if g.index not in usable or full[g.index]}
+            excluded |= {g.uuid for g in state.nodes[i].gpus if g.index not in slices[name] or full[g.index]}
         return sorted(nodes), frozenset(excluded)
 
     async def _allocate(self, pod: Obj, claim: Obj, ask: ClaimAsk, cls: tuple[str, list[Obj]],
-                        slices: Mapping[str, set[int]]) -> str | None:
+                        slices: Usable) -> str | None:
         isolation, config = cls
         label = self._label(claim)
         try:
@@ -286,7 +318,7 @@ class ClaimAllocator:
         whole = ask.memory_mib is None  # no memory asked: the request policy's default, the whole GPU
         gpu = GPURequest(count=ask.count, milli=MILLI_PER_GPU if whole else max(1, ask.cores * 10),
                          memory_mib=None if whole else ask.memory_mib)
-        nodes, excluded = self._nodes(pod, slices, isolation == "mps")
+        nodes, excluded = self._nodes(pod, slices.shared, isolation == "mps")
         # memory oversubscription is served from the node's memory: the node must have it beside the pod's
         spill = 0 if ask.memory_mib is None else ask.count * oversub_mib(ask.memory_mib, factor)
         request = replace(parsed, memory_mib=parsed.memory_mib + spill, gpu=replace(gpu, exclude_uuids=excluded))
@@ -306,9 +338,53 @@ class ClaimAllocator:
                                        mps=isolation == "mps", claim=True)
         if refused is not None:
             return f"claim {shown(label)}: {refused}"
-        devices = [(ask, g.index, g.memory_mib, 0 if g.milli < 10 else g.milli // 10, str(uuid.uuid4()))
-                   for g in allocation.grants]
-        status = allocation_status(allocation.node, devices, {ask.device_class: config})
+        devices = [Placed(ask, device_name(g.index), g.memory_mib, 0 if g.milli < 10 else g.milli // 10,
+                          str(uuid.uuid4())) for g in allocation.grants]
+        return await self._write(pod, claim, allocation, allocation_status(allocation.node, devices,
+                                                                          {ask.device_class: config}))
+
+    async def _allocate_mig(self, pod: Obj, claim: Obj, ask: ClaimAsk, config: list[Obj],
+                            slices: Usable) -> str | None:
+        """A MIG partition of the profile asked, where gpupool's MIG planning (core.mig_placement.choose)
+        leaves the GPUs least fragmented for the profiles in use, against the ledger's instances (pods' and
+        claims', however allocated)."""
+        assert ask.mig_profile is not None
+        state, label, uid = self.h.ledger.state, self._label(claim), str(claim["metadata"]["uid"])
+        held: dict[tuple[str, int], list[MigInstance]] = {}
+        for entry in self.h.ledger.entries.values():
+            for g in entry.allocation.grants:
+                if g.mig is not None:
+                    held.setdefault((entry.allocation.node, g.index), []).append(
+                        MigInstance(g.mig.profile, g.mig.start, used=True))
+        candidates = [(node, gpu) for node in self._allowed(pod, slices.mig) for index in sorted(slices.mig[node])
+                      if (gpu := state.gpu_at(node, index)) is not None and mig_model(gpu.model) is not None]
+        if not candidates:
+            return "no GPU in MIG mode that this pod may use (its nodeSelector, the nodes' taints)"
+        demand = observed_demand([ask.mig_profile, *(i.profile for group in held.values() for i in group)])
+        gpus = [MigGPU(gpu.model, tuple(sorted(held.get((node, gpu.index), [])))) for node, gpu in candidates]
+        choice = choose(gpus, ask.mig_profile, demand)
+        if isinstance(choice, MigRefusal):
+            return f"claim {shown(label)}: {choice.reason}"
+        node, gpu = candidates[choice.gpu]
+        model = mig_model(gpu.model)
+        profile = model.profile(ask.mig_profile) if model is not None else None
+        assert model is not None and profile is not None  # choose found an option of this profile there
+        milli, memory = grant_share(model, profile)
+        start = choice.option.start
+        allocation = Allocation(uid, node, (GPUGrant(gpu.uuid, gpu.index, milli, memory,
+                                                     MigSlot(profile.name, start)),), policy="dra")
+        request = PodRequest(key=uid, gpu=GPURequest(count=1, milli=milli, memory_mib=memory))
+        refused = self.h.ledger.assume(uid, label, request, allocation, self.h.clock() + self.h.config.assume_timeout_s,
+                                       claim=True)
+        if refused is not None:
+            return f"claim {shown(label)}: {refused}"
+        placed = [Placed(ask, mig_device_name(gpu.index, profile.name, start))]
+        return await self._write(pod, claim, allocation, allocation_status(node, placed, {ask.device_class: config}))
+
+    async def _write(self, pod: Obj, claim: Obj, allocation: Allocation, status: Obj) -> str | None:
+        """Write the claim's allocation (the ledger already holds it; forgotten if the write fails), then
+        ungate the pod."""
+        uid, label = str(claim["metadata"]["uid"]), self._label(claim)
         # Stamped as kube-scheduler's own allocator stamps it. When kube-scheduler 1.37 reserves a claim whose
         # allocation has no timestamp, it adds one (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus,
         # on by default) in the same status update, and the API server refuses that update, as any change of
@@ -327,8 +403,8 @@ class ClaimAllocator:
             self.h.ledger.forget(uid)
             return f"claim {shown(label)} could not be allocated: {e}"
         self.allocated += 1
-        log.info("allocated claim %s of pod %s: %s GPU(s) %s", label, pod_key(pod), allocation.node,
-                 ",".join(str(g.index) for g in allocation.grants))
+        log.info("allocated claim %s of pod %s: %s %s", label, pod_key(pod), allocation.node,
+                 ", ".join(r["device"] for r in status["devices"]["results"]))
         return await self._ungate(pod)
 
     async def _leave(self, pod: Obj, why: str) -> str | None:
