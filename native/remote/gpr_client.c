@@ -7,7 +7,7 @@
  *   GPUPOOL_REMOTE_TIMEOUT_S    optional: the longest wait for one reply (default: none; a dead or
  *                               unreachable server is still noticed, by EOF or TCP keepalive)
  *
- * One connection per context. Calls that return data or whose result the program needs wait for the
+ * One connection per context (the first one reuses cuInit's). Calls that return data or whose result the program needs wait for the
  * reply; launches, asynchronous copies to the device, memsets and event records are sent without waiting
  * (pipelined), and the server reports their errors at the next call that waits, as the driver does with
  * asynchronous errors. Contexts, modules, functions, streams and events are the client's own objects that
@@ -72,6 +72,7 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int initialised;
 static char server[512];             /* where new connections go (a migration moves it) */
 static pthread_mutex_t server_mu = PTHREAD_MUTEX_INITIALIZER;
+static int spare_fd = -1;            /* cuInit's connection, kept for the first context (guarded by server_mu) */
 static char token[GPR_MAX_TOKEN + 1];
 static int64_t reply_timeout_ms = -1;
 static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -399,7 +400,10 @@ static void read_config(void) {
         size_t got = 0;
         r = call(&c, GPR_OP_DEVICES, 0, NULL, 0, NULL, 0, &devs, sizeof devs, &got);
         if (r == CUDA_SUCCESS && got != sizeof devs) r = GPR_CUDA_ERROR_NO_DEVICE;
-        if (c.fd >= 0) close(c.fd);
+        /* kept for the first context: one connection (one server process) less, and no window in which a
+         * busy server has room for the device query but not for the context right after it */
+        if (r == CUDA_SUCCESS && !c.dead) spare_fd = c.fd;
+        else if (c.fd >= 0) close(c.fd);
     }
     if (r != CUDA_SUCCESS) {
         char msg[600];
@@ -489,7 +493,11 @@ static CUresult new_ctx(struct gctx **out, int device, unsigned flags, int is_pr
     c->primary = is_primary;
     c->flags = flags;
     pthread_mutex_init(&c->mu, NULL);
-    CUresult r = open_conn(c);
+    pthread_mutex_lock(&server_mu);
+    c->fd = spare_fd;
+    spare_fd = -1;
+    pthread_mutex_unlock(&server_mu);
+    CUresult r = c->fd >= 0 ? CUDA_SUCCESS : open_conn(c);
     uint32_t a[3] = {(uint32_t)device, flags, (uint32_t)is_primary};
     if (r == CUDA_SUCCESS) r = call_simple(c, GPR_OP_CTX_CREATE, a, sizeof a);
     if (r != CUDA_SUCCESS) {

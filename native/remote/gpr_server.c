@@ -1,7 +1,7 @@
 /* gpupool-gpu-server: runs the CUDA driver calls of remote clients (gpr_client.c) on this node's GPUs.
  *
  *   gpupool-gpu-server --listen tcp:HOST:PORT|unix:PATH --tokens FILE [--hook LIB] [--cuda LIB]
- *                      [--limits-fd N] [--message-timeout-ms MS]
+ *                      [--limits-fd N] [--message-timeout-ms MS] [--max-clients N]
  *
  * The listener never touches the GPU. Each connection gets a child that reads the hello, checks the token
  * against FILE (lines "TOKEN SHARE_DIR"; the file must belong to the server's user and be private to it),
@@ -32,6 +32,7 @@
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 
 /* What one client may hold: bounded so that one tenant cannot grow the server without end. */
 #define MAX_ALLOCS 65536
@@ -924,6 +925,15 @@ static int worker(int fd, const char *cuda) {
 /* ======================================= the listener ==================================================== */
 static const char *tokens_path, *hook_path, *cuda_path = "libcuda.so.1";
 static int limits_fd = -1;
+static int max_clients = 256;             /* connections served at once (each is a process) */
+static volatile sig_atomic_t children;    /* live children: being admitted or serving */
+
+static void on_child(int sig) {
+    (void)sig;
+    int saved = errno;
+    while (waitpid(-1, NULL, WNOHANG) > 0) children--;
+    errno = saved;
+}
 
 /* The share directory of a token, from the token file (re-read at every connection, so tokens are
  * revoked by editing it). 0 = found. */
@@ -1112,7 +1122,7 @@ static int listen_on(const char *spec, int *tcp) {
 
 static void usage(void) {
     fprintf(stderr, "usage: %s --listen tcp:HOST:PORT|unix:PATH --tokens FILE [--hook LIB] [--cuda LIB]\n"
-                    "       [--limits-fd N] [--message-timeout-ms MS]\n", prog);
+                    "       [--limits-fd N] [--message-timeout-ms MS] [--max-clients N]\n", prog);
     exit(2);
 }
 
@@ -1129,6 +1139,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--limits-fd")) limits_fd = atoi(v);
         else if (!strcmp(a, "--message-timeout-ms")) msg_timeout_ms = atoll(v) > 0 ? atoll(v) : 30000;
         else if (!strcmp(a, "--worker")) worker_fd = atoi(v);
+        else if (!strcmp(a, "--max-clients")) max_clients = atoi(v) > 0 ? atoi(v) : 256;
         else usage();
         i++;
     }
@@ -1139,8 +1150,15 @@ int main(int argc, char **argv) {
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0) return 3;
     self[sl] = '\0';
-    signal(SIGCHLD, SIG_IGN); /* children are reaped by the kernel */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_child; /* reaps, and counts what is served */
+    sa.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigaction(SIGCHLD, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
+    sigset_t chld, old;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
     int tcp;
     int lfd = listen_on(listen_spec, &tcp);
     if (lfd < 0) {
@@ -1153,13 +1171,27 @@ int main(int argc, char **argv) {
             if (errno != EINTR) usleep(10000); /* out of descriptors: wait, do not spin */
             continue;
         }
+        if (children >= max_clients) {
+            /* full: the client reads EOF at its hello and reports no device; nothing is forked for it */
+            static int64_t said;
+            if (gpr_now_ms() - said > 10000) {
+                say("%d clients are being served (--max-clients): refusing connections", max_clients);
+                said = gpr_now_ms();
+            }
+            close(fd);
+            continue;
+        }
         tune(fd, tcp);
+        sigprocmask(SIG_BLOCK, &chld, &old); /* the count and the fork agree even if a child ends at once */
         pid_t pid = fork();
         if (pid == 0) {
+            sigprocmask(SIG_SETMASK, &old, NULL);
             close(lfd);
             signal(SIGCHLD, SIG_DFL);
             admit(fd, self);
         }
+        if (pid > 0) children++;
+        sigprocmask(SIG_SETMASK, &old, NULL);
         close(fd);
     }
 }

@@ -237,3 +237,19 @@ def test_a_client_without_a_route_to_the_server_is_told_there_is_no_device(remot
     assert outsider.rc("ctx") == NO_DEVICE
     insider = remote.app(server, token, netns=netns.client_ns)
     assert insider.rc("ctx") == 0
+
+
+def test_the_server_serves_at_most_max_clients_connections_at_once(remote: Remote) -> None:
+    server = remote.server(args=("--max-clients", "2"))
+    token, _ = server.share(memory_mib="1024")
+    first = remote.app(server, token)
+    assert first.rc("ctx") == 0
+    assert wait_for(lambda: len(server.workers()) == 1)
+    second = remote.app(server, token)
+    assert second.rc("ctx") == 0
+    assert wait_for(lambda: len(server.workers()) == 2)
+    assert remote.app(server, token).rc("ctx") == NO_DEVICE  # full: refused without a process for it
+    first.close()
+    assert wait_for(lambda: len(server.workers()) == 1)
+    assert remote.app(server, token).rc("ctx") == 0
+    assert second.rc("alloc 0 64") == 0
