@@ -5,6 +5,9 @@ cluster, and the mean unallocated % over CHURN further steps in which a random r
 instance destroyed) and the next pod arrives -- the steady state where slice layouts fragment. Compared:
   mig-frag    gpupool's placement (slice fragmentation against the observed profile mix);
   mig-first   first-fit: first GPU that fits, lowest allowed start slot;
+  mig-dra     first-fit, highest allowed start slot first: kube-scheduler's allocator over the partitions
+              gpupool's DRA driver publishes, in their order (docs/claims.md; kube-scheduler may also spread
+              claims over nodes, which this leaves out: it can only fragment more);
   whole       whole GPUs per pod;
   hook        exact shares (best fit), what MIG costs against software sharing.
 Prints the median over seeds; last line one JSON object.
@@ -23,7 +26,7 @@ import time
 from gpupool.core.mig_whatif import what_if
 from gpupool.sim.trace import NODES_FILE, TRACE_DIR, load_nodes, load_pods, resolve_trace
 
-VARIANTS = ("mig-frag", "mig-first", "whole", "hook")
+VARIANTS = ("mig-frag", "mig-first", "mig-dra", "whole", "hook")
 
 
 def main() -> None:
@@ -47,7 +50,10 @@ def main() -> None:
         for seed in seeds:
             rows = what_if(counts, pods, args.gpu_model, ("mig", "whole", "hook"), seed=seed, churn=args.churn)
             first = what_if(counts, pods, args.gpu_model, ("mig",), seed=seed, mig_first_fit=True, churn=args.churn)
-            for name, row in zip(("mig-frag", "whole", "hook", "mig-first"), (*rows, *first), strict=True):
+            dra = what_if(counts, pods, args.gpu_model, ("mig",), seed=seed, mig_first_fit=True, churn=args.churn,
+                          mig_highest_start=True)
+            for name, row in zip(("mig-frag", "whole", "hook", "mig-first", "mig-dra"), (*rows, *first, *dra),
+                                 strict=True):
                 at100[name].append(row.unallocated_pct)
                 needed[name].append(row.gpus_needed)
                 if args.churn > 0:  # a figure asked for and missing is an error, never a 0 %

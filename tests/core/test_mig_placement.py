@@ -102,3 +102,12 @@ def test_a_claim_takes_its_slices_and_drops_idle_instances_in_its_way() -> None:
     # an idle instance of the claimed profile at that start is taken, not replaced
     assert gpu.with_claim("1g.5gb", 6).instances[1:] == (MigInstance("1g.5gb", 5), MigInstance("1g.5gb", 6, True),
                                                          MigInstance("3g.20gb", 0, True))
+
+
+def test_first_fit_from_the_highest_start_takes_the_top_slot_as_gpupools_dra_order_lists_it() -> None:
+    """An empty A100-40GB: first fit puts a 1g.5gb at slice 0 (blocking the 4g and 7g starts), the DRA
+    device order at slice 6; a 3g.20gb at 0 and at 4 respectively."""
+    gpu = MigGPU("A100-40GB")
+    assert chosen(choose([gpu], "1g.5gb", {}, first_fit=True)).option.start == 0
+    assert chosen(choose([gpu], "1g.5gb", {}, first_fit=True, highest_start=True)).option.start == 6
+    assert chosen(choose([gpu], "3g.20gb", {}, first_fit=True, highest_start=True)).option.start == 4

@@ -160,18 +160,20 @@ def _idle_slices(gpu: MigGPU) -> int:
     return (model.full_mask & ~busy).bit_count()
 
 
-def choose(gpus: Sequence[MigGPU], profile: str, demand: Demand, first_fit: bool = False) -> MigChoice | MigRefusal:
+def choose(gpus: Sequence[MigGPU], profile: str, demand: Demand, first_fit: bool = False,
+           highest_start: bool = False) -> MigChoice | MigRefusal:
     """Pick the GPU and the instance (existing idle one or new start) for a pod of `profile`.
 
     `first_fit` is the baseline the benchmark compares with: the first GPU that can serve the pod, an
-    idle instance if it has one, else the lowest allowed start."""
+    idle instance if it has one, else the lowest allowed start (the highest with `highest_start`: the order
+    in which gpupool's DRA driver lists a GPU's partitions, which kube-scheduler's allocator takes first)."""
     best: tuple[tuple[float, int, int, int, int], MigChoice] | None = None
     for k, gpu in enumerate(gpus):
         found = options(gpu, profile)
         if not found:
             continue
         if first_fit:
-            opt = min(found, key=lambda o: (not o.reuse, o.start))
+            opt = min(found, key=lambda o: (not o.reuse, -o.start if highest_start else o.start))
             return MigChoice(k, opt, 0.0)
         before = fragmentation(gpu, demand)
         idle = _idle_slices(gpu)

@@ -57,8 +57,9 @@ class _Pool:
     the tuple of instances. Each state keeps a heap of its GPU indices (stale entries skipped)."""
 
     def __init__(self, isolation: str, model: MigModel, demand: Demand, first_fit: bool,
-                 node_sizes: Sequence[int], unbounded: bool) -> None:
+                 node_sizes: Sequence[int], unbounded: bool, highest_start: bool = False) -> None:
         self.isolation, self.model, self.demand, self.first_fit = isolation, model, demand, first_fit
+        self.highest_start = highest_start
         self.unbounded = unbounded
         self.empty: Hashable = {"whole": 0, "hook": MILLI_PER_GPU, "mig": ()}[isolation]
         self.state: list[Hashable] = []
@@ -157,7 +158,7 @@ class _Pool:
             keys.append((self.gpus, ()))  # a fresh GPU stands by
         keys.sort()
         reps = [MigGPU(self.model.name, k) for _, k in keys]
-        choice = choose(reps, profile, self.demand, self.first_fit)
+        choice = choose(reps, profile, self.demand, self.first_fit, self.highest_start)
         if not isinstance(choice, MigChoice):
             return None
         gpu, _ = keys[choice.gpu]
@@ -192,7 +193,7 @@ def _demand(pod: PodRequest) -> int:
 
 def what_if(node_gpu_counts: Sequence[int], pods: Sequence[PodRequest], gpu_model: str,
             isolations: Sequence[str] = ISOLATIONS, seed: int = 42, mig_first_fit: bool = False,
-            churn: int = 0) -> list[WhatIfRow]:
+            churn: int = 0, mig_highest_start: bool = False) -> list[WhatIfRow]:
     """Per isolation, unallocated GPU % at 100 % arrival on a cluster with nodes of the given GPU counts
     (every GPU being `gpu_model`), and the GPUs the trace needs.
 
@@ -214,7 +215,8 @@ def what_if(node_gpu_counts: Sequence[int], pods: Sequence[PodRequest], gpu_mode
     demand = observed_demand((profiles.get(p.key) or whole) for p in pods for _ in range(p.gpu.count))
     rows = []
     for iso in isolations:
-        pool = _Pool(iso, model, demand, mig_first_fit, node_gpu_counts, unbounded=False)
+        pool = _Pool(iso, model, demand, mig_first_fit, node_gpu_counts, unbounded=False,
+                     highest_start=mig_highest_start)
         stream = arrivals(pods, seed)
         running: list[tuple[PodRequest, Held]] = []
         placed = dropped = allocated = arrived = 0
@@ -250,7 +252,7 @@ def what_if(node_gpu_counts: Sequence[int], pods: Sequence[PodRequest], gpu_mode
                 if not running:
                     break
             churned = total / churn
-        need = _Pool(iso, model, demand, mig_first_fit, (), unbounded=True)
+        need = _Pool(iso, model, demand, mig_first_fit, (), unbounded=True, highest_start=mig_highest_start)
         for pod in sorted((p for p in pods if p.gpu.count > 0), key=lambda p: p.key):
             need.place(pod, profiles.get(pod.key))
         rows.append(WhatIfRow(iso, at_100, need.gpus, placed, dropped, churned))
