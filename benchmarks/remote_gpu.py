@@ -4,7 +4,8 @@ Builds the fake driver, gpupool's interception library, the remote client librar
 test program (tests/native/fakes/remote_app.c), then per round:
   - round trip of one forwarded call (cuCtxSynchronize: a request and its reply, nothing else), p50 and p99,
     over TCP on loopback, over a unix socket, and over TCP across two network namespaces joined by a veth
-    pair (root and iproute2 needed; null otherwise);
+    pair (root and iproute2 needed; null otherwise); beside it the same call on the fake driver directly
+    (the server's worker adds the interception library's wrapper to it);
   - memcpy bandwidth (64 MiB host to device and back, best of 3 each way) through the forwarder over TCP
     loopback, as a ratio of the same copies by the same program on the same fake driver without it;
   - live migration pause: a program holding 512 MiB of written device memory is moved between two servers
@@ -42,11 +43,13 @@ MOVE_BYTES = 512 << 20
 MODULE = "gpupool-fake-module:add_u32"
 
 
-def rtt(remote: Remote, server: Server, token: str, calls: int, netns: str | None = None) -> tuple[float, float]:
+def rtt(remote: Remote, server: Server | None, token: str, calls: int,
+        netns: str | None = None) -> tuple[float, float]:
+    """p50, p99 of one cuCtxSynchronize in us: through `server`, or (None) on the fake driver directly."""
     app = remote.app(server, token, netns=netns)
     try:
         if app.rc("ctx") != 0:
-            raise SystemExit(f"no context through {server.address}")
+            raise SystemExit(f"no context through {server.address if server else 'the fake driver'}")
         app.ask(f"rtt {max(calls // 10, 10)}")  # warm-up
         rc, p50, p99 = (int(v) for v in app.ask(f"rtt {calls}"))
         if rc != 0:
@@ -122,7 +125,7 @@ def main() -> None:
         root = Path(tmp)
         rb = build_remote(root / "remote", build_all(root / "build"))
         rows: dict[str, list[float]] = {k: [] for k in ("tcp_p50", "tcp_p99", "unix_p50", "unix_p99", "netns_p50",
-                                                         "netns_p99", "ratio", "pause")}
+                                                         "netns_p99", "ratio", "pause", "local_p50")}
         ok = True
         for r in range(args.rounds):
             remote = Remote(rb, root / f"gpu-{r}", root / f"round-{r}")
@@ -132,6 +135,7 @@ def main() -> None:
                 tcp_token, _ = tcp.share(memory_mib="81920")
                 unix = remote.server()
                 unix_token, _ = unix.share(memory_mib="81920")
+                rows["local_p50"].append(rtt(remote, None, "", args.calls)[0])
                 p50, p99 = rtt(remote, tcp, tcp_token, args.calls)
                 rows["tcp_p50"].append(p50)
                 rows["tcp_p99"].append(p99)
@@ -165,6 +169,7 @@ def main() -> None:
         return round(statistics.median(rows[key]), 2) if rows[key] else None
 
     print(f"call round trip (cuCtxSynchronize), median of {args.rounds} rounds of {args.calls} calls:")
+    print(f"  local (no forwarder, same fake driver, no interception library)  p50 {med('local_p50')} us")
     print(f"  TCP loopback      p50 {med('tcp_p50')} us  p99 {med('tcp_p99')} us")
     print(f"  unix socket       p50 {med('unix_p50')} us  p99 {med('unix_p99')} us")
     print(f"  TCP across netns  p50 {med('netns_p50')} us  p99 {med('netns_p99')} us")
@@ -174,6 +179,7 @@ def main() -> None:
         "call_rtt_p50_us": med("tcp_p50"),
         "call_rtt_p99_us": med("tcp_p99"),
         "call_rtt_unix_p50_us": med("unix_p50"),
+        "local_call_p50_us": med("local_p50"),
         "call_rtt_netns_p50_us": med("netns_p50"),
         "call_rtt_netns_p99_us": med("netns_p99"),
         "memcpy_ratio": med("ratio"),
