@@ -221,6 +221,7 @@ class NetnsPair:
 
     def __init__(self, tag: str, subnet: int) -> None:
         self.server_ns, self.client_ns = f"gprs{tag}", f"gprc{tag}"
+        self.server_link, self.client_link = f"vs{tag}", f"vc{tag}"
         net = f"10.{subnet >> 8 & 255}.{subnet & 255}"
         self.server_ip, self.client_ip = f"{net}.1", f"{net}.2"
         cmds = [

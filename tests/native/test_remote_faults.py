@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import struct
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -253,3 +254,17 @@ def test_the_server_serves_at_most_max_clients_connections_at_once(remote: Remot
     assert wait_for(lambda: len(server.workers()) == 1)
     assert remote.app(server, token).rc("ctx") == 0
     assert second.rc("alloc 0 64") == 0
+
+
+def test_a_cut_link_ends_in_a_clean_error_not_a_hang(remote: Remote, netns: NetnsPair) -> None:
+    """The link goes down without a FIN or a reset reaching the client (the server's node vanished): with
+    GPUPOOL_REMOTE_TIMEOUT_S the waiting call gives up after that long (without it, TCP keepalive ends the
+    connection after about 25 s), and the context's later calls fail at once."""
+    server = remote.server(listen=f"tcp:{netns.server_ip}:0", netns=netns.server_ns)
+    token, _ = server.share(memory_mib="1024")
+    app = remote.app(server, token, netns=netns.client_ns, extra={"GPUPOOL_REMOTE_TIMEOUT_S": "2"})
+    assert app.rc("ctx") == 0 and app.rc("alloc 0 64") == 0
+    subprocess.run(["ip", "-n", netns.client_ns, "link", "set", netns.client_link, "down"], check=True)
+    assert app.rc("sync") == LAUNCH_FAILED
+    assert app.rc("alloc 1 64") == LAUNCH_FAILED
+    assert "lost the connection" in app.close()
