@@ -295,16 +295,18 @@ class Remote:
         return app
 
     def close(self) -> None:
-        for probe in self.probes:
-            if probe.proc.poll() is None:
-                probe.proc.kill()
-            probe.close()
-        for app in self.apps:
-            if app.proc.poll() is None:
-                app.proc.kill()
-            app.close()
-        for server in self.servers:
-            server.close()
+        try:
+            for probe in self.probes:
+                if probe.proc.poll() is None:
+                    probe.proc.kill()
+                probe.close()
+            for app in self.apps:
+                if app.proc.poll() is None:
+                    app.proc.kill()
+                app.close()
+        finally:  # whatever went wrong above, no server outlives its test
+            for server in self.servers:
+                server.close()
 
 
 @pytest.fixture(scope="session")
