@@ -383,3 +383,24 @@ async def test_a_mig_claim_with_any_other_selector_is_left_to_kube_scheduler() -
         assert svc.claims is not None and svc.claims.left == 1
     finally:
         await svc.stop()
+
+
+async def test_only_a_pools_newest_generation_counts() -> None:
+    """gpu-0001's pool moved to generation 2 with GPU 1 only (GPU 0 gone from it), while a slice of
+    generation 1 that still shows GPU 0 is listed: a claim pinned to gpu-0001 gets GPU 1, never GPU 0."""
+    cluster, svc = await setup()
+    try:
+        newer = resource_slice("gpu-0001")
+        newer["spec"]["devices"] = [d for d in newer["spec"]["devices"] if d["name"] == "gpu-1"]
+        newer["spec"]["pool"] = {"name": "gpu-0001", "generation": 2, "resourceSliceCount": 1}
+        newer["metadata"]["name"] = f"gpu-0001-{DRIVER}-new"
+        await cluster.create_object(RESOURCE_SLICES, newer)
+        pin = {"kubernetes.io/hostname": "gpu-0001"}
+        await run(cluster, *((claim(f"c{k}", "1Gi", "10"), gated_pod(f"p{k}", f"c{k}", pin)) for k in range(3)))
+        for k in range(3):
+            await until(lambda k=k: ungated(cluster, f"p{k}"))  # type: ignore[misc]
+            got = await allocation(cluster, f"c{k}")
+            assert got is not None and [(r["pool"], r["device"]) for r in got["devices"]["results"]] == [
+                ("gpu-0001", "gpu-1")]
+    finally:
+        await svc.stop()

@@ -201,11 +201,20 @@ class ClaimAllocator:
         return out
 
     def _slices(self) -> Usable:
-        """gpupool's devices without a NoSchedule/NoExecute taint, by node: shared GPUs and MIG GPUs."""
+        """gpupool's devices without a NoSchedule/NoExecute taint, by node: shared GPUs and MIG GPUs. Only
+        the slices of a pool's newest generation count, as for kube-scheduler: an older one still listed
+        (the agent is replacing the pool, a GPU just left MIG mode) shows devices that are gone."""
         out = Usable()
-        for s in self._slice_ref.items():
+        ours = [s for s in self._slice_ref.items() if (s.get("spec") or {}).get("driver") == DRIVER]
+        newest: dict[str, int] = {}
+        for s in ours:
+            pool = (s.get("spec") or {}).get("pool") or {}
+            name = str(pool.get("name", ""))
+            newest[name] = max(newest.get(name, 0), int(pool.get("generation", 0) or 0))
+        for s in ours:
             spec = s.get("spec") or {}
-            if spec.get("driver") != DRIVER:
+            pool = spec.get("pool") or {}
+            if int(pool.get("generation", 0) or 0) < newest[str(pool.get("name", ""))]:
                 continue
             node = str(spec.get("nodeName", ""))
             shared, mig = out.shared.setdefault(node, set()), out.mig.setdefault(node, set())
