@@ -790,6 +790,12 @@ def _pool(c: DraCluster, i: int) -> list[Obj]:
                   key=lambda s: (len(s["metadata"]["name"]), s["metadata"]["name"]))
 
 
+def _inventory_mib(c: DraCluster, i: int) -> list[int]:
+    """The memory of node i's GPUs as its inventory (the node object) shows them."""
+    read = read_node(c.get(f"/api/v1/nodes/{c.node(i).name}") or {})
+    return [] if read is None else [g.memory_mib for g in read[0].gpus]
+
+
 def _partition_of(c: DraCluster, pod: Obj) -> str:
     return str(c.pod_claim(pod)["status"]["allocation"]["devices"]["results"][0]["device"])
 
@@ -865,6 +871,10 @@ def test_mig_partitions_are_carved_for_claims_and_their_counters_keep_the_layout
         # back to two shared GPUs: the counters' slice goes (deleted by the agent, under the chart's rules)
         wait_for(lambda: len(_pool(c, 1)) == 1 and slice_ready(c, 1), 90, "node 1's pool in one slice again",
                  agent.tail)
+        # ... and its inventory shows the L40S again, in the allocator's ledger too, before the next test
+        # replays placements on these nodes
+        wait_for(lambda: _inventory_mib(c, 1) == [GPU_MIB] * GPUS and not any(allocator.ledger()["diff"].values()),
+                 90, "node 1's GPUs back in its inventory and the allocator's ledger", agent.tail)
 
 
 # --- gpupool's own allocator (gpupool.scheduler.claims) ---------------------------------------------------
