@@ -185,21 +185,32 @@ class Probe:
 
     def close(self) -> str:
         """End the probe (EOF on its stdin) and return what it wrote on stderr."""
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        err = ""
-        if self.proc.stderr is not None and not self.proc.stderr.closed:
-            err = self.proc.stderr.read()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-        return err
+        return end_process(self.proc, 10)
+
+
+def end_process(proc: subprocess.Popen[str], timeout: float) -> str:
+    """End a command-driven test program: EOF on its stdin, `timeout` seconds to exit (then SIGKILL); returns
+    what it wrote on stderr."""
+    if proc.stdin is not None and not proc.stdin.closed:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return drain(proc)
+
+
+def drain(proc: subprocess.Popen[str]) -> str:
+    """What an ended process wrote on stderr; its pipes closed."""
+    err = ""
+    if proc.stderr is not None and not proc.stderr.closed:
+        err = proc.stderr.read()
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+    return err
 
 
 # ---- the fake device's kernel log (layout of struct fake_state in fakes/fake_state.h) -----------------------

@@ -23,7 +23,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.native.native_helpers import CC_FLAGS, FAKES, LIMITS_FD, Built, Pod, Probe, _cc, native_build
+from tests.native.native_helpers import (
+    CC_FLAGS,
+    FAKES,
+    LIMITS_FD,
+    Built,
+    Pod,
+    Probe,
+    _cc,
+    drain,
+    end_process,
+    native_build,
+)
 
 NOT_SUPPORTED = 801
 NOT_PERMITTED = 800
@@ -136,13 +147,7 @@ class Server:
     def close(self) -> str:
         if self.proc.poll() is None:
             self.kill()
-        err = ""
-        if self.proc.stderr is not None and not self.proc.stderr.closed:
-            err = self.proc.stderr.read()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-        return err
+        return drain(self.proc)
 
 
 def client_env(rb: RemoteBuilt, address: str, token: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -185,21 +190,7 @@ class App:
         return int(self.ask(command)[0])
 
     def close(self) -> str:
-        if self.proc.stdin is not None and not self.proc.stdin.closed:
-            with contextlib.suppress(BrokenPipeError):
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        err = ""
-        if self.proc.stderr is not None and not self.proc.stderr.closed:
-            err = self.proc.stderr.read()
-        for stream in (self.proc.stdout, self.proc.stderr):
-            if stream is not None:
-                stream.close()
-        return err
+        return end_process(self.proc, 20)
 
 
 def start_app(rb: RemoteBuilt, address: str | None, token: str = "", netns: str | None = None,
