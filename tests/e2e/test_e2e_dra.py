@@ -1149,15 +1149,7 @@ def test_the_scheduler_used_only_the_charts_dra_rules(dra: DraCluster, allocator
     rules += [r for o in mine for r in o["rules"]]
     granted = {(g, r, v) for rule in rules if "resources" in rule for g in rule.get("apiGroups", [""])
                for r in rule["resources"] for v in rule["verbs"]}
-    used, refused = set(), []
-    for e in c.bed.audit_events():
-        ref = e.get("objectRef")
-        if e["user"]["username"] != SCHEDULER_USER or ref is None:
-            continue
-        resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
-        used.add((ref.get("apiGroup", ""), resource, e["verb"]))
-        if (e.get("responseStatus") or {}).get("code") == 403:
-            refused.append(f"{e['verb']} {e.get('requestURI')}")
+    used, refused = audited(c, SCHEDULER_USER)
     assert refused == []
     assert used - granted == set()
     # what allocating needs was used: the claim's finalizer and status written, the gate removed
@@ -1172,14 +1164,9 @@ def test_the_scheduler_used_only_the_charts_dra_rules(dra: DraCluster, allocator
         assert done.returncode != 0 and "the gpupool scheduler may" in done.stderr, (patch, done.stderr)
 
 
-def test_the_agents_used_only_the_charts_dra_rules_and_only_their_own_slice(dra: DraCluster) -> None:
-    """Every request the agents made (the audit log) was granted and is within the chart's agent role with
-    dra.enabled; and the chart's own-node policy refuses an agent's write to another node's slice."""
-    c = dra
-    user = f"system:serviceaccount:{RELEASE_NAMESPACE}:{AGENT_ACCOUNT}"
-    role = next(o for o in c.objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == AGENT_ACCOUNT)
-    granted = {(g, r, v) for rule in role["rules"] for g in rule.get("apiGroups", [""])
-               for r in rule["resources"] for v in rule["verbs"]}
+def audited(c: DraCluster, user: str) -> tuple[set[tuple[str, str, str]], list[str]]:
+    """What `user` did on the API server (the audit log): every (group, resource, verb) it used, and the
+    requests it was refused (403)."""
     used, refused = set(), []
     for e in c.bed.audit_events():
         ref = e.get("objectRef")
@@ -1189,6 +1176,18 @@ def test_the_agents_used_only_the_charts_dra_rules_and_only_their_own_slice(dra:
         used.add((ref.get("apiGroup", ""), resource, e["verb"]))
         if (e.get("responseStatus") or {}).get("code") == 403:
             refused.append(f"{e['verb']} {e.get('requestURI')}")
+    return used, refused
+
+
+def test_the_agents_used_only_the_charts_dra_rules_and_only_their_own_slice(dra: DraCluster) -> None:
+    """Every request the agents made (the audit log) was granted and is within the chart's agent role with
+    dra.enabled; and the chart's own-node policy refuses an agent's write to another node's slice."""
+    c = dra
+    user = f"system:serviceaccount:{RELEASE_NAMESPACE}:{AGENT_ACCOUNT}"
+    role = next(o for o in c.objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == AGENT_ACCOUNT)
+    granted = {(g, r, v) for rule in role["rules"] for g in rule.get("apiGroups", [""])
+               for r in rule["resources"] for v in rule["verbs"]}
+    used, refused = audited(c, user)
     assert refused == []
     assert used - granted == set()
     # what DRA needs of the role was used: the slice written, the claims read
