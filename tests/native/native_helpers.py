@@ -95,6 +95,7 @@ class Pod:
     unset: tuple[str, ...] = ()
     asan_runtime: str | None = None  # LD_PRELOAD it first (the probe and library are built with ASan)
     oversub_mib: int = 0  # granted pods: memory oversubscription per GPU in the limits file
+    namespaces: bool = False  # run in PID and mount namespaces of its own, with a fresh /proc, as in a pod
 
     @property
     def accounting(self) -> Path:
@@ -137,6 +138,8 @@ class Pod:
 
     def start(self, mode: str = "direct") -> Probe:
         argv = [str(self.built.probe), mode]
+        if self.namespaces:
+            argv = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", *argv]
         if not self.granted:
             return Probe(subprocess.Popen(argv, env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                           stderr=subprocess.PIPE, text=True, bufsize=1))

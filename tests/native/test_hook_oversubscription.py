@@ -88,3 +88,20 @@ def test_the_environment_cannot_grant_oversubscription(pods: PodFactory) -> None
     for _ in range(4):
         assert probe.alloc("mem", GIB)[0] == 0
     assert probe.alloc("mem", MIB)[0] == OOM
+
+
+def test_in_a_pods_namespaces_the_tenant_still_cannot_lift_the_ceiling(pods: PodFactory) -> None:
+    """As in a production container: PID and mount namespaces of its own with a fresh /proc (so NVML's host
+    PIDs are not the process's own), variables claiming more, and advice pulling spilled pages back: the
+    ceiling stays share + oversubscription and the GPU holds only the share."""
+    gpu = {"FAKE_GPU_MEM_MIB": "10240"}
+    tamper = {**gpu, "GPUPOOL_MEMORY_LIMIT_MIB": "10240", "GPUPOOL_OVERSUB_MIB": "8192"}
+    probe = pods.start(pods.pod(memory_mib="4096", granted=True, oversub_mib=2048, namespaces=True, extra=tamper))
+    for _ in range(4):
+        assert probe.alloc("mem", GIB)[0] == 0
+    rc, spilled = probe.alloc("mem", 2 * GIB)
+    assert rc == 0
+    assert probe.ask(f"togpu advise {spilled}") == [INVALID]
+    assert probe.alloc("mem", MIB)[0] == OOM
+    observer = pods.start(pods.pod(extra=gpu))
+    assert device_used(observer) == 4 * GIB
