@@ -146,7 +146,7 @@ int gp_mem_reserve_over(int li, uint64_t bytes); /* the same within cap + oversu
 void gp_mem_release(int li, uint64_t bytes);
 void gp_mem_adjust(int li, int64_t delta);    /* pool growth measured after the fact */
 uint64_t gp_pod_used(int li);
-uint64_t gp_own_used(int li);
+uint64_t gp_own_used(int li, uint64_t *changes); /* and how often it changed so far */
 void gp_set_ctx_bytes(int li, uint64_t bytes);
 int gp_pod_pids(int64_t *pids, int max);       /* host PIDs of the pod's live processes */
 int gp_has_slot(void);                 /* 0: past the slot table (refuse, never run uncounted) */

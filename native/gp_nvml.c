@@ -37,24 +37,13 @@ int gp_nvml_index(nvmlDevice_t dev) {
     return -1;
 }
 
-/* What NVML says this process holds beyond what it allocated through us is context and module memory:
- * counted as the pod's, so the pod's usage as NVML reports it stays within the cap. */
-void gp_refresh_ctx(int li) {
-    static int64_t last[GP_MAX_DEV];
-    int64_t now = gp_now_ns();
-    if (li < 0 || (last[li] != 0 && now - last[li] < 100000000LL)) return;
-    last[li] = now;
+/* The most NVML reports for any of this process's host PIDs on the device (several candidates, see
+ * gp_ident.c: the largest is the safe side of the cap); -1 when NVML cannot tell or lists none of them. */
+static int64_t nvml_process_bytes(nvmlDevice_t h, const int64_t *mine, int nm) {
     typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
     static procs_fn get;
     if (get == NULL) get = (procs_fn)gp_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v3");
-    nvmlDevice_t h = gp_nvml_device(li);
-    if (get == NULL || h == NULL) return;
-    int64_t mine[GP_HOSTPIDS];
-    int nm = gp_own_host_pids(mine); /* NVML speaks host PIDs: getpid() means nothing in a PID namespace */
-    if (nm == 0) return;
-    /* Our own usage is read before and after NVML's: an allocation freed by another thread in between is
-     * in NVML's figure and must not pass for context memory (the larger of the two is subtracted). */
-    uint64_t own_before = gp_own_used(li);
+    if (get == NULL) return -1;
     /* As many entries as NVML has: a crowded GPU must not push this process out of the list (and its
      * context memory out of the count). */
     unsigned int n = 64, cap = 0;
@@ -68,25 +57,47 @@ void gp_refresh_ctx(int li) {
         n = cap;
         r = get(h, &n, info);
     }
-    if (r != NVML_SUCCESS) {
-        free(info);
-        return;
-    }
-    /* Several candidates (see gp_ident.c): the largest is counted, the safe side of the cap. */
-    uint64_t most = 0;
-    int found = 0;
-    for (unsigned i = 0; i < n && i < cap; i++) {
-        for (int k = 0; k < nm; k++) {
-            if ((int64_t)info[i].pid != mine[k]) continue;
-            found = 1;
-            if (info[i].usedGpuMemory > most) most = info[i].usedGpuMemory;
-        }
-    }
+    int64_t most = -1;
+    for (unsigned i = 0; r == NVML_SUCCESS && i < n && i < cap; i++)
+        for (int k = 0; k < nm; k++)
+            if ((int64_t)info[i].pid == mine[k] && (int64_t)info[i].usedGpuMemory > most)
+                most = (int64_t)info[i].usedGpuMemory;
     free(info);
-    if (!found) return;
-    uint64_t own = gp_own_used(li);
-    if (own_before > own) own = own_before;
-    gp_set_ctx_bytes(li, most > own ? most - own : 0);
+    return most;
+}
+
+/* What NVML says this process holds beyond what it allocated through us is context and module memory:
+ * counted as the pod's, so the pod's usage as NVML reports it stays within the cap.
+ * NVML's figure is only comparable with our own count if no allocation or free of ours changed that count
+ * while NVML answered: one made and freed by another thread in between is in NVML's figure and in neither
+ * of our readings, and would pass for context memory until the next refresh (refusing allocations that
+ * fit). So a reading is taken again when our count changed meanwhile; if every try was disturbed, the
+ * smallest estimate stands and the next allocation measures again instead of waiting for the period. */
+#define CTX_TRIES 3
+void gp_refresh_ctx(int li) {
+    static int64_t last[GP_MAX_DEV];
+    int64_t now = gp_now_ns();
+    if (li < 0 || (last[li] != 0 && now - last[li] < 100000000LL)) return;
+    last[li] = now;
+    nvmlDevice_t h = gp_nvml_device(li);
+    int64_t mine[GP_HOSTPIDS];
+    int nm = h == NULL ? 0 : gp_own_host_pids(mine); /* NVML speaks host PIDs, not getpid() */
+    if (nm == 0) return;
+    uint64_t best = UINT64_MAX;
+    int settled = 0;
+    for (int t = 0; t < CTX_TRIES && !settled; t++) {
+        uint64_t c0, c1;
+        uint64_t own = gp_own_used(li, &c0);
+        int64_t most = nvml_process_bytes(h, mine, nm);
+        uint64_t after = gp_own_used(li, &c1);
+        if (most < 0) return;
+        if (after > own) own = after;
+        uint64_t estimate = (uint64_t)most > own ? (uint64_t)most - own : 0;
+        settled = c0 == c1;
+        if (settled || estimate < best) best = estimate;
+    }
+    if (!settled) last[li] = 0;
+    gp_set_ctx_bytes(li, best);
 }
 
 static int share(nvmlDevice_t dev, unsigned long long *total, unsigned long long *free_b,

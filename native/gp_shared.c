@@ -46,6 +46,7 @@ static int slot_ok;                          /* a slot is held and the accountin
 static int broken;                           /* agent mode without its accounting: refuse, never run uncounted */
 static uint64_t own_used[GP_MAX_DEV];        /* this process's own usage, private: the file's copy may be zeroed */
 static uint64_t own_ctx[GP_MAX_DEV];
+static uint64_t own_changes[GP_MAX_DEV];      /* bumped by every change of own_used: see gp_refresh_ctx */
 static int64_t own_host[GP_HOSTPIDS];
 #define IDENT_LOCK_BYTE (1 + GP_MAX_SLOTS)   /* held around context creation (gp_ident.c) */
 
@@ -265,6 +266,7 @@ static int reserve(int li, uint64_t bytes, uint64_t extra) {
     if (limit != 0 && (slot < 0 || broken)) ok = 0; /* uncounted is never an option: refuse */
     if (ok) {
         own_used[li] += bytes;
+        own_changes[li]++;
         heal_slot();
     }
     unlock();
@@ -281,6 +283,7 @@ void gp_mem_adjust(int li, int64_t delta) {
     claim_slot();
     uint64_t *u = &own_used[li];
     *u = delta < 0 && (uint64_t)(-delta) > *u ? 0 : *u + (uint64_t)delta;
+    own_changes[li]++;
     heal_slot();
     unlock();
 }
@@ -304,11 +307,12 @@ void gp_set_ctx_bytes(int li, uint64_t bytes) {
     unlock();
 }
 
-uint64_t gp_own_used(int li) {
+uint64_t gp_own_used(int li, uint64_t *changes) {
     if (li < 0) return 0;
     lock();
     claim_slot();
     uint64_t u = own_used[li];
+    *changes = own_changes[li];
     unlock();
     return u;
 }

@@ -105,6 +105,18 @@ def test_context_memory_reported_by_nvml_counts_against_the_share(pods: PodFacto
     assert probe.ask("info") == [0, 0, SHARE]
 
 
+def test_an_allocation_made_and_freed_while_nvml_answers_never_passes_for_context_memory(pods: PodFactory) -> None:
+    """Another thread allocates 1 GiB just before NVML reads the process table and frees it just after (the
+    fake makes that interleaving happen during the first two answers): NVML's figure then holds memory our
+    count has seen come and go. Counted as context memory it would refuse what fits until the next
+    refresh; measured again, only the real 300 MiB of context memory counts."""
+    pod = pods.pod(memory_mib="10240", extra={"FAKE_GPU_CTX_MIB": "300", "FAKE_NVML_RACES": "2",
+                                              "FAKE_NVML_RACE_MIB": "1024"})
+    probe = pods.start(pod)
+    assert probe.alloc("mem", SHARE - 300 * MIB)[0] == 0
+    assert probe.alloc("mem", MIB)[0] == OOM
+
+
 def test_kill_9_at_any_instant_never_wedges_the_pod(pods: PodFactory) -> None:
     """A process allocating and freeing in a loop (most of its time is spent inside the accounting lock) is
     killed at random instants; each time a new process must still get the whole share."""

@@ -2,6 +2,7 @@
 #include "fake_state.h"
 #include "../../../native/gpupool_cuda.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -54,9 +55,47 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
     return NVML_SUCCESS;
 }
 
+/* FAKE_NVML_RACES=K, FAKE_NVML_RACE_MIB=M: during K answers, another thread of the asking process
+ * allocates M MiB just before NVML reads the table and frees them just after (through whatever
+ * cuMemAlloc_v2 the process sees, so through the hook when it is preloaded): the interleaving a hook
+ * comparing NVML's figure with its own count must survive, made deterministic. The answers raced are the
+ * first K once the process holds a context and has been listed with it once (the hook's identification
+ * of itself at context creation is left alone). */
+static int race_due(void) {
+    static int listed;
+    static uint64_t done;
+    int has_ctx = 0;
+    fk_lock();
+    for (int i = 0; i < FAKE_PROCS; i++)
+        if (fk->procs[i].pid == getpid()) has_ctx = fk->procs[i].has_ctx;
+    fk_unlock();
+    if (!has_ctx) return 0;
+    if (!listed) {
+        listed = 1;
+        return 0;
+    }
+    if (done >= fk_env("FAKE_NVML_RACES", 0)) return 0;
+    done++;
+    return 1;
+}
+
+static void race_begin(CUdeviceptr *p) {
+    *p = 0;
+    if (!race_due()) return;
+    CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlsym(RTLD_DEFAULT, "cuMemAlloc_v2");
+    if (alloc != NULL && alloc(p, (size_t)fk_env("FAKE_NVML_RACE_MIB", 1) << 20) != CUDA_SUCCESS) *p = 0;
+}
+
+static void race_end(CUdeviceptr p) {
+    CUresult (*release)(CUdeviceptr) = (CUresult(*)(CUdeviceptr))dlsym(RTLD_DEFAULT, "cuMemFree_v2");
+    if (p != 0 && release != NULL) release(p);
+}
+
 EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned *count, nvmlProcessInfo_t *out) {
     (void)d;
     unsigned n = 0;
+    CUdeviceptr raced;
+    race_begin(&raced);
     fk_lock();
     for (int i = 0; i < FAKE_PROCS; i++) {
         struct fake_proc *p = &fk->procs[i];
@@ -65,6 +104,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsi
         n++;
     }
     fk_unlock();
+    race_end(raced);
     nvmlReturn_t r = n > *count ? NVML_ERROR_INSUFFICIENT_SIZE : NVML_SUCCESS;
     *count = n;
     return r;
