@@ -25,6 +25,8 @@ its caps.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import re
 from collections.abc import Mapping, Sequence
@@ -51,9 +53,13 @@ CAPACITY_MEMORY = "memory"
 CAPACITY_CORES = "cores"
 TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"  # the GPU failed a health check (NoSchedule: new claims avoid it)
 TAINT_NOT_READY = f"{DRIVER}/not-validated"  # the node failed validation (gpupool.agent.validation)
-DRA_ISOLATIONS = ("hook", "mps", "none", "mig")
+DRA_ISOLATIONS = ("hook", "mps", "none", "mig", "remote")
 DEFAULT_ISOLATION = "hook"
 MIG_ISOLATION = "mig"  # served only by MIG partitions, which are served by nothing else
+# The share runs in the GPU server of the GPU's node (docs/remote.md); the pod may run on another node, whose
+# agent mounts the forwarding library, the server's address and the claim's token (docs/claims.md, Remote).
+REMOTE_ISOLATION = "remote"
+ATTR_REMOTE_SERVER = "remoteServer"  # device attribute: the GPU server's address (tcp:HOST:PORT); absent: none
 TYPE_GPU, TYPE_MIG = "gpu", "mig"  # the `type` attribute the chart's classes select on
 # The API's limits: 64 devices in a slice once any device has taints or consumes counters (ours may do
 # both), 8 counter sets in a slice.
@@ -112,6 +118,7 @@ class SliceDevice:
     mig_capable: bool = False
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, timeAdded), effect NoSchedule
     mig_mode: bool = False  # in MIG mode: published as its MIG partitions (a model gpupool knows the geometry of)
+    remote_server: str = ""  # the node's GPU server (tcp:HOST:PORT) serving remote shares of it; "": none
 
     @property
     def mig(self) -> MigModel | None:
@@ -146,6 +153,8 @@ def _attributes(d: SliceDevice, driver_version: str) -> Obj:
         attrs["numaNode"] = {"int": d.numa_node}
     if d.nvlink_peers:
         attrs["nvlinkPeers"] = {"string": ",".join(map(str, sorted(d.nvlink_peers)))[:64]}
+    if d.remote_server:
+        attrs[ATTR_REMOTE_SERVER] = {"string": d.remote_server[:64]}
     return attrs
 
 
@@ -406,6 +415,13 @@ def claim_shares(claim: Mapping[str, Any], driver: str = DRIVER) -> ClaimShares:
                        isolation, tuple(shares), factor)
 
 
+def remote_token(key: bytes, claim_uid: str) -> str:
+    """The token a remote claim's client presents to the GPU server: HMAC-SHA256 of the claim's UID under the
+    cluster's remote key (a Secret only the agents mount). The GPU node's agent and the pod node's agent each
+    derive it on their own, so no secret travels through an API object a tenant can read."""
+    return hmac.new(key, claim_uid.encode(), hashlib.sha256).hexdigest()
+
+
 # --- claims in the ledger -----------------------------------------------------------------------------------
 
 CLAIM_CONTAINERS = "(claim)"  # what the pool views show where a pod would name its GPU containers
@@ -559,9 +575,10 @@ class Placed:
 
 
 def allocation_status(node: str, devices: Sequence[Placed],
-                      class_configs: Mapping[str, Sequence[Mapping[str, Any]]]) -> Obj:
+                      class_configs: Mapping[str, Sequence[Mapping[str, Any]]], pod_node: str | None = None) -> Obj:
     """status.allocation for a claim gpupool allocated `devices` on `node`; each request gets its class's
-    config (source FromClass), as kube-scheduler copies it."""
+    config (source FromClass), as kube-scheduler copies it. The claim's pods may run only on `pod_node`
+    (default: `node`; another node for a remote share, whose devices stay the GPU node's)."""
     results: list[Obj] = []
     for d in devices:
         result: Obj = {"request": d.ask.request, "driver": DRIVER, "pool": node, "device": d.device}
@@ -575,7 +592,7 @@ def allocation_status(node: str, devices: Sequence[Placed],
                     for c in class_configs.get(ask.device_class, ()) if c.get("opaque")]
     return {"devices": {"results": results, "config": configs},
             "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                {"key": "metadata.name", "operator": "In", "values": [node]}]}]}}
+                {"key": "metadata.name", "operator": "In", "values": [pod_node or node]}]}]}}
 
 
 # --- device-plugin manifests served through claims (the webhook's `dra` namespace policy) ---------------------
