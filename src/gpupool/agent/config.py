@@ -89,11 +89,37 @@ class AgentConfig(BaseModel):
     metrics_host: str = "0.0.0.0"  # Prometheus scrapes the DaemonSet pod's address
     kubeconfig: str | None = None  # None = in-cluster credentials
     context: str | None = None
+    # Remote shares (gpupool.agent.remote, docs/remote.md). remote_key_file: the cluster's remote key (a
+    # mounted Secret); tokens are HMACs of claim UIDs under it, so only agents can make one. With it alone
+    # the agent prepares claims of isolation remote for pods on this node (the client side); with
+    # remote_listen (tcp:HOST:PORT) it also runs this node's GPU servers and serves remote shares of its
+    # GPUs, advertised in the ResourceSlice as remote_address (default: the address the server reports,
+    # which needs a HOST other than a wildcard).
+    remote_listen: str | None = Field(default=None, pattern=r"^tcp:[^\s]*:\d{1,5}$")
+    remote_address: str | None = Field(default=None, pattern=r"^tcp:[^\s:]+:\d{1,5}$", max_length=64)
+    remote_key_file: Path | None = None
+    remote_server_binary: Path | None = None  # None: the packaged gpupool-gpu-server
+    remote_hook: Path | None = None  # the library preloaded into workers; None: the one installed under hook_root
+    remote_cuda: str | None = None  # the driver the server loads; None: the server's default (libcuda.so.1)
+    remote_limits_fd: int | None = Field(default=None, ge=3)  # for a library built to read limits from a fd (tests)
+    remote_restart_max_s: float = Field(default=30.0, gt=0)  # longest wait before a dead server is restarted
 
     @model_validator(mode="after")
     def _fake_needs_file(self) -> AgentConfig:
         if self.backend == "fake" and self.fake_file is None:
             raise ValueError("backend fake needs fake_file (a YAML/JSON GPU description)")
+        return self
+
+    @model_validator(mode="after")
+    def _remote_needs_key(self) -> AgentConfig:
+        if self.remote_listen is not None and not self.dra:
+            raise ValueError("remote_listen serves claims of isolation remote: it needs dra")
+        if self.remote_listen is not None and self.remote_key_file is None:
+            raise ValueError("remote_listen needs remote_key_file (the cluster's remote key)")
+        if self.remote_listen is not None and self.remote_address is None and remote_host_is_wildcard(
+                self.remote_listen):
+            raise ValueError(f"remote_listen {self.remote_listen} listens on every address: set remote_address "
+                             "(tcp:HOST:PORT, what pods on other nodes dial)")
         return self
 
     @property
@@ -115,6 +141,12 @@ class AgentConfig(BaseModel):
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.model_dump().items())
+
+
+def remote_host_is_wildcard(listen: str) -> bool:
+    """Whether a tcp:HOST:PORT listen address names no one address (pods elsewhere could not dial it)."""
+    host = listen[len("tcp:"):].rpartition(":")[0].strip("[]")
+    return host in ("", "0.0.0.0", "::")
 
 
 LOADER = ConfigLoader(

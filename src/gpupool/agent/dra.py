@@ -44,7 +44,7 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DeviceInfo
 from gpupool.agent.grant import ContainerGrant, answer, grant_request
 from gpupool.agent.hookdir import claim_dir
-from gpupool.agent.isolation import Isolation, Refused
+from gpupool.agent.isolation import Isolation, MountSpec, Refused
 from gpupool.agent.mig import MigManager
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import dra_v1_pb2 as v1
@@ -56,14 +56,20 @@ from gpupool.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from gpupool.agent.table import DeviceTable
 from gpupool.api.allocation import AllocationDoc, GrantDoc, MigGrantDoc
 from gpupool.api.dra import (
+    ATTR_REMOTE_SERVER,
     CDI_KIND,
     DRIVER,
+    REMOTE_ISOLATION,
     TAINT_NOT_READY,
     TAINT_UNHEALTHY,
     ClaimError,
+    ClaimShares,
+    DeviceShare,
     SliceDevice,
     claim_shares,
+    remote_token,
     resource_slices,
+    slice_name,
 )
 from gpupool.cluster.port import NotFound
 from gpupool.core.mig import mig_model
@@ -78,6 +84,15 @@ CDI_VERSION = "0.6.0"  # env, mounts and device nodes: all this spec uses
 CLAIM_CONTAINER = "claim"  # the grant's container name: one share per claim, whatever container uses it
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # kubelet takes the first it knows
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
+# Isolation remote, in the container (docs/remote.md): the forwarding library is the container's libcuda.so.1,
+# the claim's token a file, the server an address; on the GPU's own node the server's unix socket.
+REMOTE_LIBRARY_DIR = "/usr/lib/gpupool/remote"
+REMOTE_LIBRARY = f"{REMOTE_LIBRARY_DIR}/libcuda.so.1"
+REMOTE_TOKEN = "/run/gpupool/remote/token"
+REMOTE_SOCKET = "/run/gpupool/remote/server.sock"
+TOKEN_FILE = "remote-token"  # in the claim's directory (claim_dir) on the pod's node
+# what a slice may name as a server: the address becomes a container's environment, so nothing but this
+_REMOTE_ADDRESS = re.compile(r"^tcp:[A-Za-z0-9.:\[\]-]{1,56}:\d{1,5}$")
 
 Obj = dict[str, Any]
 
@@ -153,10 +168,51 @@ def cdi_path(cdi_dir: Path, uid: str) -> Path:
     return cdi_dir / f"{DRIVER}-claim_{uid}.json"
 
 
+def _write_token(path: Path, token: str) -> None:
+    """The claim's token, readable by any user of the container (its processes may run as any user): the
+    file is mounted into this claim's containers only."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.chmod(0o755)
+    write_atomically(path, token.encode())
+    path.chmod(0o644)
+
+
 def _write_cdi(cdi_dir: Path, uid: str, spec: Obj) -> None:
     cdi_dir.mkdir(parents=True, exist_ok=True)
     write_atomically(cdi_path(cdi_dir, uid), json.dumps(spec, indent=1).encode())
     cdi_path(cdi_dir, uid).chmod(0o644)  # the runtime reads it (root, but not necessarily as the agent)
+
+
+def share_grant(dev: DeviceInfo, s: DeviceShare, shares: ClaimShares) -> GrantDoc | str:
+    """The grant of a claim's share `s` of the shared GPU `dev` (not a MIG partition), or why it cannot be
+    one: what a `hook` claim's container is held to here, and what a remote share's server holds it to."""
+    label = shares.label
+    if dev.mig_enabled:
+        return f"claim {label}: GPU {s.device} is in MIG mode; it serves MIG partitions only"
+    memory = dev.memory_mib if s.memory_mib is None else s.memory_mib
+    # 0 cores consumed: a memory-only share, which competes for compute without a cap (100)
+    cores = 100 if not s.cores else s.cores
+    if shares.isolation == "none" and (memory < dev.memory_mib or cores < 100):
+        return (f"claim {label}: its class gives isolation none, which serves whole GPUs only, but it holds "
+                f"{memory} MiB and {cores} % of {s.device}; nothing would hold it to that share")
+    return GrantDoc(uuid=dev.uuid, index=dev.index, memory_mib=memory, cores=cores,
+                    oversub_mib=shares.oversub_mib(memory) or None)
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteClient:
+    """What the agent needs to prepare claims of isolation remote for pods of this node."""
+
+    key: bytes | None  # the cluster's remote key (None: not configured: such claims are refused)
+    library: Path  # the forwarding library on the host, mounted as the container's libcuda.so.1
+    socket: Path | None = None  # this node's GPU server's unix socket (None: this node serves no remote shares)
+
+
+def _slice_device(obj: Mapping[str, Any] | None, device: str) -> Mapping[str, Any] | None:
+    for d in ((obj or {}).get("spec") or {}).get("devices") or []:
+        if d.get("name") == device:
+            return dict(d)
+    return None
 
 
 # --- the driver -------------------------------------------------------------------------------------------
@@ -180,6 +236,9 @@ class DraDriver:
         # housekeeping holds, so a MIG instance is never carved and reaped at once
         self._lock = lock or asyncio.Lock()
         self._taint_since: dict[tuple[str, str], str] = {}  # (GPU UUID, key) -> timeAdded, stable across publishes
+        self.remote: RemoteClient | None = None  # isolation remote for pods here (None: such claims are refused)
+        # the address of this node's GPU server while it serves ("": none or down), published on shared GPUs
+        self.remote_server: Callable[[], str] = lambda: ""
         self.prepare_count = 0  # claims prepared (answered from the checkpoint: not counted)
         self.prepare_seconds = 0.0  # their total time, from the claim's read to the checkpoint's write
         self.prepare_errors = 0
@@ -241,6 +300,8 @@ class DraDriver:
             shares = claim_shares(claim)
         except ClaimError as e:
             return Outcome(error=str(e))
+        if shares.isolation == REMOTE_ISOLATION:
+            return await self._prepare_remote(ref, shares)
         mine = [s for s in shares.devices if s.pool == self.config.node_name]
         if len(mine) != len(shares.devices):
             return Outcome(error=f"claim {ref.label} is allocated devices of other nodes' pools; node "
@@ -260,18 +321,10 @@ class DraDriver:
                     return Outcome(error=f"claim {ref.label}: {s.device}: {partition}")
                 grants.append(partition)
                 continue
-            if dev.mig_enabled:
-                return Outcome(error=f"claim {ref.label}: GPU {s.device} is in MIG mode; it serves MIG partitions "
-                                     "only")
-            memory = dev.memory_mib if s.memory_mib is None else s.memory_mib
-            # 0 cores consumed: a memory-only share, which competes for compute without a cap (100)
-            cores = 100 if not s.cores else s.cores
-            if shares.isolation == "none" and (memory < dev.memory_mib or cores < 100):
-                return Outcome(error=f"claim {ref.label}: its class gives isolation none, which serves whole GPUs "
-                                     f"only, but it holds {memory} MiB and {cores} % of {s.device}; nothing would "
-                                     "hold it to that share")
-            grants.append(GrantDoc(uuid=dev.uuid, index=dev.index, memory_mib=memory, cores=cores,
-                                   oversub_mib=shares.oversub_mib(memory) or None))
+            grant = share_grant(dev, s, shares)
+            if isinstance(grant, str):
+                return Outcome(error=grant)
+            grants.append(grant)
         devices: tuple[PreparedDevice, ...] = tuple(
             PreparedDevice(s.request, s.pool, s.device, s.share_id) for s in mine)
         cdi_ids: tuple[str, ...] = ()
@@ -282,13 +335,74 @@ class DraDriver:
             cdi_ids = made
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, shares.isolation, devices, cdi_ids,
                                  tuple((g.uuid, g.memory_mib, g.cores) for g in grants))
+        return await self._checkpoint(ref, prepared)
+
+    async def _checkpoint(self, ref: ClaimRef, prepared: PreparedClaim) -> Outcome:
         try:
             await asyncio.to_thread(self._save, {**self.prepared, ref.uid: prepared})
         except OSError as e:
             return Outcome(error=f"cannot checkpoint claim {ref.label}: {e}")
-        log.info("prepared claim %s: %s (%s)", ref.label, ", ".join(d.device for d in devices) or "no devices",
-                 shares.isolation)
+        log.info("prepared claim %s: %s (%s)", ref.label,
+                 ", ".join(f"{d.pool}/{d.device}" for d in prepared.devices) or "no devices", prepared.isolation)
         return Outcome(prepared)
+
+    async def _prepare_remote(self, ref: ClaimRef, shares: ClaimShares) -> Outcome:
+        """A remote share: no GPU of this node; the container gets the forwarding library as libcuda.so.1,
+        the address of the GPU node's server (read from that node's ResourceSlice, which its agent writes)
+        and the claim's token (derived here from the cluster's key: the tenant never chooses it)."""
+        label = ref.label
+        if len(shares.devices) != 1:
+            return Outcome(error=f"claim {label}: isolation remote serves one GPU share per claim; it is "
+                                 f"allocated {len(shares.devices)} devices")
+        s = shares.devices[0]
+        remote = self.remote
+        if remote is None or remote.key is None:
+            return Outcome(error=f"claim {label}: isolation remote, but the agent on {self.config.node_name} has "
+                                 "no remote key (agent setting remote_key_file; chart value dra.remote.enabled)")
+        try:
+            address = await self._remote_address(s)
+        except Exception as e:  # transport or API trouble: kubelet retries the claim
+            return Outcome(error=f"claim {label}: cannot read the ResourceSlice of pool {s.pool}: {e}")
+        if address is None:
+            return Outcome(error=f"claim {label}: device {s.device} of pool {s.pool} has no GPU server (no valid "
+                                 f"attribute {ATTR_REMOTE_SERVER} in its ResourceSlice: its node serves no remote "
+                                 "shares, or its server is down)")
+        envs = {"LD_LIBRARY_PATH": REMOTE_LIBRARY_DIR, "GPUPOOL_REMOTE_TOKEN_FILE": REMOTE_TOKEN,
+                "GPUPOOL_REMOTE_SERVER": address, "GPUPOOL_ISOLATION": REMOTE_ISOLATION}
+        try:
+            token = claim_dir(self.config.hook_root, ref.uid) / TOKEN_FILE
+        except ValueError as e:
+            return Outcome(error=f"claim {label}: {e}")
+        mounts = [MountSpec(REMOTE_LIBRARY, str(remote.library), read_only=True),
+                  MountSpec(REMOTE_TOKEN, str(token), read_only=True)]
+        if s.pool == self.config.node_name and remote.socket is not None:
+            # the GPU is here: its server's unix socket, so the data never leaves the node
+            envs["GPUPOOL_REMOTE_SERVER"] = f"unix:{REMOTE_SOCKET}"
+            mounts.append(MountSpec(REMOTE_SOCKET, str(remote.socket)))
+        grant = ContainerGrant(envs=envs, mounts=mounts)
+        try:
+            await asyncio.to_thread(_write_token, token, remote_token(remote.key, ref.uid))
+            await asyncio.to_thread(_write_cdi, self.config.cdi_dir, ref.uid, cdi_spec(ref.uid, grant))
+        except OSError as e:
+            return Outcome(error=f"cannot write the token or CDI spec of claim {label}: {e}")
+        # no local GPU: no shares for the watchdog, nothing of this node's GPUs counted as used
+        return await self._checkpoint(ref, PreparedClaim(
+            ref.uid, ref.namespace, ref.name, REMOTE_ISOLATION,
+            (PreparedDevice(s.request, s.pool, s.device, s.share_id),), (f"{CDI_KIND}={ref.uid}",)))
+
+    async def _remote_address(self, s: DeviceShare) -> str | None:
+        """The GPU server the device's node advertises (attribute remoteServer of the device in the pool's
+        slices), None when it advertises none or something that is not a tcp:HOST:PORT."""
+        first = await self.cluster.get_slice(slice_name(s.pool))
+        found = _slice_device(first, s.device)
+        count = int((((first or {}).get("spec") or {}).get("pool") or {}).get("resourceSliceCount", 1) or 1)
+        for k in range(1, min(count, 64)):  # bounded: a pool of at most MAX_GPUS_PER_NODE devices
+            if found is not None:
+                break
+            found = _slice_device(await self.cluster.get_slice(f"{slice_name(s.pool)}-{k}"), s.device)
+        attr = ((found or {}).get("attributes") or {}).get(ATTR_REMOTE_SERVER) or {}
+        address = attr.get("string") if isinstance(attr, Mapping) else None
+        return address if isinstance(address, str) and _REMOTE_ADDRESS.match(address) else None
 
     async def _grant(self, ref: ClaimRef, isolation: str, grants: list[GrantDoc],
                      label: str) -> tuple[str, ...] | Refused:
@@ -353,9 +467,11 @@ class DraDriver:
     def slice_devices(self) -> list[SliceDevice]:
         now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall_clock()))
         known = sorted(self.table.known.values(), key=lambda d: d.index)
+        server = self.remote_server()  # shared GPUs only: a remote share is never a MIG partition
         return [SliceDevice(d.index, d.uuid, d.model, d.memory_mib, d.compute_capability, d.numa_node,
                             d.nvlink_peers, mig_model(d.model) is not None, self._taints(d, now),
-                            mig_mode=d.mig_enabled and self.mig is not None)
+                            mig_mode=(mig := d.mig_enabled and self.mig is not None),
+                            remote_server="" if mig else server)
                 for d in known]
 
     async def publish(self, node_uid: str) -> bool:

@@ -66,6 +66,14 @@ class Snapshot:
     condition: validation_.Condition | None
 
 
+@dataclass(frozen=True, slots=True)
+class RemoteView:
+    """What the inventory shows of the node's GPU server (gpupool.agent.remote)."""
+
+    server: str = ""  # its advertised address while up
+    shares: int = 0
+
+
 def _extra(devices: tuple[DeviceInfo, ...]) -> dict[int, dict[str, Any]]:
     return {d.index: {"mig": d.mig_enabled, "pci_bus_id": d.pci_bus_id} for d in devices}
 
@@ -78,8 +86,10 @@ def inventory_text(
     time: str,
     per_gpu: Mapping[str, Mapping[str, Any]] | None = None,
     validation: Validation | None = None,
+    remote: RemoteView | None = None,
 ) -> str:
-    """`per_gpu`: further fields by GPU UUID (the MPS daemon's state, the MIG instances)."""
+    """`per_gpu`: further fields by GPU UUID (the MPS daemon's state, the MIG instances); `remote`: the node's
+    GPU server for remote shares."""
     gpus = [d.to_gpu(healthy=d.uuid not in unhealthy) for d in discovered.devices]
     extra = _extra(discovered.devices)
     for d in discovered.devices:
@@ -87,8 +97,9 @@ def inventory_text(
     steps = [] if validation is None else [
         {"step": step, "state": s.state, "reason": s.reason} for step, s in zip(STEPS, validation.steps, strict=True)
     ]
+    remote = remote or RemoteView()
     return encode_inventory(node, gpus, split, discovered.driver_version, discovered.cuda_version, time, extra=extra,
-                            validation=steps)
+                            validation=steps, remote_server=remote.server, remote_shares=remote.shares)
 
 
 def _major_minor(text: str) -> tuple[int, int] | None:
@@ -143,12 +154,13 @@ class InventoryPublisher:
         now: float,
         per_gpu: Mapping[str, Mapping[str, Any]] | None = None,
         validation: Validation | None = None,
+        remote: RemoteView | None = None,
     ) -> bool:
         """Write the inventory, labels and condition where they differ from what the node carries; True
         when anything was written. `validation` None: an agent run without node validation (no condition,
         no validation labels)."""
         key = inventory_text(self.node, discovered, unhealthy, self.split, time="", per_gpu=per_gpu,
-                             validation=validation)
+                             validation=validation, remote=remote)
         condition = None if validation is None else validation_.condition(validation)
         snapshot = Snapshot(key, labels_for(discovered, validation), condition)
         if snapshot == self.last:
@@ -162,7 +174,7 @@ class InventoryPublisher:
         wrote = False
         if not annotation_same:
             text = inventory_text(self.node, discovered, unhealthy, self.split, time=format_time(now), per_gpu=per_gpu,
-                                  validation=validation)
+                                  validation=validation, remote=remote)
             # each patch returns the node: the condition's write below is conditional on its resourceVersion
             node = await self.cluster.patch_node_annotations(self.node, {ANN_INVENTORY: text})
             wrote = True

@@ -5,15 +5,17 @@ selector), and writes only annotations, labels and its own condition (`GpupoolRe
 on its node, one annotation on pods it served, and
 Events about pods of its node whose processes the watchdog stopped or reported (least privilege for the
 DaemonSet's RBAC: nodes get/patch, nodes/status patch, pods list/get/patch, events create). As a DRA
-driver it also reads ResourceClaims (get) and writes its node's ResourceSlice (get, create, patch).
+driver it also reads ResourceClaims (get) and writes its node's ResourceSlice (get, create, patch). Serving
+remote shares (gpupool.agent.remote) it lists and watches ResourceClaims of every namespace: a remote claim
+on its GPUs may belong to a pod on any node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from gpupool.cluster.port import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, ClusterPort, NotFound
+from gpupool.cluster.port import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, ClusterPort, NotFound, WatchEvent
 
 Obj = dict[str, Any]
 
@@ -50,6 +52,11 @@ class AgentCluster(Protocol):
     async def patch_slice(self, name: str, patch: Obj, resource_version: str) -> Obj: ...
 
     async def delete_slice(self, name: str) -> None: ...
+
+    # remote shares (gpupool.agent.remote): every claim, to serve those allocated on this node's GPUs
+    async def list_claims(self) -> tuple[list[Obj], str]: ...
+
+    def watch_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]: ...
 
 
 class LabelsUnsupported(RuntimeError):
@@ -118,3 +125,9 @@ class ClusterPortAgent:
 
     async def delete_slice(self, name: str) -> None:
         await self.port.delete_object(RESOURCE_SLICES, name)
+
+    async def list_claims(self) -> tuple[list[Obj], str]:
+        return await self.port.list_objects(RESOURCE_CLAIMS)
+
+    def watch_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        return self.port.watch_objects(RESOURCE_CLAIMS, resource_version)

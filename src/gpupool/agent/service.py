@@ -39,13 +39,14 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
 from gpupool.agent.dra import DraDriver, DraServer
 from gpupool.agent.health import HealthTracker
-from gpupool.agent.inventory import InventoryPublisher
+from gpupool.agent.inventory import InventoryPublisher, RemoteView
 from gpupool.agent.isolation import merged_inventory, node_strategies
 from gpupool.agent.mig import MigManager
 from gpupool.agent.mps import MpsSupervisor, supervise
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.procs import Killer
+from gpupool.agent.remote import RemoteKeyError, RemoteServing, load_key, remote_client
 from gpupool.agent.squeeze import follow_squeezes
 from gpupool.agent.table import DeviceTable
 from gpupool.agent.validation import Step, Validation, withheld_reason
@@ -90,6 +91,8 @@ class Agent:
         self.server: PluginServer | None = None
         self.dra: DraDriver | None = None  # config.dra: the DRA driver serves the GPUs instead of `server`
         self.dra_server: DraServer | None = None
+        self.remote: RemoteServing | None = None  # remote_listen: this node's GPU servers (gpupool.agent.remote)
+        self._slice_dirty = asyncio.Event()  # publish the slice now (the GPU server came up or went down)
         self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
         # the isolation modes of this node (gpupool.agent.isolation), shared by Allocate, watchdog and inventory
         self.isolation = node_strategies(config, mps, mig, self._mig_reconciled, self._inventory_changed)
@@ -148,6 +151,7 @@ class Agent:
             if problem is not None:
                 log.warning("%s", problem)
             self.service.claims = lambda: dra.prepared.keys()
+            await self._start_remote(dra, table_)
         await self.service.housekeeping(reconcile=True)
         # The first validation pass needs the MIG reconciliation above; it runs before the first inventory
         # and before kubelet can see a slot, so a node that fails validation never advertises its GPUs.
@@ -184,6 +188,27 @@ class Agent:
             self._tasks.append(asyncio.create_task(
                 supervise(self.mps, self._stop, self.config.mps_check_interval_s, self._inventory_dirty.set),
                 name="mps"))
+
+    async def _start_remote(self, dra: DraDriver, table: DeviceTable) -> None:
+        """Remote shares: the key for claims of pods here, and with remote_listen this node's GPU servers,
+        whose address the slice carries while the TCP server is up."""
+        key = None
+        if self.config.remote_key_file is not None:
+            try:
+                key = await asyncio.to_thread(load_key, self.config.remote_key_file)
+            except RemoteKeyError as e:  # `gpupool agent` checks it before starting; here it changed since
+                log.error("remote shares disabled: %s", e)
+        dra.remote = remote_client(self.config, key)
+        if self.config.remote_listen is None or key is None:
+            return
+
+        def changed() -> None:
+            self._slice_dirty.set()
+            self._inventory_dirty.set()
+
+        self.remote = RemoteServing(self.config, key, self.cluster, lambda: table.known, changed)
+        dra.remote_server = self.remote.advertised
+        await self.remote.start()
 
     async def _adopt(self) -> None:
         """Read (never write) what the API says about this node's pods, so a restarted agent knows where it
@@ -225,6 +250,8 @@ class Agent:
             self.config.plugin_socket_path.unlink(missing_ok=True)
         if self.dra_server is not None:
             await self.dra_server.stop()
+        if self.remote is not None:
+            await self.remote.stop()
         self._thread_stop.set()
         if self._event_thread is not None:
             await asyncio.to_thread(self._event_thread.join)
@@ -237,12 +264,19 @@ class Agent:
         assert self.dra is not None and self.table is not None
         while not self._stop.is_set():
             seen = self.table.version
+            self._slice_dirty.clear()
             try:
                 node = await self.cluster.get_node(self.config.node_name)
                 await self.dra.publish(str((node.get("metadata") or {}).get("uid", "")))
             except Exception as e:  # API trouble: the next pass tries again
                 log.warning("could not publish the ResourceSlice of node %s: %s", self.config.node_name, e)
-            await self.table.wait_changed(seen, timeout=self.config.dra_resync_s)
+            waits = [asyncio.ensure_future(self.table.wait_changed(seen)),
+                     asyncio.ensure_future(self._slice_dirty.wait())]
+            try:
+                await asyncio.wait(waits, timeout=self.config.dra_resync_s, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
 
     # --- kubelet registration -----------------------------------------------------------------------------
     async def _kubelet_loop(self) -> None:
@@ -402,9 +436,10 @@ class Agent:
         if self.table is None:
             return
         try:
+            remote = None if self.remote is None else RemoteView(self.remote.advertised(), len(self.remote.shares))
             await self.publisher.publish(
                 self.table.inventory_view(), self.table.unhealthy(), self.wall_clock(), self._per_gpu(),
-                self.validation,
+                self.validation, remote,
             )
         except Exception as e:  # the API being down must not stop the device plugin; retried next round
             log.warning("could not publish the inventory of node %s: %s", self.config.node_name, e)

@@ -86,15 +86,21 @@ class InventoryDoc(BaseModel):
     time: str = ""
     gpus: list[GPUDoc]
     validation: list[ValidationStepDoc] = Field(default_factory=list)  # empty: an agent without validation
+    # The node's GPU server for remote shares (docs/remote.md) while it is up ("": none) and how many remote
+    # shares it serves. Added within version 1: older readers ignore them, older agents leave the defaults.
+    remote_server: str = ""
+    remote_shares: int = Field(default=0, ge=0)
 
 
 def encode_inventory(
     node: str, gpus: list[GPU], split: int, driver: str = "", cuda: str = "", time: str = "",
     extra: Mapping[int, Mapping[str, Any]] | None = None,
     validation: Sequence[Mapping[str, str]] = (),
+    remote_server: str = "",
+    remote_shares: int = 0,
 ) -> str:
     """`extra` adds per-GPU fields by index (e.g. mig, pci_bus_id); `validation`: the node's validation
-    steps in order ({step, state, reason})."""
+    steps in order ({step, state, reason}); `remote_server`/`remote_shares`: the node's GPU server."""
     docs = []
     for g in sorted(gpus, key=lambda g: g.index):
         fields: dict[str, Any] = {
@@ -106,7 +112,8 @@ def encode_inventory(
         docs.append(GPUDoc(**fields))
     steps = [ValidationStepDoc.model_validate(v) for v in validation]
     return InventoryDoc(node=node, split=split, driver=driver, cuda=cuda, time=time, gpus=docs,
-                        validation=steps).model_dump_json()
+                        validation=steps, remote_server=remote_server,
+                        remote_shares=remote_shares).model_dump_json()
 
 
 def decode_inventory(text: str) -> InventoryDoc:

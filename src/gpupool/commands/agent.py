@@ -45,6 +45,15 @@ import click
               help="Kubelet's root directory, with plugins_registry/ and plugins/ (--dra) [/var/lib/kubelet].")
 @click.option("--cdi-dir", type=click.Path(path_type=Path), default=None,
               help="Where the container runtime reads CDI specs (--dra) [/var/run/cdi].")
+@click.option("--remote-listen", default=None,
+              help="Run this node's GPU servers for remote shares on tcp:HOST:PORT (needs --dra, --remote-key) "
+                   "[off] (docs/remote.md).")
+@click.option("--remote-address", default=None,
+              help="The server address pods on other nodes dial, tcp:HOST:PORT [what the server reports; needed "
+                   "when --remote-listen names no one host].")
+@click.option("--remote-key", "remote_key_file", type=click.Path(path_type=Path), default=None,
+              help="File with the cluster's remote key: claims of isolation remote are prepared with tokens "
+                   "derived from it [off].")
 @click.option(
     "--mps-root",
     type=click.Path(path_type=Path),
@@ -83,7 +92,23 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
     problem = install_packaged_library(config.hook_root)
     if problem is not None:
         log.error("isolation hook cannot be enforced: the CUDA interception library %s", problem)
+    if config.remote_key_file is not None:
+        _check_remote(config, log)
     asyncio.run(_run(config, backend))
+
+
+def _check_remote(config: Any, log: logging.Logger) -> None:
+    """Remote shares: a key that cannot be read stops the agent here with the reason (not a traceback); the
+    forwarding library goes where kubelet mounts it from."""
+    from gpupool.agent.remote import RemoteKeyError, install_client_library, load_key
+
+    try:
+        load_key(config.remote_key_file)
+    except RemoteKeyError as e:
+        raise click.ClickException(str(e)) from None
+    problem = install_client_library(config.hook_root)
+    if problem is not None:
+        log.error("claims of isolation remote cannot start on this node: %s", problem)
 
 
 def _backend(config: Any) -> Any:
