@@ -7,7 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gpupool.api.dra import DELETE_PROTECTION, DRIVER, SCHEDULING_GATE, TAINT_UNHEALTHY
+from gpupool.api.dra import ATTR_REMOTE_SERVER, DELETE_PROTECTION, DRIVER, SCHEDULING_GATE, TAINT_UNHEALTHY
+from gpupool.api.inventory import encode_inventory
+from gpupool.api.names import ANN_INVENTORY
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import DEVICE_CLASSES, RESOURCE_CLAIMS, RESOURCE_SLICES
 from gpupool.demo.embedded import node_objects
@@ -402,5 +404,263 @@ async def test_only_a_pools_newest_generation_counts() -> None:
             got = await allocation(cluster, f"c{k}")
             assert got is not None and [(r["pool"], r["device"]) for r in got["devices"]["results"]] == [
                 ("gpu-0001", "gpu-1")]
+    finally:
+        await svc.stop()
+
+
+# --- remote shares ---------------------------------------------------------------------------------------
+
+REMOTE_CLASS = f"remote.{DRIVER}"
+ZONE = "topology.kubernetes.io/zone"
+NO_SCHEDULE = {"key": "dedicated", "value": "training", "effect": "NoSchedule"}
+
+
+def served(obj: dict[str, Any], servers: tuple[int, ...]) -> dict[str, Any]:
+    """The slice with the GPU server's address on the shared GPUs `servers` (as the agent publishes it)."""
+    for d in obj["spec"]["devices"]:
+        if int(d["name"].removeprefix("gpu-")) in servers:
+            d["attributes"] = {"type": {"string": "gpu"}, ATTR_REMOTE_SERVER: {"string": "tcp:10.0.0.5:7070"}}
+    return obj
+
+
+def agent_node(name: str, labels: dict[str, str] | None = None, cpu: str = "16",
+               inventory: bool = False) -> dict[str, Any]:
+    """A node without GPUs whose agent runs (its pool has no device); `inventory`: the agent also wrote an
+    inventory of no GPUs, so the ledger knows the node."""
+    annotations = {ANN_INVENTORY: encode_inventory(name, [], 10)} if inventory else {}
+    allocatable = {"cpu": cpu, "memory": "64Gi"}
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})},
+                         "annotations": annotations},
+            "status": {"capacity": dict(allocatable), "allocatable": allocatable}}
+
+
+async def remote_setup(servers: dict[str, tuple[int, ...]], agents: tuple[dict[str, Any], ...] = (),
+                       labels: dict[str, dict[str, str]] | None = None,
+                       tainted: dict[str, tuple[int, ...]] | None = None,
+                       node_taints: dict[str, list[dict[str, str]]] | None = None,
+                       ) -> tuple[MemoryCluster, ExtenderService]:
+    """gpu-0000 and gpu-0001 (2 GPUs of 16 GiB each, 1000 CPUs), their GPU servers serving the GPUs
+    `servers` names, plus the GPU-less `agents`; the remote class besides the hook class."""
+    cluster = MemoryCluster()
+    for obj in node_objects(small_scenario(nodes=2, gpus=2, memory_mib=GPU_MIB)):
+        name = obj["metadata"]["name"]
+        obj["metadata"]["labels"].update((labels or {}).get(name, {}))
+        if name in (node_taints or {}):
+            obj["spec"] = {"taints": (node_taints or {})[name]}
+        await cluster.create_node(obj)
+        await cluster.create_object(RESOURCE_SLICES, served(resource_slice(name, (tainted or {}).get(name, ())),
+                                                           servers.get(name, ())))
+    for obj in agents:
+        await cluster.create_node(obj)
+        empty = resource_slice(obj["metadata"]["name"])
+        empty["spec"]["devices"] = []
+        await cluster.create_object(RESOURCE_SLICES, empty)
+    await cluster.create_object(DEVICE_CLASSES, device_class(DRIVER, "hook"))
+    await cluster.create_object(DEVICE_CLASSES, device_class(REMOTE_CLASS, "remote"))
+    svc = ExtenderService(cluster, CONFIG)
+    await svc.start()
+    return cluster, svc
+
+
+def remote_claim(name: str, memory: str | None = "1Gi", cores: str | None = "10", count: int = 1) -> dict[str, Any]:
+    c = claim(name, memory, cores, cls=REMOTE_CLASS)
+    if count != 1:
+        c["spec"]["devices"]["requests"][0]["exactly"]["count"] = count
+    return c
+
+
+def remote_pod(name: str, claim_name: str, node_selector: dict[str, str] | None = None,
+               cpu: str | None = None) -> dict[str, Any]:
+    pod = gated_pod(name, claim_name, node_selector)
+    if cpu is not None:
+        pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": cpu, "memory": "1Gi"}
+    return pod
+
+
+async def placed(cluster: MemoryCluster, claim_name: str) -> tuple[str, str, str]:
+    """(the pool of the claim's device, the device, the node its pod may run on)."""
+    got = await allocation(cluster, claim_name)
+    assert got is not None
+    (result,) = got["devices"]["results"]
+    (term,) = got["nodeSelector"]["nodeSelectorTerms"]
+    (node,) = term["matchFields"][0]["values"]
+    return result["pool"], result["device"], node
+
+
+async def until_ungated(cluster: MemoryCluster, pod: str) -> None:
+    await until(lambda: ungated(cluster, pod))
+
+
+async def messages(cluster: MemoryCluster, pod: str) -> list[str]:
+    return [e["message"] for e in cluster.events
+            if e["involvedObject"]["name"] == pod and e["reason"] == "FailedScheduling"]
+
+
+async def test_a_remote_share_prefers_a_gpu_server_on_a_node_its_pod_may_run_on() -> None:
+    """The pod may run on gpu-0001 or on the GPU-less cpu-0000; gpu-0000's server has room too. The share
+    goes to gpu-0001's GPU with a server and the pod with it, the same node. That GPU is 0, then 1: the
+    index the policy would take on its own cannot pass both."""
+    for k in (0, 1):
+        cluster, svc = await remote_setup({"gpu-0000": (0, 1), "gpu-0001": (k,)},
+                                          agents=(agent_node("cpu-0000", {"team": "a"}),),
+                                          labels={"gpu-0001": {"team": "a"}})
+        try:
+            await run(cluster, (remote_claim("c1"), remote_pod("p1", "c1", {"team": "a"})))
+            await until_ungated(cluster, "p1")
+            assert await placed(cluster, "c1") == ("gpu-0001", f"gpu-{k}", "gpu-0001")
+            got = await allocation(cluster, "c1")
+            assert got is not None and got["devices"]["config"][0]["opaque"]["parameters"]["isolation"] == "remote"
+        finally:
+            await svc.stop()
+
+
+async def test_a_pod_pinned_to_a_gpu_less_node_gets_a_gpu_server_on_another_node() -> None:
+    """cpu-0000 runs gpupool's agent but has no GPU (with or without an inventory of none): its pod's share
+    is in gpu-0001's server, the allocation names gpu-0001's pool and device, and the pod's node."""
+    for inventory in (False, True):
+        cluster, svc = await remote_setup({"gpu-0001": (1,)}, agents=(agent_node("cpu-0000", inventory=inventory),))
+        try:
+            await run(cluster, (remote_claim("c1", "2Gi", "20"),
+                                remote_pod("p1", "c1", {"kubernetes.io/hostname": "cpu-0000"})))
+            await until_ungated(cluster, "p1")
+            assert await placed(cluster, "c1") == ("gpu-0001", "gpu-1", "cpu-0000")
+            got = await allocation(cluster, "c1")
+            assert got is not None and got["devices"]["results"][0]["consumedCapacity"] == {
+                "memory": "2048Mi", "cores": "20"}
+        finally:
+            await svc.stop()
+
+
+async def test_a_remote_share_prefers_a_gpu_in_the_zone_of_its_pods_node() -> None:
+    """The pod may run only on cpu-0000 (zone a); one GPU node is in zone a, the other in zone b, both with
+    servers: the share goes to zone a's, whichever node that is (the policy's own choice cannot be right
+    both times)."""
+    for zone_a in NODES:
+        labels = {n: {ZONE: "a" if n == zone_a else "b"} for n in NODES}
+        cluster, svc = await remote_setup({n: (0, 1) for n in NODES}, labels=labels,
+                                          agents=(agent_node("cpu-0000", {ZONE: "a"}),))
+        try:
+            await run(cluster, (remote_claim("c1"), remote_pod("p1", "c1", {"kubernetes.io/hostname": "cpu-0000"})))
+            await until_ungated(cluster, "p1")
+            pool, _, node = await placed(cluster, "c1")
+            assert (pool, node) == (zone_a, "cpu-0000")
+        finally:
+            await svc.stop()
+
+
+async def test_the_pod_goes_to_the_zone_of_the_only_gpu_server_then_to_the_node_with_most_cpu() -> None:
+    """The pod may run on the GPU-less cpu-0000 (zone a, 32 CPUs), cpu-0001 (zone b, 8 CPUs) and cpu-0002
+    (zone b, 16 CPUs), not on a GPU node; the only server is gpu-0001's, in zone b: the pod goes to zone b,
+    to cpu-0002, its node with the most CPU, not to cpu-0000 (more CPU, but zone a)."""
+    agents = (agent_node("cpu-0000", {ZONE: "a", "team": "x"}, cpu="32"),
+              agent_node("cpu-0001", {ZONE: "b", "team": "x"}, cpu="8"),
+              agent_node("cpu-0002", {ZONE: "b", "team": "x"}, cpu="16"))
+    cluster, svc = await remote_setup({"gpu-0001": (0,)}, agents=agents,
+                                      labels={"gpu-0000": {ZONE: "a"}, "gpu-0001": {ZONE: "b"}})
+    try:
+        await run(cluster, (remote_claim("c1"), remote_pod("p1", "c1", {"team": "x"}, cpu="4")))
+        await until(lambda: ungated(cluster, "p1"))
+        assert await placed(cluster, "c1") == ("gpu-0001", "gpu-0", "cpu-0002")
+    finally:
+        await svc.stop()
+
+
+async def test_the_pods_node_is_the_one_with_most_cpu_and_one_its_cpu_request_fits() -> None:
+    """No zones: the pod goes to the node it may run on with the most CPU (cpu-0001, 16 CPUs, over
+    cpu-0000's 8, which the name would pick); a pod asking for 24 CPUs fits on none of them and waits."""
+    agents = (agent_node("cpu-0000", {"team": "x"}, cpu="8"), agent_node("cpu-0001", {"team": "x"}, cpu="16"))
+    cluster, svc = await remote_setup({"gpu-0000": (0, 1)}, agents=agents)
+    try:
+        await run(cluster, (remote_claim("c1"), remote_pod("p1", "c1", {"team": "x"}, cpu="4")),
+                  (remote_claim("c2"), remote_pod("p2", "c2", {"team": "x"}, cpu="24")))
+        await until(lambda: ungated(cluster, "p1"))
+        pool, _, node = await placed(cluster, "c1")
+        assert (pool, node) == ("gpu-0000", "cpu-0001")
+        (message,) = await until(lambda: messages(cluster, "p2"))
+        assert message == ("gpupool: no node that runs gpupool's agent can take this pod (its nodeSelector, the "
+                           "nodes' taints, its CPU request)")
+        assert not await ungated(cluster, "p2") and await allocation(cluster, "c2") is None
+    finally:
+        await svc.stop()
+
+
+async def test_gpus_without_a_server_are_never_used_for_remote_shares() -> None:
+    """Only gpu-0001's GPU 1 has a server: a whole-GPU remote claim gets it; the next one waits, though three
+    GPUs without a server are free."""
+    cluster, svc = await remote_setup({"gpu-0001": (1,)})
+    try:
+        await run(cluster, (remote_claim("c1", None, None), remote_pod("p1", "c1")))
+        await until(lambda: ungated(cluster, "p1"))
+        assert await placed(cluster, "c1") == ("gpu-0001", "gpu-1", "gpu-0001")
+        await run(cluster, (remote_claim("c2", None, None), remote_pod("p2", "c2")))
+        (message,) = await until(lambda: messages(cluster, "p2"))
+        assert message.startswith("gpupool: claim team-dra/c2: no GPU server has room for it:"), message
+        assert not await ungated(cluster, "p2") and await allocation(cluster, "c2") is None
+    finally:
+        await svc.stop()
+
+
+async def test_a_remote_share_avoids_tainted_devices_but_not_the_gpu_nodes_own_taints() -> None:
+    """The pod runs on cpu-0000. gpu-0000's GPU 0 is tainted (unhealthy); gpu-0001 is a node the pod does not
+    tolerate, but the pod does not run there: three whole-GPU claims get the three other GPUs, a fourth
+    waits."""
+    cluster, svc = await remote_setup({n: (0, 1) for n in NODES}, agents=(agent_node("cpu-0000"),),
+                                      tainted={"gpu-0000": (0,)}, node_taints={"gpu-0001": [NO_SCHEDULE]})
+    try:
+        pin = {"kubernetes.io/hostname": "cpu-0000"}
+        await run(cluster, *((remote_claim(f"c{k}", None, None), remote_pod(f"p{k}", f"c{k}", pin)) for k in range(4)))
+        for k in range(3):
+            await until(lambda k=k: ungated(cluster, f"p{k}"))  # type: ignore[misc]
+        got = sorted([await placed(cluster, f"c{k}") for k in range(3)])
+        assert got == [("gpu-0000", "gpu-1", "cpu-0000"), ("gpu-0001", "gpu-0", "cpu-0000"),
+                       ("gpu-0001", "gpu-1", "cpu-0000")]
+        await until(lambda: messages(cluster, "p3"))
+        assert not await ungated(cluster, "p3") and await allocation(cluster, "c3") is None
+    finally:
+        await svc.stop()
+
+
+async def test_a_remote_claim_of_two_gpus_or_an_oversubscribed_class_waits_with_the_reason() -> None:
+    cluster, svc = await remote_setup({n: (0, 1) for n in NODES})
+    try:
+        oversub = device_class(f"remote-big.{DRIVER}", "remote")
+        oversub["spec"]["config"][0]["opaque"]["parameters"]["memoryOversubscription"] = "1.5"
+        await cluster.create_object(DEVICE_CLASSES, oversub)
+        big = claim("c2", "1Gi", "10", cls=f"remote-big.{DRIVER}")
+        await run(cluster, (remote_claim("c1", count=2), remote_pod("p1", "c1")), (big, remote_pod("p2", "c2")))
+        (two,) = await until(lambda: messages(cluster, "p1"))
+        assert two == ("gpupool: claim team-dra/c1 asks for 2 GPUs of isolation remote: a remote share is served "
+                       "by one GPU (the forwarding library reaches one GPU server); ask for count 1")
+        (spill,) = await until(lambda: messages(cluster, "p2"))
+        assert spill == ("gpupool: claim team-dra/c2: memoryOversubscription is served by isolation hook only "
+                         "(its class gives remote)")
+        for pod, name in (("p1", "c1"), ("p2", "c2")):
+            assert not await ungated(cluster, pod) and await allocation(cluster, name) is None
+    finally:
+        await svc.stop()
+
+
+async def test_the_ledger_holds_a_remote_share_on_the_gpu_node_without_the_pods_cpu() -> None:
+    """A pod asking for 4 CPUs and 1 GiB runs on cpu-0000, its 4 GiB / 25 % share on gpu-0000's GPU: the
+    ledger holds the share on gpu-0000 (assumed, then confirmed by the watch), and none of the pod's CPU
+    or memory there."""
+    cluster, svc = await remote_setup({"gpu-0000": (0, 1)}, agents=(agent_node("cpu-0000"),))
+    try:
+        state = svc.ledger.state
+        i = state.index["gpu-0000"]
+        cpu, memory = int(state.cpu_free[i]), int(state.mem_free[i])
+        await run(cluster, (remote_claim("c1", "4Gi", "25"),
+                            remote_pod("p1", "c1", {"kubernetes.io/hostname": "cpu-0000"}, cpu="4")))
+        await until(lambda: ungated(cluster, "p1"))
+        pool, device, node = await placed(cluster, "c1")
+        uid = (await cluster.get_object(RESOURCE_CLAIMS, "c1", NS))["metadata"]["uid"]
+        entry = svc.ledger.entries[uid]
+        assert (pool, node, entry.claim, entry.allocation.node) == ("gpu-0000", "cpu-0000", True, "gpu-0000")
+        assert [(g.index, g.milli, g.memory_mib) for g in entry.allocation.grants] == [
+            (int(device.removeprefix("gpu-")), 250, 4096)]
+        assert (entry.request.cpu_milli, entry.request.memory_mib) == (0, 0)
+        assert (int(state.cpu_free[i]), int(state.mem_free[i])) == (cpu, memory)
+        assert int(state.gpu_mem_free[i].sum()) == 2 * GPU_MIB - 4096
     finally:
         await svc.stop()

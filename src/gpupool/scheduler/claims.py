@@ -18,6 +18,13 @@ A claim of the MIG class that names its profile with the selector
 chooses (core.mig_placement: the GPU and start slot that leave the least fragmentation for the profiles in
 use), where kube-scheduler's allocator would take the first partition that fits.
 
+A claim of a class with isolation `remote` (one GPU) gets a share in the GPU server of a GPU's node while
+its pod may run on another node that runs gpupool's agent (whose agent mounts the forwarding library): the
+GPU is chosen among the shared GPUs that publish `remoteServer`, on any node (the pod does not run there, so
+its nodeSelector and the node's taints do not apply to the GPU node; the devices' taints do), preferring the
+pod's own node, then a GPU node in a zone (`topology.kubernetes.io/zone`) of a node the pod may run on, then
+any; the allocation names the GPU node's pool and devices and, as nodeSelector, the pod's node.
+
 What gpupool does not decide is left to kube-scheduler's allocator, and the gate removed at once: claims of
 other classes, claims with other CEL selectors (only kube-scheduler evaluates CEL), constraints, prioritized
 lists or admin access, pods with several unallocated claims or requests. Claims already allocated (a
@@ -32,13 +39,17 @@ import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 from gpupool.api.dra import (
+    ATTR_REMOTE_SERVER,
     DELETE_PROTECTION,
     DRIVER,
+    OVERSUBSCRIPTION,
+    REMOTE_ISOLATION,
     SCHEDULING_GATE,
     ClaimAsk,
     ClaimError,
@@ -58,6 +69,7 @@ from gpupool.api.dra import (
 from gpupool.api.logsafe import shown
 from gpupool.api.pod import parse_pod, pod_key
 from gpupool.api.preferences import untolerated
+from gpupool.api.quantity import QuantityError, bytes_to_mib, cpu_milli, parse_quantity
 from gpupool.api.times import format_time
 from gpupool.cluster.port import (
     DEVICE_CLASSES,
@@ -75,22 +87,36 @@ from gpupool.core.mig import mig_model
 from gpupool.core.mig_placement import MigGPU, MigInstance, MigRefusal, choose, observed_demand
 from gpupool.core.mig_request import grant_share
 from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, GPURequest, MigSlot, PodRequest
-from gpupool.core.placement import Unschedulable, place
+from gpupool.core.placement import Placement, Unschedulable, place
 from gpupool.scheduler.framework.interface import Handle
 
 log = logging.getLogger(__name__)
 
 @dataclass
 class Usable:
-    """gpupool's devices the allocator may hand out, by node: shared GPUs and GPUs in MIG mode (indices)."""
+    """gpupool's devices the allocator may hand out, by node: shared GPUs and GPUs in MIG mode (indices),
+    the shared GPUs among them that a GPU server serves remote shares of, and every node that publishes a
+    pool (GPU-less nodes too: a remote share's pod may run on any node whose agent runs)."""
 
     shared: dict[str, set[int]] = field(default_factory=dict)
     mig: dict[str, set[int]] = field(default_factory=dict)
+    remote: dict[str, set[int]] = field(default_factory=dict)
+    drivers: set[str] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class PodNode:
+    """A node a remote share's pod may run on."""
+
+    name: str
+    zone: str | None  # its topology.kubernetes.io/zone label
+    cpu_free: int | None  # milli-cores, at most what is free there (ClaimAllocator._headroom); None: unknown
 
 
 RETRY_S = 5.0  # a pod that fits nowhere is tried again this often (and at once on any claim or pod change)
 HARD_EFFECTS = ("NoSchedule", "NoExecute")  # taints that keep new pods (and claims) away; PreferNoSchedule does not
 MAX_TEMPLATES_KNOWN = 10_000  # tenants name templates: what is remembered of them stays bounded
+ZONE_LABEL = "topology.kubernetes.io/zone"  # a remote share prefers a GPU in the zone of its pod's node
 
 
 def gated(pod: Mapping[str, Any]) -> bool:
@@ -217,7 +243,9 @@ class ClaimAllocator:
             if int(pool.get("generation", 0) or 0) < newest[str(pool.get("name", ""))]:
                 continue
             node = str(spec.get("nodeName", ""))
+            out.drivers.add(node)
             shared, mig = out.shared.setdefault(node, set()), out.mig.setdefault(node, set())
+            remote = out.remote.setdefault(node, set())
             for d in spec.get("devices") or []:
                 if any(t.get("effect") in HARD_EFFECTS for t in d.get("taints") or []):
                     continue
@@ -225,6 +253,8 @@ class ClaimAllocator:
                 index, partition = device_index(name), mig_device(name)
                 if index is not None:
                     shared.add(index)
+                    if ((d.get("attributes") or {}).get(ATTR_REMOTE_SERVER) or {}).get("string"):
+                        remote.add(index)
                 elif partition is not None:
                     mig.add(partition[0])
         return out
@@ -265,6 +295,8 @@ class ClaimAllocator:
         claim, (ask,) = todo[0]
         if ask.mig_profile is not None:
             return await self._allocate_mig(pod, claim, ask, classes[ask.device_class][1], slices)
+        if classes[ask.device_class][0] == REMOTE_ISOLATION:
+            return await self._allocate_remote(pod, claim, ask, classes[ask.device_class][1], slices)
         return await self._allocate(pod, claim, ask, classes[ask.device_class], slices)
 
     async def _ensure_template(self, namespace: str, name: str) -> None:
@@ -287,58 +319,169 @@ class ClaimAllocator:
             self.templates.clear()
         self.templates.add((namespace, name))
 
-    def _allowed(self, pod: Obj, names: Iterable[str]) -> list[str]:
-        """The nodes among `names` that the ledger knows and the pod may go to (its nodeSelector, the nodes'
-        NoSchedule/NoExecute taints)."""
+    def _may_run(self, pod: Obj, name: str) -> bool:
+        """Whether the pod may go to node `name` (its nodeSelector, the node's NoSchedule/NoExecute taints);
+        a node the watch has not shown is not one it may go to."""
+        obj = self.h.ledger.node_objs.get(name)
+        if obj is None:
+            return False
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-        out = []
-        for name in names:
-            obj = self.h.ledger.node_objs.get(name)
-            if name not in self.h.ledger.state.index or obj is None:
-                continue
-            labels = (obj.get("metadata") or {}).get("labels") or {}
-            hard = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("effect") in HARD_EFFECTS]
-            if all(labels.get(k) == v for k, v in selector.items()) and not untolerated(pod, hard):
-                out.append(name)
-        return out
+        labels = (obj.get("metadata") or {}).get("labels") or {}
+        hard = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("effect") in HARD_EFFECTS]
+        return all(labels.get(k) == v for k, v in selector.items()) and not untolerated(pod, hard)
 
-    def _nodes(self, pod: Obj, slices: Mapping[str, set[int]], mps: bool) -> tuple[list[int], frozenset[str]]:
-        """The ledger's node indices the pod may go to, and the GPUs it must not get: tainted devices, and
+    def _allowed(self, pod: Obj, names: Iterable[str]) -> list[str]:
+        """The nodes among `names` that the ledger knows (their GPUs) and the pod may go to."""
+        return [n for n in names if n in self.h.ledger.state.index and self._may_run(pod, n)]
+
+    def _decide(self, request: PodRequest, names: Iterable[str], usable: Mapping[str, set[int]],
+                mps: bool) -> Placement | Unschedulable:
+        """gpupool's placement policy on the GPUs `usable` of the ledger's nodes among `names`. The other GPUs
+        of those nodes are excluded: tainted devices (or, for a remote share, GPUs without a server), and
         GPUs already shared by as many pods and claims as their node allows (the ledger would refuse the
         share there, while another GPU may be free)."""
         state = self.h.ledger.state
         nodes, excluded = [], set()
-        for name in self._allowed(pod, slices):
+        for name in names:
             i = state.index[name]
             nodes.append(i)
             full = self.h.ledger.full(np.array([i], dtype=np.int64), mps)[0]
-            excluded |= {g.uuid for g in state.nodes[i].gpus if g.index not in slices[name] or full[g.index]}
-        return sorted(nodes), frozenset(excluded)
+            excluded |= {g.uuid for g in state.nodes[i].gpus if g.index not in usable[name] or full[g.index]}
+        request = replace(request, gpu=replace(request.gpu, exclude_uuids=frozenset(excluded)))
+        return place(state, request, self.h.policy(request), self.h.context(), np.array(sorted(nodes), dtype=np.int64))
 
-    async def _allocate(self, pod: Obj, claim: Obj, ask: ClaimAsk, cls: tuple[str, list[Obj]],
-                        slices: Usable) -> str | None:
-        isolation, config = cls
-        label = self._label(claim)
-        try:
-            factor = class_oversubscription(config, label)
-        except ClaimError as e:
-            return str(e)
+    @staticmethod
+    def _share_request(pod: Obj, ask: ClaimAsk, spill_factor: Fraction) -> PodRequest:
+        """The pod's request with the GPU share the claim asks for in place of any GPU of its own; its memory
+        grows by what memory oversubscription may spill into the node's (which must have it beside the
+        pod's)."""
         parsed = parse_pod(pod).request or PodRequest(key=pod_key(pod))
         whole = ask.memory_mib is None  # no memory asked: the request policy's default, the whole GPU
         gpu = GPURequest(count=ask.count, milli=MILLI_PER_GPU if whole else max(1, ask.cores * 10),
                          memory_mib=None if whole else ask.memory_mib)
-        nodes, excluded = self._nodes(pod, slices.shared, isolation == "mps")
-        # memory oversubscription is served from the node's memory: the node must have it beside the pod's
-        spill = 0 if ask.memory_mib is None else ask.count * oversub_mib(ask.memory_mib, factor)
-        request = replace(parsed, memory_mib=parsed.memory_mib + spill, gpu=replace(gpu, exclude_uuids=excluded))
+        spill = 0 if ask.memory_mib is None else ask.count * oversub_mib(ask.memory_mib, spill_factor)
+        return replace(parsed, memory_mib=parsed.memory_mib + spill, gpu=gpu)
+
+    async def _allocate(self, pod: Obj, claim: Obj, ask: ClaimAsk, cls: tuple[str, list[Obj]],
+                        slices: Usable) -> str | None:
+        isolation, config = cls
+        try:
+            factor = class_oversubscription(config, self._label(claim))
+        except ClaimError as e:
+            return str(e)
+        request = self._share_request(pod, ask, factor)
+        nodes = self._allowed(pod, slices.shared)
         if not nodes:
             return "no node that runs gpupool's DRA driver can take this pod (its nodeSelector, the nodes' taints)"
-        state = self.h.ledger.state
-        decided = place(state, request, self.h.policy(request), self.h.context(), np.array(nodes, dtype=np.int64))
+        decided = self._decide(request, nodes, slices.shared, isolation == "mps")
         if isinstance(decided, Unschedulable):
             return f"claim {shown(self._label(claim))} fits on no GPU: {decided.summary()}"
-        uid = str(claim["metadata"]["uid"])
-        allocation = replace(decided.allocation, pod=uid)
+        return await self._hold(pod, claim, ask, cls, request, decided.allocation, factor)
+
+    async def _allocate_remote(self, pod: Obj, claim: Obj, ask: ClaimAsk, config: list[Obj],
+                               slices: Usable) -> str | None:
+        """A share in the GPU server of a GPU's node for a pod that runs on that node or another one (see the
+        module doc): the first tier that places it wins, (a) a GPU on a node the pod may run on, the pod
+        then runs there; (b) a GPU in the zone of a node the pod may run on, the pod on such a node; (c) any
+        GPU with a server, the pod on any node it may run on. Within a tier gpupool's placement policy picks
+        the GPU, as for any claim."""
+        label = self._label(claim)
+        if ask.count != 1:
+            return (f"claim {shown(label)} asks for {ask.count} GPUs of isolation {REMOTE_ISOLATION}: a remote share "
+                    "is served by one GPU (the forwarding library reaches one GPU server); ask for count 1")
+        try:
+            factor = class_oversubscription(config, label)
+        except ClaimError as e:
+            return str(e)
+        if factor != 1:  # api.dra.claim_shares refuses it too: the spill is the hook's, the GPU server has none
+            return (f"claim {shown(label)}: {OVERSUBSCRIPTION} is served by isolation hook only (its class gives "
+                    f"{REMOTE_ISOLATION})")
+        request = self._share_request(pod, ask, factor)
+        hosts = self._pod_nodes(pod, slices.drivers, request)
+        if not hosts:
+            return ("no node that runs gpupool's agent can take this pod (its nodeSelector, the nodes' taints, "
+                    "its CPU request)")
+        state = self.h.ledger.state
+        servers = sorted(n for n, gpus in slices.remote.items() if gpus and n in state.index)
+        if not servers:
+            return f"claim {shown(label)}: no untainted GPU has a GPU server (device attribute {ATTR_REMOTE_SERVER})"
+        by_name = {h.name: h for h in hosts}
+        zones: dict[str, list[PodNode]] = {}
+        for h in hosts:
+            if h.zone is not None:
+                zones.setdefault(h.zone, []).append(h)
+        zone_of = {n: self._zone(n) for n in servers}
+        # On another node than its pod the GPU node gives the GPU share only: the pod's CPU and memory are
+        # the pod node's (kube-scheduler checks them there), so they do not count against the GPU node.
+        alone = replace(request, cpu_milli=0, memory_mib=0)
+        tiers: list[tuple[list[str], PodRequest, Callable[[str], str]]] = [
+            ([n for n in servers if n in by_name], request, lambda gpu_node: gpu_node),
+            ([n for n in servers if zone_of[n] in zones], alone,
+             lambda gpu_node: self._roomiest(zones[str(zone_of[gpu_node])])),
+            (servers, alone, lambda gpu_node: self._roomiest(hosts)),
+        ]
+        refused: Unschedulable | None = None
+        for names, wanted, pod_node_of in tiers:
+            if not names:
+                continue
+            decided = self._decide(wanted, names, slices.remote, mps=False)
+            if isinstance(decided, Placement):
+                return await self._hold(pod, claim, ask, (REMOTE_ISOLATION, config), wanted, decided.allocation,
+                                        factor, pod_node=pod_node_of(decided.allocation.node))
+            refused = decided
+        assert refused is not None  # the last tier has every server
+        return f"claim {shown(label)}: no GPU server has room for it: {refused.summary()}"
+
+    def _zone(self, name: str) -> str | None:
+        obj = self.h.ledger.node_objs.get(name) or {}
+        zone = ((obj.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL)
+        return None if zone is None else str(zone)
+
+    def _pod_nodes(self, pod: Obj, names: Iterable[str], request: PodRequest) -> list[PodNode]:
+        """The nodes among `names` (nodes running gpupool's agent) that a remote share's pod may run on, less
+        those where its CPU or memory request clearly does not fit (see _headroom)."""
+        out = []
+        for name in names:
+            if not self._may_run(pod, name):
+                continue
+            room = self._headroom(name)
+            if room is not None and (room[0] < request.cpu_milli or room[1] < request.memory_mib):
+                continue
+            out.append(PodNode(name, self._zone(name), None if room is None else room[0]))
+        return out
+
+    def _headroom(self, name: str) -> tuple[int, int] | None:
+        """(CPU milli-cores, memory MiB) at most free on a node, None when its Node does not say: its
+        allocatable less what the ledger holds there (pods of gpupool's GPUs; claims hold none), from the
+        ledger's state for a node it knows, else from the Node's allocatable (a GPU-less node without an
+        inventory, where the ledger holds nothing). Other pods are kube-scheduler's to count, so this can
+        only over-estimate: a node it finds too small is too small."""
+        state = self.h.ledger.state
+        i = state.index.get(name)
+        if i is not None:
+            return int(state.cpu_free[i]), int(state.mem_free[i])
+        allocatable = ((self.h.ledger.node_objs[name].get("status") or {}).get("allocatable") or {})
+        if "cpu" not in allocatable or "memory" not in allocatable:
+            return None
+        try:
+            return (cpu_milli(allocatable["cpu"]),
+                    bytes_to_mib(parse_quantity(allocatable["memory"], "allocatable memory")[0], round_up=False))
+        except QuantityError:
+            return None
+
+    @staticmethod
+    def _roomiest(nodes: Iterable[PodNode]) -> str:
+        """The node with the most CPU free (an upper bound, see _headroom), nodes of unknown CPU last; ties
+        by name, so that the choice is the same on every pass."""
+        return min(nodes, key=lambda n: (n.cpu_free is None, -(n.cpu_free or 0), n.name)).name
+
+    async def _hold(self, pod: Obj, claim: Obj, ask: ClaimAsk, cls: tuple[str, list[Obj]], request: PodRequest,
+                    allocation: Allocation, factor: Fraction, pod_node: str | None = None) -> str | None:
+        """Assume the claim's share in the ledger, then write its allocation (`pod_node`: where the pod runs,
+        when not on the GPU's node)."""
+        isolation, config = cls
+        uid, label = str(claim["metadata"]["uid"]), self._label(claim)
+        allocation = replace(allocation, pod=uid)
         # The claim holds the GPU share and what oversubscription may take of the node's memory (as
         # api.dra.counted_claim counts it); the pod's own CPU and memory are kube-scheduler's to count.
         held = replace(request, key=uid, cpu_milli=0,
@@ -350,7 +493,7 @@ class ClaimAllocator:
         devices = [Placed(ask, device_name(g.index), g.memory_mib, 0 if g.milli < 10 else g.milli // 10,
                           str(uuid.uuid4())) for g in allocation.grants]
         return await self._write(pod, claim, allocation, allocation_status(allocation.node, devices,
-                                                                          {ask.device_class: config}))
+                                                                          {ask.device_class: config}, pod_node))
 
     async def _allocate_mig(self, pod: Obj, claim: Obj, ask: ClaimAsk, config: list[Obj],
                             slices: Usable) -> str | None:
@@ -412,8 +555,10 @@ class ClaimAllocator:
             self.h.ledger.forget(uid)
             return f"claim {shown(label)} could not be allocated: {e}"
         self.allocated += 1
-        log.info("allocated claim %s of pod %s: %s %s", label, pod_key(pod), allocation.node,
-                 ", ".join(r["device"] for r in status["devices"]["results"]))
+        pod_node = status["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
+        log.info("allocated claim %s of pod %s: %s %s%s", label, pod_key(pod), allocation.node,
+                 ", ".join(r["device"] for r in status["devices"]["results"]),
+                 "" if pod_node == allocation.node else f" (remote: the pod runs on {pod_node})")
         return await self._ungate(pod)
 
     async def _leave(self, pod: Obj, why: str) -> str | None:
