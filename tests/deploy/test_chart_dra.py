@@ -7,6 +7,7 @@ gpupool.scheduler.claims really sends). docs/claims.md is the user's side of the
 
 from __future__ import annotations
 
+import base64
 import copy
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ ON: Obj = {"dra": {"enabled": True}}
 AGENT = f"system:serviceaccount:{NAMESPACE}:gp-gpupool-agent"
 NODE_CLAIM = "authentication.kubernetes.io/node-name"
 CLASSES = {"gpu.gpupool.io": "hook", "mps.gpu.gpupool.io": "mps", "whole.gpu.gpupool.io": "none",
-           "mig.gpu.gpupool.io": "mig"}
+           "mig.gpu.gpupool.io": "mig", "remote.gpu.gpupool.io": "remote"}
 
 
 def dra_on(render: Render, **values: Any) -> list[Obj]:
@@ -62,8 +63,9 @@ def test_each_class_selects_gpupools_devices_and_names_its_isolation(render: Ren
         name, spec = cls["metadata"]["name"], cls["spec"]
         assert cls["apiVersion"] == "resource.k8s.io/v1"
         kind = "mig" if CLASSES[name] == "mig" else "gpu"
+        server = f' && "remoteServer" in device.attributes["{dra.DRIVER}"]' if CLASSES[name] == "remote" else ""
         assert spec["selectors"] == [{"cel": {"expression": f'device.driver == "{dra.DRIVER}" && '
-                                              f'device.attributes["{dra.DRIVER}"].type == "{kind}"'}}], name
+                                              f'device.attributes["{dra.DRIVER}"].type == "{kind}"{server}'}}], name
         (config,) = spec["config"]
         assert config == {"opaque": {"driver": dra.DRIVER, "parameters": {
             "apiVersion": dra.CONFIG_API_VERSION, "kind": dra.CONFIG_KIND, "isolation": CLASSES[name]}}}, name
@@ -94,10 +96,12 @@ def _device_cel(device: Obj) -> Any:
 
 
 def test_each_class_selects_exactly_its_own_kind_of_device(render: Render) -> None:
-    """On a node with one shared GPU and one in MIG mode (the slices the agent really builds), the MIG class
-    sees only the partitions and every other class only the shared GPU."""
+    """On a node with two shared GPUs, one of them with a GPU server, and one in MIG mode (the slices the agent
+    really builds), the MIG class sees only the partitions, the remote class only the GPU with a server and
+    every other class both shared GPUs."""
     gpus = [dra.SliceDevice(0, "GPU-0", "NVIDIA H100 80GB HBM3", 81559),
-            dra.SliceDevice(1, "GPU-1", "NVIDIA H100 80GB HBM3", 81559, mig_mode=True)]
+            dra.SliceDevice(1, "GPU-1", "NVIDIA H100 80GB HBM3", 81559, mig_mode=True),
+            dra.SliceDevice(2, "GPU-2", "NVIDIA H100 80GB HBM3", 81559, remote_server="tcp:10.0.0.1:7070")]
     devices = [d for s in dra.resource_slices("n", "u", gpus, "", 1) for d in s["spec"].get("devices", [])]
     env = celpy.Environment()
     for cls in kinds(dra_on(render), "DeviceClass"):
@@ -106,15 +110,17 @@ def test_each_class_selects_exactly_its_own_kind_of_device(render: Render) -> No
         chosen = {d["name"] for d in devices if bool(program.evaluate({"device": _device_cel(d)}))}
         if CLASSES[name] == "mig":
             assert len(chosen) == 25 and all(n.startswith("gpu-1-") for n in chosen), name
+        elif CLASSES[name] == "remote":
+            assert chosen == {"gpu-2"}, name
         else:
-            assert chosen == {"gpu-0"}, name
+            assert chosen == {"gpu-0", "gpu-2"}, name
 
 
 def test_extended_resource_name_is_opt_in_and_on_the_whole_class_only(render: Render) -> None:
     objs = dra_on(render, dra={"extendedResourceName": "gpu.gpupool.io/whole"})
     names = {o["metadata"]["name"]: o["spec"].get("extendedResourceName") for o in kinds(objs, "DeviceClass")}
     assert names == {"gpu.gpupool.io": None, "mps.gpu.gpupool.io": None, "mig.gpu.gpupool.io": None,
-                     "whole.gpu.gpupool.io": "gpu.gpupool.io/whole"}
+                     "remote.gpu.gpupool.io": None, "whole.gpu.gpupool.io": "gpu.gpupool.io/whole"}
 
 
 @pytest.mark.parametrize(
@@ -167,7 +173,7 @@ def test_the_doctor_recognises_the_charts_classes(render: Render) -> None:
     found = device_classes(kinds(dra_on(render), "DeviceClass"))
     assert (found.status, found.detail) == (
         Status.OK, "gpupool's classes: gpu.gpupool.io (hook), mig.gpu.gpupool.io (mig), mps.gpu.gpupool.io (mps), "
-        "whole.gpu.gpupool.io (none)")
+        "remote.gpu.gpupool.io (remote), whole.gpu.gpupool.io (none)")
 
 
 # --- the agent's rights -----------------------------------------------------------------------------------
@@ -726,3 +732,37 @@ def test_only_the_scheduler_of_a_release_with_dra_placement_places_claims(render
     assert scheduler_env(dra_on(render)).get("GPUPOOL_SCHEDULER_DRA_PLACEMENT") == "true"
     assert "GPUPOOL_SCHEDULER_DRA_PLACEMENT" not in scheduler_env(dra_on(render, dra={"placement": {"enabled": False}}))
     assert "GPUPOOL_SCHEDULER_DRA_PLACEMENT" not in scheduler_env(render({}, *KUBE))
+
+
+# --- remote shares (dra.remote) ----------------------------------------------------------------------------
+
+
+def test_remote_serving_is_off_by_default(render: Render) -> None:
+    objs = dra_on(render)
+    assert [o for o in kinds(objs, "Secret") if o["metadata"]["name"] == "gp-gpupool-remote-key"] == []
+    container = agent_pod(objs)["containers"][0]
+    assert not any(e["name"].startswith("GPUPOOL_AGENT_REMOTE_") for e in container["env"])
+    assert ((("resource.k8s.io",), ("resourceclaims",), ("get",)) in agent_rules(objs))
+
+
+def test_remote_serving_gives_the_agent_the_key_its_server_port_and_the_claims_it_serves(render: Render) -> None:
+    objs = dra_on(render, dra={"remote": {"enabled": True, "port": 7171}})
+    (secret,) = [o for o in kinds(objs, "Secret") if o["metadata"]["name"] == "gp-gpupool-remote-key"]
+    assert len(base64.b64decode(secret["data"]["key"])) == 64  # random, made once (lookup keeps it on upgrade)
+    pod = agent_pod(objs)
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["HOST_IP"] == {"fieldRef": {"fieldPath": "status.hostIP"}}
+    assert env["GPUPOOL_AGENT_REMOTE_LISTEN"] == "tcp:0.0.0.0:7171"
+    assert env["GPUPOOL_AGENT_REMOTE_ADDRESS"] == "tcp:$(HOST_IP):7171"
+    assert env["GPUPOOL_AGENT_REMOTE_KEY_FILE"] == "/etc/gpupool/remote/key"
+    names = [e["name"] for e in container["env"]]
+    assert names.index("HOST_IP") < names.index("GPUPOOL_AGENT_REMOTE_ADDRESS")  # $(HOST_IP) expands
+    assert {"name": "gpu-server", "containerPort": 7171, "hostPort": 7171, "protocol": "TCP"} in container["ports"]
+    assert {"name": "remote-key", "mountPath": "/etc/gpupool/remote", "readOnly": True} in container["volumeMounts"]
+    assert {"name": "remote-key", "secret": {"secretName": "gp-gpupool-remote-key", "defaultMode": 0o400}} \
+        in pod["volumes"]
+    assert "SYS_ADMIN" in container["securityContext"]["capabilities"]["add"]
+    assert (("resource.k8s.io",), ("resourceclaims",), ("get", "list", "watch")) in agent_rules(objs)
+    (policy,) = [o for o in kinds(objs, "NetworkPolicy") if o["metadata"]["name"] == "gp-gpupool-agent"]
+    assert {"ports": [{"port": "gpu-server", "protocol": "TCP"}]} in policy["spec"]["ingress"]
