@@ -17,6 +17,7 @@
  * GP_LIMITS_PATH=/proc/self/fd/N (the native tests' build). */
 #define _GNU_SOURCE
 #include "gpr.h"
+#include "../gp.h" /* struct gp_limits: the share's limits file */
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -1013,12 +1014,43 @@ static int lookup_token(const char *token, size_t len, char *share, size_t size)
     return found;
 }
 
+/* CUDA_VISIBLE_DEVICES=<the share's GPUs> from its limits file: a worker sees only the GPUs its share is on.
+ * The library caps whatever device a one-GPU share uses (it matches it by ordinal), so without this a share
+ * allocated on one GPU could run on any GPU of the node. A file that names no UUID (matched by ordinal, as
+ * the agent never writes for a claim) leaves the server's own view. */
+static char visible[sizeof "CUDA_VISIBLE_DEVICES=" + GP_MAX_DEV * 64];
+
+static int share_gpus(int fd, const char *share) {
+    struct gp_limits l;
+    visible[0] = '\0';
+    if (pread(fd, &l, sizeof l, 0) != (ssize_t)sizeof l || l.magic != GP_LIMITS_MAGIC ||
+        l.version != GP_LIMITS_VERSION || l.ndev > GP_MAX_DEV) {
+        say("share %s: its limits file is not one gpupool wrote: refused", share);
+        return -1;
+    }
+    size_t at = (size_t)snprintf(visible, sizeof visible, "CUDA_VISIBLE_DEVICES=");
+    for (uint32_t i = 0; i < l.ndev && l.uuid[i][0] != '\0'; i++) {
+        l.uuid[i][sizeof l.uuid[i] - 1] = '\0';
+        if (strpbrk(l.uuid[i], ",=") != NULL) {
+            say("share %s: GPU %u's UUID is malformed: refused", share, i);
+            return -1;
+        }
+        at += (size_t)snprintf(visible + at, sizeof visible - at, "%s%s", i ? "," : "", l.uuid[i]);
+    }
+    if (l.ndev == 0 || l.uuid[0][0] == '\0') visible[0] = '\0';
+    return 0;
+}
+
 static int place_limits(const char *share) {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/limits/limits.v1", share);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         say("share %s has no limits file (%s): refused", share, strerror(errno));
+        return -1;
+    }
+    if (share_gpus(fd, share) != 0) {
+        close(fd);
         return -1;
     }
     if (limits_fd >= 0) {
@@ -1079,10 +1111,13 @@ static void admit(int fd, const char *self) {
      * place (those come from the share), plus the library itself. */
     size_t n = 0;
     while (environ[n] != NULL) n++;
-    char **env = calloc(n + 4, sizeof *env);
+    char **env = calloc(n + 5, sizeof *env);
     size_t k = 0;
     for (size_t i = 0; i < n; i++)
-        if (strncmp(environ[i], "GPUPOOL_", 8) != 0 && strncmp(environ[i], "LD_PRELOAD=", 11) != 0) env[k++] = environ[i];
+        if (strncmp(environ[i], "GPUPOOL_", 8) != 0 && strncmp(environ[i], "LD_PRELOAD=", 11) != 0 &&
+            (visible[0] == '\0' || strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21) != 0))
+            env[k++] = environ[i];
+    if (visible[0] != '\0') env[k++] = visible;
     char preload[PATH_MAX + 16], hookdir[1100];
     if (hook_path != NULL) {
         snprintf(preload, sizeof preload, "LD_PRELOAD=%s", hook_path);

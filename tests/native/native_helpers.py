@@ -96,6 +96,7 @@ class Pod:
     asan_runtime: str | None = None  # LD_PRELOAD it first (the probe and library are built with ASan)
     oversub_mib: int = 0  # granted pods: memory oversubscription per GPU in the limits file
     namespaces: bool = False  # run in PID and mount namespaces of its own, with a fresh /proc, as in a pod
+    gpus: tuple[str, ...] = ()  # granted pods: the GPUs' UUIDs in the limits file (empty: matched by ordinal)
 
     @property
     def accounting(self) -> Path:
@@ -112,7 +113,8 @@ class Pod:
         self.accounting.mkdir(parents=True, exist_ok=True)
         return write_limits(limits_dir(self.hook_dir), HookLimits(
             memory_mib=tuple(mem), cores=tuple(cores), mode=self.mode or "hard",
-            accounting_dir=str(self.accounting), oversub_mib=(self.oversub_mib,) * n if self.oversub_mib else ()))
+            accounting_dir=str(self.accounting), oversub_mib=(self.oversub_mib,) * n if self.oversub_mib else (),
+            gpus=self.gpus))
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPOOL_", "FAKE_GPU_"))}

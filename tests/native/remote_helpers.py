@@ -102,13 +102,13 @@ class Server:
         self.address = line[1]
 
     def share(self, memory_mib: str | None = None, cores: str | None = None, mode: str | None = None,
-              token: str | None = None, oversub_mib: int = 0) -> tuple[str, Pod]:
+              token: str | None = None, oversub_mib: int = 0, gpus: tuple[str, ...] = ()) -> tuple[str, Pod]:
         """A share granted as the agent grants a pod, and its token (written into the server's file)."""
         self.count += 1
         hook_dir = self.root / f"share-{self.count}"
         hook_dir.mkdir()
         pod = Pod(self.rb.base, self.state, hook_dir, memory_mib=memory_mib, cores=cores, mode=mode, granted=True,
-                  oversub_mib=oversub_mib)
+                  oversub_mib=oversub_mib, gpus=gpus)
         pod.write_limits()
         token = token or secrets.token_hex(16)
         with self.tokens.open("a") as f:

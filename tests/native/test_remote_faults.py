@@ -11,6 +11,7 @@ import socket
 import struct
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -84,6 +85,25 @@ def test_a_killed_server_gives_its_clients_clean_errors(remote: Remote) -> None:
     assert "lost the connection to the GPU server" in err
     newcomer = remote.app(server, token)
     assert newcomer.rc("ctx") == NO_DEVICE
+
+
+def test_a_worker_sees_only_the_gpus_of_its_share(remote: Remote) -> None:
+    """The library caps whatever device a one-GPU share uses, so the worker must not see the node's other
+    GPUs: its CUDA_VISIBLE_DEVICES is its share's UUIDs from the limits file, whatever the server's was."""
+    server = remote.server(extra_env={"CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb,GPU-cccc"})
+    token, pod = server.share(memory_mib="1024", gpus=("GPU-bbbb",))
+    app = remote.app(server, token)
+    assert app.rc("ctx") == 0
+    (worker,) = server.workers_of(pod)
+    env = Path(f"/proc/{worker}/environ").read_bytes().split(b"\0")
+    assert [e for e in env if e.startswith(b"CUDA_VISIBLE_DEVICES=")] == [b"CUDA_VISIBLE_DEVICES=GPU-bbbb"]
+    # a share matched by ordinal (no UUID: never an agent's claim) keeps the server's own view
+    token2, pod2 = server.share(memory_mib="1024")
+    other = remote.app(server, token2)
+    assert other.rc("ctx") == 0
+    (worker2,) = server.workers_of(pod2)
+    env2 = Path(f"/proc/{worker2}/environ").read_bytes().split(b"\0")
+    assert [e for e in env2 if e.startswith(b"CUDA_VISIBLE_DEVICES=")] == [b"CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb,GPU-cccc"]
 
 
 def test_a_wrong_token_is_refused_and_the_server_serves_the_others(remote: Remote) -> None:
