@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from gpupool.api.dra import ATTR_REMOTE_SERVER, DELETE_PROTECTION, DRIVER, SCHEDULING_GATE, TAINT_UNHEALTHY
 from gpupool.api.inventory import encode_inventory
 from gpupool.api.names import ANN_INVENTORY
@@ -664,3 +667,70 @@ async def test_the_ledger_holds_a_remote_share_on_the_gpu_node_without_the_pods_
         assert int(state.gpu_mem_free[i].sum()) == 2 * GPU_MIB - 4096
     finally:
         await svc.stop()
+
+
+GPU_NODE_SHAPE = st.tuples(st.frozensets(st.integers(0, 1)),  # its GPUs with a server
+                           st.frozensets(st.integers(0, 1)),  # its tainted GPUs
+                           st.sampled_from([None, "a", "b"]),  # its zone
+                           st.sampled_from(["x", "y"]),  # its team label
+                           st.booleans())  # a NoSchedule taint the pod does not tolerate
+AGENT_SHAPE = st.tuples(st.sampled_from([None, "a", "b"]), st.sampled_from(["x", "y"]))
+
+
+async def _remote_scenario(gpu_nodes: list[tuple[frozenset[int], frozenset[int], str | None, str, bool]],
+                           agents: list[tuple[str | None, str]], pinned: bool) -> None:
+    def labels(zone: str | None, team: str) -> dict[str, str]:
+        return {"team": team, **({ZONE: zone} if zone else {})}
+
+    names = [f"cpu-{k:04d}" for k in range(len(agents))]
+    cluster, svc = await remote_setup(
+        {n: tuple(servers) for n, (servers, *_) in zip(NODES, gpu_nodes, strict=True)},
+        agents=tuple(agent_node(n, labels(z, t)) for n, (z, t) in zip(names, agents, strict=True)),
+        labels={n: labels(z, t) for n, (_, _, z, t, _) in zip(NODES, gpu_nodes, strict=True)},
+        tainted={n: tuple(bad) for n, (_, bad, *_) in zip(NODES, gpu_nodes, strict=True)},
+        node_taints={n: [NO_SCHEDULE] for n, (*_, hard) in zip(NODES, gpu_nodes, strict=True) if hard})
+    try:
+        # hand-computed from the shapes: where the pod may run, its CPU (a GPU node has 1000 CPUs, an agent
+        # node 16), its zone; which GPUs have an untainted server
+        cpu = {n: 1000 for n in NODES} | {n: 16 for n in names}
+        zone = {n: z for n, (_, _, z, _, _) in zip(NODES, gpu_nodes, strict=True)} | {
+            n: z for n, (z, _) in zip(names, agents, strict=True)}
+        team = {n: t for n, (_, _, _, t, _) in zip(NODES, gpu_nodes, strict=True)} | {
+            n: t for n, (_, t) in zip(names, agents, strict=True)}
+        hard = {n for n, (*_, h) in zip(NODES, gpu_nodes, strict=True) if h}
+        allowed = {n for n in cpu if n not in hard and (not pinned or team[n] == "x")}
+        servers = {(n, i) for n, (ok, bad, *_) in zip(NODES, gpu_nodes, strict=True) for i in ok - bad}
+        await run(cluster, (remote_claim("c1"), remote_pod("p1", "c1", {"team": "x"} if pinned else None)))
+        if not (allowed and servers):
+            await until(lambda: _told(svc, "p1"))
+            assert not await ungated(cluster, "p1") and await allocation(cluster, "c1") is None
+            return
+        await until_ungated(cluster, "p1")
+        pool, device, node = await placed(cluster, "c1")
+        assert (pool, int(device.removeprefix("gpu-"))) in servers and node in allowed
+        gpu_nodes_with_server = {n for n, _ in servers}
+        zones = {zone[n] for n in allowed} - {None}
+        if gpu_nodes_with_server & allowed:
+            assert node == pool
+            return
+        if any(zone[n] in zones for n in gpu_nodes_with_server):
+            assert zone[pool] in zones
+            candidates = {n for n in allowed if zone[n] == zone[pool]}
+        else:
+            candidates = allowed
+        assert node == min(candidates, key=lambda n: (-cpu[n], n))
+    finally:
+        await svc.stop()
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(GPU_NODE_SHAPE, min_size=2, max_size=2), st.lists(AGENT_SHAPE, max_size=2), st.booleans())
+def test_a_remote_share_always_lands_on_a_gpu_server_and_its_pod_where_it_may_run(
+        gpu_nodes: list[tuple[frozenset[int], frozenset[int], str | None, str, bool]],
+        agents: list[tuple[str | None, str]], pinned: bool) -> None:
+    """Any GPU nodes (servers, tainted GPUs, zones, labels, a taint the pod does not tolerate), any GPU-less
+    agent nodes, a pod pinned by label or not, on an empty cluster: the share is on an untainted GPU with a
+    server, the pod on a node it may run on, on the GPU's node when it may, else in the GPU's zone when a
+    server is in one of its nodes' zones, on the node there with the most CPU; with no GPU server or no
+    node for the pod, the claim waits."""
+    asyncio.run(_remote_scenario(gpu_nodes, agents, pinned))
