@@ -582,7 +582,7 @@ async def test_the_pods_node_is_the_one_with_most_cpu_and_one_its_cpu_request_fi
         assert (pool, node) == ("gpu-0000", "cpu-0001")
         (message,) = await until(lambda: messages(cluster, "p2"))
         assert message == ("gpupool: no node that runs gpupool's agent can take this pod (its nodeSelector, the "
-                           "nodes' taints, its CPU request)")
+                           "nodes' taints, its CPU and memory requests)")
         assert not await ungated(cluster, "p2") and await allocation(cluster, "c2") is None
     finally:
         await svc.stop()

@@ -400,12 +400,12 @@ class ClaimAllocator:
         hosts = self._pod_nodes(pod, slices.drivers, request)
         if not hosts:
             return ("no node that runs gpupool's agent can take this pod (its nodeSelector, the nodes' taints, "
-                    "its CPU request)")
+                    "its CPU and memory requests)")
         state = self.h.ledger.state
         servers = sorted(n for n, gpus in slices.remote.items() if gpus and n in state.index)
         if not servers:
             return f"claim {shown(label)}: no untainted GPU has a GPU server (device attribute {ATTR_REMOTE_SERVER})"
-        by_name = {h.name: h for h in hosts}
+        host_names = {h.name for h in hosts}
         zones: dict[str, list[PodNode]] = {}
         for h in hosts:
             if h.zone is not None:
@@ -414,8 +414,10 @@ class ClaimAllocator:
         # On another node than its pod the GPU node gives the GPU share only: the pod's CPU and memory are
         # the pod node's (kube-scheduler checks them there), so they do not count against the GPU node.
         alone = replace(request, cpu_milli=0, memory_mib=0)
+        # (GPU nodes, what they must give, the pod's node given the GPU's) per tier; on the same node the pod
+        # runs with its share, so that node must have room for the pod's CPU and memory as well.
         tiers: list[tuple[list[str], PodRequest, Callable[[str], str]]] = [
-            ([n for n in servers if n in by_name], request, lambda gpu_node: gpu_node),
+            ([n for n in servers if n in host_names], request, lambda gpu_node: gpu_node),
             ([n for n in servers if zone_of[n] in zones], alone,
              lambda gpu_node: self._roomiest(zones[str(zone_of[gpu_node])])),
             (servers, alone, lambda gpu_node: self._roomiest(hosts)),
@@ -492,8 +494,8 @@ class ClaimAllocator:
             return f"claim {shown(label)}: {refused}"
         devices = [Placed(ask, device_name(g.index), g.memory_mib, 0 if g.milli < 10 else g.milli // 10,
                           str(uuid.uuid4())) for g in allocation.grants]
-        return await self._write(pod, claim, allocation, allocation_status(allocation.node, devices,
-                                                                          {ask.device_class: config}, pod_node))
+        status = allocation_status(allocation.node, devices, {ask.device_class: config}, pod_node)
+        return await self._write(pod, claim, allocation, status, pod_node)
 
     async def _allocate_mig(self, pod: Obj, claim: Obj, ask: ClaimAsk, config: list[Obj],
                             slices: Usable) -> str | None:
@@ -533,9 +535,10 @@ class ClaimAllocator:
         placed = [Placed(ask, mig_device_name(gpu.index, profile.name, start))]
         return await self._write(pod, claim, allocation, allocation_status(node, placed, {ask.device_class: config}))
 
-    async def _write(self, pod: Obj, claim: Obj, allocation: Allocation, status: Obj) -> str | None:
+    async def _write(self, pod: Obj, claim: Obj, allocation: Allocation, status: Obj,
+                     pod_node: str | None = None) -> str | None:
         """Write the claim's allocation (the ledger already holds it; forgotten if the write fails), then
-        ungate the pod."""
+        ungate the pod (`pod_node`: where it runs, when not on its devices' node)."""
         uid, label = str(claim["metadata"]["uid"]), self._label(claim)
         # Stamped as kube-scheduler's own allocator stamps it. When kube-scheduler 1.37 reserves a claim whose
         # allocation has no timestamp, it adds one (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus,
@@ -555,10 +558,9 @@ class ClaimAllocator:
             self.h.ledger.forget(uid)
             return f"claim {shown(label)} could not be allocated: {e}"
         self.allocated += 1
-        pod_node = status["nodeSelector"]["nodeSelectorTerms"][0]["matchFields"][0]["values"][0]
         log.info("allocated claim %s of pod %s: %s %s%s", label, pod_key(pod), allocation.node,
                  ", ".join(r["device"] for r in status["devices"]["results"]),
-                 "" if pod_node == allocation.node else f" (remote: the pod runs on {pod_node})")
+                 "" if pod_node in (None, allocation.node) else f" (remote: the pod runs on {pod_node})")
         return await self._ungate(pod)
 
     async def _leave(self, pod: Obj, why: str) -> str | None:
