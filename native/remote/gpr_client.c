@@ -2,7 +2,10 @@
  * every call on a gpupool GPU server (gpr_server.c) over TCP or a unix socket.
  *
  * Configuration (the agent writes it into the container):
- *   GPUPOOL_REMOTE_SERVER       tcp:HOST:PORT or unix:PATH
+ *   GPUPOOL_REMOTE_SERVER_FILE  a file holding the server's address, read when a process starts: the
+ *                               agent rewrites it when the share moves to another server, so a process
+ *                               started after a move goes where the share is (running ones are moved)
+ *   GPUPOOL_REMOTE_SERVER       tcp:HOST:PORT or unix:PATH, where there is no GPUPOOL_REMOTE_SERVER_FILE
  *   GPUPOOL_REMOTE_TOKEN_FILE   a file holding the share's token (or GPUPOOL_REMOTE_TOKEN, the token itself)
  *   GPUPOOL_REMOTE_TIMEOUT_S    optional: the longest wait for one reply (default: none; a dead or
  *                               unreachable server is still noticed, by EOF or TCP keepalive)
@@ -368,24 +371,35 @@ static int migrate(struct gctx *c, const char *target) {
 }
 
 /* ---- init, devices ------------------------------------------------------------------------------------ */
+/* The first line of `path` into `out` (empty when the file cannot be read). */
+static void read_line(const char *path, char *out, size_t size) {
+    out[0] = '\0';
+    FILE *f = fopen(path, "re");
+    if (f == NULL) return;
+    size_t n = fread(out, 1, size - 1, f);
+    fclose(f);
+    out[n] = '\0';
+    out[strcspn(out, "\r\n")] = '\0';
+}
+
 static void read_config(void) {
+    const char *sf = getenv("GPUPOOL_REMOTE_SERVER_FILE");
     const char *s = getenv("GPUPOOL_REMOTE_SERVER");
+    if (sf != NULL && *sf) {
+        read_line(sf, server, sizeof server);
+        s = server;
+    }
     if (s == NULL || !*s) {
-        note("GPUPOOL_REMOTE_SERVER is not set: no GPU");
+        note(sf != NULL && *sf ? "GPUPOOL_REMOTE_SERVER_FILE names no server: no GPU"
+                               : "GPUPOOL_REMOTE_SERVER is not set: no GPU");
         init_result = GPR_CUDA_ERROR_NO_DEVICE;
         return;
     }
-    snprintf(server, sizeof server, "%s", s);
+    if (s != server) snprintf(server, sizeof server, "%s", s);
     const char *t = getenv("GPUPOOL_REMOTE_TOKEN");
     const char *tf = getenv("GPUPOOL_REMOTE_TOKEN_FILE");
     if (tf != NULL && *tf) {
-        FILE *f = fopen(tf, "re");
-        if (f != NULL) {
-            size_t n = fread(token, 1, GPR_MAX_TOKEN, f);
-            fclose(f);
-            token[n] = '\0';
-            token[strcspn(token, "\r\n")] = '\0';
-        }
+        read_line(tf, token, sizeof token);
     } else if (t != NULL) {
         snprintf(token, sizeof token, "%s", t);
     }

@@ -107,6 +107,22 @@ def test_a_worker_sees_only_the_gpus_of_its_share(remote: Remote) -> None:
         b"CUDA_VISIBLE_DEVICES=GPU-aaaa,GPU-bbbb,GPU-cccc"]
 
 
+def test_the_server_file_decides_where_a_new_process_connects(remote: Remote, tmp_path: Path) -> None:
+    """The agent names the server in a file it rewrites when the share moves: a process reads it when it
+    starts, and it wins over GPUPOOL_REMOTE_SERVER; a file naming nothing gives no GPU (100)."""
+    server = remote.server()
+    token, _ = server.share(memory_mib="1024")
+    where = tmp_path / "server"
+    where.write_text(server.address + "\n")
+    elsewhere = f"unix:{tmp_path / 'nothing-listens-here.sock'}"
+    app = remote.app(None, token, address=elsewhere, extra={"GPUPOOL_REMOTE_SERVER_FILE": str(where)})
+    assert app.rc("ctx") == 0
+    assert app.rc("alloc 0 1048576") == 0
+    where.write_text("")
+    lost = remote.app(None, token, address=server.address, extra={"GPUPOOL_REMOTE_SERVER_FILE": str(where)})
+    assert lost.rc("ctx") == 100  # CUDA_ERROR_NO_DEVICE
+
+
 def test_a_wrong_token_is_refused_and_the_server_serves_the_others(remote: Remote) -> None:
     server = remote.server()
     token, _ = server.share(memory_mib="10240")
