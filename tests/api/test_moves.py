@@ -1,0 +1,76 @@
+"""The record of remote share moves (gpupool.api.moves): its format, its states, and where a share is
+held and served from in each."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from gpupool.api.moves import (
+    STATES,
+    GpuRef,
+    Move,
+    MoveError,
+    holding,
+    new_move,
+    read_moves,
+    served_from,
+)
+
+A0, B1, C2 = GpuRef("node-a", 0), GpuRef("node-b", 1), GpuRef("node-c", 2)
+
+
+def test_a_gpu_is_written_and_read_as_node_slash_device() -> None:
+    assert str(B1) == "node-b/gpu-1"
+    assert GpuRef.parse("node-b/gpu-1") == B1
+    assert GpuRef.parse("127.0.0.1/3") == GpuRef("127.0.0.1", 3)
+    for bad in ("node-b", "/gpu-1", "node-b/gpu-x", "node-b/", ""):
+        with pytest.raises(MoveError, match="NODE/gpu-<index>"):
+            GpuRef.parse(bad)
+
+
+def test_a_move_survives_its_json_and_damaged_entries_are_skipped() -> None:
+    move = new_move("ns/claim", A0, B1, "2026-11-27T18:00:00Z")
+    assert Move.from_json(move.to_json()) == move
+    moves = read_moves({"data": {"uid-1": move.to_json(), "uid-2": "{not json", "uid-3": '{"claim": "x"}',
+                                 "uid-4": move.to_json().replace('"requested"', '"sideways"')}})
+    assert moves == {"uid-1": move}
+    assert read_moves(None) == {} and read_moves({"data": None}) == {}
+
+
+def test_a_move_only_goes_forward() -> None:
+    move = new_move("ns/claim", A0, B1, "")
+    ready = move.advanced("ready")
+    assert ready.state == "ready" and ready.advanced("moved").finished
+    assert move.advanced("failed", "no GPU 1 on node-b").reason == "no GPU 1 on node-b"
+    for start, to in (("requested", "moved"), ("ready", "requested"), ("moved", "failed"), ("failed", "ready")):
+        with pytest.raises(MoveError, match=f"is {start}: it cannot become {to}"):
+            Move("ns/claim", A0, B1, start).advanced(to)
+    with pytest.raises(MoveError, match="already served from node-a/gpu-0"):
+        new_move("ns/claim", A0, A0, "")
+
+
+def test_where_a_share_is_held_and_served_in_each_state() -> None:
+    assert holding(None, A0) == (A0,) and served_from(None, A0) == A0
+    expected = {"requested": ((A0,), A0), "ready": ((A0, B1), A0), "moved": ((B1,), B1), "failed": ((A0,), A0)}
+    for state, (held, served) in expected.items():
+        move = Move("ns/claim", A0, B1, state)
+        assert (holding(move, A0), served_from(move, A0)) == (held, served), state
+    # a second move starts where the first ended: the allocation (A0) no longer decides
+    second = Move("ns/claim", B1, C2, "ready")
+    assert holding(second, A0) == (B1, C2) and served_from(second, A0) == B1
+
+
+gpus = st.builds(GpuRef, st.sampled_from(["n1", "n2", "n3"]), st.integers(0, 3))
+
+
+@given(placed=gpus, source=gpus, target=gpus, state=st.sampled_from(STATES))
+def test_a_share_is_always_held_on_one_or_two_gpus_and_served_from_one_of_them(
+        placed: GpuRef, source: GpuRef, target: GpuRef, state: str) -> None:
+    assume(source != target)  # new_move refuses it
+    move = Move("ns/claim", source, target, state)
+    held = holding(move, placed)
+    assert 1 <= len(held) <= 2 and len(set(held)) == len(held)
+    assert served_from(move, placed) in held
+    assert (target in held) == (state in ("ready", "moved"))
