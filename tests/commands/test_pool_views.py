@@ -7,6 +7,9 @@ import asyncio
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpupool.api.inventory import decode_inventory
+from gpupool.api.names import ANN_INVENTORY
+from gpupool.cluster.port import NODES
 from gpupool.commands.pool_views import pool_views
 from gpupool.demo.embedded import load_scenario, start_embedded, workload_pods
 from gpupool.demo.kube_scheduler import KubeSchedulerDriver
@@ -66,4 +69,28 @@ async def test_a_pod_that_fits_nowhere_is_listed_as_pending_with_its_reason() ->
         assert len(pending) == 1 and "64" in str(pending[0]) and "fits no node" in str(pending[0])
     finally:
         await driver.close()  # its keep-alive connections, else a ResourceWarning in whichever test GCs them
+        await emb.stop()
+
+
+async def test_a_nodes_gpu_server_reaches_the_snapshot_from_its_inventory() -> None:
+    """The agent writes its GPU server's address and the remote shares it serves into the node's inventory;
+    the scheduler's snapshot (and so the dashboard) shows them for that node only."""
+    scenario = load_scenario().scaled(2)
+    emb = await start_embedded(scenario, extra_routes=pool_views())
+    try:
+        name = emb.node_names[0]
+        node = await emb.cluster.get_object(NODES, name)
+        doc = decode_inventory(node["metadata"]["annotations"][ANN_INVENTORY])
+        text = doc.model_copy(update={"remote_server": "tcp:10.1.2.3:7070", "remote_shares": 3}).model_dump_json()
+        await emb.cluster.patch_object(NODES, name, {"metadata": {"annotations": {ANN_INVENTORY: text}}})
+        ledger = emb.service.ledger
+        deadline = asyncio.get_running_loop().time() + 30
+        while ledger.inventories.get(name, doc).remote_server != "tcp:10.1.2.3:7070":
+            assert asyncio.get_running_loop().time() < deadline, "the node's change never reached the ledger"
+            await asyncio.sleep(0.01)
+        async with httpx.AsyncClient(base_url=emb.url, timeout=30) as client:
+            snap = (await client.get("/pool")).json()
+        servers = {n["name"]: (n["remote_server"], n["remote_shares"]) for n in snap["nodes"]}
+        assert servers == {n: ("tcp:10.1.2.3:7070", 3) if n == name else ("", 0) for n in emb.node_names}
+    finally:
         await emb.stop()

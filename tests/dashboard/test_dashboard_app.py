@@ -94,6 +94,20 @@ def test_user_text_is_escaped(cluster: ClusterState, give_pod: Any, serve_app: A
         assert "<img src=x" not in httpx.get(f"{url}/ui/fragment").text
 
 
+def test_a_nodes_gpu_server_and_its_remote_shares_are_shown_escaped(cluster: ClusterState, serve_app: Any) -> None:
+    """The agent's inventory names the node's GPU server (docs/remote.md); the page shows it under the node,
+    escaped (an address is the agent's, but every name shown to a person is), and nothing for a node
+    without one."""
+    servers = {"n1": ("tcp:10.0.0.1:7070<b>", 2)}
+    with serve_app(mounted(lambda: build_snapshot(cluster, {}, servers=servers))) as url:
+        snap = Snapshot.model_validate_json(httpx.get(f"{url}/ui/api/snapshot").content)
+        assert [(n.name, n.remote_server, n.remote_shares) for n in snap.nodes] == [
+            ("n0", "", 0), ("n1", "tcp:10.0.0.1:7070<b>", 2)]
+        page = httpx.get(f"{url}/ui/", follow_redirects=True).text
+        assert "GPU server tcp:10.0.0.1:7070&lt;b&gt; · 2 remote shares" in page
+        assert page.count('class="server"') == 1
+
+
 def test_provider_failure_is_reported_and_the_app_keeps_serving(cluster: ClusterState, serve_app: Any) -> None:
     state = {"broken": True}
 

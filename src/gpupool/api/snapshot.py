@@ -64,6 +64,8 @@ class GPUView(_Wire):
 class NodeView(_Wire):
     name: str
     gpus: list[GPUView] = Field(default_factory=list)
+    remote_server: str = ""  # the node's GPU server for remote shares while it is up ("": none)
+    remote_shares: int = 0  # remote shares it serves now
 
 
 class PendingPod(_Wire):
@@ -139,12 +141,14 @@ def build_snapshot(
     pending_since: Mapping[str, float] | None = None,
     now: float | None = None,
     workload: Sequence[TaskShape] = (),
+    servers: Mapping[str, tuple[str, int]] | None = None,
 ) -> Snapshot:
     """Describe `state` for the views. `pending` maps pod key ("namespace/name") -> why it waits. `names`
     maps the keys pods have inside `state` to "namespace/name" when they differ (the scheduler's ledger
     keys pods by UID); `containers` maps the same state keys to the container holding the GPU (blank when
     unknown); `pending_since` maps pending pod keys -> unix seconds they started waiting (with `now`,
-    gives the oldest wait); `workload` drives the fragmentation measure."""
+    gives the oldest wait); `workload` drives the fragmentation measure; `servers` maps node names to their
+    GPU server's address and the remote shares it serves (docs/remote.md)."""
     names = names or {}
     containers = containers or {}
     # Plain dicts validated once at the end: one pass in pydantic's core instead of ~30,000 model inits.
@@ -167,8 +171,10 @@ def build_snapshot(
     mem_used = (state.gpu_mem_total - state.gpu_mem_free).tolist()
     milli_used = (MILLI_PER_GPU - state.gpu_milli_free).tolist()
     sharers = state.gpu_sharers.tolist()
+    servers = servers or {}
     nodes = [
-        {"name": node.name, "gpus": [
+        {"name": node.name, "remote_server": servers.get(node.name, ("", 0))[0],
+         "remote_shares": servers.get(node.name, ("", 0))[1], "gpus": [
             {"uuid": gpu.uuid, "index": gpu.index, "model": gpu.model, "memory_mib": gpu.memory_mib,
              "healthy": healthy[i][j], "allocated_memory_mib": mem_used[i][j],
              "allocated_cores_percent": milli_used[i][j] / 10, "sharers": sharers[i][j],

@@ -33,6 +33,8 @@ def snapshot_of(service: ExtenderService) -> Snapshot:
         containers={uid: entry.containers for uid, entry in ledger.entries.items()},
         pending_since={key: since for key, (_, since) in pending.items()},
         now=service.clock(),
+        servers={name: (doc.remote_server, doc.remote_shares) for name, doc in ledger.inventories.items()
+                 if doc.remote_server},
     )
     if not service.queues.enabled:
         return snap

@@ -31,6 +31,8 @@ class GPUCell:
 class NodeRow:
     name: str
     cells: tuple[GPUCell, ...]
+    remote_server: str = ""  # its GPU server for remote shares ("": none)
+    remote_shares: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +65,7 @@ def _cell(gpu: GPUView, q: str) -> GPUCell:
 
 
 def _row(node: NodeView, q: str) -> NodeRow:
-    return NodeRow(node.name, tuple(_cell(g, q) for g in node.gpus))
+    return NodeRow(node.name, tuple(_cell(g, q) for g in node.gpus), node.remote_server, node.remote_shares)
 
 
 def pool_view(snap: Snapshot, q: str = "", max_nodes: int = 0) -> PoolView:
