@@ -213,8 +213,7 @@ def test_mig_partitions_read_back_with_their_profile_and_count_as_the_profile() 
     assert shares.isolation == "mig"
     assert [(s.index, s.mig, s.memory_mib, s.cores) for s in shares.devices] == [(1, MigSlot("3g.40gb", 4), None, None)]
     gpus = tuple(GPU(f"GPU-{i}", i, "NVIDIA H100 80GB HBM3", 81559) for i in range(2))
-    counted = counted_claim(claim, ClusterState([Node("n1", 64_000, 256_000, gpus)]))
-    assert counted is not None
+    (counted,) = counted_claim(claim, ClusterState([Node("n1", 64_000, 256_000, gpus)]))
     (grant,) = counted.allocation.grants
     # 3 of 7 compute slices: 1000 * 3 // 7 = 428 milli; the profile's 39.5 GiB (the H100 row of core.mig) = 40448 MiB
     assert (grant.uuid, grant.milli, grant.memory_mib, grant.mig) == ("GPU-1", 428, 40448, MigSlot("3g.40gb", 4))
@@ -257,8 +256,7 @@ def test_oversubscription_needs_isolation_hook() -> None:
 def test_an_oversubscribed_claim_counts_its_spill_against_the_nodes_memory() -> None:
     """8 GiB at 1.5x: 8192 MiB on the GPU (guaranteed), 4096 MiB more from the node's memory."""
     gpus = (GPU("GPU-0", 0, "L40S", 46068),)
-    counted = counted_claim(_oversub_claim("1.5"), ClusterState([Node("n1", 64_000, 256_000, gpus)]))
-    assert counted is not None
+    (counted,) = counted_claim(_oversub_claim("1.5"), ClusterState([Node("n1", 64_000, 256_000, gpus)]))
     assert counted.request.memory_mib == 4096
     assert [g.memory_mib for g in counted.allocation.grants] == [8192]
 

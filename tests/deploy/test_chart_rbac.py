@@ -33,6 +33,10 @@ REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = 
             ("get", "update"),
         ),
     ],
+    # the remote shares' moves: read-only, that one ConfigMap
+    ("Role", "gp-gpupool-scheduler-moves", NAMESPACE): [
+        (("",), ("configmaps",), ("gpupool-remote-moves",), ("get", "list", "watch")),
+    ],
     ("ClusterRole", "gp-gpupool-agent", ""): [
         (("",), ("nodes",), (), ("get", "patch")),
         (("",), ("nodes/status",), (), ("patch",)),
@@ -51,6 +55,7 @@ REVIEWED_BINDINGS = sorted(
         ("RoleBinding", "kube-system", "Role", "extension-apiserver-authentication-reader", f"{SA}-scheduler"),
         ("ClusterRoleBinding", "", "ClusterRole", "gp-gpupool-scheduler", f"{SA}-scheduler"),
         ("RoleBinding", NAMESPACE, "Role", "gp-gpupool-scheduler-leases", f"{SA}-scheduler"),
+        ("RoleBinding", NAMESPACE, "Role", "gp-gpupool-scheduler-moves", f"{SA}-scheduler"),
         ("ClusterRoleBinding", "", "ClusterRole", "gp-gpupool-agent", f"{SA}-agent"),
         ("ClusterRoleBinding", "", "ClusterRole", "gp-gpupool-webhook", f"{SA}-webhook"),
     ]

@@ -30,9 +30,9 @@ import hmac
 import logging
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpupool.api.counted import Counted
 from gpupool.api.quantity import QuantityError, gpu_memory_mib, parse_quantity
@@ -40,6 +40,9 @@ from gpupool.core.mig import MigModel, MigProfile, mig_model
 from gpupool.core.mig_request import grant_share
 from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, GPURequest, MigSlot, PodRequest
 from gpupool.core.state import ClusterState
+
+if TYPE_CHECKING:
+    from gpupool.api.moves import Move
 
 log = logging.getLogger(__name__)
 
@@ -425,31 +428,59 @@ def remote_token(key: bytes, claim_uid: str) -> str:
 # --- claims in the ledger -----------------------------------------------------------------------------------
 
 CLAIM_CONTAINERS = "(claim)"  # what the pool views show where a pod would name its GPU containers
+# The ledger key of the second GPU a remote share is counted on while it moves (`ready`: both hold it). Claim
+# UIDs are UUIDs, so no other entry can have it.
+MOVING_SUFFIX = "/moving"
 
 
-def counted_claim(claim: Mapping[str, Any], state: ClusterState) -> Counted | None:
+def counted_claim(claim: Mapping[str, Any], state: ClusterState, move: Move | None = None) -> tuple[Counted, ...]:
     """The capacity an allocated claim holds on our devices, in the same terms as a pod's (so the scheduler's
-    ledger, its recomputation from API objects, the queues and the pool views count both forms alike), or
-    None when it holds none. The claim names GPUs by index; `state` gives their UUIDs and sizes. A
-    memory-only share (0 cores) counts 1 milli, as a memory-only pod does."""
+    ledger, its recomputation from API objects, the queues and the pool views count both forms alike): one
+    `Counted`, or none when it holds none. The claim names GPUs by index; `state` gives their UUIDs and sizes.
+    A memory-only share (0 cores) counts 1 milli, as a memory-only pod does.
+
+    A remote share with a move (`move`, its entry of gpupool.api.moves) counts on the GPUs that hold it
+    (`holding`): its allocation's GPU until a move starts, then the move's source, the target too while
+    `ready`. The GPU it is served from keeps the claim's UID; the other one, counted only while the share
+    travels, is keyed `uid + MOVING_SUFFIX`."""
+    # imported when used: gpupool.api.moves reads device names from this module
+    from gpupool.api.moves import GpuRef, holding, served_from
+
     meta = claim.get("metadata") or {}
     uid = str(meta.get("uid", ""))
     if not (claim.get("status") or {}).get("allocation"):
-        return None
+        return ()
     try:
         shares = claim_shares(claim)
     except ClaimError as e:
         log.warning("%s", e)
-        return None
+        return ()
     if not shares.devices:
-        return None
+        return ()
     nodes = {s.pool for s in shares.devices}
     if len(nodes) != 1:
         log.warning("claim %s holds devices of several pools (%s); not counted", shares.label, ", ".join(sorted(nodes)))
-        return None
+        return ()
     node = nodes.pop()
+    if move is not None and (shares.isolation != REMOTE_ISOLATION or len(shares.devices) != 1):
+        # only a one-GPU remote share is served by a GPU server that can hand it over (gpupool migrate refuses
+        # others); an entry for anything else moves nothing
+        log.warning("claim %s: its move entry is ignored (not a one-GPU remote share)", shares.label)
+        move = None
+    if move is None:
+        return (_counted_on(shares, uid, node, shares.devices, state),)
+    placed = GpuRef(node, shares.devices[0].index)
+    served = served_from(move, placed)
+    return tuple(_counted_on(shares, uid if ref == served else uid + MOVING_SUFFIX, ref.node,
+                             [replace(shares.devices[0], index=ref.index)], state)
+                 for ref in dict.fromkeys(holding(move, placed)))  # a GPU counts a share once
+
+
+def _counted_on(shares: ClaimShares, uid: str, node: str, devices: Sequence[DeviceShare],
+                state: ClusterState) -> Counted:
+    """`devices` of the claim counted on `node` under `uid`."""
     grants = []
-    for s in shares.devices:
+    for s in devices:
         gpu = state.gpu_at(node, s.index)
         uuid, card_mib = (gpu.uuid, gpu.memory_mib) if gpu is not None else ("", 0)  # unknown: stranded
         milli = MILLI_PER_GPU if s.cores is None else max(1, s.cores * 10)

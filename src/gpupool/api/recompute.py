@@ -16,6 +16,7 @@ from gpupool.api.counted import (
     counted_allocation,
 )
 from gpupool.api.dra import counted_claim
+from gpupool.api.moves import Move
 from gpupool.api.node_objects import inventory_split, nodes_from_objects
 from gpupool.core.state import ClusterState
 
@@ -26,21 +27,26 @@ class Recomputed:
 
     allocations: dict[str, Counted] = field(default_factory=dict)
     overcommitted: dict[str, str] = field(default_factory=dict)  # uid -> why the API view is over capacity
+    # what is free where once all of the above is taken (gpupool migrate and drain choose a target from it)
+    state: ClusterState = field(default_factory=lambda: ClusterState([]))
 
 
 def recompute(node_objs: Iterable[Mapping[str, Any]], pod_objs: Iterable[Mapping[str, Any]],
-              claim_objs: Iterable[Mapping[str, Any]] = ()) -> Recomputed:
-    """Pods first, then DRA claims (gpupool.api.dra.counted_claim), as the ledger counts them."""
+              claim_objs: Iterable[Mapping[str, Any]] = (), moves: Mapping[str, Move] | None = None) -> Recomputed:
+    """Pods first, then DRA claims (gpupool.api.dra.counted_claim), as the ledger counts them; a remote share
+    with an entry in `moves` (claim UID -> its move, gpupool.api.moves.read_moves) on the GPUs holding it."""
     node_objs = list(node_objs)
     nodes, _ = nodes_from_objects(node_objs)
     splits = {str((o.get("metadata") or {}).get("name", "")): inventory_split(o) for o in node_objs}
     state = ClusterState(nodes)
-    out = Recomputed()
+    out = Recomputed(state=state)
+    moves = moves or {}
     pods_on: dict[str, list[str]] = {}  # GPU uuid -> pods holding a share of it
     mps_on: dict[str, list[str]] = {}
 
     counted = [counted_allocation(pod) for pod in pod_objs]
-    claims = [counted_claim(claim, state) for claim in claim_objs]
+    claims = [c for claim in claim_objs
+              for c in counted_claim(claim, state, moves.get(str((claim.get("metadata") or {}).get("uid", ""))))]
     for c in [*counted, *claims]:
         if c is None:
             continue

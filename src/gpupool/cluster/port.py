@@ -51,6 +51,7 @@ NODES = Kind("", "v1", "Node", "nodes", namespaced=False)
 PODS = Kind("", "v1", "Pod", "pods", namespaced=True)
 EVENTS = Kind("", "v1", "Event", "events", namespaced=True)
 NAMESPACES = Kind("", "v1", "Namespace", "namespaces", namespaced=False)
+CONFIGMAPS = Kind("", "v1", "ConfigMap", "configmaps", namespaced=True)
 LEASES = Kind("coordination.k8s.io", "v1", "Lease", "leases", namespaced=True)
 CRDS = Kind("apiextensions.k8s.io", "v1", "CustomResourceDefinition", "customresourcedefinitions", namespaced=False)
 # Dynamic Resource Allocation (GA in Kubernetes 1.34: resource.k8s.io/v1).

@@ -4,6 +4,7 @@ the services' one loader (gpupool.api.config) from GPUPOOL_SCHEDULER_<FIELD> var
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -12,6 +13,8 @@ from gpupool.api.config import ConfigError, ConfigLoader
 from gpupool.core.policies import DEFAULT_POLICY, policy_names
 
 ENV_PREFIX = "GPUPOOL_SCHEDULER_"
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+DEFAULT_NAMESPACE = "gpupool-system"  # the chart's documented install namespace
 
 __all__ = ["ENV_PREFIX", "LOADER", "ConfigError", "SchedulerConfig", "load_config"]
 
@@ -76,6 +79,9 @@ class SchedulerConfig(BaseModel):
     # dra.placement.enabled). Off, gated pods are left alone: one scheduler per cluster does this.
     dra_placement: bool = False
     lease_namespace: str = "kube-system"
+    # Where gpupool's own ConfigMaps live (the remote shares' moves, gpupool.api.moves): the chart passes its
+    # release namespace; unset, the namespace this pod runs in (its service account's), else gpupool-system.
+    gpupool_namespace: str | None = None
     lease_name: str = "gpupool-scheduler"
     identity: str = Field(default_factory=lambda: os.uname().nodename + f"-{os.getpid()}")
     lease_duration_s: float = Field(default=15.0, gt=0)
@@ -88,6 +94,14 @@ class SchedulerConfig(BaseModel):
         if v not in policy_names():
             raise ValueError(f"unknown policy {v!r}; valid: {', '.join(policy_names())}")
         return v
+
+    def own_namespace(self) -> str:
+        if self.gpupool_namespace:
+            return self.gpupool_namespace
+        try:
+            return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or DEFAULT_NAMESPACE
+        except OSError:
+            return DEFAULT_NAMESPACE
 
     def describe(self) -> str:
         return " ".join(f"{k}={v}" for k, v in self.model_dump().items())

@@ -15,7 +15,9 @@ capacity, this limit is a rule of the store: `assume` refuses a grant on a full 
 DRA claims (ResourceClaims allocated devices of gpupool's driver) are entries like pods, keyed by the
 claim's UID, so both forms count against one capacity (gpupool.api.dra.counted_claim reads them). Their
 GPUs are named by index in the claim; the UUIDs come from the node's inventory, so the claim objects are
-kept and counted again whenever the nodes are rebuilt.
+kept and counted again whenever the nodes are rebuilt. A remote claim whose share an admin moves
+(gpupool.api.moves: `replace_moves`) counts on the GPUs holding it: its source, and its target too while the
+share travels (a second entry, keyed `uid + MOVING_SUFFIX`).
 
 Reading objects is not the ledger's: pods and nodes are read by gpupool.api.counted and
 gpupool.api.node_objects, and `gpupool.api.recompute` rebuilds the same view from API objects alone; `diff`
@@ -43,8 +45,9 @@ from gpupool.api.counted import (
     fmt_allocation,
     grants_signature,
 )
-from gpupool.api.dra import counted_claim
+from gpupool.api.dra import MOVING_SUFFIX, counted_claim
 from gpupool.api.inventory import InventoryDoc, InventoryError, read_node
+from gpupool.api.moves import Move
 from gpupool.api.node_objects import node_signature
 from gpupool.api.preferences import soft_taints
 from gpupool.api.recompute import Recomputed
@@ -110,6 +113,7 @@ class Ledger:
         self.node_full: IntArray = np.zeros(0, dtype=np.int64)  # per node: its GPUs at a limit (either kind)
         self.views: list[LedgerView] = []
         self.claim_objs: dict[str, Mapping[str, Any]] = {}  # DRA claims by UID, counted again on node changes
+        self.moves: dict[str, Move] = {}  # remote shares' moves by claim UID (gpupool.api.moves)
         self.replace_nodes(node_objs)
 
     def attach(self, view: LedgerView) -> None:
@@ -367,27 +371,45 @@ class Ledger:
         return self._count_claim(uid, claim)
 
     def _count_claim(self, uid: str, claim: Mapping[str, Any] | None) -> Entry | None:
-        counted = None if claim is None else counted_claim(claim, self.state)
-        entry = self.entries.get(uid)
-        if counted is None:  # deallocated, deleted, or holding none of our devices
-            self.stranded.pop(uid, None)
-            if entry is not None and entry.claim:
-                self.release(uid)
-            if claim is not None and counted is None:
-                self.claim_objs.pop(uid, None)
-            return None
-        if entry is not None and grants_signature(entry.allocation) == grants_signature(counted.allocation):
-            entry.assumed = False
-            return entry
-        if entry is not None or uid in self.stranded:
-            self.release(uid)
-        new = Entry(uid, counted.key, counted.request, counted.allocation, False, mps=counted.mps,
-                    containers=counted.containers, claim=True)
-        refused = self._take(new)
-        if refused is not None:
-            log.error("claim %s is allocated beyond what gpupool counts free: %s", counted.key, refused)
-            self.stranded[uid] = new
-        return new
+        """Count the claim on the GPUs it holds: one entry under its UID, and while its remote share moves
+        (gpupool.api.moves, `ready`) a second one under `uid + MOVING_SUFFIX` on the move's target."""
+        counted = () if claim is None else counted_claim(claim, self.state, self.moves.get(uid))
+        if claim is not None and not counted:  # deallocated, or holding none of our devices
+            self.claim_objs.pop(uid, None)
+        wanted = {c.uid: c for c in counted}
+        keys = (uid, uid + MOVING_SUFFIX)
+        # What goes or changes is given back before anything is taken: when a move finishes, the claim's
+        # entry takes over the target's capacity from the entry that held it while the share travelled.
+        for key in keys:
+            entry, now = self.entries.get(key), wanted.get(key)
+            gone = entry is not None and entry.claim and now is None
+            changed = entry is not None and now is not None and \
+                grants_signature(entry.allocation) != grants_signature(now.allocation)
+            if gone or changed or key in self.stranded:
+                self.release(key)
+        for key in keys:
+            now = wanted.get(key)
+            if now is None:
+                continue
+            entry = self.entries.get(key)
+            if entry is not None:  # unchanged (or assumed by gpupool's allocator): the API confirms it
+                entry.assumed = False
+                continue
+            new = Entry(key, now.key, now.request, now.allocation, False, mps=now.mps, containers=now.containers,
+                        claim=True)
+            refused = self._take(new)
+            if refused is not None:
+                log.error("claim %s is allocated beyond what gpupool counts free: %s", now.key, refused)
+                self.stranded[key] = new
+        return self.entries.get(uid) or self.stranded.get(uid)
+
+    def replace_moves(self, moves: Mapping[str, Move]) -> None:
+        """Follow the remote shares' moves (claim UID -> its entry of gpupool.api.moves): the claims whose
+        entry appeared, changed or went are counted again where they are held now."""
+        before, self.moves = self.moves, dict(moves)
+        for uid in set(before) | set(self.moves):
+            if before.get(uid) != self.moves.get(uid) and uid in self.claim_objs:
+                self._count_claim(uid, self.claim_objs[uid])
 
     def replace_claims(self, claims: Iterable[Mapping[str, Any]]) -> None:
         """Resynchronise with a fresh list of ResourceClaims."""

@@ -153,7 +153,7 @@ class ExtenderService:
             claims, _ = await self.cluster.list_objects(RESOURCE_CLAIMS)
         except ApiError:  # no DRA here (the watch says so once): nothing of it can be in the ledger either
             claims = []
-        truth = recompute(nodes, pods, claims)
+        truth = recompute(nodes, pods, claims, self.ledger.moves)
         workload = [
             {"cpu_milli": t.cpu_milli, "gpu_milli": t.gpu_milli, "gpu_count": t.gpu_count,
              "models": sorted(t.models), "weight": round(t.weight, 4)}

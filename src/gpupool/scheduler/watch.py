@@ -4,7 +4,9 @@ any other failure retries with back-off, so a broken stream never stops the serv
 
 DRA ResourceClaims are followed into the ledger too (claims of gpupool's driver hold GPU shares like pods);
 where the API server has no resource.k8s.io/v1 or the scheduler may not list claims, that is logged once
-and the scheduler goes on without them.
+and the scheduler goes on without them. So are the remote shares' moves (gpupool.api.moves: the one ConfigMap
+MOVES_CONFIGMAP in gpupool's namespace, the scheduler's `gpupool_namespace`): the ledger counts a moving share
+where it is held.
 
 The learned workload (gpupool.scheduler.workload) learns here, from pods the API shows bound with an
 allocation, and nowhere else: a request body teaches it nothing.
@@ -17,8 +19,9 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
+from gpupool.api.moves import MOVES_CONFIGMAP, read_moves
 from gpupool.api.pod import pod_key
-from gpupool.cluster.port import RESOURCE_CLAIMS, ApiError, Gone, Obj, WatchEvent
+from gpupool.cluster.port import CONFIGMAPS, RESOURCE_CLAIMS, ApiError, Gone, Obj, WatchEvent
 from gpupool.scheduler.claims import ClaimAllocator
 from gpupool.scheduler.framework.interface import Handle
 
@@ -41,6 +44,7 @@ class Watcher:
         pods, pod_rv = await h.cluster.list_pods()
         self._replace_nodes(nodes)
         self._replace_pods(pods)
+        moves_rv = await self._list_moves()  # before the claims: each is counted where it is held at once
         claim_rv = await self._list_claims()
         h.workload.seed(e.request for e in h.ledger.entries.values() if not e.claim)
         log.info("ledger synced: %d gpupool nodes, %d GPUs, %d allocations, %d pods",
@@ -52,6 +56,8 @@ class Watcher:
         ]
         if claim_rv is not None:
             self._tasks.append(asyncio.create_task(self._follow("claim", claim_rv)))
+        if moves_rv is not None:
+            self._tasks.append(asyncio.create_task(self._follow("moves", moves_rv)))
 
     async def stop(self) -> None:
         self._stopping = True
@@ -71,6 +77,33 @@ class Watcher:
             return None
         self._replace_claims(claims)
         return rv
+
+    # --- the remote shares' moves: one ConfigMap, listed and watched by name ---------------------------
+
+    async def _list_moves(self) -> str | None:
+        """Read the moves into the ledger; None when they cannot be read (logged: moved shares then count
+        where their claims were allocated)."""
+        try:
+            objs, rv = await self._list_moves_again()
+        except ApiError as e:
+            log.warning("remote share moves not followed (%s): a moved share counts on the GPU it was allocated", e)
+            return None
+        self._replace_moves(objs)
+        return rv
+
+    async def _list_moves_again(self) -> tuple[list[Obj], str]:
+        return await self.h.cluster.list_objects(CONFIGMAPS, namespace=self.h.config.own_namespace(),
+                                                 fields={"metadata.name": MOVES_CONFIGMAP})
+
+    def _watch_moves(self, rv: str) -> AsyncIterator[WatchEvent]:
+        return self.h.cluster.watch_objects(CONFIGMAPS, rv, namespace=self.h.config.own_namespace(),
+                                            fields={"metadata.name": MOVES_CONFIGMAP})
+
+    def _replace_moves(self, objs: list[Obj]) -> None:
+        self.h.ledger.replace_moves(read_moves(objs[0] if objs else None))
+
+    def _moves_event(self, event: WatchEvent) -> None:
+        self.h.ledger.replace_moves(read_moves(None if event.type == "DELETED" else event.object))
 
     async def _list_claims_again(self) -> tuple[list[Obj], str]:
         return await self.h.cluster.list_objects(RESOURCE_CLAIMS)
@@ -137,6 +170,9 @@ class Watcher:
         if kind == "node":
             watch, lister, apply, replace = h.cluster.watch_nodes, h.cluster.list_nodes, self._node_event, \
                 self._replace_nodes
+        elif kind == "moves":
+            watch, lister, apply, replace = self._watch_moves, self._list_moves_again, self._moves_event, \
+                self._replace_moves
         elif kind == "claim":
             watch, lister, apply, replace = self._watch_claims, self._list_claims_again, self._claim_event, \
                 self._replace_claims
