@@ -103,19 +103,25 @@ async def test_a_remote_claim_on_another_nodes_gpu_gets_the_library_the_server_a
         assert (device.pool_name, device.device_name) == (OTHER, "gpu-0")
         assert list(device.cdi_device_ids) == [f"{DRIVER}/claim={uid}"]
         hook_root = r.agent.config.hook_root
-        token_file = hook_root / "claims" / uid / "remote-token"
+        remote_dir = hook_root / "claims" / uid / "remote"
+        # one read-only directory (token and server address), so a rewritten address reaches running containers;
+        # the address only in the file (the client library reads GPUPOOL_REMOTE_SERVER_FILE at each start)
         assert spec_of(r, uid)["devices"] == [{"name": uid, "containerEdits": {
-            "env": ["GPUPOOL_ISOLATION=remote", f"GPUPOOL_REMOTE_SERVER={OTHER_SERVER}",
-                    "GPUPOOL_REMOTE_TOKEN_FILE=/run/gpupool/remote/token", "LD_LIBRARY_PATH=/usr/lib/gpupool/remote"],
+            "env": ["GPUPOOL_ISOLATION=remote", "GPUPOOL_REMOTE_SERVER_FILE=/run/gpupool/remote/claim/server",
+                    "GPUPOOL_REMOTE_TOKEN_FILE=/run/gpupool/remote/claim/token",
+                    "LD_LIBRARY_PATH=/usr/lib/gpupool/remote"],
             "mounts": [
                 {"hostPath": str(hook_root / "lib" / "libgpupool_remote.so"),
                  "containerPath": "/usr/lib/gpupool/remote/libcuda.so.1", "type": "bind",
                  "options": ["bind", "ro", "nosuid", "nodev"]},
-                {"hostPath": str(token_file), "containerPath": "/run/gpupool/remote/token", "type": "bind",
+                {"hostPath": str(remote_dir), "containerPath": "/run/gpupool/remote/claim", "type": "bind",
                  "options": ["bind", "ro", "nosuid", "nodev"]},
             ]}}]
-        assert token_file.read_text() == token_of(uid)
-        assert token_file.stat().st_mode & 0o777 == 0o644  # a container user other than root reads it
+        assert (remote_dir / "token").read_text() == token_of(uid)
+        assert (remote_dir / "server").read_text() == OTHER_SERVER + "\n"
+        for f in ("token", "server"):  # a container user other than root reads them
+            assert (remote_dir / f).stat().st_mode & 0o777 == 0o644
+        token_file = remote_dir / "token"
         # no GPU of this node: nothing for the watchdog to hold
         assert r.agent._watched_claims() == {}
         assert r.agent.dra is not None and r.agent.dra.prepared[uid].shares == ()
@@ -275,9 +281,12 @@ async def test_a_client_with_the_token_the_pods_node_wrote_is_held_to_the_claims
         edits = spec_of(r, uid)["devices"][0]["containerEdits"]
         env = dict(e.split("=", 1) for e in edits["env"])
         mounts = {m["containerPath"]: m["hostPath"] for m in edits["mounts"]}
-        assert env["GPUPOOL_REMOTE_SERVER"] == "unix:/run/gpupool/remote/server.sock"  # the GPU is on this node
+        assert "GPUPOOL_REMOTE_SERVER" not in env
+        remote_dir = Path(mounts["/run/gpupool/remote/claim"])
+        # the GPU is on this node: its unix socket
+        assert (remote_dir / "server").read_text() == "unix:/run/gpupool/remote/server.sock\n"
         assert mounts["/run/gpupool/remote/server.sock"] == str(socket_path(r.agent.config.hook_root))
-        token = Path(mounts["/run/gpupool/remote/token"]).read_text()
+        token = (remote_dir / "token").read_text()
         collector = RemoteCollector(remote)
         for address in (f"unix:{mounts['/run/gpupool/remote/server.sock']}", remote.tcp.address):
             app = start_app(remote_built, address, token)

@@ -103,6 +103,13 @@ class AgentConfig(BaseModel):
     remote_cuda: str | None = None  # the driver the server loads; None: the server's default (libcuda.so.1)
     remote_limits_fd: int | None = Field(default=None, ge=3)  # for a library built to read limits from a fd (tests)
     remote_restart_max_s: float = Field(default=30.0, gt=0)  # longest wait before a dead server is restarted
+    # Moves of remote shares (gpupool.api.moves, docs/remote.md): the namespace of gpupool's moves ConfigMap
+    # (the chart passes the release's). Agents with a remote key watch it: a GPU node's agent prepares a move's
+    # target and moves its source's clients, a pod node's agent points its claims' address files at the server
+    # a share is served from. None: moves are not followed. While a move waits for clients to leave the
+    # source, the source's workers are checked every move_check_s.
+    moves_namespace: str | None = Field(default=None, pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+    move_check_s: float = Field(default=1.0, gt=0, le=60)
 
     @model_validator(mode="after")
     def _fake_needs_file(self) -> AgentConfig:

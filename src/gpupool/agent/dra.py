@@ -67,10 +67,13 @@ from gpupool.api.dra import (
     DeviceShare,
     SliceDevice,
     claim_shares,
+    device_index,
+    device_name,
     remote_token,
     resource_slices,
     slice_name,
 )
+from gpupool.api.moves import GpuRef, Move, served_from
 from gpupool.cluster.port import NotFound
 from gpupool.core.mig import mig_model
 from gpupool.core.mig_request import grant_share
@@ -84,13 +87,17 @@ CDI_VERSION = "0.6.0"  # env, mounts and device nodes: all this spec uses
 CLAIM_CONTAINER = "claim"  # the grant's container name: one share per claim, whatever container uses it
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # kubelet takes the first it knows
 _LABEL_VALUE = re.compile(r"[^A-Za-z0-9_.-]+")
-# Isolation remote, in the container (docs/remote.md): the forwarding library is the container's libcuda.so.1,
-# the claim's token a file, the server an address; on the GPU's own node the server's unix socket.
+# Isolation remote, in the container (docs/remote.md): the forwarding library is the container's libcuda.so.1;
+# the claim's token and its server's address are files of one directory, mounted whole (read-only) so that
+# the address the agent rewrites when the share moves (temporary file, rename) is seen by running containers
+# (a file mount would keep the old inode); on the GPU's own node the server's unix socket.
 REMOTE_LIBRARY_DIR = "/usr/lib/gpupool/remote"
 REMOTE_LIBRARY = f"{REMOTE_LIBRARY_DIR}/libcuda.so.1"
-REMOTE_TOKEN = "/run/gpupool/remote/token"
+REMOTE_CLAIM_DIR = "/run/gpupool/remote/claim"
+REMOTE_TOKEN = f"{REMOTE_CLAIM_DIR}/token"
+REMOTE_SERVER_FILE = f"{REMOTE_CLAIM_DIR}/server"
 REMOTE_SOCKET = "/run/gpupool/remote/server.sock"
-TOKEN_FILE = "remote-token"  # in the claim's directory (claim_dir) on the pod's node
+CLAIM_REMOTE_DIR = "remote"  # in the claim's directory (claim_dir) on the pod's node: `token` and `server`
 # what a slice may name as a server: the address becomes a container's environment, so nothing but this
 _REMOTE_ADDRESS = re.compile(r"^tcp:[A-Za-z0-9.:\[\]-]{1,56}:\d{1,5}$")
 
@@ -168,13 +175,29 @@ def cdi_path(cdi_dir: Path, uid: str) -> Path:
     return cdi_dir / f"{DRIVER}-claim_{uid}.json"
 
 
-def _write_token(path: Path, token: str) -> None:
-    """The claim's token, readable by any user of the container (its processes may run as any user): the
-    file is mounted into this claim's containers only."""
+def remote_claim_dir(hook_root: Path, uid: str) -> Path:
+    """The host directory mounted at REMOTE_CLAIM_DIR in a remote claim's containers; ValueError for a bad UID."""
+    return claim_dir(hook_root, uid) / CLAIM_REMOTE_DIR
+
+
+def _write_public(path: Path, text: str) -> None:
+    """One file of the claim's remote directory (its token, its server's address), readable by any user of the
+    container (its processes may run as any user): the directory is mounted into this claim's containers
+    only. Written whole and renamed, so a process starting while it changes reads the old or the new line."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.parent.chmod(0o755)
-    write_atomically(path, token.encode())
+    write_atomically(path, text.encode())
     path.chmod(0o644)
+
+
+def _write_address(directory: Path, address: str) -> bool:
+    """The claim's server file says `address` (one line); True when it changed."""
+    path = directory / "server"
+    with contextlib.suppress(OSError):
+        if path.read_text() == address + "\n":
+            return False
+    _write_public(path, address + "\n")
+    return True
 
 
 def _write_cdi(cdi_dir: Path, uid: str, spec: Obj) -> None:
@@ -215,6 +238,22 @@ def _slice_device(obj: Mapping[str, Any] | None, device: str) -> Mapping[str, An
     return None
 
 
+async def remote_address(cluster: AgentCluster, pool: str, device: str) -> str | None:
+    """The GPU server a pool's device is served by: attribute remoteServer of the device in the pool's slices
+    (its node's agent writes them while its TCP server listens); None when there is none or it is not a
+    tcp:HOST:PORT (it becomes a file containers read and a move's target: nothing else may pass)."""
+    first = await cluster.get_slice(slice_name(pool))
+    found = _slice_device(first, device)
+    count = int((((first or {}).get("spec") or {}).get("pool") or {}).get("resourceSliceCount", 1) or 1)
+    for k in range(1, min(count, 64)):  # bounded: a pool of at most MAX_GPUS_PER_NODE devices
+        if found is not None:
+            break
+        found = _slice_device(await cluster.get_slice(f"{slice_name(pool)}-{k}"), device)
+    attr = ((found or {}).get("attributes") or {}).get(ATTR_REMOTE_SERVER) or {}
+    address = attr.get("string") if isinstance(attr, Mapping) else None
+    return address if isinstance(address, str) and _REMOTE_ADDRESS.match(address) else None
+
+
 # --- the driver -------------------------------------------------------------------------------------------
 
 
@@ -239,6 +278,9 @@ class DraDriver:
         self.remote: RemoteClient | None = None  # isolation remote for pods here (None: such claims are refused)
         # the address of this node's GPU server while it serves ("": none or down), published on shared GPUs
         self.remote_server: Callable[[], str] = lambda: ""
+        # the moves of remote shares by claim UID (gpupool.api.moves; the agent's MovesBook): where the
+        # prepared remote claims' server files point
+        self.moves: Callable[[], Mapping[str, Move]] = lambda: {}
         self.prepare_count = 0  # claims prepared (answered from the checkpoint: not counted)
         self.prepare_seconds = 0.0  # their total time, from the claim's read to the checkpoint's write
         self.prepare_errors = 0
@@ -347,9 +389,9 @@ class DraDriver:
         return Outcome(prepared)
 
     async def _prepare_remote(self, ref: ClaimRef, shares: ClaimShares) -> Outcome:
-        """A remote share: no GPU of this node; the container gets the forwarding library as libcuda.so.1,
-        the address of the GPU node's server (read from that node's ResourceSlice, which its agent writes)
-        and the claim's token (derived here from the cluster's key: the tenant never chooses it)."""
+        """A remote share: no GPU of this node; the container gets the forwarding library as libcuda.so.1 and
+        the claim's remote directory: its token (derived here from the cluster's key: the tenant never
+        chooses it) and the address of the server the share is served from (`_served_address`)."""
         label = ref.label
         if len(shares.devices) != 1:
             return Outcome(error=f"claim {label}: isolation remote serves one GPU share per claim; it is "
@@ -359,50 +401,74 @@ class DraDriver:
         if remote is None or remote.key is None:
             return Outcome(error=f"claim {label}: isolation remote, but the agent on {self.config.node_name} has "
                                  "no remote key (agent setting remote_key_file; chart value dra.remote.enabled)")
+        device = PreparedDevice(s.request, s.pool, s.device, s.share_id)
         try:
-            address = await self._remote_address(s)
+            address = await self._served_address(ref.uid, device)
         except Exception as e:  # transport or API trouble: kubelet retries the claim
-            return Outcome(error=f"claim {label}: cannot read the ResourceSlice of pool {s.pool}: {e}")
-        if address is None:
-            return Outcome(error=f"claim {label}: device {s.device} of pool {s.pool} has no GPU server (no valid "
-                                 f"attribute {ATTR_REMOTE_SERVER} in its ResourceSlice: its node serves no remote "
-                                 "shares, or its server is down)")
+            return Outcome(error=f"claim {label}: cannot read the ResourceSlice of the share's server: {e}")
+        if isinstance(address, Refused):
+            return Outcome(error=f"claim {label}: {address.reason}")
         envs = {"LD_LIBRARY_PATH": REMOTE_LIBRARY_DIR, "GPUPOOL_REMOTE_TOKEN_FILE": REMOTE_TOKEN,
-                "GPUPOOL_REMOTE_SERVER": address, "GPUPOOL_ISOLATION": REMOTE_ISOLATION}
+                "GPUPOOL_REMOTE_SERVER_FILE": REMOTE_SERVER_FILE, "GPUPOOL_ISOLATION": REMOTE_ISOLATION}
         try:
-            token = claim_dir(self.config.hook_root, ref.uid) / TOKEN_FILE
+            directory = remote_claim_dir(self.config.hook_root, ref.uid)
         except ValueError as e:
             return Outcome(error=f"claim {label}: {e}")
         mounts = [MountSpec(REMOTE_LIBRARY, str(remote.library), read_only=True),
-                  MountSpec(REMOTE_TOKEN, str(token), read_only=True)]
-        if s.pool == self.config.node_name and remote.socket is not None:
+                  MountSpec(REMOTE_CLAIM_DIR, str(directory), read_only=True)]
+        if remote.socket is not None and self._socket_mounted(device):
             # the GPU is here: its server's unix socket, so the data never leaves the node
-            envs["GPUPOOL_REMOTE_SERVER"] = f"unix:{REMOTE_SOCKET}"
             mounts.append(MountSpec(REMOTE_SOCKET, str(remote.socket)))
         grant = ContainerGrant(envs=envs, mounts=mounts)
         try:
-            await asyncio.to_thread(_write_token, token, remote_token(remote.key, ref.uid))
+            await asyncio.to_thread(_write_public, directory / "token", remote_token(remote.key, ref.uid))
+            await asyncio.to_thread(_write_address, directory, address)
             await asyncio.to_thread(_write_cdi, self.config.cdi_dir, ref.uid, cdi_spec(ref.uid, grant))
         except OSError as e:
-            return Outcome(error=f"cannot write the token or CDI spec of claim {label}: {e}")
+            return Outcome(error=f"cannot write the remote directory or CDI spec of claim {label}: {e}")
         # no local GPU: no shares for the watchdog, nothing of this node's GPUs counted as used
         return await self._checkpoint(ref, PreparedClaim(
-            ref.uid, ref.namespace, ref.name, REMOTE_ISOLATION,
-            (PreparedDevice(s.request, s.pool, s.device, s.share_id),), (f"{CDI_KIND}={ref.uid}",)))
+            ref.uid, ref.namespace, ref.name, REMOTE_ISOLATION, (device,), (f"{CDI_KIND}={ref.uid}",)))
 
-    async def _remote_address(self, s: DeviceShare) -> str | None:
-        """The GPU server the device's node advertises (attribute remoteServer of the device in the pool's
-        slices), None when it advertises none or something that is not a tcp:HOST:PORT."""
-        first = await self.cluster.get_slice(slice_name(s.pool))
-        found = _slice_device(first, s.device)
-        count = int((((first or {}).get("spec") or {}).get("pool") or {}).get("resourceSliceCount", 1) or 1)
-        for k in range(1, min(count, 64)):  # bounded: a pool of at most MAX_GPUS_PER_NODE devices
-            if found is not None:
-                break
-            found = _slice_device(await self.cluster.get_slice(f"{slice_name(s.pool)}-{k}"), s.device)
-        attr = ((found or {}).get("attributes") or {}).get(ATTR_REMOTE_SERVER) or {}
-        address = attr.get("string") if isinstance(attr, Mapping) else None
-        return address if isinstance(address, str) and _REMOTE_ADDRESS.match(address) else None
+    def _socket_mounted(self, placed: PreparedDevice) -> bool:
+        """Whether a remote claim's containers get this node's unix socket: their share was placed here."""
+        return placed.pool == self.config.node_name and self.remote is not None and self.remote.socket is not None
+
+    async def _served_address(self, uid: str, placed: PreparedDevice) -> str | Refused:
+        """The address new client processes of the claim dial: where its share is served from now
+        (gpupool.api.moves.served_from: the allocation's GPU, or a move's source or target); the unix socket
+        while that is this node and the socket is mounted, else that node's TCP server from its slice."""
+        index = device_index(placed.device)
+        if index is None:
+            return Refused(f"device {placed.device} of pool {placed.pool} is not a GPU of gpupool's")
+        where = served_from(self.moves().get(uid), GpuRef(placed.pool, index))
+        if where.node == self.config.node_name and self._socket_mounted(placed):
+            return f"unix:{REMOTE_SOCKET}"
+        address = await remote_address(self.cluster, where.node, device_name(where.index))
+        if address is None:
+            return Refused(f"device {device_name(where.index)} of pool {where.node} has no GPU server (no valid "
+                           f"attribute {ATTR_REMOTE_SERVER} in its ResourceSlice: its node serves no remote shares, "
+                           "or its server is down)")
+        return address
+
+    async def follow_moves(self) -> None:
+        """Point every prepared remote claim's server file at where its share is served from now (called when
+        a move changes). A server that cannot be found leaves the file as it is (logged): the share's old
+        server still answers, or moves its clients."""
+        async with self._lock:
+            for c in list(self.prepared.values()):
+                if c.isolation != REMOTE_ISOLATION or len(c.devices) != 1:
+                    continue
+                try:
+                    address = await self._served_address(c.uid, c.devices[0])
+                    if isinstance(address, Refused):
+                        log.warning("claim %s: server address not updated: %s", c.label, address.reason)
+                        continue
+                    if await asyncio.to_thread(_write_address, remote_claim_dir(self.config.hook_root, c.uid),
+                                               address):
+                        log.info("claim %s: new client processes connect to %s", c.label, address)
+                except Exception as e:  # API or disk trouble: the next change of a move tries again
+                    log.warning("claim %s: server address not updated: %s", c.label, e)
 
     async def _grant(self, ref: ClaimRef, isolation: str, grants: list[GrantDoc],
                      label: str) -> tuple[str, ...] | Refused:

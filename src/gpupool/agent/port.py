@@ -7,7 +7,10 @@ Events about pods of its node whose processes the watchdog stopped or reported (
 DaemonSet's RBAC: nodes get/patch, nodes/status patch, pods list/get/patch, events create). As a DRA
 driver it also reads ResourceClaims (get) and writes its node's ResourceSlice (get, create, patch). Serving
 remote shares (gpupool.agent.remote) it lists and watches ResourceClaims of every namespace: a remote claim
-on its GPUs may belong to a pod on any node.
+on its GPUs may belong to a pod on any node. With remote shares it also reads and updates one ConfigMap in
+gpupool's own namespace, the moves of remote shares (gpupool.api.moves.MOVES_CONFIGMAP): get, and list and
+watch with the field selector metadata.name (RBAC's resourceNames admit a list or watch only with it),
+and merge patches of its data with the resourceVersion read (a Conflict: read again).
 """
 
 from __future__ import annotations
@@ -15,9 +18,20 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from gpupool.cluster.port import NODES, RESOURCE_CLAIMS, RESOURCE_SLICES, ClusterPort, NotFound, WatchEvent
+from gpupool.api.moves import MOVES_CONFIGMAP
+from gpupool.cluster.port import (
+    NODES,
+    RESOURCE_CLAIMS,
+    RESOURCE_SLICES,
+    ClusterPort,
+    Kind,
+    NotFound,
+    WatchEvent,
+)
 
 Obj = dict[str, Any]
+CONFIGMAPS = Kind("", "v1", "ConfigMap", "configmaps", namespaced=True)
+_MOVES_ONLY = {"metadata.name": MOVES_CONFIGMAP}  # the one ConfigMap the agent's Role names
 
 
 class AgentCluster(Protocol):
@@ -57,6 +71,15 @@ class AgentCluster(Protocol):
     async def list_claims(self) -> tuple[list[Obj], str]: ...
 
     def watch_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]: ...
+
+    # moves of remote shares (gpupool.api.moves): the one ConfigMap in gpupool's namespace
+    async def list_moves(self, namespace: str) -> tuple[list[Obj], str]: ...
+
+    def watch_moves(self, namespace: str, resource_version: str) -> AsyncIterator[WatchEvent]: ...
+
+    async def get_moves(self, namespace: str) -> Obj | None: ...
+
+    async def update_moves(self, namespace: str, entries: Mapping[str, str], resource_version: str) -> Obj: ...
 
 
 class LabelsUnsupported(RuntimeError):
@@ -131,3 +154,22 @@ class ClusterPortAgent:
 
     def watch_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         return self.port.watch_objects(RESOURCE_CLAIMS, resource_version)
+
+    async def list_moves(self, namespace: str) -> tuple[list[Obj], str]:
+        return await self.port.list_objects(CONFIGMAPS, namespace=namespace, fields=_MOVES_ONLY)
+
+    def watch_moves(self, namespace: str, resource_version: str) -> AsyncIterator[WatchEvent]:
+        return self.port.watch_objects(CONFIGMAPS, resource_version, namespace=namespace, fields=_MOVES_ONLY)
+
+    async def get_moves(self, namespace: str) -> Obj | None:
+        """The moves ConfigMap; None when there is none (no moves were ever asked)."""
+        try:
+            return await self.port.get_object(CONFIGMAPS, MOVES_CONFIGMAP, namespace)
+        except NotFound:
+            return None
+
+    async def update_moves(self, namespace: str, entries: Mapping[str, str], resource_version: str) -> Obj:
+        """Set these entries (claim UID -> a Move's JSON) if the ConfigMap is still at `resource_version`
+        (Conflict otherwise: another writer came first; read again)."""
+        return await self.port.patch_object(CONFIGMAPS, MOVES_CONFIGMAP, {"data": dict(entries)},
+                                            namespace=namespace, resource_version=resource_version)

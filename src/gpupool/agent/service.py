@@ -46,7 +46,14 @@ from gpupool.agent.mps import MpsSupervisor, supervise
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.procs import Killer
-from gpupool.agent.remote import RemoteKeyError, RemoteServing, load_key, remote_client
+from gpupool.agent.remote import (
+    MovesBook,
+    RemoteKeyError,
+    RemoteServing,
+    load_key,
+    refuse_moves_here,
+    remote_client,
+)
 from gpupool.agent.squeeze import follow_squeezes
 from gpupool.agent.table import DeviceTable
 from gpupool.agent.validation import Step, Validation, withheld_reason
@@ -92,6 +99,7 @@ class Agent:
         self.dra: DraDriver | None = None  # config.dra: the DRA driver serves the GPUs instead of `server`
         self.dra_server: DraServer | None = None
         self.remote: RemoteServing | None = None  # remote_listen: this node's GPU servers (gpupool.agent.remote)
+        self.moves: MovesBook | None = None  # a remote key and moves_namespace: the moves of remote shares
         self._slice_dirty = asyncio.Event()  # publish the slice now (the GPU server came up or went down)
         self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
         # the isolation modes of this node (gpupool.agent.isolation), shared by Allocate, watchdog and inventory
@@ -199,16 +207,32 @@ class Agent:
             except RemoteKeyError as e:  # `gpupool agent` checks it before starting; here it changed since
                 log.error("remote shares disabled: %s", e)
         dra.remote = remote_client(self.config, key)
+        if key is not None and self.config.moves_namespace is not None:
+            # moves: this node's remote claims follow where their shares are served from (the server files),
+            # and as a GPU node it takes its steps of moves to and from its GPUs
+            self.moves = book = MovesBook(self.cluster, self.config.moves_namespace, self.config.node_name)
+            dra.moves = lambda: book.moves
+
+            async def follow(changed: set[str]) -> None:
+                await dra.follow_moves()
+
+            book.handlers.append(follow)
         if self.config.remote_listen is None or key is None:
+            if self.moves is not None:
+                self.moves.handlers.append(refuse_moves_here(self.moves))
+                self.moves.start()
             return
 
         def changed() -> None:
             self._slice_dirty.set()
             self._inventory_dirty.set()
 
-        self.remote = RemoteServing(self.config, key, self.cluster, lambda: table.known, changed)
+        self.remote = RemoteServing(self.config, key, self.cluster, lambda: table.known, changed, book=self.moves,
+                                    unhealthy=table.unhealthy)
         dra.remote_server = self.remote.advertised
         await self.remote.start()
+        if self.moves is not None:
+            self.moves.start()
 
     async def _adopt(self) -> None:
         """Read (never write) what the API says about this node's pods, so a restarted agent knows where it
@@ -250,6 +274,8 @@ class Agent:
             self.config.plugin_socket_path.unlink(missing_ok=True)
         if self.dra_server is not None:
             await self.dra_server.stop()
+        if self.moves is not None:
+            await self.moves.stop()
         if self.remote is not None:
             await self.remote.stop()
         self._thread_stop.set()

@@ -54,6 +54,9 @@ import click
 @click.option("--remote-key", "remote_key_file", type=click.Path(path_type=Path), default=None,
               help="File with the cluster's remote key: claims of isolation remote are prepared with tokens "
                    "derived from it [off].")
+@click.option("--moves-namespace", default=None,
+              help="Namespace of gpupool's moves ConfigMap (gpupool-remote-moves): with --remote-key, follow moves "
+                   "of remote shares between GPU servers [off] (docs/remote.md).")
 @click.option(
     "--mps-root",
     type=click.Path(path_type=Path),

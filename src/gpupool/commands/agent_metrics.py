@@ -37,7 +37,7 @@ from gpupool.agent.dra import DraCollector
 from gpupool.agent.hook_metrics import HookUsageCollector
 from gpupool.agent.hookdir import read_all
 from gpupool.agent.mps import MpsCollector
-from gpupool.agent.remote import RemoteCollector
+from gpupool.agent.remote import MovesCollector, RemoteCollector
 from gpupool.agent.service import Agent
 from gpupool.agent.watchdog import WatchdogCollector
 from gpupool.api.allocation import AllocationError, decode_allocation
@@ -158,6 +158,8 @@ async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: fl
         registry.register(DraCollector(agent.dra))
     if agent.remote is not None:  # gpupool_remote_* (gpupool.agent.remote)
         registry.register(RemoteCollector(agent.remote))
+    if agent.moves is not None:
+        registry.register(MovesCollector(agent.moves))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
