@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "hook": "The CUDA interception library behind hook isolation (gpupool hook path).",
     "mig": "MIG geometry, layouts and what-if planning per isolation.",
     "doctor": "Check an installation end to end and say what is wrong and how to fix it.",
+    "migrate": "Move a pod's remote GPU share to another GPU server while it runs.",
+    "drain": "Cordon a GPU node, move the remote shares it serves elsewhere and evict the pods holding its GPUs.",
 }
 
 

@@ -123,6 +123,41 @@ def gated(pod: Mapping[str, Any]) -> bool:
     return any(g.get("name") == SCHEDULING_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
+def usable_devices(slices: Iterable[Mapping[str, Any]]) -> Usable:
+    """gpupool's devices without a NoSchedule/NoExecute taint, by node: shared GPUs and MIG GPUs. Only
+    the slices of a pool's newest generation count, as for kube-scheduler: an older one still listed
+    (the agent is replacing the pool, a GPU just left MIG mode) shows devices that are gone. (`gpupool migrate`
+    and `drain` choose a remote share's new GPU among the same.)"""
+    out = Usable()
+    ours = [s for s in slices if (s.get("spec") or {}).get("driver") == DRIVER]
+    newest: dict[str, int] = {}
+    for s in ours:
+        pool = (s.get("spec") or {}).get("pool") or {}
+        name = str(pool.get("name", ""))
+        newest[name] = max(newest.get(name, 0), int(pool.get("generation", 0) or 0))
+    for s in ours:
+        spec = s.get("spec") or {}
+        pool = spec.get("pool") or {}
+        if int(pool.get("generation", 0) or 0) < newest[str(pool.get("name", ""))]:
+            continue
+        node = str(spec.get("nodeName", ""))
+        out.drivers.add(node)
+        shared, mig = out.shared.setdefault(node, set()), out.mig.setdefault(node, set())
+        remote = out.remote.setdefault(node, set())
+        for d in spec.get("devices") or []:
+            if any(t.get("effect") in HARD_EFFECTS for t in d.get("taints") or []):
+                continue
+            name = str(d.get("name", ""))
+            index, partition = device_index(name), mig_device(name)
+            if index is not None:
+                shared.add(index)
+                if ((d.get("attributes") or {}).get(ATTR_REMOTE_SERVER) or {}).get("string"):
+                    remote.add(index)
+            elif partition is not None:
+                mig.add(partition[0])
+    return out
+
+
 class ClaimAllocator:
     """Places the claims of gated pods (fed by gpupool.scheduler.watch: pods and claims)."""
 
@@ -227,37 +262,7 @@ class ClaimAllocator:
         return out
 
     def _slices(self) -> Usable:
-        """gpupool's devices without a NoSchedule/NoExecute taint, by node: shared GPUs and MIG GPUs. Only
-        the slices of a pool's newest generation count, as for kube-scheduler: an older one still listed
-        (the agent is replacing the pool, a GPU just left MIG mode) shows devices that are gone."""
-        out = Usable()
-        ours = [s for s in self._slice_ref.items() if (s.get("spec") or {}).get("driver") == DRIVER]
-        newest: dict[str, int] = {}
-        for s in ours:
-            pool = (s.get("spec") or {}).get("pool") or {}
-            name = str(pool.get("name", ""))
-            newest[name] = max(newest.get(name, 0), int(pool.get("generation", 0) or 0))
-        for s in ours:
-            spec = s.get("spec") or {}
-            pool = spec.get("pool") or {}
-            if int(pool.get("generation", 0) or 0) < newest[str(pool.get("name", ""))]:
-                continue
-            node = str(spec.get("nodeName", ""))
-            out.drivers.add(node)
-            shared, mig = out.shared.setdefault(node, set()), out.mig.setdefault(node, set())
-            remote = out.remote.setdefault(node, set())
-            for d in spec.get("devices") or []:
-                if any(t.get("effect") in HARD_EFFECTS for t in d.get("taints") or []):
-                    continue
-                name = str(d.get("name", ""))
-                index, partition = device_index(name), mig_device(name)
-                if index is not None:
-                    shared.add(index)
-                    if ((d.get("attributes") or {}).get(ATTR_REMOTE_SERVER) or {}).get("string"):
-                        remote.add(index)
-                elif partition is not None:
-                    mig.add(partition[0])
-        return out
+        return usable_devices(self._slice_ref.items())
 
     # --- one pod --------------------------------------------------------------------------------------
     async def _place(self, pod: Obj, classes: Mapping[str, tuple[str, list[Obj]]], slices: Usable) -> str | None:
