@@ -186,7 +186,7 @@ async def drain_node(cluster: ClusterPort, node: str, gpupool_namespace: str, wa
     following = {uid: s.label for uid, (s, _) in plan.moves.items()} | {u: s.label for u, s in plan.moving.items()}
     if following and wait_s > 0:
         last = await follow(cluster, gpupool_namespace, following, max(0.0, deadline - clock()), echo, sleep, clock)
-        left += [why for uid, label in following.items() if (why := outcome(label, last[uid], wait_s)) is not None]
+        left += [o for uid, label in following.items() if (o := outcome(label, last[uid], wait_s)) is not None]
     elif following:
         echo(f"{len(following)} move(s) requested; not waiting (--wait 0)")
     for why in left:
