@@ -743,6 +743,8 @@ def test_remote_serving_is_off_by_default(render: Render) -> None:
     container = agent_pod(objs)["containers"][0]
     assert not any(e["name"].startswith("GPUPOOL_AGENT_REMOTE_") for e in container["env"])
     assert ((("resource.k8s.io",), ("resourceclaims",), ("get",)) in agent_rules(objs))
+    assert not any(e["name"] == "GPUPOOL_AGENT_MOVES_NAMESPACE" for e in container["env"])
+    assert [o for o in objs if o["metadata"]["name"] == "gp-gpupool-agent-moves"] == []
 
 
 def test_remote_serving_gives_the_agent_the_key_its_server_port_and_the_claims_it_serves(render: Render) -> None:
@@ -766,3 +768,23 @@ def test_remote_serving_gives_the_agent_the_key_its_server_port_and_the_claims_i
     assert (("resource.k8s.io",), ("resourceclaims",), ("get", "list", "watch")) in agent_rules(objs)
     (policy,) = [o for o in kinds(objs, "NetworkPolicy") if o["metadata"]["name"] == "gp-gpupool-agent"]
     assert {"ports": [{"port": "gpu-server", "protocol": "TCP"}]} in policy["spec"]["ingress"]
+
+
+def test_remote_agents_follow_moves_in_the_releases_namespace_with_a_role_for_that_one_configmap(
+        render: Render) -> None:
+    from gpupool.api.moves import MOVES_CONFIGMAP
+
+    objs = dra_on(render, dra={"remote": {"enabled": True}})
+    (container,) = agent_pod(objs)["containers"]
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+    assert env["GPUPOOL_AGENT_MOVES_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    (role,) = [o for o in kinds(objs, "Role") if o["metadata"]["name"] == "gp-gpupool-agent-moves"]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": ["gpupool-remote-moves"],
+                              "verbs": ["get", "list", "watch", "update", "patch"]}]
+    assert MOVES_CONFIGMAP == "gpupool-remote-moves"  # the chart names the contract's ConfigMap
+    (binding,) = [o for o in kinds(objs, "RoleBinding") if o["metadata"]["name"] == "gp-gpupool-agent-moves"]
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "gp-gpupool-agent-moves"}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gp-gpupool-agent", "namespace": NAMESPACE}]
