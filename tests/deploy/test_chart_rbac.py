@@ -138,3 +138,19 @@ def test_the_doctors_rights_table_is_the_charts_own_roles(render: Render, watchd
              for c, needs in NEEDS.items() for a in needs if a.chart and (not a.when or a.when in enabled)}
     assert len(table) > 10
     assert rendered == table
+
+
+def test_the_scheduler_reads_the_moves_configmap_of_its_release_namespace(render: Render) -> None:
+    """The extender counts moving remote shares from gpupool's moves ConfigMap: the chart tells it the release
+    namespace, where its Role lets it read that one ConfigMap (and no other)."""
+    from gpupool.api.moves import MOVES_CONFIGMAP
+
+    objs = render(None)
+    (deployment,) = [o for o in objs if o["kind"] == "Deployment" and o["metadata"]["name"] == "gp-gpupool-scheduler"]
+    env = {e["name"]: e.get("value") for c in deployment["spec"]["template"]["spec"]["containers"]
+           for e in c.get("env") or []}
+    assert env["GPUPOOL_SCHEDULER_GPUPOOL_NAMESPACE"] == NAMESPACE
+    (role,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "gp-gpupool-scheduler-moves"]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [MOVES_CONFIGMAP],
+                              "verbs": ["get", "list", "watch"]}]
