@@ -117,8 +117,14 @@ async def test_the_scheduler_follows_the_moves_configmap() -> None:
     svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False, gpupool_namespace="gp-system"))
     await svc.start()
     try:
-        # listed at start: both GPUs hold it
+        # listed at start: both GPUs hold it, and the pool views (/pool, `gpupool top`) show it on both
         assert held_by(svc.ledger, uid) == {GpuRef("gpu-0000", 0), GpuRef("gpu-0001", 0)}
+        from gpupool.commands.pool_views import snapshot_of
+
+        shown = {(n.name, g.index): [(x.namespace, x.pod, x.memory_mib) for x in g.grants]
+                 for n in snapshot_of(svc).nodes for g in n.gpus}
+        assert shown[("gpu-0000", 0)] == shown[("gpu-0001", 0)] == [("team", "c-u1", 4096)]
+        assert shown[("gpu-0002", 0)] == []
         await cluster.patch_object(CONFIGMAPS, MOVES_CONFIGMAP, {"data": {uid: move.advanced("moved").to_json()}},
                                    namespace="gp-system")
         for _ in range(200):
