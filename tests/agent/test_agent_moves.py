@@ -14,7 +14,7 @@ import random
 import shutil
 import struct
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,14 +22,15 @@ from pathlib import Path
 import grpc
 import pytest
 
+from gpupool.agent.config import ConfigError, load_config
 from gpupool.agent.fake import FakeBackend
 from gpupool.agent.port import CONFIGMAPS, ClusterPortAgent
 from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
-from gpupool.agent.remote import MovesCollector, share_dir, tokens_path
+from gpupool.agent.remote import MovesBook, MovesCollector, share_dir, tokens_path
 from gpupool.agent.service import Agent
 from gpupool.api.moves import MOVES_CONFIGMAP, GpuRef, Move, read_moves
 from gpupool.cluster.memory import MemoryCluster
-from gpupool.cluster.port import RESOURCE_CLAIMS, NotFound
+from gpupool.cluster.port import RESOURCE_CLAIMS, NotFound, Obj
 from tests.agent.agent_helpers import agent_config, four_gpus
 from tests.agent.test_agent_dra import DraRig, _register, prepare
 from tests.agent.test_agent_remote import (  # noqa: F401  (fixtures)
@@ -148,7 +149,7 @@ async def ask_app(app: App, command: str) -> list[str]:
 
 def moves_metric(agent: Agent) -> dict[str, float]:
     assert agent.moves is not None
-    return {s.labels["state"]: s.value for m in MovesCollector(agent.moves).collect() for s in m.samples}
+    return moves_metric_of(agent.moves)
 
 
 async def placed_claim(c3: Cluster3, rb: RemoteBuilt) -> tuple[str, App, bytes]:
@@ -246,3 +247,115 @@ async def test_a_target_that_cannot_take_the_share_fails_the_move_and_the_client
         finally:
             err = await asyncio.to_thread(app.close)
         assert app.proc.returncode == 0 and "move" not in err
+
+
+async def test_clients_that_connect_to_the_source_while_the_move_is_ready_are_moved_too(
+        remote_built: RemoteBuilt, fake_driver: Path, key_file: Path) -> None:  # noqa: F811
+    """A process that started before its pod's node switched the address: it connects to the source while the
+    entry is ready; the source asks it to move as well, and the move ends only when it has."""
+    async with three_nodes(remote_built, key_file) as c3:
+        uid, first, data = await placed_claim(c3, remote_built)
+        late = None
+        try:
+            assert await ask_app(first, "ctx") == ["0"]
+            await ask(c3.cluster, uid, Move("team-a/mover", GpuRef(SOURCE, 1), GpuRef(TARGET, 0)))
+            await eventually(lambda: state_is(c3.cluster, uid, "ready", "1 clients still on the source"))
+            late = c3.app(remote_built, uid)  # the server file still names the source
+            assert await ask_app(late, "ctx") == ["0"]
+            assert await ask_app(late, "alloc 0 8192") == ["0"]
+            assert await ask_app(late, f"write 0 0 0 0 {data.hex()}") == ["0"]
+            await eventually(lambda: state_is(c3.cluster, uid, "ready", "2 clients still on the source"))
+            assert await ask_app(first, "sync") == ["0"]
+            await eventually(lambda: state_is(c3.cluster, uid, "ready", "1 clients still on the source"))
+            rc, got = await ask_app(late, "read 0 0 8192 0 0")  # a waiting call: it moves here
+            assert rc == "0" and bytes.fromhex(got) == data
+            await eventually(lambda: state_is(c3.cluster, uid, "moved", ""))
+            assert len(c3.workers(TARGET, uid)) == 2
+        finally:
+            errs = [await asyncio.to_thread(a.close) for a in (first, late) if a is not None]
+        assert all(f"moved to {c3.tcp(TARGET)}" in e for e in errs) and len(errs) == 2
+
+
+# --- the moves ConfigMap: reads and compare-and-set writes (no GPU servers) ---------------------------------
+
+
+class Interfering(ClusterPortAgent):
+    """Another writer's change lands between the agent's read of the ConfigMap and its update, once."""
+
+    def __init__(self, port: MemoryCluster, change: dict[str, str]) -> None:
+        super().__init__(port)
+        self.change: dict[str, str] | None = change
+        self.updates = 0
+
+    async def update_moves(self, namespace: str, entries: Mapping[str, str], resource_version: str) -> Obj:
+        self.updates += 1
+        if self.change is not None:
+            change, self.change = self.change, None
+            await self.port.patch_object(CONFIGMAPS, MOVES_CONFIGMAP, {"data": change}, namespace=NS)
+        return await super().update_moves(namespace, entries, resource_version)
+
+
+A_MOVE = Move("team-a/one", GpuRef(SOURCE, 0), GpuRef(TARGET, 1))
+B_MOVE = Move("team-a/two", GpuRef(SOURCE, 2), GpuRef(TARGET, 3))
+
+
+async def test_a_write_after_another_writers_change_is_retried_on_the_new_version() -> None:
+    cluster = MemoryCluster()
+    await ask(cluster, "uid-1", A_MOVE)
+    port = Interfering(cluster, {"uid-2": B_MOVE.to_json()})  # another claim's entry: no reason to give up
+    book = MovesBook(port, NS, TARGET)
+    assert await book.write("uid-1", A_MOVE, A_MOVE.advanced("ready"))
+    assert port.updates == 2  # the first one met a Conflict
+    assert await entry(cluster, "uid-1") == Move("team-a/one", GpuRef(SOURCE, 0), GpuRef(TARGET, 1), "ready")
+    assert await entry(cluster, "uid-2") == B_MOVE
+
+
+async def test_a_write_over_an_entry_that_changed_is_not_made() -> None:
+    cluster = MemoryCluster()
+    await ask(cluster, "uid-1", A_MOVE)
+    again = Move("team-a/one", GpuRef(SOURCE, 0), GpuRef("gpu-node-c", 0))  # the admin asked another target
+    port = Interfering(cluster, {"uid-1": again.to_json()})
+    book = MovesBook(port, NS, TARGET)
+    assert not await book.write("uid-1", A_MOVE, A_MOVE.advanced("ready"))
+    assert await entry(cluster, "uid-1") == again
+    assert not await MovesBook(ClusterPortAgent(MemoryCluster()), NS, TARGET).write("uid-1", A_MOVE, again)
+
+
+async def test_no_configmap_is_no_moves_and_its_entries_arrive_and_go_with_it() -> None:
+    cluster = MemoryCluster()
+    book = MovesBook(ClusterPortAgent(cluster), NS, SOURCE)
+    seen: list[set[str]] = []
+
+    async def record(changed: set[str]) -> None:
+        seen.append(changed)
+
+    book.handlers.append(record)
+    book.start()
+    try:
+        await book.wait_synced()
+        assert book.moves == {} and seen == []
+        await ask(cluster, "uid-1", A_MOVE)
+        await eventually(lambda: book.moves == {"uid-1": A_MOVE})
+        await cluster.patch_object(CONFIGMAPS, MOVES_CONFIGMAP, {"data": {"uid-2": "not a move"}}, namespace=NS)
+        await ask(cluster, "uid-3", B_MOVE)
+        await eventually(lambda: book.moves == {"uid-1": A_MOVE, "uid-3": B_MOVE})  # a damaged entry is skipped
+        await cluster.delete_object(CONFIGMAPS, MOVES_CONFIGMAP, namespace=NS)
+        await eventually(lambda: book.moves == {})
+        assert seen == [{"uid-1"}, {"uid-3"}, {"uid-1", "uid-3"}]
+        metric = moves_metric_of(book)
+        assert metric == {"requested": 0, "ready": 0, "moved": 0, "failed": 0}
+    finally:
+        await book.stop()
+
+
+def moves_metric_of(book: MovesBook) -> dict[str, float]:
+    return {s.labels["state"]: s.value for m in MovesCollector(book).collect() for s in m.samples}
+
+
+def test_the_moves_namespace_is_a_setting_an_env_variable_and_a_flag(tmp_path: Path) -> None:
+    assert load_config(None, {"node_name": "n"}, {}).moves_namespace is None
+    assert load_config(None, {"node_name": "n"}, {"GPUPOOL_AGENT_MOVES_NAMESPACE": "gpupool"}).moves_namespace \
+        == "gpupool"
+    assert load_config(None, {"node_name": "n", "moves_namespace": "ops"}, {}).moves_namespace == "ops"
+    with pytest.raises(ConfigError, match="moves_namespace"):
+        load_config(None, {"node_name": "n", "moves_namespace": "Not/A-Namespace"}, {})
