@@ -672,7 +672,7 @@ def test_the_examples_in_the_claims_doc_are_valid_and_use_the_charts_classes(ren
     objs = [o for block in re.findall(r"```yaml\n(.*?)```", doc, re.S) for o in yaml.safe_load_all(block) if o]
     templates = {o["metadata"]["name"]: o for o in objs if o["kind"] == "ResourceClaimTemplate"}
     pods = [o for o in objs if o["kind"] == "Pod"]
-    assert len(templates) == 6 and len(pods) == 4
+    assert len(templates) == 7 and len(pods) == 4
     classes = {o["metadata"]["name"] for o in kinds(dra_on(render), "DeviceClass")}
     # the attributes of a shared GPU and of a MIG partition, as the agent publishes them
     gpus = [dra.SliceDevice(0, "GPU-0", "m", 1024, "9.0", 0, (1,)),

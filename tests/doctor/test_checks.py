@@ -225,7 +225,7 @@ def test_a_gpupool_class_naming_no_valid_isolation_is_a_warning() -> None:
                                  device_class("empty.gpu.gpupool.io", extra="x")])
     assert bad.status is Status.WARN
     assert bad.detail == ("empty.gpu.gpupool.io names isolation None; fast.gpu.gpupool.io names isolation 'vfio': "
-                          "the driver refuses their claims (use hook, mps, none, mig)")
+                          "the driver refuses their claims (use hook, mps, none, mig, remote)")
     assert "helm upgrade" in bad.fix
 
 
