@@ -30,12 +30,15 @@ from gpupool.agent.remote import MovesBook, MovesCollector, share_dir, tokens_pa
 from gpupool.agent.service import Agent
 from gpupool.api.moves import MOVES_CONFIGMAP, GpuRef, Move, read_moves
 from gpupool.cluster.memory import MemoryCluster
-from gpupool.cluster.port import RESOURCE_CLAIMS, NotFound, Obj
+from gpupool.cluster.port import RESOURCE_CLAIMS, RESOURCE_SLICES, NotFound, Obj
 from tests.agent.agent_helpers import agent_config, four_gpus
-from tests.agent.test_agent_dra import DraRig, _register, prepare
+from tests.agent.test_agent_dra import DraRig, _register, dra_rig, prepare
 from tests.agent.test_agent_remote import (  # noqa: F401  (fixtures)
+    OTHER,
+    OTHER_SERVER,
     eventually,
     fake_driver,
+    gpu_slice,
     key_file,
     remote_claim,
     serving,
@@ -359,3 +362,29 @@ def test_the_moves_namespace_is_a_setting_an_env_variable_and_a_flag(tmp_path: P
     assert load_config(None, {"node_name": "n", "moves_namespace": "ops"}, {}).moves_namespace == "ops"
     with pytest.raises(ConfigError, match="moves_namespace"):
         load_config(None, {"node_name": "n", "moves_namespace": "Not/A-Namespace"}, {})
+
+
+async def test_the_pod_nodes_server_file_follows_where_the_share_is_served_from(key_file: Path) -> None:  # noqa: F811
+    """requested and ready: still the source (its server moves the running clients); moved: the target; a
+    later move starts from there. The target's address is the one its slice publishes."""
+    third, third_server = "gpu-node-3", "tcp:10.9.9.9:7070"
+    async with dra_rig(remote_key_file=key_file, moves_namespace=NS, move_check_s=0.1) as r:
+        await r.cluster.create_object(RESOURCE_SLICES, gpu_slice(OTHER, OTHER_SERVER))
+        other_three = gpu_slice(third, third_server)
+        other_three["spec"]["devices"][0]["name"] = "gpu-3"
+        await r.cluster.create_object(RESOURCE_SLICES, other_three)
+        c = await r.cluster.create_object(RESOURCE_CLAIMS, remote_claim("far", OTHER))
+        uid = c["metadata"]["uid"]
+        assert (await prepare(r, c)).claims[uid].error == ""
+        server = r.agent.config.hook_root / "claims" / uid / "remote" / "server"
+        assert server.read_text() == OTHER_SERVER + "\n"
+        move = Move("team-a/far", GpuRef(OTHER, 0), GpuRef(third, 3))
+        for state in ("requested", "ready"):
+            await ask(r.cluster, uid, Move("team-a/far", GpuRef(OTHER, 0), GpuRef(third, 3), state))
+            await asyncio.sleep(0.3)
+            assert server.read_text() == OTHER_SERVER + "\n"
+        await ask(r.cluster, uid, move.advanced("ready").advanced("moved"))
+        await eventually(lambda: server.read_text() == third_server + "\n")
+        await ask(r.cluster, uid, Move("team-a/far", GpuRef(third, 3), GpuRef(OTHER, 0), "moved"))  # and back
+        await eventually(lambda: server.read_text() == OTHER_SERVER + "\n")
+        assert server.stat().st_mode & 0o777 == 0o644
