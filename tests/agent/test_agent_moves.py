@@ -77,11 +77,14 @@ class Cluster3:
         assert remote is not None
         return remote._workers_of(self.share_dir(node, uid))
 
-    def app(self, rb: RemoteBuilt, uid: str) -> App:
-        """A new client process as the container starts it: the claim's token and server files."""
+    def app(self, rb: RemoteBuilt, uid: str, server: str | None = None) -> App:
+        """A new client process as the container starts it: the claim's token and server files (`server`: the
+        address the server file named when it started)."""
         d = self.remote_dir(uid)
-        return start_app(rb, NOBODY, extra={"GPUPOOL_REMOTE_SERVER_FILE": str(d / "server"),
-                                            "GPUPOOL_REMOTE_TOKEN_FILE": str(d / "token")})
+        if server is None:
+            return start_app(rb, NOBODY, extra={"GPUPOOL_REMOTE_SERVER_FILE": str(d / "server"),
+                                                "GPUPOOL_REMOTE_TOKEN_FILE": str(d / "token")})
+        return start_app(rb, server, extra={"GPUPOOL_REMOTE_TOKEN_FILE": str(d / "token")})
 
 
 @asynccontextmanager
@@ -187,7 +190,8 @@ async def test_a_running_client_moves_to_the_target_and_new_clients_follow(
             assert (c3.share_dir(TARGET, uid) / "pod.json").exists()
             assert '"GPU-aaaa-2"' in (c3.share_dir(TARGET, uid) / "pod.json").read_text()
             assert (c3.share_dir(SOURCE, uid) / "move-to").read_text() == c3.tcp(TARGET) + "\n"
-            assert (c3.remote_dir(uid) / "server").read_text() == c3.tcp(SOURCE) + "\n"  # not moved yet
+            # new processes go to the target from ready on (it admits the token); this one stays until it waits
+            await eventually(lambda: (c3.remote_dir(uid) / "server").read_text() == c3.tcp(TARGET) + "\n")
             assert moves_metric(c3.agents[SOURCE])["ready"] == 1 and moves_metric(c3.agents[TARGET])["ready"] == 1
             assert moves_metric(c3.agents[POD_NODE])["ready"] == 0  # not a GPU node of this move
 
@@ -263,7 +267,8 @@ async def test_clients_that_connect_to_the_source_while_the_move_is_ready_are_mo
             assert await ask_app(first, "ctx") == ["0"]
             await ask(c3.cluster, uid, Move("team-a/mover", GpuRef(SOURCE, 1), GpuRef(TARGET, 0)))
             await eventually(lambda: state_is(c3.cluster, uid, "ready", "1 clients still on the source"))
-            late = c3.app(remote_built, uid)  # the server file still names the source
+            # a process that read the server file just before the pod's node switched it to the target
+            late = c3.app(remote_built, uid, server=c3.tcp(SOURCE))
             assert await ask_app(late, "ctx") == ["0"]
             assert await ask_app(late, "alloc 0 8192") == ["0"]
             assert await ask_app(late, f"write 0 0 0 0 {data.hex()}") == ["0"]
@@ -379,12 +384,16 @@ async def test_the_pod_nodes_server_file_follows_where_the_share_is_served_from(
         server = r.agent.config.hook_root / "claims" / uid / "remote" / "server"
         assert server.read_text() == OTHER_SERVER + "\n"
         move = Move("team-a/far", GpuRef(OTHER, 0), GpuRef(third, 3))
-        for state in ("requested", "ready"):
-            await ask(r.cluster, uid, Move("team-a/far", GpuRef(OTHER, 0), GpuRef(third, 3), state))
-            await asyncio.sleep(0.3)
-            assert server.read_text() == OTHER_SERVER + "\n"
-        await ask(r.cluster, uid, move.advanced("ready").advanced("moved"))
+        await ask(r.cluster, uid, move)
+        await asyncio.sleep(0.3)
+        assert server.read_text() == OTHER_SERVER + "\n"  # requested: the target may not take it yet
+        # ready: the target admits the share's token, and a process starting now must not find the source
+        # letting the share go
+        await ask(r.cluster, uid, move.advanced("ready"))
         await eventually(lambda: server.read_text() == third_server + "\n")
+        await ask(r.cluster, uid, move.advanced("ready").advanced("moved"))
+        await asyncio.sleep(0.3)
+        assert server.read_text() == third_server + "\n"
         await ask(r.cluster, uid, Move("team-a/far", GpuRef(third, 3), GpuRef(OTHER, 0), "moved"))  # and back
         await eventually(lambda: server.read_text() == OTHER_SERVER + "\n")
         assert server.stat().st_mode & 0o777 == 0o644

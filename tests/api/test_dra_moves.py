@@ -35,12 +35,13 @@ def test_a_moving_remote_share_counts_where_it_is_held() -> None:
     share = (300, 8192)  # 30 % and 8 GiB on each GPU that holds it
     assert places(None) == [("u1", "a", 0, *share)]
     assert places(move("requested")) == [("u1", "a", 0, *share)]
-    # ready: the source serves it (the claim's UID), the target holds it as well (the second key)
-    assert places(move("ready")) == [("u1", "a", 0, *share), ("u1" + MOVING_SUFFIX, "b", 1, *share)]
+    # ready: new clients go to the target (the claim's UID), the source still holds it (the second key)
+    assert places(move("ready")) == [("u1" + MOVING_SUFFIX, "a", 0, *share), ("u1", "b", 1, *share)]
     assert places(move("moved")) == [("u1", "b", 1, *share)]
     assert places(move("failed")) == [("u1", "a", 0, *share)]
     # the UUID is the target's GPU's
     (_, target) = counted_claim(claim(), STATE, move("ready"))
+    assert target.uid == "u1"
     assert target.allocation.grants[0].uuid == "b-GPU-1" and target.claim and target.key == "t/c"
 
 

@@ -53,13 +53,13 @@ def test_a_move_only_goes_forward() -> None:
 
 def test_where_a_share_is_held_and_served_in_each_state() -> None:
     assert holding(None, A0) == (A0,) and served_from(None, A0) == A0
-    expected = {"requested": ((A0,), A0), "ready": ((A0, B1), A0), "moved": ((B1,), B1), "failed": ((A0,), A0)}
+    expected = {"requested": ((A0,), A0), "ready": ((A0, B1), B1), "moved": ((B1,), B1), "failed": ((A0,), A0)}
     for state, (held, served) in expected.items():
         move = Move("ns/claim", A0, B1, state)
         assert (holding(move, A0), served_from(move, A0)) == (held, served), state
     # a second move starts where the first ended: the allocation (A0) no longer decides
     second = Move("ns/claim", B1, C2, "ready")
-    assert holding(second, A0) == (B1, C2) and served_from(second, A0) == B1
+    assert holding(second, A0) == (B1, C2) and served_from(second, A0) == C2
 
 
 gpus = st.builds(GpuRef, st.sampled_from(["n1", "n2", "n3"]), st.integers(0, 3))

@@ -156,17 +156,27 @@ async def test_a_timeout_exits_1_and_says_the_entry_stays() -> None:
     assert (await moves_of(cluster))[uid].state == "requested"
 
 
-async def test_at_max_moves_finished_entries_of_gone_claims_go_first(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_at_max_moves_only_entries_of_gone_claims_make_room(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A live claim's entry says where its share is served from, finished or not: it is never dropped, even
+    the oldest; the oldest entry of a claim that no longer exists goes first. Full of live claims' entries,
+    the command refuses."""
     cluster, uid = await scene()
     monkeypatch.setattr(migrate_module, "MAX_MOVES", 3)
-    done = Move("team/x", GpuRef("gpu-0000", 1), GpuRef("gpu-0001", 1), "moved", "", "2020-01-01T00:00:00Z")
     older = Move("team/x", GpuRef("gpu-0000", 1), GpuRef("gpu-0001", 1), "failed", "", "2019-01-01T00:00:00Z")
+    done = Move("team/x", GpuRef("gpu-0000", 1), GpuRef("gpu-0001", 1), "moved", "", "2020-01-01T00:00:00Z")
+    later = Move("team/y", GpuRef("gpu-0000", 1), GpuRef("gpu-0001", 1), "requested", "", "2021-01-01T00:00:00Z")
     f1 = str((await cluster.get_object(migrate_module.RESOURCE_CLAIMS, "f1", "team"))["metadata"]["uid"])
-    await set_move(cluster, f1, older)  # a live claim's, and older
-    await set_move(cluster, "gone-claim", done)  # a claim that no longer exists
-    await set_move(cluster, "gone-unfinished", Move("team/y", GpuRef("gpu-0000", 1), GpuRef("gpu-0001", 1)))
+    await set_move(cluster, f1, older)  # a live claim's, and the oldest
+    await set_move(cluster, "gone-claim", done)  # claims that no longer exist
+    await set_move(cluster, "gone-later", later)
     assert (await run(cluster, "gpu-0001"))[0] == 0
-    assert sorted(await moves_of(cluster)) == sorted([uid, f1, "gone-unfinished"])
+    assert sorted(await moves_of(cluster)) == sorted([uid, f1, "gone-later"])
+    monkeypatch.setattr(migrate_module, "MAX_MOVES", 2)
+    await set_move(cluster, uid, (await moves_of(cluster))[uid].advanced("failed", "test"))
+    with pytest.raises(Refused) as e:
+        await run(cluster, "gpu-0001")
+    assert e.value.code == 1
+    assert e.value.message == "gpupool-remote-moves holds 2 moves of claims that still exist; it cannot take more"
 
 
 async def test_a_conflicting_writer_is_outrun() -> None:

@@ -56,7 +56,8 @@ def test_a_ready_move_holds_both_gpus_and_a_finished_one_hands_over() -> None:
     # 25 % and 4 GiB on both while the contents travel
     assert held_by(ledger, "u1") == {source, target}
     assert free(ledger, source) == free(ledger, target) == (750, 12288)
-    assert ledger.entries["u1" + MOVING_SUFFIX].claim and ledger.entries["u1"].allocation.node == "gpu-0000"
+    # new clients go to the target from `ready` on: the claim's key is there, the source's is the moving one
+    assert ledger.entries["u1" + MOVING_SUFFIX].claim and ledger.entries["u1"].allocation.node == "gpu-0001"
     ledger.replace_moves({"u1": move.advanced("ready").advanced("moved")})
     assert held_by(ledger, "u1") == {target} and not ledger.stranded
     assert free(ledger, source) == (1000, 16384) and free(ledger, target) == (750, 12288)

@@ -14,7 +14,7 @@ Who writes what (every writer re-reads and updates with the ConfigMap's resource
   when no worker of the share is left on the source (every live client went over; one that could not move
   ends the move `failed` and keeps being served at the source), then it forgets the share there;
 - the agent of each pod's node: keeps the claim's server address file (what new client processes dial) on
-  the server the share is served from (`served_from`).
+  the server the share is served from (`served_from`: the target from `ready` on).
 
 The scheduler's ledger counts the share on the source GPU until the move is `moved`, and on the target GPU
 from `ready` on: while the contents are copied both hold it.
@@ -31,7 +31,9 @@ from gpupool.api.dra import device_index, device_name
 
 MOVES_CONFIGMAP = "gpupool-remote-moves"
 STATES = ("requested", "ready", "moved", "failed")
-MAX_MOVES = 5000  # entries kept; the oldest finished ones go first (a ConfigMap holds at most 1 MiB)
+# Entries kept: about 220 bytes each, and a ConfigMap holds at most 1 MiB. Only entries of claims that no
+# longer exist are dropped to make room (gpupool migrate): a live claim's entry says where its share is.
+MAX_MOVES = 3000
 
 
 class MoveError(ValueError):
@@ -119,10 +121,12 @@ def read_moves(configmap: Mapping[str, Any] | None) -> dict[str, Move]:
 
 def served_from(move: Move | None, placed: GpuRef) -> GpuRef:
     """Where new clients of a share its allocation placed on `placed` connect: the entry decides once there
-    is one (a second move starts from where the first one ended), the target once the move is done."""
+    is one (a second move starts from where the first one ended), the target from `ready` on. The target
+    admits the share's token from then, and a process that started after the source let the share go
+    would find nothing there."""
     if move is None:
         return placed
-    return move.target if move.state == "moved" else move.source
+    return move.target if move.state in ("ready", "moved") else move.source
 
 
 def holding(move: Move | None, placed: GpuRef) -> tuple[GpuRef, ...]:

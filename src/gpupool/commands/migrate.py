@@ -228,22 +228,22 @@ def now_rfc3339() -> str:
 
 
 def _dropped(data: Mapping[str, str], live: set[str], adding: int) -> list[str]:
-    """Entries to drop so that at most MAX_MOVES remain with `adding` new ones: damaged entries, then finished
-    moves of claims that no longer exist, then the oldest finished moves. Unfinished moves are never dropped."""
+    """Entries to drop so that at most MAX_MOVES remain with `adding` new ones: damaged entries, then moves of
+    claims that no longer exist. An entry of a live claim is never dropped, finished or not: it says where
+    the share is served from (after a second move, not even the allocation knows)."""
     excess = len(data) + adding - MAX_MOVES
     if excess <= 0:
         return []
     moves = read_moves({"data": data})
     damaged = [uid for uid in data if uid not in moves]
-    finished = sorted((uid for uid, m in moves.items() if m.finished),
-                      key=lambda uid: (uid in live, moves[uid].requested_at, uid))
-    return (damaged + finished)[:excess]
+    gone = sorted((uid for uid in moves if uid not in live), key=lambda uid: (moves[uid].requested_at, uid))
+    return (damaged + gone)[:excess]
 
 
 async def write_moves(cluster: ClusterPort, namespace: str, entries: Mapping[str, Move], live: set[str]) -> None:
     """Add `entries` (claim UID -> its new move) to the ConfigMap, creating it when missing; each write names
     the resourceVersion it read (an agent may be advancing another entry), and a conflict reads again.
-    Refused when a claim's earlier move is still unfinished or the ConfigMap is full of unfinished moves."""
+    Refused when a claim's earlier move is still unfinished or the ConfigMap is full of live claims' moves."""
     for _ in range(WRITE_TRIES):
         cm = await read_moves_configmap(cluster, namespace)
         data = dict((cm or {}).get("data") or {})
@@ -255,7 +255,7 @@ async def write_moves(cluster: ClusterPort, namespace: str, entries: Mapping[str
         adding = sum(uid not in data for uid in entries)
         drop = _dropped({k: v for k, v in data.items() if k not in entries}, live, adding)
         if len(data) + adding - len(drop) > MAX_MOVES:
-            raise Refused(f"{MOVES_CONFIGMAP} holds {MAX_MOVES} unfinished moves; wait for some to finish", 1)
+            raise Refused(f"{MOVES_CONFIGMAP} holds {MAX_MOVES} moves of claims that still exist; it cannot take more", 1)
         written = {uid: m.to_json() for uid, m in entries.items()}
         try:
             if cm is None:
