@@ -255,7 +255,8 @@ async def write_moves(cluster: ClusterPort, namespace: str, entries: Mapping[str
         adding = sum(uid not in data for uid in entries)
         drop = _dropped({k: v for k, v in data.items() if k not in entries}, live, adding)
         if len(data) + adding - len(drop) > MAX_MOVES:
-            raise Refused(f"{MOVES_CONFIGMAP} holds {MAX_MOVES} moves of claims that still exist; it cannot take more", 1)
+            raise Refused(f"{MOVES_CONFIGMAP} holds {MAX_MOVES} moves of claims that still exist; it cannot take "
+                          "more", 1)
         written = {uid: m.to_json() for uid, m in entries.items()}
         try:
             if cm is None:
