@@ -24,13 +24,13 @@ import pytest
 
 from gpupool.agent.config import ConfigError, load_config
 from gpupool.agent.fake import FakeBackend
-from gpupool.agent.port import CONFIGMAPS, ClusterPortAgent
+from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
 from gpupool.agent.remote import MovesBook, MovesCollector, share_dir, tokens_path
 from gpupool.agent.service import Agent
 from gpupool.api.moves import MOVES_CONFIGMAP, GpuRef, Move, read_moves
 from gpupool.cluster.memory import MemoryCluster
-from gpupool.cluster.port import RESOURCE_CLAIMS, RESOURCE_SLICES, NotFound, Obj
+from gpupool.cluster.port import CONFIGMAPS, RESOURCE_CLAIMS, RESOURCE_SLICES, NotFound, Obj
 from tests.agent.agent_helpers import agent_config, four_gpus
 from tests.agent.test_agent_dra import DraRig, _register, dra_rig, prepare
 from tests.agent.test_agent_remote import (  # noqa: F401  (fixtures)

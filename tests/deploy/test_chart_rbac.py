@@ -114,15 +114,17 @@ def test_every_service_account_is_used_by_one_workload(render: Render) -> None:
     assert accounts == used == ["gp-gpupool-agent", "gp-gpupool-scheduler", "gp-gpupool-webhook"]
 
 
-@pytest.mark.parametrize(("watchdog", "dra"), [(False, False), (True, False), (False, True), (True, True)])
-def test_the_doctors_rights_table_is_the_charts_own_roles(render: Render, watchdog: bool, dra: bool) -> None:
+@pytest.mark.parametrize(("watchdog", "dra", "remote"), [(False, False, False), (True, False, False),
+                                                       (False, True, False), (True, True, False), (False, True, True)])
+def test_the_doctors_rights_table_is_the_charts_own_roles(render: Render, watchdog: bool, dra: bool,
+                                                          remote: bool) -> None:
     """`gpupool doctor` asks for each right in gpupool.doctor.rbac.NEEDS; its `chart` rows must be exactly
     the rules of the chart's own roles (for the values that switch rules on), so neither can drift."""
     from gpupool.doctor.rbac import NEEDS
 
     account = "gp-gpupool-{}"
     rendered = set()
-    values = {"agent": {"watchdog": {"enabled": watchdog}}, "dra": {"enabled": dra}}
+    values = {"agent": {"watchdog": {"enabled": watchdog}}, "dra": {"enabled": dra, "remote": {"enabled": remote}}}
     for obj in render(values, "--kube-version", "1.37.0"):  # dra.enabled needs 1.36 or newer
         if obj["kind"] not in ("ClusterRole", "Role"):
             continue
@@ -133,7 +135,7 @@ def test_the_doctors_rights_table_is_the_charts_own_roles(render: Render, watchd
                     for group in rule.get("apiGroups", []):
                         for name in rule.get("resourceNames") or [""]:
                             rendered.add((component, verb, group, resource, obj["kind"] == "Role", name))
-    enabled = {name for name, on in (("watchdog", watchdog), ("dra", dra)) if on}
+    enabled = {name for name, on in (("watchdog", watchdog), ("dra", dra), ("remote", remote)) if on}
     table = {(c, a.verb, a.group, a.resource, a.in_release_namespace, a.object_name(account.format(c)))
              for c, needs in NEEDS.items() for a in needs if a.chart and (not a.when or a.when in enabled)}
     assert len(table) > 10

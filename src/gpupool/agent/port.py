@@ -20,17 +20,16 @@ from typing import Any, Protocol
 
 from gpupool.api.moves import MOVES_CONFIGMAP
 from gpupool.cluster.port import (
+    CONFIGMAPS,
     NODES,
     RESOURCE_CLAIMS,
     RESOURCE_SLICES,
     ClusterPort,
-    Kind,
     NotFound,
     WatchEvent,
 )
 
 Obj = dict[str, Any]
-CONFIGMAPS = Kind("", "v1", "ConfigMap", "configmaps", namespaced=True)
 _MOVES_ONLY = {"metadata.name": MOVES_CONFIGMAP}  # the one ConfigMap the agent's Role names
 
 

@@ -41,10 +41,10 @@ from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DeviceInfo
 from gpupool.agent.dra import CLAIM_CONTAINER, RemoteClient, remote_address, share_grant
 from gpupool.agent.hookdir import HookLimits, HookPod, accounting_dir, hook_paths, prepare_pod, valid_uid
-from gpupool.agent.port import CONFIGMAPS, AgentCluster
+from gpupool.agent.port import AgentCluster
 from gpupool.api.dra import DRIVER, REMOTE_ISOLATION, ClaimError, claim_shares, device_name, remote_token
 from gpupool.api.moves import MOVES_CONFIGMAP, STATES, GpuRef, Move, holding, read_moves
-from gpupool.cluster.port import RESOURCE_CLAIMS, ClusterPort, Conflict, Kind, Obj, Selector
+from gpupool.cluster.port import CONFIGMAPS, RESOURCE_CLAIMS, ClusterPort, Conflict, Kind, Obj, Selector
 from gpupool.cluster.reflector import DELETED, Backoff, Reflector
 
 log = logging.getLogger("gpupool.agent.remote")

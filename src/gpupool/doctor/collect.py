@@ -16,14 +16,24 @@ from typing import TypeVar
 import httpx
 
 from gpupool.api.names import ANN_INVENTORY, RESOURCE_GPU
-from gpupool.cluster.port import DEVICE_CLASSES, LEASES, NAMESPACES, NODES, PODS, ApiError, ClusterPort, Kind, NotFound
+from gpupool.cluster.port import (
+    CONFIGMAPS,
+    DEVICE_CLASSES,
+    LEASES,
+    NAMESPACES,
+    NODES,
+    PODS,
+    ApiError,
+    ClusterPort,
+    Kind,
+    NotFound,
+)
 from gpupool.doctor import checks
 from gpupool.doctor.checks import Finding, Obj, Review, Status
 from gpupool.doctor.rbac import NEEDS, VARIANTS, Access
 
 DEPLOYMENTS = Kind("apps", "v1", "Deployment", "deployments", namespaced=True)
 DAEMONSETS = Kind("apps", "v1", "DaemonSet", "daemonsets", namespaced=True)
-CONFIGMAPS = Kind("", "v1", "ConfigMap", "configmaps", namespaced=True)
 ENDPOINT_SLICES = Kind("discovery.k8s.io", "v1", "EndpointSlice", "endpointslices", namespaced=True)
 MUTATING = Kind("admissionregistration.k8s.io", "v1", "MutatingWebhookConfiguration",
                 "mutatingwebhookconfigurations", namespaced=False)

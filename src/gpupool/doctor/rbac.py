@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 # The parts of the chart that add rights (`Access.when`), each recognised by a variable of the agent's
-# DaemonSet: dra.enabled sets GPUPOOL_AGENT_DRA, and with it the chart grants the scheduler its pod patch too.
-VARIANTS = {"watchdog": "GPUPOOL_AGENT_WATCHDOG", "dra": "GPUPOOL_AGENT_DRA"}
+# DaemonSet: dra.enabled sets GPUPOOL_AGENT_DRA, and with it the chart grants the scheduler its pod patch too;
+# dra.remote.enabled sets GPUPOOL_AGENT_REMOTE_LISTEN (remote shares: the agents serve and move them).
+VARIANTS = {"watchdog": "GPUPOOL_AGENT_WATCHDOG", "dra": "GPUPOOL_AGENT_DRA", "remote": "GPUPOOL_AGENT_REMOTE_LISTEN"}
 
 # Placeholders in `Access.name`: the component's ServiceAccount name (the chart names the scheduler's
 # leader-election Lease after it).
@@ -68,6 +69,11 @@ NEEDS: dict[str, list[Access]] = {
         *_rows("get create patch delete", "resource.k8s.io", "resourceslices", "publishing the node's DRA devices",
                when="dra"),
         *_rows("get", "resource.k8s.io", "resourceclaims", "preparing a pod's claims (DRA kubelet plugin)", when="dra"),
+        *_rows("list watch", "resource.k8s.io", "resourceclaims",
+               "serving the remote shares allocated on the node's GPUs, whatever node their pods run on",
+               when="remote"),
+        *_rows("get list watch update patch", "", "configmaps", "carrying out and following remote share moves",
+               in_release_namespace=True, name="gpupool-remote-moves", when="remote"),
     ],
     "webhook": [
         *_rows("list watch", "", "nodes", "the inventory the admission checks read"),
