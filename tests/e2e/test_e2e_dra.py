@@ -39,6 +39,7 @@ from gpupool.agent.proto import dra_v1beta1_pb2 as v1beta1
 from gpupool.agent.proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from gpupool.api.dra import CDI_KIND, DRIVER, SCHEDULING_GATE, TAINT_UNHEALTHY
 from gpupool.api.inventory import read_node
+from gpupool.api.moves import MOVES_CONFIGMAP, Move, read_moves
 from gpupool.core.model import GPURequest, PodRequest
 from gpupool.core.placement import Unschedulable, place
 from gpupool.core.policies import get_policy
@@ -286,8 +287,8 @@ class DraAgent:
                 "--kubeconfig", str(self.kubeconfig), "--inventory-interval-s", "2", "--log-level", "info"]
         env = {"GPUPOOL_AGENT_HOOK_ROOT": str(self.hook_root),  # each node has its own /run
                "GPUPOOL_AGENT_CHECKPOINT_DIR": str(self.checkpoint_file.parent)}
-        if self.remote_key is not None:
-            argv += ["--remote-key", str(self.remote_key)]
+        if self.remote_key is not None:  # remote shares: prepared here, moves followed in the release's namespace
+            argv += ["--remote-key", str(self.remote_key), "--moves-namespace", RELEASE_NAMESPACE]
         if serve is not None:
             assert self.fake_cuda_dir is not None
             argv += ["--remote-listen", f"tcp:0.0.0.0:{serve.rsplit(':', 1)[1]}", "--remote-address", serve]
@@ -1161,6 +1162,11 @@ def _remote_servers(c: DraCluster, i: int) -> set[str]:
             if "remoteServer" in d.get("attributes", {})}
 
 
+def _server_file(agent: DraAgent, claim_obj: Obj) -> Path:
+    """Where the pod's node keeps the address the claim's new client processes dial (mounted read-only)."""
+    return agent.hook_root / "claims" / claim_obj["metadata"]["uid"] / "remote" / "server"
+
+
 def test_a_remote_share_runs_a_pod_on_one_node_on_the_gpu_of_another(dra: DraCluster, allocator: Extender) -> None:
     """Node 0's agent runs its GPU servers (over the fake driver) and publishes them on its devices; node 1's
     does not. A gated pod pinned to node 1 with a claim of the remote class: gpupool's allocator gives it a
@@ -1207,14 +1213,18 @@ def test_a_remote_share_runs_a_pod_on_one_node_on_the_gpu_of_another(dra: DraClu
             assert (result["pool"], pod["spec"]["nodeName"]) == (n0, node), result  # the GPU is node 0's
             (term,) = got["status"]["allocation"]["nodeSelector"]["nodeSelectorTerms"]
             assert term["matchFields"][0]["values"] == [node]
-            spec = json.loads(c.agents[1 if node == n1 else 0].cdi_spec_path(got["metadata"]["uid"]).read_text())
+            agent = c.agents[1 if node == n1 else 0]
+            spec = json.loads(agent.cdi_spec_path(got["metadata"]["uid"]).read_text())
             (device,) = spec["devices"]
             env = dict(e.split("=", 1) for e in device["containerEdits"]["env"])
-            assert env["GPUPOOL_REMOTE_SERVER"] == address and env["LD_LIBRARY_PATH"] == "/usr/lib/gpupool/remote"
+            assert env["GPUPOOL_REMOTE_SERVER_FILE"] == "/run/gpupool/remote/claim/server"
+            assert env["LD_LIBRARY_PATH"] == "/usr/lib/gpupool/remote"
+            assert _server_file(agent, got).read_text() == address + "\n"
             assert not device["containerEdits"].get("deviceNodes")  # no GPU of the pod's node
             lines = wait_for(lambda n=name: answers(n), 60, f"{name}'s answers",  # type: ignore[misc]
                              lambda n=name: c.kubectl("logs", "-n", NAMESPACE, n).stdout)  # type: ignore[misc]
-            assert [int(line.split()[0]) for line in lines[:3]] == [0, 2, 0], (name, lines)
+            assert [int(line.split()[0]) for line in lines[:3]] == [0, 2, 0], (
+                name, c.kubectl("logs", "-n", NAMESPACE, name).stdout, c.agents[0].tail())
         # the scheduler's ledger holds both shares on node 0's GPUs, none on node 1
         entries = [e for e in allocator.ledger()["ledger"]["entries"] if e["kind"] == "claim"]
         assert sorted(e["node"] for e in entries) == [n0, n0], entries
@@ -1227,6 +1237,91 @@ def test_a_remote_share_runs_a_pod_on_one_node_on_the_gpu_of_another(dra: DraClu
         c.agents[0].restart()
         wait_for(lambda: _remote_servers(c, 0) == set() and slice_ready(c, 0), 90, "node 0 without its server",
                  c.agents[0].tail)
+
+
+def _move_of(c: DraCluster, uid: str) -> Move | None:
+    cm = c.get(f"/api/v1/namespaces/{RELEASE_NAMESPACE}/configmaps/{MOVES_CONFIGMAP}")
+    return read_moves(cm).get(uid)
+
+
+def test_gpupool_migrate_moves_a_running_remote_client_to_another_nodes_gpu(dra: DraCluster,
+                                                                         allocator: Extender) -> None:
+    """Both nodes run GPU servers. A pod pinned to node 1 gets its remote share there (through the unix
+    socket); its CUDA program, fed commands through a FIFO, allocates 600 MiB of its 1 GiB. An admin runs
+    `gpupool migrate` to node 0: node 0's agent prepares the share and says ready, node 1's asks the
+    program's worker to move, and the program's next call lands on node 0 with its allocation: there 600 MiB
+    more do not fit (the share's accounting came along), 300 MiB do. The move ends `moved`, node 1 forgets the
+    share, the scheduler's ledger holds it on node 0, the pod's node names node 0's server to new processes,
+    and a new process in the same container is held to what is left of the same share."""
+    c = dra
+    n0, n1 = c.node(0).name, c.node(1).name
+    host = c.node(1).pod_cidr.rsplit(".", 1)[0] + ".1"
+    servers = [f"tcp:{host}:{tb.free_port()}" for _ in range(2)]
+    for i in (0, 1):
+        c.agents[i].restart(serve=servers[i])
+    try:
+        for i in (0, 1):
+            wait_for(lambda i=i: _remote_servers(c, i) == {servers[i]} and slice_ready(c, i), 90,  # type: ignore[misc]
+                     f"node {i}'s devices publish its GPU server", c.agents[i].tail)
+        wait_for(lambda: not any(allocator.ledger()["diff"].values()), 60, "the allocator's ledger in step",
+                 allocator.tail)
+        mb = 1 << 20
+        feed = "mkfifo /tmp/in && (while :; do cat /tmp/in; done) | probe direct > /tmp/out 2>&1"
+        pod = claim_pod("mover", n1, template="remote-1g", image=images.PROBE_IMAGE, command=["sh", "-c", feed])
+        pod["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+        c.apply([claim_template("remote-1g", memory="1Gi", cores="20", device_class=f"remote.{DRIVER}"), pod])
+        (running,) = wait_placed(c, allocator, ["mover"])
+        got = c.pod_claim(running)
+        uid = got["metadata"]["uid"]
+        (result,) = got["status"]["allocation"]["devices"]["results"]
+        assert (result["pool"], running["spec"]["nodeName"]) == (n1, n1)  # the same node first
+        assert _server_file(c.agents[1], got).read_text() == "unix:/run/gpupool/remote/server.sock\n"
+
+        def answers() -> list[str]:  # the probe's answers; the library's own lines (gpupool-...) share the file
+            return [x for x in c.exec("mover", "cat", "/tmp/out").splitlines() if x and not x.startswith("gpupool-")]
+
+        def ask(command: str) -> str:
+            before = len(answers())
+            c.exec("mover", "sh", "-c", f"echo '{command}' > /tmp/in")
+            wait_for(lambda: len(answers()) > before, 30, f"the answer to {command}",
+                     lambda: c.exec("mover", "cat", "/tmp/out"))
+            return answers()[before]
+
+        assert ask(f"alloc mem {600 * mb}").split()[0] == "0"
+        done = subprocess.run([*tb.gpupool_argv(), "migrate", "mover", "--to", n0, "-n", NAMESPACE,
+                               "--gpupool-namespace", RELEASE_NAMESPACE, "--wait", "0",
+                               "--kubeconfig", str(c.bed.kubeconfig())],
+                              capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr
+        assert f"move requested, {n1}/gpu-" in done.stdout and f"-> {n0}/gpu-" in done.stdout, done.stdout
+        wait_for(lambda: (m := _move_of(c, uid)) is not None and m.state == "ready", 60, "node 0 ready",
+                 lambda: f"{_move_of(c, uid)}\n{c.agents[0].tail()}")
+        # the program's next call that waits for a reply moves it, with what it holds
+        assert ask(f"alloc mem {600 * mb}").split()[0] == "2"  # 600 + 600 MiB > 1 GiB on node 0 too
+        assert ask(f"alloc mem {300 * mb}").split()[0] == "0"
+        wait_for(lambda: (m := _move_of(c, uid)) is not None and m.state == "moved", 60, "the move done",
+                 lambda: f"{_move_of(c, uid)}\n{c.agents[1].tail()}")
+        moved = _move_of(c, uid)
+        assert moved is not None and moved.target.node == n0
+        wait_for(lambda: uid not in (c.agents[1].hook_root / "remote" / "tokens").read_text(), 30,
+                 "node 1 forgot the share", c.agents[1].tail)
+        assert uid not in (c.agents[1].hook_root / "remote" / "tokens").read_text()
+        wait_for(lambda: sorted((e["uid"], e["node"]) for e in allocator.ledger()["ledger"]["entries"]
+                                if e["uid"].startswith(uid)) == [(uid, n0)], 30, "the ledger holds it on node 0",
+                 allocator.tail)
+        assert _server_file(c.agents[1], got).read_text() == servers[0] + "\n"
+        # a new process of the pod dials node 0 and shares what is left of the 1 GiB (900 MiB held)
+        two = f"printf 'alloc mem {100 * mb}\\nalloc mem {100 * mb}\\n'"
+        fresh = c.exec("mover", "sh", "-c", f"{two} | probe direct")
+        codes = [line.split()[0] for line in fresh.splitlines() if line and not line.startswith("gpupool-")]
+        assert codes == ["0", "2"], fresh
+    finally:
+        c.clear()
+        for i in (0, 1):
+            c.agents[i].restart()
+        for i in (0, 1):
+            wait_for(lambda i=i: _remote_servers(c, i) == set() and slice_ready(c, i), 90,  # type: ignore[misc]
+                     f"node {i} without its server", c.agents[i].tail)
 
 
 def test_the_scheduler_used_only_the_charts_dra_rules(dra: DraCluster, allocator: Extender) -> None:
@@ -1283,8 +1378,10 @@ def test_the_agents_used_only_the_charts_dra_rules_and_only_their_own_slice(dra:
     dra.enabled; and the chart's own-node policy refuses an agent's write to another node's slice."""
     c = dra
     user = f"system:serviceaccount:{RELEASE_NAMESPACE}:{AGENT_ACCOUNT}"
-    role = next(o for o in c.objects if o["kind"] == "ClusterRole" and o["metadata"]["name"] == AGENT_ACCOUNT)
-    granted = {(g, r, v) for rule in role["rules"] for g in rule.get("apiGroups", [""])
+    # the ClusterRole, and with dra.remote the Role for the moves ConfigMap in the release's namespace
+    roles = [o for o in c.objects
+             if o["kind"] in ("ClusterRole", "Role") and o["metadata"]["name"].startswith(AGENT_ACCOUNT)]
+    granted = {(g, r, v) for role in roles for rule in role["rules"] for g in rule.get("apiGroups", [""])
                for r in rule["resources"] for v in rule["verbs"]}
     used, refused = audited(c, user)
     assert refused == []
@@ -1292,6 +1389,9 @@ def test_the_agents_used_only_the_charts_dra_rules_and_only_their_own_slice(dra:
     # what DRA needs of the role was used: the slice written, the claims read
     assert {("resource.k8s.io", "resourceslices", "create"), ("resource.k8s.io", "resourceslices", "patch"),
             ("resource.k8s.io", "resourceclaims", "get")} <= used
+    # ... and what remote shares need: claims watched on GPU nodes, the moves ConfigMap read and advanced
+    assert {("resource.k8s.io", "resourceclaims", "watch"), ("", "configmaps", "watch"),
+            ("", "configmaps", "patch")} <= used
     print("agent rules granted, unused here:", sorted(granted - used))
     # Node 0's agent emptying node 1's slice with a patch (the write its role grants: get, create, patch):
     # RBAC allows it on every slice, the chart's policy does not.
