@@ -248,9 +248,14 @@ def test_oversubscription_from_the_claims_own_config_is_ignored() -> None:
     assert claim_shares(claim).oversubscription == 1
 
 
-def test_oversubscription_needs_isolation_hook() -> None:
-    with pytest.raises(ClaimError, match="isolation hook only"):
-        claim_shares(_oversub_claim("1.5", isolation="mps"))
+@pytest.mark.parametrize("isolation", ["mps", "none"])
+def test_oversubscription_needs_the_interception_library(isolation: str) -> None:
+    with pytest.raises(ClaimError, match=f"isolations hook and remote only \\(its class gives {isolation}\\)"):
+        claim_shares(_oversub_claim("1.5", isolation=isolation))
+
+
+def test_a_remote_share_may_be_oversubscribed_in_its_gpu_server() -> None:
+    assert claim_shares(_oversub_claim("1.5", isolation="remote")).oversubscription == Fraction(3, 2)
 
 
 def test_an_oversubscribed_claim_counts_its_spill_against_the_nodes_memory() -> None:

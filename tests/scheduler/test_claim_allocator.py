@@ -624,22 +624,39 @@ async def test_a_remote_share_avoids_tainted_devices_but_not_the_gpu_nodes_own_t
         await svc.stop()
 
 
-async def test_a_remote_claim_of_two_gpus_or_an_oversubscribed_class_waits_with_the_reason() -> None:
+async def test_a_remote_claim_of_two_gpus_waits_with_the_reason() -> None:
     cluster, svc = await remote_setup({n: (0, 1) for n in NODES})
+    try:
+        await run(cluster, (remote_claim("c1", count=2), remote_pod("p1", "c1")))
+        (two,) = await until(lambda: messages(cluster, "p1"))
+        assert two == ("gpupool: claim team-dra/c1 asks for 2 GPUs of isolation remote: a remote share is served "
+                       "by one GPU (the forwarding library reaches one GPU server); ask for count 1")
+        assert not await ungated(cluster, "p1") and await allocation(cluster, "c1") is None
+    finally:
+        await svc.stop()
+
+
+async def test_a_remote_shares_oversubscription_spills_into_the_gpu_nodes_memory() -> None:
+    """A class with memoryOversubscription 1.5: a 4 GiB remote share may spill 2 GiB more into managed memory,
+    which lives in the GPU server's worker: the ledger holds those 2048 MiB of the GPU node's memory (and
+    nothing of the pod's CPU), not of the pod's node."""
+    cluster, svc = await remote_setup({"gpu-0000": (0, 1)}, agents=(agent_node("cpu-0000"),))
     try:
         oversub = device_class(f"remote-big.{DRIVER}", "remote")
         oversub["spec"]["config"][0]["opaque"]["parameters"]["memoryOversubscription"] = "1.5"
         await cluster.create_object(DEVICE_CLASSES, oversub)
-        big = claim("c2", "1Gi", "10", cls=f"remote-big.{DRIVER}")
-        await run(cluster, (remote_claim("c1", count=2), remote_pod("p1", "c1")), (big, remote_pod("p2", "c2")))
-        (two,) = await until(lambda: messages(cluster, "p1"))
-        assert two == ("gpupool: claim team-dra/c1 asks for 2 GPUs of isolation remote: a remote share is served "
-                       "by one GPU (the forwarding library reaches one GPU server); ask for count 1")
-        (spill,) = await until(lambda: messages(cluster, "p2"))
-        assert spill == ("gpupool: claim team-dra/c2: memoryOversubscription is served by isolation hook only "
-                         "(its class gives remote)")
-        for pod, name in (("p1", "c1"), ("p2", "c2")):
-            assert not await ungated(cluster, pod) and await allocation(cluster, name) is None
+        state = svc.ledger.state
+        i = state.index["gpu-0000"]
+        memory = int(state.mem_free[i])
+        await run(cluster, (claim("c2", "4Gi", "10", cls=f"remote-big.{DRIVER}"),
+                            remote_pod("p2", "c2", {"kubernetes.io/hostname": "cpu-0000"})))
+        await until(lambda: ungated(cluster, "p2"))
+        pool, _, node = await placed(cluster, "c2")
+        uid = (await cluster.get_object(RESOURCE_CLAIMS, "c2", NS))["metadata"]["uid"]
+        entry = svc.ledger.entries[uid]
+        assert (pool, node, entry.allocation.node) == ("gpu-0000", "cpu-0000", "gpu-0000")
+        assert (entry.request.cpu_milli, entry.request.memory_mib) == (0, 2048)
+        assert int(state.mem_free[i]) == memory - 2048
     finally:
         await svc.stop()
 

@@ -328,6 +328,9 @@ def _class_isolation(configs: Sequence[Mapping[str, Any]], request: str, label: 
     return found
 
 
+# The interception library spills what exceeds the cap to managed memory: in the container (hook), or in the
+# GPU server's worker on the GPU's node (remote). MPS, MIG and none have no library in the way.
+OVERSUBSCRIBED_ISOLATIONS = ("hook", REMOTE_ISOLATION)
 OVERSUBSCRIPTION = "memoryOversubscription"  # GpuConfig parameter of a class: "1.5" lets a share allocate 1.5x
 MAX_OVERSUBSCRIPTION = Fraction(4)
 
@@ -411,9 +414,9 @@ def claim_shares(claim: Mapping[str, Any], driver: str = DRIVER) -> ClaimShares:
                          "by one isolation")
     isolation = isolations.pop() if isolations else DEFAULT_ISOLATION
     factor = class_oversubscription(configs, label)
-    if factor != 1 and isolation != "hook":
-        raise ClaimError(f"claim {label}: {OVERSUBSCRIPTION} is served by isolation hook only (its class gives "
-                         f"{isolation})")
+    if factor != 1 and isolation not in OVERSUBSCRIBED_ISOLATIONS:
+        raise ClaimError(f"claim {label}: {OVERSUBSCRIPTION} is served by isolations "
+                         f"{' and '.join(OVERSUBSCRIBED_ISOLATIONS)} only (its class gives {isolation})")
     return ClaimShares(str(meta.get("namespace", "")), str(meta.get("name", "")), str(meta.get("uid", "")),
                        isolation, tuple(shares), factor)
 

@@ -48,7 +48,6 @@ from gpupool.api.dra import (
     ATTR_REMOTE_SERVER,
     DELETE_PROTECTION,
     DRIVER,
-    OVERSUBSCRIPTION,
     REMOTE_ISOLATION,
     SCHEDULING_GATE,
     ClaimAsk,
@@ -398,11 +397,11 @@ class ClaimAllocator:
             factor = class_oversubscription(config, label)
         except ClaimError as e:
             return str(e)
-        if factor != 1:  # api.dra.claim_shares refuses it too: the spill is the hook's, the GPU server has none
-            return (f"claim {shown(label)}: {OVERSUBSCRIPTION} is served by isolation hook only (its class gives "
-                    f"{REMOTE_ISOLATION})")
         request = self._share_request(pod, ask, factor)
-        hosts = self._pod_nodes(pod, slices.drivers, request)
+        # Memory oversubscription spills into the memory of the GPU server's worker: the GPU node's, not the
+        # pod node's.
+        spill = 0 if ask.memory_mib is None else oversub_mib(ask.memory_mib, factor)
+        hosts = self._pod_nodes(pod, slices.drivers, replace(request, memory_mib=request.memory_mib - spill))
         if not hosts:
             return ("no node that runs gpupool's agent can take this pod (its nodeSelector, the nodes' taints, "
                     "its CPU and memory requests)")
@@ -416,9 +415,9 @@ class ClaimAllocator:
             if h.zone is not None:
                 zones.setdefault(h.zone, []).append(h)
         zone_of = {n: self._zone(n) for n in servers}
-        # On another node than its pod the GPU node gives the GPU share only: the pod's CPU and memory are
-        # the pod node's (kube-scheduler checks them there), so they do not count against the GPU node.
-        alone = replace(request, cpu_milli=0, memory_mib=0)
+        # On another node than its pod the GPU node gives the GPU share (and the spill) only: the pod's CPU and
+        # memory are the pod node's (kube-scheduler checks them there), so they do not count against it.
+        alone = replace(request, cpu_milli=0, memory_mib=spill)
         # (GPU nodes, what they must give, the pod's node given the GPU's) per tier; on the same node the pod
         # runs with its share, so that node must have room for the pod's CPU and memory as well.
         tiers: list[tuple[list[str], PodRequest, Callable[[str], str]]] = [
