@@ -26,6 +26,7 @@ from gpupool.agent.hookdir import (
     container_dir,
     hook_paths,
     prepare_pod,
+    remote_shares,
 )
 
 GIB = 1 << 30
@@ -153,6 +154,22 @@ def test_the_collector_serves_each_pod_once_from_its_containers_files(tmp_path: 
     assert got[("gpupool_pod_share_compute_seconds_total", "shared", "team")] == pytest.approx(0.5)
     assert got[("gpupool_pod_share_memory_used_ratio", "shared", "team")] == pytest.approx(0.25)
     assert len([k for k in got if k[0] == "gpupool_pod_share_compute_seconds_total"]) == 2
+
+
+def test_a_remote_share_on_this_nodes_gpu_server_is_served_under_its_claim(tmp_path: Path, held: list[int]) -> None:
+    """The GPU server's workers account a remote share in its directory under remote/shares: the GPU node's
+    agent serves it as a claim's share, so autoscaling on a remote pod's claim works as for a local one."""
+    root = tmp_path / "root"
+    hook_paths(root).pods.mkdir(parents=True)
+    share = HookPod(UID_C, "team/far (claim)", "claim", ("G1",), remote_shares(root) / UID_C,
+                    HookLimits(memory_mib=(4096,), cores=(25.0,), gpus=("G1",)))
+    prepare_pod(share)
+    held.append(write_usage(share.dir, busy_s=[0.5], used=[GIB]))
+    assert granted_gpus(root) == pytest.approx({UID_C: 0.25})
+    got = samples(root)
+    # 0.5 s over 0.25 GPU = 2.0; 1 of 4 GiB = 0.25
+    assert got[("gpupool_pod_share_compute_seconds_total", "far", "team")] == pytest.approx(2.0)
+    assert got[("gpupool_pod_share_memory_used_ratio", "far", "team")] == pytest.approx(0.25)
 
 
 def test_a_pod_without_files_has_no_series(tmp_path: Path) -> None:

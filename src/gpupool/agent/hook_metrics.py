@@ -7,7 +7,9 @@ gpupool_pod_gpu_busy_seconds_total, whose rate() is the container's busy-time sh
 Per pod (summed over its containers and GPUs), what a HorizontalPodAutoscaler scales on: how much of its
 share the pod uses (docs/autoscaling.md). Labelled `namespace` and `pod` (the pod's name) as
 prometheus-adapter and KEDA's queries expect. A DRA claim's share (one directory for every container using
-the claim) has the claim's name in `claim` and `pod` empty: which of its pods used it is not known.
+the claim) has the claim's name in `claim` and `pod` empty: which of its pods used it is not known. A remote
+share is served by the GPU node's agent (its GPU server's workers write the accounting there), under its
+claim's name the same way.
 
 - gpupool_pod_share_compute_seconds_total: busy seconds over the compute granted, in GPUs. rate() is the
   fraction of its compute share the pod keeps busy: 0.5 = half its share, 1 = all of it (a hard cap keeps
@@ -33,6 +35,7 @@ from prometheus_client.registry import Collector
 
 from gpupool.agent.hookdir import (
     PodGpuUsage,
+    claim_roots,
     hook_dirs,
     hook_paths,
     limits_dir,
@@ -114,8 +117,7 @@ def granted_gpus(root: Path) -> dict[str, float]:
     with a directory lacking limits.v1 is left out (its records say what it was granted)."""
     out: dict[str, float] = {}
     dirs: list[tuple[str, list[Path]]] = []
-    pods, claims = hook_paths(root).pods, root / "claims"
-    for base, listing in ((pods, True), (claims, False)):
+    for base, listing in ((hook_paths(root).pods, True), *((c, False) for c in claim_roots(root))):
         try:
             entries = sorted(e for e in base.iterdir() if e.is_dir() and valid_uid(e.name))
         except OSError:

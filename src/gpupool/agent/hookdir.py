@@ -136,6 +136,18 @@ def hook_paths(root: Path) -> HookPaths:
     return HookPaths(root / "lib" / "libgpupool_hook.so", root / "lib" / "ld.so.preload", root / "pods")
 
 
+def remote_shares(root: Path) -> Path:
+    """Where this node's GPU server keeps the hook directories of the remote shares it holds, one per claim UID
+    (docs/remote.md). Not claims/<UID>: that is a claim's directory on its pod's node, which may be this one."""
+    return root / "remote" / "shares"
+
+
+def claim_roots(root: Path) -> tuple[Path, ...]:
+    """The folders of claims' hook directories (one per claim UID): DRA claims prepared on this node, and the
+    remote shares its GPU server holds."""
+    return (root / "claims", remote_shares(root))
+
+
 def valid_uid(uid: str) -> bool:
     return _UID.match(uid) is not None
 
@@ -414,7 +426,7 @@ def _pod_info(directory: Path) -> dict[str, Any]:
 
 
 def read_all(root: Path) -> list[PodGpuUsage]:
-    """The usage of every hook directory: each GPU container's, then each DRA claim's."""
+    """The usage of every hook directory: each GPU container's, then each DRA claim's and remote share's."""
     pods = hook_paths(root).pods
     out: list[PodGpuUsage] = []
     with contextlib.suppress(FileNotFoundError):
@@ -422,10 +434,11 @@ def read_all(root: Path) -> list[PodGpuUsage]:
             if entry.is_dir() and valid_uid(entry.name):
                 for directory in hook_dirs(root, entry.name):
                     out.extend(read_usage(directory))
-    with contextlib.suppress(FileNotFoundError):
-        for entry in sorted((root / "claims").iterdir()):
-            if entry.is_dir() and valid_uid(entry.name):
-                out.extend(read_usage(entry))
+    for base in claim_roots(root):
+        with contextlib.suppress(FileNotFoundError):
+            for entry in sorted(base.iterdir()):
+                if entry.is_dir() and valid_uid(entry.name):
+                    out.extend(read_usage(entry))
     return out
 
 

@@ -40,7 +40,15 @@ from gpupool.agent.checkpoint import write_atomically
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DeviceInfo
 from gpupool.agent.dra import CLAIM_CONTAINER, RemoteClient, remote_address, share_grant
-from gpupool.agent.hookdir import HookLimits, HookPod, accounting_dir, hook_paths, prepare_pod, valid_uid
+from gpupool.agent.hookdir import (
+    HookLimits,
+    HookPod,
+    accounting_dir,
+    hook_paths,
+    prepare_pod,
+    remote_shares,
+    valid_uid,
+)
 from gpupool.agent.port import AgentCluster
 from gpupool.api.dra import DRIVER, REMOTE_ISOLATION, ClaimError, claim_shares, device_name, remote_token
 from gpupool.api.moves import MOVES_CONFIGMAP, STATES, GpuRef, Move, holding, read_moves
@@ -92,7 +100,7 @@ def share_dir(hook_root: Path, uid: str) -> Path:
     which may be this node too)."""
     if not valid_uid(uid):  # it becomes a path
         raise ValueError(f"not a claim UID: {uid!r}")
-    return remote_root(hook_root) / "shares" / uid
+    return remote_shares(hook_root) / uid
 
 
 def client_library(hook_root: Path) -> Path:
