@@ -84,17 +84,22 @@ def test_pool_page_live_and_searchable(
         wait.until(lambda d: d.execute_script("return window.htmx && htmx.version"))
         assert browser.execute_script("return htmx.version") == "2.0.11"  # the vendored copy, not a CDN
         assert len(browser.find_elements(By.CSS_SELECTOR, ".gpu")) == 12
-        assert browser.find_element(By.ID, "total-gpus").text == "12"
-        assert shares_on(browser, "GPU-1-2") == ["team-a/train-0", "team-b/infer-3"]
-        share = browser.find_element(By.CSS_SELECTOR, '.share[data-pod="team-a/train-0"]')
-        assert share.get_attribute("textContent").strip() == "team-a/train-0"
-        # the share's bar is 60 % of its GPU bar (allow for borders and rounding)
-        bar = browser.find_element(By.CSS_SELECTOR, '.gpu[data-gpu-uuid="GPU-1-2"] .bar')
-        assert share.size["width"] / bar.size["width"] == pytest.approx(0.6, abs=0.03)
-        assert browser.find_element(By.CSS_SELECTOR, '#pending tr[data-pod="team-c/big"]').text.endswith(
-            "needs 2 x a whole free GPU; 1 available")
+        # read through `wait`: the page swaps its fragment every 0.5 s, and an element found just before a swap
+        # is stale when it is read
+        wait.until(lambda d: d.find_element(By.ID, "total-gpus").text == "12")
+        wait.until(lambda d: shares_on(d, "GPU-1-2") == ["team-a/train-0", "team-b/infer-3"])
+
+        def share_is_60_percent_of_its_bar(d: webdriver.Chrome) -> bool:  # allow for borders and rounding
+            share = d.find_element(By.CSS_SELECTOR, '.share[data-pod="team-a/train-0"]')
+            bar = d.find_element(By.CSS_SELECTOR, '.gpu[data-gpu-uuid="GPU-1-2"] .bar')
+            return (share.get_attribute("textContent") or "").strip() == "team-a/train-0" and \
+                share.size["width"] / bar.size["width"] == pytest.approx(0.6, abs=0.03)
+
+        wait.until(share_is_60_percent_of_its_bar)
+        wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '#pending tr[data-pod="team-c/big"]').text.endswith(
+            "needs 2 x a whole free GPU; 1 available"))
         # (600 + 300 + 1000) / 12000
-        assert browser.find_element(By.ID, "allocated").text == "15.8 %"
+        wait.until(lambda d: d.find_element(By.ID, "allocated").text == "15.8 %")
         browser.save_screenshot(str(shots / "1-loaded.png"))
 
         # the pool changes; the open page follows without a reload
