@@ -31,6 +31,7 @@ pytestmark = pytest.mark.e2e
 ROLE_OWNER = {
     "gp-gpupool-scheduler": "extender",
     "gp-gpupool-scheduler-leases": "kube-scheduler",
+    "gp-gpupool-scheduler-moves": "extender",
     "gp-gpupool-agent": "agent",
     "gp-gpupool-webhook": "webhook",
 }

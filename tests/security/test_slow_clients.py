@@ -60,7 +60,7 @@ async def agent_metrics(tmp_path: Path, **limits: Any) -> AsyncIterator[Target]:
 
     agent = SimpleNamespace(table=SimpleNamespace(known={}), config=SimpleNamespace(node_name="n1", hook_root=tmp_path),
                             cluster=SimpleNamespace(list_pods_on_node=no_pods), mps=None, watchdog=None,
-                            dra=None)
+                            dra=None, remote=None, moves=None)
     settings = {"header_timeout_s": 0.5, "body_timeout_s": 0.5, "keep_alive_s": 1.0, **limits}
     server = await start_metrics_server(agent, "127.0.0.1", 0, limits=ConnectionLimits(**settings))  # type: ignore[arg-type]
     try:
