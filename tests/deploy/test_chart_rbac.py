@@ -35,7 +35,7 @@ REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = 
     ],
     # the remote shares' moves: read-only, that one ConfigMap
     ("Role", "gp-gpupool-scheduler-moves", NAMESPACE): [
-        (("",), ("configmaps",), ("gpupool-remote-moves",), ("get", "list", "watch")),
+        (("",), ("configmaps",), ("gpupool-remote-moves",), ("list", "watch")),
     ],
     ("ClusterRole", "gp-gpupool-agent", ""): [
         (("",), ("nodes",), (), ("get", "patch")),
@@ -155,4 +155,4 @@ def test_the_scheduler_reads_the_moves_configmap_of_its_release_namespace(render
     (role,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "gp-gpupool-scheduler-moves"]
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [MOVES_CONFIGMAP],
-                              "verbs": ["get", "list", "watch"]}]
+                              "verbs": ["list", "watch"]}]

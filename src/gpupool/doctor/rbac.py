@@ -53,7 +53,7 @@ NEEDS: dict[str, list[Access]] = {
                in_release_namespace=True),
         *_rows("get update", "coordination.k8s.io", "leases", "kube-scheduler's leader election",
                in_release_namespace=True, name=f"{ACCOUNT}-kube"),
-        *_rows("get list watch", "", "configmaps", "counting a moving remote share where it is held",
+        *_rows("list watch", "", "configmaps", "counting a moving remote share where it is held",
                in_release_namespace=True, name="gpupool-remote-moves"),
         *_rows("list watch", "", "pods", "kube-scheduler sees pods (system:kube-scheduler)", chart=False),
         *_rows("create", "", "pods/binding", "kube-scheduler binds (system:kube-scheduler)", chart=False),
