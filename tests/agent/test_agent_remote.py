@@ -284,11 +284,16 @@ async def test_a_client_with_the_token_the_pods_node_wrote_is_held_to_the_claims
         assert "GPUPOOL_REMOTE_SERVER" not in env
         remote_dir = Path(mounts["/run/gpupool/remote/claim"])
         # the GPU is on this node: its unix socket
-        assert (remote_dir / "server").read_text() == "unix:/run/gpupool/remote/server.sock\n"
-        assert mounts["/run/gpupool/remote/server.sock"] == str(socket_path(r.agent.config.hook_root))
+        assert (remote_dir / "server").read_text() == "unix:/run/gpupool/remote/socket/server.sock\n"
+        # the socket's directory, read-only (it holds the socket only: not the tokens)
+        sockets = [m for m in edits["mounts"] if m["containerPath"] == "/run/gpupool/remote/socket"]
+        assert sockets == [{"hostPath": str(socket_path(r.agent.config.hook_root).parent),
+                            "containerPath": "/run/gpupool/remote/socket", "type": "bind",
+                            "options": ["bind", "ro", "nosuid", "nodev"]}]
+        assert sorted(p.name for p in socket_path(r.agent.config.hook_root).parent.iterdir()) == ["server.sock"]
         token = (remote_dir / "token").read_text()
         collector = RemoteCollector(remote)
-        for address in (f"unix:{mounts['/run/gpupool/remote/server.sock']}", remote.tcp.address):
+        for address in (f"unix:{socket_path(r.agent.config.hook_root)}", remote.tcp.address):
             app = start_app(remote_built, address, token)
             try:
                 assert await asyncio.to_thread(app.rc, "ctx") == 0

@@ -1205,7 +1205,7 @@ def test_a_remote_share_runs_a_pod_on_one_node_on_the_gpu_of_another(dra: DraClu
                    if line.strip() and not line.startswith("gpupool-")]
             return out if len(out) >= 3 else None
 
-        for name, node, address in (("far", n1, server), ("near", n0, "unix:/run/gpupool/remote/server.sock")):
+        for name, node, address in (("far", n1, server), ("near", n0, "unix:/run/gpupool/remote/socket/server.sock")):
             pod = pods[name]
             got = c.pod_claim(pod)
             assert allocation_writers(got) == {MANAGER}
@@ -1275,7 +1275,7 @@ def test_gpupool_migrate_moves_a_running_remote_client_to_another_nodes_gpu(dra:
         uid = got["metadata"]["uid"]
         (result,) = got["status"]["allocation"]["devices"]["results"]
         assert (result["pool"], running["spec"]["nodeName"]) == (n1, n1)  # the same node first
-        assert _server_file(c.agents[1], got).read_text() == "unix:/run/gpupool/remote/server.sock\n"
+        assert _server_file(c.agents[1], got).read_text() == "unix:/run/gpupool/remote/socket/server.sock\n"
 
         def answers() -> list[str]:  # the probe's answers; the library's own lines (gpupool-...) share the file
             return [x for x in c.exec("mover", "cat", "/tmp/out").splitlines() if x and not x.startswith("gpupool-")]

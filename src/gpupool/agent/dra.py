@@ -96,7 +96,8 @@ REMOTE_LIBRARY = f"{REMOTE_LIBRARY_DIR}/libcuda.so.1"
 REMOTE_CLAIM_DIR = "/run/gpupool/remote/claim"
 REMOTE_TOKEN = f"{REMOTE_CLAIM_DIR}/token"
 REMOTE_SERVER_FILE = f"{REMOTE_CLAIM_DIR}/server"
-REMOTE_SOCKET = "/run/gpupool/remote/server.sock"
+REMOTE_SOCKET_DIR = "/run/gpupool/remote/socket"  # the node's unix-socket server's directory (remote.py)
+REMOTE_SOCKET = f"{REMOTE_SOCKET_DIR}/server.sock"
 CLAIM_REMOTE_DIR = "remote"  # in the claim's directory (claim_dir) on the pod's node: `token` and `server`
 # what a slice may name as a server: the address becomes a container's environment, so nothing but this
 _REMOTE_ADDRESS = re.compile(r"^tcp:[A-Za-z0-9.:\[\]-]{1,56}:\d{1,5}$")
@@ -418,7 +419,7 @@ class DraDriver:
                   MountSpec(REMOTE_CLAIM_DIR, str(directory), read_only=True)]
         if remote.socket is not None and self._socket_mounted(device):
             # the GPU is here: its server's unix socket, so the data never leaves the node
-            mounts.append(MountSpec(REMOTE_SOCKET, str(remote.socket)))
+            mounts.append(MountSpec(REMOTE_SOCKET_DIR, str(remote.socket.parent), read_only=True))
         grant = ContainerGrant(envs=envs, mounts=mounts)
         try:
             await asyncio.to_thread(_write_public, directory / "token", remote_token(remote.key, ref.uid))

@@ -87,8 +87,11 @@ def remote_root(hook_root: Path) -> Path:
 
 
 def socket_path(hook_root: Path) -> Path:
-    """This node's unix-socket server (mounted into remote containers on this node)."""
-    return remote_root(hook_root) / "server.sock"
+    """This node's unix-socket server. Its directory, holding nothing else (not the tokens), is what remote
+    containers on this node mount, read-only: a server restarted after they started makes a new socket
+    there, which a mount of the socket file itself would not show them; and no container can put a socket
+    of its own in its place."""
+    return remote_root(hook_root) / "socket" / "server.sock"
 
 
 def tokens_path(hook_root: Path) -> Path:
@@ -526,8 +529,9 @@ class RemoteServing:
         await self.reflector.stop()
 
     def _reset(self) -> None:
-        shutil.rmtree(remote_root(self.config.hook_root) / "shares", ignore_errors=True)
+        shutil.rmtree(remote_shares(self.config.hook_root), ignore_errors=True)
         write_tokens(self.tokens, {})
+        socket_path(self.config.hook_root).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
 
     async def _follow(self) -> None:
         """Claims are served from the moves' first read on (else a share moved away would be served here
