@@ -74,6 +74,7 @@ from gpupool.api.dra import (
     slice_name,
 )
 from gpupool.api.moves import GpuRef, Move, served_from
+from gpupool.api.times import format_time
 from gpupool.cluster.port import NotFound
 from gpupool.core.mig import mig_model
 from gpupool.core.mig_request import grant_share
@@ -532,7 +533,7 @@ class DraDriver:
         return tuple((k, v, self._taint_since.setdefault((device.uuid, k), now)) for k, v in wanted)
 
     def slice_devices(self) -> list[SliceDevice]:
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall_clock()))
+        now = format_time(self.wall_clock())
         known = sorted(self.table.known.values(), key=lambda d: d.index)
         server = self.remote_server()  # shared GPUs only: a remote share is never a MIG partition
         return [SliceDevice(d.index, d.uuid, d.model, d.memory_mib, d.compute_capability, d.numa_node,

@@ -31,6 +31,7 @@ from gpupool.api.logsafe import shown
 from gpupool.api.moves import Move, new_move
 from gpupool.api.names import DOMAIN
 from gpupool.api.pod import pod_key
+from gpupool.api.times import format_time
 from gpupool.cluster.port import NODES, ClusterPort, Conflict, NotFound, Obj, TooManyRequests
 from gpupool.commands.migrate import (
     DEFAULT_NAMESPACE,
@@ -43,7 +44,6 @@ from gpupool.commands.migrate import (
     choose_target,
     follow,
     live_claims,
-    now_rfc3339,
     outcome,
     pod_claim_names,
     read_pool,
@@ -109,7 +109,7 @@ def plan_drain(pool: Pool, node: str, pods: list[Obj]) -> Plan:
                               f"server: {shown(chosen, 2000)}")
             continue
         pool.reserve(share, chosen)
-        plan.moves[share.uid] = (share, new_move(share.label, share.served, chosen, now_rfc3339()))
+        plan.moves[share.uid] = (share, new_move(share.label, share.served, chosen, format_time(time.time())))
     claims = {(str(c["metadata"].get("namespace", "")), str(c["metadata"].get("name", ""))): c for c in pool.claims}
     plan.evict = [p for p in pods if (p.get("spec") or {}).get("nodeName") == node
                   and (p.get("status") or {}).get("phase") not in TERMINAL_PHASES

@@ -21,7 +21,6 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
 from typing import Any
 
 import click
@@ -31,6 +30,7 @@ from gpupool.api.dra import REMOTE_ISOLATION, ClaimError, claim_shares, counted_
 from gpupool.api.logsafe import shown
 from gpupool.api.moves import MAX_MOVES, MOVES_CONFIGMAP, GpuRef, Move, MoveError, new_move, read_moves, served_from
 from gpupool.api.recompute import Recomputed, recompute
+from gpupool.api.times import format_time
 from gpupool.cluster.port import (
     CONFIGMAPS,
     RESOURCE_CLAIMS,
@@ -223,10 +223,6 @@ def resolve_target(pool: Pool, share: Share, to: str) -> GpuRef:
 # --- writing and following the entry ------------------------------------------------------------------------
 
 
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _dropped(data: Mapping[str, str], live: set[str], adding: int) -> list[str]:
     """Entries to drop so that at most MAX_MOVES remain with `adding` new ones: damaged entries, then moves of
     claims that no longer exist. An entry of a live claim is never dropped, finished or not: it says where
@@ -366,7 +362,7 @@ async def migrate_pod(cluster: ClusterPort, namespace: str, pod_name: str, to: s
     pool = await read_pool(cluster, gpupool_namespace)
     share = pod_share(pool, pod)
     target = resolve_target(pool, share, to)
-    move = new_move(share.label, share.served, target, now_rfc3339())
+    move = new_move(share.label, share.served, target, format_time(time.time()))
     await write_moves(cluster, gpupool_namespace, {share.uid: move}, live_claims(pool))
     echo(f"claim {shown(share.label)}: move requested, {shown(str(move.source))} -> {shown(str(move.target))}")
     if wait_s <= 0:
