@@ -153,6 +153,13 @@ async def ask_app(app: App, command: str) -> list[str]:
     return await asyncio.to_thread(app.ask, command)
 
 
+async def fill(app: App, data: bytes) -> None:
+    """A context and one 8 KiB allocation (number 0) holding `data`, each call answered 0."""
+    assert await ask_app(app, "ctx") == ["0"]
+    assert await ask_app(app, "alloc 0 8192") == ["0"]
+    assert await ask_app(app, f"write 0 0 0 0 {data.hex()}") == ["0"]
+
+
 def moves_metric(agent: Agent) -> dict[str, float]:
     assert agent.moves is not None
     return moves_metric_of(agent.moves)
@@ -176,9 +183,7 @@ async def test_a_running_client_moves_to_the_target_and_new_clients_follow(
     async with three_nodes(remote_built, key_file) as c3:
         uid, app, data = await placed_claim(c3, remote_built)
         try:
-            assert await ask_app(app, "ctx") == ["0"]
-            assert await ask_app(app, "alloc 0 8192") == ["0"]
-            assert await ask_app(app, f"write 0 0 0 0 {data.hex()}") == ["0"]
+            await fill(app, data)
             pointer = await ask_app(app, "ptr 0")
             assert c3.workers(SOURCE, uid) != [] and c3.workers(TARGET, uid) == []
 
@@ -234,9 +239,7 @@ async def test_a_target_that_cannot_take_the_share_fails_the_move_and_the_client
     async with three_nodes(remote_built, key_file) as c3:
         uid, app, data = await placed_claim(c3, remote_built)
         try:
-            assert await ask_app(app, "ctx") == ["0"]
-            assert await ask_app(app, "alloc 0 8192") == ["0"]
-            assert await ask_app(app, f"write 0 0 0 0 {data.hex()}") == ["0"]
+            await fill(app, data)
             (worker,) = c3.workers(SOURCE, uid)
 
             await ask(c3.cluster, uid, Move("team-a/mover", GpuRef(SOURCE, 1), target))
@@ -269,9 +272,7 @@ async def test_clients_that_connect_to_the_source_while_the_move_is_ready_are_mo
             await eventually(lambda: state_is(c3.cluster, uid, "ready", "1 clients still on the source"))
             # a process that read the server file just before the pod's node switched it to the target
             late = c3.app(remote_built, uid, server=c3.tcp(SOURCE))
-            assert await ask_app(late, "ctx") == ["0"]
-            assert await ask_app(late, "alloc 0 8192") == ["0"]
-            assert await ask_app(late, f"write 0 0 0 0 {data.hex()}") == ["0"]
+            await fill(late, data)
             await eventually(lambda: state_is(c3.cluster, uid, "ready", "2 clients still on the source"))
             assert await ask_app(first, "sync") == ["0"]
             await eventually(lambda: state_is(c3.cluster, uid, "ready", "1 clients still on the source"))
