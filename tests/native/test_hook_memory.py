@@ -117,6 +117,17 @@ def test_an_allocation_made_and_freed_while_nvml_answers_never_passes_for_contex
     assert probe.alloc("mem", MIB)[0] == OOM
 
 
+def test_in_a_pods_namespaces_a_racing_nvml_answer_neither_blocks_nor_lifts_the_share(pods: PodFactory) -> None:
+    """The same race as a production container sees it: PID and mount namespaces of its own with a fresh
+    /proc (NVML's host PIDs are not the process's own), the agent's read-only limits, and variables claiming
+    64 GiB: the context memory is still measured exactly, and the share stays 10 GiB."""
+    tamper = {"FAKE_GPU_CTX_MIB": "300", "FAKE_NVML_RACES": "2", "FAKE_NVML_RACE_MIB": "1024",
+              "GPUPOOL_MEMORY_LIMIT_MIB": "65536"}
+    probe = pods.start(pods.pod(memory_mib="10240", granted=True, namespaces=True, extra=tamper))
+    assert probe.alloc("mem", SHARE - 300 * MIB)[0] == 0
+    assert probe.alloc("mem", MIB)[0] == OOM
+
+
 def test_kill_9_at_any_instant_never_wedges_the_pod(pods: PodFactory) -> None:
     """A process allocating and freeing in a loop (most of its time is spent inside the accounting lock) is
     killed at random instants; each time a new process must still get the whole share."""
