@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupool.api.preferences import soft_preferences, soft_taints, untolerated
+from gpupool.api.preferences import required_affinity_allows, soft_preferences, soft_taints, untolerated
 
 PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -76,3 +76,78 @@ def test_more_tolerations_never_leave_more_taints_untolerated(taints, toleration
     after = untolerated(_pod({"tolerations": [*tolerations, extra]}), taints)
     assert 0 <= after <= before <= len(taints)
     assert untolerated(_pod({"tolerations": [*tolerations, {"operator": "Exists"}]}), taints) == 0
+
+
+def _node(name: str, labels: dict[str, str]) -> dict:
+    return {"metadata": {"name": name, "labels": labels}}
+
+
+def _requiring(*terms: dict) -> dict:
+    return _pod({"affinity": {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": list(terms)}}}})
+
+
+def _expr(key: str, op: str, *values: str) -> dict:
+    return {"matchExpressions": [{"key": key, "operator": op, "values": list(values)}]}
+
+
+NODE = _node("gpu-7", {"zone": "a", "gpus": "8", "pool": "train"})
+
+
+def test_each_operator_as_kubernetes_reads_it():
+    holds = {
+        ("zone", "In", ("a", "b")): True, ("zone", "In", ("b",)): False, ("rack", "In", ("a",)): False,
+        ("zone", "NotIn", ("b",)): True, ("zone", "NotIn", ("a",)): False, ("rack", "NotIn", ("a",)): True,
+        ("zone", "Exists", ()): True, ("rack", "Exists", ()): False,
+        ("zone", "DoesNotExist", ()): False, ("rack", "DoesNotExist", ()): True,
+        ("gpus", "Gt", ("7",)): True, ("gpus", "Gt", ("8",)): False, ("gpus", "Lt", ("9",)): True,
+        ("gpus", "Lt", ("8",)): False, ("zone", "Gt", ("1",)): False, ("gpus", "Gt", ("x",)): False,
+        ("gpus", "Gt", ("1", "2")): False, ("rack", "Lt", ("9",)): False, ("zone", "Matches", ("a",)): False,
+    }
+    for (key, op, values), expected in holds.items():
+        assert required_affinity_allows(_requiring(_expr(key, op, *values)), NODE) is expected, (key, op, values)
+
+
+def test_terms_are_ored_and_a_terms_requirements_anded():
+    both = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]},
+                                 {"key": "pool", "operator": "In", "values": ["infer"]}]}
+    assert not required_affinity_allows(_requiring(both), NODE)
+    assert required_affinity_allows(_requiring(both, _expr("pool", "In", "train")), NODE)
+
+
+def test_match_fields_name_the_node():
+    def by_name(op: str, *names: str) -> dict:
+        return _requiring({"matchFields": [{"key": "metadata.name", "operator": op, "values": list(names)}]})
+    assert required_affinity_allows(by_name("In", "gpu-7"), NODE)
+    assert not required_affinity_allows(by_name("In", "gpu-8"), NODE)
+    assert required_affinity_allows(by_name("NotIn", "gpu-8"), NODE)
+    # a field other than metadata.name is one the node does not have
+    assert not required_affinity_allows(
+        _requiring({"matchFields": [{"key": "spec.unschedulable", "operator": "In", "values": ["false"]}]}), NODE)
+
+
+def test_no_required_affinity_allows_every_node_and_an_empty_term_none():
+    assert required_affinity_allows(_pod({}), NODE)
+    assert required_affinity_allows(_pod({"affinity": {"nodeAffinity": {PREFERRED: [{"weight": 1}]}}}), NODE)
+    assert not required_affinity_allows(_requiring({}), NODE)
+    assert not required_affinity_allows(_requiring(), NODE)
+    assert not required_affinity_allows(_requiring({"matchExpressions": "zone"}), NODE)
+
+
+_words = st.sampled_from(["a", "b", "c"])
+
+
+@given(labels=st.dictionaries(st.sampled_from(["zone", "rack"]), _words), key=st.sampled_from(["zone", "rack"]),
+       values=st.lists(_words, min_size=1, max_size=3))
+def test_in_and_notin_exists_and_doesnotexist_are_complements(labels, key, values):
+    node = _node("n", labels)
+    assert (required_affinity_allows(_requiring(_expr(key, "In", *values)), node)
+            != required_affinity_allows(_requiring(_expr(key, "NotIn", *values)), node))
+    assert (required_affinity_allows(_requiring(_expr(key, "Exists")), node)
+            != required_affinity_allows(_requiring(_expr(key, "DoesNotExist")), node))
+
+
+@given(have=st.integers(-50, 50), bound=st.integers(-50, 50))
+def test_gt_and_lt_compare_integers(have, bound):
+    node = _node("n", {"k": str(have)})
+    assert required_affinity_allows(_requiring(_expr("k", "Gt", str(bound))), node) is (have > bound)
+    assert required_affinity_allows(_requiring(_expr("k", "Lt", str(bound))), node) is (have < bound)

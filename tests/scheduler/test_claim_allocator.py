@@ -177,6 +177,41 @@ async def test_tainted_devices_and_the_pods_node_selector_are_respected() -> Non
         await svc.stop()
 
 
+def with_affinity(pod: dict[str, Any], *terms: dict[str, Any]) -> dict[str, Any]:
+    pod["spec"]["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": list(terms)}}}
+    return pod
+
+
+async def test_the_pods_required_node_affinity_is_respected() -> None:
+    """Without affinity the first claim goes to gpu-0000 (the policy's pick on an empty cluster); a pod
+    whose required affinity excludes that node gets a GPU of gpu-0001 instead, by a label expression or by
+    the node's name (matchFields), and a pod whose affinity no node meets waits with the reason. Before
+    the allocator read node affinity, kube-scheduler could never bind such a pod to the node chosen."""
+    cluster, svc = await setup()
+    try:
+        not_0 = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-0000"]}]}
+        by_name = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["gpu-0001"]}]}
+        nowhere = {"matchExpressions": [{"key": "no-such-label", "operator": "Exists"}]}
+        await run(cluster, (claim("free", "1Gi", "10"), gated_pod("p-free", "free")))
+        await until(lambda: ungated(cluster, "p-free"))
+        free = await allocation(cluster, "free")
+        assert free is not None and free["devices"]["results"][0]["pool"] == "gpu-0000"
+        await run(cluster, (claim("a1", "1Gi", "10"), with_affinity(gated_pod("p-a1", "a1"), not_0)),
+                  (claim("a2", "1Gi", "10"), with_affinity(gated_pod("p-a2", "a2"), by_name)),
+                  (claim("a3", "1Gi", "10"), with_affinity(gated_pod("p-a3", "a3"), nowhere)))
+        for name in ("a1", "a2"):
+            await until(lambda name=name: ungated(cluster, f"p-{name}"))
+            got = await allocation(cluster, name)
+            assert got is not None and {r["pool"] for r in got["devices"]["results"]} == {"gpu-0001"}, name
+        (message,) = await until(lambda: messages(cluster, "p-a3"))
+        assert message == ("gpupool: no node that runs gpupool's DRA driver can take this pod (its nodeSelector "
+                           "and node affinity, the nodes' taints)")
+        assert await allocation(cluster, "a3") is None
+    finally:
+        await svc.stop()
+
+
 async def test_what_gpupool_does_not_decide_is_left_to_kube_scheduler() -> None:
     cluster, svc = await setup()
     try:
@@ -581,8 +616,8 @@ async def test_the_pods_node_is_the_one_with_most_cpu_and_one_its_cpu_request_fi
         pool, _, node = await placed(cluster, "c1")
         assert (pool, node) == ("gpu-0000", "cpu-0001")
         (message,) = await until(lambda: messages(cluster, "p2"))
-        assert message == ("gpupool: no node that runs gpupool's agent can take this pod (its nodeSelector, the "
-                           "nodes' taints, its CPU and memory requests)")
+        assert message == ("gpupool: no node that runs gpupool's agent can take this pod (its nodeSelector and "
+                           "node affinity, the nodes' taints, its CPU and memory requests)")
         assert not await ungated(cluster, "p2") and await allocation(cluster, "c2") is None
     finally:
         await svc.stop()

@@ -5,13 +5,13 @@ asking through the device plugin, instead of kube-scheduler's first-fit allocato
 How it meets kube-scheduler (docs/claims.md, Placement): the webhook puts the scheduling gate
 `gpu.gpupool.io/allocate` on such pods, so kube-scheduler leaves them alone. Here, once the pod's claims
 exist (the resourceclaim controller makes them from their templates), the policy picks a node and GPUs
-among the nodes that publish gpupool's ResourceSlice and that the pod may run on (its nodeSelector, the
-nodes' NoSchedule/NoExecute taints, untainted devices), the ledger assumes the share, the claim's
-`status.allocation` is written (results with consumedCapacity and a share ID, the class's config, the
-node as nodeSelector), and the gate is removed. kube-scheduler then sees an allocated claim: it can only
-place the pod on that node, reserves the claim for the pod and binds it, running its own filters (CPU,
-affinity) as for any pod. A burst packs as the policy says, because every decision is taken here, one at a
-time, against the ledger that already holds the previous ones.
+among the nodes that publish gpupool's ResourceSlice and that the pod may run on (its nodeSelector and
+required node affinity, the nodes' NoSchedule/NoExecute taints, untainted devices), the ledger assumes
+the share, the claim's `status.allocation` is written (results with consumedCapacity and a share ID, the
+class's config, the node as nodeSelector), and the gate is removed. kube-scheduler then sees an
+allocated claim: it can only place the pod on that node, reserves the claim for the pod and binds it,
+running its own filters (CPU, affinity) as for any pod. A burst packs as the policy says, because every
+decision is taken here, one at a time, against the ledger that already holds the previous ones.
 
 A claim of the MIG class that names its profile with the selector
 `device.attributes["gpu.gpupool.io"].profile == "<profile>"` gets the partition gpupool's MIG planning
@@ -67,7 +67,7 @@ from gpupool.api.dra import (
 )
 from gpupool.api.logsafe import shown
 from gpupool.api.pod import parse_pod, pod_key
-from gpupool.api.preferences import untolerated
+from gpupool.api.preferences import required_affinity_allows, untolerated
 from gpupool.api.quantity import QuantityError, bytes_to_mib, cpu_milli, parse_quantity
 from gpupool.api.times import format_time
 from gpupool.cluster.port import (
@@ -113,6 +113,7 @@ class PodNode:
 
 
 RETRY_S = 5.0  # a pod that fits nowhere is tried again this often (and at once on any claim or pod change)
+MAY_RUN = "its nodeSelector and node affinity, the nodes' taints"  # what _may_run reads, as the reasons say it
 HARD_EFFECTS = ("NoSchedule", "NoExecute")  # taints that keep new pods (and claims) away; PreferNoSchedule does not
 MAX_TEMPLATES_KNOWN = 10_000  # tenants name templates: what is remembered of them stays bounded
 ZONE_LABEL = "topology.kubernetes.io/zone"  # a remote share prefers a GPU in the zone of its pod's node
@@ -324,15 +325,16 @@ class ClaimAllocator:
         self.templates.add((namespace, name))
 
     def _may_run(self, pod: Obj, name: str) -> bool:
-        """Whether the pod may go to node `name` (its nodeSelector, the node's NoSchedule/NoExecute taints);
-        a node the watch has not shown is not one it may go to."""
+        """Whether the pod may go to node `name` (its nodeSelector and required node affinity, the node's
+        NoSchedule/NoExecute taints); a node the watch has not shown is not one it may go to."""
         obj = self.h.ledger.node_objs.get(name)
         if obj is None:
             return False
         selector = (pod.get("spec") or {}).get("nodeSelector") or {}
         labels = (obj.get("metadata") or {}).get("labels") or {}
         hard = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("effect") in HARD_EFFECTS]
-        return all(labels.get(k) == v for k, v in selector.items()) and not untolerated(pod, hard)
+        return (all(labels.get(k) == v for k, v in selector.items()) and required_affinity_allows(pod, obj)
+                and not untolerated(pod, hard))
 
     def _allowed(self, pod: Obj, names: Iterable[str]) -> list[str]:
         """The nodes among `names` that the ledger knows (their GPUs) and the pod may go to."""
@@ -376,7 +378,7 @@ class ClaimAllocator:
         request = self._share_request(pod, ask, factor)
         nodes = self._allowed(pod, slices.shared)
         if not nodes:
-            return "no node that runs gpupool's DRA driver can take this pod (its nodeSelector, the nodes' taints)"
+            return f"no node that runs gpupool's DRA driver can take this pod ({MAY_RUN})"
         decided = self._decide(request, nodes, slices.shared, isolation == "mps")
         if isinstance(decided, Unschedulable):
             return f"claim {shown(self._label(claim))} fits on no GPU: {decided.summary()}"
@@ -403,8 +405,7 @@ class ClaimAllocator:
         spill = 0 if ask.memory_mib is None else oversub_mib(ask.memory_mib, factor)
         hosts = self._pod_nodes(pod, slices.drivers, replace(request, memory_mib=request.memory_mib - spill))
         if not hosts:
-            return ("no node that runs gpupool's agent can take this pod (its nodeSelector, the nodes' taints, "
-                    "its CPU and memory requests)")
+            return f"no node that runs gpupool's agent can take this pod ({MAY_RUN}, its CPU and memory requests)"
         state = self.h.ledger.state
         servers = sorted(n for n, gpus in slices.remote.items() if gpus and n in state.index)
         if not servers:
@@ -517,7 +518,7 @@ class ClaimAllocator:
         candidates = [(node, gpu) for node in self._allowed(pod, slices.mig) for index in sorted(slices.mig[node])
                       if (gpu := state.gpu_at(node, index)) is not None and mig_model(gpu.model) is not None]
         if not candidates:
-            return "no GPU in MIG mode that this pod may use (its nodeSelector, the nodes' taints)"
+            return f"no GPU in MIG mode that this pod may use ({MAY_RUN})"
         demand = observed_demand([ask.mig_profile, *(i.profile for group in held.values() for i in group)])
         gpus = [MigGPU(gpu.model, tuple(sorted(held.get((node, gpu.index), [])))) for node, gpu in candidates]
         choice = choose(gpus, ask.mig_profile, demand)
