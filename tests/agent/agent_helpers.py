@@ -155,6 +155,9 @@ def agent_config(directory: Path, **overrides: Any) -> AgentConfig:
         # Never the host's /run/gpupool/hook: where a `gpupool agent` once ran, concurrent test runs would
         # share (and clean up) each other's pod directories there. Tests of the hook pass their own root.
         "hook_root": directory / "hook",
+        # Nor the host's kubelet root and CDI directory, for agents that are DRA drivers (dra=True).
+        "kubelet_root": directory / "kubelet",
+        "cdi_dir": directory / "cdi",
         "watch_interval_s": 0.05,
         "reprobe_interval_s": 0.05,
         "inventory_interval_s": 0.2,

@@ -42,6 +42,10 @@ class AgentConfig(BaseModel):
     # the device plugin. kubelet_root holds plugins_registry/ and plugins/; cdi_dir is where the container
     # runtime reads CDI specs; the slice is checked every dra_resync_s (kubelet deletes it at its start).
     dra: bool = False
+    # With dra: serve the device plugin too, from the same GPUs, so pods that still ask for gpupool.io/gpu*
+    # run on the node beside pods with claims (a cluster moving to DRA namespace by namespace). Both forms
+    # take their shares from one device table, under one lock, and the scheduler counts both against each GPU.
+    device_plugin_with_dra: bool = False
     kubelet_root: Path = Path("/var/lib/kubelet")
     cdi_dir: Path = Path("/var/run/cdi")
     dra_resync_s: float = Field(default=10.0, gt=0)
@@ -118,6 +122,13 @@ class AgentConfig(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _device_plugin_beside_dra(self) -> AgentConfig:
+        if self.device_plugin_with_dra and not self.dra:
+            raise ValueError("device_plugin_with_dra serves the device plugin beside the DRA driver: it needs dra "
+                             "(without dra the device plugin alone serves the node)")
+        return self
+
+    @model_validator(mode="after")
     def _remote_needs_key(self) -> AgentConfig:
         if self.remote_listen is not None and not self.dra:
             raise ValueError("remote_listen serves claims of isolation remote: it needs dra")
@@ -132,6 +143,11 @@ class AgentConfig(BaseModel):
     @property
     def runs_mps_daemons(self) -> bool:
         return self.mps_daemons if self.mps_daemons is not None else self.isolation == "mps"
+
+    @property
+    def serves_device_plugin(self) -> bool:
+        """Whether the node's GPUs are offered as gpupool.io/gpu slots (alone, or beside the DRA driver)."""
+        return not self.dra or self.device_plugin_with_dra
 
     @property
     def kubelet_socket_path(self) -> Path:

@@ -96,7 +96,7 @@ class Agent:
         self.table: DeviceTable | None = None
         self.service: DevicePluginService | None = None
         self.server: PluginServer | None = None
-        self.dra: DraDriver | None = None  # config.dra: the DRA driver serves the GPUs instead of `server`
+        self.dra: DraDriver | None = None  # config.dra: the DRA driver serves the GPUs (with `server` or not)
         self.dra_server: DraServer | None = None
         self.remote: RemoteServing | None = None  # remote_listen: this node's GPU servers (gpupool.agent.remote)
         self.moves: MovesBook | None = None  # a remote key and moves_namespace: the moves of remote shares
@@ -151,8 +151,10 @@ class Agent:
         if self.step is not None:
             self.service.step = self.step
         await self.service.recover()
-        if self.config.dra:  # a DRA driver instead of the device plugin (gpupool.agent.dra)
-            # Its checkpoint is read before the MIG reconciliation below: prepared claims hold instances too.
+        if self.config.dra:  # a DRA driver, instead of or beside the device plugin (gpupool.agent.dra)
+            # Its checkpoint is read before the MIG reconciliation below: prepared claims hold instances too,
+            # as the pods the device plugin served do (both are holders there, whichever form serves them).
+            # Prepare and Allocate take the one lock, so the two never hand out one GPU's state at once.
             self.dra = dra = DraDriver(self.config, table_, self.cluster, self.isolation, self.wall_clock,
                                        mig=self.mig, lock=self.service.allocate_lock)
             problem = await asyncio.to_thread(dra.load)
@@ -171,16 +173,21 @@ class Agent:
         if self.dra is not None:
             self.dra_server = DraServer(self.dra, self.config.kubelet_root)
             await self.dra_server.start()
-        else:
+        if self.config.serves_device_plugin:  # alone, or beside the DRA driver (device_plugin_with_dra)
             self.server = PluginServer(self.service, self.config.plugin_socket_path)
             self.config.device_plugin_dir.mkdir(parents=True, exist_ok=True)
             await self.server.start()
         loop = asyncio.get_running_loop()
         self._event_thread = threading.Thread(target=self._watch_events, args=(loop,), name="gpupool-xid", daemon=True)
         self._event_thread.start()
-        self._tasks = [
-            asyncio.create_task(self._slice_loop() if self.dra is not None else self._kubelet_loop(),
-                                name="resource-slice" if self.dra is not None else "kubelet-watch"),
+        # Both forms read the one device table: health and validation reach the slots (ListAndWatch) and the
+        # slice's taints through the same changes.
+        self._tasks = []
+        if self.dra is not None:
+            self._tasks.append(asyncio.create_task(self._slice_loop(), name="resource-slice"))
+        if self.server is not None:
+            self._tasks.append(asyncio.create_task(self._kubelet_loop(), name="kubelet-watch"))
+        self._tasks += [
             asyncio.create_task(self._probe_loop(), name="health-probe"),
             asyncio.create_task(self._inventory_loop(), name="inventory"),
             asyncio.create_task(follow_squeezes(self.cluster, self.config.node_name, self.config.hook_root,

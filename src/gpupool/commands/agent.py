@@ -41,6 +41,9 @@ import click
 @click.option("--cdi-kind", default=None, help="CDI kind of the GPU devices [nvidia.com/gpu].")
 @click.option("--dra/--no-dra", default=None,
               help="Serve GPUs as DRA driver gpu.gpupool.io instead of the device plugin [off] (docs/claims.md).")
+@click.option("--device-plugin-with-dra/--no-device-plugin-with-dra", default=None,
+              help="With --dra, serve the device plugin too, so pods asking for gpupool.io/gpu* still run here "
+                   "[off] (docs/agent.md).")
 @click.option("--kubelet-root", type=click.Path(path_type=Path), default=None,
               help="Kubelet's root directory, with plugins_registry/ and plugins/ (--dra) [/var/lib/kubelet].")
 @click.option("--cdi-dir", type=click.Path(path_type=Path), default=None,
