@@ -132,6 +132,7 @@ def test_extended_resource_name_is_opt_in_and_on_the_whole_class_only(render: Re
         ("dra.extendedResourceName=no-domain", "/dra/extendedResourceName"),
         ("dra.cdiDir=var/run/cdi", "/dra/cdiDir"),
         ("dra.kubeletRoot=/var/lib/kubelet/", "/dra/kubeletRoot"),
+        ("dra.devicePlugin=yes", "/dra/devicePlugin"),
         ("dra.enable=true", "additional properties 'enable' not allowed"),
         ("dra.placement.enable=false", "additional properties 'enable' not allowed"),
         ("dra.placement.namespaceSelector.matchLabel.team=a", "additional properties 'matchLabel' not allowed"),
@@ -346,9 +347,24 @@ def test_agent_serves_dra_from_the_kubelets_directories(render: Render, values: 
     assert f"{root}/plugins" not in mounts
 
 
+@pytest.mark.parametrize(("device_plugin", "served"), [(None, True), (True, True), (False, False)],
+                         ids=["default", "on", "off"])
+def test_the_agent_keeps_the_device_plugin_beside_dra_unless_told_not_to(render: Render, device_plugin: bool | None,
+                                                                          served: bool) -> None:
+    """dra.devicePlugin (default true): pods still asking for gpupool.io/gpu keep a node to run on."""
+    from gpupool.agent.config import load_config
+
+    pod = agent_pod(dra_on(render, dra={} if device_plugin is None else {"devicePlugin": device_plugin}))
+    config = load_config(env={**env(pod), "NODE_NAME": "gpu-1"})
+    assert (config.dra, config.device_plugin_with_dra, config.serves_device_plugin) == (True, served, served)
+    # kubelet's device-plugin directory: the plugin's socket, and the checkpoints the agent keeps there
+    assert host_mounts(pod)["/var/lib/kubelet/device-plugins"] == ("/var/lib/kubelet/device-plugins", "Directory")
+
+
 def test_without_dra_the_agent_has_no_dra_settings_or_directories(render: Render) -> None:
     pod = agent_pod(render(None, *KUBE))
-    assert not {"GPUPOOL_AGENT_DRA", "GPUPOOL_AGENT_KUBELET_ROOT", "GPUPOOL_AGENT_CDI_DIR"} & set(env(pod))
+    assert not {"GPUPOOL_AGENT_DRA", "GPUPOOL_AGENT_KUBELET_ROOT", "GPUPOOL_AGENT_CDI_DIR",
+                "GPUPOOL_AGENT_DEVICE_PLUGIN_WITH_DRA"} & set(env(pod))
     assert sorted(host_mounts(pod)) == ["/run/gpupool/hook", "/run/gpupool/mps", "/var/lib/kubelet/device-plugins"]
 
 
