@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 from typing import Any
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -117,10 +118,24 @@ def _first_fit(claims: dict[str, tuple[int, int, int]], memory: int | None, core
     return None
 
 
-async def _scenario(ops: list[tuple[Any, ...]]) -> None:
+def _fit_beside_pods(svc: ExtenderService, node: str, memory: int | None, cores: int) -> int | None:
+    """Which GPU of `node` gpupool's own allocator may give a claim: the first with room for it in the ledger,
+    which holds the device-plugin pods of the node too."""
+    state, i = svc.ledger.state, svc.ledger.state.index[node]
+    for gpu in (0, 1):
+        if int(state.gpu_mem_free[i, gpu]) >= (memory or GPU_MIB) and \
+                int(state.gpu_milli_free[i, gpu]) >= max(1, cores * 10) and \
+                not svc.ledger.full(np.array([i], dtype=np.int64), False)[0][gpu]:
+            return gpu
+    return None
+
+
+async def _scenario(ops: list[tuple[Any, ...]], same_node: bool = False) -> None:
     """Pods through the extender on node gpu-0000, claims allocated as kube-scheduler would on node gpu-0001
-    (one node per form, as the agent serves a node either as device plugin or as DRA driver), deletions
-    and scheduler restarts in any order."""
+    (a node per form), deletions and scheduler restarts in any order. With `same_node`, the claims go on
+    gpu-0000 too, beside the pods (an agent serving the device plugin and the DRA driver at once), where
+    gpupool's allocator gives them room the ledger shows free: the ledger must then hold both forms on
+    the same GPUs, exactly as the API does, never beyond a GPU."""
     cluster = await _cluster()
     kubelet = FakeKubelet(cluster)
     await kubelet.start()
@@ -135,12 +150,17 @@ async def _scenario(ops: list[tuple[Any, ...]]) -> None:
                 pods.append(pod)
                 await svc.bind(_args(pod, node="gpu-0000"))
             elif kind == "claim":
-                gpu = _first_fit(claims, b, a * 10)
+                node = "gpu-0000" if same_node else "gpu-0001"
+                gpu = _fit_beside_pods(svc, node, b, a * 10) if same_node else _first_fit(claims, b, a * 10)
                 if gpu is not None:
                     name = f"c{made}"
                     made += 1
-                    await cluster.create_object(RESOURCE_CLAIMS, allocated_claim(name, "gpu-0001", gpu, b, a * 10))
+                    made_claim = await cluster.create_object(RESOURCE_CLAIMS,
+                                                             allocated_claim(name, node, gpu, b, a * 10))
                     claims[name] = (gpu, b or GPU_MIB, a * 10)
+                    if same_node:  # gpupool's allocator holds the share in the ledger before the next decision
+                        uid, ledger = made_claim["metadata"]["uid"], svc.ledger
+                        await _until(lambda: uid in ledger.entries)  # noqa: B023 (awaited at once)
             elif kind == "delete-pod" and pods:
                 pod = pods[a % len(pods)]
                 with contextlib.suppress(Exception):  # already gone
@@ -161,6 +181,7 @@ async def _scenario(ops: list[tuple[Any, ...]]) -> None:
         assert set(svc.ledger.entries) == set(truth.allocations)
         assert sum(1 for e in svc.ledger.entries.values() if e.claim) == len(claims)
         assert (svc.ledger.state.gpu_mem_free >= 0).all() and (svc.ledger.state.gpu_milli_free >= 0).all()
+        assert not svc.ledger.stranded
         before = _entries(svc)
         await svc.stop()
         svc = await _service(cluster)
@@ -174,3 +195,9 @@ async def _scenario(ops: list[tuple[Any, ...]]) -> None:
 @given(st.lists(op, min_size=1, max_size=14))
 def test_pods_and_claims_together_match_the_api_after_any_sequence(ops: list[tuple[Any, ...]]) -> None:
     asyncio.run(_scenario(ops))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(op, min_size=1, max_size=14))
+def test_pods_and_claims_on_the_same_gpus_match_the_api_after_any_sequence(ops: list[tuple[Any, ...]]) -> None:
+    asyncio.run(_scenario(ops, same_node=True))
