@@ -149,6 +149,20 @@ def test_gpu_node_needs_an_inventory_and_the_kubelets_slots() -> None:
     assert sick.status is Status.WARN and "unhealthy GPU index [0]" in sick.detail
 
 
+def test_a_dra_node_is_served_by_its_slice_and_a_node_with_both_needs_both() -> None:
+    """A DRA-only node has no slots (kubelet offers no gpupool.io/gpu there): its ResourceSlice's devices
+    are what it serves. Before, every DRA-only node failed as "allocatable is 0"."""
+    dra_only, both = checks.Serving(device_plugin=False, dra=True), checks.Serving(device_plugin=True, dra=True)
+    ok = checks.gpu_node(node(slots=None), "ns", dra_only, slice_devices=2)
+    assert (ok.status, ok.detail) == (Status.OK, "2 GPU(s), 2 device(s) in its ResourceSlice, driver 570.86")
+    gone = checks.gpu_node(node(slots=None), "ns", dra_only, slice_devices=0)
+    assert gone.status is Status.FAIL and "no ResourceSlice of driver gpu.gpupool.io" in gone.detail
+    assert checks.gpu_node(node(), "ns", both, slice_devices=2).detail == (
+        "2 GPU(s), 20 slots allocatable, 2 device(s) in its ResourceSlice, driver 570.86")
+    assert checks.gpu_node(node(slots="0"), "ns", both, slice_devices=2).status is Status.FAIL
+    assert checks.gpu_node(node(), "ns", both, slice_devices=0).status is Status.FAIL
+
+
 def test_gpu_nodes_are_the_agents_nodes_or_those_with_an_inventory() -> None:
     selector = {"gpupool.io/gpu-node": "true"}
     assert is_gpu_node(node(inventory=None, labels=selector), selector)

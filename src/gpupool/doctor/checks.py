@@ -275,8 +275,19 @@ def allocatable_slots(node: Obj) -> int:
         return 0
 
 
-def gpu_node(node: Obj, namespace: str) -> Finding:
-    """A GPU node: its agent published an inventory and the kubelet has its device plugin's slots."""
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """How the agents serve GPUs (the DaemonSet's settings): the device plugin's slots at the kubelet, the
+    DRA driver's ResourceSlice, or both (a cluster moving to DRA)."""
+
+    device_plugin: bool = True
+    dra: bool = False
+
+
+def gpu_node(node: Obj, namespace: str, serving: Serving = Serving(), slice_devices: int = 0) -> Finding:
+    """A GPU node: its agent published an inventory and serves its GPUs as the DaemonSet says: the kubelet
+    has the device plugin's slots, and/or the node's ResourceSlice of gpupool's driver lists
+    `slice_devices` devices."""
     name = _name(node)
     subject = f"node {name}"
     text = (_meta(node).get("annotations") or {}).get(ANN_INVENTORY)
@@ -289,12 +300,19 @@ def gpu_node(node: Obj, namespace: str) -> Finding:
     except InventoryError as e:
         return Finding("agent", subject, Status.FAIL, str(e), agent_logs)
     slots = allocatable_slots(node)
-    if slots <= 0:
+    if serving.device_plugin and slots <= 0:
         return Finding("agent", subject, Status.FAIL,
                        f"allocatable {RESOURCE_GPU} is 0 (inventory: {len(doc.gpus)} GPU(s)): the kubelet has no "
                        "healthy device from the agent's device plugin (agent stopped, or not registered)", agent_logs)
+    if serving.dra and slice_devices <= 0:
+        return Finding("agent", subject, Status.FAIL,
+                       f"no ResourceSlice of driver {DRA_DRIVER} lists a device of this node (inventory: "
+                       f"{len(doc.gpus)} GPU(s)): the agent's DRA driver is not publishing (agent stopped, or "
+                       "kubelet deleted the slice at its start and the agent has not put it back)", agent_logs)
+    served = ([f"{slots} slots allocatable"] if serving.device_plugin else []) + \
+        ([f"{slice_devices} device(s) in its ResourceSlice"] if serving.dra else [])
     unhealthy = [g.index for g in doc.gpus if not g.healthy]
-    detail = f"{len(doc.gpus)} GPU(s), {slots} slots allocatable, driver {doc.driver or '?'}"
+    detail = f"{len(doc.gpus)} GPU(s), {', '.join(served)}, driver {doc.driver or '?'}"
     if unhealthy:
         return Finding("agent", subject, Status.WARN, f"{detail}; unhealthy GPU index {unhealthy}", agent_logs)
     return Finding("agent", subject, Status.OK, detail)

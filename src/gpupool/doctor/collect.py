@@ -15,6 +15,7 @@ from typing import TypeVar
 
 import httpx
 
+from gpupool.api.dra import DRIVER as DRA_DRIVER
 from gpupool.api.names import ANN_INVENTORY, RESOURCE_GPU
 from gpupool.cluster.port import (
     CONFIGMAPS,
@@ -23,6 +24,7 @@ from gpupool.cluster.port import (
     NAMESPACES,
     NODES,
     PODS,
+    RESOURCE_SLICES,
     ApiError,
     ClusterPort,
     Kind,
@@ -31,6 +33,9 @@ from gpupool.cluster.port import (
 from gpupool.doctor import checks
 from gpupool.doctor.checks import Finding, Obj, Review, Status
 from gpupool.doctor.rbac import NEEDS, VARIANTS, Access
+
+# The agent's setting (chart dra.devicePlugin) that keeps the device plugin beside the DRA driver.
+BESIDE_DRA_ENV = "GPUPOOL_AGENT_DEVICE_PLUGIN_WITH_DRA"
 
 DEPLOYMENTS = Kind("apps", "v1", "Deployment", "deployments", namespaced=True)
 DAEMONSETS = Kind("apps", "v1", "DaemonSet", "daemonsets", namespaced=True)
@@ -177,7 +182,11 @@ class Doctor:
                 "agent", "GPU nodes", Status.FAIL,
                 f"no node carries the agent's nodeSelector {dict(selector)} or a {ANN_INVENTORY}",
                 f"label the GPU nodes: kubectl label node <name> {checks.GPU_NODE_LABEL}=true"))
-        served = [checks.gpu_node(node, self.ns) for node in gpu_nodes]
+        dra = _env(daemonset, VARIANTS["dra"]) == "true"
+        serving = checks.Serving(device_plugin=not dra or _env(daemonset, BESIDE_DRA_ENV) == "true", dra=dra)
+        devices = await self._slice_devices() if serving.dra else {}
+        served = [checks.gpu_node(node, self.ns, serving, devices.get(str(node["metadata"]["name"]), 0))
+                  for node in gpu_nodes]
         # Agents answer for the nodes checked (fresh inventory, slots at the kubelet): DaemonSet pods that
         # are not ready are then a warning, as for the webhook and the scheduler.
         answered = bool(served) and all(f.status == Status.OK for f in served)
@@ -187,6 +196,19 @@ class Doctor:
             self.findings.append(finding)
             self.findings.append(checks.validation(node))
         self.findings.append(checks.toolkit(gpu_nodes))
+
+    async def _slice_devices(self) -> dict[str, int]:
+        """Devices listed by gpupool's driver per node, from every ResourceSlice (none when the API has none)."""
+        try:
+            slices, _ = await self.cluster.list_objects(RESOURCE_SLICES)
+        except NotFound:
+            return {}
+        counts: dict[str, int] = {}
+        for s in slices:
+            spec = s.get("spec") or {}
+            if spec.get("driver") == DRA_DRIVER and spec.get("nodeName"):
+                counts[str(spec["nodeName"])] = counts.get(str(spec["nodeName"]), 0) + len(spec.get("devices") or [])
+        return counts
 
     async def _dra(self) -> None:
         try:
