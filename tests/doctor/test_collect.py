@@ -40,7 +40,8 @@ def _slice(node: str, devices: int) -> dict[str, Any]:
                      "devices": [{"name": f"gpu-{i}"} for i in range(devices)]}}
 
 
-async def _node_findings(env: dict[str, str], nodes: list[dict[str, Any]], slices: list[dict[str, Any]]) -> dict[str, tuple[Status, str]]:
+async def _node_findings(env: dict[str, str], nodes: list[dict[str, Any]],
+                         slices: list[dict[str, Any]]) -> dict[str, tuple[Status, str]]:
     cluster = MemoryCluster()
     await cluster.create_object(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
     await cluster.create_object(DAEMONSETS, _daemonset(env))
