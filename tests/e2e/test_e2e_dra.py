@@ -14,6 +14,11 @@ on top of system:kube-scheduler, and the chart's admission policy for its pod pa
 scheduling gate gpu.gpupool.io/allocate as the webhook puts it (created with the gate here). gpupool
 writes the claim's allocation and removes the gate; the same plain kube-scheduler then reserves the claim
 and binds the pod, and kubelet prepares it through the agent as for any claim.
+
+The agents serve the device plugin beside the DRA driver (`--device-plugin-with-dra`, the chart's
+`dra.devicePlugin`, on by default): each node also offers `gpupool.io/gpu` slots. One test runs a pod that
+asks for `gpupool.io/gpu*`, scheduled through gpupool's extender (the same `gpupool scheduler` process, a
+kube-scheduler profile of its own with the chart's extender entry), beside a claim on the same GPU.
 """
 
 from __future__ import annotations
@@ -40,12 +45,13 @@ from gpupool.agent.proto import dra_v1beta1_pb2_grpc as v1beta1_grpc
 from gpupool.api.dra import CDI_KIND, DRIVER, SCHEDULING_GATE, TAINT_UNHEALTHY
 from gpupool.api.inventory import read_node
 from gpupool.api.moves import MOVES_CONFIGMAP, Move, read_moves
+from gpupool.api.names import ANN_ALLOCATION, ANN_UUID, RESOURCE_GPU
 from gpupool.core.model import GPURequest, PodRequest
 from gpupool.core.placement import Unschedulable, place
 from gpupool.core.policies import get_policy
 from gpupool.core.policy import PolicyContext, TaskShape
 from gpupool.core.state import ClusterState
-from tests.e2e.conftest import Extender
+from tests.e2e.conftest import Extender, chart_scheduler_config
 from tests.e2e.kubectl_tool import kubectl_binary
 from tests.e2e.real_node_fixtures import (
     GRANT_COMMAND,
@@ -55,8 +61,10 @@ from tests.e2e.real_node_fixtures import (
     parse_grant,
     phase,
     realnode,
+    share_pod,
     wait_for,
 )
+from tests.e2e.real_node_fixtures import expected_grant as device_plugin_grant
 from tests.harness import testbed as tb
 
 pytestmark = pytest.mark.e2e
@@ -241,6 +249,9 @@ class DraAgent:
     broken: tuple[int, ...] = ()  # GPU indices the fake file declares unhealthy (they fail every probe)
     remote_key: Path | None = None  # the cluster's remote key (the chart's Secret): every agent has it
     fake_cuda_dir: Path | None = None  # the fake driver a GPU server loads (remote serving only)
+    # The device plugin beside the DRA driver (--device-plugin-with-dra), as the chart's dra.devicePlugin
+    # (on by default): the node offers gpupool.io/gpu slots of the same GPUs.
+    device_plugin: bool = True
 
     @property
     def log(self) -> Path:
@@ -284,6 +295,7 @@ class DraAgent:
         argv = [*tb.gpupool_argv(), "agent", "--node-name", self.node.name, "--backend", "fake",
                 "--fake-file", str(self.fake_file), "--dra", "--kubelet-root", str(self.node.kubelet_root),
                 "--cdi-dir", str(self.cdi_dir), "--device-plugin-dir", str(self.node.device_plugin_dir),
+                "--device-plugin-with-dra" if self.device_plugin else "--no-device-plugin-with-dra",
                 "--kubeconfig", str(self.kubeconfig), "--inventory-interval-s", "2", "--log-level", "info"]
         env = {"GPUPOOL_AGENT_HOOK_ROOT": str(self.hook_root),  # each node has its own /run
                "GPUPOOL_AGENT_CHECKPOINT_DIR": str(self.checkpoint_file.parent)}
@@ -1154,6 +1166,153 @@ def test_a_claim_with_a_cel_selector_is_left_to_kube_scheduler(dra: DraCluster, 
     assert ("patch", 200) in scheduler_requests(c, "pods", "cel")
     assert scheduler_requests(c, "resourceclaims/status", got["metadata"]["name"]) == []
     assert c.grant("cel") == expected_grant(c, got)
+
+
+# --- one node, both forms: the device plugin beside the DRA driver ------------------------------------------
+
+DP_SCHEDULER = "gpupool-dra-dp-e2e"  # the kube-scheduler profile whose extender is gpupool's allocator process
+
+
+@pytest.fixture
+def dp_scheduler(dra: DraCluster, allocator: Extender) -> Iterator[str]:
+    """The allocator process as the extender of a kube-scheduler profile of its own (`DP_SCHEDULER`), so one
+    `gpupool scheduler` (one ledger) places device-plugin pods and claims, as the chart's one scheduler pod
+    does: the allocator restarted with that scheduler name (it places and binds only pods naming it), and a
+    second kube-scheduler with only that profile and the chart's extender entry pointing at the allocator,
+    under the same account (the chart runs kube-scheduler and the extender as one pod). Afterwards the
+    allocator runs again as before."""
+    config = json.loads(tb.scheduler_config(allocator.url, chart_scheduler_config(), scheduler_name=DP_SCHEDULER))
+    config["profiles"] = [{"schedulerName": DP_SCHEDULER}]  # kube-scheduler-dra owns the claim pods' profile
+
+    def restart_allocator() -> None:
+        allocator.stop()
+        allocator.start()
+        allocator.wait_ready()
+        wait_for(lambda: allocator.ledger()["ledger"]["nodes"] >= len(dra.agents)
+                 and not any(allocator.ledger()["diff"].values()), 60, "the allocator's ledger in step",
+                 lambda: f"{allocator.ledger()}\n{allocator.tail()}")
+
+    allocator.env["GPUPOOL_SCHEDULER_SCHEDULER_NAME"] = DP_SCHEDULER
+    try:
+        restart_allocator()
+        dra.bed.start_scheduler(json.dumps(config), kubeconfig=allocator.kubeconfig, name="kube-scheduler-dra-dp")
+        yield DP_SCHEDULER
+    finally:
+        dra.bed.stop_scheduler("kube-scheduler-dra-dp")
+        dra.clear()
+        del allocator.env["GPUPOOL_SCHEDULER_SCHEDULER_NAME"]
+        restart_allocator()
+
+
+def _ledger_on(allocator: Extender, node: str) -> list[Obj]:
+    return [e for e in allocator.ledger()["ledger"]["entries"] if e["node"] == node]
+
+
+def test_one_node_serves_a_device_plugin_pod_and_a_claim_on_the_same_gpu(dra: DraCluster, allocator: Extender,
+                                                                         dp_scheduler: str) -> None:
+    """Node 0's agent serves both forms. Its real kubelet reports `gpupool.io/gpu` slots (the device plugin
+    registered) and its ResourceSlice is published. A pod asking for gpupool.io/gpu-memory and gpu-cores,
+    pinned to node 0's GPU 0 (gpupool.io/gpu-uuid), is placed through the extender and served by kubelet's
+    Allocate; a whole-GPU claim pinned to node 0 then goes to GPU 1 (the only GPU with room for it: gpupool's
+    allocator counts the pod); a claim pinned to node 0 then goes to GPU 0 (the only room left). Both run,
+    each container with exactly its own share, and the ledger holds both on GPU 0 within its memory. A third
+    share that fits only with GPU 0 over-committed is placed nowhere, as a device-plugin pod (the extender
+    counts the claims) and as a claim (the allocator counts the pod)."""
+    c = dra
+    n0 = c.node(0).name
+    agent = c.agents[0]
+    gpu0 = agent.gpu_uuids[0]
+    # 1. the node offers both forms
+    wait_for(lambda: int(((c.get(f"/api/v1/nodes/{n0}") or {}).get("status") or {}).get("allocatable", {})
+                         .get(RESOURCE_GPU, "0")) == GPUS * 10, 90, "node 0 offering gpupool.io/gpu slots",
+             lambda: f"{((c.get(f'/api/v1/nodes/{n0}') or {}).get('status') or {}).get('allocatable')}\n"
+                     f"{agent.tail()}")
+    assert slice_ready(c, 0)
+    dp_mib, dp_cores = 20480, 30
+    claim_mib, claim_cores = 16384, 40
+    over_mib = 12288  # GPU 0 then has GPU_MIB - 20480 - 16384 = 9204 MiB free, GPU 1 none
+    assert dp_mib + claim_mib <= GPU_MIB < dp_mib + claim_mib + over_mib
+
+    def device_plugin_pod(name: str, memory_mib: int, cores: int) -> Obj:
+        pod = share_pod(name, n0, memory_mib, cores, scheduler=dp_scheduler, annotations={ANN_UUID: gpu0})
+        pod["metadata"]["namespace"] = NAMESPACE
+        return pod
+
+    def pinned_claim_pod(name: str, template: str) -> Obj:
+        pod = claim_pod(name, n0, template=template)
+        pod["spec"]["schedulingGates"] = [{"name": SCHEDULING_GATE}]
+        return pod
+
+    # 2. the device-plugin pod through the extender, then the claims through the allocator
+    c.apply([device_plugin_pod("dp", dp_mib, dp_cores)])
+    (dp,) = wait_placed(c, allocator, ["dp"])
+    assert dp["spec"]["nodeName"] == n0
+    dp_doc = dp["metadata"]["annotations"][ANN_ALLOCATION]
+    assert c.grant("dp") == device_plugin_grant(dp), (dp_doc, c.grant("dp"))
+    env = c.grant("dp")[0]
+    assert (env["NVIDIA_VISIBLE_DEVICES"], env["GPUPOOL_MEMORY_LIMIT_MIB"], env["GPUPOOL_CORES_PERCENT"]) == (
+        gpu0, str(dp_mib), str(dp_cores)), env
+    cap, strings = limits_seen(c, "dp")
+    assert cap == dp_mib << 20 and gpu0 in strings, (cap, strings)
+    c.apply([claim_template("whole", memory=f"{GPU_MIB}Mi", cores="100"), pinned_claim_pod("fill", "whole")])
+    (fill,) = wait_placed(c, allocator, ["fill"])
+    check_gpupool_allocated(c, fill, GPU_MIB, 100)
+    assert _partition_of(c, fill) == "gpu-1"  # GPU 0 holds the pod's 20 GiB: the whole GPU fits only GPU 1
+    c.apply([claim_template("share", memory=f"{claim_mib}Mi", cores=str(claim_cores)),
+             pinned_claim_pod("dra", "share")])
+    (claimed,) = wait_placed(c, allocator, ["dra"])
+    got = check_gpupool_allocated(c, claimed, claim_mib, claim_cores)
+    (result,) = got["status"]["allocation"]["devices"]["results"]
+    assert (result["pool"], result["device"]) == (n0, "gpu-0"), result  # the pod's GPU
+    cap, strings = limits_seen(c, "dra")
+    assert cap == claim_mib << 20 and gpu0 in strings, (cap, strings)
+    # each has its own limits file: the pod's still says the pod's share
+    assert limits_seen(c, "dp")[0] == dp_mib << 20
+    assert {p["metadata"]["name"]: phase(p) for p in c.pods()} == {"dp": "Running", "fill": "Running",
+                                                                   "dra": "Running"}
+    # kubelet's device checkpoint: the pod got its gpupool.io/gpu slot from the device plugin
+    checkpoint = json.loads((c.node(0).device_plugin_dir / "kubelet_internal_checkpoint").read_text())
+    assert any(e["PodUID"] == dp["metadata"]["uid"] and e["ResourceName"] == RESOURCE_GPU
+               for e in checkpoint["Data"]["PodDeviceEntries"]), checkpoint
+    assert got["metadata"]["uid"] in agent.prepared()
+
+    # 3. the ledger: both forms on GPU 0 of node 0, within its memory; the same as the API's recomputation
+    ledger = allocator.ledger()
+    assert not any(ledger["diff"].values()), ledger["diff"]
+    on_gpu0 = {(e["kind"], e["uid"]): g["memory_mib"] for e in _ledger_on(allocator, n0) for g in e["gpus"]
+               if g["index"] == 0}
+    assert on_gpu0 == {("pod", dp["metadata"]["uid"]): dp_mib, ("claim", got["metadata"]["uid"]): claim_mib}, (
+        _ledger_on(allocator, n0))
+    assert sum(on_gpu0.values()) <= GPU_MIB
+    # ... and a third share that fits only on GPU 0 over-committed, in either form, is placed nowhere
+    c.apply([device_plugin_pod("over-dp", over_mib, 10), claim_template("over", memory=f"{over_mib}Mi", cores="10"),
+             pinned_claim_pod("over-claim", "over")])
+    wait_for(lambda: _unschedulable(c, "over-dp"), 90, "the over-committing device-plugin pod unschedulable",
+             lambda: f"{describe_pod(c.pod('over-dp'))}\n{allocator.tail()}")
+
+    def refused() -> list[Obj]:
+        pod = c.pod("over-claim")
+        items = (c.get(f"/api/v1/namespaces/{NAMESPACE}/events") or {}).get("items") or []
+        return [e for e in items if pod is not None and e["involvedObject"].get("uid") == pod["metadata"]["uid"]
+                and e["reason"] == "FailedScheduling"]
+
+    (event,) = wait_for(refused, 90, "gpupool's FailedScheduling Event on the over-committing claim's pod",
+                        lambda: f"{describe_pod(c.pod('over-claim'))}\n{allocator.tail()}")
+    over_dp = next(x for x in (c.pod("over-dp") or {})["status"]["conditions"] if x["type"] == "PodScheduled")
+    print(f"over-dp: {over_dp.get('message')}; over-claim: {event['message']}")
+    over_claim = c.pod("over-claim") or {}
+    assert "fits on no GPU" in event["message"], event["message"]
+    assert [g["name"] for g in over_claim["spec"].get("schedulingGates") or []] == [SCHEDULING_GATE]
+    assert not (c.pod_claim(over_claim).get("status") or {}).get("allocation")
+    for name in ("over-dp", "over-claim"):
+        pod = c.pod(name) or {}
+        assert not pod["spec"].get("nodeName") and ANN_ALLOCATION not in (pod["metadata"].get("annotations") or {})
+    ledger = allocator.ledger()
+    assert not any(ledger["diff"].values()), ledger["diff"]
+    assert sorted(e["uid"] for e in _ledger_on(allocator, n0)) == sorted(
+        p["metadata"]["uid"] if p["metadata"]["name"] == "dp" else c.pod_claim(p)["metadata"]["uid"]
+        for p in (dp, fill, claimed))
+    assert phase(c.pod("dp") or {}) == "Running" and phase(c.pod("dra") or {}) == "Running"
 
 
 def _remote_servers(c: DraCluster, i: int) -> set[str]:
