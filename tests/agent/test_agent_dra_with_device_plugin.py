@@ -206,3 +206,28 @@ async def test_mig_instances_of_pods_and_of_claims_are_both_held_by_housekeeping
         pod = await r.cluster.get_pod("default", "m")
         holders = {e.start: e.pod for e in r.agent.mig.entries}
         assert holders == {0: c["metadata"]["uid"], 4: pod["metadata"]["uid"]}
+
+
+async def test_a_claim_kube_scheduler_placed_over_a_device_plugin_pod_is_not_prepared_until_it_fits() -> None:
+    """kube-scheduler's own allocator weighs a claim against other claims only (the slice offers the whole
+    GPU), so on a node serving both forms it can place one where a device-plugin pod already holds the room.
+    The node refuses to over-commit the GPU: GPU 2 (80 GiB) holds a pod's 60 GiB and 30 %; a claim of 24 GiB
+    (84 GiB together) is refused with the reason and no CDI spec, as is one whose compute would make 110 %;
+    16 GiB and 50 % fits; another GPU is untouched; once the pod is gone, kubelet's retry prepares the first."""
+    async with both_rig() as r:
+        await scheduler_binds(r.cluster, pod_object("dp", 1), [("GPU-aaaa-2", 2, 61440, 30.0)])
+        over = await r.cluster.create_object(RESOURCE_CLAIMS, claim("over", [share("gpu-2", "24Gi", "20")]))
+        fits = await r.cluster.create_object(RESOURCE_CLAIMS, claim("fits", [share("gpu-2", "16Gi", "50")]))
+        busy = await r.cluster.create_object(RESOURCE_CLAIMS, claim("busy", [share("gpu-2", "1Gi", "30")]))
+        other = await r.cluster.create_object(RESOURCE_CLAIMS, claim("other", [share("gpu-3", "70Gi", "90")]))
+        refused = (await prepare(r, over)).error
+        assert refused == ("claim team-a/over: GPU 2 of gpu-node-1 has too little free compute or memory beside what "
+                           "this node's pods and prepared claims hold (a GPU is never over-committed; the claim "
+                           "waits until they free it)"), refused
+        assert not cdi_path(r.config.cdi_dir, over["metadata"]["uid"]).exists()
+        assert (await prepare(r, fits)).error == ""  # 76 GiB and 80 % with the pod
+        assert "too little free compute or memory" in (await prepare(r, busy)).error  # 110 % of compute
+        assert (await prepare(r, other)).error == ""
+        await r.cluster.delete_pod("default", "dp")
+        assert (await prepare(r, over)).error == ""  # 40 GiB and 70 % with the claim prepared before
+        assert cdi_path(r.config.cdi_dir, over["metadata"]["uid"]).exists()

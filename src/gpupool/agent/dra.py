@@ -30,7 +30,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,7 @@ from gpupool.agent.proto import pluginregistration_v1_pb2 as reg
 from gpupool.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from gpupool.agent.table import DeviceTable
 from gpupool.api.allocation import AllocationDoc, GrantDoc, MigGrantDoc
+from gpupool.api.counted import Counted, counted_allocation
 from gpupool.api.dra import (
     ATTR_REMOTE_SERVER,
     CDI_KIND,
@@ -67,6 +68,7 @@ from gpupool.api.dra import (
     DeviceShare,
     SliceDevice,
     claim_shares,
+    counted_claim,
     device_index,
     device_name,
     remote_token,
@@ -78,7 +80,8 @@ from gpupool.api.times import format_time
 from gpupool.cluster.port import NotFound
 from gpupool.core.mig import mig_model
 from gpupool.core.mig_request import grant_share
-from gpupool.core.model import MigSlot
+from gpupool.core.model import Allocation, GPUGrant, MigSlot, Node, PodRequest
+from gpupool.core.state import ClusterState
 
 log = logging.getLogger("gpupool.agent.dra")
 
@@ -369,6 +372,10 @@ class DraDriver:
             if isinstance(grant, str):
                 return Outcome(error=grant)
             grants.append(grant)
+        if self.config.device_plugin_with_dra:
+            crowded = await self._crowded(claim, ref)
+            if crowded is not None:
+                return Outcome(error=crowded)
         devices: tuple[PreparedDevice, ...] = tuple(
             PreparedDevice(s.request, s.pool, s.device, s.share_id) for s in mine)
         cdi_ids: tuple[str, ...] = ()
@@ -380,6 +387,39 @@ class DraDriver:
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, shares.isolation, devices, cdi_ids,
                                  tuple((g.uuid, g.memory_mib, g.cores) for g in grants))
         return await self._checkpoint(ref, prepared)
+
+    async def _crowded(self, claim: Obj, ref: ClaimRef) -> str | None:
+        """Why this node's GPUs cannot hold the claim beside what they already hold, None when they can.
+
+        With the device plugin beside the driver, pods and claims share the GPUs. gpupool's scheduler places
+        both forms against one ledger, but a claim kube-scheduler's own allocator placed (a CEL selector,
+        placement off, the webhook down) was weighed against other claims only: the slice offers the whole
+        GPU. So the node checks it against the shares the API says its pods hold (their allocation
+        annotations, api.counted) and the claims prepared here, with the scheduler's own capacity rule
+        (core.state). A refused prepare is retried by kubelet while the pod waits with the reason, where
+        an over-committed GPU would give two tenants memory that is not there."""
+        gpus = tuple(d.to_gpu() for d in sorted(self.table.known.values(), key=lambda d: d.index))
+        state = ClusterState([Node(self.config.node_name, cpu_milli=0, memory_mib=0, gpus=gpus)])
+        try:
+            pods = await self.cluster.list_pods_on_node(self.config.node_name)
+        except Exception as e:  # transport or API trouble: kubelet retries the claim
+            return f"claim {ref.label}: cannot read the pods of node {self.config.node_name}: {e}"
+        held = [c for c in map(counted_allocation, pods) if c is not None]
+        index = {g.uuid: g.index for g in gpus}
+        for p in self.prepared.values():
+            grants = tuple(GPUGrant(uuid, index[uuid], max(1, round(cores * 10)), memory)
+                           for uuid, memory, cores in p.shares if uuid in index)
+            if grants:
+                held.append(Counted(p.uid, p.label, PodRequest(key=p.uid),
+                                    Allocation(pod=p.uid, node=self.config.node_name, grants=grants), claim=True))
+        for c in held:  # what is already there; a conflict among them is the scheduler's to report
+            state.allocate(replace(c.request, cpu_milli=0, memory_mib=0), c.allocation)
+        for c in counted_claim(claim, state):
+            refused = state.allocate(replace(c.request, cpu_milli=0, memory_mib=0), c.allocation)
+            if refused is not None:
+                return (f"claim {ref.label}: {refused} beside what this node's pods and prepared claims hold "
+                        "(a GPU is never over-committed; the claim waits until they free it)")
+        return None
 
     async def _checkpoint(self, ref: ClaimRef, prepared: PreparedClaim) -> Outcome:
         try:
