@@ -804,3 +804,30 @@ def test_remote_agents_follow_moves_in_the_releases_namespace_with_a_role_for_th
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "gp-gpupool-agent-moves"}
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "gp-gpupool-agent", "namespace": NAMESPACE}]
+
+
+def test_the_whole_cluster_moves_to_claims_with_the_default_policys_dra(render: Render, helm: Path) -> None:
+    """webhook.admission.dra: a gpupool.io/gpu pod of a namespace without a policy label is served through a
+    claim (the default policy's dra); a named policy without dra keeps the device plugin; without the
+    value nothing is translated; without dra.enabled the chart refuses the value."""
+    from gpupool.webhook.admission import Request, decide
+    from gpupool.webhook.config import load_config
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "team-a"},
+           "spec": {"containers": [{"name": "main", "image": "cuda",
+                                    "resources": {"limits": {"gpupool.io/gpu": "1", "gpupool.io/gpu-cores": "30"}}}]}}
+
+    def claims_of(objs: list[Obj], policy: str) -> list[Obj]:
+        settings = load_config(env=webhook_env(objs)).settings()
+        answer = decide(Request("u1", "CREATE", "Pod", "alice", copy.deepcopy(pod), None), True, settings, None,
+                        settings.policy(policy))
+        assert answer.allowed, answer.message
+        return [p["value"] for p in answer.patch if p["path"] == "/spec/resourceClaims"]
+
+    moved = dra_on(render, webhook={"admission": {"dra": True, "policies": {"secure": {"strict": True}}}})
+    assert claims_of(moved, "") == [[{"name": "gpupool", "resourceClaimTemplateName": "gpupool-hook-1xwhole-30c"}]]
+    assert claims_of(moved, "secure") == []
+    assert claims_of(dra_on(render, webhook=SECURE), "") == []
+    out = run_helm(helm, "template", "gp", str(CHART), *KUBE, "--set", "webhook.admission.dra=true")
+    assert out.returncode != 0 and "webhook.admission.dra serves GPU pods through DRA claims: it needs dra.enabled" \
+        in out.stderr, out.stderr

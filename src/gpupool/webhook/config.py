@@ -73,6 +73,9 @@ class WebhookConfig(BaseModel):
     weaker_isolation: Literal["refuse", "raise"] = "refuse"
     strict: bool = False
     allow_env_from: bool = False  # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden)
+    # The default policy's `dra`: GPU pods of every namespace without a policy label are served through DRA
+    # claims (the cluster moved over at once; a named policy without `dra` keeps the device plugin there).
+    dra: bool = False
     # DRA: put the scheduling gate gpu.gpupool.io/allocate on new pods with ResourceClaims, so that gpupool
     # places their claims (gpupool.scheduler.claims; the chart sends only pods of the namespaces it selects).
     dra_placement: bool = False
@@ -121,7 +124,7 @@ class WebhookConfig(BaseModel):
 
     def default_policy(self) -> AdmissionPolicy:
         return make_policy(DEFAULT_POLICY, self.default_isolation or "hook", self.allowed_isolation,
-                           self.weaker_isolation, self.strict, self.allow_privileged, self.allow_env_from)
+                           self.weaker_isolation, self.strict, self.allow_privileged, self.allow_env_from, self.dra)
 
     def settings(self) -> Settings:
         """The admission settings this configuration describes."""
