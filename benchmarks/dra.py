@@ -7,8 +7,9 @@ reaches the node's ResourceSlice, and (simulated) how much GPU capacity stays un
 One control plane (scripts/k8s-testbed), N real nodes (containerd + kubelet 1.37 each, scripts/k8s/realnode.py)
 with 3 fake L40S each. In order, each part `--runs` times, pods and claims deleted between runs:
 1. plain: `--pods` pods without GPU or claims, one `kubectl apply`, a plain kube-scheduler (no extender);
-2. DRA: the agent as the chart runs it with dra.enabled (`gpupool agent --dra`, the chart's agent identity,
-   rules and DeviceClasses, tests/e2e/test_e2e_dra.py), the same plain kube-scheduler, whose DynamicResources
+2. DRA: the agent as the chart runs it with dra.enabled (`gpupool agent --dra --device-plugin-with-dra`: the
+   device plugin beside the driver, the chart's default, so each prepare also checks the claim against the
+   node's pods; the chart's agent identity, rules and DeviceClasses, tests/e2e/test_e2e_dra.py), the same plain kube-scheduler, whose DynamicResources
    plugin allocates the claims; `--pods` pods each with a claim from one ResourceClaimTemplate (2 GiB and
    10 % of a GPU, class gpu.gpupool.io), one `kubectl apply`. Each container's grant is compared with its
    claim's allocation (`env_ok`). Then, for every claim of the run, the benchmark calls the agent's DRA socket
