@@ -9,14 +9,15 @@ with 3 fake L40S each. In order, each part `--runs` times, pods and claims delet
 1. plain: `--pods` pods without GPU or claims, one `kubectl apply`, a plain kube-scheduler (no extender);
 2. DRA: the agent as the chart runs it with dra.enabled (`gpupool agent --dra --device-plugin-with-dra`: the
    device plugin beside the driver, the chart's default, so each prepare also checks the claim against the
-   node's pods; the chart's agent identity, rules and DeviceClasses, tests/e2e/test_e2e_dra.py), the same plain kube-scheduler, whose DynamicResources
-   plugin allocates the claims; `--pods` pods each with a claim from one ResourceClaimTemplate (2 GiB and
-   10 % of a GPU, class gpu.gpupool.io), one `kubectl apply`. Each container's grant is compared with its
-   claim's allocation (`env_ok`). Then, for every claim of the run, the benchmark calls the agent's DRA socket
-   as kubelet does, NodeUnprepareResources and then NodePrepareResources, and times the prepare: a full
-   prepare (claim read from the API, hook directory and limits file, CDI spec, checkpoint), one at a time, so
-   `prepare_p50_ms`/`prepare_p99_ms` are its service time on this machine, without the wait behind other
-   claims that a burst adds (the agent prepares one claim at a time);
+   node's pods; the chart's agent identity, rules and DeviceClasses, tests/e2e/test_e2e_dra.py), the same
+   plain kube-scheduler, whose DynamicResources plugin allocates the claims; `--pods` pods each with a claim
+   from one ResourceClaimTemplate (2 GiB and 10 % of a GPU, class gpu.gpupool.io), one `kubectl apply`. Each
+   container's grant is compared with its claim's allocation (`env_ok`). Then, for every claim of the run, the
+   benchmark calls the agent's DRA socket as kubelet does, NodeUnprepareResources and then
+   NodePrepareResources, and times the prepare: a full prepare (claim read from the API, hook directory and
+   limits file, CDI spec, checkpoint), one at a time, so `prepare_p50_ms`/`prepare_p99_ms` are its service
+   time on this machine, without the wait behind other claims that a burst adds (the agent prepares one claim
+   at a time);
 3. gpupool allocator: `gpupool scheduler` as its own process under the chart's scheduler identity with
    dra.enabled (release `gpd`, as in test_e2e_dra.py), the same `--pods` pods with the scheduling gate
    gpu.gpupool.io/allocate (as the webhook puts it when gpupool places claims): gpupool's ClaimAllocator
