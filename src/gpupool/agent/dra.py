@@ -73,6 +73,7 @@ from gpupool.api.dra import (
     device_name,
     remote_token,
     resource_slices,
+    share_milli,
     slice_name,
 )
 from gpupool.api.moves import GpuRef, Move, served_from
@@ -407,7 +408,7 @@ class DraDriver:
         held = [c for c in map(counted_allocation, pods) if c is not None]
         index = {g.uuid: g.index for g in gpus}
         for p in self.prepared.values():
-            grants = tuple(GPUGrant(uuid, index[uuid], max(1, round(cores * 10)), memory)
+            grants = tuple(GPUGrant(uuid, index[uuid], share_milli(cores), memory)
                            for uuid, memory, cores in p.shares if uuid in index)
             if grants:
                 held.append(Counted(p.uid, p.label, PodRequest(key=p.uid),

@@ -479,6 +479,13 @@ def counted_claim(claim: Mapping[str, Any], state: ClusterState, move: Move | No
                  for ref in dict.fromkeys(holding(move, placed)))  # a GPU counts a share once
 
 
+def share_milli(cores: float | None) -> int:
+    """The compute a claim's share holds on a GPU, in milli-GPUs: its `cores` percent (None: the whole GPU);
+    a memory-only share (0 cores) counts 1 milli, as a memory-only pod does, so that it still takes a place
+    on the GPU."""
+    return MILLI_PER_GPU if cores is None else max(1, round(cores * 10))
+
+
 def _counted_on(shares: ClaimShares, uid: str, node: str, devices: Sequence[DeviceShare],
                 state: ClusterState) -> Counted:
     """`devices` of the claim counted on `node` under `uid`."""
@@ -486,7 +493,7 @@ def _counted_on(shares: ClaimShares, uid: str, node: str, devices: Sequence[Devi
     for s in devices:
         gpu = state.gpu_at(node, s.index)
         uuid, card_mib = (gpu.uuid, gpu.memory_mib) if gpu is not None else ("", 0)  # unknown: stranded
-        milli = MILLI_PER_GPU if s.cores is None else max(1, s.cores * 10)
+        milli = share_milli(s.cores)
         memory = card_mib if s.memory_mib is None else s.memory_mib
         if s.mig is not None:  # a partition holds its profile's share, as a device-plugin MIG pod does
             model = mig_model(gpu.model) if gpu is not None else None
