@@ -151,3 +151,17 @@ def test_gt_and_lt_compare_integers(have, bound):
     node = _node("n", {"k": str(have)})
     assert required_affinity_allows(_requiring(_expr("k", "Gt", str(bound))), node) is (have > bound)
     assert required_affinity_allows(_requiring(_expr("k", "Lt", str(bound))), node) is (have < bound)
+
+
+def test_rules_about_other_pods_are_named():
+    from gpupool.api.preferences import pod_rules
+
+    anti = {"affinity": {"podAntiAffinity": {REQUIRED: [{"topologyKey": "kubernetes.io/hostname"}]},
+                         "podAffinity": {PREFERRED: [{"weight": 1}]}}}
+    assert pod_rules(_pod(anti)) == ["podAntiAffinity"]
+    spread = {"topologySpreadConstraints": [{"whenUnsatisfiable": "ScheduleAnyway"}, {"maxSkew": 1}]}
+    assert pod_rules(_pod(spread)) == ["topologySpreadConstraints"]  # unset is read as DoNotSchedule
+    assert pod_rules(_pod({"topologySpreadConstraints": [{"whenUnsatisfiable": "ScheduleAnyway"}]})) == []
+    assert pod_rules(_pod({"affinity": {"podAffinity": {REQUIRED: []},
+                                        "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [{}]}}}})) == []
+    assert pod_rules({}) == []

@@ -212,6 +212,29 @@ async def test_the_pods_required_node_affinity_is_respected() -> None:
         await svc.stop()
 
 
+async def test_a_pod_with_rules_about_other_pods_is_left_to_kube_scheduler() -> None:
+    """Required pod anti-affinity (replicas kept apart) or a topology spread that may not be broken depends
+    on every pod of the cluster: gpupool would pack the replicas' claims on one node and kube-scheduler
+    would then refuse the pods there for ever. Such pods are ungated with their claims unallocated."""
+    cluster, svc = await setup()
+    try:
+        apart = gated_pod("p-apart", "apart")
+        apart["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": "serve"}}, "topologyKey": "kubernetes.io/hostname"}]}}
+        spread = gated_pod("p-spread", "spread")
+        spread["spec"]["topologySpreadConstraints"] = [{"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+                                                        "whenUnsatisfiable": "DoNotSchedule"}]
+        await run(cluster, (claim("apart", "1Gi", "10"), apart), (claim("spread", "1Gi", "10"), spread),
+                  (claim("free", "1Gi", "10"), gated_pod("p-free", "free")))
+        for pod in ("p-apart", "p-spread", "p-free"):
+            await until(lambda pod=pod: ungated(cluster, pod))
+        assert await allocation(cluster, "apart") is None and await allocation(cluster, "spread") is None
+        assert await allocation(cluster, "free") is not None
+        assert svc.claims.left == 2 and svc.claims.allocated == 1
+    finally:
+        await svc.stop()
+
+
 async def test_what_gpupool_does_not_decide_is_left_to_kube_scheduler() -> None:
     cluster, svc = await setup()
     try:

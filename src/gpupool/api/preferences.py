@@ -1,8 +1,9 @@
 """What kube-scheduler weighs for a pod, read from the API's objects: softly, the pod's own preferences
 (preferred node affinity, preferred pod affinity or anti-affinity, topology spread that may be broken) and
-nodes' `PreferNoSchedule` taints; as hard rules, the taints a pod does not tolerate and its required node
+nodes' `PreferNoSchedule` taints; as hard rules, the taints a pod does not tolerate, its required node
 affinity (gpupool's claim allocator chooses a node itself and must not choose one kube-scheduler would
-then refuse).
+then refuse) and whether it states rules about other pods (which the claim allocator leaves to
+kube-scheduler).
 
 The extender decides a GPU pod's node in /filter when the pod states no soft preference
 (gpupool.scheduler.extender): kube-scheduler then has one node left and scores nothing. A pod that does
@@ -16,6 +17,7 @@ from typing import Any
 
 PREFER_NO_SCHEDULE = "PreferNoSchedule"
 _PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
 def _map(value: object) -> Mapping[str, Any]:
@@ -33,6 +35,20 @@ def soft_preferences(pod: Mapping[str, Any]) -> list[str]:
     found = [kind for kind in ("nodeAffinity", "podAffinity", "podAntiAffinity")
              if _list(_map(affinity.get(kind)).get(_PREFERRED))]
     if any(_map(c).get("whenUnsatisfiable") == "ScheduleAnyway" for c in _list(spec.get("topologySpreadConstraints"))):
+        found.append("topologySpreadConstraints")
+    return found
+
+
+def pod_rules(pod: Mapping[str, Any]) -> list[str]:
+    """The kinds of hard rule the pod's spec states about other pods: required pod affinity or
+    anti-affinity, topology spread that may not be broken (empty: none). Whether a node meets them depends
+    on every pod of the cluster, which only kube-scheduler weighs."""
+    spec = _map(pod.get("spec"))
+    affinity = _map(spec.get("affinity"))
+    found = [kind for kind in ("podAffinity", "podAntiAffinity") if _list(_map(affinity.get(kind)).get(_REQUIRED))]
+    # whenUnsatisfiable is required by the API; a constraint without it is read as the stricter DoNotSchedule
+    if any(_map(c).get("whenUnsatisfiable", "DoNotSchedule") == "DoNotSchedule"
+           for c in _list(spec.get("topologySpreadConstraints"))):
         found.append("topologySpreadConstraints")
     return found
 
@@ -61,8 +77,6 @@ def untolerated(pod: Mapping[str, Any], taints: Sequence[Mapping[str, Any]]) -> 
     tolerations = [t for t in _list(_map(pod.get("spec")).get("tolerations")) if isinstance(t, Mapping)]
     return sum(not any(_tolerates(t, taint) for t in tolerations) for taint in taints)
 
-
-_REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
 def _int(value: object) -> int | None:

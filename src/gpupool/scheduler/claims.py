@@ -27,8 +27,10 @@ any; the allocation names the GPU node's pool and devices and, as nodeSelector, 
 
 What gpupool does not decide is left to kube-scheduler's allocator, and the gate removed at once: claims of
 other classes, claims with other CEL selectors (only kube-scheduler evaluates CEL), constraints, prioritized
-lists or admin access, pods with several unallocated claims or requests. Claims already allocated (a
-shared claim) need nothing. The ledger counts every claim on gpupool's devices however it was allocated.
+lists or admin access, pods with several unallocated claims or requests, pods with required pod
+(anti-)affinity or topology spread that may not be broken (they depend on every pod, which only
+kube-scheduler weighs). Claims already allocated (a shared claim) need nothing. The ledger counts every
+claim on gpupool's devices however it was allocated.
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ from gpupool.api.dra import (
 )
 from gpupool.api.logsafe import shown
 from gpupool.api.pod import parse_pod, pod_key
-from gpupool.api.preferences import required_affinity_allows, untolerated
+from gpupool.api.preferences import pod_rules, required_affinity_allows, untolerated
 from gpupool.api.quantity import QuantityError, bytes_to_mib, cpu_milli, parse_quantity
 from gpupool.api.times import format_time
 from gpupool.cluster.port import (
@@ -297,6 +299,9 @@ class ClaimAllocator:
             return await self._ungate(pod)
         if len(todo) != 1 or len(todo[0][1]) != 1:
             return await self._leave(pod, "several unallocated gpupool claims or requests")
+        rules = pod_rules(pod)
+        if rules:  # gpupool would pick a node kube-scheduler may then refuse for ever (the claim sits there)
+            return await self._leave(pod, f"its rules about other pods ({', '.join(rules)})")
         claim, (ask,) = todo[0]
         if ask.mig_profile is not None:
             return await self._allocate_mig(pod, claim, ask, classes[ask.device_class][1], slices)
