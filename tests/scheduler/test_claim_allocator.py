@@ -627,6 +627,36 @@ async def test_the_pod_goes_to_the_zone_of_the_only_gpu_server_then_to_the_node_
         await svc.stop()
 
 
+async def test_a_burst_of_remote_pods_spreads_as_their_cpu_fills_the_pod_nodes() -> None:
+    """Three remote pods of 6 CPUs at once, pod nodes of 16 (cpu-0001) and 8 (cpu-0000) CPUs: the first two go
+    to cpu-0001 (16, then 10 left), the third to cpu-0000 (8 against 4). Before the allocator held the pods'
+    CPU on their nodes, all three went to cpu-0001, where kube-scheduler could run only two. Once the
+    first claim is gone its pod's CPU is free again: a pod of 10 CPUs fits cpu-0001."""
+    agents = (agent_node("cpu-0000", {"team": "x"}, cpu="8"), agent_node("cpu-0001", {"team": "x"}, cpu="16"))
+    cluster, svc = await remote_setup({"gpu-0000": (0, 1)}, agents=agents)
+    try:
+        await run(cluster, *((remote_claim(f"c{i}"), remote_pod(f"p{i}", f"c{i}", {"team": "x"}, cpu="6"))
+                             for i in (1, 2, 3)))
+        nodes = []
+        for i in (1, 2, 3):
+            await until(lambda i=i: ungated(cluster, f"p{i}"))
+            nodes.append((await placed(cluster, f"c{i}"))[2])
+        assert nodes == ["cpu-0001", "cpu-0001", "cpu-0000"]
+        uid = (await cluster.get_object(RESOURCE_CLAIMS, "c1", NS))["metadata"]["uid"]
+        await cluster.patch_object(RESOURCE_CLAIMS, "c1", {"metadata": {"finalizers": None}}, namespace=NS)
+        await cluster.delete_object(RESOURCE_CLAIMS, "c1", namespace=NS)
+
+        async def forgotten() -> bool:
+            return uid not in svc.ledger.entries
+
+        await until(forgotten)
+        await run(cluster, (remote_claim("c4"), remote_pod("p4", "c4", {"team": "x"}, cpu="10")))
+        await until(lambda: ungated(cluster, "p4"))
+        assert (await placed(cluster, "c4"))[2] == "cpu-0001"
+    finally:
+        await svc.stop()
+
+
 async def test_the_pods_node_is_the_one_with_most_cpu_and_one_its_cpu_request_fits() -> None:
     """No zones: the pod goes to the node it may run on with the most CPU (cpu-0001, 16 CPUs, over
     cpu-0000's 8, which the name would pick); a pod asking for 24 CPUs fits on none of them and waits."""

@@ -173,6 +173,11 @@ class ClaimAllocator:
         self.templates: set[tuple[str, str]] = set()  # gpupool's templates known to exist (namespace, name)
         self.allocated = 0  # claims gpupool allocated (metrics, tests)
         self.left = 0  # pods whose claims were left to kube-scheduler
+        # Remote shares whose pod runs away from its GPU: claim UID -> (the pod's node, its CPU milli-cores,
+        # its memory MiB). The ledger holds the share on the GPU node and nothing on the pod's node, so the
+        # pod nodes' headroom subtracts these: a burst of remote pods spreads over the pod nodes instead of
+        # all picking the one that looked roomiest. An entry goes with its claim's ledger entry.
+        self.pod_holds: dict[str, tuple[str, int, int]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # The classes and the devices from watch caches: a pass reads no list from the API server, and a
@@ -438,8 +443,12 @@ class ClaimAllocator:
                 continue
             decided = self._decide(wanted, names, slices.remote, mps=False)
             if isinstance(decided, Placement):
+                pod_node = pod_node_of(decided.allocation.node)
+                if pod_node != decided.allocation.node:
+                    self.pod_holds[str(claim["metadata"]["uid"])] = (pod_node, request.cpu_milli,
+                                                                     request.memory_mib - spill)
                 return await self._hold(pod, claim, ask, (REMOTE_ISOLATION, config), wanted, decided.allocation,
-                                        factor, pod_node=pod_node_of(decided.allocation.node))
+                                        factor, pod_node=pod_node)
             refused = decided
         assert refused is not None  # the last tier has every server
         return f"claim {shown(label)}: no GPU server has room for it: {refused.summary()}"
@@ -466,20 +475,26 @@ class ClaimAllocator:
         """(CPU milli-cores, memory MiB) at most free on a node, None when its Node does not say: its
         allocatable less what the ledger holds there (pods of gpupool's GPUs; claims hold none), from the
         ledger's state for a node it knows, else from the Node's allocatable (a GPU-less node without an
-        inventory, where the ledger holds nothing). Other pods are kube-scheduler's to count, so this can
-        only over-estimate: a node it finds too small is too small."""
+        inventory, where the ledger holds nothing), less the pods of remote shares placed here (pod_holds).
+        Other pods are kube-scheduler's to count, so this can only over-estimate: a node it finds too small
+        is too small."""
         state = self.h.ledger.state
         i = state.index.get(name)
         if i is not None:
-            return int(state.cpu_free[i]), int(state.mem_free[i])
-        allocatable = ((self.h.ledger.node_objs[name].get("status") or {}).get("allocatable") or {})
-        if "cpu" not in allocatable or "memory" not in allocatable:
-            return None
-        try:
-            return (cpu_milli(allocatable["cpu"]),
-                    bytes_to_mib(parse_quantity(allocatable["memory"], "allocatable memory")[0], round_up=False))
-        except QuantityError:
-            return None
+            free = int(state.cpu_free[i]), int(state.mem_free[i])
+        else:
+            allocatable = ((self.h.ledger.node_objs[name].get("status") or {}).get("allocatable") or {})
+            if "cpu" not in allocatable or "memory" not in allocatable:
+                return None
+            try:
+                free = (cpu_milli(allocatable["cpu"]),
+                        bytes_to_mib(parse_quantity(allocatable["memory"], "allocatable memory")[0], round_up=False))
+            except QuantityError:
+                return None
+        for uid in [u for u in self.pod_holds if u not in self.h.ledger.entries]:  # claims gone: pods gone
+            del self.pod_holds[uid]
+        held = [(cpu, mem) for node, cpu, mem in self.pod_holds.values() if node == name]
+        return free[0] - sum(c for c, _ in held), free[1] - sum(m for _, m in held)
 
     @staticmethod
     def _roomiest(nodes: Iterable[PodNode]) -> str:
