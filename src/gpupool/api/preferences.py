@@ -78,7 +78,6 @@ def untolerated(pod: Mapping[str, Any], taints: Sequence[Mapping[str, Any]]) -> 
     return sum(not any(_tolerates(t, taint) for t in tolerations) for taint in taints)
 
 
-
 def _int(value: object) -> int | None:
     try:
         return int(str(value))
