@@ -173,9 +173,9 @@ class ClaimAllocator:
         self.templates: set[tuple[str, str]] = set()  # gpupool's templates known to exist (namespace, name)
         self.allocated = 0  # claims gpupool allocated (metrics, tests)
         self.left = 0  # pods whose claims were left to kube-scheduler
-        # Remote shares whose pod runs away from its GPU: claim UID -> (the pod's node, its CPU milli-cores,
-        # its memory MiB). The ledger holds the share on the GPU node and nothing on the pod's node, so the
-        # pod nodes' headroom subtracts these: a burst of remote pods spreads over the pod nodes instead of
+        # Remote shares' pods: claim UID -> (the pod's node, its CPU milli-cores, its memory MiB). The ledger
+        # holds the share on the GPU node and none of the pod's CPU or memory, so the pod nodes' headroom
+        # subtracts these: a burst of remote pods spreads over the pod nodes instead of
         # all picking the one that looked roomiest. An entry goes with its claim's ledger entry.
         self.pod_holds: dict[str, tuple[str, int, int]] = {}
         self._changed = asyncio.Event()
@@ -444,9 +444,8 @@ class ClaimAllocator:
             decided = self._decide(wanted, names, slices.remote, mps=False)
             if isinstance(decided, Placement):
                 pod_node = pod_node_of(decided.allocation.node)
-                if pod_node != decided.allocation.node:
-                    self.pod_holds[str(claim["metadata"]["uid"])] = (pod_node, request.cpu_milli,
-                                                                     request.memory_mib - spill)
+                self.pod_holds[str(claim["metadata"]["uid"])] = (pod_node, request.cpu_milli,
+                                                                 request.memory_mib - spill)
                 return await self._hold(pod, claim, ask, (REMOTE_ISOLATION, config), wanted, decided.allocation,
                                         factor, pod_node=pod_node)
             refused = decided
