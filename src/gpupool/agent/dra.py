@@ -30,7 +30,7 @@ import re
 import shutil
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +55,7 @@ from gpupool.agent.proto import pluginregistration_v1_pb2 as reg
 from gpupool.agent.proto import pluginregistration_v1_pb2_grpc as reg_grpc
 from gpupool.agent.table import DeviceTable
 from gpupool.api.allocation import AllocationDoc, GrantDoc, MigGrantDoc
-from gpupool.api.counted import Counted, counted_allocation
+from gpupool.api.counted import counted_allocation
 from gpupool.api.dra import (
     ATTR_REMOTE_SERVER,
     CDI_KIND,
@@ -405,18 +405,18 @@ class DraDriver:
             pods = await self.cluster.list_pods_on_node(self.config.node_name)
         except Exception as e:  # transport or API trouble: kubelet retries the claim
             return f"claim {ref.label}: cannot read the pods of node {self.config.node_name}: {e}"
-        held = [c for c in map(counted_allocation, pods) if c is not None]
+        # The GPU shares alone: the node's CPU and memory are kube-scheduler's (the state has none).
+        held = [(c.uid, c.allocation) for c in map(counted_allocation, pods) if c is not None]
         index = {g.uuid: g.index for g in gpus}
         for p in self.prepared.values():
             grants = tuple(GPUGrant(uuid, index[uuid], share_milli(cores), memory)
                            for uuid, memory, cores in p.shares if uuid in index)
             if grants:
-                held.append(Counted(p.uid, p.label, PodRequest(key=p.uid),
-                                    Allocation(pod=p.uid, node=self.config.node_name, grants=grants), claim=True))
-        for c in held:  # what is already there; a conflict among them is the scheduler's to report
-            state.allocate(replace(c.request, cpu_milli=0, memory_mib=0), c.allocation)
+                held.append((p.uid, Allocation(pod=p.uid, node=self.config.node_name, grants=grants)))
+        for key, allocation in held:  # what is already there; a conflict among them is the scheduler's to report
+            state.allocate(PodRequest(key=key), allocation)
         for c in counted_claim(claim, state):
-            refused = state.allocate(replace(c.request, cpu_milli=0, memory_mib=0), c.allocation)
+            refused = state.allocate(PodRequest(key=c.uid), c.allocation)
             if refused is not None:
                 return (f"claim {ref.label}: {refused} beside what this node's pods and prepared claims hold "
                         "(a GPU is never over-committed; the claim waits until they free it)")

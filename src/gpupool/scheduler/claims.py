@@ -461,20 +461,32 @@ class ClaimAllocator:
         """The nodes among `names` (nodes running gpupool's agent) that a remote share's pod may run on, less
         those where its CPU or memory request clearly does not fit (see _headroom)."""
         out = []
+        held = self._held_by_pods()
         for name in names:
             if not self._may_run(pod, name):
                 continue
-            room = self._headroom(name)
+            room = self._headroom(name, held.get(name, (0, 0)))
             if room is not None and (room[0] < request.cpu_milli or room[1] < request.memory_mib):
                 continue
             out.append(PodNode(name, self._zone(name), None if room is None else room[0]))
         return out
 
-    def _headroom(self, name: str) -> tuple[int, int] | None:
+    def _held_by_pods(self) -> dict[str, tuple[int, int]]:
+        """(CPU milli-cores, memory MiB) the pods of remote shares hold, by their node (pod_holds); the
+        entries of claims that left the ledger are dropped first (their pods are gone)."""
+        for uid in [u for u in self.pod_holds if u not in self.h.ledger.entries]:
+            del self.pod_holds[uid]
+        out: dict[str, tuple[int, int]] = {}
+        for node, cpu, mem in self.pod_holds.values():
+            have = out.get(node, (0, 0))
+            out[node] = (have[0] + cpu, have[1] + mem)
+        return out
+
+    def _headroom(self, name: str, held: tuple[int, int]) -> tuple[int, int] | None:
         """(CPU milli-cores, memory MiB) at most free on a node, None when its Node does not say: its
         allocatable less what the ledger holds there (pods of gpupool's GPUs; claims hold none), from the
         ledger's state for a node it knows, else from the Node's allocatable (a GPU-less node without an
-        inventory, where the ledger holds nothing), less the pods of remote shares placed here (pod_holds).
+        inventory, where the ledger holds nothing), less `held` by the pods of remote shares placed there.
         Other pods are kube-scheduler's to count, so this can only over-estimate: a node it finds too small
         is too small."""
         state = self.h.ledger.state
@@ -490,10 +502,7 @@ class ClaimAllocator:
                         bytes_to_mib(parse_quantity(allocatable["memory"], "allocatable memory")[0], round_up=False))
             except QuantityError:
                 return None
-        for uid in [u for u in self.pod_holds if u not in self.h.ledger.entries]:  # claims gone: pods gone
-            del self.pod_holds[uid]
-        held = [(cpu, mem) for node, cpu, mem in self.pod_holds.values() if node == name]
-        return free[0] - sum(c for c, _ in held), free[1] - sum(m for _, m in held)
+        return free[0] - held[0], free[1] - held[1]
 
     @staticmethod
     def _roomiest(nodes: Iterable[PodNode]) -> str:
