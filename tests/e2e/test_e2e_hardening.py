@@ -1,5 +1,5 @@
-"""Issue 26 on the real API server: GPU pods' envFrom refused by the chart's webhook entries (as kubectl
-users meet it), slow clients against the `gpupool webhook` process while the API server keeps being
+"""Issue 26 on the real API server: envFrom without a safe prefix refused in every pod by the chart's webhook
+entries (as kubectl users meet it), slow clients against the `gpupool webhook` process while the API server keeps being
 answered, and pods that are filtered but never bound not starving a real pod at the real extender.
 
 The webhook fixtures are test_e2e_webhook's (a `gpupool webhook` process, the chart's configurations
@@ -36,21 +36,26 @@ def with_env_from(text: str, *sources: dict[str, Any]) -> str:
 # --- envFrom ------------------------------------------------------------------------------------------------
 
 
-async def test_gpu_pods_env_from_without_a_safe_prefix_is_refused(registered: object, kubectl) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
+async def test_env_from_without_a_safe_prefix_is_refused(registered: object, kubectl) -> None:  # type: ignore[no-untyped-def]  # noqa: F811
     gpu = {"gpupool.io/gpu": "1", "gpupool.io/gpu-cores": "20"}
     out = kubectl("create", "-f", "-", stdin=with_env_from(manifest("envfrom-bare", limits=gpu),
                                                            {"configMapRef": {"name": "settings"}}))
     assert out.returncode != 0
-    assert "envFrom without a safe prefix is not allowed in a GPU pod" in out.stderr
+    assert "envFrom without a safe prefix is not allowed" in out.stderr
     out = kubectl("create", "-f", "-", stdin=with_env_from(manifest("envfrom-nvidia", limits=gpu),
                                                            {"prefix": "NVIDIA_", "secretRef": {"name": "s"}}))
     assert out.returncode != 0 and "envFrom without a safe prefix" in out.stderr
     out = kubectl("create", "-f", "-", stdin=with_env_from(manifest("envfrom-app", limits=gpu),
                                                            {"prefix": "APP_", "configMapRef": {"name": "settings"}}))
     assert out.returncode == 0, out.stderr
+    # Not a GPU pod: refused all the same (prefix NVIDIA_ with a key VISIBLE_DEVICES=all would reach every GPU
+    # of a node whose toolkit accepts the variable), and admitted with a safe prefix.
     out = kubectl("create", "-f", "-", stdin=with_env_from(manifest("envfrom-cpu"),
-                                                           {"configMapRef": {"name": "settings"}}))
-    assert out.returncode == 0, out.stderr  # not a GPU pod: the default policy lets it be
+                                                           {"prefix": "NVIDIA_", "configMapRef": {"name": "settings"}}))
+    assert out.returncode != 0 and "envFrom without a safe prefix" in out.stderr
+    out = kubectl("create", "-f", "-", stdin=with_env_from(manifest("envfrom-cpu-app"),
+                                                           {"prefix": "APP_", "configMapRef": {"name": "settings"}}))
+    assert out.returncode == 0, out.stderr
 
 
 # --- slow clients ---------------------------------------------------------------------------------------------

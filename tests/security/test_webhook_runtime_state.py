@@ -60,18 +60,20 @@ def env_from(*sources: dict[str, Any]) -> dict[str, Any]:
 
 @pytest.mark.parametrize("prefix", UNSAFE_PREFIXES)
 @pytest.mark.parametrize("source", [CONFIG_MAP, SECRET], ids=["configmap", "secret"])
-async def test_gpu_pods_env_from_without_a_safe_prefix_is_refused(client: httpx.AsyncClient, prefix: Any,
-                                                                  source: dict[str, Any]) -> None:
+async def test_env_from_without_a_safe_prefix_is_refused_in_every_pod(client: httpx.AsyncClient, prefix: Any,
+                                                                      source: dict[str, Any]) -> None:
     entry = {**source, **({} if prefix is None else {"prefix": prefix})}
     for key, where in (("containers", "container main"), ("initContainers", "init container extra")):
         obj = with_container(gpu_pod(), key, env_from(entry))
         for path in ("/validate", "/mutate"):
-            refused(await admit(client, path, review(obj)),
-                    f"{where}: envFrom without a safe prefix is not allowed in a GPU pod")
+            refused(await admit(client, path, review(obj)), f"{where}: envFrom without a safe prefix is not allowed")
         # A namespace whose administrators vouch for its ConfigMaps and Secrets may allow it.
         assert (await admit(client, "/validate/vouched", review(obj)))["allowed"]
-        # Not a GPU pod: not refused under the default policy (docs/concepts.md says what covers those).
-        assert (await admit(client, "/validate", review(with_container(plain_pod(), key, env_from(entry)))))["allowed"]
+        # A pod without GPUs too: on a GPU node whose toolkit accepts NVIDIA_VISIBLE_DEVICES from unprivileged
+        # containers, prefix NVIDIA_ and a key VISIBLE_DEVICES=all would hand it every GPU.
+        plain = with_container(plain_pod(), key, env_from(entry))
+        refused(await admit(client, "/validate", review(plain)), f"{where}: envFrom without a safe prefix is not allowed")
+        assert (await admit(client, "/validate/vouched", review(plain)))["allowed"]
 
 
 @pytest.mark.parametrize("prefix", SAFE_PREFIXES)
@@ -83,13 +85,15 @@ async def test_a_prefix_no_key_can_complete_into_a_refused_name_is_admitted(clie
     # One unsafe entry among safe ones is enough to refuse.
     mixed = with_container(gpu_pod(), "containers", env_from({**CONFIG_MAP, "prefix": prefix}, SECRET))
     refused(await admit(client, "/validate", review(mixed)), "envFrom without a safe prefix")
+    assert (await admit(client, "/validate", review(with_container(plain_pod(), "containers", env_from(
+        {**CONFIG_MAP, "prefix": prefix})))))["allowed"]
 
 
-async def test_kubectl_debug_cannot_add_env_from_to_a_gpu_pod(client: httpx.AsyncClient) -> None:
-    old = gpu_pod()
-    new = with_container(old, "ephemeralContainers", env_from(CONFIG_MAP))
-    refused(await admit(client, "/validate", review(new, "UPDATE", old, sub_resource="ephemeralcontainers")),
-            "ephemeral container extra: envFrom without a safe prefix")
+async def test_kubectl_debug_cannot_add_env_from_to_any_pod(client: httpx.AsyncClient) -> None:
+    for old in (gpu_pod(), plain_pod()):
+        new = with_container(old, "ephemeralContainers", env_from({**CONFIG_MAP, "prefix": "NVIDIA_"}))
+        refused(await admit(client, "/validate", review(new, "UPDATE", old, sub_resource="ephemeralcontainers")),
+                "ephemeral container extra: envFrom without a safe prefix")
 
 
 async def test_strict_still_refuses_every_env_from(client: httpx.AsyncClient) -> None:

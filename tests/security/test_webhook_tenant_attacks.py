@@ -179,12 +179,13 @@ async def test_kubectl_debug_sysadmin_profile_is_refused(client: httpx.AsyncClie
 
 
 async def test_env_from_is_refused_in_strict_namespaces(client: httpx.AsyncClient) -> None:
-    # (and in GPU pods elsewhere unless its prefix is safe: test_webhook_runtime_state)
+    # (and in every pod elsewhere unless its prefix is safe: test_webhook_runtime_state)
     for base in (gpu_pod(), plain_pod()):
         obj = with_container(base, "initContainers", {"envFrom": [{"configMapRef": {"name": "settings"}}]})
         refused(await admit(client, "/validate/strict", review(obj)),
                 "init container extra: envFrom is not allowed in this namespace (strict policy)")
-    plain = with_container(plain_pod(), "initContainers", {"envFrom": [{"configMapRef": {"name": "settings"}}]})
+    plain = with_container(plain_pod(), "initContainers",
+                           {"envFrom": [{"prefix": "APP_", "configMapRef": {"name": "settings"}}]})
     assert (await admit(client, "/validate", review(plain)))["allowed"]
     listed = with_container(gpu_pod(), "containers", {"env": [{"name": "MODE", "valueFrom": {
         "configMapKeyRef": {"name": "settings", "key": "mode"}}}]})

@@ -36,7 +36,7 @@ class PolicyConfig(BaseModel):
     weaker_isolation: Literal["refuse", "raise"] = "refuse"
     strict: bool = False
     allow_host_access: bool = False
-    allow_env_from: bool = False  # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden)
+    allow_env_from: bool = False  # envFrom without a safe prefix (gpupool.webhook.forbidden)
     dra: bool = False  # GPU pods of this policy's namespaces are served through DRA claims (docs/claims.md)
 
     def build(self, name: str) -> AdmissionPolicy:
@@ -72,7 +72,7 @@ class WebhookConfig(BaseModel):
     allowed_isolation: tuple[str, ...] = ()
     weaker_isolation: Literal["refuse", "raise"] = "refuse"
     strict: bool = False
-    allow_env_from: bool = False  # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden)
+    allow_env_from: bool = False  # envFrom without a safe prefix (gpupool.webhook.forbidden)
     # The default policy's `dra`: GPU pods of every namespace without a policy label are served through DRA
     # claims (the cluster moved over at once; a named policy without `dra` keeps the device plugin there).
     dra: bool = False

@@ -10,9 +10,11 @@ Every check looks at every container: `containers`, `initContainers` (sidecars i
   limits and the interception library the agent hands the container; `CUDA_VISIBLE_DEVICES` re-maps
   which GPU a process uses.
 * `envFrom`: a ConfigMap or Secret can carry any of those names, and the webhook cannot see its content
-  (it may not exist yet, and it can change after admission). GPU pods: refused unless every entry has a
-  `prefix` no key can complete into a refused name (`APP_` is safe; none, `NVIDIA_`, `G` or `LD_` are
-  not), or the namespace's policy sets allowEnvFrom. Strict namespaces: refused in every pod.
+  (it may not exist yet, and it can change after admission). Refused in every pod, GPU pod or not (a pod
+  without GPUs that lands on a GPU node gets every GPU from `NVIDIA_VISIBLE_DEVICES=all` where the toolkit
+  accepts the variable from unprivileged containers), unless every entry has a `prefix` no key can complete
+  into a refused name (`APP_` is safe; none, `NVIDIA_`, `G` or `LD_` are not), or the namespace's policy
+  sets allowEnvFrom. Strict namespaces: refused in every pod whatever the prefix.
 * hostPath volumes at `/`, `/dev` or `/proc`, or below them, after normalising the path (`//dev`, `/./dev`,
   `/dev/../dev`, trailing slashes): the device files of every GPU, or the host's root through
   `/proc/1/root`.
@@ -146,7 +148,7 @@ def _capability(value: object) -> str:
     return str(value).strip().upper().removeprefix("CAP_")
 
 
-def env_problems(c: Container, strict: bool, gpu: bool = False, allow_env_from: bool = False) -> list[str]:
+def env_problems(c: Container, strict: bool, allow_env_from: bool = False) -> list[str]:
     out: list[str] = []
     for var in c.body.get("env") or []:
         name = str(var.get("name", "")) if isinstance(var, Mapping) else ""
@@ -161,13 +163,14 @@ def env_problems(c: Container, strict: bool, gpu: bool = False, allow_env_from: 
             f"{c.where}: envFrom is not allowed in this namespace (strict policy): the webhook cannot check "
             "which variables a ConfigMap or Secret sets; list them under env instead"
         )
-    elif gpu and not allow_env_from and isinstance(sources, list):
+    elif not allow_env_from and isinstance(sources, list):
         unsafe = [s for s in sources if not (isinstance(s, Mapping) and env_from_safe(s.get("prefix")))]
         if unsafe:
             out.append(
-                f"{c.where}: envFrom without a safe prefix is not allowed in a GPU pod: a ConfigMap or Secret "
-                "could set NVIDIA_VISIBLE_DEVICES, GPUPOOL_* or LD_PRELOAD, which the webhook cannot see; give "
-                "each envFrom entry a prefix such as APP_, or list the variables under env"
+                f"{c.where}: envFrom without a safe prefix is not allowed: a ConfigMap or Secret could set "
+                "NVIDIA_VISIBLE_DEVICES, GPUPOOL_* or LD_PRELOAD, which the webhook cannot see (in any pod: "
+                "a pod without GPUs on a GPU node could take every GPU); give each envFrom entry a prefix "
+                "such as APP_, list the variables under env, or ask for a policy with allowEnvFrom"
             )
     return out
 
@@ -222,7 +225,7 @@ def pod_problems(pod: Mapping[str, Any], strict: bool, host_access: bool, gpu: b
     """Everything forbidden in `pod` (or, with `only_ephemeral`, in those newly added ephemeral containers)."""
     out: list[str] = []
     for c in containers(pod, only_ephemeral):
-        out.extend(env_problems(c, strict, gpu, allow_env_from))
+        out.extend(env_problems(c, strict, allow_env_from))
         if not host_access:
             out.extend(host_problems(c, gpu))
     if only_ephemeral is None and not host_access:

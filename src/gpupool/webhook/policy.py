@@ -49,9 +49,9 @@ class AdmissionPolicy:
     # Privileged containers, SYS_ADMIN/MKNOD, host mounts of /, /dev or /proc, hostPID/hostIPC: refused
     # unless the namespace runs node infrastructure that needs them.
     allow_host_access: bool = False
-    # GPU pods' envFrom without a safe prefix (gpupool.webhook.forbidden.env_from_safe) is refused unless
+    # envFrom without a safe prefix (gpupool.webhook.forbidden.env_from_safe) is refused in every pod unless
     # the namespace's administrators vouch for its ConfigMaps and Secrets (who can write them can then
-    # set NVIDIA_VISIBLE_DEVICES or GPUPOOL_* in its GPU pods).
+    # set NVIDIA_VISIBLE_DEVICES or GPUPOOL_* in its pods).
     allow_env_from: bool = False
     # Serve this namespace's GPU pods through DRA claims (gpupool.webhook.admission.to_claims): their
     # gpupool.io/* requests become a ResourceClaimTemplate of gpupool's classes, for clusters moving over.
