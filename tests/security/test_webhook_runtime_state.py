@@ -72,7 +72,8 @@ async def test_env_from_without_a_safe_prefix_is_refused_in_every_pod(client: ht
         # A pod without GPUs too: on a GPU node whose toolkit accepts NVIDIA_VISIBLE_DEVICES from unprivileged
         # containers, prefix NVIDIA_ and a key VISIBLE_DEVICES=all would hand it every GPU.
         plain = with_container(plain_pod(), key, env_from(entry))
-        refused(await admit(client, "/validate", review(plain)), f"{where}: envFrom without a safe prefix is not allowed")
+        refused(await admit(client, "/validate", review(plain)),
+                f"{where}: envFrom without a safe prefix is not allowed")
         assert (await admit(client, "/validate/vouched", review(plain)))["allowed"]
 
 
