@@ -447,3 +447,19 @@ def test_cert_manager_issues_and_injects_the_certificate(render: Render, variant
             "cert-manager.io/inject-ca-from": f"{NAMESPACE}/gp-gpupool-webhook"
         }
         assert "caBundle" not in config["webhooks"][0]["clientConfig"]
+
+
+def test_agent_mps_daemons_and_cdi_mode_reach_the_agent(render: Render) -> None:
+    from gpupool.agent.config import load_config as agent_config
+
+    default = agent_config(env=env_of(container(render(None), "agent", "agent")))
+    assert (default.isolation, default.runs_mps_daemons, default.cdi) == ("hook", False, False)
+    # A hook node that should also serve mps shares (the class mps.gpu.gpupool.io) runs the daemons; the
+    # CDI mode the toolkit setting of docs/install.md needs is one switch, with the kind the node's spec uses.
+    objs = render({"agent": {"mpsDaemons": True, "cdi": {"enabled": True, "kind": "example.com/gpu"}}})
+    agent = agent_config(env=env_of(container(objs, "agent", "agent")))
+    assert (agent.isolation, agent.runs_mps_daemons, agent.cdi, agent.cdi_kind) == (
+        "hook", True, True, "example.com/gpu")
+    off = agent_config(env=env_of(container(render({"isolation": "mps", "agent": {"mpsDaemons": False}}),
+                                            "agent", "agent")))
+    assert (off.isolation, off.runs_mps_daemons) == ("mps", False)
