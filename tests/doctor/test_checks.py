@@ -52,6 +52,35 @@ def test_admission_probe_proves_the_webhook_is_reached_and_mutates() -> None:
     assert refused.status is Status.FAIL and refused.detail == "refused: gpupool refused pod"
 
 
+def test_admission_probe_without_the_releases_scheduler_name_does_not_contradict_itself() -> None:
+    """With the scheduler's configuration missing there is no name to compare with: the line said
+    "schedulerName is 'gpupool-scheduler', not ''" and failed a pod that was routed."""
+    routed = checks.admission_probe({"spec": {"schedulerName": "gpupool-scheduler"}}, "", "", "ns")
+    assert routed.status is Status.WARN
+    assert routed.detail.startswith("admitted and routed to gpupool-scheduler, but the release's scheduler")
+    for unrouted in ({"spec": {"schedulerName": "default-scheduler"}}, {"spec": {}}):
+        got = checks.admission_probe(unrouted, "", "", "ns")
+        assert (got.status, got.detail) == (Status.FAIL, "admitted but not routed to any gpupool scheduler")
+
+
+def test_findings_as_lines_fit_80_columns_and_keep_every_word() -> None:
+    """Piped or on a narrow terminal the doctor prints lines, not a five-column table folded into slivers."""
+    from gpupool.commands.doctor import render_lines
+
+    long = "the mutating webhook did not see the pod: check its namespaceSelector (webhook.excludeNamespaces)"
+    findings = [Finding("webhook", "dry-run GPU pod in a scratch namespace", Status.FAIL, "admitted but not routed",
+                        long),
+                Finding("agent", "node [b]x\x1b[31m", Status.OK, "2 GPU(s), 20 slots allocatable, driver 570")]
+    text = render_lines(findings, 80)
+    lines = text.splitlines()
+    assert len(lines) == 6 and max(len(line) for line in lines) <= 80, text
+    assert lines[0] == "FAIL  webhook: dry-run GPU pod in a scratch namespace"
+    assert lines[1] == "      admitted but not routed"
+    assert " ".join(part.strip() for part in lines[2:4]) == "fix: " + long
+    assert lines[4].startswith("OK    agent: node [b]x") and "\x1b" not in text
+    assert lines[5] == "      2 GPU(s), 20 slots allocatable, driver 570"
+
+
 def deployment(replicas: int, ready: int) -> Obj:
     return {"metadata": {"name": "gpupool-webhook"}, "spec": {"replicas": replicas}, "status": {"readyReplicas": ready}}
 

@@ -25,10 +25,11 @@ def _node(name: str, slots: str | None) -> dict[str, Any]:
             "status": {"allocatable": {} if slots is None else {"gpupool.io/gpu": slots}}}
 
 
-def _daemonset(env: dict[str, str]) -> dict[str, Any]:
+def _daemonset(env: dict[str, str], release: str = "gpupool") -> dict[str, Any]:
     return {"apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "gpupool-agent", "namespace": NS,
-                         "labels": {"app.kubernetes.io/instance": "gpupool", "app.kubernetes.io/component": "agent"}},
+            "metadata": {"name": f"{release}-agent", "namespace": NS,
+                         "labels": {"app.kubernetes.io/name": "gpupool", "app.kubernetes.io/instance": release,
+                                    "app.kubernetes.io/component": "agent"}},
             "spec": {"template": {"spec": {"nodeSelector": {"gpupool.io/gpu-node": "true"}, "containers": [
                 {"name": "agent", "env": [{"name": k, "value": v} for k, v in env.items()]}]}}}}
 
@@ -67,3 +68,33 @@ def test_nodes_serving_both_need_slots_and_a_slice_and_device_plugin_nodes_only_
     assert got["node b"][0] is Status.FAIL and "allocatable gpupool.io/gpu is 0" in got["node b"][1]
     plugin = asyncio.run(_node_findings({}, [_node("a", "20")], []))
     assert plugin["node a"] == (Status.OK, "2 GPU(s), 20 slots allocatable, driver 570")
+
+
+async def _findings_with_releases(*releases: str, option: str = "") -> list[tuple[str, str, Status, str]]:
+    cluster = MemoryCluster()
+    await cluster.create_object(NAMESPACES, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
+    for release in releases:
+        await cluster.create_object(DAEMONSETS, _daemonset({}, release))
+    await cluster.create_node(_node("a", "20"))
+    findings = await Doctor(cluster, Options(namespace=NS, release=option), clock=lambda: 0.0).run()
+    return [(f.area, f.subject, f.status, f.detail) for f in findings]
+
+
+def test_the_release_is_found_in_the_namespace_when_not_named() -> None:
+    """The trial installs release `gp`: the doctor's defaults check it without --release (it expected
+    `gpupool` before, and failed every section of a healthy release)."""
+    found = asyncio.run(_findings_with_releases("gp"))
+    assert found[0] == ("api", "release gp", Status.INFO, f"the only release of the chart in {NS}: checking it")
+    nodes = [f for f in found if f[:2] == ("agent", "node a")]
+    assert nodes == [("agent", "node a", Status.OK, "2 GPU(s), 20 slots allocatable, driver 570")]
+    # Named, it is taken as given: a release that is not there fails its sections (not the lookup).
+    named = asyncio.run(_findings_with_releases("gp", option="other"))
+    assert not any(f[1].startswith("release ") for f in named)
+    assert ("agent", "DaemonSet (agent)", Status.FAIL, "the release has no agent DaemonSet") in named
+
+
+def test_no_release_or_several_is_one_line_that_says_what_to_do() -> None:
+    none = asyncio.run(_findings_with_releases())
+    assert none == [("api", f"release in {NS}", Status.FAIL, f"no release of the gpupool chart in namespace {NS}")]
+    several = asyncio.run(_findings_with_releases("gp", "blue"))
+    assert several == [("api", f"release in {NS}", Status.FAIL, "several releases of the chart: blue, gp")]

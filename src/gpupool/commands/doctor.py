@@ -76,12 +76,34 @@ def render(findings: list[Finding]) -> object:
     return table
 
 
+def render_lines(findings: list[Finding], width: int) -> str:
+    """The findings as wrapped lines, for a pipe or a narrow terminal, where a five-column table folds every
+    cell into a column a few characters wide: the status first, then the subject, what was found and the
+    fix, each wrapped to `width` under a hanging indent."""
+    import textwrap
+
+    width = max(width, 40)
+    out: list[str] = []
+    for f in findings:
+        head = f"{f.status.value.upper():<5} {f.area}: {shown(f.subject)}"
+        out += textwrap.wrap(head, width, subsequent_indent="      ", break_on_hyphens=False)
+        for label, text in (("", f.detail), ("fix: ", f.fix)):
+            if text:
+                out += textwrap.wrap(label + shown(text, 2000), width, initial_indent="      ",
+                                     subsequent_indent="      ", break_on_hyphens=False)
+    return "\n".join(out)
+
+
+# Below this many columns (or into a pipe) the findings are printed as lines, not as a table.
+TABLE_MIN_WIDTH = 120
+
+
 @click.command(name="doctor")
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False),
               help="Kubeconfig file [$KUBECONFIG, ~/.kube/config, or the in-cluster service account].")
 @click.option("--context", default=None, help="Kubeconfig context [the current one].")
 @click.option("--namespace", "-n", default="gpupool-system", show_default=True, help="The release's namespace.")
-@click.option("--release", default="gpupool", show_default=True, help="The Helm release name.")
+@click.option("--release", default="", help="The Helm release name [the only release of the chart in the namespace].")
 @click.option("--extender-url", default="",
               help="Where this machine reaches the extender (e.g. http://127.0.0.1:8888 after kubectl port-forward "
                    "to the scheduler pod) [read the kubelet's readiness of its container instead].")
@@ -104,7 +126,10 @@ def doctor(kubeconfig: str | None, context: str | None, namespace: str, release:
         from rich.console import Console
 
         console = Console()
-        console.print(render(findings))
+        if console.is_terminal and console.width >= TABLE_MIN_WIDTH:
+            console.print(render(findings))
+        else:
+            click.echo(render_lines(findings, console.width if console.is_terminal else 80))
         summary = "something is wrong" if bad else "nothing failed"
         console.print(f"gpupool doctor: {summary} ({sum(f.status.value == 'fail' for f in findings)} failed, "
                       f"{sum(f.status.value == 'warn' for f in findings)} warnings)", markup=False)

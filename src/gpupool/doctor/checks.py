@@ -127,6 +127,15 @@ def admission_probe(pod: Obj | None, error: str, scheduler_name: str, namespace:
                        "read the message: a refusal by gpupool names the rule; another admission plugin or "
                        "policy may refuse GPU pods in this namespace")
     got = (pod.get("spec") or {}).get("schedulerName", "")
+    if not scheduler_name:  # the release's scheduler configuration is missing: nothing to compare with
+        if got and got != "default-scheduler":
+            return Finding("webhook", subject, Status.WARN,
+                           f"admitted and routed to {got}, but the release's scheduler configuration was not "
+                           "found, so whether that is the release's scheduler is unknown",
+                           "see the scheduler lines above")
+        return Finding("webhook", subject, Status.FAIL, "admitted but not routed to any gpupool scheduler",
+                       "the mutating webhook did not see the pod: check its namespaceSelector (webhook."
+                       "excludeNamespaces) and that its configuration is the release's")
     if got == scheduler_name:
         return Finding("webhook", subject, Status.OK, f"admitted and routed to {scheduler_name} (server-side dry run)")
     return Finding("webhook", subject, Status.FAIL,

@@ -48,6 +48,7 @@ ACCESS_REVIEWS = Kind("authorization.k8s.io", "v1", "SubjectAccessReview", "subj
 
 INSTANCE = "app.kubernetes.io/instance"
 COMPONENT = "app.kubernetes.io/component"
+CHART_NAME = {"app.kubernetes.io/name": "gpupool"}  # what every workload of the chart carries
 SCRATCH_LABEL = "gpupool.io/doctor"
 # What a request can fail with besides the port's ApiError: the adapter passes transport errors (refused,
 # TLS, DNS, timeouts) through as its HTTP client raises them, whose classes are not part of the port. The
@@ -60,7 +61,7 @@ T = TypeVar("T")
 @dataclass(frozen=True, slots=True)
 class Options:
     namespace: str = "gpupool-system"
-    release: str = "gpupool"
+    release: str = ""  # "": the one release of the chart in the namespace
     extender_url: str = ""  # where this machine reaches the extender (e.g. through kubectl port-forward)
     node_labels: Mapping[str, str] = field(default_factory=dict)  # only the nodes with these labels
 
@@ -78,13 +79,37 @@ class Doctor:
     options: Options
     clock: Callable[[], float]
     findings: list[Finding] = field(default_factory=list)
+    release: str = ""
 
     @property
     def ns(self) -> str:
         return self.options.namespace
 
+    async def _find_release(self) -> Finding | None:
+        """Set `release` (the option, else the only release of the chart in the namespace), or say why not:
+        a user who named the release otherwise than the docs' example still gets a verdict without guessing."""
+        if self.options.release:
+            self.release = self.options.release
+            return None
+        names: set[str] = set()
+        for kind in (DEPLOYMENTS, DAEMONSETS):
+            items, _ = await self.cluster.list_objects(kind, namespace=self.ns, labels=CHART_NAME)
+            names |= {str(o["metadata"].get("labels", {}).get(INSTANCE, "")) for o in items} - {""}
+        if len(names) == 1:
+            (self.release,) = names
+            self.findings.append(Finding("api", f"release {self.release}", Status.INFO,
+                                         f"the only release of the chart in {self.ns}: checking it"))
+            return None
+        subject = f"release in {self.ns}"
+        if not names:
+            return Finding("api", subject, Status.FAIL, f"no release of the gpupool chart in namespace {self.ns}",
+                           "install the chart (helm install <release> ... -n <namespace>), or name its namespace "
+                           "with --namespace")
+        return Finding("api", subject, Status.FAIL, f"several releases of the chart: {', '.join(sorted(names))}",
+                       "name the one to check with --release")
+
     async def _release_objects(self, kind: Kind, component: str | None = None) -> list[Obj]:
-        labels = {INSTANCE: self.options.release, **({COMPONENT: component} if component else {})}
+        labels = {INSTANCE: self.release, **({COMPONENT: component} if component else {})}
         items, _ = await self.cluster.list_objects(kind, namespace=self.ns if kind.namespaced else None, labels=labels)
         return items
 
@@ -97,6 +122,9 @@ class Doctor:
         except REQUEST_ERRORS as e:
             return [Finding("api", "API server", Status.FAIL, f"cannot read namespace {self.ns}: {_said(e)}",
                             "check the kubeconfig, the context and that the API server is up")]
+        missing = await self._guard("api", self._find_release(), None)
+        if missing is not None or not self.release:
+            return [*self.findings, *([missing] if missing else [])]
         deployments = {d["metadata"].get("labels", {}).get(COMPONENT, ""): d
                        for d in await self._guard("api", self._release_objects(DEPLOYMENTS), [])}
         agents = await self._guard("api", self._release_objects(DAEMONSETS, "agent"), [])
@@ -152,7 +180,7 @@ class Doctor:
                 if key and key not in slices:
                     slices[key] = (await self.cluster.list_objects(
                         ENDPOINT_SLICES, namespace=key[0], labels={"kubernetes.io/service-name": key[1]}))[0]
-            self.findings += checks.webhook_configuration(kind.kind, configuration, slices, self.options.release)
+            self.findings += checks.webhook_configuration(kind.kind, configuration, slices, self.release)
         probe = await self._admission_probe(config.scheduler_name if config else "")
         self.findings.append(probe)
         self.findings.append(checks.workload("webhook", "Deployment", deployment, self.ns,
@@ -229,7 +257,7 @@ class Doctor:
                 continue  # no workload: its own finding says so
             asked = [a for a in needs if not a.when or a.when in enabled]
             reviews = await asyncio.gather(*(self._review(account, a) for a in asked))
-            self.findings.append(checks.rbac(component, account, list(reviews), self.options.release))
+            self.findings.append(checks.rbac(component, account, list(reviews), self.release))
 
     async def _review(self, account: str, access: Access) -> Review:
         resource, _, sub = access.resource.partition("/")
