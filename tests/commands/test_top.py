@@ -179,3 +179,25 @@ def test_team_queues_are_shown() -> None:
     row = next(line for line in result.output.splitlines() if line.strip().startswith("team-a "))
     # queue, used, guaranteed, maximum (none: unlimited), borrowed, lent, pending
     assert row.split() == ["team-a", "2.5", "2", "-", "0.5", "0", "1"]
+
+
+def test_piped_or_narrow_it_prints_lines_that_keep_every_name() -> None:
+    """At 80 columns (a pipe's width) the seven-column table cut names and bars short: the frame is then one
+    line per GPU and one per pod on it, wrapped to the width, every name whole."""
+    long_name = "team-a/" + "inference-server-with-a-long-name-" * 2 + "0"
+    snap = json.loads(snapshot_json())
+    snap["pending"][0]["pod"] = long_name.split("/")[1]
+    with serve(pool_app(json.dumps(snap))) as url:
+        result = run_top("--once", "--url", f"{url}/pool", env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines and max(len(line) for line in lines) <= 80, result.output
+    assert not any(c in result.output for c in "█·─"), result.output
+    # (300 + 200 + 1000) / 4000 = 37.5 %, as in the table
+    assert "compute 37.5 %" in result.output
+    gpu_line = lines.index("gpu-1  GPU 0  A100  used 50%  memory 14336/40960 Mi")
+    assert lines[gpu_line + 1:gpu_line + 3] == ["    team-a/train  30%  10240Mi", "    team-b/infer  20%  4096Mi"]
+    assert "gpu-0  GPU 0  A100 unhealthy  used 0%  memory 0/40960 Mi" in lines
+    waiting = lines[lines.index("pending GPU pods:") + 1:]
+    assert "".join(part.strip() for part in waiting).startswith(
+        long_name.removeprefix("team-a/").join(["team-c/", ":"]))

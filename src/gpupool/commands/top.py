@@ -10,6 +10,7 @@ escape sequence or OSC-8 link reaches the terminal) and never lets rich read it 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import click
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.text import Text
 
-    from gpupool.api.snapshot import GPUView, Snapshot
+    from gpupool.api.snapshot import GPUView, PendingPod, Snapshot
 
 from gpupool.api.logsafe import shown
 
@@ -72,6 +73,86 @@ def _bar(gpu: GPUView, colour_of: dict[str, str]) -> RenderableType:
     return text
 
 
+@dataclass(frozen=True, slots=True)
+class Shown:
+    """The GPUs one frame lists (those holding a pod matching the query, at most max_gpus) and its pending
+    pods, as both layouts show them."""
+
+    gpus: list[tuple[str, GPUView, list[str]]]  # node name, GPU, names of the pods on it
+    hidden: int  # GPUs matching but beyond max_gpus
+    pending: list[PendingPod]
+
+
+def select(snap: Snapshot, query: str, max_gpus: int) -> Shown:
+    q = query.lower()
+    gpus: list[tuple[str, GPUView, list[str]]] = []
+    hidden = 0
+    for node in snap.nodes:
+        for gpu in node.gpus:
+            names = [f"{g.namespace}/{g.pod}" if g.namespace else g.pod for g in gpu.grants]
+            if q and not any(q in n.lower() for n in names):
+                continue
+            if max_gpus and len(gpus) >= max_gpus:
+                hidden += 1
+                continue
+            gpus.append((node.name, gpu, names))
+    pending = [p for p in snap.pending if not q or q in f"{p.namespace}/{p.pod}".lower()]
+    return Shown(gpus, hidden, pending)
+
+
+def _summary(snap: Snapshot) -> list[tuple[str, str]]:
+    t = snap.totals
+    return [
+        ("gpupool  ", "bold"),
+        (f"nodes {t.nodes}  GPUs {t.gpus} ({t.healthy_gpus} healthy)  ", ""),
+        ("compute ", "dim"), (f"{100 * t.allocated_share:.1f} %  ", ""),
+        ("memory ", "dim"), (f"{100 * t.allocated_memory_share:.1f} %  ", ""),
+        ("fragmented ", "dim"), (f"{100 * t.fragmented_share:.1f} %  ", ""),
+        (f"GPU pods {t.gpu_pods}  ", ""),
+        (f"pending {t.pending}", "bold yellow" if t.pending else ""),
+    ]
+
+
+def render_lines(snap: Snapshot, query: str = "", max_gpus: int = 0, width: int = 80) -> str:
+    """One frame as plain lines wrapped to `width`, for a pipe or a narrow terminal, where the seven-column
+    table cuts names and bars short: one line per GPU, then one indented line per pod on it."""
+    import textwrap
+
+    width = max(width, 40)
+
+    def wrap(text: str, indent: str = "") -> list[str]:
+        return textwrap.wrap(text, width, initial_indent=indent, subsequent_indent=indent + "    ",
+                             break_on_hyphens=False)
+
+    shown_ = select(snap, query, max_gpus)
+    out = wrap("".join(text for text, _ in _summary(snap)))
+    for node, gpu, names in shown_.gpus:
+        health = "" if gpu.healthy else " unhealthy"
+        out += wrap(f"{shown(node)}  GPU {gpu.index}  {shown(gpu.model)}{health}  used {gpu.allocated_cores_percent:g}%"
+                    f"  memory {gpu.allocated_memory_mib}/{gpu.memory_mib} Mi")
+        for g, name in zip(gpu.grants, names, strict=True):
+            out += wrap(f"{shown(name)}  {g.cores_percent:g}%  {g.memory_mib}Mi", "    ")
+    if shown_.hidden:
+        out.append(f"... {shown_.hidden} more GPU(s) not shown (use --query or --max-gpus)")
+    if query and not shown_.gpus:
+        out.append(f"no GPU holds a pod matching {shown(query)!r}")
+    if snap.queues:
+        out.append("team queues (GPUs):")
+        for v in snap.queues:
+            limit = "-" if v.maximum_gpus is None else f"{v.maximum_gpus:g}"
+            out += wrap(f"{shown(v.name)}  used {v.used_gpus:g}  guaranteed {v.guaranteed_gpus:g}  maximum {limit}  "
+                        f"borrowed {v.borrowed_gpus:g}  lent {v.lent_gpus:g}  pending {v.pending}", "    ")
+    if shown_.pending:
+        out.append("pending GPU pods:")
+        for p in shown_.pending:
+            out += wrap(f"{shown(f'{p.namespace}/{p.pod}' if p.namespace else p.pod)}: {shown(p.reason)}", "    ")
+    return "\n".join(out)
+
+
+# Below this many columns (or into a pipe, which rich reads as 80) a frame is lines, not tables.
+TABLE_MIN_WIDTH = 120
+
+
 def render(snap: Snapshot, query: str = "", max_gpus: int = 0) -> RenderableType:
     """One frame: summary, GPU table (only GPUs holding a matching pod when `query` is given), pending."""
     from rich import box
@@ -79,48 +160,30 @@ def render(snap: Snapshot, query: str = "", max_gpus: int = 0) -> RenderableType
     from rich.table import Table
     from rich.text import Text
 
-    t = snap.totals
-    summary = Text.assemble(
-        ("gpupool  ", "bold"),
-        f"nodes {t.nodes}  GPUs {t.gpus} ({t.healthy_gpus} healthy)  ",
-        ("compute ", "dim"), f"{100 * t.allocated_share:.1f} %  ",
-        ("memory ", "dim"), f"{100 * t.allocated_memory_share:.1f} %  ",
-        ("fragmented ", "dim"), f"{100 * t.fragmented_share:.1f} %  ",
-        f"GPU pods {t.gpu_pods}  ",
-        (f"pending {t.pending}", "bold yellow" if t.pending else ""),
-    )
-    q = query.lower()
+    summary = Text.assemble(*_summary(snap))
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
     for col in ("node", "gpu", "model", "compute", "used", "memory", "pods"):
         table.add_column(col, no_wrap=col != "pods", justify="right" if col in ("gpu", "used") else "left")
     colour_of: dict[str, str] = {}
-    listed = hidden = 0
-    for node in snap.nodes:
-        for gpu in node.gpus:
-            names = [f"{g.namespace}/{g.pod}" if g.namespace else g.pod for g in gpu.grants]
-            if q and not any(q in n.lower() for n in names):
-                continue
-            if max_gpus and listed >= max_gpus:
-                hidden += 1
-                continue
-            listed += 1
-            pods = Text()
-            for g, name in zip(gpu.grants, names, strict=True):
-                key = f"{g.namespace}/{g.pod}"
-                colour_of.setdefault(key, COLOURS[len(colour_of) % len(COLOURS)])
-                pods.append_text(_text(name, colour_of[key]))
-                pods.append(f" {g.cores_percent:g}% {g.memory_mib}Mi  ", style="dim")
-            model = _text(gpu.model)
-            if not gpu.healthy:
-                model.append(" unhealthy", style="bold red")
-            table.add_row(
-                _text(node.name), str(gpu.index), model, _bar(gpu, colour_of),
-                f"{gpu.allocated_cores_percent:g}%", f"{gpu.allocated_memory_mib}/{gpu.memory_mib} Mi", pods,
-            )
+    shown_ = select(snap, query, max_gpus)
+    for node_name, gpu, names in shown_.gpus:
+        pods = Text()
+        for g, name in zip(gpu.grants, names, strict=True):
+            key = f"{g.namespace}/{g.pod}"
+            colour_of.setdefault(key, COLOURS[len(colour_of) % len(COLOURS)])
+            pods.append_text(_text(name, colour_of[key]))
+            pods.append(f" {g.cores_percent:g}% {g.memory_mib}Mi  ", style="dim")
+        model = _text(gpu.model)
+        if not gpu.healthy:
+            model.append(" unhealthy", style="bold red")
+        table.add_row(
+            _text(node_name), str(gpu.index), model, _bar(gpu, colour_of),
+            f"{gpu.allocated_cores_percent:g}%", f"{gpu.allocated_memory_mib}/{gpu.memory_mib} Mi", pods,
+        )
     parts: list[RenderableType] = [summary, table]
-    if hidden:
-        parts.append(Text(f"... {hidden} more GPU(s) not shown (use --query or --max-gpus)", style="dim"))
-    if q and not listed:
+    if shown_.hidden:
+        parts.append(Text(f"... {shown_.hidden} more GPU(s) not shown (use --query or --max-gpus)", style="dim"))
+    if query and not shown_.gpus:
         parts.append(Text(f"no GPU holds a pod matching {shown(query)!r}", style="dim"))
     if snap.queues:
         queues = Table(title="team queues (GPUs)", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
@@ -132,7 +195,7 @@ def render(snap: Snapshot, query: str = "", max_gpus: int = 0) -> RenderableType
             queues.add_row(_text(v.name), f"{v.used_gpus:g}", f"{v.guaranteed_gpus:g}", limit, f"{v.borrowed_gpus:g}",
                            f"{v.lent_gpus:g}", str(v.pending))
         parts.append(queues)
-    pending = [p for p in snap.pending if not q or q in f"{p.namespace}/{p.pod}".lower()]
+    pending = shown_.pending
     if pending:
         waiting = Table(title="pending GPU pods", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False,
                         pad_edge=False)
@@ -168,20 +231,25 @@ def top(url: str, once: bool, interval: float, query: str, max_gpus: int, timeou
     except FetchError as e:
         click.echo(f"gpupool top: {e}", err=True)
         raise SystemExit(2) from None
+    def frame_of(snap: Snapshot) -> RenderableType:
+        if console.width >= TABLE_MIN_WIDTH:
+            return render(snap, query, max_gpus)
+        return Text(render_lines(snap, query, max_gpus, console.width))
+
     if once:
-        console.print(render(snap, query, max_gpus))
+        console.print(frame_of(snap))
         return
-    frame = render(snap, query, max_gpus)
+    frame = frame_of(snap)
     try:
         with Live(frame, console=console, auto_refresh=False, screen=False) as live:
             while True:
                 time.sleep(interval)
                 try:
                     snap = fetch(url, timeout)
-                    frame = render(snap, query, max_gpus)
+                    frame = frame_of(snap)
                 except FetchError as e:
                     # Keep the last frame and retry: the scheduler may be restarting.
-                    frame = Group(render(snap, query, max_gpus), Text(f"refresh failed: {e}", style="bold red"))
+                    frame = Group(frame_of(snap), Text(f"refresh failed: {e}", style="bold red"))
                 live.update(frame, refresh=True)
     except KeyboardInterrupt:
         pass
