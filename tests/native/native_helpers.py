@@ -92,6 +92,7 @@ class Pod:
     granted: bool = False
     pid_ns: int = 0
     samples: str | None = None  # FAKE_GPU_NVML_SAMPLES: None/"all" or "latest"
+    gpu: dict[str, str] = field(default_factory=dict)  # the simulated GPU's parameters (FAKE_GPU_*, fake_state.h)
     unset: tuple[str, ...] = ()
     asan_runtime: str | None = None  # LD_PRELOAD it first (the probe and library are built with ASan)
     oversub_mib: int = 0  # granted pods: memory oversubscription per GPU in the limits file
@@ -125,6 +126,7 @@ class Pod:
             env["FAKE_GPU_PID_NS"] = str(self.pid_ns)
         if self.samples:
             env["FAKE_GPU_NVML_SAMPLES"] = self.samples
+        env.update(self.gpu)
         if self.preload:
             env["LD_PRELOAD"] = str(self.built.hook)
             if self.asan_runtime:

@@ -21,9 +21,9 @@ struct alloc {
 };
 static struct alloc *allocs;
 static int have_ctx;
-struct fake_stream { int64_t tail; };
+struct fake_stream { uint64_t seq; }; /* the stream's last kernel (fake_state.h: fk_seq_end) */
 static struct fake_stream default_stream;
-static int64_t latest_tail;
+static uint64_t latest_seq; /* the process's last kernel: its kernels complete in launch order */
 struct fake_pool { uint64_t reserved, used; };
 static struct fake_pool default_pool;
 
@@ -319,11 +319,19 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
 static struct fake_stream *stream_of(CUstream s) {
     return (uintptr_t)s <= 2 ? &default_stream : (struct fake_stream *)s;
 }
-static void sleep_until(int64_t t) {
-    int64_t now = fk_now();
-    if (t <= now) return;
-    struct timespec ts = {(time_t)((t - now) / 1000000000LL), (long)((t - now) % 1000000000LL)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+/* Poll the simulation until kernel `seq` of this process has completed (later launches of other processes
+ * can still take device time before it: time-slicing), sleeping at least what it is still owed. */
+static void wait_seq(uint64_t seq) {
+    for (;;) {
+        fk_lock();
+        fk_advance(fk_now());
+        int64_t end = fk_seq_end(seq), owed = end < 0 ? fk_owed(getpid(), seq) : 0;
+        fk_unlock();
+        if (end >= 0) return;
+        if (owed < 100000) owed = 100000;
+        struct timespec ts = {(time_t)(owed / 1000000000LL), (long)(owed % 1000000000LL)};
+        while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+        }
     }
 }
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
@@ -333,32 +341,36 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
 }
 EXPORT CUresult cuStreamDestroy_v2(CUstream s) { free(s); return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
-    sleep_until(stream_of(s)->tail);
+    wait_seq(stream_of(s)->seq);
     fk_lock();
     trim(&default_pool, 0); /* release threshold 0: unused pool memory goes back at a sync */
     fk_unlock();
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSynchronize(void) {
-    sleep_until(latest_tail);
+    wait_seq(latest_seq);
     return cuStreamSynchronize(NULL);
 }
 
 static CUresult run(CUstream s, int64_t ns) {
     struct fake_stream *st = stream_of(s);
-    fk_lock();
-    ensure_ctx();
-    int64_t now = fk_now();
-    int64_t start = now > st->tail ? now : st->tail;
-    if (fk->device_free_at > start) start = fk->device_free_at;
-    int64_t end = start + ns;
-    fk->device_free_at = end;
-    st->tail = end;
-    if (end > latest_tail) latest_tail = end;
-    fk->iv[fk->iv_count % FAKE_IVS] = (struct fake_iv){getpid(), start, end};
-    fk->iv_count++;
-    fk_unlock();
-    return CUDA_SUCCESS;
+    for (;;) {
+        fk_lock();
+        ensure_ctx();
+        fk_advance(fk_now());
+        struct fake_sched *q = &fk->sched;
+        if (q->npending < FAKE_PENDING) {
+            if (q->next_seq == 0) q->next_seq = 1;
+            uint64_t seq = q->next_seq++;
+            q->pending[q->npending++] = (struct fake_queued){getpid(), seq, ns < 0 ? 0 : ns};
+            st->seq = latest_seq = seq;
+            fk_unlock();
+            return CUDA_SUCCESS;
+        }
+        fk_unlock(); /* the device's queue is full: wait for room, as a driver's push buffer does */
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
 }
 static int64_t grid_ns(unsigned gx, unsigned gy, unsigned gz) {
     return (int64_t)gx * gy * gz * (int64_t)fk_env("FAKE_GPU_NS_PER_BLOCK", 1000);
@@ -383,7 +395,8 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return run(s, (int64_t)(uintptr_t)g * 1000); }
 
-struct fake_event { int64_t t; };
+/* An event completes when the process's kernels launched before it have (at its record if none are left). */
+struct fake_event { uint64_t seq; int64_t recorded; };
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     (void)flags;
     *e = (CUevent)calloc(1, sizeof(struct fake_event));
@@ -391,14 +404,24 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
 }
 EXPORT CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
-    int64_t now = fk_now(), tail = stream_of(s)->tail;
-    ((struct fake_event *)e)->t = now > tail ? now : tail;
+    struct fake_event *ev = (struct fake_event *)e;
+    ev->seq = stream_of(s)->seq > latest_seq ? stream_of(s)->seq : latest_seq;
+    ev->recorded = fk_now();
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuEventQuery(CUevent e) { return ((struct fake_event *)e)->t <= fk_now() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
-EXPORT CUresult cuEventSynchronize(CUevent e) { sleep_until(((struct fake_event *)e)->t); return CUDA_SUCCESS; }
+static int64_t event_time(const struct fake_event *ev) { /* -1: not yet */
+    fk_lock();
+    fk_advance(fk_now());
+    int64_t end = fk_seq_end(ev->seq);
+    fk_unlock();
+    return end < 0 ? -1 : end > ev->recorded ? end : ev->recorded;
+}
+EXPORT CUresult cuEventQuery(CUevent e) { return event_time((struct fake_event *)e) >= 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
+EXPORT CUresult cuEventSynchronize(CUevent e) { wait_seq(((struct fake_event *)e)->seq); return CUDA_SUCCESS; }
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
-    *ms = (float)(((struct fake_event *)b)->t - ((struct fake_event *)a)->t) / 1e6f;
+    int64_t ta = event_time((struct fake_event *)a), tb = event_time((struct fake_event *)b);
+    if (ta < 0 || tb < 0) return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)(tb - ta) / 1e6);
     return CUDA_SUCCESS;
 }
 
@@ -686,13 +709,16 @@ EXPORT CUresult cuStreamCreateWithPriority(CUstream *s, unsigned flags, int prio
     (void)prio;
     return cuStreamCreate(s, flags);
 }
-EXPORT CUresult cuStreamQuery(CUstream s) { return stream_of(s)->tail <= fk_now() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
-/* the stream's later work starts after the event's time */
+EXPORT CUresult cuStreamQuery(CUstream s) {
+    fk_lock();
+    fk_advance(fk_now());
+    int64_t end = fk_seq_end(stream_of(s)->seq);
+    fk_unlock();
+    return end >= 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+/* the stream's later work starts after the event's: already so, the process's kernels run in launch order */
 EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
-    (void)flags;
-    struct fake_stream *st = stream_of(s);
-    int64_t t = ((struct fake_event *)e)->t;
-    if (t > st->tail) st->tail = t;
+    (void)s; (void)e; (void)flags;
     return CUDA_SUCCESS;
 }
 

@@ -110,55 +110,93 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsi
     return r;
 }
 
+/* Per-process utilisation as fake_state.h documents it: each process sampled on the driver's clock at its
+ * own phase, smUtil the scaled busy share since its previous sample, visible after a lag, possibly repeated. */
 #define MAX_PERIODS 200
 #define MAX_PIDS 32
+#ifndef NVML_ERROR_NOT_SUPPORTED
+#define NVML_ERROR_NOT_SUPPORTED 3
+#endif
+static int64_t phase_of(int64_t host_pid, int64_t period) {
+    FK_PARAM(aligned, "FAKE_GPU_ALIGNED", 0);
+    if (aligned) return 0;
+    uint64_t h = (uint64_t)host_pid * 0x9e3779b97f4a7c15ULL; /* unrelated phases for unrelated processes */
+    return (int64_t)((h >> 17) % (uint64_t)period);
+}
+static int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
+
 EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t d, nvmlProcessUtilizationSample_t *out,
                                                     unsigned *count, unsigned long long last_seen) {
     (void)d;
-    int64_t period = (int64_t)fk_env("FAKE_GPU_PERIOD_US", 10000) * 1000;
-    int64_t now = fk_now();
-    int64_t last_end = now / period * period; /* the newest finished period ends here */
-    int64_t first_end = last_end - (MAX_PERIODS - 1) * period;
-    if ((int64_t)last_seen * 1000 + period > first_end) first_end = (int64_t)last_seen * 1000 + period;
-    first_end = (first_end + period - 1) / period * period;
+    FK_PARAM(period_us, "FAKE_GPU_PERIOD_US", 166667);
+    FK_PARAM(lag_us, "FAKE_GPU_LAG_US", 10000);
+    FK_PARAM(scale, "FAKE_GPU_SM_SCALE_PCT", 100);
+    FK_PARAM(uncapped, "FAKE_GPU_SM_UNCAPPED", 0);
+    FK_PARAM(repeat, "FAKE_GPU_NVML_REPEAT", 1);
+    FK_PARAM(mig, "FAKE_GPU_MIG", 0);
+    if (mig) return NVML_ERROR_NOT_SUPPORTED;
     const char *mode = getenv("FAKE_GPU_NVML_SAMPLES");
-    if (mode != NULL && strcmp(mode, "latest") == 0 && first_end < last_end) first_end = last_end;
-    static int64_t busy[MAX_PERIODS][MAX_PIDS];
-    static int64_t pids[MAX_PIDS];
-    int npids = 0, nper = first_end > last_end ? 0 : (int)((last_end - first_end) / period) + 1;
-    fk_lock();
+    int latest = mode != NULL && strcmp(mode, "latest") == 0;
+    int64_t period = (period_us > 0 ? period_us : 1) * 1000;
+    int64_t now = fk_now();
+    int64_t hi = now - lag_us * 1000;                  /* samples up to here are visible */
+    int64_t lo = hi - (MAX_PERIODS - 1) * period;      /* and the history goes back this far */
+    int64_t seen = (int64_t)last_seen * 1000;
+    /* with repeats, each process's newest sample must be in range even when it is not newer than seen */
+    if (!repeat && seen > lo) lo = seen;
+    if (repeat && seen - period > lo) lo = seen - period;
+    static int64_t busy[MAX_PIDS][MAX_PERIODS];
+    static int64_t pids[MAX_PIDS], host[MAX_PIDS], k0[MAX_PIDS], phase[MAX_PIDS];
+    int npids = 0;
     memset(busy, 0, sizeof busy);
-    int64_t lo = first_end - period;
+    fk_lock();
+    fk_advance(now);
     for (uint64_t k = fk->iv_count; k > 0 && k + FAKE_IVS > fk->iv_count; k--) {
         struct fake_iv *iv = &fk->iv[(k - 1) % FAKE_IVS];
-        if (iv->end <= lo) break; /* intervals are appended in start order and never overlap */
+        if (iv->end <= lo - period) break; /* pieces are appended in start order and never overlap */
         int p = 0;
         while (p < npids && pids[p] != iv->pid) p++;
         if (p == npids) {
             if (npids == MAX_PIDS) continue;
-            pids[npids++] = iv->pid;
+            pids[npids] = iv->pid;
+            host[npids] = fk_host_pid(iv->pid);
+            phase[npids] = phase_of(host[npids], period);
+            k0[npids] = floor_div(lo - phase[npids], period) + 1; /* the first sample after lo */
+            npids++;
         }
-        for (int j = 0; j < nper; j++) {
-            int64_t a = first_end - period + j * period, b = a + period;
-            int64_t s = iv->start > a ? iv->start : a, e = iv->end < b ? iv->end : b;
-            if (e > s) busy[j][p] += e - s;
+        /* sample j of this process is at t_j = phase + (k0 + j) * period and covers (t_j - period, t_j] */
+        int64_t j_first = floor_div(iv->start - phase[p], period) - k0[p];
+        for (int64_t j = j_first < 0 ? 0 : j_first; j < MAX_PERIODS; j++) {
+            int64_t b = phase[p] + (k0[p] + j) * period, a = b - period;
+            if (a >= iv->end) break;
+            int64_t st = iv->start > a ? iv->start : a, e = iv->end < b ? iv->end : b;
+            if (e > st) busy[p][j] += e - st;
         }
     }
-    int64_t host[MAX_PIDS];
-    for (int p = 0; p < npids; p++) host[p] = fk_host_pid(pids[p]);
     fk_unlock();
     unsigned n = 0;
-    for (int j = 0; j < nper; j++)
-        for (int p = 0; p < npids; p++) {
-            if (busy[j][p] == 0) continue;
-            if (out != NULL && n < *count) {
-                out[n] = (nvmlProcessUtilizationSample_t){(unsigned)host[p],
-                                                          (unsigned long long)((first_end + j * period) / 1000),
-                                                          (unsigned)((busy[j][p] * 100 + period / 2) / period), 0,
-                                                          0, 0};
-            }
+    for (int p = 0; p < npids; p++) {
+        int64_t newest = -1; /* the newest visible sample of the process with busy time */
+        for (int64_t j = 0; j < MAX_PERIODS; j++) {
+            int64_t t = phase[p] + (k0[p] + j) * period;
+            if (t > hi) break;
+            if (busy[p][j] > 0) newest = j;
+        }
+        for (int64_t j = 0; j < MAX_PERIODS; j++) {
+            int64_t t = phase[p] + (k0[p] + j) * period;
+            if (t > hi) break;
+            if (busy[p][j] == 0) continue;
+            int fresh = t / 1000 > (int64_t)last_seen;
+            if (latest && j != newest) continue;
+            if (!fresh && !(repeat && j == newest)) continue;
+            unsigned util = (unsigned)((busy[p][j] * scale * 2 + period) / (2 * period));
+            if (!uncapped && util > 100) util = 100;
+            if (out != NULL && n < *count)
+                out[n] = (nvmlProcessUtilizationSample_t){(unsigned)host[p], (unsigned long long)(t / 1000), util,
+                                                          0, 0, 0};
             n++;
         }
+    }
     if (out == NULL || n > *count) {
         *count = n;
         return NVML_ERROR_INSUFFICIENT_SIZE;

@@ -9,17 +9,38 @@
  *   never equals what the process's getpid() returns (as in every real pod). 0 / unset: the same.
  * - NVML's process list holds the processes with a context on the device (from their first context call),
  *   as the driver's does, whether or not they allocated anything.
- * - time: CLOCK_MONOTONIC. A kernel launched at t on a stream starts at max(t, stream tail, device free)
- *   and runs gridDim.x*y*z * FAKE_GPU_NS_PER_BLOCK ns (a CUgraphExec handle is its length in us), so
- *   kernels of all processes are serialised on one device clock, like time-sliced contexts at kernel
- *   granularity. Every kernel is logged as (pid, start, end).
- * - an event recorded on a stream completes when the stream's earlier work has (max(now, tail));
- *   synchronising a stream or an event sleeps until then.
- * - NVML utilisation: one sample per process per FAKE_GPU_PERIOD_US period in which its kernels ran,
- *   timestamped at the period's end (us), smUtil = busy share of that period rounded to a percent.
- *   FAKE_GPU_NVML_SAMPLES=all (default) returns every finished period newer than lastSeenTimeStamp (a ring
- *   of 200); =latest returns only the newest finished period, one sample per process per call, as drivers
- *   that keep no history do: a caller polling slower than the period loses the periods in between.
+ * - time: CLOCK_MONOTONIC. A kernel runs gridDim.x*y*z * FAKE_GPU_NS_PER_BLOCK ns of device time (a
+ *   CUgraphExec handle is its length in us). The device is simulated lazily (fk_advance, called by every
+ *   launch, sync, event query and NVML query): launched kernels wait in a queue in arrival order; the
+ *   kernels of one process run in the order it launched them (one stream or several: FIFO per process);
+ *   contexts of different processes are time-sliced, as the GPU does:
+ *     FAKE_GPU_TIMESLICE_US (default 2000): while another process has work queued, the running context
+ *       keeps the device for at most this long, then the next process with work (round robin by PID)
+ *       gets it, preempting a longer kernel mid-way. 0 = no time-slicing: whole kernels in arrival order
+ *       across processes (the fake's behaviour before issue 38).
+ *     FAKE_GPU_SWITCH_US (default 50): every change of context costs this much device time, in which no
+ *       kernel progresses (logged as nobody's). 0 = free switches.
+ *   Every piece of kernel execution is logged as (pid, start, end) in start order (consecutive pieces of
+ *   one process merged): the ground truth the tests grade against.
+ * - an event recorded on a stream completes when the process's work launched before it has (or at the
+ *   record if there is none); cuEventElapsedTime gives the span between two completions; synchronising a
+ *   stream, the context or an event polls the simulation until the work is done.
+ * - NVML per-process utilisation (nvmlDeviceGetProcessUtilization), modelled on what real drivers do
+ *   (NVML reference, nvtop/nvitop/go-nvml reports; /work/shared/reference/nvidia-facts.md 4.5):
+ *     FAKE_GPU_PERIOD_US (default 166667, the 1/6 s of recent datacenter GPUs): the driver's own sample
+ *       period. Each process is sampled at phase + k * period, its phase its own (a hash of its host PID)
+ *       unless FAKE_GPU_ALIGNED=1 (all at multiples of the period, the fake before issue 38). A sample's
+ *       smUtil is the process's busy share of the time since its previous sample ("mean since the last
+ *       sample"); a process is sampled only for periods in which it ran.
+ *     FAKE_GPU_SM_SCALE_PCT (default 100): smUtil = round(scale/100 * busy %); FAKE_GPU_SM_UNCAPPED=1 lets
+ *       it exceed 100 (default: capped at 100).
+ *     FAKE_GPU_LAG_US (default 10000): a sample is returned only this long after its timestamp.
+ *     FAKE_GPU_NVML_REPEAT (default 1): a query also returns each process's newest sample again, even when
+ *       it is not newer than lastSeenTimeStamp (readers must skip timestamps they have seen).
+ *     FAKE_GPU_NVML_SAMPLES=all (default) returns every sample newer than lastSeenTimeStamp (200 periods of
+ *       history); =latest only each process's newest.
+ *     FAKE_GPU_MIG=1: MIG mode, no per-process samples (NVML_ERROR_NOT_SUPPORTED).
+ *   Parameters are read by each process from its environment once.
  * The state file is FAKE_GPU_STATE; it is locked with OFD record locks, so kill -9 never wedges it. */
 #ifndef FAKE_STATE_H
 #define FAKE_STATE_H
@@ -50,13 +71,34 @@ struct fake_proc {
 struct fake_iv {
     int64_t pid, start, end;
 };
+#define FAKE_PENDING 4096
+#define FAKE_DONE (1 << 16)
+struct fake_queued {
+    int64_t pid;
+    uint64_t seq;       /* launch order, device-wide, from 1 */
+    int64_t remaining;  /* device time still to run, ns */
+};
+/* The device scheduler (fk_advance); after the log so the log's offsets (read by the tests) stay put. */
+struct fake_sched {
+    int64_t sim_t;        /* the device has been simulated up to here */
+    int64_t cur_pid;      /* the context on the device (the last one that ran) */
+    int64_t slice_end;    /* its time slice ends here (while others wait) */
+    int64_t switch_until; /* a context switch in progress until here */
+    uint64_t next_seq;
+    uint64_t switches;    /* context switches so far */
+    uint64_t npending;
+    struct fake_queued pending[FAKE_PENDING]; /* arrival order */
+    uint64_t done_seq[FAKE_DONE];             /* completion time of kernel seq at [seq % FAKE_DONE] */
+    int64_t done_at[FAKE_DONE];
+};
 struct fake_state {
     uint64_t magic;
-    int64_t device_free_at;
+    int64_t device_free_at; /* unused since the scheduler (kept: the log's offset) */
     uint64_t next_ptr;
     uint64_t iv_count;
     struct fake_proc procs[FAKE_PROCS];
     struct fake_iv iv[FAKE_IVS];
+    struct fake_sched sched;
 };
 
 static struct fake_state *fk;
@@ -97,10 +139,10 @@ static inline void fk_lock(void) {
         if (st.st_size < (off_t)sizeof *fk && ftruncate(fk_fd, sizeof *fk) != 0) abort();
         fk = mmap(NULL, sizeof *fk, PROT_READ | PROT_WRITE, MAP_SHARED, fk_fd, 0);
         if (fk == MAP_FAILED) abort();
-        if (fk->magic != 0x4b414647) {
+        if (fk->magic != 0x4b414648) {
             memset(fk, 0, sizeof *fk);
             fk->next_ptr = 1ULL << 40;
-            fk->magic = 0x4b414647;
+            fk->magic = 0x4b414648;
         }
         return;
     }
@@ -143,6 +185,116 @@ static inline uint64_t fk_used_all(void) {
     uint64_t sum = 0;
     for (int i = 0; i < FAKE_PROCS; i++)
         if (fk_alive(fk->procs[i].pid)) sum += fk->procs[i].used + fk->procs[i].ctx;
+    return sum;
+}
+
+/* A parameter of the simulated GPU, read from the environment once per process (they never change). */
+#define FK_PARAM(var, name, dflt)                                        \
+    static int64_t var##_v = -1;                                         \
+    if (var##_v < 0) var##_v = (int64_t)fk_env(name, (uint64_t)(dflt)); \
+    int64_t var = var##_v
+
+/* locked: append a piece of execution to the device log, merged with the last one when it continues it */
+static inline void fk_log(int64_t pid, int64_t start, int64_t end) {
+    if (end <= start) return;
+    if (fk->iv_count > 0) {
+        struct fake_iv *last = &fk->iv[(fk->iv_count - 1) % FAKE_IVS];
+        if (last->pid == pid && last->end == start) {
+            last->end = end;
+            return;
+        }
+    }
+    fk->iv[fk->iv_count % FAKE_IVS] = (struct fake_iv){pid, start, end};
+    fk->iv_count++;
+}
+
+/* locked: the context that runs next at sim_t, 0 = nothing queued */
+static inline int64_t fk_pick(int64_t slice) {
+    struct fake_sched *s = &fk->sched;
+    if (s->npending == 0) return 0;
+    if (slice == 0) return s->pending[0].pid; /* no time-slicing: the oldest kernel, whoever launched it */
+    int cur_has = 0, others = 0;
+    for (uint64_t i = 0; i < s->npending; i++) {
+        if (s->pending[i].pid == s->cur_pid) cur_has = 1;
+        else others = 1;
+    }
+    if (cur_has && (!others || s->sim_t < s->slice_end)) return s->cur_pid;
+    /* round robin: the next PID above the current one with work, else the lowest */
+    int64_t next = 0, lowest = 0;
+    for (uint64_t i = 0; i < s->npending; i++) {
+        int64_t p = s->pending[i].pid;
+        if (p == s->cur_pid) continue;
+        if (p > s->cur_pid && (next == 0 || p < next)) next = p;
+        if (lowest == 0 || p < lowest) lowest = p;
+    }
+    return next != 0 ? next : lowest;
+}
+
+/* locked: run the simulated device up to `now` */
+static inline void fk_advance(int64_t now) {
+    FK_PARAM(slice_us, "FAKE_GPU_TIMESLICE_US", 2000);
+    FK_PARAM(switch_us, "FAKE_GPU_SWITCH_US", 50);
+    int64_t slice = slice_us * 1000, sw = switch_us * 1000;
+    struct fake_sched *s = &fk->sched;
+    if (s->sim_t == 0) s->sim_t = now;
+    for (;;) {
+        if (s->switch_until > s->sim_t) {
+            if (s->switch_until > now) break;
+            s->sim_t = s->switch_until;
+        }
+        int64_t pid = fk_pick(slice);
+        if (pid == 0) { /* idle */
+            if (s->sim_t < now) s->sim_t = now;
+            break;
+        }
+        if (pid != s->cur_pid) {
+            int64_t prev = s->cur_pid;
+            s->cur_pid = pid;
+            s->slice_end = s->sim_t + slice;
+            if (prev != 0 && sw > 0) { /* the switch takes device time in which nothing runs */
+                s->switch_until = s->sim_t + sw;
+                s->slice_end += sw;
+                s->switches++;
+                continue;
+            }
+        }
+        uint64_t k = 0;
+        while (s->pending[k].pid != pid) k++;
+        struct fake_queued *q = &s->pending[k];
+        int others = 0;
+        for (uint64_t i = 0; i < s->npending && !others; i++) others = s->pending[i].pid != pid;
+        if (slice > 0 && !others && s->slice_end < s->sim_t + slice) s->slice_end = s->sim_t + slice; /* alone */
+        int64_t until = s->sim_t + q->remaining < now ? s->sim_t + q->remaining : now;
+        if (slice > 0 && others && s->slice_end < until) until = s->slice_end;
+        if (until < s->sim_t) until = s->sim_t;
+        fk_log(pid, s->sim_t, until);
+        q->remaining -= until - s->sim_t;
+        s->sim_t = until;
+        if (q->remaining <= 0) {
+            s->done_seq[q->seq % FAKE_DONE] = q->seq;
+            s->done_at[q->seq % FAKE_DONE] = s->sim_t;
+            memmove(q, q + 1, (s->npending - k - 1) * sizeof *q);
+            s->npending--;
+        } else if (until >= now) {
+            break;
+        }
+    }
+}
+
+/* locked: when kernel `seq` completed (0: long ago or never launched), -1 while it has not */
+static inline int64_t fk_seq_end(uint64_t seq) {
+    struct fake_sched *s = &fk->sched;
+    if (seq == 0) return 0;
+    for (uint64_t i = 0; i < s->npending; i++)
+        if (s->pending[i].seq == seq) return -1;
+    return s->done_seq[seq % FAKE_DONE] == seq ? s->done_at[seq % FAKE_DONE] : 0;
+}
+
+/* locked: device time still owed to this process's kernels up to `seq` (a lower bound on the wait) */
+static inline int64_t fk_owed(int64_t pid, uint64_t seq) {
+    int64_t sum = 0;
+    for (uint64_t i = 0; i < fk->sched.npending; i++)
+        if (fk->sched.pending[i].pid == pid && fk->sched.pending[i].seq <= seq) sum += fk->sched.pending[i].remaining;
     return sum;
 }
 
