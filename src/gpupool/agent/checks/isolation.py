@@ -1,28 +1,66 @@
 """Validation step `isolation`: what enforces shares on this node works.
 
 - isolation `hook`: the interception library the agent installed for containers loads in a separate test
-  process (a broken copy would make every hook container fail at start, or run unlimited);
+  process (a broken copy would make every hook container fail at start, or run unlimited), and its caps
+  apply on every GPU: a probe process (`python -m gpupool.agent.checks.isolation`) runs with the library
+  preloaded under a memory cap and a compute cap and checks, on each GPU the driver shows it,
+  - memory: CUDA reports the cap as the GPU's total; what is free under it can be allocated, and one byte
+    more than what is then left is refused with CUDA_ERROR_OUT_OF_MEMORY (the GPU itself has that memory);
+  - compute: a loop of spin kernels (gpupool.agent.checks.cudaprobe) launched as fast as the library lets
+    it keeps the GPU busy `PROBE_CORES` % of the time within `PROBE_TOLERANCE` points, measured with the
+    probe's own CUDA events against wall time (never with anything the library reports);
 - MPS daemons (where the agent runs them): every GPU's daemon answered its last probe;
 - MIG (where a GPU is in MIG mode): NVML's instances were reconciled with the agent's MIG checkpoint.
+
+The probe gives its caps in the environment (GPUPOOL_MEMORY_LIMIT_MIB, GPUPOOL_CORES_PERCENT): the limits
+file path compiled into the library is the container's read-only mount point, which the agent's own
+container does not have, and without a file there the library takes its caps from the environment (with a
+file there, the environment can only lower them, so the probe's caps still hold). Both roads end in the
+same enforcement, which is what the probe proves. The memory cap is 2 GiB, not smaller: the library counts
+the CUDA context (about 0.5 GiB on an H100) against the cap.
+
+What the probe cannot tell apart from a cap that does not hold: a GPU kept busy by other processes makes
+the probe's kernels queue behind theirs. Its share is measured as (batches done x the shortest batch
+seen) / wall time, so a neighbour's time is never counted as the probe's (it can only read low then).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpupool.agent.checks.cudaprobe import (
+    CUDA_ERROR_OUT_OF_MEMORY,
+    Context,
+    CudaError,
+    Driver,
+    Spin,
+    Stream,
+    Timeline,
+)
 from gpupool.agent.mps import DaemonHealth
 from gpupool.agent.validation import Result
 
 _LOAD = "import ctypes, sys; ctypes.CDLL(sys.argv[1])"
+PROBE_MEMORY_MIB = 2048
+PROBE_CORES = 30.0
+PROBE_TOLERANCE = 10.0  # points, over PROBE_SECONDS
+PROBE_SECONDS = 1.5
+PROBE_KERNEL_US = 1000.0
+MAX_GPUS = 16  # the library's GP_MAX_DEV: one cap per GPU in the environment
+FAKE_ENV = "GPUPOOL_CUDAPROBE_FAKE"  # "1": the simulated GPU of the tests (its module format)
+MIB = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
 class Facts:
-    hook_problem: str | None  # None: the library loaded, or the node does not use isolation hook
+    hook_problem: str | None  # None: the library loaded and its caps apply, or the node does not use hook
     mps: Mapping[str, DaemonHealth]  # empty: the agent runs no MPS daemons
     mig_reconciled: bool | None  # None: no MIG manager on this node
 
@@ -55,8 +93,126 @@ def library_loads(path: Path, timeout_s: float = 20.0) -> str | None:
     return None
 
 
-def check(library: Path | None, mps: Mapping[str, DaemonHealth], mig_reconciled: Callable[[], bool] | None
-          ) -> Result:
+def probe_env(library: Path, accounting: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The probe's environment: the library preloaded, the probe's caps on every GPU (by ordinal), its own
+    accounting directory; nothing of the agent's GPUPOOL_* settings or preloads."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUPOOL_")}
+    env.pop("NVIDIA_VISIBLE_DEVICES", None)  # caps by ordinal: the probe sees every GPU of the node
+    env.update(extra or {})
+    env.update(LD_PRELOAD=str(library),
+               GPUPOOL_MEMORY_LIMIT_MIB=",".join([str(PROBE_MEMORY_MIB)] * MAX_GPUS),
+               GPUPOOL_CORES_PERCENT=",".join([f"{PROBE_CORES:g}"] * MAX_GPUS),
+               GPUPOOL_CORES_MODE="hard", GPUPOOL_HOOK_DIR=str(accounting))
+    return env
+
+
+def caps_apply(library: Path, env: Mapping[str, str] | None = None, timeout_s: float = 30.0) -> str | None:
+    """Run the probe (module docstring) with `library` preloaded; None when the caps applied on every GPU,
+    else why not. `env`: added to the probe's environment (the tests' simulated GPU)."""
+    with tempfile.TemporaryDirectory(prefix="gpupool-isolation-probe-") as tmp:
+        try:
+            done = subprocess.run([sys.executable, "-m", __name__], capture_output=True, text=True,
+                                  timeout=timeout_s + 4 * PROBE_SECONDS * MAX_GPUS, check=False,
+                                  env=probe_env(library, Path(tmp), env))
+        except subprocess.TimeoutExpired:
+            return "the caps probe did not finish in time"
+        except OSError as e:
+            return f"cannot start the caps probe: {e}"
+    lines = [line for line in done.stdout.strip().splitlines() if line.strip()]
+    if done.returncode == 0:
+        return None
+    if lines:
+        return lines[-1]
+    err = done.stderr.strip().splitlines()
+    return f"the caps probe exited with {done.returncode}" + (f": {err[-1]}" if err else "")
+
+
+def check(library: Path | None, mps: Mapping[str, DaemonHealth], mig_reconciled: Callable[[], bool] | None,
+          env: Mapping[str, str] | None = None) -> Result:
     """`library`: the installed interception library (None: the node does not use isolation hook)."""
     hook = None if library is None else library_loads(library)
+    if hook is None and library is not None:
+        hook = caps_apply(library, env)
     return judge(Facts(hook, dict(mps), None if mig_reconciled is None else mig_reconciled()))
+
+
+# ---- the probe itself (in the child, with the library preloaded) ---------------------------------------
+def _memory_problem(driver: Driver, gpu: int) -> str | None:
+    cap = PROBE_MEMORY_MIB * MIB
+    free, total = driver.mem_info()
+    if total != cap:
+        return (f"GPU {gpu}: the memory cap does not apply: CUDA reports {total // MIB} MiB in total under a "
+                f"{PROBE_MEMORY_MIB} MiB cap")
+    held = []
+    try:
+        # all that is free under the cap but a little (a driver may round an allocation up to 2 MiB)
+        within = (free - 4 * MIB) // (2 * MIB) * (2 * MIB)
+        if within > 0:
+            try:
+                held.append(driver.alloc(within))
+            except CudaError as e:
+                return f"GPU {gpu}: {within // MIB} MiB within the {PROBE_MEMORY_MIB} MiB cap was refused ({e})"
+        left, _ = driver.mem_info()
+        try:
+            held.append(driver.alloc(left + 1))
+        except CudaError as e:
+            if e.code != CUDA_ERROR_OUT_OF_MEMORY:
+                return f"GPU {gpu}: one byte beyond the memory cap failed with CUDA error {e.code}, not out of memory"
+            return None
+        return f"GPU {gpu}: the memory cap does not apply: one byte beyond the {PROBE_MEMORY_MIB} MiB cap was allocated"
+    finally:
+        for ptr in held:
+            driver.free(ptr)
+
+
+def _compute_problem(driver: Driver, gpu: int, fake: bool) -> str | None:
+    spin = Spin(driver, gpu, fake=fake)
+    stream = Stream(driver)
+    timeline = Timeline(driver, stream, depth=8)
+    try:
+        begin = time.monotonic_ns()
+        deadline = begin + int(PROBE_SECONDS * 1e9)
+        while time.monotonic_ns() < deadline:
+            spin.launch(stream, PROBE_KERNEL_US)
+            timeline.started()
+            timeline.ended()
+        spans = timeline.drain()
+        end = max(time.monotonic_ns(), spans[-1].end if spans else 0)
+    finally:
+        timeline.close()
+        stream.destroy()
+        spin.close()
+    if not spans:
+        return f"GPU {gpu}: the compute probe ran no kernel"
+    # Every batch is the same kernel: the shortest span is its length alone; longer ones held a neighbour.
+    unit = min(s.end - s.start for s in spans)
+    share = 100.0 * len(spans) * unit / (end - begin)
+    if abs(share - PROBE_CORES) > PROBE_TOLERANCE:
+        return (f"GPU {gpu}: the compute cap does not apply: a {PROBE_CORES:g} % cap kept the GPU busy "
+                f"{share:.1f} % of {PROBE_SECONDS:g} s (tolerance {PROBE_TOLERANCE:g} points)")
+    return None
+
+
+def probe() -> str | None:
+    """In the child: None when both caps applied on every GPU, else the first problem."""
+    fake = os.environ.get(FAKE_ENV) == "1"
+    try:
+        driver = Driver()
+        count = driver.init()
+        if count == 0:
+            return "CUDA shows no GPU to the caps probe"
+        for gpu in range(min(count, MAX_GPUS)):
+            with Context(driver, gpu):
+                problem = _memory_problem(driver, gpu) or _compute_problem(driver, gpu, fake)
+            if problem is not None:
+                return problem
+    except CudaError as e:
+        return f"the caps probe failed: {e}"
+    return None
+
+
+if __name__ == "__main__":
+    found = probe()
+    if found is not None:
+        print(found)
+        sys.exit(1)

@@ -1,0 +1,104 @@
+"""Validation step `isolation` (gpupool.agent.checks.isolation): the caps probe through the interception
+library on the simulated GPU of tests/native/fakes (fake libcuda and NVML found through LD_LIBRARY_PATH).
+
+The library under test is built as the package builds it (the production limits path, which does not exist
+here, so the probe's caps come from its environment, as on a node). Each failing case is a library whose
+caps really do not apply, and the check must name which cap."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from gpupool.agent.checks import isolation
+from gpupool.agent.checks.node import Check, run_pass
+from gpupool.agent.validation import LABEL_PREFIX, STEPS, Result, Step, Validation, condition, labels, withheld_reason
+from tests.native.native_helpers import Built, build_all, have_cc, native_build
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Built:
+    assert have_cc(), "no C compiler: these tests build the library and the simulated GPU (set CC)"
+    return build_all(tmp_path_factory.mktemp("fakes"))
+
+
+@pytest.fixture(scope="module")
+def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The interception library as `pip install` builds it (GP_LIMITS_PATH at the container's mount)."""
+    out: Path = native_build().compile_library(tmp_path_factory.mktemp("hook") / "libgpupool_hook.so")
+    return out
+
+
+def _shared_object(out: Path, source: Path) -> Path:
+    subprocess.run(["cc", "-std=c11", "-Wall", "-Wextra", "-Werror", "-fPIC", "-shared", "-o", str(out), str(source),
+                    "-ldl"], check=True, capture_output=True, text=True)
+    return out
+
+
+@pytest.fixture
+def gpu(built: Built, tmp_path: Path) -> dict[str, str]:
+    """The probe's environment for a fresh simulated GPU."""
+    return {"LD_LIBRARY_PATH": str(built.dir), "FAKE_GPU_STATE": str(tmp_path / "gpu"), isolation.FAKE_ENV: "1"}
+
+
+def _node_pass(isolation_check: Check) -> Validation:
+    checks: dict[Step, Check] = {step: Result.passed for step in STEPS}
+    checks["isolation"] = isolation_check
+    return run_pass(Validation(), checks)
+
+
+def test_the_caps_of_the_real_library_apply_and_the_node_is_ready(library: Path, gpu: dict[str, str]) -> None:
+    result = isolation.check(library, {}, None, env=gpu)
+    assert result.ok, result.reason
+    assert _node_pass(lambda: isolation.check(library, {}, None, env=gpu)).ready
+
+
+def test_a_library_that_interposes_nothing_fails_on_memory_and_the_node_is_withheld(
+        tmp_path: Path, gpu: dict[str, str]) -> None:
+    source = tmp_path / "nothing.c"
+    source.write_text("int gpupool_test_nothing;\n")
+    nothing = _shared_object(tmp_path / "libnothing.so", source)
+    result = isolation.check(nothing, {}, None, env=gpu)
+    assert not result.ok
+    assert "memory cap does not apply" in result.reason and "81920 MiB in total under a 2048 MiB cap" in result.reason
+    v = _node_pass(lambda: isolation.check(nothing, {}, None, env=gpu))
+    # the existing withdrawal path: not ready, so the GPUs are withheld, with the reason on the node
+    assert not v.ready
+    assert labels(v)[LABEL_PREFIX + "isolation"] == "false"
+    assert condition(v).reason == "IsolationFailed" and "memory cap does not apply" in condition(v).message
+    assert (withheld_reason(v) or "").startswith("node validation failed at isolation: interception library: GPU 0:")
+
+
+def test_a_library_that_caps_memory_but_does_not_pace_kernels_fails_on_compute(
+        tmp_path: Path, gpu: dict[str, str]) -> None:
+    stub = _shared_object(tmp_path / "libmemonly.so", HERE / "memory_only_hook.c")
+    result = isolation.check(stub, {}, None, env=gpu)
+    assert not result.ok
+    assert "GPU 0: the compute cap does not apply: a 30 % cap kept the GPU busy" in result.reason
+    # the probe saw the GPU busy all the time it ran (no pacing at all), far from 30 %
+    share = float(result.reason.split("busy ")[1].split(" %")[0])
+    assert share > 90
+
+
+def test_a_missing_or_broken_library_fails_with_the_reason(tmp_path: Path, gpu: dict[str, str]) -> None:
+    missing = isolation.check(tmp_path / "gone.so", {}, None, env=gpu)
+    assert not missing.ok and missing.reason.endswith("gone.so is missing")
+    garbage = tmp_path / "garbage.so"
+    garbage.write_bytes(b"not an ELF file")
+    broken = isolation.check(garbage, {}, None, env=gpu)
+    assert not broken.ok and "does not load" in broken.reason and "Traceback" not in broken.reason
+
+
+def test_a_probe_without_a_cuda_driver_fails_with_the_reason_not_a_traceback(library: Path, tmp_path: Path) -> None:
+    result = isolation.check(library, {}, None, env={"LD_LIBRARY_PATH": str(tmp_path), isolation.FAKE_ENV: "1"})
+    # on this machine there is no libcuda.so.1 outside the fakes' directory
+    assert not result.ok
+    assert "the caps probe failed: loading libcuda.so.1" in result.reason and "Traceback" not in result.reason
+
+
+def test_a_node_without_hook_isolation_runs_no_probe() -> None:
+    assert isolation.check(None, {}, None).ok
