@@ -115,3 +115,20 @@ def test_processes_by_host_pid_through_the_same_port_as_nvml() -> None:
     backend.remove(g1)
     with pytest.raises(DiscoveryError, match="not present"):
         backend.processes(g1)
+
+
+def test_node_field_gives_each_node_its_own_uuids(tmp_path: Path) -> None:
+    """One description (the chart's ConfigMap, mounted on every node) with {node} in its UUIDs: each agent's
+    GPUs are named after its node, so two nodes never share a UUID; without a node name it stays an error."""
+    path = write(tmp_path, "gpus:\n  - count: 2\n    uuid_prefix: GPU-{node}\n    model: L40S\n    memory_mib: 46068\n"
+                           "  - uuid: GPU-{node}-solo\n    model: A10\n    memory_mib: 23028\n")
+    a = FakeBackend.from_file(path, node="node-a").discover()
+    b = FakeBackend.from_file(path, node="10.0.0.7").discover()
+    assert [d.uuid for d in a.devices] == ["GPU-node-a-0", "GPU-node-a-1", "GPU-node-a-solo"]
+    assert [d.uuid for d in b.devices] == ["GPU-10.0.0.7-0", "GPU-10.0.0.7-1", "GPU-10.0.0.7-solo"]
+    with pytest.raises(FakeGPUFileError, match=r"gpus\[0\]\.uuid_prefix"):
+        load_fake_file(path)
+    # the validation section, read again when the file changes, keeps the node's names valid
+    backend = FakeBackend.from_file(path, node="node-a")
+    path.write_text(path.read_text() + "validation:\n  toolkit: too old\n")
+    assert backend.validation_fault("toolkit") == "too old"

@@ -22,6 +22,10 @@ File format (YAML or JSON; every field checked, errors name the field):
         uuid_prefix: GPU-fake-node1
         model: A10
         memory_mib: 23028
+      - count: 2                # {node} in uuid or uuid_prefix: the agent's node name, so one file (a
+        uuid_prefix: GPU-{node} #   chart's ConfigMap) gives every node GPUs of its own (GPU-<node>-0, ...)
+        model: L40S
+        memory_mib: 46068
     validation:                 # optional: node validation steps that fail, with the reason shown
       toolkit: "toolkit 1.17.3 is older than 1.17.8"   # driver, toolkit, isolation, workload
 
@@ -52,6 +56,7 @@ from gpupool.agent.devices import (
 from gpupool.agent.mig import MigBackend
 
 MAX_UUID_LEN = 58  # device IDs are "<uuid>::<slot>" and kubelet allows 63 characters
+NODE_FIELD = "{node}"  # in a uuid or uuid_prefix: replaced by the agent's node name
 
 
 class FakeGPUFileError(DiscoveryError):
@@ -98,8 +103,22 @@ def _where(loc: tuple[int | str, ...]) -> str:
     return out or "document"
 
 
-def parse_fake_description(data: Any, source: str) -> Discovered:
-    """Validate a parsed description into devices; raises FakeGPUFileError naming `source` and the field."""
+def _with_node(data: Any, node: str) -> Any:
+    """`data` with NODE_FIELD in each GPU's uuid and uuid_prefix replaced by `node` (unchanged without one)."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("gpus"), list):
+        return data
+    gpus = [
+        {k: v.replace(NODE_FIELD, node) if k in ("uuid", "uuid_prefix") and isinstance(v, str) else v
+         for k, v in entry.items()} if isinstance(entry, Mapping) else entry
+        for entry in data["gpus"]
+    ]
+    return {**data, "gpus": gpus}
+
+
+def parse_fake_description(data: Any, source: str, node: str = "") -> Discovered:
+    """Validate a parsed description into devices; raises FakeGPUFileError naming `source` and the field.
+    `node` fills NODE_FIELD in UUIDs (left in, it fails the UUID's pattern, which names the field)."""
+    data = _with_node(data, node) if node else data
     try:
         doc = _FakeFile.model_validate(data)
     except ValidationError as e:
@@ -139,18 +158,19 @@ def parse_fake_description(data: Any, source: str) -> Discovered:
     return Discovered(doc.vendor, doc.driver_version, doc.cuda_version, tuple(devices))
 
 
-def load_fake_file(path: Path) -> tuple[Discovered, set[str]]:
+def load_fake_file(path: Path, node: str = "") -> tuple[Discovered, set[str]]:
     """Read and validate the file; returns the devices and the UUIDs declared unhealthy."""
     data = _read(path)
-    discovered = parse_fake_description(data, str(path))
+    discovered = parse_fake_description(data, str(path), node)
     unhealthy = _declared_unhealthy(data, discovered)
     return discovered, unhealthy
 
 
-def validation_faults(data: Any, source: str) -> dict[str, str]:
+def validation_faults(data: Any, source: str, node: str = "") -> dict[str, str]:
     """The `validation` section of a parsed description: failing step -> reason."""
-    parse_fake_description(data, source)  # the whole file must stay valid
-    return {str(step): reason for step, reason in _FakeFile.model_validate(data).validation.items()}
+    parse_fake_description(data, source, node)  # the whole file must stay valid
+    doc = _FakeFile.model_validate(_with_node(data, node) if node else data)
+    return {str(step): reason for step, reason in doc.validation.items()}
 
 
 def _read(path: Path) -> Any:
@@ -183,9 +203,10 @@ class FakeBackend:
     name = "fake"
 
     def __init__(self, discovered: Discovered, unhealthy: set[str] | None = None, path: Path | None = None,
-                 validation: Mapping[str, str] | None = None) -> None:
+                 validation: Mapping[str, str] | None = None, node: str = "") -> None:
         self._discovered = discovered
         self._path = path  # re-read for `validation` when it changes (None: built in memory)
+        self._node = node  # fills {node} in the file's UUIDs when it is read again
         self._stamp = _stamp(path)
         self._validation: dict[str, str] = dict(validation or {})
         self._lock = threading.Lock()
@@ -198,10 +219,12 @@ class FakeBackend:
         self._sample_time_us = 0  # the fake driver's sample clock: one tick per utilisation query
 
     @classmethod
-    def from_file(cls, path: Path) -> FakeBackend:
+    def from_file(cls, path: Path, node: str = "") -> FakeBackend:
+        """The GPUs described in `path`; `node` (the agent's node name) fills {node} in their UUIDs."""
         data = _read(path)
-        discovered = parse_fake_description(data, str(path))
-        return cls(discovered, _declared_unhealthy(data, discovered), path, validation_faults(data, str(path)))
+        discovered = parse_fake_description(data, str(path), node)
+        return cls(discovered, _declared_unhealthy(data, discovered), path, validation_faults(data, str(path), node),
+                   node)
 
     def mig_backend(self) -> MigBackend | None:
         """A fake MIG driver for the GPUs described with `mig: true` (same geometry and NVML answers;
@@ -295,7 +318,7 @@ class FakeBackend:
         stamp = _stamp(self._path)
         if self._path is not None and stamp != self._stamp:
             try:
-                faults = validation_faults(_read(self._path), str(self._path))
+                faults = validation_faults(_read(self._path), str(self._path), self._node)
             except FakeGPUFileError as e:
                 return str(e)
             with self._lock:

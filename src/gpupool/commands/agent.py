@@ -124,7 +124,7 @@ def _backend(config: Any) -> Any:
         if config.backend == "fake":
             from gpupool.agent.fake import FakeBackend
 
-            return FakeBackend.from_file(config.fake_file)
+            return FakeBackend.from_file(config.fake_file, node=config.node_name)
         from gpupool.agent.nvml import NvmlBackend
 
         return NvmlBackend()
