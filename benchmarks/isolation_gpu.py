@@ -620,8 +620,10 @@ def gpu_facts(fake: bool) -> str:
     return "unknown"
 
 
-def build(out: Path, fake: bool) -> tuple[Path, Path | None]:
+def build(out: Path, fake: bool, library: Path | None = None) -> tuple[Path, Path | None]:
     """The library (and, with --fake, the simulated GPU): (library, fakes' directory or None)."""
+    if library is not None and not fake:
+        return library.resolve(), None
     if fake:
         helpers = importlib.import_module("tests.native.native_helpers")
         built = helpers.build_all(out)
@@ -654,6 +656,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--settle", type=float, default=1.0, help="seconds before the window")
     parser.add_argument("--rounds", type=int, default=None, help="overhead rounds (median)")
     parser.add_argument("--budget", type=float, default=None, help="seconds: runs that would not fit are skipped")
+    parser.add_argument("--library", type=Path, default=None,
+                        help=f"a library already built with {LIMITS_DEFINE} (else it is built here)")
     parser.add_argument("--keep-device-log", action="store_true", help="--fake: keep the device's kernel log")
     parser.add_argument("--role", default="main", help=argparse.SUPPRESS)
     parser.add_argument("--spec", default="", help=argparse.SUPPRESS)
@@ -707,15 +711,18 @@ def coordinate(args: argparse.Namespace) -> int:
     budget = args.budget if args.budget is not None else (450.0 if args.quick else None)
     out: Path = (args.out or Path("isolation_gpu_out")).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        print("isolation_gpu: needs a C compiler (cc) to build the library", file=sys.stderr)
+    if args.library is not None and not args.library.is_file():
+        print(f"isolation_gpu: --library {args.library} is not a file", file=sys.stderr)
+        return 2
+    if shutil.which(os.environ.get("CC", "cc")) is None and (args.fake or args.library is None):
+        print("isolation_gpu: needs a C compiler (cc) to build the library (or --library)", file=sys.stderr)
         return 2
     torch = None if args.fake else _torch()
     workloads = [w for w in args.workloads if w != "matmul" or torch is not None]
     with tempfile.TemporaryDirectory(prefix="isolation-gpu-") as tmp:
         work = Path(tmp)
         try:
-            library, fake_dir = build(work / "build", args.fake)
+            library, fake_dir = build(work / "build", args.fake, args.library)
         except RuntimeError as e:
             print(f"isolation_gpu: building the library failed: {e}", file=sys.stderr)
             return 1

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpupool.agent.checks.cudaprobe import (
     CUDA_ERROR_OUT_OF_MEMORY,
@@ -44,8 +45,10 @@ from gpupool.agent.checks.cudaprobe import (
     Stream,
     Timeline,
 )
-from gpupool.agent.mps import DaemonHealth
 from gpupool.agent.validation import Result
+
+if TYPE_CHECKING:  # the probe child imports this module: it needs nothing beyond the standard library
+    from gpupool.agent.mps import DaemonHealth
 
 _LOAD = "import ctypes, sys; ctypes.CDLL(sys.argv[1])"
 PROBE_MEMORY_MIB = 2048
