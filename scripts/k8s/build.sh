@@ -16,7 +16,7 @@ CACHE="${GPUPOOL_K8S_CACHE:-$HOME/.cache/gpupool-k8s}"
 BIN="$CACHE/bin"
 PINS=$(cat "$MODULES"/*/go.mod "$MODULES"/*/go.sum "$MODULES"/*/*.go "$0" | sha256sum | cut -c1-16)
 STAMP="$BIN/.built-$PINS"
-TARGETS=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd containerd
+TARGETS=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet kubectl etcd containerd
          containerd-shim-runc-v2 ctr cni/bridge cni/host-local cni/loopback)
 
 log() { printf '[k8s-testbed build] %s\n' "$*" >&2; }
@@ -86,7 +86,8 @@ MINOR=$(echo "$K8S" | cut -d. -f2)
 V=k8s.io/component-base/version
 build kubernetes "-X $V.gitVersion=$K8S -X $V.gitMajor=1 -X $V.gitMinor=$MINOR -X $V.gitTreeState=clean" "" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
-  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl
+  k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kube-proxy k8s.io/kubernetes/cmd/kubelet \
+  k8s.io/kubernetes/cmd/kubectl
 ETCD=$(pin "$MODULES/etcd/go.mod" go.etcd.io/etcd/server/v3)
 build etcd "" "" .
 CTD=$(pin "$MODULES/containerd/go.mod" github.com/containerd/containerd/v2)

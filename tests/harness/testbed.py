@@ -21,6 +21,16 @@ build` and `check` run without the project's virtualenv.
   stays Pending with spec.nodeName set. Real nodes (kubelet + containerd) come from scripts/k8s/realnode.py.
 - kube-scheduler is started separately (`start_scheduler`), because its configuration names the
   extender's URL, which is only known once the extender runs.
+- `serve_pods=True`: pods reach the API server as in a cluster, through the `kubernetes` Service. The API
+  server listens on every address and advertises this host's global IPv4 address (`host_address`; pods
+  cannot reach loopback), its lease endpoint reconciler publishes that address behind the Service, its
+  self-signed serving certificate names that address and the Service's ClusterIP (10.96.0.1), and the
+  controller-manager publishes its CA in each namespace (`kube-root-ca.crt`), which pods verify with.
+  kube-proxy (same Kubernetes build, iptables mode) serves every ClusterIP on this machine: all real nodes
+  share its network namespace, so one kube-proxy serves them all. It needs net.ipv4.ip_forward (pod to pod
+  through a Service across node bridges), which the testbed sets and restores at `stop()`, where
+  `kube-proxy --cleanup` also removes its iptables chains. One such testbed per machine at a time (a lock
+  file says so): two kube-proxies would rewrite each other's chains.
 """
 
 from __future__ import annotations
@@ -114,6 +124,26 @@ def die_with_parent() -> None:
         pass
 
 
+# The `kubernetes` Service's ClusterIP: the first address of --service-cluster-ip-range.
+SERVICE_CIDR, KUBERNETES_SERVICE_IP = "10.96.0.0/16", "10.96.0.1"
+IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
+
+
+def host_address() -> str:
+    """An IPv4 address of this host that is not loopback (`ip -4 addr show scope global`): what pods reach
+    this host at, and what an EndpointSlice may name (never 127.0.0.0/8)."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True,
+                         check=False).stdout
+    for line in out.splitlines():
+        address = line.split()[3].split("/")[0]
+        try:
+            socket.inet_aton(address)
+        except OSError:
+            continue
+        return address
+    raise TestbedError("no global IPv4 address on this host (ip -4 addr): pods and EndpointSlices need one")
+
+
 # klog's fatal severity (F + MMDD), a Go panic, a Go runtime fatal error
 _FATAL = re.compile(r"^(F\d{4} |panic: |fatal error: )")
 
@@ -189,6 +219,12 @@ class Testbed:
     tokens: dict[str, str] = field(default_factory=dict)
     api_port: int = 0
     processes: dict[str, Process] = field(default_factory=dict)
+    # Pods reach the API server through the `kubernetes` Service (module doc); `host` is the address it
+    # advertises (default: host_address()).
+    serve_pods: bool = False
+    host: str = ""
+    _ip_forward: str = ""  # its value before the testbed set it (restored at stop)
+    _proxy_lock: Any = None
 
     # --- paths ----------------------------------------------------------------------------------------
     @property
@@ -311,19 +347,22 @@ class Testbed:
             self._start_etcd(timeout_s)
             self._start_apiserver(timeout_s)
             self._start_controller_manager(timeout_s)
+            if self.serve_pods:
+                self._start_kube_proxy(timeout_s)
         except BaseException:
             self.stop()
             raise
         return self
 
     def stop(self) -> None:
-        for name in ("kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"):
+        for name in ("kube-scheduler", "kube-proxy", "kube-controller-manager", "kube-apiserver", "etcd"):
             proc = self.processes.pop(name, None)
             if proc is not None:
                 proc.stop()
         for proc in self.processes.values():
             proc.stop()
         self.processes.clear()
+        self._stop_kube_proxy()
         if self.workdir is not None and not self.keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -386,6 +425,13 @@ class Testbed:
         subprocess.run(["openssl", "rsa", "-in", str(sa_key), "-pubout", "-out", str(self.dir / "sa.pub")],
                        check=True, capture_output=True)
         self.api_port = free_port()
+        if self.serve_pods:
+            self.host = self.host or host_address()
+            address = ["--bind-address", "0.0.0.0", "--advertise-address", self.host]
+        else:
+            # The `kubernetes` Service's endpoints may not be loopback: no endpoints, nothing dials it.
+            address = ["--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+                       "--endpoint-reconciler-type", "none"]
         # Metadata (who, verb, resource, answer) of every request made with a service-account token.
         (self.dir / "audit-policy.json").write_text(json.dumps({
             "apiVersion": "audit.k8s.io/v1", "kind": "Policy", "omitStages": ["RequestReceived"],
@@ -394,12 +440,9 @@ class Testbed:
         proc = self._spawn("kube-apiserver", [
             str(self.binaries.kube_apiserver),
             "--etcd-servers", self.etcd_url,
-            "--bind-address", "127.0.0.1",
-            "--advertise-address", "127.0.0.1",
-            # The `kubernetes` Service's endpoints may not be loopback; nothing in the testbed dials it.
-            "--endpoint-reconciler-type", "none",
-            # Webhooks behind a Service are dialled at an endpoint's address (no kube-proxy serves ClusterIPs
-            # here): a chart release's webhook runs as a local process (scripts/k8s/release.py).
+            *address,
+            # Webhooks and API services behind a Service are dialled at an endpoint's address: without
+            # serve_pods no kube-proxy serves ClusterIPs here (scripts/k8s/release.py's LocalRelease).
             "--enable-aggregator-routing=true",
             "--secure-port", str(self.api_port),
             "--cert-dir", str(self.dir / "certs"),
@@ -408,7 +451,7 @@ class Testbed:
             "--service-account-key-file", str(self.dir / "sa.pub"),
             "--service-account-signing-key-file", str(sa_key),
             "--service-account-issuer", "https://gpupool-testbed.invalid",
-            "--service-cluster-ip-range", "10.96.0.0/16",
+            "--service-cluster-ip-range", SERVICE_CIDR,
             "--allow-privileged",
             # Large e2e bursts: the default in-flight limits would throttle the benchmark, not Kubernetes.
             "--max-requests-inflight", "2000",
@@ -456,6 +499,69 @@ class Testbed:
         # The service-account controller has run once `default` has its account (pods need it from now on).
         self._wait(proc, lambda: self._get("/api/v1/namespaces/default/serviceaccounts/default", ctx) is not None,
                    timeout_s)
+
+    # --- kube-proxy (serve_pods) -----------------------------------------------------------------------
+    def _start_kube_proxy(self, timeout_s: float) -> None:
+        """kube-proxy in iptables mode for every node of this machine; returns once its rules send the
+        `kubernetes` Service's ClusterIP to the API server (iptables' nat table names it)."""
+        import fcntl
+
+        binary = cache_dir() / "bin" / "kube-proxy"
+        if not os.access(binary, os.X_OK):
+            raise TestbedError(f"{binary} missing: the testbed's pods reach Services through it. Build it with "
+                               "`scripts/k8s-testbed build`.")
+        lock = (Path(tempfile.gettempdir()) / "gpupool-testbed-kube-proxy.lock").open("w")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            raise TestbedError("another testbed with pods' Services (serve_pods) runs on this machine: its "
+                               "kube-proxy owns the iptables chains (one at a time)") from None
+        self._proxy_lock = lock
+        self._ip_forward = IP_FORWARD.read_text().strip()
+        if self._ip_forward != "1":
+            IP_FORWARD.write_text("1")
+        health, metrics = free_port(), free_port()
+        config = self.dir / "kube-proxy.json"
+        config.write_text(json.dumps({
+            "apiVersion": "kubeproxy.config.k8s.io/v1alpha1", "kind": "KubeProxyConfiguration",
+            "clientConnection": {"kubeconfig": str(self.kubeconfig())},
+            "mode": "iptables",
+            # Not a Node (one kube-proxy for all); the bind address gives it this host's address, which it would
+            # otherwise wait 30 s to read from its Node.
+            "hostnameOverride": f"gpupool-testbed-{self.host}", "bindAddress": self.host,
+            "healthzBindAddress": f"127.0.0.1:{health}", "metricsBindAddress": f"127.0.0.1:{metrics}",
+            # The host's conntrack limits and timeouts stay as they are; no route_localnet (NodePorts on
+            # 127.0.0.1), no rules beyond what Services need.
+            "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+            "iptables": {"localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "0s"},
+        }, indent=1))
+        proc = self._spawn("kube-proxy", [str(binary), "--config", str(config), "--v", "1"])
+
+        def serving() -> bool:
+            rules = subprocess.run(["iptables", "-t", "nat", "-S", "KUBE-SERVICES"], capture_output=True, text=True,
+                                   check=False).stdout
+            return f"-d {KUBERNETES_SERVICE_IP}/32" in rules and "default/kubernetes:https" in rules
+
+        self._wait(proc, serving, timeout_s)
+
+    def _stop_kube_proxy(self) -> None:
+        if self._proxy_lock is None:
+            return
+        binary = cache_dir() / "bin" / "kube-proxy"
+        subprocess.run([str(binary), "--cleanup"], capture_output=True, timeout=60, check=False)
+        if self._ip_forward and self._ip_forward != "1":
+            IP_FORWARD.write_text(self._ip_forward)
+        self._proxy_lock.close()
+        self._proxy_lock = None
+
+    def start_default_scheduler(self) -> Process:
+        """kube-scheduler with only the default profile (`default-scheduler`), as a cluster runs it: the pods
+        that name no scheduler (a release's own Deployments and DaemonSet pods, a plain pod) are placed."""
+        doc = {"apiVersion": "kubescheduler.config.k8s.io/v1", "kind": "KubeSchedulerConfiguration",
+               "clientConnection": {"kubeconfig": "__KUBECONFIG__"}, "leaderElection": {"leaderElect": False},
+               "profiles": [{"schedulerName": "default-scheduler"}]}
+        return self.start_scheduler(json.dumps(doc, indent=1), verbosity=1, name="default-scheduler")
 
     def _get(self, path: str, ctx: ssl.SSLContext) -> dict[str, Any] | None:
         req = urllib.request.Request(self.url + path, headers={"Authorization": f"Bearer {self.admin_token}"})
