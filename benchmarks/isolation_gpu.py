@@ -303,11 +303,15 @@ def calibrate(fake: bool, scale: float) -> dict[str, Any]:
         stream = Stream(driver)
         out["per_us"] = spin.calibrate(stream)
         out["solo_ns"] = {}
+        out["unavailable"] = {}
         for workload in LAUNCHES:
-            launchers, graphs = _launchers(spin, stream, workload, scale)
-            out["solo_ns"][workload] = [_time(driver, stream, launch, 20) // 20 for launch in launchers]
-            for g in graphs:
-                g.close()
+            try:  # a driver that lacks a call (the graph API, say) costs that workload, not the run
+                launchers, graphs = _launchers(spin, stream, workload, scale)
+                out["solo_ns"][workload] = [_time(driver, stream, launch, 20) // 20 for launch in launchers]
+                for g in graphs:
+                    g.close()
+            except CudaError as e:
+                out["unavailable"][workload] = str(e)
         stream.destroy()
         spin.close()
     torch = None if fake else _torch()
@@ -719,6 +723,8 @@ def coordinate(args: argparse.Namespace) -> int:
         return 2
     torch = None if args.fake else _torch()
     workloads = [w for w in args.workloads if w != "matmul" or torch is not None]
+    if "matmul" in args.workloads and "matmul" not in workloads:
+        print("matmul: skipped: no torch" if not args.fake else "matmul: skipped: the simulated GPU has no PyTorch")
     with tempfile.TemporaryDirectory(prefix="isolation-gpu-") as tmp:
         work = Path(tmp)
         try:
@@ -743,7 +749,24 @@ def coordinate(args: argparse.Namespace) -> int:
         print(f"GPU {cal['gpu']}, driver {driver}, CUDA {cal['cuda']} (driver API), torch {cal.get('torch')}; "
               f"spin kernel {cal['per_us']:.1f} iterations/us; batches alone (us): "
               + "; ".join(f"{w} {[round(x / 1000) for x in v]}" for w, v in cal["solo_ns"].items()), flush=True)
+        for w, why in cal.get("unavailable", {}).items():
+            if w in workloads:
+                print(f"{w}: skipped: {why}")
+                workloads.remove(w)
+        if not workloads:
+            print("isolation_gpu: no workload can run here", file=sys.stderr)
+            return 1
         setup = Setup(out, work, library, fake_dir, cal, scale, args.keep_device_log)
+        failed: list[str] = []
+
+        def attempt(what: str, run: Callable[[], Any]) -> Any:
+            """One run; a run that fails is reported and skipped, the others go on."""
+            try:
+                return run()
+            except SystemExit as e:
+                failed.append(f"{what}: {str(e)[-300:]}")
+                print(f"  {what}: FAILED: {str(e)[-600:]}", flush=True)
+                return None
 
         def fits(seconds: float) -> bool:
             return budget is None or time.monotonic() - started + seconds + 8 <= budget
@@ -752,10 +775,12 @@ def coordinate(args: argparse.Namespace) -> int:
         saturation: dict[str, float] = {}
         print(f"saturation (one uncapped tenant, library at cap 100, busy time / wall time over {sat_s:g} s):")
         for w in workloads:
-            busy = uncapped(setup, w, sat_s, hooked=True)
+            busy = attempt(f"saturation {w}", lambda w=w: uncapped(setup, w, sat_s, hooked=True))
+            if busy is None:
+                continue
             saturation[w] = round(busy, 2)
             print(f"  {w:7s} {busy:6.2f} %{'' if busy >= SATURATION_MIN else '  < 95 %: INVALID'}", flush=True)
-        valid = all(v >= SATURATION_MIN for v in saturation.values())
+        valid = bool(saturation) and all(v >= SATURATION_MIN for v in saturation.values())
         if not valid:
             print("the run is INVALID: an uncapped loop did not keep the GPU >= 95 % busy, so every share below "
                   "reads low by as much", flush=True)
@@ -767,7 +792,10 @@ def coordinate(args: argparse.Namespace) -> int:
             if not fits(args.window + args.settle + 3):
                 skipped.append(f"{case.name}/{w}")
                 continue
-            r = run_tenants(setup, case.name, w, list(case.pods), args.window, args.settle)
+            r = attempt(f"{case.name}/{w}", lambda case=case, w=w: run_tenants(
+                setup, case.name, w, list(case.pods), args.window, args.settle))
+            if r is None:
+                continue
             g = grade(case, w, r)
             graded.append(g)
             _print_case(g)
@@ -785,8 +813,10 @@ def coordinate(args: argparse.Namespace) -> int:
                 if not fits(2 * (ov_s + 3)):
                     break
                 for which in (("plain", "hooked") if k % 2 == 0 else ("hooked", "plain")):
-                    rate = uncapped(setup, w, ov_s, hooked=which == "hooked")
-                    (hooked if which == "hooked" else plain).append(rate)
+                    rate = attempt(f"overhead {w} {which}", lambda w=w, which=which: uncapped(
+                        setup, w, ov_s, hooked=which == "hooked"))
+                    if rate is not None:
+                        (hooked if which == "hooked" else plain).append(rate)
             if not plain or not hooked:
                 overhead[w] = None
                 print(f"overhead {w}: skipped: out of time")
@@ -806,8 +836,9 @@ def coordinate(args: argparse.Namespace) -> int:
         "max_error_points_10s": round(max((e[0] for e in errors), default=0.0), 2),
         "max_error_points_1s": round(max((e[1] for e in errors), default=0.0), 2),
         "overhead_pct_small": overhead.get("small"), "overhead_pct_matmul": overhead.get("matmul"),
-        "cases": [asdict(g) for g in graded], "skipped": skipped,
-        "all_within_tolerance": valid and bool(graded) and not skipped and all(g.within for g in graded),
+        "cases": [asdict(g) for g in graded], "skipped": skipped, "failed": failed,
+        "all_within_tolerance": valid and bool(graded) and not skipped and not failed and all(
+            g.within for g in graded),
         "seconds": round(time.monotonic() - started, 1),
     }
     text = json.dumps(summary)

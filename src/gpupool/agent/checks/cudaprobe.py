@@ -69,7 +69,7 @@ $L_loop:
     bra.uni $L_loop;
 $L_done:
     setp.eq.f32 %p2, %f1, 0fBF800000;
-    @!%p2 bra.uni $L_end;
+    @!%p2 bra $L_end;
     cvta.to.global.u64 %rd4, %rd2;
     st.global.f32 [%rd4], %f1;
 $L_end:
