@@ -116,8 +116,10 @@ _PROTOTYPES: dict[str, list[object]] = {
 
 
 class CudaError(Exception):
-    def __init__(self, call: str, code: int) -> None:
-        super().__init__(f"{call} returned CUDA error {code}")
+    """A driver call failed (`code`: its CUDA error), or the driver could not be reached at all (code -1)."""
+
+    def __init__(self, call: str, code: int, message: str | None = None) -> None:
+        super().__init__(message or f"{call} returned CUDA error {code}")
         self.call, self.code = call, code
 
 
@@ -129,7 +131,7 @@ class Driver:
         try:
             self.lib = ctypes.CDLL(name)
         except OSError as e:
-            raise CudaError(f"loading {name}: {e}", -1) from None
+            raise CudaError(name, -1, f"cannot load {name}: {e}") from None
         self._fns: dict[str, Any] = {}
 
     def fn(self, name: str) -> Any:
@@ -138,7 +140,7 @@ class Driver:
             try:
                 f = getattr(self.lib, name)
             except AttributeError:
-                raise CudaError(f"{name} (not exported by the driver)", -1) from None
+                raise CudaError(name, -1, f"the driver does not export {name}") from None
             f.argtypes = _PROTOTYPES[name]
             f.restype = ctypes.c_int
             self._fns[name] = f
