@@ -23,9 +23,9 @@ COPY native ./native
 # the environment afterwards: the image installs nothing at run time. The installed modules are compiled
 # here (compileall), so a read-only root file system never needs a .pyc written.
 RUN python3 -m venv /opt/gpupool \
- && /opt/gpupool/bin/python3 -m pip install --upgrade pip \
- && /opt/gpupool/bin/python3 -m pip wheel --no-deps -w /tmp/wheels . \
- && /opt/gpupool/bin/python3 -m pip install /tmp/wheels/*.whl \
+ && /opt/gpupool/bin/pip install --upgrade pip \
+ && /opt/gpupool/bin/pip wheel --no-deps -w /tmp/wheels . \
+ && /opt/gpupool/bin/pip install /tmp/wheels/*.whl \
  && /opt/gpupool/bin/python3 -m pip uninstall -y pip setuptools \
  && /opt/gpupool/bin/python3 -m compileall -q /opt/gpupool/lib \
  && /opt/gpupool/bin/gpupool --version

@@ -260,7 +260,74 @@ def build_images(cache: Path) -> dict[str, Path]:
 
 
 def import_images(archives: dict[str, Path], containerd_socket: Path, ctr: str = "ctr") -> None:
-    """Import into containerd's `k8s.io` namespace (the one its CRI plugin, hence kubelet, sees)."""
+    """Import into containerd's `k8s.io` namespace (the one its CRI plugin, hence kubelet, sees), for this
+    machine's platform (every archive here holds one image for it; `archive_platform` checks the project's).
+    The image keeps the name its archive's index gives it (`io.containerd.image.name`, or a full reference
+    in `org.opencontainers.image.ref.name`, as `buildah push ... oci-archive:FILE:NAME` writes)."""
     for name, path in archives.items():
-        _run([ctr, "--address", str(containerd_socket), "-n", "k8s.io", "images", "import", str(path)],
-             f"importing {name}")
+        _run([ctr, "--address", str(containerd_socket), "-n", "k8s.io", "images", "import",
+              "--platform", f"linux/{_arch()}", str(path)], f"importing {name}")
+
+
+# --- the project's own images (scripts/image) --------------------------------------------------------------
+
+PROJECT_MANIFEST = REPO / "build" / "image" / "images.json"  # written by scripts/image: name -> archive, facts
+
+
+def archive_platform(path: Path) -> str:
+    """os/architecture of the one image in an OCI archive (from its image config, which every manifest has,
+    rather than the index entry, which buildah leaves without a platform)."""
+    try:
+        with tarfile.open(path) as tar:
+            def blob(digest: str) -> dict[str, object]:
+                member = tar.extractfile("blobs/sha256/" + digest.split(":", 1)[1])
+                if member is None:
+                    raise ImageError(f"{path}: blob {digest} missing")
+                loaded: dict[str, object] = json.loads(member.read())
+                return loaded
+            index_file = tar.extractfile("index.json")
+            if index_file is None:
+                raise ImageError(f"{path}: no index.json (not an OCI archive)")
+            manifests = json.loads(index_file.read()).get("manifests") or []
+            if len(manifests) != 1:
+                raise ImageError(f"{path}: {len(manifests)} manifests in its index, expected one")
+            manifest = blob(manifests[0]["digest"])
+            config_ref = manifest.get("config")
+            if not isinstance(config_ref, dict):
+                raise ImageError(f"{path}: its manifest has no config (an index of indexes?)")
+            config = blob(str(config_ref["digest"]))
+    except (OSError, tarfile.TarError, KeyError, ValueError) as e:
+        raise ImageError(f"{path}: unreadable OCI archive ({e})") from None
+    return f"{config.get('os')}/{config.get('architecture')}"
+
+
+def project_archives(names: list[str] | None = None, manifest: Path = PROJECT_MANIFEST) -> dict[str, Path]:
+    """Image name -> OCI archive for the images scripts/image built (the gpupool image of the Dockerfile,
+    registry.k8s.io/kube-scheduler:<version>), all of them or `names`; each checked to exist and to be for
+    this machine's platform. The error says which command builds what is missing."""
+    if not manifest.is_file():
+        raise ImageError(f"{manifest} missing: run scripts/image build (and scripts/image kube-scheduler)")
+    known: dict[str, dict[str, object]] = json.loads(manifest.read_text())
+    wanted = names if names is not None else sorted(known)
+    out: dict[str, Path] = {}
+    for name in wanted:
+        facts = known.get(name)
+        path = manifest.parent / str(facts["archive"]) if facts else None
+        if path is None or not path.is_file():
+            how = "scripts/image kube-scheduler" if "kube-scheduler" in name else "scripts/image build"
+            raise ImageError(f"no archive of {name} in {manifest.parent}: run {how}")
+        platform_ = archive_platform(path)
+        if platform_ != f"linux/{_arch()}":
+            raise ImageError(f"{path} holds a {platform_} image; this node runs linux/{_arch()}")
+        out[name] = path
+    return out
+
+
+def import_project_images(containerd_sockets: list[Path], names: list[str] | None = None,
+                          ctr: str = "ctr") -> dict[str, Path]:
+    """The project's images (project_archives) into each node's containerd, so that pods with
+    imagePullPolicy Never or IfNotPresent run them as a registry would have served them; returns them."""
+    archives = project_archives(names)
+    for socket in containerd_sockets:
+        import_images(archives, socket, ctr)
+    return archives
