@@ -24,8 +24,9 @@ device-plugin dir), its own cgroup root (`--cgroup-root`) and its own loopback a
   clamps the value to its own instead.
 - A pod network per node: the CNI bridge plugin on a bridge of the node's own (`gp<tag><i>`), addresses
   from the node's own /24 of 10.<block>.0.0/16 (host-local, state in the node's directory), the bridge as
-  gateway so this machine reaches every pod. Pods need no hostNetwork, which Pod Security `baseline`
-  (the tenants' namespaces) forbids. No masquerade, no kube-proxy: nothing leaves the machine.
+  gateway so this machine reaches every pod, and the pods' default route. Pods need no hostNetwork, which
+  Pod Security `baseline` (the tenants' namespaces) forbids. No masquerade: nothing leaves the machine. With
+  Testbed(serve_pods=True) kube-proxy serves the Services' ClusterIPs to pods (tests/harness/testbed.py).
 - cgroup v1: this machine mounts only v1 controllers, which kubelet 1.37 refuses unless told
   (`failCgroupV1: false`); containerd 2 still runs on them. Kubelet's own settings are a
   KubeletConfiguration file: most of 1.20's flags are gone.
@@ -143,8 +144,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 def _cni_config(node: RealNode) -> dict[str, object]:
     return {"cniVersion": "1.0.0", "name": f"gpupool-{node.bridge}", "plugins": [
         {"type": "bridge", "bridge": node.bridge, "isGateway": True, "ipMasq": False,
+         # The default route through the bridge: pods reach this host's addresses and the Services' ClusterIPs
+         # (kube-proxy's rules, Testbed(serve_pods=True)).
          "ipam": {"type": "host-local", "dataDir": str(node.dir / "cni" / "ipam"),
-                  "ranges": [[{"subnet": node.pod_cidr}]]}},
+                  "ranges": [[{"subnet": node.pod_cidr}]], "routes": [{"dst": "0.0.0.0/0"}]}},
     ]}
 
 

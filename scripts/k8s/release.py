@@ -1,4 +1,19 @@
-"""A release of the Helm chart (deploy/helm/gpupool) installed on the testbed, its pods run here as processes.
+"""A release of the Helm chart (deploy/helm/gpupool) installed on the testbed: `ChartRelease` runs the
+chart's own pods on the testbed's real kubelets; `LocalRelease`, kept for the tests that still use it,
+runs them here as processes.
+
+ChartRelease: the images `scripts/image` wrote (build/image/images.json: the gpupool image of the
+repository's Dockerfile, and registry.k8s.io/kube-scheduler:<the testbed's version>, the name and tag the
+chart uses) are imported into each node's containerd, and `helm install` runs with `pullPolicy: Never`.
+The testbed must serve pods (`Testbed(serve_pods=True)`: the `kubernetes` Service behind kube-proxy, the
+root CA in each namespace) and run a default kube-scheduler (`start_default_scheduler`), which places the
+release's own Deployments and DaemonSet pods as on any cluster. The nodes are labelled
+gpupool.io/gpu-node=true for the agent's DaemonSet; its fake GPUs are one ConfigMap whose UUIDs name the
+node ({node}: GPU-<node>-<i>); its hook and MPS roots are host directories of this testbed's nodes. The
+API server calls the webhook at its Service's endpoint (a pod address on a node's bridge, which this host
+routes to). DRA stays off.
+
+LocalRelease:
 
 `helm install` creates every object of the release as on any cluster: ServiceAccounts and RBAC, the
 ConfigMaps, the webhook's certificate Secret, the webhook configurations, the agent's
@@ -27,9 +42,9 @@ from __future__ import annotations
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,18 +71,7 @@ def helm_binary() -> Path:
     return extract(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
 
 
-def host_address() -> str:
-    """An IPv4 address of this host that is not loopback: an EndpointSlice may not name 127.0.0.0/8."""
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True,
-                         check=False).stdout
-    for line in out.splitlines():
-        address = line.split()[3].split("/")[0]
-        try:
-            socket.inet_aton(address)
-        except OSError:
-            continue
-        return address
-    raise tb.TestbedError("no global IPv4 address on this host for the webhook's EndpointSlice (ip -4 addr)")
+host_address = tb.host_address  # an IPv4 address of this host that is not loopback
 
 
 def _relocate(value: str, mounts: dict[str, Path]) -> str:
@@ -246,14 +250,234 @@ class LocalRelease:
         self.processes.clear()
 
 
+IMAGES_MANIFEST = ROOT / "build" / "image" / "images.json"  # written by scripts/image
+GPUPOOL_REPOSITORY = "docker.io/gpupool/gpupool"
+KUBE_SCHEDULER_REPOSITORY = "registry.k8s.io/kube-scheduler"
+GPU_NODE_LABEL = "gpupool.io/gpu-node"  # the agent DaemonSet's default nodeSelector
+FAKE_GPUS = {"driver_version": "570.86", "cuda_version": "12.8",
+             "gpus": [{"count": 3, "uuid_prefix": "GPU-{node}", "model": "L40S", "memory_mib": 46068, "numa_node": 0}]}
+ROLES = ("agent", "scheduler", "webhook")
+
+
+def built_images(kube_version: str) -> dict[str, Path]:
+    """The gpupool image and the chart's kube-scheduler image (for `kube_version`) that scripts/image wrote:
+    name -> OCI archive; a TestbedError names the command that builds what is missing."""
+    try:
+        known: dict[str, Any] = json.loads(IMAGES_MANIFEST.read_text())
+    except (OSError, ValueError):
+        known = {}
+    found = {name: IMAGES_MANIFEST.parent / facts["archive"] for name, facts in known.items()
+             if (IMAGES_MANIFEST.parent / facts["archive"]).is_file()}
+    gpupool = sorted(n for n in found if n.startswith(GPUPOOL_REPOSITORY + ":"))
+    scheduler = f"{KUBE_SCHEDULER_REPOSITORY}:{kube_version}"
+    missing = ([] if gpupool else ["the gpupool image (`scripts/image build`)"]) + \
+              ([] if scheduler in found else [f"{scheduler} (`scripts/image kube-scheduler`)"])
+    if missing:
+        raise tb.TestbedError(f"the chart's pods need images not in {IMAGES_MANIFEST}: " + ", ".join(missing))
+    return {gpupool[-1]: found[gpupool[-1]], scheduler: found[scheduler]}
+
+
+@dataclass
+class ChartRelease:
+    """The chart installed with helm, its pods run by the nodes' kubelets (module doc)."""
+
+    bed: tb.Testbed
+    name: str
+    namespace: str
+    nodes: realnode.RealNodes
+    values: list[str] = field(default_factory=list)  # more helm arguments, after the testbed's own
+    images: dict[str, Path] = field(default_factory=dict)
+
+    fullname = LocalRelease.fullname
+    helm = LocalRelease.helm
+
+    @property
+    def image(self) -> str:
+        return next(n for n in self.images if n.startswith(GPUPOOL_REPOSITORY + ":"))
+
+    def testbed_values(self) -> list[str]:
+        """What this testbed needs beside the chart's defaults: the imported image, never pulled; fake GPUs
+        named after each node; the hook and MPS roots in this testbed's directory (shared by its nodes, as
+        all of them are this host); the webhook's certificate from helm (no cert-manager here)."""
+        assert self.nodes.root is not None, "the nodes are not started"
+        tag = self.image.rsplit(":", 1)[1]
+        return ["--set", f"image.repository={GPUPOOL_REPOSITORY}", "--set", f"image.tag={tag}",
+                "--set", "image.pullPolicy=Never", "--set", "webhook.certs.mode=helm",
+                "--set", "agent.backend=fake", "--set-json", f"agent.fakeGpus={json.dumps(FAKE_GPUS)}",
+                "--set", f"agent.hookRoot={self.nodes.root / 'hook'}",
+                "--set", f"agent.mpsRoot={self.nodes.root / 'mps'}"]
+
+    def import_images(self) -> None:
+        """The images into each node's containerd (`ctr -n k8s.io images import`), as a registry would serve them."""
+        self.images = self.images or built_images(self.bed.server_version())
+        for node in self.nodes.nodes:
+            try:
+                realnode.images.import_images(self.images, node.containerd_socket, str(realnode.bin_path("ctr")))
+            except realnode.images.ImageError as e:
+                raise tb.TestbedError(str(e)) from None
+
+    def label_nodes(self) -> None:
+        for node in self.nodes.nodes:
+            realnode.api_request(self.bed, "PATCH", f"/api/v1/nodes/{node.name}",
+                                 {"metadata": {"labels": {GPU_NODE_LABEL: "true"}}})
+
+    def install(self) -> None:
+        self.import_images()
+        self.label_nodes()
+        self.helm("install", self.name, str(CHART), "-n", self.namespace, "--create-namespace",
+                  *self.testbed_values(), *self.values)
+
+    def upgrade(self, *more: str) -> None:
+        self.values = [*self.values, *more]
+        self.helm("upgrade", self.name, str(CHART), "-n", self.namespace, *self.testbed_values(), *self.values)
+
+    def uninstall(self, timeout_s: float = 120.0) -> None:
+        """`helm uninstall`, then wait until the release's pods are gone (their containers stopped)."""
+        self.helm("uninstall", self.name, "-n", self.namespace)
+        deadline = time.monotonic() + timeout_s
+        while self.pods():
+            if time.monotonic() > deadline:
+                raise tb.TestbedError(f"the release's pods outlived helm uninstall by {timeout_s:.0f}s: "
+                                      + ", ".join(p["metadata"]["name"] for p in self.pods()))
+            time.sleep(0.5)
+
+    # --- what runs -----------------------------------------------------------------------------------------
+    def _get(self, path: str) -> Obj:
+        return realnode.api_request(self.bed, "GET", path) or {}
+
+    def extender_port(self) -> int:
+        """The extender's port in the scheduler's pod (its dashboard: /ui), from the installed Deployment."""
+        d = self._get(f"/apis/apps/v1/namespaces/{self.namespace}/deployments/{self.fullname}-scheduler")
+        spec = next(c for c in d["spec"]["template"]["spec"]["containers"] if c["name"] == "extender")
+        return int(next(e["value"] for e in spec["env"] if e["name"] == "GPUPOOL_SCHEDULER_PORT"))
+
+    def pods(self) -> list[Obj]:
+        selector = f"app.kubernetes.io/instance={self.name}"
+        return list(self._get(f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}").get("items") or [])
+
+    def not_ready(self) -> list[str]:
+        """What keeps the release from serving, one line each (empty: it serves)."""
+        apps = f"/apis/apps/v1/namespaces/{self.namespace}"
+        out = []
+        for component in ("webhook", "scheduler"):
+            d = self._get(f"{apps}/deployments/{self.fullname}-{component}")
+            want, ready = (d.get("spec") or {}).get("replicas", 1), (d.get("status") or {}).get("readyReplicas", 0)
+            if not d or ready != want:
+                out.append(f"deployment {component}: {ready}/{want} ready")
+        ds, nodes = (self._get(f"{apps}/daemonsets/{self.fullname}-agent").get("status") or {}), len(self.nodes.nodes)
+        if ds.get("numberReady", 0) != nodes or ds.get("desiredNumberScheduled") != nodes:
+            out.append(f"daemonset agent: {ds.get('numberReady', 0)}/{ds.get('desiredNumberScheduled', 0)} ready, "
+                       f"want {nodes}")
+        slices = self._get(f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices?labelSelector="
+                           f"kubernetes.io/service-name={self.fullname}-webhook").get("items") or []
+        if not any((e.get("conditions") or {}).get("ready") for s in slices for e in s.get("endpoints") or []):
+            out.append("service webhook: no ready endpoint")
+        for node in self.nodes.nodes:
+            slots = gpu_slots(self.bed, node.name)
+            if slots <= 0:
+                out.append(f"node {node.name}: allocatable gpupool.io/gpu {slots}")
+        return out
+
+    def describe_pods(self) -> str:
+        """Each pod of the release: phase, node, and why a container waits (for failure messages)."""
+        lines = []
+        for pod in self.pods():
+            status = pod.get("status") or {}
+            why = [f"{c['name']}: {next(iter(c.get('state') or {}), '?')} "
+                   f"{((c.get('state') or {}).get('waiting') or {}).get('message') or ''}".strip()
+                   for c in status.get("containerStatuses") or [] if not c.get("ready")]
+            lines.append(f"{pod['metadata']['name']} {status.get('phase')} on {pod['spec'].get('nodeName')}: "
+                         + ("; ".join(why) or "ready"))
+        return "\n".join(lines) or "no pods"
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Until the webhook's pods serve behind its Service, the scheduler's pod (kube-scheduler and the
+        extender) is Ready, and each node's agent pod is Ready with its GPUs allocatable."""
+        deadline = time.monotonic() + timeout_s
+        while problems := self.not_ready():
+            if time.monotonic() > deadline:
+                raise tb.TestbedError(f"the release's pods not ready after {timeout_s:.0f}s: {'; '.join(problems)}\n"
+                                      f"{self.describe_pods()}")
+            time.sleep(1)
+
+    def agent_ready_seconds(self) -> dict[str, float]:
+        """Per agent pod: from its creation to its Ready condition (the API's second resolution)."""
+        from datetime import datetime
+
+        def at(stamp: str) -> float:
+            return datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%SZ").timestamp()
+
+        out = {}
+        for pod in self.pods():
+            if (pod["metadata"].get("labels") or {}).get("app.kubernetes.io/component") != "agent":
+                continue
+            ready = next((c for c in (pod.get("status") or {}).get("conditions") or []
+                          if c["type"] == "Ready" and c["status"] == "True"), None)
+            if ready:
+                created = pod["metadata"]["creationTimestamp"]
+                out[pod["metadata"]["name"]] = at(ready["lastTransitionTime"]) - at(created)
+        return out
+
+    def processes(self) -> list[ReleaseProcess]:
+        """This release's programs among this host's processes, each with the pod it runs in (if any)."""
+        assert self.nodes.root is not None
+        markers = (f"={self.namespace}", f":{self.namespace}:", f"={self.nodes.root / 'hook'}")
+        roots = [n.cgroup_root.strip("/") + "/" for n in self.nodes.nodes]
+        out = []
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+                env = (proc / "environ").read_bytes().decode(errors="replace").split("\0")
+                cgroups = (proc / "cgroup").read_text().splitlines()
+            except OSError:
+                continue  # gone meanwhile
+            role = _role(argv, self.name)
+            if role is None or (role != "kube-scheduler" and not any(m in v for v in env for m in markers)):
+                continue
+            pod = ""
+            for line in cgroups:
+                path = line.split(":", 2)[-1].lstrip("/")
+                if any(path.startswith(r) for r in roots) and "/pod" in path:
+                    pod = path.split("/pod", 1)[1].split("/", 1)[0]
+                    break
+            out.append(ReleaseProcess(int(proc.name), role, pod))
+        return out
+
+
+@dataclass(frozen=True)
+class ReleaseProcess:
+    pid: int
+    role: str  # agent, scheduler (the extender), webhook, kube-scheduler
+    pod_uid: str  # from its cgroup under a node's kubepods (the cgroupfs driver's pod<uid>); "" outside any
+
+
+def _role(argv: list[str], release: str) -> str | None:
+    """The gpupool role of a command line (`gpupool agent|scheduler|webhook`, whatever interpreter runs the
+    entry point), or kube-scheduler with the chart's configuration (in a pod, or a LocalRelease's copy)."""
+    for i, arg in enumerate(argv[:-1]):
+        if Path(arg).name == "gpupool" and argv[i + 1] in ROLES:
+            return argv[i + 1]
+    if argv and Path(argv[0]).name == "kube-scheduler" and any(
+            "/etc/gpupool/scheduler-config.yaml" in a or f"release-{release}/" in a for a in argv):
+        return "kube-scheduler"
+    return None
+
+
+def gpu_slots(bed: tb.Testbed, node: str) -> int:
+    obj = realnode.api_request(bed, "GET", f"/api/v1/nodes/{node}") or {}
+    return int(((obj.get("status") or {}).get("allocatable") or {}).get("gpupool.io/gpu", "0"))
+
+
 def example_pod(name: str, namespace: str, memory_mib: int = 10240, cores: int = 30,
-                node_selector: dict[str, str] | None = None) -> Obj:
+                node_selector: dict[str, str] | None = None, testbed_taint: bool = True) -> Obj:
     """A share pod as a tenant writes it: no schedulerName (the release's webhook sets it), the testbed's
-    busybox image (never pulled) and a toleration for the testbed's real-node taint."""
+    busybox image (never pulled) and, with `testbed_taint`, a toleration for the real-node taint of a test's
+    nodes (RealNodes(taint=True))."""
     pod: Obj = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "tolerations": [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [{"name": "main", "image": realnode.images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
                             "command": ["sh", "-c", "/gpupool/grant; exec sleep 1000000"],
                             "resources": {"limits": {"gpupool.io/gpu": "1",
@@ -261,6 +485,8 @@ def example_pod(name: str, namespace: str, memory_mib: int = 10240, cores: int =
                                                      "gpupool.io/gpu-cores": str(cores)}}}],
         },
     }
+    if testbed_taint:
+        pod["spec"]["tolerations"] = [{"key": realnode.REAL_NODE_LABEL, "operator": "Exists", "effect": "NoSchedule"}]
     if node_selector:
         pod["spec"]["nodeSelector"] = node_selector
     return pod
