@@ -1,0 +1,139 @@
+"""The Helm chart's own pods on the testbed's real kubelets: `helm install` with the gpupool image of the
+repository's Dockerfile and the kube-scheduler image the chart names (both built by scripts/image and
+imported into each node's containerd, never pulled), on two real nodes (containerd + kubelet each).
+
+The webhook Deployment's pods serve behind the release's Service (the API server calls it), the scheduler
+Deployment's pod runs kube-scheduler beside the extender, and the agent DaemonSet's pod on each node
+registers its device plugin through that node's kubelet directory. The pods reach the API server as in a
+cluster: the `kubernetes` Service (kube-proxy), in-cluster configuration, the CA of `kube-root-ca.crt`
+(scripts/k8s/release.py's ChartRelease, tests/harness/testbed.py's serve_pods). A share pod, written as a
+tenant writes it (no schedulerName), is admitted by the webhook pod, placed by the scheduler pod and served
+by the agent pod; no program of the release runs outside a pod; `helm uninstall` removes every object of
+the release and stops its containers.
+
+This module has its own control plane (its API server must be reachable from pods; one per machine, since
+its kube-proxy owns the host's Service rules).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.e2e.conftest import ROOT
+from tests.e2e.kubectl_tool import kubectl_binary
+from tests.e2e.real_node_fixtures import _ensure_tools, parse_grant, wait_for
+from tests.harness import testbed as tb
+
+sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
+
+import realnode  # noqa: E402
+import release  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+RELEASE, NAMESPACE, TENANT = "cp", "gpupool-cp", "e2e-chart-pods-tenant"
+INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
+NAMESPACED = "configmaps,secrets,serviceaccounts,services,deployments,daemonsets,pods,roles,rolebindings," \
+             "poddisruptionbudgets,networkpolicies"
+CLUSTER = "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations," \
+          "validatingadmissionpolicies,validatingadmissionpolicybindings"
+SPLIT = 10  # the chart's splitCount
+GPUS = release.FAKE_GPUS["gpus"][0]["count"]
+
+
+class Cluster:
+    def __init__(self, bed: tb.Testbed, nodes: realnode.RealNodes) -> None:
+        self.bed, self.nodes = bed, nodes
+        self.release = release.ChartRelease(bed, RELEASE, NAMESPACE, nodes)
+        self.kubectl_bin = kubectl_binary()
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(self.kubectl_bin), "--kubeconfig", str(self.bed.kubeconfig()), *args],
+                              input=stdin, capture_output=True, text=True, timeout=120, check=False)
+
+    def left(self) -> list[str]:
+        """kind/name of every object of the release still in the cluster."""
+        names = []
+        for kinds, scope in ((NAMESPACED, ["-n", NAMESPACE]), (CLUSTER, [])):
+            out = self.kubectl("get", kinds, *scope, "-l", INSTANCE, "-o", "name")
+            assert out.returncode == 0, out.stderr
+            names += out.stdout.split()
+        return sorted(names)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    _ensure_tools()
+    try:
+        bed = tb.Testbed(serve_pods=True).start()
+    except tb.TestbedError as e:
+        pytest.fail(str(e), pytrace=False)
+    nodes = None
+    try:
+        # The default profile places the release's own Deployment and DaemonSet pods, as on any cluster.
+        bed.start_default_scheduler()
+        nodes = realnode.RealNodes(bed, 2).start()
+        c = Cluster(bed, nodes)
+        bed.tenant_namespace(TENANT)
+        yield c
+        with contextlib.suppress(tb.TestbedError):  # a failed test must not leave the webhooks
+            c.release.helm("uninstall", RELEASE, "-n", NAMESPACE)
+    finally:
+        if nodes is not None:
+            nodes.stop()
+        bed.stop()
+
+
+def test_chart_pods_serve_a_tenant_and_uninstall_clean(cluster: Cluster) -> None:
+    c, rel = cluster, cluster.release
+    rel.install()
+    rel.wait_ready(timeout_s=420)
+    print(f"agent pods start-to-Ready (s): {rel.agent_ready_seconds()}")
+    for node in c.nodes.nodes:
+        assert release.gpu_slots(c.bed, node.name) == GPUS * SPLIT, node.name
+
+    pod = release.example_pod("share", TENANT, memory_mib=4096, cores=20)
+    assert "schedulerName" not in pod["spec"]
+    created = c.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+    assert created.returncode == 0, created.stderr
+
+    def grant() -> dict[str, str] | None:
+        logs = c.kubectl("-n", TENANT, "logs", "share")
+        return parse_grant(logs.stdout)[0] if "GPUPOOL_MEMORY_LIMIT_MIB" in logs.stdout else None
+
+    def pod_state() -> str:
+        return c.kubectl("-n", TENANT, "get", "pod", "share", "-o", "wide").stdout + rel.describe_pods()
+
+    env = wait_for(grant, 180, "the share pod's grant", pod_state)
+    admitted: dict[str, Any] = json.loads(c.kubectl("-n", TENANT, "get", "pod", "share", "-o", "json").stdout)
+    assert admitted["spec"]["schedulerName"] == "gpupool-scheduler"  # written by the webhook pod
+    node = admitted["spec"]["nodeName"]
+    assert node in {n.name for n in c.nodes.nodes}
+    assert (env["GPUPOOL_MEMORY_LIMIT_MIB"], env["GPUPOOL_CORES_PERCENT"]) == ("4096", "20")
+    # The GPU is one of the node's own (the chart's one ConfigMap, {node} in the UUIDs).
+    assert env["NVIDIA_VISIBLE_DEVICES"].startswith(f"GPU-{node}-"), env["NVIDIA_VISIBLE_DEVICES"]
+
+    # Every program of the release runs in one of its pods: none on the host outside a pod's cgroup.
+    pods = {p["metadata"]["uid"].replace("-", "_"): p["metadata"]["name"] for p in rel.pods()}
+    pods.update({uid.replace("_", "-"): name for uid, name in pods.items()})
+    procs = rel.processes()
+    outside = [p for p in procs if p.pod_uid not in pods]
+    assert not outside, f"release programs outside its pods: {outside}"
+    roles = Counter(p.role for p in procs)
+    assert roles["agent"] >= 2 and roles["webhook"] >= 2 and roles["scheduler"] >= 1 \
+        and roles["kube-scheduler"] >= 1, roles
+    agents = {pods[p.pod_uid] for p in procs if p.role == "agent"}
+    assert len(agents) == 2, agents  # one pod per node
+
+    deleted = c.kubectl("-n", TENANT, "delete", "pod", "share", "--grace-period=1", "--wait=true")
+    assert deleted.returncode == 0, deleted.stderr
+    rel.uninstall()
+    assert c.left() == []
+    assert rel.processes() == []
