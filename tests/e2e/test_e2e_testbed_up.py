@@ -1,5 +1,6 @@
-"""`scripts/k8s-testbed up --nodes 1 --gpupool`, the one command a newcomer runs: it prints what to use, and the
-pod manifest it prints runs as written and gets its grant. Its own control plane, beside the suite's."""
+"""`scripts/k8s-testbed up --nodes 1 --gpupool`, the one command a newcomer runs: it prints what to use, the
+pod manifest it prints runs as written and gets its grant from the chart's own pods, and a plain pod (no
+scheduler named) runs too. Its own control plane, beside the suite's."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import json
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from tests.e2e.conftest import ROOT
-from tests.e2e.real_node_fixtures import _ensure_tools, parse_grant, wait_for
+from tests.e2e.real_node_fixtures import _ensure_tools, images, parse_grant, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -42,7 +44,23 @@ def test_one_command_brings_up_gpupool_and_its_example_pod_runs(tmp_path_factory
         env = wait_for(grant, 120, "the example pod's grant in its log")
         node = info["nodes"][0]["name"]
         assert env["GPUPOOL_MEMORY_LIMIT_MIB"] == "10240" and env["GPUPOOL_CORES_PERCENT"] == "30"
-        assert env["NVIDIA_VISIBLE_DEVICES"].startswith(f"GPU-{node.replace('.', '-')}-")  # the node's own GPUs
+        assert env["NVIDIA_VISIBLE_DEVICES"].startswith(f"GPU-{node}-")  # the node's own GPUs (the chart's {node})
+        assert Path(info["helm"]).is_file()
+
+        # An ordinary pod: the default profile places it (the chart's kube-scheduler serves only gpupool's).
+        plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "plain", "namespace": "demo"},
+                 "spec": {"containers": [{"name": "main", "image": images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                                          "command": ["sleep", "1000000"]}]}}
+        subprocess.run([*kubectl, "create", "-f", "-"], input=json.dumps(plain), capture_output=True, text=True,
+                       check=True)
+
+        def running() -> bool:
+            done = subprocess.run([*kubectl, "-n", "demo", "get", "pod", "plain", "-o", "jsonpath={.status.phase}"],
+                                  capture_output=True, text=True)
+            return done.stdout == "Running"
+
+        wait_for(running, 120, "the plain pod Running", lambda: subprocess.run(
+            [*kubectl, "-n", "demo", "describe", "pod", "plain"], capture_output=True, text=True).stdout[-1500:])
     finally:
         proc.send_signal(signal.SIGINT)
         try:
