@@ -1,12 +1,14 @@
 /* A stand-in for an interception library whose compute pacing does not work: it holds a process to the
  * memory cap in GPUPOOL_MEMORY_LIMIT_MIB (its first value) and reports that cap as the GPU's total, but
- * passes every kernel launch straight to the driver. The `isolation` check must fail on it.
+ * passes every kernel launch straight to the driver, or, with STUB_STARVE_US=N, only after sleeping N
+ * microseconds (a pacing that starves its tenant). The `isolation` check must fail on it either way.
  * Programs reach the driver through dlsym (ctypes does), so that is what it answers, as the real library does. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef void *(*dlsym_fn)(void *, const char *);
@@ -37,7 +39,16 @@ static CUresult mem_info(size_t *free_bytes, size_t *total) {
     *free_bytes = cap() - used;
     return 0;
 }
+typedef CUresult (*launch_fn)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *,
+                              void **, void **);
+static CUresult launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned shm, void *stream, void **params, void **extra) {
+    const char *starve = getenv("STUB_STARVE_US");
+    if (starve != NULL) usleep((useconds_t)strtoul(starve, NULL, 10));
+    return ((launch_fn)driver("cuLaunchKernel"))(f, gx, gy, gz, bx, by, bz, shm, stream, params, extra);
+}
 void *dlsym(void *handle, const char *name) {
+    if (strcmp(name, "cuLaunchKernel") == 0) return (void *)launch;
     if (strcmp(name, "cuMemAlloc_v2") == 0) return (void *)mem_alloc;
     if (strcmp(name, "cuMemGetInfo_v2") == 0) return (void *)mem_info;
     return real_dlsym()(handle, name);

@@ -45,9 +45,11 @@ def node_checks(
     if isinstance(backend, FakeBackend):
         return {step: functools.partial(fake.step_check, backend, step) for step in fake.all_steps()}
     library = hook_paths(config.hook_root).library  # any node may serve isolation hook pods
+    proven = isolation.Proven()  # the caps probe runs once per library build, not at every pass
     return {
         "driver": functools.partial(driver.check, backend),
         "toolkit": functools.partial(toolkit.check, cdi=config.cdi),
-        "isolation": lambda: isolation.check(library, {} if mps is None else mps.health, mig_reconciled),
+        "isolation": lambda: isolation.check(library, {} if mps is None else mps.health, mig_reconciled,
+                                             proven=proven),
         "workload": lambda: workload.check(gpu_count()),
     }
