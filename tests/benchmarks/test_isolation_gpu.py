@@ -40,6 +40,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], Path,
 def test_the_last_line_has_every_field_and_a_case_per_planned_run(run: tuple[dict[str, Any], Path, str]) -> None:
     summary, out, _ = run
     assert summary.keys() >= FIELDS
+    # time-sliced tenants: the events alone count a neighbour's time as theirs, the measure does not
+    pair = next(c for c in summary["cases"] if c["case"] == "30/70")
+    assert sum(p["events_raw"] for p in pair["pods"]) > sum(p["measured"] for p in pair["pods"])
     assert summary["gpu"] == "gpupool fake GPU" and summary["cuda"] == "12.4"
     assert set(summary["saturation_by_workload"]) == {"small", "graphs"}
     assert summary["saturation_pct"] == min(summary["saturation_by_workload"].values())
@@ -60,9 +63,7 @@ def test_the_independent_measure_matches_the_simulated_devices_kernel_log(
         state = Path(case["device_log"])
         for pod in case["pods"]:
             truth = 100 * busy_share(state, set(pod["pids"]), w0, w1)
-            # The measure starts a kernel that found its stream idle when the launch call has returned: it
-            # reads low by that return's latency (tens of microseconds on a loaded shared machine).
-            assert pod["measured"] == pytest.approx(truth, abs=1.5), (case["case"], case["workload"])
+            assert pod["measured"] == pytest.approx(truth, abs=0.75), (case["case"], case["workload"])
             # the tenant ran in the window: one that ran nothing would match trivially
             assert any(pid in pod["pids"] and end > w0 and start < w1 for pid, start, end in kernel_log(state))
 
@@ -76,7 +77,7 @@ def test_it_prints_each_case_and_keeps_spans_and_calibration(run: tuple[dict[str
     assert spans
     with gzip.open(spans[0], "rt") as f:
         rows = [line.split(",") for line in f if not line.startswith("#")]
-    assert rows and all(int(end) >= int(start) for start, end, _ in rows)
+    assert rows and all(int(end) >= int(start) for start, end, _, _ in rows)
 
 
 @pytest.mark.parametrize("args", [["--window", "0"], ["--only", "42 alone"], ["--workloads", "gemm"],

@@ -20,8 +20,8 @@ and the batch's span runs from max(that reading, end of the previous batch) to t
 clock (the events' device times are placed on it through one event synchronised at the start). Error: the
 few microseconds between a launch reaching an idle GPU and the host reading its clock, once per batch that
 starts on an idle stream. What this cannot see: while another context holds the GPU, a queued batch's span
-includes the neighbour's time; `Span.solo_ns` (the batch's length measured alone) bounds it where that
-matters.
+includes the neighbour's time. Where a batch's length alone is known (`Span.solo_ns`), `Span.device_ns`
+corrects both.
 """
 
 from __future__ import annotations
@@ -360,19 +360,29 @@ def time_launches(spin: Spin, stream: Stream, lengths_us: list[float]) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Span:
-    """One batch's device time on the host's CLOCK_MONOTONIC (ns): from `start` to `end`, of which
-    `solo_ns` is what the batch takes alone (0: unknown)."""
+    """One launch's (or batch's) device time on the host's CLOCK_MONOTONIC (ns): from `start` to `end`;
+    `after`: the end of the one before it on the stream (0: none); `solo_ns`: its length measured alone
+    (0: unknown)."""
 
     start: int
     end: int
-    solo_ns: int
+    solo_ns: int = 0
+    after: int = 0
 
-    @property
-    def busy(self) -> int:
-        """Device time counted for the batch: its span, bounded by its solo length where that is known
-        (a longer span holds a neighbour's time slices)."""
+    def device_ns(self, shared: bool = False) -> int:
+        """Device time counted for it. Its span, read from the events; where its solo length is known:
+        - alone on the GPU (`shared` false), at least the solo length, unless the previous one ended
+          closer to its end than that: a span that starts when the host read its clock after the launch
+          returned misses the part of the kernel that ran before (the latency of that return);
+        - beside other contexts (`shared`), at most the solo length: the GPU time-slices, so a span holds
+          the neighbours' slices that ran while it was queued or interrupted."""
         span = self.end - self.start
-        return min(span, self.solo_ns) if self.solo_ns else span
+        if not self.solo_ns:
+            return span
+        since_previous = self.end - self.after if self.after else span
+        if shared:
+            return min(self.solo_ns, since_previous)
+        return max(span, min(self.solo_ns, since_previous))
 
 
 class Timeline:
@@ -416,7 +426,7 @@ class Timeline:
         end_ns = self.base_host_ns + end.since(self.base)
         # (a batch can end before the host read its clock only if it is shorter than a launch's return)
         start_ns = min(max(marker, self._last_end_ns), end_ns)
-        self.spans.append(Span(start_ns, end_ns, solo))
+        self.spans.append(Span(start_ns, end_ns, solo, self._last_end_ns))
         self._last_end_ns = end_ns
         if end_ns - self.base_host_ns > 500_000_000:
             # Elapsed times are single-precision milliseconds: measure from a recent event, not the first.
@@ -438,11 +448,11 @@ class Timeline:
         self.base.destroy()
 
 
-def busy_between(spans: list[Span], t0: int, t1: int) -> int:
-    """Device time of `spans` inside [t0, t1]: each span's busy time spread evenly over the span."""
+def busy_between(spans: list[Span], t0: int, t1: int, shared: bool = False) -> int:
+    """Device time of `spans` inside [t0, t1] (`Span.device_ns`), each spread evenly over its span."""
     total = 0.0
     for s in spans:
         lo, hi = max(s.start, t0), min(s.end, t1)
         if hi > lo and s.end > s.start:
-            total += s.busy * (hi - lo) / (s.end - s.start)
+            total += s.device_ns(shared) * (hi - lo) / (s.end - s.start)
     return round(total)
