@@ -250,7 +250,6 @@ class LocalRelease:
         self.processes.clear()
 
 
-IMAGES_MANIFEST = ROOT / "build" / "image" / "images.json"  # written by scripts/image
 GPUPOOL_REPOSITORY = "docker.io/gpupool/gpupool"
 KUBE_SCHEDULER_REPOSITORY = "registry.k8s.io/kube-scheduler"
 GPU_NODE_LABEL = "gpupool.io/gpu-node"  # the agent DaemonSet's default nodeSelector
@@ -259,22 +258,17 @@ FAKE_GPUS = {"driver_version": "570.86", "cuda_version": "12.8",
 ROLES = ("agent", "scheduler", "webhook")
 
 
-def built_images(kube_version: str) -> dict[str, Path]:
-    """The gpupool image and the chart's kube-scheduler image (for `kube_version`) that scripts/image wrote:
-    name -> OCI archive; a TestbedError names the command that builds what is missing."""
+def image_names(kube_version: str) -> list[str]:
+    """The gpupool image and the chart's kube-scheduler image (for `kube_version`) among those scripts/image
+    built (build/image/images.json); images.project_archives checks their archives."""
     try:
-        known: dict[str, Any] = json.loads(IMAGES_MANIFEST.read_text())
+        known = json.loads(realnode.images.PROJECT_MANIFEST.read_text())
     except (OSError, ValueError):
         known = {}
-    found = {name: IMAGES_MANIFEST.parent / facts["archive"] for name, facts in known.items()
-             if (IMAGES_MANIFEST.parent / facts["archive"]).is_file()}
-    gpupool = sorted(n for n in found if n.startswith(GPUPOOL_REPOSITORY + ":"))
-    scheduler = f"{KUBE_SCHEDULER_REPOSITORY}:{kube_version}"
-    missing = ([] if gpupool else ["the gpupool image (`scripts/image build`)"]) + \
-              ([] if scheduler in found else [f"{scheduler} (`scripts/image kube-scheduler`)"])
-    if missing:
-        raise tb.TestbedError(f"the chart's pods need images not in {IMAGES_MANIFEST}: " + ", ".join(missing))
-    return {gpupool[-1]: found[gpupool[-1]], scheduler: found[scheduler]}
+    gpupool = sorted(n for n in known if n.startswith(GPUPOOL_REPOSITORY + ":"))
+    if not gpupool:
+        raise tb.TestbedError(f"no gpupool image in {realnode.images.PROJECT_MANIFEST}: run scripts/image build")
+    return [gpupool[-1], f"{KUBE_SCHEDULER_REPOSITORY}:{kube_version}"]
 
 
 @dataclass
@@ -309,12 +303,12 @@ class ChartRelease:
 
     def import_images(self) -> None:
         """The images into each node's containerd (`ctr -n k8s.io images import`), as a registry would serve them."""
-        self.images = self.images or built_images(self.bed.server_version())
-        for node in self.nodes.nodes:
-            try:
-                realnode.images.import_images(self.images, node.containerd_socket, str(realnode.bin_path("ctr")))
-            except realnode.images.ImageError as e:
-                raise tb.TestbedError(str(e)) from None
+        try:
+            self.images = realnode.images.import_project_images(
+                [n.containerd_socket for n in self.nodes.nodes], image_names(self.bed.server_version()),
+                str(realnode.bin_path("ctr")))
+        except realnode.images.ImageError as e:
+            raise tb.TestbedError(str(e)) from None
 
     def label_nodes(self) -> None:
         for node in self.nodes.nodes:
