@@ -750,6 +750,8 @@ def coordinate(args: argparse.Namespace) -> int:
         print(f"GPU {cal['gpu']}, driver {driver}, CUDA {cal['cuda']} (driver API), torch {cal.get('torch')}; "
               f"spin kernel {cal['per_us']:.1f} iterations/us; batches alone (us): "
               + "; ".join(f"{w} {[round(x / 1000) for x in v]}" for w, v in cal["solo_ns"].items()), flush=True)
+        if "matmul" in workloads and "matmul_solo_ns" not in cal:
+            cal.setdefault("unavailable", {})["matmul"] = "PyTorch sees no CUDA GPU"
         for w, why in cal.get("unavailable", {}).items():
             if w in workloads:
                 print(f"{w}: skipped: {why}")
