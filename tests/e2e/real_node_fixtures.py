@@ -61,6 +61,17 @@ def wait_for(check: Callable[[], Any], timeout_s: float = 120.0, what: str = "co
     raise AssertionError(f"{what} not reached within {timeout_s:.0f}s ({describe() if describe else last!r})")
 
 
+def ensure_project_images() -> None:
+    """The images the chart's own pods run, built by scripts/image (a no-op when their inputs are unchanged):
+    the gpupool image of the Dockerfile and registry.k8s.io/kube-scheduler:<version> from the built binary."""
+    for command in ("build", "kube-scheduler"):
+        done = subprocess.run([sys.executable, str(ROOT / "scripts" / "image"), command], capture_output=True,
+                              text=True, timeout=1800, check=False)
+        if done.returncode != 0:
+            pytest.fail(f"scripts/image {command} failed (exit {done.returncode}):\n{done.stderr[-3000:]}",
+                        pytrace=False)
+
+
 def _ensure_tools() -> None:
     missing = realnode.missing_tools()
     if any("kubelet" in m for m in missing) and os.environ.get("GPUPOOL_K8S_BUILD", "1") != "0":

@@ -23,13 +23,14 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.e2e.conftest import ROOT
 from tests.e2e.kubectl_tool import kubectl_binary
-from tests.e2e.real_node_fixtures import _ensure_tools, parse_grant, wait_for
+from tests.e2e.real_node_fixtures import _ensure_tools, ensure_project_images, parse_grant, wait_for
 from tests.harness import testbed as tb
 
 sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
@@ -71,6 +72,7 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     _ensure_tools()
+    ensure_project_images()
     try:
         bed = tb.Testbed(serve_pods=True).start()
     except tb.TestbedError as e:
@@ -137,3 +139,23 @@ def test_chart_pods_serve_a_tenant_and_uninstall_clean(cluster: Cluster) -> None
     rel.uninstall()
     assert c.left() == []
     assert rel.processes() == []
+
+
+def test_a_release_program_outside_a_pod_is_found(tmp_path: Path) -> None:
+    """The check above can fail: a program of the release run on the host (as LocalRelease runs them) is
+    found, with no pod; the same command line without the release's environment (another release's) is not."""
+    nodes = realnode.RealNodes(None, 0)  # type: ignore[arg-type]  # no cluster: only the nodes' cgroup roots
+    nodes.root = tmp_path
+    nodes.nodes = [realnode.RealNode(None, "127.9.0.1", tmp_path / "n0", "/gpupool-none-n0")]  # type: ignore[arg-type]
+    rel = release.ChartRelease(None, RELEASE, NAMESPACE, nodes)  # type: ignore[arg-type]
+    argv = ["sh", "-c", "sleep 600; true", "gpupool", "agent"]  # `gpupool agent` in its command line
+    ours = subprocess.Popen(argv, env={"GPUPOOL_AGENT_HOOK_ROOT": str(tmp_path / "hook"), "PATH": "/usr/bin:/bin"})
+    other = subprocess.Popen(argv, env={"GPUPOOL_AGENT_HOOK_ROOT": "/run/gpupool/hook", "PATH": "/usr/bin:/bin"})
+    try:
+        found = {p.pid: p for p in rel.processes()}
+        assert ours.pid in found and found[ours.pid].role == "agent" and found[ours.pid].pod_uid == "", found
+        assert other.pid not in found
+    finally:
+        for proc in (ours, other):
+            proc.kill()
+            proc.wait()

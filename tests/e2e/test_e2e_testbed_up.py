@@ -13,13 +13,14 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.conftest import ROOT
-from tests.e2e.real_node_fixtures import _ensure_tools, images, parse_grant, wait_for
+from tests.e2e.real_node_fixtures import _ensure_tools, ensure_project_images, images, parse_grant, wait_for
 
 pytestmark = pytest.mark.e2e
 
 
 def test_one_command_brings_up_gpupool_and_its_example_pod_runs(tmp_path_factory: pytest.TempPathFactory) -> None:
     _ensure_tools()
+    ensure_project_images()  # the chart's pods run them
     workdir = tmp_path_factory.mktemp("up")
     log = workdir.parent / f"{workdir.name}.log"
     with log.open("wb") as out:
