@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.e2e.kubectl_tool import kubectl_binary
 from tests.e2e.real_node_fixtures import _ensure_tools, wait_for
 from tests.harness import testbed as tb
 
 ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "deploy" / "helm" / "gpupool"
 sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
 
 import images  # noqa: E402
@@ -71,15 +73,15 @@ class ImageNode:
     def scheduler_image(self) -> str:
         return str(self.facts["kube-scheduler"]["image"])
 
-    def run_pod(self, name: str, image: str, container: dict[str, Any],
-                pod_security: dict[str, Any] | None = None) -> tuple[dict[str, Any], str]:
+    def run_pod(self, name: str, image: str, container: dict[str, Any], pod_security: dict[str, Any] | None = None,
+                pull_policy: str = "Never") -> tuple[dict[str, Any], str]:
         """A pod on the node that runs to completion; returns its final status and its log."""
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE},
                "spec": {"nodeName": self.node.name, "restartPolicy": "Never",
                         "automountServiceAccountToken": False, "terminationGracePeriodSeconds": 1,
                         "tolerations": [{"operator": "Exists"}],
                         "securityContext": pod_security or POD_SECURITY,
-                        "containers": [{"name": "main", "image": image, "imagePullPolicy": "Never",
+                        "containers": [{"name": "main", "image": image, "imagePullPolicy": pull_policy,
                                         "securityContext": CONTAINER_SECURITY,
                                         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}], **container}],
                         "volumes": [{"name": "tmp", "emptyDir": {}}]}}
@@ -140,13 +142,26 @@ def _terminated(status: dict[str, Any]) -> dict[str, Any]:
     return terminated
 
 
+def _chart_default_image() -> str:
+    """The reference the chart's pods use with its default values: image.repository, and the chart's
+    appVersion for an empty image.tag."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    image = yaml.safe_load((CHART / "values.yaml").read_text())["image"]
+    return f"{image['repository']}:{image['tag'] or chart['appVersion']}"
+
+
 def test_the_gpupool_image_runs_as_a_pod_non_root_on_a_read_only_root(image_node: ImageNode) -> None:
-    status, log = image_node.run_pod("gpupool-version", image_node.gpupool_image, {"args": ["--version"]})
+    """As the chart's default values name it (`gpupool/gpupool:<appVersion>`, pullPolicy IfNotPresent):
+    the imported image is found under that short name, so nothing is pulled (no registry is reachable)."""
+    reference = _chart_default_image()
+    assert reference == f"gpupool/gpupool:{VERSION}"
+    status, log = image_node.run_pod("gpupool-version", reference, {"args": ["--version"]},
+                                     pull_policy="IfNotPresent")
     assert status["phase"] == "Succeeded", (status, log)
     assert _terminated(status)["exitCode"] == 0
     assert log.strip() == f"gpupool, version {VERSION}"
-    # The node ran the imported image, never a pulled one (the reference the archive named).
-    assert status["containerStatuses"][0]["image"] == image_node.gpupool_image
+    # The node ran the imported image (the full reference its archive named), never a pulled one.
+    assert status["containerStatuses"][0]["image"] == image_node.gpupool_image == f"docker.io/{reference}"
 
 
 def test_the_gpupool_image_is_plain(image_node: ImageNode) -> None:
