@@ -50,7 +50,12 @@ struct gp_limits {
      * pod uses never exceeds its cap, so the guaranteed shares beside it are untouched. Zero in files of
      * agents before this field (it was padding), so GP_LIMITS_VERSION stays 1. */
     uint64_t oversub[GP_MAX_DEV];
-    uint8_t pad[2048 - 1688 - 8 * GP_MAX_DEV];
+    /* 1816: NVML's smUtil scale on each GPU (smUtil / the busy percent, ppm; 0 = not known), as the agent's
+     * validation measured it with a probe alone on the GPU: what the library divides a pod's NVML samples by
+     * while other processes share the GPU and the pod has not yet learnt the scale itself (gp_compute.c).
+     * Zero in files of agents before this field (it was padding). */
+    uint64_t nvml_scale_ppm[GP_MAX_DEV];
+    uint8_t pad[2048 - 1688 - 16 * GP_MAX_DEV];
 };
 
 /* Pod-wide compute state of one GPU, in the shared file (64 bytes; offsets documented for the agent). */
@@ -92,7 +97,14 @@ struct gp_shared {
     /* 1464: the sum of the poller's corrections (charged - measured), per GPU: credit or debt beside the
      * token bucket, never clipped by the bucket's burst bound (gp_compute.c) */
     int64_t credit_ns[GP_MAX_DEV];
-    uint8_t pad[2048 - 1336 - 2 * GP_MAX_DEV * 8];
+    /* 1592: the pod's device time measured by the library's own events (gp_compute.c), cumulative, and
+     * the end (CLOCK_MONOTONIC ns) of the last span counted: spans of the pod's processes that overlap
+     * are counted once (a union across processes). */
+    uint64_t ev_busy_ns[GP_MAX_DEV];
+    int64_t ev_until[GP_MAX_DEV];
+    /* 1848: NVML's smUtil scale learnt against the events while the pod ran alone (ppm; 0 = not yet) */
+    int64_t scale_ppm[GP_MAX_DEV];
+    uint8_t pad[2048 - 1336 - 5 * GP_MAX_DEV * 8];
     struct gp_slot slots[GP_MAX_SLOTS];   /* 2048 */
     /* 69632: the host PIDs NVML knows each slot's process by (a PID namespace hides them from getpid());
      * up to GP_HOSTPIDS candidates when the process could not tell its own apart, 0 = none. */
@@ -160,7 +172,24 @@ int64_t gp_cap_ppm(int li);            /* the compute cap in force: the environm
 void gp_pools_refresh(void);
 void gp_mem_after_fork(void);
 
-/* gp_compute.c */
+/* gp_compute.c
+ * GPUPOOL_DEBUG_NVML_TRACE=<path>: the process appends what its poller reads to that file (O_APPEND, one
+ * write per line, at most 64 MiB in all; it only ever writes, nothing in it is read back), for
+ * benchmarks/isolation_gpu.py. Lines starting with '#' are comments (one header line per process). Fields,
+ * whitespace-separated:
+ *   t_ns pid ts_us sm_util pod charged_ns      one NVML per-process sample, read by the pod's poller:
+ *       t_ns CLOCK_MONOTONIC when read; pid the sample's host PID; ts_us its timeStamp; sm_util its smUtil;
+ *       pod 1 if the PID is one of the pod's; charged_ns the pod's cumulative charge on that GPU then
+ *   E t_ns li start_ns end_ns added_ns          one span of the process's work measured by its own events:
+ *       t_ns when read; li the GPU's index in the limits; [start_ns, end_ns] CLOCK_MONOTONIC, the span
+ *       from max(the previous event's completion, the first launch after it) to the event's completion;
+ *       added_ns what it added to the pod's event-measured busy time (overlap with the pod's other
+ *       processes' spans is counted once)
+ *   S t_ns li scale_ppm solo pod_ns f truth_ns solo_ns prov_ns
+ *       one measurement of the pod's poller: the smUtil scale in use (ppm), whether the pod is solo on the
+ *       GPU (1) or shares it (0), the busy time this measurement counted (pod_ns = truth_ns + solo_ns + the
+ *       change of prov_ns), f, the part from NVML's samples (truth_ns), from the events while solo
+ *       (solo_ns), and the provisional part for shared time NVML does not cover yet (prov_ns) */
 void gp_pace(int li);
 void gp_compute_after_fork(void);
 

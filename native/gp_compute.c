@@ -37,7 +37,12 @@
 #include "gp.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -47,11 +52,15 @@
  * pay that debt back with a long silence. Over-charging costs nothing: the credit comes back with the first
  * measurement (20 ms at most). */
 #define DEFAULT_COST_NS 2000000
-#define BURST_WINDOW_NS 100000000  /* credit kept across idle time: 100 ms of the rate */
-#define ELASTIC_MARGIN_PPM 20000   /* elastic leaves 2 % of the GPU free so a neighbour is seen waking */
+#define BURST_WINDOW_NS 40000000   /* credit kept across idle time: 40 ms of the rate (what a pod that was
+                                    * held back by others' time slices may burst by: 1 point of a 4 s window) */
+#define ELASTIC_MARGIN_PPM 50000   /* elastic leaves 5 % free: a neighbour is seen waking, and a time-sliced GPU
+                                    * loses ~2-3 % to context switches, which is not idle time to borrow */
 #define ELASTIC_STEP_PPM 20000     /* elastic grows into idle time by 2 points a poll */
 #define WAIT_SLICE_NS 4000000      /* a waiting launch re-reads the bucket this often */
 #define MAX_WAIT_NS 2000000000LL   /* a bounded wait: a stale debt never hangs a launch */
+
+_Static_assert(offsetof(struct gp_limits, nvml_scale_ppm) == 1816, "layout is written by the agent");
 
 static int poller_state; /* 0 none, 1 running */
 static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -87,20 +96,346 @@ static void refill(struct gp_devstate *d, int64_t now, int64_t rate, int64_t cos
     }
 }
 
+/* ---- the library's own events: the pod's device time, measured on the device's clock ------------------
+ * After a launch on a capped GPU, an event is recorded on the launch's stream when the last one there is
+ * RECORD_GAP_NS old (so at most a few thousand a second, never a synchronisation); the poller thread
+ * records one on a stream whose launches since its last event are that old, so every launch is followed
+ * by an event soon after it. The poller queries them without blocking; an event's completion time is
+ * cuEventElapsedTime from the process's anchor (an event recorded on an empty stream of the library's own,
+ * which completes when recorded) added to the anchor's host time. The work between two events of a stream
+ * ran within [max(the earlier one's completion, the first launch after it), the later one's completion]:
+ * exactly the stream's device time while nobody else's work interleaves. Spans are added to the pod's
+ * shared total once each (ev_until: a union across the pod's processes). */
+#define EV_RING 1024
+#define EV_STREAMS 64
+#define RECORD_GAP_NS 250000
+#define EV_TICK_NS 1000000          /* the poller's tick while capped: events are closed and read this often */
+#define ANCHOR_AGE_NS 30000000000LL /* a fresh anchor this often: a float's milliseconds stay precise */
+#define PTSZ_STREAM ((CUstream)(uintptr_t)2) /* CU_STREAM_PER_THREAD */
+
+struct evstream {
+    CUstream s;
+    int li, used, gone;
+    int64_t last_rec;   /* when an event was last recorded on it */
+    int64_t open_since; /* the first launch since then (0: none) */
+    int64_t done_at;    /* completion of its last completed event */
+};
+struct evrec {
+    CUevent e;
+    int si, li;
+    int64_t first; /* the first launch of the span the event closes */
+};
+static struct {
+    pthread_mutex_t mu;
+    struct evstream st[EV_STREAMS];
+    struct evrec ring[EV_RING];
+    unsigned head, tail;
+    CUevent spare[GP_MAX_DEV][16]; /* events are their context's: kept per GPU */
+    int nspare[GP_MAX_DEV];
+    CUevent anchor[GP_MAX_DEV], next_anchor[GP_MAX_DEV];
+    int64_t anchor_t[GP_MAX_DEV], next_anchor_t[GP_MAX_DEV];
+    CUstream anchor_stream[GP_MAX_DEV];
+    CUcontext ctx[GP_MAX_DEV];
+    CUcontext poller_ctx;
+    int active; /* events were recorded in this process */
+} ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static struct {
+    cuEventCreate_fn create;
+    cuEventDestroy_fn destroy;
+    cuEventRecord_fn record;
+    cuEventQuery_fn query;
+    cuEventElapsedTime_fn elapsed;
+    cuCtxGetCurrent_fn ctx_get;
+    cuCtxSetCurrent_fn ctx_set;
+    cuStreamCreate_fn stream_create;
+    int ok;
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+
+static void drv_resolve(void) {
+    drv.create = (cuEventCreate_fn)gp_cuda_sym("cuEventCreate");
+    drv.destroy = (cuEventDestroy_fn)gp_cuda_sym("cuEventDestroy_v2");
+    drv.record = (cuEventRecord_fn)gp_cuda_sym("cuEventRecord");
+    drv.query = (cuEventQuery_fn)gp_cuda_sym("cuEventQuery");
+    drv.elapsed = (cuEventElapsedTime_fn)gp_cuda_sym("cuEventElapsedTime");
+    drv.ctx_get = (cuCtxGetCurrent_fn)gp_cuda_sym("cuCtxGetCurrent");
+    drv.ctx_set = (cuCtxSetCurrent_fn)gp_cuda_sym("cuCtxSetCurrent");
+    drv.stream_create = (cuStreamCreate_fn)gp_cuda_sym("cuStreamCreate");
+    drv.ok = drv.create && drv.destroy && drv.record && drv.query && drv.elapsed && drv.ctx_get && drv.ctx_set &&
+             drv.stream_create;
+}
+
+/* ---- the debug trace (gp.h: GPUPOOL_DEBUG_NVML_TRACE) -------------------------------------------------- */
+#define TRACE_MAX_BYTES (64LL << 20)
+static int trace_fd = -2; /* -2 not opened yet, -1 none (or full) */
+static pthread_mutex_t trace_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void trace(const char *fmt, ...) {
+    if (__atomic_load_n(&trace_fd, __ATOMIC_ACQUIRE) == -1) return;
+    pthread_mutex_lock(&trace_mu);
+    if (trace_fd == -2) {
+        const char *path = getenv("GPUPOOL_DEBUG_NVML_TRACE");
+        trace_fd = path != NULL && *path ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600) : -1;
+        if (trace_fd >= 0) {
+            char head[256];
+            int n = snprintf(head, sizeof head,
+                             "# gpupool trace pid %d: t_ns pid ts_us sm_util pod charged_ns | E t_ns li start_ns "
+                             "end_ns added_ns | S t_ns li scale_ppm solo pod_ns f truth_ns solo_ns prov_ns (native/gp.h)\n",
+                             (int)getpid());
+            if (write(trace_fd, head, (size_t)n) < 0) {
+                close(trace_fd);
+                trace_fd = -1;
+            }
+        }
+    }
+    if (trace_fd >= 0) {
+        struct stat st;
+        char line[256];
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(line, sizeof line, fmt, ap);
+        va_end(ap);
+        /* bounded: past 64 MiB (all writers together) the process stops writing */
+        if (fstat(trace_fd, &st) != 0 || st.st_size + n > TRACE_MAX_BYTES || n <= 0 || n >= (int)sizeof line ||
+            write(trace_fd, line, (size_t)n) != n) {
+            close(trace_fd);
+            __atomic_store_n(&trace_fd, -1, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&trace_mu);
+}
+
+/* locked: the poller thread works in the context the events were recorded in */
+static void ev_ctx(int li) {
+    if (ev.ctx[li] != NULL && ev.poller_ctx != ev.ctx[li] && drv.ctx_set(ev.ctx[li]) == CUDA_SUCCESS)
+        ev.poller_ctx = ev.ctx[li];
+}
+
+/* locked: the anchor that maps event times onto CLOCK_MONOTONIC (recorded on an empty stream of ours, it
+ * completes as it is recorded) */
+static void ev_anchor(int li, int64_t now) {
+    CUcontext c = NULL;
+    if (drv.ctx_get(&c) != CUDA_SUCCESS || c == NULL) return;
+    CUstream s = NULL;
+    CUevent e = NULL;
+    if (drv.stream_create(&s, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) return;
+    if (drv.create(&e, CU_EVENT_DEFAULT) != CUDA_SUCCESS) return;
+    now = gp_now_ns();
+    if (drv.record(e, s) != CUDA_SUCCESS) {
+        drv.destroy(e);
+        return;
+    }
+    ev.ctx[li] = c;
+    ev.anchor_stream[li] = s;
+    ev.anchor[li] = e;
+    ev.anchor_t[li] = now;
+}
+
+static CUevent ev_new(int li) { /* locked */
+    CUevent e = NULL;
+    if (ev.nspare[li] > 0) return ev.spare[li][--ev.nspare[li]];
+    return drv.create(&e, CU_EVENT_DEFAULT) == CUDA_SUCCESS ? e : NULL;
+}
+
+static void ev_free(int li, CUevent e) { /* locked */
+    if (ev.nspare[li] < (int)(sizeof ev.spare[0] / sizeof ev.spare[0][0])) ev.spare[li][ev.nspare[li]++] = e;
+    else drv.destroy(e);
+}
+
+static void ev_record(int si, int64_t now) { /* locked */
+    struct evstream *st = &ev.st[si];
+    if (ev.head - ev.tail >= EV_RING) return; /* full: the span stays open and is closed later */
+    CUevent e = ev_new(st->li);
+    if (e == NULL) return;
+    if (drv.record(e, st->s) != CUDA_SUCCESS) {
+        ev_free(st->li, e);
+        return;
+    }
+    ev.ring[ev.head % EV_RING] = (struct evrec){e, si, st->li, st->open_since ? st->open_since : now};
+    ev.head++;
+    st->open_since = 0;
+    st->last_rec = now;
+}
+
+static int ev_stream(CUstream s, int li) { /* locked: the table entry of a stream, -1 when full */
+    int free_slot = -1;
+    for (int i = 0; i < EV_STREAMS; i++) {
+        if (ev.st[i].used && !ev.st[i].gone && ev.st[i].s == s && ev.st[i].li == li) return i;
+        if (free_slot < 0 && !ev.st[i].used) free_slot = i;
+    }
+    if (free_slot < 0) { /* reuse a destroyed stream's entry no event in flight refers to */
+        for (int i = 0; i < EV_STREAMS && free_slot < 0; i++) {
+            if (!ev.st[i].gone) continue;
+            int referred = 0;
+            for (unsigned k = ev.tail; k != ev.head && !referred; k++) referred = ev.ring[k % EV_RING].si == i;
+            if (!referred) free_slot = i;
+        }
+    }
+    if (free_slot >= 0) ev.st[free_slot] = (struct evstream){s, li, 1, 0, 0, 0, 0};
+    return free_slot;
+}
+
+static void ev_after_launch(int li, CUstream s, int ptsz, int64_t launched) {
+    if (li < 0 || gp_cap_ppm(li) >= GP_PPM) return; /* uncapped: no events, no cost */
+    pthread_once(&drv_once, drv_resolve);
+    if (!drv.ok) return;
+    /* the legacy default stream is the context's; a per-thread default stream is only this thread's */
+    CUstream key = ptsz && s == NULL ? PTSZ_STREAM : s;
+    int64_t now = gp_now_ns();
+    pthread_mutex_lock(&ev.mu);
+    if (ev.anchor[li] == NULL) ev_anchor(li, launched);
+    int si = ev.anchor[li] != NULL ? ev_stream(key, li) : -1;
+    if (si >= 0) {
+        struct evstream *st = &ev.st[si];
+        if (st->open_since == 0) st->open_since = launched;
+        if (now - st->last_rec >= RECORD_GAP_NS) ev_record(si, now);
+        __atomic_store_n(&ev.active, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&ev.mu);
+}
+
+/* The launching thread is about to wait for the bucket: its streams may drain meanwhile, so the spans its
+ * launches opened are closed now, not at the poller's next tick (and a per-thread default stream can only
+ * be recorded on by its own thread). */
+static void ev_close_open(void) {
+    if (!__atomic_load_n(&ev.active, __ATOMIC_ACQUIRE)) return;
+    int64_t now = gp_now_ns();
+    pthread_mutex_lock(&ev.mu);
+    for (int i = 0; i < EV_STREAMS; i++)
+        if (ev.st[i].used && !ev.st[i].gone && ev.st[i].open_since) ev_record(i, now);
+    pthread_mutex_unlock(&ev.mu);
+}
+
+static void ev_forget_stream(CUstream s) {
+    pthread_mutex_lock(&ev.mu);
+    for (int i = 0; i < EV_STREAMS; i++)
+        if (ev.st[i].used && ev.st[i].s == s) ev.st[i].gone = 1;
+    pthread_mutex_unlock(&ev.mu);
+}
+
+/* The part of [a, b] beyond what this process has counted already (its streams' spans overlap when their
+ * work waits on one another), added to the pod's total. The pod's processes are summed, not united: their
+ * spans overlap while they wait for each other's time slices, an over-count that f corrects (measure()). */
+static int64_t ev_add(struct gp_shared *sh, int li, int64_t a, int64_t b) {
+    static int64_t until[GP_MAX_DEV]; /* the poller thread's only */
+    if (b <= until[li]) return 0;
+    int64_t from = a > until[li] ? a : until[li];
+    until[li] = b;
+    __atomic_store_n(&sh->ev_until[li], b, __ATOMIC_RELEASE);
+    __atomic_add_fetch(&sh->ev_busy_ns[li], (uint64_t)(b - from), __ATOMIC_RELAXED);
+    return b - from;
+}
+
+/* The poller thread's tick: close spans left open, read the events that completed. */
+static void ev_poll(struct gp_shared *sh, int64_t now) {
+    if (!__atomic_load_n(&ev.active, __ATOMIC_ACQUIRE)) return;
+    pthread_mutex_lock(&ev.mu);
+    for (int i = 0; i < EV_STREAMS; i++) {
+        struct evstream *st = &ev.st[i];
+        /* a per-thread default stream can only be recorded on by its own thread */
+        if (st->used && !st->gone && st->open_since && st->s != PTSZ_STREAM && now - st->last_rec >= RECORD_GAP_NS) {
+            ev_ctx(st->li);
+            ev_record(i, now);
+        }
+    }
+    while (ev.tail != ev.head) {
+        struct evrec *r = &ev.ring[ev.tail % EV_RING];
+        ev_ctx(r->li);
+        CUresult q = drv.query(r->e);
+        if (q == CUDA_ERROR_NOT_READY) break;
+        float ms = 0;
+        if (q == CUDA_SUCCESS && drv.elapsed(&ms, ev.anchor[r->li], r->e) == CUDA_SUCCESS) {
+            int64_t end = ev.anchor_t[r->li] + (int64_t)((double)ms * 1e6);
+            struct evstream *st = &ev.st[r->si];
+            int64_t start = st->done_at > r->first ? st->done_at : r->first;
+            int64_t added = end > start ? ev_add(sh, r->li, start, end) : 0;
+            if (end > st->done_at) st->done_at = end;
+            trace("E %lld %d %lld %lld %lld\n", (long long)now, r->li, (long long)start, (long long)end,
+                  (long long)added);
+        }
+        ev_free(r->li, r->e);
+        ev.tail++;
+    }
+    /* a fresh anchor now and then (cuEventElapsedTime's float keeps microseconds only over minutes) */
+    for (int li = 0; li < gp_cfg.ndev && li < GP_MAX_DEV; li++) {
+        if (ev.anchor[li] == NULL) continue;
+        ev_ctx(li);
+        if (ev.next_anchor[li] != NULL && drv.query(ev.next_anchor[li]) == CUDA_SUCCESS) {
+            drv.destroy(ev.anchor[li]);
+            ev.anchor[li] = ev.next_anchor[li];
+            ev.anchor_t[li] = ev.next_anchor_t[li];
+            ev.next_anchor[li] = NULL;
+        } else if (ev.next_anchor[li] == NULL && now - ev.anchor_t[li] > ANCHOR_AGE_NS) {
+            CUevent e = ev_new(li);
+            int64_t t = gp_now_ns();
+            if (e != NULL && drv.record(e, ev.anchor_stream[li]) == CUDA_SUCCESS) {
+                ev.next_anchor[li] = e;
+                ev.next_anchor_t[li] = t;
+            } else if (e != NULL) {
+                ev_free(li, e);
+            }
+        }
+    }
+    pthread_mutex_unlock(&ev.mu);
+}
+
 /* ---- the poller: measure, correct, set the rate ------------------------------------------------------- */
+#define MAX_SEEN_PIDS 64
+#define HIST 256     /* the events' running total at each measurement (a few seconds of them) */
+#define SWITCHES 16  /* the last changes between measuring by events (alone) and by NVML (with others) */
+#define CAL_MIN_NS 200000000.0 /* the scale is learnt from at least 0.2 s of the pod's busy time alone */
+#define F_MIN_NS 20000000.0    /* f from at least 20 ms of the pod's event-measured time with others ... */
+#define F_MIN_SAMPLES 3        /* ... over three of its samples at least */
 struct devmeter {
     unsigned long long last_ts;   /* newest NVML sample timestamp consumed (us) */
-    unsigned long long period_us; /* NVML's sample period, learnt as the smallest gap between samples */
+    unsigned long long period_us; /* NVML's sample period: the smallest gap between two samples of one PID */
+    struct { int64_t pid; unsigned long long ts; } seen[MAX_SEEN_PIDS]; /* each PID's newest sample consumed */
+    int nseen;
     uint64_t charged_seen;
     uint64_t launches_seen;
+    uint64_t ev_seen;             /* the pod's event-measured busy time at the last measurement */
+    int64_t hist_t[HIST];         /* CLOCK_MONOTONIC of each measurement ... */
+    uint64_t hist_ev[HIST];       /* ... and the events' total then */
+    unsigned nhist;
+    int64_t sw_t[SWITCHES];       /* from sw_t[k] on, the pod was solo (sw_solo[k]) or shared the GPU */
+    int sw_solo[SWITCHES];
+    unsigned nsw;
+    int64_t other_end;            /* the end of the newest busy NVML sample of another process (monotonic ns) */
     double cost_busy, cost_launches; /* decaying sums for the per-launch estimate */
     double u_pod, u_other;        /* smoothed shares of the GPU (elastic) */
-    int64_t unmeasured_ns;        /* charged while NVML showed nothing of the pod, since the last sighting */
-    int trust;                    /* corrections apply: the pod's samples are being found */
+    double cal_nvml, cal_ev;      /* sums over NVML samples of the pod alone: their busy time and the events' */
+    double f_nvml, f_ev;          /* the same with others busy (f) */
+    double prov;                  /* provisional busy time counted (shared time NVML does not cover yet) */
+    int64_t cov_t;                /* NVML's samples of the pod cover it up to here (monotonic ns) */
+    int alone;                    /* nobody else busy on the GPU (elastic) */
+    int64_t multi_until;          /* two or more of the pod's processes were busy: f applies until then */
+    int f_samples;                /* the pod's samples f was learnt from */
+    double all_nvml, all_t;       /* decaying sums: everyone's NVML busy time, wall time */
+    int64_t last_at;              /* the previous measurement */
+    int64_t unmeasured_ns;        /* charged while nothing showed the pod, since the last sighting */
+    int trust;                    /* corrections apply: the pod's work is being found */
     int paced;                    /* the GPU was capped at the previous measurement (the window was paced) */
     int started;                  /* a first reading has set where this poller's counting begins */
+    struct deferred { unsigned long long ts; unsigned util; int mine; int64_t pid; } defer[16]; /* held back */
+    int64_t known[MAX_SEEN_PIDS]; /* the other processes with a context on the GPU at the last look (elastic) */
+    int nknown, listed;
+    int64_t hold_until;           /* elastic holds its cap until then: a newcomer's samples are not in yet */
+    int ndefer;
 };
+#define DEFER 16
 static struct devmeter meters[GP_MAX_DEV];
+
+/* One poll's NVML samples, summed. */
+struct acc {
+    double pod_raw, other_raw; /* busy time at NVML's scale */
+    int64_t others_from;       /* the start of the earliest busy sample of another process (monotonic ns) */
+    int pod_pids;              /* distinct PIDs of the pod with busy samples (up to 8) */
+    int64_t pod_pid[8];
+    int nmine;
+    struct { int64_t a, b; double busy; } mine[64]; /* the pod's samples: (a, b] and busy time */
+};
 
 typedef nvmlReturn_t (*util_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *, unsigned long long);
 
@@ -118,15 +453,155 @@ static int64_t poll_ns(void) {
     return p < 2000000 ? 2000000 : p;
 }
 
-static void measure(int li, struct gp_shared *s) {
+/* The slot of a PID's newest consumed sample (the oldest slot is reused when full). */
+static int seen_slot(struct devmeter *m, int64_t pid) {
+    int oldest = 0;
+    for (int i = 0; i < m->nseen; i++) {
+        if (m->seen[i].pid == pid) return i;
+        if (m->seen[i].ts < m->seen[oldest].ts) oldest = i;
+    }
+    if (m->nseen < MAX_SEEN_PIDS) oldest = m->nseen++;
+    m->seen[oldest].pid = pid;
+    m->seen[oldest].ts = 0;
+    return oldest;
+}
+
+/* An NVML timestamp (us) on CLOCK_MONOTONIC: drivers stamp samples with the wall clock; whichever of the
+ * two clocks the stamp is nearer to is the one it was taken on. */
+static int64_t ts_mono(unsigned long long ts_us, int64_t now) {
+    struct timespec w;
+    clock_gettime(CLOCK_REALTIME, &w);
+    int64_t real = (int64_t)w.tv_sec * 1000000000LL + w.tv_nsec, t = (int64_t)ts_us * 1000;
+    int64_t dm = t > now ? t - now : now - t, dr = t > real ? t - real : real - t;
+    return dm <= dr ? t : t - (real - now);
+}
+
+/* The events' running total at time t, interpolated between measurements. */
+static double ev_at(const struct devmeter *m, int64_t t) {
+    unsigned n = m->nhist < HIST ? m->nhist : HIST;
+    if (n == 0) return 0;
+    unsigned newest = (m->nhist - 1) % HIST, oldest = (m->nhist - n) % HIST;
+    if (t >= m->hist_t[newest]) return (double)m->hist_ev[newest];
+    if (t <= m->hist_t[oldest]) return (double)m->hist_ev[oldest];
+    for (unsigned k = 1; k < n; k++) {
+        unsigned i = (m->nhist - 1 - k) % HIST, j = (m->nhist - k) % HIST; /* i before j */
+        if (m->hist_t[i] <= t) {
+            double f = (double)(t - m->hist_t[i]) / (double)(m->hist_t[j] - m->hist_t[i]);
+            return (double)m->hist_ev[i] + f * (double)(m->hist_ev[j] - m->hist_ev[i]);
+        }
+    }
+    return (double)m->hist_ev[oldest];
+}
+
+static void set_mode(struct devmeter *m, int64_t t, int solo) {
+    m->sw_t[m->nsw % SWITCHES] = t;
+    m->sw_solo[m->nsw % SWITCHES] = solo;
+    m->nsw++;
+}
+
+static int mode_solo(const struct devmeter *m) { return m->nsw == 0 || m->sw_solo[(m->nsw - 1) % SWITCHES]; }
+
+/* The pod's event-measured time in (x, y] that fell in shared segments. */
+static double ev_shared(const struct devmeter *m, int64_t x, int64_t y) {
+    if (y <= x || m->nsw == 0) return 0;
+    unsigned n = m->nsw < SWITCHES ? m->nsw : SWITCHES;
+    double part = 0;
+    for (unsigned k = 0; k < n; k++) {
+        unsigned i = (m->nsw - n + k) % SWITCHES;
+        int64_t from = m->sw_t[i], to = k + 1 < n ? m->sw_t[(i + 1) % SWITCHES] : INT64_MAX;
+        if (k == 0 && from > x) from = x; /* before the oldest change known: as it was then */
+        if (m->sw_solo[i]) continue;
+        int64_t a = from > x ? from : x, b = to < y ? to : y;
+        if (b > a) part += ev_at(m, b) - ev_at(m, a);
+    }
+    return part;
+}
+
+/* The share of (x, y] that was shared time (for a sample the events say nothing about). */
+static double time_shared(const struct devmeter *m, int64_t x, int64_t y) {
+    if (y <= x || m->nsw == 0) return 0;
+    unsigned n = m->nsw < SWITCHES ? m->nsw : SWITCHES;
+    double part = 0;
+    for (unsigned k = 0; k < n; k++) {
+        unsigned i = (m->nsw - n + k) % SWITCHES;
+        int64_t from = m->sw_t[i], to = k + 1 < n ? m->sw_t[(i + 1) % SWITCHES] : INT64_MAX;
+        if (k == 0 && from > x) from = x;
+        if (m->sw_solo[i]) continue;
+        int64_t a = from > x ? from : x, b = to < y ? to : y;
+        if (b > a) part += (double)(b - a);
+    }
+    return part / (double)(y - x);
+}
+
+/* A sample covering (ts - gap, ts]: smUtil x gap of busy time at NVML's scale. */
+static void take(struct devmeter *m, int64_t now, int64_t pid, unsigned long long ts, unsigned long long gap,
+                 unsigned util, int mine, struct acc *acc) {
+    if (m->period_us != 0 && gap > m->period_us) gap = m->period_us;
+    double busy = util / 100.0 * (double)gap * 1000.0;
+    int64_t b = ts_mono(ts, now), a = b - (int64_t)gap * 1000;
+    if (mine) {
+        acc->pod_raw += busy;
+        int known = 0;
+        for (int k = 0; k < acc->pod_pids; k++) known |= acc->pod_pid[k] == pid;
+        if (!known && busy > 0 && acc->pod_pids < 8) acc->pod_pid[acc->pod_pids++] = pid;
+        if (acc->nmine < 64) {
+            acc->mine[acc->nmine].a = a;
+            acc->mine[acc->nmine].b = b;
+            acc->mine[acc->nmine].busy = busy;
+            acc->nmine++;
+        }
+    } else if (busy > 0) {
+        acc->other_raw += busy;
+        if (b > m->other_end) m->other_end = b;
+        if (a < acc->others_from) acc->others_from = a;
+    }
+}
+
+/* elastic: has a process outside the pod opened a context on the GPU since the last look? NVML lists it at
+ * once, a period and its lag before its first utilisation sample: lending stops then, not a period later
+ * (a neighbour's demand is invisible in what it gets on a time-sliced GPU until the lender gives way). */
+static int newcomer(struct devmeter *m, int64_t now, const int64_t *pids, int npids, int64_t period_ns) {
+    typedef nvmlReturn_t (*procs_fn)(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+    static procs_fn get;
+    if (get == NULL) get = (procs_fn)gp_nvml_sym("nvmlDeviceGetComputeRunningProcesses_v3");
+    nvmlDevice_t h = gp_nvml_device((int)(m - meters));
+    if (get == NULL || h == NULL) return 0;
+    nvmlProcessInfo_t info[MAX_SEEN_PIDS];
+    unsigned n = MAX_SEEN_PIDS;
+    nvmlReturn_t r = get(h, &n, info);
+    if (r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE) return 0;
+    if (n > MAX_SEEN_PIDS) n = MAX_SEEN_PIDS;
+    int fresh = 0, nk = 0;
+    int64_t now_known[MAX_SEEN_PIDS];
+    for (unsigned i = 0; i < n; i++) {
+        int64_t pid = (int64_t)info[i].pid;
+        int mine = 0, seen = 0;
+        for (int k = 0; k < npids; k++) mine |= pids[k] == pid;
+        if (mine) continue;
+        for (int k = 0; k < m->nknown; k++) seen |= m->known[k] == pid;
+        fresh |= !seen;
+        now_known[nk++] = pid;
+    }
+    memcpy(m->known, now_known, (size_t)nk * sizeof now_known[0]);
+    m->nknown = nk;
+    if (!m->listed) { /* the first look only learns who is there */
+        m->listed = 1;
+        return 0;
+    }
+    if (fresh) m->hold_until = now + 2 * period_ns + 50000000LL;
+    return fresh;
+}
+
+static void measure(int li, struct gp_shared *s, int64_t now) {
     static util_fn get;
     if (get == NULL) get = (util_fn)gp_nvml_sym("nvmlDeviceGetProcessUtilization");
     nvmlDevice_t h = gp_nvml_device(li);
     struct devmeter *m = &meters[li];
     struct gp_devstate *d = &s->dev[li];
-    if (get == NULL || h == NULL) return;
     unsigned int n = 0;
-    nvmlReturn_t r = get(h, NULL, &n, m->last_ts);
+    nvmlReturn_t r = get != NULL && h != NULL ? get(h, NULL, &n, m->last_ts) : NVML_ERROR_NOT_SUPPORTED;
+    /* no per-process samples at all (MIG mode, or no NVML): the events measure, alone or not */
+    int no_samples = r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND;
     if ((r != NVML_SUCCESS && r != NVML_ERROR_INSUFFICIENT_SIZE) || n == 0) n = 0;
     nvmlProcessUtilizationSample_t *buf = n ? calloc(n + 16, sizeof *buf) : NULL;
     if (buf != NULL) {
@@ -138,47 +613,156 @@ static void measure(int li, struct gp_shared *s) {
     int64_t pids[GP_MAX_SLOTS * GP_HOSTPIDS + GP_HOSTPIDS];
     int npids = gp_pod_pids(pids, (int)(sizeof pids / sizeof pids[0]));
     if (n > 0) qsort(buf, n, sizeof *buf, cmp_ts);
-    /* Learn the period from consecutive distinct timestamps (of this batch, and against the last one). */
-    unsigned long long prev = m->last_ts;
-    for (unsigned i = 0; i < n; i++) {
-        unsigned long long ts = buf[i].timeStamp;
-        if (ts <= m->last_ts) continue;
-        if (prev != 0 && ts > prev && (m->period_us == 0 || ts - prev < m->period_us)) m->period_us = ts - prev;
-        if (ts > prev) prev = ts;
-    }
-    unsigned long long first_ts = m->last_ts;
-    double pod_ns = 0, other_ns = 0;
-    for (unsigned i = 0; i < n; i++) {
-        unsigned long long ts = buf[i].timeStamp;
-        if (ts <= m->last_ts) continue;
-        unsigned long long period = m->period_us ? m->period_us : 20000;
-        double busy = buf[i].smUtil / 100.0 * (double)period * 1000.0;
-        int mine = 0;
-        for (int k = 0; k < npids; k++) mine |= pids[k] == (int64_t)buf[i].pid;
-        if (mine) pod_ns += busy;
-        else other_ns += busy;
-    }
-    double span_ns = first_ts != 0 && prev > first_ts ? (double)(prev - first_ts) * 1000.0 : 0;
-    if (prev > m->last_ts) m->last_ts = prev;
-    free(buf);
+    uint64_t charged = __atomic_load_n(&d->charged_ns, __ATOMIC_ACQUIRE);
+    uint64_t evb = __atomic_load_n(&s->ev_busy_ns[li], __ATOMIC_ACQUIRE);
+    m->hist_t[m->nhist % HIST] = now;
+    m->hist_ev[m->nhist % HIST] = evb;
+    m->nhist++;
     if (!m->started) { /* a new poller: what ran before now was counted by another, or by nobody */
         m->started = 1;
-        m->charged_seen = __atomic_load_n(&d->charged_ns, __ATOMIC_ACQUIRE);
+        m->charged_seen = charged;
         m->launches_seen = __atomic_load_n(&d->launches, __ATOMIC_ACQUIRE);
+        m->ev_seen = evb;
+        m->last_at = now;
+        m->cov_t = now;
+        set_mode(m, now, 1);
+        free(buf);
         return;
     }
-
-    uint64_t charged = __atomic_load_n(&d->charged_ns, __ATOMIC_ACQUIRE);
+    int64_t period_ns = (int64_t)(m->period_us ? m->period_us : 166667) * 1000;
+    /* Each sample is the PID's mean since its own previous sample (the driver samples each process at its
+     * own phase): it covers (ts - gap, ts], gap the time since the PID's previous sample, at most one
+     * period (a PID idle for periods has no samples for them); a PID's first sample covers one learnt
+     * period, or counts nothing until one is learnt. A sample already consumed (a driver repeating its
+     * last) is skipped. Another process busy with the pod measured by events: from the start of its
+     * sample on, the pod is measured by NVML (the events counted since then are taken back below). */
+    struct acc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.others_from = INT64_MAX;
+    for (unsigned i = 0; i < n; i++) {
+        unsigned long long ts = buf[i].timeStamp;
+        int mine = 0;
+        for (int k = 0; k < npids; k++) mine |= pids[k] == (int64_t)buf[i].pid;
+        trace("%lld %u %llu %u %d %llu\n", (long long)now, buf[i].pid, ts, buf[i].smUtil, mine,
+              (unsigned long long)charged);
+        int k = seen_slot(m, (int64_t)buf[i].pid);
+        unsigned long long prev = m->seen[k].ts;
+        if (ts <= prev) continue;
+        m->seen[k].ts = ts;
+        if (ts > m->last_ts) m->last_ts = ts;
+        if (prev != 0 && (m->period_us == 0 || ts - prev < m->period_us)) m->period_us = ts - prev;
+        if (prev == 0 && m->period_us == 0) { /* how long its first sample covers is not known yet */
+            if (m->ndefer < DEFER) m->defer[m->ndefer++] = (struct deferred){ts, buf[i].smUtil, mine, buf[i].pid};
+            continue;
+        }
+        unsigned long long gap = prev == 0 ? m->period_us : ts - prev;
+        take(m, now, (int64_t)buf[i].pid, ts, gap, buf[i].smUtil, mine, &acc);
+    }
+    if (m->period_us != 0) { /* a period is known now: the first samples held back cover one */
+        for (int i = 0; i < m->ndefer; i++)
+            take(m, now, m->defer[i].pid, m->defer[i].ts, m->period_us, m->defer[i].util, m->defer[i].mine, &acc);
+        m->ndefer = 0;
+    }
+    free(buf);
+    double pod_raw = acc.pod_raw, other_raw = acc.other_raw;
+    int64_t others_from = acc.others_from;
     uint64_t launches = __atomic_load_n(&d->launches, __ATOMIC_ACQUIRE);
     uint64_t dc = charged - m->charged_seen, dl = launches - m->launches_seen;
+    double dev_ns = (double)(evb - m->ev_seen), dt = (double)(now - m->last_at);
     m->charged_seen = charged;
     m->launches_seen = launches;
-    __atomic_add_fetch(&d->busy_ns, (uint64_t)pod_ns, __ATOMIC_RELAXED);
+    m->ev_seen = evb;
+    m->last_at = now;
+
+    /* The measure (see the header comment). Time is split into segments: "solo" while NVML shows nobody
+     * else busy on the GPU and at most one of the pod's processes busy, "shared" otherwise (the switches
+     * are kept in sw_t / sw_solo). Solo, the pod's device time is what its events measured: exact, at
+     * any smUtil scale. Shared, the events also count the time the pod's queued work waited for other
+     * contexts' slices; there the truth is NVML's samples of the pod divided by the scale (learnt from
+     * NVML against the events while solo), each sample counted for the part of the pod's work in it that
+     * fell in shared time. NVML covers the pod only up to its newest samples, a period and a lag ago: the
+     * shared time since then is counted provisionally, as its events times f (what NVML said against what
+     * the events counted over the shared samples so far), and replaced by the truth when the samples
+     * come. So the totals the bucket is corrected by are exact, and still follow the pod within a poll. */
+    int64_t last_sw = m->sw_t[(m->nsw - 1) % SWITCHES];
+    int was_solo = mode_solo(m);
+    if (acc.pod_pids > 1) m->multi_until = now + 2 * period_ns + 50000000LL;
+    int others_gone = now - m->other_end > period_ns + period_ns / 2 + 20000000LL;
+    m->alone = no_samples || (others_gone && others_from == INT64_MAX);
+    if (no_samples) {
+        if (!was_solo) set_mode(m, now, 1);
+    } else if (was_solo && (others_from != INT64_MAX || acc.pod_pids > 1)) {
+        /* shared since the other's sample began (the solo events counted since then are taken back and
+         * counted provisionally below: nothing changes until NVML's samples say how much was the pod's) */
+        int64_t from = others_from != INT64_MAX && others_from > last_sw ? others_from : now;
+        if (from > now) from = now;
+        set_mode(m, from, 0);
+    } else if (!was_solo && others_gone && now >= m->multi_until) {
+        set_mode(m, now, 1); /* nobody else busy for a period and a half after the last sample showing one */
+    }
+    int solo = mode_solo(m);
+    last_sw = m->sw_t[(m->nsw - 1) % SWITCHES];
+
+    double scale = (double)__atomic_load_n(&s->scale_ppm[li], __ATOMIC_RELAXED) / GP_PPM;
+    if (scale < 0.05 || scale > 20) scale = 0; /* not a scale this library wrote */
+    uint64_t agent = gp_cfg.file != NULL ? gp_cfg.file->nvml_scale_ppm[li] : 0;
+    if (scale <= 0 && agent >= 50000 && agent <= 20000000) scale = (double)agent / GP_PPM;
+    double keep3 = dt > 0 ? 1.0 - dt / 3e9 : 1.0;
+    if (keep3 < 0) keep3 = 0;
+    m->all_nvml = m->all_nvml * keep3 + pod_raw + other_raw;
+    m->all_t = m->all_t * keep3 + dt;
+    if (scale <= 0) { /* not learnt, not given: NVML's documented 1, or more if everyone's samples add up to
+                       * more than the wall time (the GPU cannot be busier than that) */
+        scale = 1.0;
+        double lo = m->all_t > 0 ? m->all_nvml / m->all_t : 0;
+        if (m->all_t > 1e9 && lo > scale) scale = lo;
+    }
+
+    double truth = 0, cal_n = 0, cal_e = 0, f_n = 0, f_e = 0;
+    for (int i = 0; i < acc.nmine; i++) {
+        int64_t sa = acc.mine[i].a, sb = acc.mine[i].b;
+        double e = ev_at(m, sb) - ev_at(m, sa), w = ev_shared(m, sa, sb);
+        double part = e > 0 ? w / e : time_shared(m, sa, sb);
+        truth += acc.mine[i].busy / scale * part;
+        if (part <= 0 && solo && sa > last_sw) { /* solo for the whole sample: NVML against the events */
+            cal_n += acc.mine[i].busy;
+            cal_e += e;
+        } else if (part >= 0.999 && e > 0) { /* shared for the whole sample */
+            f_n += acc.mine[i].busy;
+            f_e += e;
+            m->f_samples++;
+        }
+        if (sb > m->cov_t) m->cov_t = sb;
+    }
+    double keep = dt > 0 ? 1.0 - dt / 10e9 : 1.0; /* the scale: sums over ~10 s */
+    if (keep < 0) keep = 0;
+    m->cal_nvml = m->cal_nvml * keep + cal_n;
+    m->cal_ev = m->cal_ev * keep + cal_e;
+    if (m->cal_ev > CAL_MIN_NS && m->cal_nvml > 0)
+        __atomic_store_n(&s->scale_ppm[li], (int64_t)(m->cal_nvml / m->cal_ev * GP_PPM), __ATOMIC_RELAXED);
+    double keep2 = dt > 0 ? 1.0 - dt / 2e9 : 1.0; /* f: sums over ~2 s */
+    if (keep2 < 0) keep2 = 0;
+    m->f_nvml = m->f_nvml * keep2 + f_n;
+    m->f_ev = m->f_ev * keep2 + f_e;
+    double f = 1.0; /* until NVML has shown the pod sharing: counting all its events is the safe side */
+    if (m->f_ev > F_MIN_NS && m->f_samples >= F_MIN_SAMPLES && m->f_nvml > 0) f = m->f_nvml / scale / m->f_ev;
+    if (f > 1.0) f = 1.0;
+    if (f < 0.02) f = 0.02;
+    double solo_ev = dev_ns - ev_shared(m, now - (int64_t)dt, now);
+    /* the provisional part: shared time NVML does not cover yet (the pod's newest sample, or none yet) */
+    double prov = f * ev_shared(m, m->cov_t, now);
+    double pod_ns = truth + solo_ev + prov - m->prov;
+    m->prov = prov;
+    double other_ns = other_raw / scale;
+    trace("S %lld %d %lld %d %.0f %.4f %.0f %.0f %.0f\n", (long long)now, li, (long long)(scale * GP_PPM), solo,
+          pod_ns, f, truth, solo_ev, prov);
+
+    __atomic_add_fetch(&d->busy_ns, (uint64_t)(pod_ns > 0 ? pod_ns : 0), __ATOMIC_RELAXED);
     __atomic_add_fetch(&d->others_ns, (uint64_t)other_ns, __ATOMIC_RELAXED);
     int64_t cap = gp_cap_ppm(li);
-    /* Trust measurements only while they see the pod: a pod whose host PIDs NVML never reports would
-     * otherwise be credited back every charge and run unpaced. 200 ms of charges with nothing measured
-     * suspends the corrections (estimates alone pace) until the pod's samples show up again. */
+    /* Trust measurements only while they see the pod: a pod whose host PIDs NVML never reports (and whose
+     * events measure nothing) would otherwise be credited back every charge and run unpaced. 200 ms of
+     * charges with nothing measured suspends the corrections (estimates alone pace) until it shows up. */
     if (pod_ns > 0) {
         m->trust = 1;
         m->unmeasured_ns = 0;
@@ -198,17 +782,21 @@ static void measure(int li, struct gp_shared *s) {
         }
     }
     m->paced = cap < GP_PPM;
-    /* Sums decaying over ~0.3 s: longer than any device queue a launch loop builds, short enough to follow a
-     * change of kernels. */
-    double keep = 1.0 - (double)poll_ns() / 300e6;
-    m->cost_busy = m->cost_busy * keep + pod_ns;
-    m->cost_launches = m->cost_launches * keep + (double)dl;
+    /* Sums decaying over ~0.3 s (four NVML periods at least): longer than any device queue a launch loop
+     * builds, short enough to follow a change of kernels. */
+    if (pod_ns < 0) pod_ns = 0;
+    double cost_span = 4.0 * (double)period_ns > 300e6 ? 4.0 * (double)period_ns : 300e6; /* NVML comes in chunks */
+    double keep_cost = 1.0 - dt / cost_span;
+    if (keep_cost < 0) keep_cost = 0;
+    m->cost_busy = m->cost_busy * keep_cost + pod_ns;
+    m->cost_launches = m->cost_launches * keep_cost + (double)dl;
     if (pod_ns > 0 && m->cost_launches >= 1.0)
         __atomic_store_n(&d->cost_ns, (int64_t)(m->cost_busy / m->cost_launches), __ATOMIC_RELAXED);
-    if (span_ns > 0) { /* over ~25 ms of samples: one period's rounding and phase do not decide */
-        double w = span_ns / 25e6 < 1.0 ? span_ns / 25e6 : 1.0;
-        m->u_pod = m->u_pod * (1 - w) + w * (pod_ns / span_ns);
-        m->u_other = m->u_other * (1 - w) + w * (other_ns / span_ns);
+    if (dt > 0) { /* over a period and a half (25 ms at least): NVML's samples come a period at a time */
+        double span = 1.5 * (double)period_ns > 25e6 ? 1.5 * (double)period_ns : 25e6;
+        double w = dt / span < 1.0 ? dt / span : 1.0;
+        m->u_pod = m->u_pod * (1 - w) + w * (pod_ns / dt);
+        m->u_other = m->u_other * (1 - w) + w * (other_ns / dt);
     }
     if (cap >= GP_PPM) { /* uncapped: nothing is paced, so no credit or debt may build up */
         __atomic_store_n(&d->tokens, 0, __ATOMIC_RELEASE);
@@ -221,7 +809,9 @@ static void measure(int li, struct gp_shared *s) {
         int64_t old = __atomic_load_n(&d->rate_ppm, __ATOMIC_ACQUIRE);
         if (old < cap) old = cap;
         double idle = 1.0 - m->u_pod - m->u_other;
-        if (m->u_other < 0.01) rate = GP_PPM - ELASTIC_MARGIN_PPM;                 /* alone: all but the margin */
+        if (newcomer(m, now, pids, npids, period_ns)) rate = cap;             /* someone new: give back at once */
+        else if (now < m->hold_until) rate = cap;                            /* until NVML can show what it does */
+        else if (m->alone) rate = GP_PPM - ELASTIC_MARGIN_PPM;                /* alone: all but the margin */
         else if (idle * GP_PPM <= ELASTIC_MARGIN_PPM) rate = cap + (old - cap) / 2; /* contended: give back */
         else if (idle * GP_PPM <= 2 * ELASTIC_MARGIN_PPM) rate = old;                  /* at the margin: hold */
         else {
@@ -249,15 +839,20 @@ static void *poller(void *arg) {
     (void)arg;
     int64_t me = getpid();
     int64_t last = gp_now_ns();
+    int capped = 0;
     for (;;) {
         int64_t poll = poll_ns();
-        sleep_ns(poll);
+        /* every process reads its own events each millisecond while capped; the pod's poller reads NVML and
+         * corrects the bucket every poll */
+        sleep_ns(capped && __atomic_load_n(&ev.active, __ATOMIC_ACQUIRE) ? EV_TICK_NS : poll);
         struct gp_shared *s = gp_shm();
         int64_t now = gp_now_ns();
-        int capped = 0; /* a squeeze may cap an uncapped pod at any time: looked at on every wake-up */
+        ev_poll(s, now);
+        capped = 0; /* a squeeze may cap an uncapped pod at any time: looked at on every wake-up */
         for (int li = 0; li < gp_cfg.ndev; li++) capped |= gp_cap_ppm(li) < GP_PPM;
         /* Uncapped pods are measured for the agent's metrics only: once a second is plenty. */
         if (!capped && now - last < 1000000000LL) continue;
+        if (capped && now - last < poll - EV_TICK_NS / 2) continue;
         int64_t owner = __atomic_load_n(&s->poller_pid, __ATOMIC_ACQUIRE);
         if (owner != me) {
             if (__atomic_load_n(&s->poller_lease, __ATOMIC_ACQUIRE) > now) {
@@ -269,7 +864,7 @@ static void *poller(void *arg) {
         }
         __atomic_store_n(&s->poller_lease, now + 5 * (capped ? (poll > 20000000 ? poll : 20000000) : 1000000000LL),
                          __ATOMIC_RELEASE);
-        for (int li = 0; li < gp_cfg.ndev; li++) measure(li, s);
+        for (int li = 0; li < gp_cfg.ndev; li++) measure(li, s, now);
         struct timespec wall;
         clock_gettime(CLOCK_REALTIME, &wall);
         __atomic_store_n(&s->updated_ns, (uint64_t)wall.tv_sec * 1000000000ULL + (uint64_t)wall.tv_nsec,
@@ -320,6 +915,7 @@ void gp_pace(int li) {
     refill(d, gp_now_ns(), rate, cost);
     __atomic_add_fetch(&d->charged_ns, (uint64_t)cost, __ATOMIC_RELAXED);
     int64_t t = __atomic_sub_fetch(&d->tokens, cost, __ATOMIC_ACQ_REL) + __atomic_load_n(&sh->credit_ns[li], __ATOMIC_ACQUIRE);
+    if (t < 0) ev_close_open();
     for (int64_t waited = 0; t < 0 && waited < MAX_WAIT_NS;) {
         int64_t wait = (int64_t)((__int128)(-t) * GP_PPM / rate);
         if (wait > WAIT_SLICE_NS) wait = WAIT_SLICE_NS;
@@ -339,6 +935,10 @@ void gp_compute_after_fork(void) {
     pthread_mutex_init(&start_mu, NULL);
     poller_state = 0; /* threads do not survive fork */
     memset(meters, 0, sizeof meters);
+    /* the parent's events belong to its context, and the mutex may have been held by a thread that is gone */
+    memset(&ev, 0, sizeof ev);
+    pthread_mutex_init(&ev.mu, NULL);
+    pthread_mutex_init(&trace_mu, NULL);
 }
 
 /* ---- launch entry points ------------------------------------------------------------------------------ */
@@ -349,44 +949,56 @@ typedef CUresult (*coop_fn)(CUfunction, unsigned, unsigned, unsigned, unsigned, 
                             CUstream, void **);
 typedef CUresult (*graph_fn)(CUgraphExec, CUstream);
 
+/* The gate before a launch (pacing), and after it the launch's event (ev_after_launch). */
 #define GATE()                                                          \
+    int gli_ = -1;                                                      \
+    int64_t glt_ = 0;                                                   \
     do {                                                                \
         gp_init();                                                      \
         if (gp_cfg.ndev != 0) {                                         \
-            CUresult g_ = gp_launch_gate(gp_current_index());           \
+            gli_ = gp_current_index();                                  \
+            CUresult g_ = gp_launch_gate(gli_);                         \
             if (g_ != CUDA_SUCCESS) return g_;                          \
+            if (gli_ >= 0) glt_ = gp_now_ns();                          \
         }                                                               \
     } while (0)
 
-#define LAUNCH_BODY(real_name, call)                     \
-    GP_REAL(launch_fn, real, real_name);                 \
-    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED; \
-    GATE();                                              \
-    return call;
+#define LAUNCHED(call, stream, ptsz)                                    \
+    do {                                                                \
+        CUresult r_ = (call);                                           \
+        if (r_ == CUDA_SUCCESS && gli_ >= 0) ev_after_launch(gli_, (stream), (ptsz), glt_); \
+        return r_;                                                      \
+    } while (0)
 
 GP_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
                                   unsigned bz, unsigned shm, CUstream s, void **params, void **extra) {
-    LAUNCH_BODY("cuLaunchKernel", real(f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+    GP_REAL(launch_fn, real, "cuLaunchKernel");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    GATE();
+    LAUNCHED(real(f, gx, gy, gz, bx, by, bz, shm, s, params, extra), s, 0);
 }
 
 GP_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                        unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
                                        void **extra) {
-    LAUNCH_BODY("cuLaunchKernel_ptsz", real(f, gx, gy, gz, bx, by, bz, shm, s, params, extra))
+    GP_REAL(launch_fn, real, "cuLaunchKernel_ptsz");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    GATE();
+    LAUNCHED(real(f, gx, gy, gz, bx, by, bz, shm, s, params, extra), s, 1);
 }
 
 GP_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) {
     GP_REAL(launch_ex_fn, real, "cuLaunchKernelEx");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     GATE();
-    return real(cfg, f, params, extra);
+    LAUNCHED(real(cfg, f, params, extra), cfg != NULL ? cfg->hStream : NULL, 0);
 }
 
 GP_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params, void **extra) {
     GP_REAL(launch_ex_fn, real, "cuLaunchKernelEx_ptsz");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     GATE();
-    return real(cfg, f, params, extra);
+    LAUNCHED(real(cfg, f, params, extra), cfg != NULL ? cfg->hStream : NULL, 1);
 }
 
 GP_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -394,7 +1006,7 @@ GP_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned
     GP_REAL(coop_fn, real, "cuLaunchCooperativeKernel");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     GATE();
-    return real(f, gx, gy, gz, bx, by, bz, shm, s, params);
+    LAUNCHED(real(f, gx, gy, gz, bx, by, bz, shm, s, params), s, 0);
 }
 
 GP_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -403,27 +1015,36 @@ GP_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, uns
     GP_REAL(coop_fn, real, "cuLaunchCooperativeKernel_ptsz");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     GATE();
-    return real(f, gx, gy, gz, bx, by, bz, shm, s, params);
+    LAUNCHED(real(f, gx, gy, gz, bx, by, bz, shm, s, params), s, 1);
 }
 
 GP_EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
     GP_REAL(graph_fn, real, "cuGraphLaunch");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     GATE();
-    return real(g, s);
+    LAUNCHED(real(g, s), s, 0);
 }
 
 GP_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) {
     GP_REAL(graph_fn, real, "cuGraphLaunch_ptsz");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     GATE();
-    return real(g, s);
+    LAUNCHED(real(g, s), s, 1);
+}
+
+/* A destroyed stream is never recorded on again (the poller closes spans on the application's streams). */
+GP_EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    GP_REAL(cuStreamDestroy_fn, real, "cuStreamDestroy_v2");
+    if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
+    ev_forget_stream(s);
+    return real(s);
 }
 
 struct gp_hook gp_compute_hooks[] = {
 #define H(n) {#n, (void *)n, NULL},
     H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx) H(cuLaunchKernelEx_ptsz)
     H(cuLaunchCooperativeKernel) H(cuLaunchCooperativeKernel_ptsz) H(cuGraphLaunch) H(cuGraphLaunch_ptsz)
+    H(cuStreamDestroy_v2)
 #undef H
     {NULL, NULL, NULL},
 };

@@ -34,6 +34,8 @@ _Static_assert(offsetof(struct gp_shared, dev) == 304, "layout is read by the ag
 _Static_assert(offsetof(struct gp_shared, features) == 1328, "layout is read by the agent");
 _Static_assert(offsetof(struct gp_shared, squeeze_ppm) == 1336, "layout is written by the agent");
 _Static_assert(offsetof(struct gp_shared, credit_ns) == 1464, "layout is documented for the agent");
+_Static_assert(offsetof(struct gp_shared, ev_busy_ns) == 1592, "layout is documented for the agent");
+_Static_assert(offsetof(struct gp_shared, scale_ppm) == 1848, "layout is documented for the agent");
 _Static_assert(offsetof(struct gp_shared, slots) == 2048, "layout is read by the agent");
 _Static_assert(offsetof(struct gp_shared, ident) == 69632, "layout is read by the agent");
 

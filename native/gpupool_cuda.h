@@ -107,6 +107,21 @@ typedef struct {
     unsigned int numAttrs;
 } CUlaunchConfig;
 
+/* The library's own timing events (gp_compute.c): entry points it calls on the real driver, with the ABI
+ * the CUDA Driver API reference gives them. */
+#define CUDA_ERROR_NOT_READY 600
+#define CU_STREAM_NON_BLOCKING 0x1
+#define CU_EVENT_DEFAULT 0x0
+typedef CUresult (*cuEventCreate_fn)(CUevent *, unsigned int);
+typedef CUresult (*cuEventDestroy_fn)(CUevent);
+typedef CUresult (*cuEventRecord_fn)(CUevent, CUstream);
+typedef CUresult (*cuEventQuery_fn)(CUevent);
+typedef CUresult (*cuEventElapsedTime_fn)(float *, CUevent, CUevent);
+typedef CUresult (*cuCtxGetCurrent_fn)(CUcontext *);
+typedef CUresult (*cuCtxSetCurrent_fn)(CUcontext);
+typedef CUresult (*cuStreamCreate_fn)(CUstream *, unsigned int);
+typedef CUresult (*cuStreamDestroy_fn)(CUstream);
+
 /* cuGetProcAddress_v2's out parameter (CUdriverProcAddressQueryResult) */
 typedef int CUdriverProcAddressQueryResult;
 /* cuGetProcAddress flags: CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM asks for the _ptsz/_ptds forms */
@@ -119,6 +134,7 @@ typedef int nvmlReturn_t;
 #define NVML_SUCCESS 0
 #define NVML_ERROR_UNINITIALIZED 1
 #define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3         /* e.g. per-process utilisation in MIG mode */
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_FUNCTION_NOT_FOUND 13

@@ -4,7 +4,14 @@ sample period since the last call and with it returning only the newest one.
 
 Every tenant saturates: 2 ms kernels in a loop with a stream sync every 16 launches (up to 32 ms queued per
 tenant, the deep queue that made the busy pod short before). Shares come from the fake device's own kernel
-log, from 0.4 s after the last tenant's first kernel to 0.1 s before the first one's last."""
+log, from 0.4 s after the last tenant's first kernel to 0.1 s before the first one's last.
+
+The simulated GPU is the realistic one (issue 38, fake_state.h): contexts are time-sliced and every switch
+costs device time nobody gets (~2 % here). So when caps add up to 100 the GPU cannot give every tenant its
+cap: each tenant but the largest is held to its cap within 2 points, the largest to at most its cap + 2,
+and together they must use >= 95 % of the device (work-conserving). Before issue 38 the fake switched for
+free and every tenant of such a set was held to 2 points; caps that do not add up to 100 are held to 2
+points each in test_hook_compute_realistic.py."""
 
 from __future__ import annotations
 
@@ -43,10 +50,19 @@ def shares(pods: PodFactory, groups: list[set[int]]) -> list[float]:
 def test_every_tenant_gets_its_cap_within_2_points(pods: PodFactory, caps: list[float], samples: str) -> None:
     probes = start_all(pods, caps, samples)
     got = shares(pods, [{p.pid} for p in probes])
-    for share, cap in zip(got, caps, strict=True):
-        assert share == pytest.approx(cap / 100, abs=TOL), got
-    if sum(caps) == 100:
-        assert sum(got) >= 0.98  # work-conserving: nothing is left idle that a capped tenant could use
+    held_to_caps(got, caps)
+
+
+def held_to_caps(got: list[float], caps: list[float]) -> None:
+    """Caps adding up to 100 on a time-sliced GPU (module docstring): every tenant but the largest within 2
+    points of its cap, the largest at most 2 over, all together >= 95 %."""
+    largest = caps.index(max(caps))
+    for k, (share, cap) in enumerate(zip(got, caps, strict=True)):
+        if k == largest:
+            assert share <= cap / 100 + TOL, got
+        else:
+            assert share == pytest.approx(cap / 100, abs=TOL), got
+    assert sum(got) >= 0.95, got  # work-conserving: only the GPU's own switching is lost
 
 
 @pytest.mark.parametrize("samples", SAMPLES)
@@ -59,24 +75,19 @@ def test_a_pod_of_two_processes_at_40_beside_one_at_60(pods: PodFactory, samples
     for p in (a, b, c):
         assert p.proc.stdout is not None and p.proc.stdout.readline().split()[0] == "0"
     two, one = shares(pods, [{a.pid, b.pid}, {c.pid}])
-    assert two == pytest.approx(0.40, abs=TOL)
-    assert one == pytest.approx(0.60, abs=TOL)
+    held_to_caps([two, one], [40, 60])
 
 
 @pytest.mark.parametrize("samples", SAMPLES)
 def test_kernels_of_0_1_to_20_ms_and_graphs_mixed(pods: PodFactory, samples: str) -> None:
     probes = start_all(pods, [30, 70], samples, seconds=4.0, workload="mixed {s} 5 16")
-    low, high = shares(pods, [{p.pid} for p in probes])
-    assert low == pytest.approx(0.30, abs=TOL)
-    assert high == pytest.approx(0.70, abs=TOL)
+    held_to_caps(shares(pods, [{p.pid} for p in probes]), [30, 70])
 
 
 @pytest.mark.parametrize("samples", SAMPLES)
 def test_graph_launches(pods: PodFactory, samples: str) -> None:
     probes = start_all(pods, [30, 70], samples, workload="launch graph 2000 {s} 16")
-    low, high = shares(pods, [{p.pid} for p in probes])
-    assert low == pytest.approx(0.30, abs=TOL)
-    assert high == pytest.approx(0.70, abs=TOL)
+    held_to_caps(shares(pods, [{p.pid} for p in probes]), [30, 70])
 
 
 @pytest.mark.parametrize(("lender", "hard"), [(30, 50), (30, 70), (10, 90)])
@@ -93,8 +104,14 @@ def test_elastic_gives_the_gpu_back_to_a_hard_neighbour_within_200_ms(
         assert p.proc.stdout is not None and p.proc.stdout.readline().split()[0] == "0"
     assert alone > 0.9  # nobody else wanted the GPU: the elastic pod had it
     window = active_window(pods.device, [neighbour.pid], 2 * S // 10, S // 10)
-    assert busy_share(pods.device, {neighbour.pid}, *window) == pytest.approx(hard / 100, abs=TOL)
-    assert busy_share(pods.device, {elastic.pid}, *window) >= lender / 100 - TOL  # never below its own cap
+    got = busy_share(pods.device, {neighbour.pid}, *window)
+    kept = busy_share(pods.device, {elastic.pid}, *window)
+    assert got <= hard / 100 + TOL  # the neighbour is hard
+    assert kept >= lender / 100 - TOL  # never below its own cap
+    # From 200 ms on, the elastic pod keeps no more than the neighbour leaves (within 2 points), and the two
+    # use the GPU (only the GPU's own switching is lost): the neighbour has its cap but for that switching.
+    assert kept <= 1 - hard / 100 + TOL
+    assert got + kept >= 0.95
 
 
 def _host_pid(pods: PodFactory, probe: Probe, pod_index: int) -> list[int]:

@@ -395,7 +395,8 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return run(s, (int64_t)(uintptr_t)g * 1000); }
 
-/* An event completes when the process's kernels launched before it have (at its record if none are left). */
+/* An event completes when the kernels launched before it on its stream have (at its record if none are
+ * left; on the legacy default stream, the process's kernels on every stream). */
 struct fake_event { uint64_t seq; int64_t recorded; };
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     (void)flags;
@@ -405,7 +406,8 @@ EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
 EXPORT CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
     struct fake_event *ev = (struct fake_event *)e;
-    ev->seq = stream_of(s)->seq > latest_seq ? stream_of(s)->seq : latest_seq;
+    /* the legacy default stream waits for the process's other streams; any other stream for its own work */
+    ev->seq = (uintptr_t)s <= 1 ? latest_seq : stream_of(s)->seq;
     ev->recorded = fk_now();
     return CUDA_SUCCESS;
 }
