@@ -50,6 +50,13 @@ def test_the_last_line_has_every_field_and_a_case_per_planned_run(run: tuple[dic
     # --quick: every chosen case on the first workload, then 30 alone and 30/70 on the others
     assert [(c["case"], c["workload"]) for c in summary["cases"]] == [
         ("30 alone", "small"), ("30/70", "small"), ("30 alone", "graphs"), ("30/70", "graphs")]
+    for case in summary["cases"]:
+        assert case["window"][1] - case["window"][0] == 1_000_000_000
+        for pod in case["pods"]:
+            # the library's own estimate beside the measure: its accounting and the NVML samples it traced
+            assert pod["library"]["accounting"] is not None and pod["library"]["trace"] is not None
+            assert len(pod["per_second"]) == 1 and pod["error"] == pytest.approx(pod["measured"] - pod["expected"],
+                                                                                  abs=0.011)
     errors = [abs(p["error"]) for c in summary["cases"] for p in c["pods"]]
     assert summary["max_error_points_10s"] == pytest.approx(max(errors), abs=0.011)
     assert json.loads((out / "summary.json").read_text()) == summary
