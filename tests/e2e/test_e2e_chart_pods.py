@@ -8,8 +8,8 @@ registers its device plugin through that node's kubelet directory. The pods reac
 cluster: the `kubernetes` Service (kube-proxy), in-cluster configuration, the CA of `kube-root-ca.crt`
 (scripts/k8s/release.py's ChartRelease, tests/harness/testbed.py's serve_pods). A share pod, written as a
 tenant writes it (no schedulerName), is admitted by the webhook pod, placed by the scheduler pod and served
-by the agent pod; no program of the release runs outside a pod; `helm uninstall` removes every object of
-the release and stops its containers.
+by the agent pod; no program of the release runs outside a pod; `helm upgrade` rolls the agent pods to the
+new values; `helm uninstall` removes every object of the release and stops its containers.
 
 This module has its own control plane (its API server must be reachable from pods; one per machine, since
 its kube-proxy owns the host's Service rules).
@@ -93,7 +93,7 @@ def cluster() -> Iterator[Cluster]:
         bed.stop()
 
 
-def test_chart_pods_serve_a_tenant_and_uninstall_clean(cluster: Cluster) -> None:
+def test_chart_pods_serve_a_tenant_roll_on_upgrade_and_uninstall_clean(cluster: Cluster) -> None:
     c, rel = cluster, cluster.release
     rel.install()
     rel.wait_ready(timeout_s=420)
@@ -136,6 +136,16 @@ def test_chart_pods_serve_a_tenant_and_uninstall_clean(cluster: Cluster) -> None
 
     deleted = c.kubectl("-n", TENANT, "delete", "pod", "share", "--grace-period=1", "--wait=true")
     assert deleted.returncode == 0, deleted.stderr
+
+    # helm upgrade: the DaemonSet rolls its pods, and the new agent pods advertise the new split.
+    before = set(agents)
+    rel.upgrade("--set", "splitCount=5")
+    wait_for(lambda: all(release.gpu_slots(c.bed, n.name) == GPUS * 5 for n in c.nodes.nodes) and not rel.not_ready(),
+             300, "both nodes at 5 slots per GPU, the release Ready", rel.describe_pods)
+    rolled = {p["metadata"]["name"] for p in rel.pods()
+              if p["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"}
+    assert len(rolled) == 2 and not rolled & before, (before, rolled)
+
     rel.uninstall()
     assert c.left() == []
     assert rel.processes() == []
