@@ -69,7 +69,9 @@ def bin_path(name: str) -> Path:
     return tb.cache_dir() / "bin" / name
 
 
-BUILT = ("kubelet", "containerd", "containerd-shim-runc-v2", "ctr", "cni/bridge", "cni/host-local", "cni/loopback")
+# kube-proxy: the Services of a testbed that serves pods (tests/harness/testbed.py, serve_pods)
+BUILT = ("kubelet", "kube-proxy", "containerd", "containerd-shim-runc-v2", "ctr", "cni/bridge", "cni/host-local",
+         "cni/loopback")
 
 
 def missing_tools() -> list[str]:

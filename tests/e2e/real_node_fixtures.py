@@ -74,7 +74,7 @@ def ensure_project_images() -> None:
 
 def _ensure_tools() -> None:
     missing = realnode.missing_tools()
-    if any("kubelet" in m for m in missing) and os.environ.get("GPUPOOL_K8S_BUILD", "1") != "0":
+    if any("scripts/k8s-testbed build" in m for m in missing) and os.environ.get("GPUPOOL_K8S_BUILD", "1") != "0":
         log = tb.cache_dir() / "build.log"
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("ab") as out:  # builds kubelet beside the control plane (cached; ~3 min warm)
