@@ -8,8 +8,9 @@ registers its device plugin through that node's kubelet directory. The pods reac
 cluster: the `kubernetes` Service (kube-proxy), in-cluster configuration, the CA of `kube-root-ca.crt`
 (scripts/k8s/release.py's ChartRelease, tests/harness/testbed.py's serve_pods). A share pod, written as a
 tenant writes it (no schedulerName), is admitted by the webhook pod, placed by the scheduler pod and served
-by the agent pod; no program of the release runs outside a pod; `helm upgrade` rolls the agent pods to the
-new values; `helm uninstall` removes every object of the release and stops its containers.
+by the agent pod; no program of the release runs outside a pod; with the webhook's pods scaled to 0 a GPU
+pod is refused (the chart fails closed) and admitted once they serve again; `helm upgrade` rolls the agent
+pods to the new values; `helm uninstall` removes every object of the release and stops its containers.
 
 This module has its own control plane (its API server must be reachable from pods; one per machine, since
 its kube-proxy owns the host's Service rules).
@@ -93,9 +94,22 @@ def cluster() -> Iterator[Cluster]:
         bed.stop()
 
 
+def gpu_pod(name: str) -> dict[str, Any]:
+    pod = release.example_pod(name, TENANT, memory_mib=4096, cores=20, testbed_taint=False)
+    pod["spec"]["nodeSelector"] = {"e2e/group": "nowhere"}  # a dry run only: never placed
+    return pod
+
+
 def test_chart_pods_serve_a_tenant_roll_on_upgrade_and_uninstall_clean(cluster: Cluster) -> None:
     c, rel = cluster, cluster.release
     rel.install()
+    # The API server compiled the chart's CEL (no type-checking warnings on the agent's policy), and the
+    # mutating webhooks keep their matchConditions.
+    policy = next(n for n in c.left() if n.startswith("validatingadmissionpolicy."))
+    doc = json.loads(c.kubectl("get", policy, "-o", "json").stdout)
+    assert not ((doc.get("status") or {}).get("typeChecking") or {}).get("expressionWarnings"), doc["status"]
+    hooks = json.loads(c.kubectl("get", "mutatingwebhookconfiguration", "-l", INSTANCE, "-o", "json").stdout)
+    assert hooks["items"] and all(w.get("matchConditions") for item in hooks["items"] for w in item["webhooks"])
     rel.wait_ready(timeout_s=420)
     print(f"agent pods start-to-Ready (s): {rel.agent_ready_seconds()}")
     for node in c.nodes.nodes:
@@ -137,6 +151,19 @@ def test_chart_pods_serve_a_tenant_roll_on_upgrade_and_uninstall_clean(cluster: 
     deleted = c.kubectl("-n", TENANT, "delete", "pod", "share", "--grace-period=1", "--wait=true")
     assert deleted.returncode == 0, deleted.stderr
 
+    # Fails closed: with the webhook's pods gone (no endpoint behind its Service) a GPU pod is refused ...
+    webhook = f"deployment/{rel.fullname}-webhook"
+    assert c.kubectl("-n", NAMESPACE, "scale", webhook, "--replicas=0").returncode == 0
+    wait_for(lambda: "service webhook: no ready endpoint" in rel.not_ready(), 120, "the webhook without endpoints",
+             rel.describe_pods)
+    out = c.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(gpu_pod("while-down")))
+    assert out.returncode != 0 and "gpupool" in out.stderr, out.stderr
+    # ... and admitted again once they serve.
+    assert c.kubectl("-n", NAMESPACE, "scale", webhook, "--replicas=2").returncode == 0
+    rel.wait_ready(timeout_s=300)
+    out = c.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(gpu_pod("while-up")))
+    assert out.returncode == 0, out.stderr
+
     # helm upgrade: the DaemonSet rolls its pods, and the new agent pods advertise the new split.
     before = set(agents)
     rel.upgrade("--set", "splitCount=5")
@@ -149,6 +176,9 @@ def test_chart_pods_serve_a_tenant_roll_on_upgrade_and_uninstall_clean(cluster: 
     rel.uninstall()
     assert c.left() == []
     assert rel.processes() == []
+    # No configuration of the release left behind: GPU pods are admitted (by nobody) again.
+    out = c.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(gpu_pod("after-uninstall")))
+    assert out.returncode == 0, out.stderr
 
 
 def test_a_release_program_outside_a_pod_is_found(tmp_path: Path) -> None:
