@@ -3,37 +3,59 @@
  * A token bucket counted in *device time*, pod-wide in the shared file: credit accrues at rate x wall time
  * (rate = the cap, in ppm); each launch is charged an estimate of its device time and, when that leaves
  * the bucket in debt, the launching thread waits until the debt is paid. Estimates are then replaced by
- * facts: one process of the pod (the poller, holding a lease) reads NVML's per-process utilisation samples
- * for the pod's host PIDs (gp_ident.c) and corrects the bucket by (charged - measured), both cumulative. So
- * over any period the pod's measured busy time is rate x time, give or take the bucket's bounds, however
- * wrong the per-launch estimate is and however deep the device queue is (a launch is charged when it is
- * made, its execution is measured when it happens; only the running totals are compared, never one poll
- * window's launches with the same window's busy time).
+ * measurements: one process of the pod (the poller, holding a lease) measures the pod's device time and
+ * corrects the bucket by (charged - measured), both cumulative. So over any period the pod's measured busy
+ * time is rate x time, give or take the bucket's bounds, however wrong the per-launch estimate is and
+ * however deep the device queue is (only the running totals are compared, never one poll window's launches
+ * with the same window's busy time). The per-launch estimate is the ratio of two decaying sums; a waiting
+ * launch re-reads the bucket every few ms; credit from corrections is kept apart from the bucket's burst
+ * bound (credit_ns), so credit the pod was over-charged is given back in full.
  *
- * Three details make it exact rather than close:
- * - the per-launch estimate is the ratio of two decaying sums (busy time, launches), not a decaying
- *   average of per-window ratios, which a deep queue biases (a window's launches execute in the next one);
- * - a waiting launch re-reads the bucket every few ms, so a correction that pays its debt early lets it
- *   go early instead of sleeping off an over-estimate;
- * - credit from the corrections is kept apart from the bucket (credit_ns; a debt goes into the bucket) and
- *   a launch waits while the two together are in debt: the burst bound clips only the refill of idle time,
- *   never a correction, so credit the pod was over-charged is given back in full, even while its execution
- *   lags its launches by a deep queue.
+ * What measures the pod (issue 38). NVML's per-process samples alone cannot be made exact on a real GPU
+ * (nvidia-facts.md 4.5): the driver samples each process on its own clock (1/6 s on recent datacenter GPUs,
+ * up to 1 s), at its own phase, as a mean since its previous sample, visible after a lag; smUtil is of an
+ * undocumented scale; MIG mode has none. The library before issue 38 multiplied smUtil by the smallest gap
+ * between any two timestamps it saw and took smUtil as the busy percent: on an H100 a 30 % cap alone read
+ * 42.4 % and 70 % read 92.3 %, which the simulated GPU reproduces with smUtil at 0.71 of the busy share
+ * (benchmarks/isolation_sim.py, profile h100). So the library measures with its own CUDA events, a signal
+ * that depends on no NVML scale and that the driver's clock gives directly:
+ * - after a launch on a capped GPU an event is recorded on the launch's stream, at most every 250 us per
+ *   stream; the poller thread closes spans left open each ms and queries the events without blocking; an
+ *   event's completion time is cuEventElapsedTime from an anchor event of the library's own (recorded on an
+ *   empty stream, it completes as it is recorded). The work between two events ran within [max(the earlier
+ *   one's completion, the first launch after it), the later one's completion]: exactly the stream's device
+ *   time while no other context's work interleaves. No synchronisation, one cuEventRecord per launch at
+ *   most, none at all while uncapped.
+ * - solo (NVML shows nobody else busy on the GPU and at most one of the pod's processes busy): the events
+ *   are the pod's device time. Meanwhile NVML's smUtil scale is learnt: the pod's samples against the
+ *   events over the same sample periods.
+ * - shared: the events also count the time the pod's queued work waited for others' time slices. The
+ *   truth is then NVML's samples of the pod (each its own gap since that PID's previous sample) divided by
+ *   the learnt scale (a scale common to all processes cancels; the agent's, from limits.v1, before the pod
+ *   has learnt its own; else 1), each counted for the part of the pod's work in it that fell in shared time.
+ *   NVML covers the pod only up to its newest sample: the shared time since then counts provisionally as
+ *   its events times f (what NVML said against what the events counted, over shared samples), replaced by
+ *   the truth when the samples come. The totals are exact; the feedback comes within a poll.
+ * - no per-process samples (MIG mode): the events, alone or not.
+ * Limits: a pod that never runs alone on a GPU whose smUtil scale is not 1, and whose agent gave none, is
+ * measured at scale 1 while it shares the GPU (its error is the scale's); the processes of a pod of
+ * several are summed, their overlap corrected by f. On a time-sliced GPU each context switch costs device
+ * time nobody gets, so caps adding up to 100 cannot all be met: what the switches cost comes out of the
+ * tenant that would take the rest.
  *
- * NVML samples: each covers one sample period of the driver's (learnt as the smallest gap between sample
- * timestamps). Drivers that return every period since the last timestamp and drivers that return only the
- * newest period are both read exactly, because the poller runs at least twice per period.
- *
- * elastic: the rate may rise above the cap into time nobody else wants, and gives it back at once: while
- * the GPU is saturated and another process runs, the borrowed part is halved at every poll (and credit
- * beyond the burst of the lowered rate dropped); while the GPU has idle time it grows by 2 points a poll.
- * A neighbour's demand is invisible in what it gets (a FIFO device splits contended time by queue depth),
- * so "saturated with someone else present" is the only signal that it wants more.
+ * elastic: the rate rises above the cap into time nobody else wants, only while NVML shows nobody else busy
+ * on the GPU (on a time-sliced GPU a borrower with queued work takes half the slices from a neighbour that
+ * wants more, and the neighbour's demand never shows in what it gets). A process that opens a context on
+ * the GPU (NVML lists it at once, its samples a period later) makes it give back at once, dropping credit
+ * saved at the higher rate, and it holds its cap until NVML shows that process idle again.
  *
  * squeeze: the cap in force is min(the cap, the squeeze the node agent writes into the limits file), read
  * at every launch and every poll, so a reclaim lowers a running pod's share and lifts it again without a
  * restart. Launches are counted (and the per-launch cost learnt) even while uncapped, so a squeeze paces
- * with a good estimate from its first launch, and an uncapped pod carries no token debt into one. */
+ * with a good estimate from its first launch, and an uncapped pod carries no token debt into one.
+ *
+ * Measured: benchmarks/isolation_sim.py on the simulated GPU (docs/concepts.md has the figures); on a real
+ * GPU only the library before issue 38 has been measured (H100, above). */
 #include "gp.h"
 
 #include <errno.h>
@@ -54,9 +76,7 @@
 #define DEFAULT_COST_NS 2000000
 #define BURST_WINDOW_NS 40000000   /* credit kept across idle time: 40 ms of the rate (what a pod that was
                                     * held back by others' time slices may burst by: 1 point of a 4 s window) */
-#define ELASTIC_MARGIN_PPM 50000   /* elastic leaves 5 % free: a neighbour is seen waking, and a time-sliced GPU
-                                    * loses ~2-3 % to context switches, which is not idle time to borrow */
-#define ELASTIC_STEP_PPM 20000     /* elastic grows into idle time by 2 points a poll */
+#define ELASTIC_MARGIN_PPM 50000   /* elastic alone leaves 5 % free: a neighbour's first kernels find room */
 #define WAIT_SLICE_NS 4000000      /* a waiting launch re-reads the bucket this often */
 #define MAX_WAIT_NS 2000000000LL   /* a bounded wait: a stale debt never hangs a launch */
 
@@ -178,6 +198,11 @@ static void trace(const char *fmt, ...) {
     if (trace_fd == -2) {
         const char *path = getenv("GPUPOOL_DEBUG_NVML_TRACE");
         trace_fd = path != NULL && *path ? open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600) : -1;
+        struct stat st0;
+        if (trace_fd >= 0 && (fstat(trace_fd, &st0) != 0 || st0.st_size >= TRACE_MAX_BYTES - 256)) {
+            close(trace_fd); /* full already: nothing more, not even the header */
+            trace_fd = -1;
+        }
         if (trace_fd >= 0) {
             char head[256];
             int n = snprintf(head, sizeof head,
@@ -387,7 +412,7 @@ static void ev_poll(struct gp_shared *sh, int64_t now) {
 #define SWITCHES 16  /* the last changes between measuring by events (alone) and by NVML (with others) */
 #define CAL_MIN_NS 200000000.0 /* the scale is learnt from at least 0.2 s of the pod's busy time alone */
 #define F_MIN_NS 20000000.0    /* f from at least 20 ms of the pod's event-measured time with others ... */
-#define F_MIN_SAMPLES 3        /* ... over three of its samples at least */
+#define F_MIN_SAMPLES 1        /* ... over one of its samples at least (it only weighs the provisional part) */
 struct devmeter {
     unsigned long long last_ts;   /* newest NVML sample timestamp consumed (us) */
     unsigned long long period_us; /* NVML's sample period: the smallest gap between two samples of one PID */
@@ -409,6 +434,7 @@ struct devmeter {
     double f_nvml, f_ev;          /* the same with others busy (f) */
     double prov;                  /* provisional busy time counted (shared time NVML does not cover yet) */
     int64_t cov_t;                /* NVML's samples of the pod cover it up to here (monotonic ns) */
+    int64_t start_t;              /* when this poller began counting */
     int alone;                    /* nobody else busy on the GPU (elastic) */
     int64_t multi_until;          /* two or more of the pod's processes were busy: f applies until then */
     int f_samples;                /* the pod's samples f was learnt from */
@@ -539,6 +565,9 @@ static void take(struct devmeter *m, int64_t now, int64_t pid, unsigned long lon
     if (m->period_us != 0 && gap > m->period_us) gap = m->period_us;
     double busy = util / 100.0 * (double)gap * 1000.0;
     int64_t b = ts_mono(ts, now), a = b - (int64_t)gap * 1000;
+    /* what ran before this poller began counting was charged to nobody it knows of (a sample that began
+     * before counts whole: the pod's work in it ran after the pod's first launches, not spread over it) */
+    if (b <= m->start_t) return;
     if (mine) {
         acc->pod_raw += busy;
         int known = 0;
@@ -624,7 +653,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
         m->launches_seen = __atomic_load_n(&d->launches, __ATOMIC_ACQUIRE);
         m->ev_seen = evb;
         m->last_at = now;
-        m->cov_t = now;
+        m->cov_t = m->start_t = now;
         set_mode(m, now, 1);
         free(buf);
         return;
@@ -686,6 +715,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
      * come. So the totals the bucket is corrected by are exact, and still follow the pod within a poll. */
     int64_t last_sw = m->sw_t[(m->nsw - 1) % SWITCHES];
     int was_solo = mode_solo(m);
+    double retro = 0;
     if (acc.pod_pids > 1) m->multi_until = now + 2 * period_ns + 50000000LL;
     int others_gone = now - m->other_end > period_ns + period_ns / 2 + 20000000LL;
     m->alone = no_samples || (others_gone && others_from == INT64_MAX);
@@ -694,8 +724,10 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     } else if (was_solo && (others_from != INT64_MAX || acc.pod_pids > 1)) {
         /* shared since the other's sample began (the solo events counted since then are taken back and
          * counted provisionally below: nothing changes until NVML's samples say how much was the pod's) */
-        int64_t from = others_from != INT64_MAX && others_from > last_sw ? others_from : now;
+        int64_t from = others_from == INT64_MAX ? now : others_from > last_sw ? others_from : last_sw;
         if (from > now) from = now;
+        int64_t prev = now - (int64_t)dt;
+        if (from < prev) retro = ev_at(m, prev) - ev_at(m, from); /* counted as solo by earlier polls */
         set_mode(m, from, 0);
     } else if (!was_solo && others_gone && now >= m->multi_until) {
         set_mode(m, now, 1); /* nobody else busy for a period and a half after the last sample showing one */
@@ -715,7 +747,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
                        * more than the wall time (the GPU cannot be busier than that) */
         scale = 1.0;
         double lo = m->all_t > 0 ? m->all_nvml / m->all_t : 0;
-        if (m->all_t > 1e9 && lo > scale) scale = lo;
+        if (m->all_t > 1e9 && lo > 1.02) scale = lo;
     }
 
     double truth = 0, cal_n = 0, cal_e = 0, f_n = 0, f_e = 0;
@@ -751,11 +783,11 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     double solo_ev = dev_ns - ev_shared(m, now - (int64_t)dt, now);
     /* the provisional part: shared time NVML does not cover yet (the pod's newest sample, or none yet) */
     double prov = f * ev_shared(m, m->cov_t, now);
-    double pod_ns = truth + solo_ev + prov - m->prov;
+    double pod_ns = truth + solo_ev - retro + prov - m->prov;
     m->prov = prov;
     double other_ns = other_raw / scale;
     trace("S %lld %d %lld %d %.0f %.4f %.0f %.0f %.0f\n", (long long)now, li, (long long)(scale * GP_PPM), solo,
-          pod_ns, f, truth, solo_ev, prov);
+          pod_ns, f, truth, solo_ev - retro, prov);
 
     __atomic_add_fetch(&d->busy_ns, (uint64_t)(pod_ns > 0 ? pod_ns : 0), __ATOMIC_RELAXED);
     __atomic_add_fetch(&d->others_ns, (uint64_t)other_ns, __ATOMIC_RELAXED);
@@ -808,19 +840,19 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     if (gp_cfg.mode == GP_ELASTIC) {
         int64_t old = __atomic_load_n(&d->rate_ppm, __ATOMIC_ACQUIRE);
         if (old < cap) old = cap;
-        double idle = 1.0 - m->u_pod - m->u_other;
+        /* On a time-sliced GPU a borrower with work queued takes half the slices from a neighbour that wants
+         * more, and the neighbour's demand never shows in what it gets: so the pod borrows only while nobody
+         * else is busy on the GPU (NVML), stops the moment a new process opens a context there (its samples
+         * come a period later), and is held at its cap while it shares the GPU. */
         if (newcomer(m, now, pids, npids, period_ns)) rate = cap;             /* someone new: give back at once */
         else if (now < m->hold_until) rate = cap;                            /* until NVML can show what it does */
         else if (m->alone) rate = GP_PPM - ELASTIC_MARGIN_PPM;                /* alone: all but the margin */
-        else if (idle * GP_PPM <= ELASTIC_MARGIN_PPM) rate = cap + (old - cap) / 2; /* contended: give back */
-        else if (idle * GP_PPM <= 2 * ELASTIC_MARGIN_PPM) rate = old;                  /* at the margin: hold */
-        else {
-            int64_t room = GP_PPM - (int64_t)(m->u_other * GP_PPM) - ELASTIC_MARGIN_PPM;
-            rate = old + ELASTIC_STEP_PPM < room ? old + ELASTIC_STEP_PPM : room;
-        }
+        else rate = cap;                                                     /* sharing: its cap */
         if (rate < cap) rate = cap;
         if (rate > GP_PPM - ELASTIC_MARGIN_PPM) rate = GP_PPM - ELASTIC_MARGIN_PPM;
-        if (rate < old) { /* credit saved at the higher rate is not the neighbour's to wait for */
+        if (rate < old || now < m->hold_until + 2 * period_ns) {
+            /* credit saved at the higher rate is not the neighbour's to wait for: nor is credit that comes
+             * back from that time later (NVML's samples of it arrive a period late) */
             int64_t cost = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED), burst = burst_of(rate, cost);
             int64_t t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE), c = __atomic_load_n(&s->credit_ns[li], __ATOMIC_ACQUIRE);
             int64_t excess = t + c - burst;

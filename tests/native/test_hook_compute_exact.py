@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -50,44 +51,57 @@ def shares(pods: PodFactory, groups: list[set[int]]) -> list[float]:
 def test_every_tenant_gets_its_cap_within_2_points(pods: PodFactory, caps: list[float], samples: str) -> None:
     probes = start_all(pods, caps, samples)
     got = shares(pods, [{p.pid} for p in probes])
-    held_to_caps(got, caps)
+    held_to_caps(got, caps, uncapped(pods, lambda: start_all(pods, [100] * len(caps), samples)))
 
 
-def held_to_caps(got: list[float], caps: list[float]) -> None:
+def uncapped(pods: PodFactory, start: Callable[[], list[Probe]]) -> float:
+    """How much of the device the same tenants use uncapped (started by `start`, run to the end)."""
+    return sum(shares(pods, [{p.pid} for p in start()]))
+
+
+def held_to_caps(got: list[float], caps: list[float], reference: float) -> None:
     """Caps adding up to 100 on a time-sliced GPU (module docstring): every tenant but the largest within 2
-    points of its cap, the largest at most 2 over, all together >= 95 %."""
+    points of its cap, the largest at most 2 over, all together >= 95 % of the uncapped `reference`."""
     largest = caps.index(max(caps))
     for k, (share, cap) in enumerate(zip(got, caps, strict=True)):
         if k == largest:
             assert share <= cap / 100 + TOL, got
         else:
             assert share == pytest.approx(cap / 100, abs=TOL), got
-    assert sum(got) >= 0.95, got  # work-conserving: only the GPU's own switching is lost
+    assert sum(got) >= 0.95 * reference, (got, reference)  # work-conserving
 
 
 @pytest.mark.parametrize("samples", SAMPLES)
 def test_a_pod_of_two_processes_at_40_beside_one_at_60(pods: PodFactory, samples: str) -> None:
-    pod = pods.pod(cores="40", granted=True, samples=samples)
-    a, b = pods.start(pod), pods.start(pod)
-    c = pods.start(pods.pod(cores="60", granted=True, samples=samples))
-    for p in (a, b, c):
-        p.send("launch kernel 2000 2.5 16")
-    for p in (a, b, c):
-        assert p.proc.stdout is not None and p.proc.stdout.readline().split()[0] == "0"
-    two, one = shares(pods, [{a.pid, b.pid}, {c.pid}])
-    held_to_caps([two, one], [40, 60])
+    def start(low: str, high: str) -> tuple[list[Probe], list[set[int]]]:
+        pod = pods.pod(cores=low, granted=True, samples=samples)
+        a, b = pods.start(pod), pods.start(pod)
+        c = pods.start(pods.pod(cores=high, granted=True, samples=samples))
+        for p in (a, b, c):
+            p.send("launch kernel 2000 2.5 16")
+        for p in (a, b, c):
+            assert p.proc.stdout is not None and p.proc.stdout.readline().split()[0] == "0"
+        return [a, b, c], [{a.pid, b.pid}, {c.pid}]
+
+    groups = start("40", "60")[1]
+    reference = sum(shares(pods, start("100", "100")[1]))
+    held_to_caps(shares(pods, groups), [40, 60], reference)
 
 
 @pytest.mark.parametrize("samples", SAMPLES)
 def test_kernels_of_0_1_to_20_ms_and_graphs_mixed(pods: PodFactory, samples: str) -> None:
     probes = start_all(pods, [30, 70], samples, seconds=4.0, workload="mixed {s} 5 16")
-    held_to_caps(shares(pods, [{p.pid} for p in probes]), [30, 70])
+    got = shares(pods, [{p.pid} for p in probes])
+    held_to_caps(got, [30, 70], uncapped(pods, lambda: start_all(pods, [100, 100], samples, seconds=4.0,
+                                                                  workload="mixed {s} 5 16")))
 
 
 @pytest.mark.parametrize("samples", SAMPLES)
 def test_graph_launches(pods: PodFactory, samples: str) -> None:
     probes = start_all(pods, [30, 70], samples, workload="launch graph 2000 {s} 16")
-    held_to_caps(shares(pods, [{p.pid} for p in probes]), [30, 70])
+    got = shares(pods, [{p.pid} for p in probes])
+    held_to_caps(got, [30, 70], uncapped(pods, lambda: start_all(pods, [100, 100], samples,
+                                                                  workload="launch graph 2000 {s} 16")))
 
 
 @pytest.mark.parametrize(("lender", "hard"), [(30, 50), (30, 70), (10, 90)])
@@ -108,10 +122,11 @@ def test_elastic_gives_the_gpu_back_to_a_hard_neighbour_within_200_ms(
     kept = busy_share(pods.device, {elastic.pid}, *window)
     assert got <= hard / 100 + TOL  # the neighbour is hard
     assert kept >= lender / 100 - TOL  # never below its own cap
-    # From 200 ms on, the elastic pod keeps no more than the neighbour leaves (within 2 points), and the two
-    # use the GPU (only the GPU's own switching is lost): the neighbour has its cap but for that switching.
-    assert kept <= 1 - hard / 100 + TOL
-    assert got + kept >= 0.95
+    # From 200 ms on, the elastic pod keeps no more than its cap (within 2 points: on a time-sliced GPU it
+    # borrows only while nobody else is busy, docs/concepts.md), and the neighbour has its cap but for what
+    # the GPU's own switching costs (<= 5 points together).
+    assert kept <= lender / 100 + TOL
+    assert got + kept >= min(1.0, (hard + lender) / 100) - 0.05
 
 
 def _host_pid(pods: PodFactory, probe: Probe, pod_index: int) -> list[int]:

@@ -319,17 +319,19 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
 static struct fake_stream *stream_of(CUstream s) {
     return (uintptr_t)s <= 2 ? &default_stream : (struct fake_stream *)s;
 }
-/* Poll the simulation until kernel `seq` of this process has completed (later launches of other processes
- * can still take device time before it: time-slicing), sleeping at least what it is still owed. */
+/* Wait until kernel `seq` of this process has completed: sleep until it would if nobody launched anything
+ * more, then look again (later launches of other processes can still take device time before it). */
 static void wait_seq(uint64_t seq) {
     for (;;) {
         fk_lock();
-        fk_advance(fk_now());
-        int64_t end = fk_seq_end(seq), owed = end < 0 ? fk_owed(getpid(), seq) : 0;
+        int64_t now = fk_now();
+        fk_advance(now);
+        int64_t end = fk_seq_end(seq), wake = end < 0 ? fk_project(seq) : 0;
         fk_unlock();
         if (end >= 0) return;
-        if (owed < 100000) owed = 100000;
-        struct timespec ts = {(time_t)(owed / 1000000000LL), (long)(owed % 1000000000LL)};
+        int64_t ns = wake - now;
+        if (ns < 20000) ns = 20000;
+        struct timespec ts = {(time_t)(ns / 1000000000LL), (long)(ns % 1000000000LL)};
         while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
         }
     }

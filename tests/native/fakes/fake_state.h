@@ -208,77 +208,115 @@ static inline void fk_log(int64_t pid, int64_t start, int64_t end) {
     fk->iv_count++;
 }
 
-/* locked: the context that runs next at sim_t, 0 = nothing queued */
-static inline int64_t fk_pick(int64_t slice) {
-    struct fake_sched *s = &fk->sched;
-    if (s->npending == 0) return 0;
-    if (slice == 0) return s->pending[0].pid; /* no time-slicing: the oldest kernel, whoever launched it */
+/* The scheduler's state while it runs: the shared one (fk_advance) or a copy (fk_project). */
+struct fake_run {
+    int64_t sim_t, cur_pid, slice_end, switch_until;
+    uint64_t switches, npending;
+    struct fake_queued *pending;
+    int commit; /* log pieces and completions (the real run) */
+};
+
+/* the context that runs next at sim_t, 0 = nothing queued */
+static inline int64_t fk_pick(const struct fake_run *r, int64_t slice) {
+    if (r->npending == 0) return 0;
+    if (slice == 0) return r->pending[0].pid; /* no time-slicing: the oldest kernel, whoever launched it */
     int cur_has = 0, others = 0;
-    for (uint64_t i = 0; i < s->npending; i++) {
-        if (s->pending[i].pid == s->cur_pid) cur_has = 1;
+    for (uint64_t i = 0; i < r->npending; i++) {
+        if (r->pending[i].pid == r->cur_pid) cur_has = 1;
         else others = 1;
     }
-    if (cur_has && (!others || s->sim_t < s->slice_end)) return s->cur_pid;
+    if (cur_has && (!others || r->sim_t < r->slice_end)) return r->cur_pid;
     /* round robin: the next PID above the current one with work, else the lowest */
     int64_t next = 0, lowest = 0;
-    for (uint64_t i = 0; i < s->npending; i++) {
-        int64_t p = s->pending[i].pid;
-        if (p == s->cur_pid) continue;
-        if (p > s->cur_pid && (next == 0 || p < next)) next = p;
+    for (uint64_t i = 0; i < r->npending; i++) {
+        int64_t p = r->pending[i].pid;
+        if (p == r->cur_pid) continue;
+        if (p > r->cur_pid && (next == 0 || p < next)) next = p;
         if (lowest == 0 || p < lowest) lowest = p;
     }
     return next != 0 ? next : lowest;
 }
 
-/* locked: run the simulated device up to `now` */
-static inline void fk_advance(int64_t now) {
+/* Run the device up to `now`, or (stop != 0) until kernel `stop` completes: returns when it did, else -1. */
+static inline int64_t fk_run(struct fake_run *r, int64_t now, uint64_t stop) {
     FK_PARAM(slice_us, "FAKE_GPU_TIMESLICE_US", 2000);
     FK_PARAM(switch_us, "FAKE_GPU_SWITCH_US", 50);
     int64_t slice = slice_us * 1000, sw = switch_us * 1000;
-    struct fake_sched *s = &fk->sched;
-    if (s->sim_t == 0) s->sim_t = now;
+    if (r->sim_t == 0) r->sim_t = now;
     for (;;) {
-        if (s->switch_until > s->sim_t) {
-            if (s->switch_until > now) break;
-            s->sim_t = s->switch_until;
+        if (r->switch_until > r->sim_t) {
+            if (r->switch_until > now) break;
+            r->sim_t = r->switch_until;
         }
-        int64_t pid = fk_pick(slice);
+        int64_t pid = fk_pick(r, slice);
         if (pid == 0) { /* idle */
-            if (s->sim_t < now) s->sim_t = now;
+            if (r->sim_t < now) r->sim_t = now;
             break;
         }
-        if (pid != s->cur_pid) {
-            int64_t prev = s->cur_pid;
-            s->cur_pid = pid;
-            s->slice_end = s->sim_t + slice;
+        if (pid != r->cur_pid) {
+            int64_t prev = r->cur_pid;
+            r->cur_pid = pid;
+            r->slice_end = r->sim_t + slice;
             if (prev != 0 && sw > 0) { /* the switch takes device time in which nothing runs */
-                s->switch_until = s->sim_t + sw;
-                s->slice_end += sw;
-                s->switches++;
+                r->switch_until = r->sim_t + sw;
+                r->slice_end += sw;
+                r->switches++;
                 continue;
             }
         }
         uint64_t k = 0;
-        while (s->pending[k].pid != pid) k++;
-        struct fake_queued *q = &s->pending[k];
+        while (r->pending[k].pid != pid) k++;
+        struct fake_queued *q = &r->pending[k];
         int others = 0;
-        for (uint64_t i = 0; i < s->npending && !others; i++) others = s->pending[i].pid != pid;
-        if (slice > 0 && !others && s->slice_end < s->sim_t + slice) s->slice_end = s->sim_t + slice; /* alone */
-        int64_t until = s->sim_t + q->remaining < now ? s->sim_t + q->remaining : now;
-        if (slice > 0 && others && s->slice_end < until) until = s->slice_end;
-        if (until < s->sim_t) until = s->sim_t;
-        fk_log(pid, s->sim_t, until);
-        q->remaining -= until - s->sim_t;
-        s->sim_t = until;
+        for (uint64_t i = 0; i < r->npending && !others; i++) others = r->pending[i].pid != pid;
+        if (slice > 0 && !others && r->slice_end < r->sim_t + slice) r->slice_end = r->sim_t + slice; /* alone */
+        int64_t until = r->sim_t + q->remaining < now ? r->sim_t + q->remaining : now;
+        if (slice > 0 && others && r->slice_end < until) until = r->slice_end;
+        if (until < r->sim_t) until = r->sim_t;
+        if (r->commit) fk_log(pid, r->sim_t, until);
+        q->remaining -= until - r->sim_t;
+        r->sim_t = until;
         if (q->remaining <= 0) {
-            s->done_seq[q->seq % FAKE_DONE] = q->seq;
-            s->done_at[q->seq % FAKE_DONE] = s->sim_t;
-            memmove(q, q + 1, (s->npending - k - 1) * sizeof *q);
-            s->npending--;
+            uint64_t seq = q->seq;
+            if (r->commit) {
+                fk->sched.done_seq[seq % FAKE_DONE] = seq;
+                fk->sched.done_at[seq % FAKE_DONE] = r->sim_t;
+            }
+            memmove(q, q + 1, (r->npending - k - 1) * sizeof *q);
+            r->npending--;
+            if (seq == stop) return r->sim_t;
         } else if (until >= now) {
             break;
         }
     }
+    return -1;
+}
+
+/* locked: run the simulated device up to `now` */
+static inline void fk_advance(int64_t now) {
+    struct fake_sched *s = &fk->sched;
+    struct fake_run r = {s->sim_t, s->cur_pid, s->slice_end, s->switch_until, s->switches, s->npending,
+                         s->pending, 1};
+    fk_run(&r, now, 0);
+    s->sim_t = r.sim_t;
+    s->cur_pid = r.cur_pid;
+    s->slice_end = r.slice_end;
+    s->switch_until = r.switch_until;
+    s->switches = r.switches;
+    s->npending = r.npending;
+}
+
+/* locked: when kernel `seq` would complete if nobody launched anything more (later launches of other
+ * processes can only delay it): what a synchronising caller sleeps until before it looks again */
+static inline int64_t fk_project(uint64_t seq) {
+    struct fake_sched *s = &fk->sched;
+    struct fake_queued *copy = malloc((s->npending + 1) * sizeof *copy);
+    if (copy == NULL) return 0;
+    memcpy(copy, s->pending, s->npending * sizeof *copy);
+    struct fake_run r = {s->sim_t, s->cur_pid, s->slice_end, s->switch_until, s->switches, s->npending, copy, 0};
+    int64_t end = fk_run(&r, INT64_MAX, seq);
+    free(copy);
+    return end;
 }
 
 /* locked: when kernel `seq` completed (0: long ago or never launched), -1 while it has not */
@@ -288,14 +326,6 @@ static inline int64_t fk_seq_end(uint64_t seq) {
     for (uint64_t i = 0; i < s->npending; i++)
         if (s->pending[i].seq == seq) return -1;
     return s->done_seq[seq % FAKE_DONE] == seq ? s->done_at[seq % FAKE_DONE] : 0;
-}
-
-/* locked: device time still owed to this process's kernels up to `seq` (a lower bound on the wait) */
-static inline int64_t fk_owed(int64_t pid, uint64_t seq) {
-    int64_t sum = 0;
-    for (uint64_t i = 0; i < fk->sched.npending; i++)
-        if (fk->sched.pending[i].pid == pid && fk->sched.pending[i].seq <= seq) sum += fk->sched.pending[i].remaining;
-    return sum;
 }
 
 #endif
