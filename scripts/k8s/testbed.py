@@ -7,6 +7,7 @@ server's aggregation layer (`AggregatingTestbed`) and KEDA's operator and metric
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import subprocess
@@ -191,10 +192,8 @@ class Keda:
             if proc is not None:
                 proc.stop()
         for path in (f"/apis/apiregistration.k8s.io/v1/apiservices/{KEDA_APISERVICE}",):
-            try:
+            with contextlib.suppress(TestbedError, OSError):  # a testbed stopping already, or never registered
                 self.bed.admin_request("DELETE", path)
-            except (TestbedError, OSError):
-                pass  # a testbed stopping already, or never registered
 
     def _certificates(self) -> Path:
         """ca.crt, tls.crt, tls.key where both KEDA programs read them (--cert-dir): one pair for the
@@ -278,10 +277,8 @@ class Keda:
             "ports": [{"name": "https", "port": self.adapter_port, "protocol": "TCP"}],
         }
         path = f"/apis/discovery.k8s.io/v1/namespaces/{KEDA_NAMESPACE}/endpointslices"
-        try:
+        with contextlib.suppress(TestbedError):  # none yet
             self.bed.admin_request("DELETE", f"{path}/{KEDA_METRICS_SERVICE}-local")
-        except TestbedError:
-            pass  # none yet
         self.bed.admin_request("POST", path, endpoints)
         self.bed.ensure("/apis/apiregistration.k8s.io/v1/apiservices", {
             "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
