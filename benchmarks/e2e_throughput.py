@@ -45,7 +45,7 @@ from tests.harness import testbed as tb  # noqa: E402
 
 
 def chart_config() -> dict | None:
-    """The chart's kube-scheduler configuration, when the helm test extra is installed."""
+    """The chart's kube-scheduler configuration, when helm (scripts/k8s/build.sh) is built or can be."""
     try:
         from tests.deploy.helm_tool import HelmUnavailable, helm_binary
     except ImportError:

