@@ -62,6 +62,16 @@ def test_one_command_brings_up_gpupool_and_its_example_pod_runs(tmp_path_factory
 
         wait_for(running, 120, "the plain pod Running", lambda: subprocess.run(
             [*kubectl, "-n", "demo", "describe", "pod", "plain"], capture_output=True, text=True).stdout[-1500:])
+
+        # `gpupool doctor` with its defaults (only the kubeconfig) finds the trial's release `gp` and passes it;
+        # piped, it prints lines a reader can follow, not a table folded to 80 columns.
+        doctor = subprocess.run([sys.executable, "-m", "gpupool", "doctor", "--kubeconfig", info["kubeconfig"]],
+                                capture_output=True, text=True, timeout=180)
+        assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+        lines = doctor.stdout.splitlines()
+        assert lines[0] == "INFO  api: release gp", doctor.stdout
+        assert max(len(line) for line in lines) <= 80 and not any(c in doctor.stdout for c in "│┃─"), doctor.stdout
+        assert lines[-1].startswith("gpupool doctor: nothing failed"), doctor.stdout
     finally:
         proc.send_signal(signal.SIGINT)
         try:
