@@ -719,7 +719,8 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     double retro = 0;
     if (acc.pod_pids > 1) m->multi_until = now + 2 * period_ns + 50000000LL;
     int others_gone = now - m->other_end > period_ns + period_ns / 2 + 20000000LL;
-    m->alone = no_samples || (others_gone && others_from == INT64_MAX);
+    /* without per-process samples (MIG) nobody else is busy only if nobody else holds a context there */
+    m->alone = no_samples ? m->listed && m->nknown == 0 : others_gone && others_from == INT64_MAX;
     if (no_samples) {
         if (!was_solo) set_mode(m, now, 1);
     } else if (was_solo && (others_from != INT64_MAX || acc.pod_pids > 1)) {
