@@ -37,6 +37,10 @@
  *   its events times f (what NVML said against what the events counted, over shared samples), replaced by
  *   the truth when the samples come. The totals are exact; the feedback comes within a poll.
  * - no per-process samples (MIG mode): the events, alone or not.
+ * - CUDA graphs made by stream capture (torch.cuda.graph): nothing is recorded on a stream while it
+ *   captures (its launches run nothing then, and an event captured with them would invalidate the capture
+ *   when queried), and the poller thread runs in relaxed capture mode, so its event calls never invalidate a
+ *   capture begun in global mode on another thread (tests/native/test_hook_capture.py).
  * Limits: a pod that never runs alone on a GPU whose smUtil scale is not 1, and whose agent gave none, is
  * measured at scale 1 while it shares the GPU (its error is the scale's); the processes of a pod of
  * several are summed, their overlap corrected by f. On a time-sliced GPU each context switch costs device
@@ -169,6 +173,8 @@ static struct {
     cuCtxGetCurrent_fn ctx_get;
     cuCtxSetCurrent_fn ctx_set;
     cuStreamCreate_fn stream_create;
+    cuStreamIsCapturing_fn is_capturing;                 /* both absent before CUDA 10: no capture there */
+    cuThreadExchangeStreamCaptureMode_fn exchange_mode;
     int ok;
 } drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
@@ -182,6 +188,8 @@ static void drv_resolve(void) {
     drv.ctx_get = (cuCtxGetCurrent_fn)gp_cuda_sym("cuCtxGetCurrent");
     drv.ctx_set = (cuCtxSetCurrent_fn)gp_cuda_sym("cuCtxSetCurrent");
     drv.stream_create = (cuStreamCreate_fn)gp_cuda_sym("cuStreamCreate");
+    drv.is_capturing = (cuStreamIsCapturing_fn)gp_cuda_sym("cuStreamIsCapturing");
+    drv.exchange_mode = (cuThreadExchangeStreamCaptureMode_fn)gp_cuda_sym("cuThreadExchangeStreamCaptureMode");
     drv.ok = drv.create && drv.destroy && drv.record && drv.query && drv.elapsed && drv.ctx_get && drv.ctx_set &&
              drv.stream_create;
 }
@@ -269,9 +277,24 @@ static void ev_free(int li, CUevent e) { /* locked */
     else drv.destroy(e);
 }
 
+/* Whether work pushed to `s` now would be captured into a CUDA graph (torch.cuda.graph and the like) rather
+ * than run. The library then records nothing there: an event recorded on a capturing stream is captured
+ * too, and querying it would invalidate the tenant's capture (CUDA_ERROR_CAPTURED_EVENT). An error (the
+ * legacy stream asked while another stream captures) counts as capturing: recording there would be an
+ * implicit synchronisation with the capture. */
+static int capturing(CUstream s) {
+    CUstreamCaptureStatus status = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (drv.is_capturing == NULL) return 0;
+    return drv.is_capturing(s, &status) != CUDA_SUCCESS || status != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 static void ev_record(int si, int64_t now) { /* locked */
     struct evstream *st = &ev.st[si];
     if (ev.head - ev.tail >= EV_RING) return; /* full: the span stays open and is closed later */
+    if (capturing(st->s)) { /* its launches since the span opened were captured, not run: no device time */
+        st->open_since = 0;
+        return;
+    }
     CUevent e = ev_new(st->li);
     if (e == NULL) return;
     if (drv.record(e, st->s) != CUDA_SUCCESS) {
@@ -310,8 +333,16 @@ static void ev_after_launch(int li, CUstream s, int ptsz, int64_t launched) {
     CUstream key = ptsz && s == NULL ? PTSZ_STREAM : s;
     int64_t now = gp_now_ns();
     pthread_mutex_lock(&ev.mu);
-    if (ev.anchor[li] == NULL) ev_anchor(li, launched);
     int si = ev.anchor[li] != NULL ? ev_stream(key, li) : -1;
+    /* a launch into a capture ran nothing: while the stream captures no span opens (and no anchor is made) */
+    if ((si < 0 || ev.st[si].open_since == 0) && capturing(key)) {
+        pthread_mutex_unlock(&ev.mu);
+        return;
+    }
+    if (ev.anchor[li] == NULL) {
+        ev_anchor(li, launched);
+        si = ev.anchor[li] != NULL ? ev_stream(key, li) : -1;
+    }
     if (si >= 0) {
         struct evstream *st = &ev.st[si];
         if (st->open_since == 0) st->open_since = launched;
@@ -877,6 +908,14 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
 
 static void *poller(void *arg) {
     (void)arg;
+    /* This thread queries and records events while the tenant may be capturing a CUDA graph in global mode
+     * (PyTorch's default), where a potentially unsafe call from any thread not in relaxed mode invalidates
+     * the capture: nothing this thread does belongs to a capture, so it runs relaxed. */
+    pthread_once(&drv_once, drv_resolve);
+    if (drv.exchange_mode != NULL) {
+        CUstreamCaptureMode relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+        drv.exchange_mode(&relaxed);
+    }
     int64_t me = getpid();
     int64_t last = gp_now_ns();
     int capped = 0;

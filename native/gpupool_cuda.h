@@ -110,6 +110,17 @@ typedef struct {
 /* The library's own timing events (gp_compute.c): entry points it calls on the real driver, with the ABI
  * the CUDA Driver API reference gives them. */
 #define CUDA_ERROR_NOT_READY 600
+/* Stream capture (CUDA graphs built by capturing a stream, as torch.cuda.graph does): the library must not
+ * put its own events into a capture, nor make calls that invalidate one (gp_compute.c). */
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+#define CUDA_ERROR_STREAM_CAPTURE_IMPLICIT 906
+#define CUDA_ERROR_CAPTURED_EVENT 907
+typedef enum { CU_STREAM_CAPTURE_STATUS_NONE = 0, CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+               CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2 } CUstreamCaptureStatus;
+typedef enum { CU_STREAM_CAPTURE_MODE_GLOBAL = 0, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
+               CU_STREAM_CAPTURE_MODE_RELAXED = 2 } CUstreamCaptureMode;
+typedef struct CUgraph_st *CUgraph;
 #define CU_STREAM_NON_BLOCKING 0x1
 #define CU_EVENT_DEFAULT 0x0
 typedef CUresult (*cuEventCreate_fn)(CUevent *, unsigned int);
@@ -120,6 +131,8 @@ typedef CUresult (*cuEventElapsedTime_fn)(float *, CUevent, CUevent);
 typedef CUresult (*cuCtxGetCurrent_fn)(CUcontext *);
 typedef CUresult (*cuCtxSetCurrent_fn)(CUcontext);
 typedef CUresult (*cuStreamCreate_fn)(CUstream *, unsigned int);
+typedef CUresult (*cuStreamIsCapturing_fn)(CUstream, CUstreamCaptureStatus *);
+typedef CUresult (*cuThreadExchangeStreamCaptureMode_fn)(CUstreamCaptureMode *);
 typedef CUresult (*cuStreamDestroy_fn)(CUstream);
 
 /* cuGetProcAddress_v2's out parameter (CUdriverProcAddressQueryResult) */

@@ -314,6 +314,106 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr ptr, CUstream s) {
 }
 
 /* ---- streams, events, kernels ------------------------------------------------------------------------- */
+/* ---- stream capture ------------------------------------------------------------------------------------
+ * What NVIDIA documents of cuStreamBeginCapture / cuStreamEndCapture / cuThreadExchangeStreamCaptureMode:
+ * - work pushed to a capturing stream is not executed but captured; cuStreamEndCapture returns the graph
+ *   (here a handle whose value is the captured device time in us, launchable like the fake's graphs), or
+ *   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED once something broke the capture;
+ * - an event recorded on a capturing stream is captured: querying, timing or synchronising it conflicts
+ *   with the capture in every mode (CUDA_ERROR_CAPTURED_EVENT) and invalidates it;
+ * - while a capture begun in GLOBAL mode is under way (or one in THREAD_LOCAL mode in the calling thread),
+ *   a thread whose own interaction mode is not RELAXED may make no potentially unsafe call: the call fails
+ *   with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and invalidates the capture. NVIDIA lists no such calls;
+ *   FAKE_CAPTURE_UNSAFE (default "query,sync") says whether event queries and timings ("query") and
+ *   stream, context and event synchronisations ("sync") count, and the tests sweep it ("" = neither);
+ * - the legacy default stream cannot capture, and asking it whether it captures while another stream
+ *   captures in a mode other than RELAXED is CUDA_ERROR_STREAM_CAPTURE_IMPLICIT. */
+#define FAKE_CAPTURES 8
+static struct {
+    CUstream s;
+    int mode, invalid;
+    pthread_t thread;
+    int64_t captured_ns;
+} captures[FAKE_CAPTURES];
+static pthread_mutex_t capture_mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread int thread_capture_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+
+static int capture_of(CUstream s) { /* capture_mu held: the capture under way on `s`, or -1 */
+    for (int i = 0; i < FAKE_CAPTURES; i++)
+        if (captures[i].s != NULL && captures[i].s == s) return i;
+    return -1;
+}
+/* An unsafe call of kind `kind` ("query" or "sync") in this thread: whether a capture forbids it (and is
+ * invalidated by it). */
+static int unsafe_call(const char *kind) {
+    const char *unsafe = getenv("FAKE_CAPTURE_UNSAFE");
+    if (unsafe == NULL) unsafe = "query,sync";
+    if (strstr(unsafe, kind) == NULL || thread_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return 0;
+    int hit = 0;
+    pthread_mutex_lock(&capture_mu);
+    for (int i = 0; i < FAKE_CAPTURES; i++) {
+        if (captures[i].s == NULL || captures[i].mode == CU_STREAM_CAPTURE_MODE_RELAXED) continue;
+        if (captures[i].mode == CU_STREAM_CAPTURE_MODE_GLOBAL || pthread_equal(captures[i].thread, pthread_self())) {
+            captures[i].invalid = 1;
+            hit = 1;
+        }
+    }
+    pthread_mutex_unlock(&capture_mu);
+    return hit;
+}
+static void invalidate_capture(CUstream s) {
+    pthread_mutex_lock(&capture_mu);
+    int i = capture_of(s);
+    if (i >= 0) captures[i].invalid = 1;
+    pthread_mutex_unlock(&capture_mu);
+}
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    if ((uintptr_t)s <= 2) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    pthread_mutex_lock(&capture_mu);
+    int i = capture_of(s), free_slot = -1;
+    for (int k = FAKE_CAPTURES - 1; k >= 0; k--)
+        if (captures[k].s == NULL) free_slot = k;
+    if (i < 0 && free_slot >= 0)
+        captures[free_slot] = (__typeof__(captures[0])){s, mode, 0, pthread_self(), 0};
+    pthread_mutex_unlock(&capture_mu);
+    return i >= 0 || free_slot < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *g) {
+    pthread_mutex_lock(&capture_mu);
+    int i = capture_of(s), invalid = i >= 0 && captures[i].invalid;
+    int64_t us = i >= 0 ? captures[i].captured_ns / 1000 : 0;
+    if (i >= 0) captures[i].s = NULL;
+    pthread_mutex_unlock(&capture_mu);
+    if (i < 0) return CUDA_ERROR_INVALID_VALUE;
+    *g = invalid ? NULL : (CUgraph)(uintptr_t)(us > 0 ? us : 1);
+    return invalid ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus *status) {
+    pthread_mutex_lock(&capture_mu);
+    int i = capture_of(s), implicit = 0;
+    if ((uintptr_t)s <= 1)
+        for (int k = 0; k < FAKE_CAPTURES; k++)
+            implicit |= captures[k].s != NULL && captures[k].mode != CU_STREAM_CAPTURE_MODE_RELAXED;
+    *status = i < 0 ? CU_STREAM_CAPTURE_STATUS_NONE
+              : captures[i].invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    pthread_mutex_unlock(&capture_mu);
+    return implicit ? CUDA_ERROR_STREAM_CAPTURE_IMPLICIT : CUDA_SUCCESS;
+}
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    int old = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+/* Work pushed to a capturing stream: counted into its graph instead of run (1 if it was). */
+static int captured(CUstream s, int64_t ns) {
+    pthread_mutex_lock(&capture_mu);
+    int i = (uintptr_t)s <= 2 ? -1 : capture_of(s);
+    if (i >= 0) captures[i].captured_ns += ns < 0 ? 0 : ns;
+    pthread_mutex_unlock(&capture_mu);
+    return i >= 0;
+}
+
 /* NULL and the driver's special handles CU_STREAM_LEGACY (1) and CU_STREAM_PER_THREAD (2) are the default
  * stream (the fake has one thread of work per process) */
 static struct fake_stream *stream_of(CUstream s) {
@@ -343,6 +443,15 @@ EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
 }
 EXPORT CUresult cuStreamDestroy_v2(CUstream s) { free(s); return CUDA_SUCCESS; }
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    int capturing;
+    pthread_mutex_lock(&capture_mu);
+    capturing = capture_of(s) >= 0;
+    pthread_mutex_unlock(&capture_mu);
+    if (capturing) { /* a capturing stream has nothing running to wait for: that conflicts with capture */
+        invalidate_capture(s);
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    if (unsafe_call("sync")) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_seq(stream_of(s)->seq);
     fk_lock();
     trim(&default_pool, 0); /* release threshold 0: unused pool memory goes back at a sync */
@@ -350,12 +459,14 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSynchronize(void) {
+    if (unsafe_call("sync")) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     wait_seq(latest_seq);
     return cuStreamSynchronize(NULL);
 }
 
 static CUresult run(CUstream s, int64_t ns) {
     struct fake_stream *st = stream_of(s);
+    if (captured(s, ns)) return CUDA_SUCCESS;
     for (;;) {
         fk_lock();
         ensure_ctx();
@@ -399,7 +510,7 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { return run(s, (int64_
 
 /* An event completes when the kernels launched before it on its stream have (at its record if none are
  * left; on the legacy default stream, the process's kernels on every stream). */
-struct fake_event { uint64_t seq; int64_t recorded; };
+struct fake_event { uint64_t seq; int64_t recorded; CUstream captured_on; /* NULL: a plain record */ };
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     (void)flags;
     *e = (CUevent)calloc(1, sizeof(struct fake_event));
@@ -409,9 +520,22 @@ EXPORT CUresult cuEventDestroy_v2(CUevent e) { free(e); return CUDA_SUCCESS; }
 EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
     struct fake_event *ev = (struct fake_event *)e;
     /* the legacy default stream waits for the process's other streams; any other stream for its own work */
+    if (captured(s, 0)) {
+        ev->captured_on = s;
+        return CUDA_SUCCESS;
+    }
+    ev->captured_on = NULL;
     ev->seq = (uintptr_t)s <= 1 ? latest_seq : stream_of(s)->seq;
     ev->recorded = fk_now();
     return CUDA_SUCCESS;
+}
+/* Using an event: CUDA_SUCCESS, or why the capture rules forbid it (and the capture it broke). */
+static CUresult event_use(const struct fake_event *ev, const char *kind) {
+    if (ev->captured_on != NULL) {
+        invalidate_capture(ev->captured_on);
+        return CUDA_ERROR_CAPTURED_EVENT;
+    }
+    return unsafe_call(kind) ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 static int64_t event_time(const struct fake_event *ev) { /* -1: not yet */
     fk_lock();
@@ -420,9 +544,21 @@ static int64_t event_time(const struct fake_event *ev) { /* -1: not yet */
     fk_unlock();
     return end < 0 ? -1 : end > ev->recorded ? end : ev->recorded;
 }
-EXPORT CUresult cuEventQuery(CUevent e) { return event_time((struct fake_event *)e) >= 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY; }
-EXPORT CUresult cuEventSynchronize(CUevent e) { wait_seq(((struct fake_event *)e)->seq); return CUDA_SUCCESS; }
+EXPORT CUresult cuEventQuery(CUevent e) {
+    CUresult r = event_use((struct fake_event *)e, "query");
+    if (r != CUDA_SUCCESS) return r;
+    return event_time((struct fake_event *)e) >= 0 ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+    CUresult r = event_use((struct fake_event *)e, "sync");
+    if (r != CUDA_SUCCESS) return r;
+    wait_seq(((struct fake_event *)e)->seq);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+    CUresult r = event_use((struct fake_event *)a, "query");
+    if (r == CUDA_SUCCESS) r = event_use((struct fake_event *)b, "query");
+    if (r != CUDA_SUCCESS) return r;
     int64_t ta = event_time((struct fake_event *)a), tb = event_time((struct fake_event *)b);
     if (ta < 0 || tb < 0) return CUDA_ERROR_NOT_READY;
     *ms = (float)((double)(tb - ta) / 1e6);

@@ -16,6 +16,9 @@
  *            bench launch|alloc N -> "<rc> picoseconds per call" (an empty kernel; a 1 MiB alloc + free)
  *            pools N BYTES -> "<successes> <last rc>" (N new pools, BYTES allocated from each, kept)
  *            mixed SECONDS SEED [SYNC_EVERY] -> "<rc> launches" (kernels of 0.1 to 20 ms and graphs, a random mix)
+ *            capture MODE SECONDS -> "<begin rc> <end rc> <graph us> <graph launch rc>": a CUDA graph made by
+ *                                    capturing a stream (MODE 0 global, 1 thread-local, 2 relaxed) for
+ *                                    SECONDS while another stream runs kernels, then launched
  *            plant overflow|misaligned -> "<rc>" if nothing caught it (a fault inside the library, for the
  *                                          sanitizer tests: an instrumented library dies there instead)
  * Allocation KINDs: mem mem1 pitch pitch1 managed async async_ptsz pool pool_ptsz vmm array array1 array3d
@@ -39,6 +42,9 @@ CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuMemPoolCreate(CUmemoryPool *, const void *);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, CUgraph *);
 #define D(name, ret, args) ret name args;
 #include "probe_syms.h"
 #undef D
@@ -283,6 +289,28 @@ int main(int argc, char **argv) {
             }
             cuStreamSynchronize(NULL);
             printf("%d %lld\n", r, count);
+        } else if (sscanf(line, "capture %llu %lf", &n, &(double){0}) == 2) {
+            double secs = 0;
+            sscanf(line, "capture %llu %lf", &n, &secs);
+            CUstream work = NULL, cap = NULL;
+            cuStreamCreate(&work, 0);
+            cuStreamCreate(&cap, 0);
+            for (int i = 0; i < 20; i++) p_cuLaunchKernel(NULL, 500, 1, 1, 32, 1, 1, 0, work, NULL, NULL);
+            cuStreamSynchronize(work);
+            CUresult begin = cuStreamBeginCapture_v2(cap, (int)n), end = CUDA_ERROR_INVALID_VALUE, r = CUDA_SUCCESS;
+            CUgraph g = NULL;
+            if (begin == CUDA_SUCCESS) {
+                /* the capture's kernels, and real work beside it (no synchronisation: that would be ours) */
+                for (double stop = now_s() + secs; now_s() < stop;) {
+                    p_cuLaunchKernel(NULL, 500, 1, 1, 32, 1, 1, 0, cap, NULL, NULL);
+                    p_cuLaunchKernel(NULL, 500, 1, 1, 32, 1, 1, 0, work, NULL, NULL);
+                    nanosleep(&(struct timespec){0, 2000000}, NULL);
+                }
+                end = cuStreamEndCapture(cap, &g);
+            }
+            if (end == CUDA_SUCCESS) r = p_cuGraphLaunch((CUgraphExec)(void *)g, work);
+            cuStreamSynchronize(work);
+            printf("%d %d %llu %d\n", begin, end, (unsigned long long)(uintptr_t)g, r);
         } else if (sscanf(line, "threads %d %d", &nsizes, &ops) == 2) {
             int nthreads = nsizes;
             unsigned seed;
