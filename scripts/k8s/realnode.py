@@ -166,6 +166,11 @@ class RealNode:
     bridge: str = ""  # the node's pod network: a bridge (at most 15 characters) ...
     pod_cidr: str = ""  # ... and the /24 it hands addresses from
     kubelet_port: int = 0
+    # A directory of the testbed's that every node sees as its own (this node's `local/`, bind-mounted there
+    # in its mount namespace): a host path a DaemonSet names once for all nodes is then per node, as on
+    # separate machines (the chart's agent hook root: each agent removes the hook directories of pods not on
+    # its node, so one directory shared by two nodes would lose the other node's pods' limits files).
+    local: Path | None = None
     containerd: tb.Process | None = None
     kubelet: tb.Process | None = None
     kubelet_starts: int = 0
@@ -193,7 +198,8 @@ class RealNode:
         (self.dir / "cni/conf/10-pods.conflist").write_text(json.dumps(_cni_config(self)))
         config = self.dir / "containerd.toml"
         config.write_text(_containerd_config(self))
-        mounts = [(self.device_plugin_dir, DEVICE_PLUGIN_DIR), *((self.dir / "log" / p.name, p) for p in POD_LOG_DIRS)]
+        mounts = [(self.device_plugin_dir, DEVICE_PLUGIN_DIR), *((self.dir / "log" / p.name, p) for p in POD_LOG_DIRS),
+                  *([(self.dir / "local", self.local)] if self.local else [])]
         for source, target in mounts:
             source.mkdir(parents=True, exist_ok=True)
             target.mkdir(parents=True, exist_ok=True)  # the mount points, outside the namespace
@@ -366,6 +372,11 @@ class RealNodes:
     nodes: list[RealNode] = field(default_factory=list)
     root: Path | None = None
 
+    @property
+    def local(self) -> Path | None:
+        """The directory each node sees as its own (RealNode.local)."""
+        return self.root / "node-local" if self.root is not None else None
+
     def start(self, timeout_s: float = 180.0) -> RealNodes:
         problems = missing_tools()
         if problems:
@@ -382,7 +393,7 @@ class RealNodes:
                 taints = [f"{REAL_NODE_LABEL}={tag}:NoSchedule"] if self.taint else []
                 node = RealNode(self.bed, f"127.{block}.0.{i + 1}", self.root / f"n{i}", f"/gpupool-{tag}-n{i}",
                                 {REAL_NODE_LABEL: tag, **self.labels}, taints, bridge=f"gp{tag[:6]}{i}",
-                                pod_cidr=f"10.{block}.{i}.0/24")
+                                pod_cidr=f"10.{block}.{i}.0/24", local=self.local)
                 self.nodes.append(node)
                 node.start_containerd(archives)
                 node.start_kubelet()

@@ -291,15 +291,16 @@ class ChartRelease:
 
     def testbed_values(self) -> list[str]:
         """What this testbed needs beside the chart's defaults: the imported image, never pulled; fake GPUs
-        named after each node; the hook and MPS roots in this testbed's directory (shared by its nodes, as
-        all of them are this host); the webhook's certificate from helm (no cert-manager here)."""
-        assert self.nodes.root is not None, "the nodes are not started"
+        named after each node; the hook and MPS roots in the testbed's directory that each node sees as its
+        own (RealNode.local: per node, as on separate machines); the webhook's certificate from helm (no
+        cert-manager here)."""
+        local = self.nodes.local
+        assert local is not None, "the nodes are not started"
         tag = self.image.rsplit(":", 1)[1]
         return ["--set", f"image.repository={GPUPOOL_REPOSITORY}", "--set", f"image.tag={tag}",
                 "--set", "image.pullPolicy=Never", "--set", "webhook.certs.mode=helm",
                 "--set", "agent.backend=fake", "--set-json", f"agent.fakeGpus={json.dumps(FAKE_GPUS)}",
-                "--set", f"agent.hookRoot={self.nodes.root / 'hook'}",
-                "--set", f"agent.mpsRoot={self.nodes.root / 'mps'}"]
+                "--set", f"agent.hookRoot={local / 'hook'}", "--set", f"agent.mpsRoot={local / 'mps'}"]
 
     def import_images(self) -> None:
         """The images into each node's containerd (`ctr -n k8s.io images import`), as a registry would serve them."""
@@ -414,8 +415,9 @@ class ChartRelease:
 
     def processes(self) -> list[ReleaseProcess]:
         """This release's programs among this host's processes, each with the pod it runs in (if any)."""
-        assert self.nodes.root is not None
-        markers = (f"={self.namespace}", f":{self.namespace}:", f"={self.nodes.root / 'hook'}")
+        local = self.nodes.local
+        assert local is not None
+        markers = (f"={self.namespace}", f":{self.namespace}:", f"={local / 'hook'}")
         roots = [n.cgroup_root.strip("/") + "/" for n in self.nodes.nodes]
         out = []
         for proc in Path("/proc").iterdir():

@@ -10,7 +10,8 @@ cluster: the `kubernetes` Service (kube-proxy), in-cluster configuration, the CA
 tenant writes it (no schedulerName), is admitted by the webhook pod, placed by the scheduler pod and served
 by the agent pod; no program of the release runs outside a pod; with the webhook's pods scaled to 0 a GPU
 pod is refused (the chart fails closed) and admitted once they serve again; `helm upgrade` rolls the agent
-pods to the new values; `helm uninstall` removes every object of the release and stops its containers.
+pods to the new values and `helm rollback` to the previous ones while a tenant keeps running with the same
+limits file; `helm uninstall` removes every object of the release and stops its containers.
 
 This module has its own control plane (its API server must be reachable from pods; one per machine, since
 its kube-proxy owns the host's Service rules).
@@ -164,14 +165,52 @@ def test_chart_pods_serve_a_tenant_roll_on_upgrade_and_uninstall_clean(cluster: 
     out = c.kubectl("create", "--dry-run=server", "-f", "-", stdin=json.dumps(gpu_pod("while-up")))
     assert out.returncode == 0, out.stderr
 
+    # A tenant that runs through the upgrade and the rollback keeps its share: the same container, the same
+    # limits file (byte for byte), the same grant.
+    keeper = release.example_pod("keeper", TENANT, memory_mib=2048, cores=10)
+    created = c.kubectl("create", "-f", "-", stdin=json.dumps(keeper))
+    assert created.returncode == 0, created.stderr
+
+    def keeper_state() -> tuple[str, str, int, str]:
+        got = json.loads(c.kubectl("-n", TENANT, "get", "pod", "keeper", "-o", "json").stdout)
+        status = (got.get("status") or {}).get("containerStatuses") or [{}]
+        digest = c.kubectl("-n", TENANT, "exec", "keeper", "--", "md5sum", "/run/gpupool/limits/limits.v1")
+        grant = c.kubectl("-n", TENANT, "exec", "keeper", "--", "/gpupool/grant")
+        return (got["metadata"]["uid"], (got.get("status") or {}).get("phase", ""),
+                int(status[0].get("restartCount", -1)),
+                (digest.stdout.split(" ")[0] or digest.stderr.strip()) + "\n" + grant.stdout)
+
+    def keeper_granted() -> tuple[str, str, int, str] | None:
+        state = keeper_state()
+        return state if state[1] == "Running" and "GPUPOOL_MEMORY_LIMIT_MIB=2048" in state[3] else None
+
+    first = wait_for(keeper_granted, 180, "the keeper's grant", pod_state)
+    assert first[2] == 0 and len(first[3].split("\n")[0]) == 32, first  # an md5 of the limits file
+
+    def agent_pods() -> set[str]:
+        return {p["metadata"]["name"] for p in rel.pods()
+                if p["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"}
+
     # helm upgrade: the DaemonSet rolls its pods, and the new agent pods advertise the new split.
     before = set(agents)
     rel.upgrade("--set", "splitCount=5")
     wait_for(lambda: all(release.gpu_slots(c.bed, n.name) == GPUS * 5 for n in c.nodes.nodes) and not rel.not_ready(),
              300, "both nodes at 5 slots per GPU, the release Ready", rel.describe_pods)
-    rolled = {p["metadata"]["name"] for p in rel.pods()
-              if p["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"}
+    rolled = agent_pods()
     assert len(rolled) == 2 and not rolled & before, (before, rolled)
+    assert keeper_state() == first
+
+    # helm rollback: the previous revision's values again (10 slots per GPU), the agents rolled once more.
+    back = rel.helm("rollback", rel.name, "-n", rel.namespace, "--wait", "--timeout", "5m")
+    assert back.returncode == 0, back.stderr
+    wait_for(lambda: all(release.gpu_slots(c.bed, n.name) == GPUS * SPLIT for n in c.nodes.nodes)
+             and not rel.not_ready(), 300, "both nodes back at 10 slots per GPU, the release Ready",
+             rel.describe_pods)
+    history = json.loads(rel.helm("history", rel.name, "-n", rel.namespace, "-o", "json").stdout)
+    assert [h["revision"] for h in history] == [1, 2, 3] and history[-1]["status"] == "deployed", history
+    again = agent_pods()
+    assert len(again) == 2 and not again & rolled, (rolled, again)
+    assert keeper_state() == first
 
     rel.uninstall()
     assert c.left() == []
@@ -189,7 +228,8 @@ def test_a_release_program_outside_a_pod_is_found(tmp_path: Path) -> None:
     nodes.nodes = [realnode.RealNode(None, "127.9.0.1", tmp_path / "n0", "/gpupool-none-n0")]  # type: ignore[arg-type]
     rel = release.ChartRelease(None, RELEASE, NAMESPACE, nodes)  # type: ignore[arg-type]
     argv = ["sh", "-c", "sleep 600; true", "gpupool", "agent"]  # `gpupool agent` in its command line
-    ours = subprocess.Popen(argv, env={"GPUPOOL_AGENT_HOOK_ROOT": str(tmp_path / "hook"), "PATH": "/usr/bin:/bin"})
+    ours = subprocess.Popen(argv, env={"GPUPOOL_AGENT_HOOK_ROOT": str(tmp_path / "node-local" / "hook"),
+                                       "PATH": "/usr/bin:/bin"})
     other = subprocess.Popen(argv, env={"GPUPOOL_AGENT_HOOK_ROOT": "/run/gpupool/hook", "PATH": "/usr/bin:/bin"})
     try:
         found = {p.pid: p for p in rel.processes()}
