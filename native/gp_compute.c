@@ -559,8 +559,8 @@ static void set_mode(struct devmeter *m, int64_t t, int solo) {
 
 static int mode_solo(const struct devmeter *m) { return m->nsw == 0 || m->sw_solo[(m->nsw - 1) % SWITCHES]; }
 
-/* The pod's event-measured time in (x, y] that fell in shared segments. */
-static double ev_shared(const struct devmeter *m, int64_t x, int64_t y) {
+/* What of (x, y] fell in shared segments: the pod's event-measured time there (`events`), or the wall time. */
+static double in_shared(const struct devmeter *m, int64_t x, int64_t y, int events) {
     if (y <= x || m->nsw == 0) return 0;
     unsigned n = m->nsw < SWITCHES ? m->nsw : SWITCHES;
     double part = 0;
@@ -570,25 +570,14 @@ static double ev_shared(const struct devmeter *m, int64_t x, int64_t y) {
         if (k == 0 && from > x) from = x; /* before the oldest change known: as it was then */
         if (m->sw_solo[i]) continue;
         int64_t a = from > x ? from : x, b = to < y ? to : y;
-        if (b > a) part += ev_at(m, b) - ev_at(m, a);
+        if (b > a) part += events ? ev_at(m, b) - ev_at(m, a) : (double)(b - a);
     }
     return part;
 }
-
+static double ev_shared(const struct devmeter *m, int64_t x, int64_t y) { return in_shared(m, x, y, 1); }
 /* The share of (x, y] that was shared time (for a sample the events say nothing about). */
 static double time_shared(const struct devmeter *m, int64_t x, int64_t y) {
-    if (y <= x || m->nsw == 0) return 0;
-    unsigned n = m->nsw < SWITCHES ? m->nsw : SWITCHES;
-    double part = 0;
-    for (unsigned k = 0; k < n; k++) {
-        unsigned i = (m->nsw - n + k) % SWITCHES;
-        int64_t from = m->sw_t[i], to = k + 1 < n ? m->sw_t[(i + 1) % SWITCHES] : INT64_MAX;
-        if (k == 0 && from > x) from = x;
-        if (m->sw_solo[i]) continue;
-        int64_t a = from > x ? from : x, b = to < y ? to : y;
-        if (b > a) part += (double)(b - a);
-    }
-    return part / (double)(y - x);
+    return y > x ? in_shared(m, x, y, 0) / (double)(y - x) : 0;
 }
 
 /* A sample covering (ts - gap, ts]: smUtil x gap of busy time at NVML's scale. */
