@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from tests.e2e.conftest import ROOT
-from tests.e2e.kubectl_tool import kubectl_binary
+from tests.e2e.kubectl_tool import kubectl_binary, release_objects
 from tests.e2e.real_node_fixtures import _ensure_tools, parse_grant, wait_for
 from tests.harness import fleet
 from tests.harness import testbed as tb
@@ -45,11 +45,6 @@ pytestmark = pytest.mark.e2e
 RELEASE, NAMESPACE, TENANT = "lc", "gpupool-lc", "e2e-chart-tenant"
 CHART = ROOT / "deploy" / "helm" / "gpupool"
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
-# Every kind the chart can create (cert-manager's only with cert-manager installed, which the testbed is not).
-NAMESPACED = "configmaps,secrets,serviceaccounts,services,deployments,daemonsets,roles,rolebindings," \
-             "poddisruptionbudgets,networkpolicies"
-CLUSTER = "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations," \
-          "validatingadmissionpolicies,validatingadmissionpolicybindings"
 
 
 class Tools:
@@ -66,12 +61,7 @@ class Tools:
 
     def left(self) -> list[str]:
         """kind/name of every object of the release still in the cluster."""
-        names = []
-        for kinds, scope in ((NAMESPACED, ["-n", NAMESPACE]), (CLUSTER, [])):
-            out = self.kubectl("get", kinds, *scope, "-l", INSTANCE, "-o", "name")
-            assert out.returncode == 0, out.stderr
-            names += out.stdout.split()
-        return sorted(names)
+        return release_objects(self.kubectl, NAMESPACE, RELEASE)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import ROOT
-from tests.e2e.kubectl_tool import kubectl_binary
+from tests.e2e.kubectl_tool import kubectl_binary, release_objects
 from tests.e2e.real_node_fixtures import _ensure_tools, ensure_project_images, parse_grant, wait_for
 from tests.harness import testbed as tb
 
@@ -43,10 +43,6 @@ import release  # noqa: E402
 pytestmark = pytest.mark.e2e
 RELEASE, NAMESPACE, TENANT = "cp", "gpupool-cp", "e2e-chart-pods-tenant"
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
-NAMESPACED = "configmaps,secrets,serviceaccounts,services,deployments,daemonsets,pods,roles,rolebindings," \
-             "poddisruptionbudgets,networkpolicies"
-CLUSTER = "clusterroles,clusterrolebindings,mutatingwebhookconfigurations,validatingwebhookconfigurations," \
-          "validatingadmissionpolicies,validatingadmissionpolicybindings"
 SPLIT = 10  # the chart's splitCount
 GPUS = release.FAKE_GPUS["gpus"][0]["count"]
 
@@ -63,12 +59,7 @@ class Cluster:
 
     def left(self) -> list[str]:
         """kind/name of every object of the release still in the cluster."""
-        names = []
-        for kinds, scope in ((NAMESPACED, ["-n", NAMESPACE]), (CLUSTER, [])):
-            out = self.kubectl("get", kinds, *scope, "-l", INSTANCE, "-o", "name")
-            assert out.returncode == 0, out.stderr
-            names += out.stdout.split()
-        return sorted(names)
+        return release_objects(self.kubectl, NAMESPACE, RELEASE, "pods")
 
 
 @pytest.fixture(scope="module")
