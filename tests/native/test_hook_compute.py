@@ -77,12 +77,15 @@ def test_a_pods_cap_holds_across_its_processes(pods: PodFactory) -> None:
 
 def test_elastic_lends_idle_time_and_gives_it_back(pods: PodFactory) -> None:
     lender = pods.start(pods.pod(cores="30", mode="elastic"))
-    run(lender, 3.0)
+    run(lender, 5.0)
     time.sleep(1.2)
     start, _ = active_window(pods.device, [lender.pid], 3 * S // 10, 0)
     alone = busy_share(pods.device, {lender.pid}, start, now_ns())
     neighbour = pods.start(pods.pod(cores="50"))
-    run(neighbour, 1.5)
+    # 3 s, not 1.5: the neighbour's pacing swings for its first ~0.7 s (NVML's 1/6 s samples: below its cap,
+    # then the catch-up above it), which over a 1.3 s window measured 50-55 % on a 2-core machine and 50-51 %
+    # over 2.8 s; the swing is part of what is measured, only its weight is smaller
+    run(neighbour, 3.0)
     finish(neighbour)
     finish(lender)
     assert alone > 0.85  # nobody else wanted the GPU: the elastic pod used it
