@@ -406,8 +406,19 @@ class DraCluster:
                 raise AssertionError(f"pods failed: {[describe_pod(p) for p in bad]}")
             return None
 
-        return wait_for(check, timeout_s, f"pods {names} Running",  # type: ignore[no-any-return]
-                        lambda: "; ".join(describe_pod(self.pod(n)) for n in names) + "\n" + self.agent_tails())
+        def stuck() -> str:
+            pods = {n: self.pod(n) for n in names}
+            events = "\n".join(f"events of {n}: {self.events_of(n)}" for n, p in pods.items()
+                               if p is None or phase(p) != "Running")
+            return "; ".join(map(describe_pod, pods.values())) + "\n" + events + "\n" + self.agent_tails()
+
+        return wait_for(check, timeout_s, f"pods {names} Running", stuck)  # type: ignore[no-any-return]
+
+    def events_of(self, name: str) -> list[str]:
+        """Every Event on the pod `name` (kubelet's FailedPrepareDynamicResources among them), oldest first."""
+        items = (self.get(f"/api/v1/namespaces/{NAMESPACE}/events") or {}).get("items") or []
+        return [f"{e.get('reason')} x{e.get('count', 1)} from {(e.get('source') or {}).get('component')}: "
+                f"{e.get('message')}" for e in items if e["involvedObject"].get("name") == name]
 
     def delete_pods(self, names: list[str], force: bool = False) -> None:
         extra = ["--grace-period=0", "--force"] if force else []
