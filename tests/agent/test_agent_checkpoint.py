@@ -48,23 +48,24 @@ def test_record_drops_pods_that_are_gone(tmp_path: Path) -> None:
     assert reloaded.entries == {}
 
 
-def test_a_damaged_file_is_set_aside_and_the_agent_starts_empty(tmp_path: Path) -> None:
+def test_a_damaged_file_stops_the_agent_and_stays_as_it_is(tmp_path: Path) -> None:
     c = Checkpoint(tmp_path, NODE)
     c.record(served("u1"), keep=set())
-    text = c.path.read_text().replace("pod-u1", "pod-u9")  # an edit the checksum does not cover
+    text = c.path.read_text().replace("pod-u1", "pod-u9")  # an edit the checksum covers
     c.path.write_text(text)
     damaged = Checkpoint(tmp_path, NODE)
-    warning = damaged.load()
-    assert warning is not None and "checksum mismatch" in warning
-    assert damaged.entries == {} and not damaged.path.exists()
-    assert (tmp_path / "allocations.json.unreadable").read_text() == text
+    with pytest.raises(CheckpointError, match="checksum mismatch.*does not serve from it and does not start"):
+        damaged.load()
+    assert damaged.entries == {}
+    assert c.path.read_text() == text  # not moved or rewritten: the admin decides
 
 
 def test_a_checkpoint_of_another_node_is_not_trusted(tmp_path: Path) -> None:
     Checkpoint(tmp_path, "node-2").record(served("u1"), keep=set())
     c = Checkpoint(tmp_path, NODE)
-    warning = c.load()
-    assert warning is not None and "written for node 'node-2'" in warning and c.entries == {}
+    with pytest.raises(CheckpointError, match="written for node 'node-2', this is node 'node-1'"):
+        c.load()
+    assert c.entries == {}
 
 
 def test_a_crash_while_writing_leaves_the_previous_checkpoint(tmp_path: Path) -> None:
@@ -127,5 +128,5 @@ def test_a_version_1_checkpoint_is_still_read(tmp_path: Path) -> None:
 def test_an_unusable_directory_is_a_clear_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
-    with pytest.raises(CheckpointError, match="checkpoint directory .* \\(agent setting checkpoint_dir\\)"):
+    with pytest.raises(CheckpointError, match="node state directory .* \\(agent setting checkpoint_dir\\)"):
         Checkpoint(blocker / "sub", NODE).load()

@@ -14,6 +14,15 @@ a timeout) gets the same answer, also from a restarted agent, without reading th
 Unprepare (after the pod's containers are gone): the CDI spec, the claim's hook directory and its checkpoint
 entry go. Unknown claims are already unprepared (idempotent).
 
+Crashes: the checkpoint (gpupool.agent.checkpoint's node-state format, kind `claims`) records a claim as
+`PrepareStarted` before prepare's first side effect on the node (MIG instance, hook directory and limits file,
+remote directory, CDI spec) and as `PrepareCompleted`, with its answer, only after the last, before kubelet
+gets the answer; unprepare records `UnprepareStarted` before it removes anything and drops the entry after. A
+restarted agent (`recover`, before it serves) rolls a started prepare back (kubelet never got its answer and
+asks again) and finishes a started unprepare (kubelet decided it), then sweeps CDI specs and claim directories
+no entry owns (gpupool.agent.node_state). So after any crash a claim is either prepared whole or not at all,
+and is never prepared twice.
+
 The ResourceSlice is published when it changes (GPU health, node validation, discovery) and checked every
 `dra_resync_s`, because kubelet deletes a driver's slices at its own start and 30 s after the driver's
 socket went away; an unhealthy GPU or a node failing validation stays in the slice with a NoSchedule taint,
@@ -39,13 +48,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Summa
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
-from gpupool.agent.checkpoint import write_atomically
+from gpupool.agent.checkpoint import KIND_CLAIMS, CheckpointError, read_state, untrusted, write_atomically, write_state
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices import DeviceInfo
 from gpupool.agent.grant import ContainerGrant, answer, grant_request
 from gpupool.agent.hookdir import claim_dir
 from gpupool.agent.isolation import Isolation, MountSpec, Refused
 from gpupool.agent.mig import MigManager
+from gpupool.agent.node_state import sweep_claims
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import dra_v1_pb2 as v1
 from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
@@ -87,7 +97,15 @@ from gpupool.core.state import ClusterState
 log = logging.getLogger("gpupool.agent.dra")
 
 CHECKPOINT_FILE = "dra-claims.json"
-CHECKPOINT_VERSION = 1
+# The states of a claim's checkpoint entry (NVIDIA's DRA driver names them the same way).
+PREPARE_STARTED, PREPARE_COMPLETED, UNPREPARE_STARTED = "PrepareStarted", "PrepareCompleted", "UnprepareStarted"
+STATES = (PREPARE_STARTED, PREPARE_COMPLETED, UNPREPARE_STARTED)
+# The steps of prepare and unprepare after which `DraDriver.step` runs (tests inject crashes there); for
+# isolation mig, STEP_CARVED (gpupool.agent.isolation) follows the node's side of the grant.
+STEP_PREPARE_STARTED, STEP_NODE_PREPARED, STEP_CDI_WRITTEN, STEP_PREPARE_COMPLETED = (
+    "prepare-started", "node-prepared", "cdi-written", "prepare-completed")
+STEP_UNPREPARE_STARTED, STEP_CDI_REMOVED, STEP_DIR_REMOVED, STEP_UNPREPARE_COMPLETED = (
+    "unprepare-started", "cdi-removed", "dir-removed", "unprepare-completed")
 CDI_VERSION = "0.6.0"  # env, mounts and device nodes: all this spec uses
 CLAIM_CONTAINER = "claim"  # the grant's container name: one share per claim, whatever container uses it
 SERVICES = ("v1.DRAPlugin", "v1beta1.DRAPlugin")  # kubelet takes the first it knows
@@ -145,6 +163,13 @@ class PreparedClaim:
     def label(self) -> str:
         return f"{self.namespace}/{self.name}"
 
+    @property
+    def ref(self) -> ClaimRef:
+        return ClaimRef(self.namespace, self.name, self.uid)
+
+    def to_json(self, state: str = PREPARE_COMPLETED) -> dict[str, Any]:
+        return {**asdict(self), "state": state}
+
     @staticmethod
     def from_json(data: Mapping[str, Any]) -> PreparedClaim:
         return PreparedClaim(
@@ -154,6 +179,54 @@ class PreparedClaim:
             tuple(str(c) for c in data["cdi_ids"]),
             tuple((str(u), int(m), float(c)) for u, m, c in data.get("shares") or ()),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class Pending:
+    """A prepare or unprepare of a claim that started and has not completed (the checkpoint's record of it)."""
+
+    ref: ClaimRef
+    state: str  # PREPARE_STARTED or UNPREPARE_STARTED
+    claim: PreparedClaim | None = None  # what an unprepare undoes
+
+    def to_json(self) -> dict[str, Any]:
+        if self.claim is not None:
+            return self.claim.to_json(self.state)
+        return {"uid": self.ref.uid, "namespace": self.ref.namespace, "name": self.ref.name, "state": self.state}
+
+
+def claims_legacy(doc: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    """dra-claims.json version 1: {"version": 1, "node", "claims": [PreparedClaim fields]}, no checksum; every
+    claim in it was prepared (it had no other state)."""
+    if "format" in doc or doc.get("version") != 1:
+        return None
+    claims = doc.get("claims")
+    if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
+        raise CheckpointError("claims is not a list of objects")
+    return [{**c, "state": PREPARE_COMPLETED} for c in claims]
+
+
+def decode_claims(entries: list[dict[str, Any]]) -> tuple[dict[str, PreparedClaim], dict[str, Pending]]:
+    """The prepared claims and the started operations of a checkpoint's entries; CheckpointError for a bad one."""
+    prepared: dict[str, PreparedClaim] = {}
+    pending: dict[str, Pending] = {}
+    for e in entries:
+        try:
+            state = e["state"]
+            if state not in STATES:
+                raise ValueError(f"unknown state {state!r}")
+            ref = ClaimRef(str(e["namespace"]), str(e["name"]), str(e["uid"]))
+            if ref.uid in prepared or ref.uid in pending:
+                raise ValueError("a second entry of the claim")
+            if state == PREPARE_COMPLETED:
+                prepared[ref.uid] = PreparedClaim.from_json(e)
+            elif state == UNPREPARE_STARTED and "isolation" in e:
+                pending[ref.uid] = Pending(ref, state, PreparedClaim.from_json(e))
+            else:
+                pending[ref.uid] = Pending(ref, state)
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"bad entry {str(e)[:200]!r}: {err!r}") from None
+    return prepared, pending
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,7 +349,9 @@ class DraDriver:
         self.wall_clock = wall_clock
         self.mig = mig  # carves the MIG partitions claims are prepared on (None: no GPU in MIG mode)
         self.path = config.checkpoint_path / CHECKPOINT_FILE
-        self.prepared: dict[str, PreparedClaim] = {}
+        self.prepared: dict[str, PreparedClaim] = {}  # completed: what kubelet was answered
+        self.pending: dict[str, Pending] = {}  # started and not completed (only between start and `recover`)
+        self.step: Callable[[str], None] = lambda step: None  # after each step of prepare/unprepare (tests)
         # prepares and unprepares one at a time (the checkpoint is one file); the agent passes the lock its
         # housekeeping holds, so a MIG instance is never carved and reaped at once
         self._lock = lock or asyncio.Lock()
@@ -292,29 +367,63 @@ class DraDriver:
         self.prepare_errors = 0
 
     # --- checkpoint ---------------------------------------------------------------------------------------
-    def load(self) -> str | None:
-        """Read the checkpoint; a damaged one is set aside (a warning is returned) and the agent starts empty."""
+    def load(self) -> None:
+        """Read the checkpoint (none: nothing prepared). Raises CheckpointError when it cannot be trusted
+        (gpupool.agent.checkpoint says why the agent then does not start)."""
+        entries = read_state(self.path, KIND_CLAIMS, self.config.node_name, claims_legacy)
         try:
-            doc = json.loads(self.path.read_bytes())
-            if doc.get("version") != CHECKPOINT_VERSION or doc.get("node") != self.config.node_name:
-                raise ValueError(f"version {doc.get('version')!r} for node {doc.get('node')!r}")
-            self.prepared = {c["uid"]: PreparedClaim.from_json(c) for c in doc["claims"]}
-        except FileNotFoundError:
-            self.prepared = {}
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
-            aside = self.path.with_name(self.path.name + ".unreadable")
-            with contextlib.suppress(OSError):
-                self.path.replace(aside)
-            self.prepared = {}
-            return f"DRA checkpoint {self.path} unreadable ({e}); moved to {aside.name}, starting empty"
-        return None
+            self.prepared, self.pending = decode_claims(entries)
+        except CheckpointError as e:
+            raise untrusted(self.path, str(e)) from None
 
-    def _save(self, prepared: dict[str, PreparedClaim]) -> None:
-        doc = {"version": CHECKPOINT_VERSION, "node": self.config.node_name,
-               "claims": [asdict(c) for c in prepared.values()]}
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(self.path, json.dumps(doc).encode())
-        self.prepared = prepared
+    def _save(self, prepared: dict[str, PreparedClaim], pending: dict[str, Pending] | None = None) -> None:
+        pending = self.pending if pending is None else pending
+        entries = [c.to_json() for c in prepared.values()] + [p.to_json() for p in pending.values()]
+        write_state(self.path, KIND_CLAIMS, self.config.node_name, sorted(entries, key=lambda e: str(e["uid"])))
+        self.prepared, self.pending = prepared, pending
+
+    def _begin(self, pending: Pending) -> None:
+        """Record that a prepare or unprepare of the claim starts (before its first side effect)."""
+        prepared = {u: c for u, c in self.prepared.items() if u != pending.ref.uid}
+        self._save(prepared, {**self.pending, pending.ref.uid: pending})
+
+    def _end(self, uid: str, prepared: PreparedClaim | None) -> None:
+        """Record the claim prepared (`prepared`) or gone (None), ending what `_begin` recorded."""
+        rest = {u: c for u, c in self.prepared.items() if u != uid}
+        self._save(rest if prepared is None else {**rest, uid: prepared},
+                   {u: p for u, p in self.pending.items() if u != uid})
+
+    def _undo(self, uid: str) -> None:
+        """Remove what prepare makes on the node for the claim: its CDI spec first (the runtime finds no device
+        whose files are gone), its directory (limits file, accounting, remote files), its MIG instance (idle
+        from now: reused by the next claim of its profile, or reaped). Idempotent."""
+        with contextlib.suppress(ValueError):  # not a UID: nothing of it can be on disk
+            cdi_path(self.config.cdi_dir, uid).unlink(missing_ok=True)
+            self.step(STEP_CDI_REMOVED)
+            shutil.rmtree(claim_dir(self.config.hook_root, uid), ignore_errors=True)
+            self.step(STEP_DIR_REMOVED)
+        if self.mig is not None and self.mig.holder(uid) is not None:
+            self.mig.release(uid)  # one half made when the agent stopped: the start's MIG reconciliation decides
+
+    async def recover(self) -> list[str]:
+        """At start, before serving: roll back the prepares a crash interrupted (kubelet never got their
+        answer; it asks again and gets a whole new prepare), finish the unprepares it interrupted (kubelet
+        decided those), then remove the CDI specs and claim directories no prepared claim owns
+        (gpupool.agent.node_state.sweep_claims). Returns what it did, one line each (the agent logs them)."""
+        async with self._lock:
+            done = []
+            for uid, p in sorted(self.pending.items()):
+                await asyncio.to_thread(self._undo, uid)
+                what = "prepare rolled back" if p.state == PREPARE_STARTED else "unprepare finished"
+                done.append(f"claim {p.ref.label} ({uid}): {what} (interrupted by a stop of the agent)")
+            if self.pending:
+                await asyncio.to_thread(self._save, dict(self.prepared), {})
+            swept = await asyncio.to_thread(sweep_claims, self.config.cdi_dir, self.config.hook_root,
+                                            set(self.prepared))
+            done += [f"removed the CDI spec of claim {u}, which no prepared claim owns" for u in swept.cdi_specs]
+            done += [f"removed the hook directory of claim {u}, which no prepared claim owns" for u in swept.claim_dirs]
+            done += [f"removed {t}, left by an interrupted write" for t in swept.temporary]
+            return done
 
     # --- prepare ------------------------------------------------------------------------------------------
     async def prepare(self, claims: Sequence[ClaimRef]) -> dict[str, Outcome]:
@@ -379,15 +488,37 @@ class DraDriver:
                 return Outcome(error=crowded)
         devices: tuple[PreparedDevice, ...] = tuple(
             PreparedDevice(s.request, s.pool, s.device, s.share_id) for s in mine)
+        started = await self._started(ref)
+        if started is not None:
+            return started
         cdi_ids: tuple[str, ...] = ()
         if grants:
             made = await self._grant(ref, shares.isolation, grants, label)
             if isinstance(made, Refused):
-                return Outcome(error=made.reason)
+                return await self._rolled_back(ref, made.reason)
             cdi_ids = made
         prepared = PreparedClaim(ref.uid, ref.namespace, ref.name, shares.isolation, devices, cdi_ids,
                                  tuple((g.uuid, g.memory_mib, g.cores) for g in grants))
         return await self._checkpoint(ref, prepared)
+
+    async def _started(self, ref: ClaimRef) -> Outcome | None:
+        """Record PrepareStarted before the first side effect; an Outcome when it cannot be written."""
+        try:
+            await asyncio.to_thread(self._begin, Pending(ref, PREPARE_STARTED))
+        except OSError as e:
+            return Outcome(error=f"cannot checkpoint claim {ref.label}: {e}")
+        self.step(STEP_PREPARE_STARTED)
+        return None
+
+    async def _rolled_back(self, ref: ClaimRef, error: str) -> Outcome:
+        """A prepare that failed after it started: what it made goes, and so does its record (a record that
+        cannot be removed now is rolled back at the next start); kubelet retries the claim."""
+        try:
+            await asyncio.to_thread(self._undo, ref.uid)
+            await asyncio.to_thread(self._end, ref.uid, None)
+        except OSError as e:
+            log.warning("claim %s: cannot roll back its failed prepare now (the next start does): %s", ref.label, e)
+        return Outcome(error=error)
 
     async def _crowded(self, claim: Obj, ref: ClaimRef) -> str | None:
         """Why this node's GPUs cannot hold the claim beside what they already hold, None when they can.
@@ -424,9 +555,10 @@ class DraDriver:
 
     async def _checkpoint(self, ref: ClaimRef, prepared: PreparedClaim) -> Outcome:
         try:
-            await asyncio.to_thread(self._save, {**self.prepared, ref.uid: prepared})
+            await asyncio.to_thread(self._end, ref.uid, prepared)
         except OSError as e:
-            return Outcome(error=f"cannot checkpoint claim {ref.label}: {e}")
+            return await self._rolled_back(ref, f"cannot checkpoint claim {ref.label}: {e}")
+        self.step(STEP_PREPARE_COMPLETED)
         log.info("prepared claim %s: %s (%s)", ref.label,
                  ", ".join(f"{d.pool}/{d.device}" for d in prepared.devices) or "no devices", prepared.isolation)
         return Outcome(prepared)
@@ -463,12 +595,18 @@ class DraDriver:
             # the GPU is here: its server's unix socket, so the data never leaves the node
             mounts.append(MountSpec(REMOTE_SOCKET_DIR, str(remote.socket.parent), read_only=True))
         grant = ContainerGrant(envs=envs, mounts=mounts)
+        started = await self._started(ref)
+        if started is not None:
+            return started
         try:
             await asyncio.to_thread(_write_public, directory / "token", remote_token(remote.key, ref.uid))
             await asyncio.to_thread(_write_address, directory, address)
+            self.step(STEP_NODE_PREPARED)
             await asyncio.to_thread(_write_cdi, self.config.cdi_dir, ref.uid, cdi_spec(ref.uid, grant))
+            self.step(STEP_CDI_WRITTEN)
         except OSError as e:
-            return Outcome(error=f"cannot write the remote directory or CDI spec of claim {label}: {e}")
+            return await self._rolled_back(
+                ref, f"cannot write the remote directory or CDI spec of claim {label}: {e}")
         # no local GPU: no shares for the watchdog, nothing of this node's GPUs counted as used
         return await self._checkpoint(ref, PreparedClaim(
             ref.uid, ref.namespace, ref.name, REMOTE_ISOLATION, (device,), (f"{CDI_KIND}={ref.uid}",)))
@@ -523,9 +661,12 @@ class DraDriver:
         if isinstance(found, Refused):
             return found
         strategy, request = found
-        made = await strategy.prepare(request)
+        made = await strategy.prepare(request)  # the node's side: MIG instance carved, hook directory and limits
         if isinstance(made, Refused):
             return made
+        if made.step is not None:
+            self.step(made.step)
+        self.step(STEP_NODE_PREPARED)
         grant = answer(strategy, request, made)
         if isinstance(grant, Refused):
             return grant
@@ -533,6 +674,7 @@ class DraDriver:
             await asyncio.to_thread(_write_cdi, self.config.cdi_dir, ref.uid, cdi_spec(ref.uid, grant))
         except OSError as e:
             return Refused(f"cannot write the CDI spec of claim {ref.label}: {e}", retry=True)
+        self.step(STEP_CDI_WRITTEN)
         return (f"{CDI_KIND}={ref.uid}", *grant.cdi_devices)
 
     # --- unprepare ----------------------------------------------------------------------------------------
@@ -542,20 +684,24 @@ class DraDriver:
             out = {}
             for c in claims:
                 try:
-                    await asyncio.to_thread(self._unprepare_one, c.uid)
+                    await asyncio.to_thread(self._unprepare_one, c)
                     out[c.uid] = ""
                 except OSError as e:
                     out[c.uid] = f"cannot unprepare claim {c.label}: {e}"
             return out
 
-    def _unprepare_one(self, uid: str) -> None:
-        with contextlib.suppress(ValueError):  # not a UID: nothing of it can be on disk
-            shutil.rmtree(claim_dir(self.config.hook_root, uid), ignore_errors=True)
-            cdi_path(self.config.cdi_dir, uid).unlink(missing_ok=True)
-        if self.mig is not None and self.mig.holder(uid) is not None:
-            self.mig.release(uid)  # idle from now: reused by the next claim of its profile, or reaped
-        if uid in self.prepared:
-            self._save({u: c for u, c in self.prepared.items() if u != uid})
+    def _unprepare_one(self, ref: ClaimRef) -> None:
+        """UnprepareStarted first (a claim the checkpoint knows), then the node's side, then the entry goes: a
+        crash in between is finished by the next start (`recover`)."""
+        uid = ref.uid
+        known = self.prepared.get(uid)
+        if known is not None or uid in self.pending:
+            self._begin(Pending(known.ref if known is not None else ref, UNPREPARE_STARTED, known))
+            self.step(STEP_UNPREPARE_STARTED)
+        self._undo(uid)
+        if known is not None or uid in self.pending:
+            self._end(uid, None)
+            self.step(STEP_UNPREPARE_COMPLETED)
             log.info("unprepared claim %s", uid)
 
     # --- the ResourceSlice --------------------------------------------------------------------------------

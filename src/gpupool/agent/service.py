@@ -4,13 +4,17 @@ and the watchdog behind isolation hook (gpupool.agent.watchdog, where `watchdog`
 The node's isolation modes are one strategy object each (gpupool.agent.isolation), built here and shared by
 Allocate, the watchdog (which modes it holds to their grants) and the inventory (what each mode shows).
 
-Start-up writes only to finish what a previous run left half done: everything the agent must know about
-running pods (their allocations, the `gpupool.io/allocated` markers) lives in the API, and the answers it
-gave kubelet live in its checkpoint on the node's disk. A checkpointed pod still alive on the node whose
-GPU containers were all served gets its marker if an earlier run crashed before writing it
-(`DevicePluginService.recover`): without it the scheduler would count the pod as still waiting for its
-Allocate; no other pod is written. Slot IDs depend only on GPU UUIDs, so kubelet's checkpoint stays valid
-across agent restarts.
+Start-up takes the node state's lock first (gpupool.agent.node_state: a second agent process on the same
+checkpoint directory stops there with a message) and reads the checkpoints; a checkpoint that cannot be
+trusted stops the agent (gpupool.agent.checkpoint says why). Start-up writes only to finish what a previous
+run left half done: a DRA prepare a crash interrupted is rolled back and an unprepare finished, and CDI
+specs and claim directories no prepared claim owns are swept (`DraDriver.recover`). Beyond the node's disk,
+everything the agent must know about running pods (their allocations, the `gpupool.io/allocated` markers)
+lives in the API, and the answers it gave kubelet live in its checkpoint on the node's disk. A checkpointed
+pod still alive on the node whose GPU containers were all served gets its marker if an earlier run crashed
+before writing it (`DevicePluginService.recover`): without it the scheduler would count the pod as still
+waiting for its Allocate; no other pod is written. Slot IDs depend only on GPU UUIDs, so kubelet's
+checkpoint stays valid across agent restarts.
 
 Kubelet restarts are detected by polling (every `watch_interval_s`) the identity of kubelet.sock (inode
 and change time) and the presence of our own socket: when kubelet re-creates its socket, or deletes ours,
@@ -43,6 +47,7 @@ from gpupool.agent.inventory import InventoryPublisher, RemoteView
 from gpupool.agent.isolation import merged_inventory, node_strategies
 from gpupool.agent.mig import MigManager
 from gpupool.agent.mps import MpsSupervisor, supervise
+from gpupool.agent.node_state import NodeStateLock
 from gpupool.agent.plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.procs import Killer
@@ -101,6 +106,7 @@ class Agent:
         self.remote: RemoteServing | None = None  # remote_listen: this node's GPU servers (gpupool.agent.remote)
         self.moves: MovesBook | None = None  # a remote key and moves_namespace: the moves of remote shares
         self._slice_dirty = asyncio.Event()  # publish the slice now (the GPU server came up or went down)
+        self.lock = NodeStateLock(config.checkpoint_path)  # held from start to stop: one agent per node state
         self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
         # the isolation modes of this node (gpupool.agent.isolation), shared by Allocate, watchdog and inventory
         self.isolation = node_strategies(config, mps, mig, self._mig_reconciled, self._inventory_changed)
@@ -123,6 +129,15 @@ class Agent:
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
+        """Raises CheckpointError (NodeStateBusy when another agent holds the node state) without serving."""
+        await asyncio.to_thread(self.lock.acquire)
+        try:
+            await self._start()
+        except BaseException:
+            self.lock.release()
+            raise
+
+    async def _start(self) -> None:
         discovered = await asyncio.to_thread(self.backend.discover)
         tracker = HealthTracker(self.config.ignored_xids, quarantine_s=self.config.reprobe_interval_s)
         self.table = table_ = DeviceTable(discovered, self.config.split, tracker)
@@ -141,9 +156,7 @@ class Agent:
         if self.mps is not None:  # before the first inventory and Allocate: MPS shares need a daemon that answers
             await asyncio.to_thread(self.mps.start_all)
         checkpoint = Checkpoint(self.config.checkpoint_path, self.config.node_name)
-        problem = await asyncio.to_thread(checkpoint.load)
-        if problem is not None:
-            log.warning("%s", problem)
+        await asyncio.to_thread(checkpoint.load)  # one it cannot trust stops the agent here
         self.service = DevicePluginService(
             self.config, self.table, self.cluster, self.wall_clock, checkpoint=checkpoint, mps=self.mps,
             mig=self.mig, changed=self._inventory_dirty.set, isolation=self.isolation,
@@ -157,9 +170,9 @@ class Agent:
             # Prepare and Allocate take the one lock, so the two never hand out one GPU's state at once.
             self.dra = dra = DraDriver(self.config, table_, self.cluster, self.isolation, self.wall_clock,
                                        mig=self.mig, lock=self.service.allocate_lock)
-            problem = await asyncio.to_thread(dra.load)
-            if problem is not None:
-                log.warning("%s", problem)
+            await asyncio.to_thread(dra.load)
+            for done in await dra.recover():  # before anything counts the prepared claims or serves kubelet
+                log.warning("node state: %s", done)
             self.service.claims = lambda: dra.prepared.keys()
             await self._start_remote(dra, table_)
         await self.service.housekeeping(reconcile=True)
@@ -289,6 +302,7 @@ class Agent:
         if self._event_thread is not None:
             await asyncio.to_thread(self._event_thread.join)
         self.backend.close()
+        self.lock.release()
 
     # --- DRA: the node's ResourceSlice ---------------------------------------------------------------------
     async def _slice_loop(self) -> None:

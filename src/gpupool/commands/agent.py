@@ -100,7 +100,12 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
         log.error("isolation hook cannot be enforced: the CUDA interception library %s", problem)
     if config.remote_key_file is not None:
         _check_remote(config, log)
-    asyncio.run(_run(config, backend))
+    from gpupool.agent.checkpoint import CheckpointError
+
+    try:
+        asyncio.run(_run(config, backend))
+    except CheckpointError as e:  # node state another agent holds, or one it cannot trust: the reason, no trace
+        raise click.ClickException(str(e)) from None
 
 
 def _check_remote(config: Any, log: logging.Logger) -> None:
