@@ -24,7 +24,17 @@ REMOTE = NATIVE / "remote"
 
 
 def sources() -> list[Path]:
+    """The interception library's files (native/gp.h lists them, one concern each)."""
     return sorted(NATIVE.glob("gp_*.c"))
+
+
+def client_sources() -> list[Path]:
+    return [REMOTE / "gpr_client.c"]
+
+
+def server_sources() -> list[Path]:
+    """The GPU server's files: its options (gpr_server.c) and one file per concern (native/remote/gpr_srv.h)."""
+    return [REMOTE / "gpr_server.c", *sorted(REMOTE.glob("gpr_srv_*.c"))]
 
 
 def _compile(out: Path, flags: list[str], inputs: list[Path], what: str, cc: str | None) -> Path:
@@ -50,10 +60,10 @@ def compile_library(out: Path, extra: list[str] | None = None, cc: str | None = 
 
 def compile_remote(out_dir: Path, extra: list[str] | None = None, cc: str | None = None) -> tuple[Path, Path]:
     """Build remote mode's client library and GPU server into `out_dir`: (library, server)."""
-    client = _compile(out_dir / REMOTE_CLIENT_NAME, [*FLAGS, *(extra or [])], [REMOTE / "gpr_client.c"],
+    client = _compile(out_dir / REMOTE_CLIENT_NAME, [*FLAGS, *(extra or [])], client_sources(),
                       REMOTE_CLIENT_NAME, cc)
     server_flags = [f for f in FLAGS if f not in ("-fPIC", "-shared", "-fvisibility=hidden")]
-    server = _compile(out_dir / SERVER_NAME, [*server_flags, *(extra or [])], [REMOTE / "gpr_server.c"],
+    server = _compile(out_dir / SERVER_NAME, [*server_flags, *(extra or [])], server_sources(),
                       SERVER_NAME, cc)
     return client, server
 

@@ -1,11 +1,30 @@
-/* Internal interface between the modules of libgpupool_hook.so. */
+/* Internal interface between the modules of libgpupool_hook.so, and the layouts of the two files it shares
+ * with the node agent (Python, gpupool/agent/hookdir.py) and the GPU server (remote/).
+ *
+ * The modules, each one concern, lowest layer first; a module calls only into the layers below it
+ * (tests/native/test_native_layout.py holds that order and fails on any call or include against it):
+ *   gp_sym.c      finding the real libc, driver and NVML functions (nothing of ours below it)
+ *   gp_log.c      the log line
+ *   gp_config.c   configuration: the agent's limits file, else the environment
+ *   gp_device.c   which of the limits a CUDA device is held to
+ *   gp_shared.c   the pod's shared accounting (usage.v1)
+ *   gp_nvml.c     NVML access, and the memory queries answered with the pod's share
+ *   gp_ident.c    which host PID NVML knows this process by
+ *   gp_mem.c      the memory cap
+ *   gp_compute.c  compute pacing
+ *   gp_lookup.c   the program's lookups (dlsym, cuGetProcAddress) answered with every module's wrappers
+ *   gp_fork.c     a forked child starting every module afresh
+ * Only the last two know every module: what sits in one list of all of them belongs there, so no module
+ * below has to call back up (which made a circle of six files before). */
 #ifndef GP_H
 #define GP_H
 
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <time.h>
 
 #include "gpupool_cuda.h"
 
@@ -28,8 +47,13 @@ enum gp_mode { GP_HARD = 0, GP_ELASTIC = 1 };
 /* The agent's limits file: written by the node agent before the container starts and mounted read-only at
  * a path compiled into the library (GP_LIMITS_PATH), so nothing in the container can redirect, rewrite or
  * remove it. It is the only source of the caps and of where the pod's accounting lives; the process
- * environment may lower a cap, never raise it (gpupool/agent/hookdir.py writes it; offsets checked in
- * gp_config.c). squeeze_ppm is rewritten in place by the agent while the pod runs (8-byte aligned stores). */
+ * environment may lower a cap, never raise it (gp_config.c reads it). squeeze_ppm is rewritten in place by
+ * the agent while the pod runs (8-byte aligned stores).
+ * Two programs in two languages read and write these bytes: gpupool/agent/hookdir.py writes them with its
+ * own offsets, the library and the GPU server read them through this struct. The assertions after it hold
+ * the struct to the offsets below, and tests/native/test_limits_layout.py holds the agent's writer to what
+ * a compiled reader of this struct sees, so a change on either side fails before a pod runs with its caps
+ * read from the wrong bytes. */
 #ifndef GP_LIMITS_PATH
 #define GP_LIMITS_PATH "/run/gpupool/limits/limits.v1"
 #endif
@@ -57,6 +81,27 @@ struct gp_limits {
     uint64_t nvml_scale_ppm[GP_MAX_DEV];
     uint8_t pad[2048 - 1688 - 16 * GP_MAX_DEV];
 };
+
+/* Every field, offset and size, and the total: see above for why each is pinned, not only a few. */
+#define GP_LIMITS_AT(field, offset, size)                                                                   \
+    _Static_assert(offsetof(struct gp_limits, field) == (offset) &&                                         \
+                       sizeof(((struct gp_limits *)0)->field) == (size),                                    \
+                   "limits.v1 is written by the agent at these offsets: change both sides and the version")
+GP_LIMITS_AT(magic, 0, 8);
+GP_LIMITS_AT(version, 8, 4);
+GP_LIMITS_AT(ndev, 12, 4);
+GP_LIMITS_AT(limit, 16, 128);
+GP_LIMITS_AT(cores_ppm, 144, 128);
+GP_LIMITS_AT(mode, 272, 8);
+GP_LIMITS_AT(squeeze_ppm, 280, 128);
+GP_LIMITS_AT(uuid, 408, 1024);
+GP_LIMITS_AT(accounting_dir, 1432, 256);
+GP_LIMITS_AT(oversub, 1688, 128);
+GP_LIMITS_AT(nvml_scale_ppm, 1816, 128);
+GP_LIMITS_AT(pad, 1944, 104);
+#undef GP_LIMITS_AT
+_Static_assert(sizeof(struct gp_limits) == 2048, "limits.v1 is 2048 bytes: the agent writes exactly that many");
+_Static_assert(GP_MAX_DEV == 16, "limits.v1 has 16 entries per array: the agent writes exactly that many");
 
 /* Pod-wide compute state of one GPU, in the shared file (64 bytes; offsets documented for the agent). */
 struct gp_devstate {
@@ -126,26 +171,40 @@ struct gp_config {
     int poll_ms;
 };
 
-extern struct gp_config gp_cfg;
-
 #define GP_EXPORT __attribute__((visibility("default")))
+/* Lookups run inside sanitizer runtimes' own start-up (they look up the functions they wrap), before their
+ * shadow memory exists: the lookup path must not be instrumented. */
+#define GP_UNINSTRUMENTED __attribute__((no_sanitize("address", "undefined")))
 
 struct gp_hook {
     const char *name;     /* the exported driver/NVML symbol */
     void *wrapper;        /* our function with the same ABI */
     void *real;           /* the driver's, resolved on first cuGetProcAddress */
 };
-extern struct gp_hook gp_mem_hooks[], gp_compute_hooks[], gp_nvml_hooks[], gp_ident_hooks[];
+
+static inline int64_t gp_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
 
 /* gp_sym.c */
-void *gp_libc_sym(const char *name, const void *not_this, const void *nor_this);
-
-/* gp_main.c */
-void gp_init(void);
-void gp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-void *gp_cuda_sym(const char *name);
+typedef void *(*gp_dlsym_fn)(void *, const char *);
+typedef void *(*gp_dlvsym_fn)(void *, const char *, const char *);
+gp_dlsym_fn gp_real_dlsym(void);      /* libc's, never our wrapper; NULL when it cannot be found */
+gp_dlvsym_fn gp_real_dlvsym(void);
+void *gp_cuda_sym(const char *name);  /* the driver's own function, never our wrapper */
 void *gp_nvml_sym(const char *name);
-int64_t gp_now_ns(void);
+
+/* gp_log.c */
+void gp_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void gp_log_set_level(int level);      /* 0 = silent */
+
+/* gp_config.c */
+extern struct gp_config gp_cfg;        /* valid after gp_init() */
+void gp_init(void);
+
+/* gp_device.c */
 int gp_device_index(CUdevice dev);    /* limit index of a CUDA ordinal, -1 = not limited */
 int gp_current_index(void);           /* limit index of the current context's device */
 
@@ -167,8 +226,18 @@ void gp_shared_after_fork(void);
 void gp_ident_lock(int on);            /* serialises context creation across the pod's processes */
 int64_t gp_cap_ppm(int li);            /* the compute cap in force: the environment's, lowered by a squeeze */
 
+/* gp_nvml.c */
+extern struct gp_hook gp_nvml_hooks[];
+nvmlDevice_t gp_nvml_device(int li);
+int gp_nvml_index(nvmlDevice_t dev);
+void gp_refresh_ctx(int li);
+
+/* gp_ident.c */
+extern struct gp_hook gp_ident_hooks[];
+void gp_ident_after_fork(void);
+
 /* gp_mem.c */
-void gp_pools_refresh(void);
+extern struct gp_hook gp_mem_hooks[];
 void gp_mem_after_fork(void);
 
 /* gp_compute.c
@@ -189,16 +258,8 @@ void gp_mem_after_fork(void);
  *       GPU (1) or shares it (0), the busy time this measurement counted (pod_ns = truth_ns + solo_ns + the
  *       change of prov_ns), f, the part from NVML's samples (truth_ns), from the events while solo
  *       (solo_ns), and the provisional part for shared time NVML does not cover yet (prov_ns) */
-void gp_pace(int li);
+extern struct gp_hook gp_compute_hooks[];
 void gp_compute_after_fork(void);
-
-/* gp_ident.c */
-void gp_ident_after_fork(void);
-
-/* gp_nvml.c */
-nvmlDevice_t gp_nvml_device(int li);
-int gp_nvml_index(nvmlDevice_t dev);
-void gp_refresh_ctx(int li);
 
 /* Resolve the real driver function once; the cache is a plain pointer (racing writers store the same). */
 #define GP_REAL(type, var, name)                                                   \

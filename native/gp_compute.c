@@ -958,15 +958,17 @@ static void ensure_poller(void) {
     pthread_mutex_unlock(&start_mu);
 }
 
+static void pace(int li);
+
 /* 0, or the error the launch returns instead of running: a process the pod cannot count does not run. */
 static CUresult gp_launch_gate(int li) {
     if (li < 0) return CUDA_SUCCESS;
     if (!gp_has_slot()) return CUDA_ERROR_OUT_OF_MEMORY;
-    gp_pace(li);
+    pace(li);
     return CUDA_SUCCESS;
 }
 
-void gp_pace(int li) {
+static void pace(int li) {
     if (li < 0) return;
     ensure_poller(); /* also measures uncapped pods, for the agent's busy-time metric */
     struct gp_shared *sh = gp_shm();

@@ -78,7 +78,7 @@ static struct pool *find_pool(CUmemoryPool p, int li, int add) {
 }
 
 /* Bring the accounting in line with what each known pool holds now (pools shrink at syncs and trims). */
-void gp_pools_refresh(void) {
+static void pools_refresh(void) {
     pthread_mutex_lock(&pool_mu);
     for (int i = 0; i < npools; i++) {
         uint64_t now = pool_reserved(pools[i].pool);
@@ -108,7 +108,7 @@ static CUresult pool_alloc(CUdeviceptr *dptr, size_t size, CUmemoryPool pool, CU
         return from_pool ? ((pool_alloc_fn)real)(dptr, size, pool, stream)
                          : ((CUresult(*)(CUdeviceptr *, size_t, CUstream))real)(dptr, size, stream);
     }
-    gp_pools_refresh();
+    pools_refresh();
     pthread_mutex_lock(&pool_mu);
     struct pool *p = find_pool(pool, li, 1);
     if (p == NULL) {
@@ -163,7 +163,7 @@ static uint64_t array3d_bytes(size_t w, size_t h, size_t d, CUarray_format f, un
 static int before_alloc(void) {
     int li = gp_current_index();
     if (li >= 0) {
-        gp_pools_refresh();
+        pools_refresh();
         gp_refresh_ctx(li);
     }
     return li;
@@ -385,7 +385,7 @@ GP_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
     /* VMM memory lives where its properties say, not necessarily on the current context's device. */
     int li = prop != NULL && prop->location.type == 1 ? gp_device_index(prop->location.id) : -1;
     if (li < 0) return real(handle, size, prop, flags);
-    gp_pools_refresh();
+    pools_refresh();
     gp_refresh_ctx(li);
     RESERVE_OR_OOM(li, size);
     CUresult r = real(handle, size, prop, flags);
@@ -516,7 +516,7 @@ GP_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     GP_REAL(CUresult (*)(CUdeviceptr, CUstream), real, "cuMemFreeAsync");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(p, s);
-    gp_pools_refresh();
+    pools_refresh();
     return r;
 }
 
@@ -524,7 +524,7 @@ GP_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
     GP_REAL(CUresult (*)(CUdeviceptr, CUstream), real, "cuMemFreeAsync_ptsz");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(p, s);
-    gp_pools_refresh();
+    pools_refresh();
     return r;
 }
 
@@ -532,7 +532,7 @@ GP_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     GP_REAL(CUresult (*)(CUmemoryPool, size_t), real, "cuMemPoolTrimTo");
     if (real == NULL) return CUDA_ERROR_NOT_INITIALIZED;
     CUresult r = real(pool, keep);
-    gp_pools_refresh();
+    pools_refresh();
     return r;
 }
 
@@ -557,7 +557,7 @@ GP_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
 static void share_info(int li, size_t *free_b, size_t *total_b) {
     uint64_t limit = gp_cfg.limit[li];
     if (limit == 0) return;
-    gp_pools_refresh();
+    pools_refresh();
     gp_refresh_ctx(li);
     uint64_t used = gp_pod_used(li);
     uint64_t avail = used >= limit ? 0 : limit - used;

@@ -2,7 +2,7 @@
  * one, $GPUPOOL_HOOK_DIR), mapped by every process of the pod.
  *
  * The file is writable by the pod, so nothing in it is trusted for the limits: they come from the agent's
- * read-only limits file (gp_main.c). Each process keeps its own usage in private memory too and writes it
+ * read-only limits file (gp_config.c). Each process keeps its own usage in private memory too and writes it
  * back into its slot at every operation, so a process is held to the cap by its own bookkeeping whatever
  * the file says. What a tenant who rewrites this file can still do: make the pod's processes forget each
  * other's usage (each still refuses past the cap on its own, so N processes may hold up to N caps) and

@@ -1,19 +1,22 @@
-/* Finding libc's own dlsym and dlvsym without calling either.
+/* Finding the real functions: libc's own dlsym and dlvsym, and through them the driver's and NVML's.
  *
  * The library exports dlsym and dlvsym so that every lookup an application makes ends at the wrappers.
  * Its own calls to those names would then come back to itself (an unversioned definition satisfies even a
  * versioned reference such as dlvsym@GLIBC_2.34), so the real functions are read from the dynamic symbol
  * tables of the loaded objects: the list ld.so publishes in _r_debug, walked without calling any function
- * a sanitizer runtime might intercept, because this runs inside the sanitizers' own start-up. */
+ * a sanitizer runtime might intercept, because this runs inside the sanitizers' own start-up. This library
+ * itself is skipped by its dynamic section (_DYNAMIC, which ld.so records as the object's l_ld): so the
+ * lowest layer needs no address of the wrappers above it. */
 #include "gp.h"
 
+#include <dlfcn.h>
 #include <elf.h>
 #include <link.h>
+#include <stdio.h>
 #include <string.h>
 
-#define GP_UNINSTRUMENTED __attribute__((no_sanitize("address", "undefined")))
-
 extern struct r_debug _r_debug;
+extern ElfW(Dyn) _DYNAMIC[] __attribute__((visibility("hidden")));
 
 /* ld.so rewrites most pointers of a loaded object's dynamic section to addresses; some targets keep them
  * as offsets. An offset is smaller than the load address of the object it belongs to. */
@@ -77,13 +80,60 @@ GP_UNINSTRUMENTED static int is_libc(const char *path) {
 
 /* libc's definition first (dlsym moved there in glibc 2.34), else the first object after ours that defines
  * it (libdl.so.2 before 2.34); never this library's own wrappers. */
-GP_UNINSTRUMENTED void *gp_libc_sym(const char *name, const void *not_this, const void *nor_this) {
+GP_UNINSTRUMENTED static void *libc_sym(const char *name) {
     void *other = NULL;
     for (const struct link_map *lm = _r_debug.r_map; lm != NULL; lm = lm->l_next) {
+        if (lm->l_ld == _DYNAMIC) continue;
         void *p = lookup(lm, name);
-        if (p == NULL || p == not_this || p == nor_this) continue;
+        if (p == NULL) continue;
         if (lm->l_name != NULL && is_libc(lm->l_name)) return p;
         if (other == NULL) other = p;
     }
     return other;
+}
+
+static gp_dlsym_fn real_dlsym_ptr;
+static gp_dlvsym_fn real_dlvsym_ptr;
+
+GP_UNINSTRUMENTED gp_dlsym_fn gp_real_dlsym(void) {
+    gp_dlsym_fn f = __atomic_load_n(&real_dlsym_ptr, __ATOMIC_ACQUIRE);
+    if (f != NULL) return f;
+    f = (gp_dlsym_fn)libc_sym("dlsym");
+    if (f == NULL) {
+        fprintf(stderr, "gpupool-hook: cannot find the real dlsym; symbol lookups will fail\n");
+        return NULL;
+    }
+    __atomic_store_n(&real_dlsym_ptr, f, __ATOMIC_RELEASE);
+    return f;
+}
+
+GP_UNINSTRUMENTED gp_dlvsym_fn gp_real_dlvsym(void) {
+    gp_dlvsym_fn f = __atomic_load_n(&real_dlvsym_ptr, __ATOMIC_ACQUIRE);
+    if (f != NULL) return f;
+    f = (gp_dlvsym_fn)libc_sym("dlvsym");
+    if (f != NULL) __atomic_store_n(&real_dlvsym_ptr, f, __ATOMIC_RELEASE);
+    return f;
+}
+
+static void *open_lib(void **slot, const char *name) {
+    void *h = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (h == NULL) {
+        h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+        if (h != NULL) __atomic_store_n(slot, h, __ATOMIC_RELEASE);
+    }
+    return h;
+}
+
+static void *cuda_handle, *nvml_handle;
+
+void *gp_cuda_sym(const char *name) {
+    void *h = open_lib(&cuda_handle, "libcuda.so.1");
+    gp_dlsym_fn f = gp_real_dlsym();
+    return h && f ? f(h, name) : NULL;
+}
+
+void *gp_nvml_sym(const char *name) {
+    void *h = open_lib(&nvml_handle, "libnvidia-ml.so.1");
+    gp_dlsym_fn f = gp_real_dlsym();
+    return h && f ? f(h, name) : NULL;
 }

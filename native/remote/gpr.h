@@ -1,6 +1,6 @@
 /* gpupool remote mode: the wire protocol shared by the client library (gpr_client.c, loaded by a program
- * as its libcuda.so.1) and the GPU server (gpr_server.c). docs/remote.md describes it for people; this file
- * is the definition.
+ * as its libcuda.so.1) and the GPU server (gpr_server.c, gpr_srv_*.c). docs/remote.md describes it for
+ * people; this file is the definition.
  *
  * Every message is a 12-byte header and a payload, little-endian, fields at natural alignment:
  *   request  u32 op | u32 flags | u32 length     then `length` bytes
@@ -95,7 +95,7 @@ enum gpr_op {
     GPR_OP_EVENT_ELAPSED,    /* u32 start, u32 end -> f32 milliseconds */
     /* live migration (docs/remote.md): the client reads its state from the source worker and replays it
      * into a fresh worker on the target under the same numbers and device addresses */
-    GPR_OP_STATE,            /* - -> struct gpr_state_head, then its records (see gpr_server.c, op_state) */
+    GPR_OP_STATE,            /* - -> struct gpr_state_head, then its records (see gpr_srv_state.c) */
     GPR_OP_MODULE_IMAGE,     /* u32 module -> the image as it was loaded */
     GPR_OP_RESTORE_ALLOC,    /* n x (u64 pointer, u64 bytes) -> - (memory at exactly those device addresses) */
     GPR_OP_RESTORE_MODULE,   /* u32 module, image -> - */
