@@ -201,3 +201,46 @@ def test_pods_and_claims_together_match_the_api_after_any_sequence(ops: list[tup
 @given(st.lists(op, min_size=1, max_size=14))
 def test_pods_and_claims_on_the_same_gpus_match_the_api_after_any_sequence(ops: list[tuple[Any, ...]]) -> None:
     asyncio.run(_scenario(ops, same_node=True))
+
+
+def _assume_half(ledger: Any, uid: str, node: str, gpu: int) -> str | None:
+    """What gpupool's claim allocator does before it writes a claim's allocation: assume half of `gpu`."""
+    from gpupool.core.model import Allocation, GPUGrant, GPURequest, PodRequest
+
+    request = PodRequest(key=uid, gpu=GPURequest(count=1, milli=500, memory_mib=GPU_MIB // 2))
+    uuid = ledger.state.nodes[ledger.state.index[node]].gpus[gpu].uuid
+    allocation = Allocation(pod=uid, node=node, grants=(GPUGrant(uuid, gpu, 500, GPU_MIB // 2),))
+    refused: str | None = ledger.assume(uid, f"team-dra/{uid}", request, allocation, deadline=1e9, claim=True)
+    return refused
+
+
+def _unallocated_claim(name: str, uid: str) -> dict[str, Any]:
+    claim = allocated_claim(name, "gpu-0000", 0, GPU_MIB // 2, 50)
+    claim["metadata"]["uid"] = uid
+    del claim["status"]
+    return claim
+
+
+def test_an_event_older_than_gpupools_own_write_does_not_give_back_the_claims_assumed_share() -> None:
+    """The CI failure of test_e2e_dra's fill test: claim events queued before gpupool wrote an allocation (the
+    resourceclaim controller creating the claim, adding its finalizer) arrive after gpupool assumed the share;
+    the claim shows no allocation there, and the ledger gave the assumed share back, so the next claim was
+    put on the same half: three halves on one GPU, which the node's agent then refused to prepare (the pod
+    waited in ContainerCreating). An assumed share goes only by forget (the write failed), expiry or the
+    claim's deletion."""
+    from gpupool.scheduler.ledger import Ledger
+
+    ledger = Ledger(node_objects(small_scenario(nodes=1, gpus=1)))
+    assert _assume_half(ledger, "uid-a", "gpu-0000", 0) is None
+    assert _assume_half(ledger, "uid-b", "gpu-0000", 0) is None
+    ledger.apply_claim("MODIFIED", _unallocated_claim("a", "uid-a"))  # the controller's earlier event
+    ledger.replace_claims([_unallocated_claim("a", "uid-a"), _unallocated_claim("b", "uid-b")])  # a relist
+    assert set(ledger.assumed()) == {"uid-a", "uid-b"}
+    refused = _assume_half(ledger, "uid-c", "gpu-0000", 0)
+    assert refused is not None and "too little free" in refused, refused  # the GPU holds two halves already
+    # the claim's deletion and a failed write do give it back
+    ledger.apply_claim("DELETED", _unallocated_claim("a", "uid-a"))
+    ledger.forget("uid-b")
+    assert not ledger.entries
+    i = ledger.state.index["gpu-0000"]
+    assert (int(ledger.state.gpu_mem_free[i, 0]), int(ledger.state.gpu_milli_free[i, 0])) == (GPU_MIB, 1000)

@@ -382,7 +382,11 @@ class Ledger:
         # entry takes over the target's capacity from the entry that held it while the share travelled.
         for key in keys:
             entry, now = self.entries.get(key), wanted.get(key)
-            gone = entry is not None and entry.claim and now is None
+            # A share gpupool assumed while it writes the allocation is not given back by an event that shows
+            # the claim unallocated: events queued before the write (the claim's creation, its finalizer)
+            # arrive after the assume, and giving the share back let the next claim take it too. It goes by
+            # forget (the write failed), expiry, or the claim's deletion (claim None).
+            gone = entry is not None and entry.claim and now is None and not (entry.assumed and claim is not None)
             changed = entry is not None and now is not None and \
                 grants_signature(entry.allocation) != grants_signature(now.allocation)
             if gone or changed or key in self.stranded:
@@ -412,9 +416,12 @@ class Ledger:
                 self._count_claim(uid, self.claim_objs[uid])
 
     def replace_claims(self, claims: Iterable[Mapping[str, Any]]) -> None:
-        """Resynchronise with a fresh list of ResourceClaims."""
+        """Resynchronise with a fresh list of ResourceClaims (an assumed share of a listed claim stays, as in
+        _count_claim: the list can predate gpupool's write)."""
+        claims = list(claims)
+        listed = {str((c.get("metadata") or {}).get("uid", "")) for c in claims}
         for uid, e in list(self.entries.items()):
-            if e.claim:
+            if e.claim and not (e.assumed and uid in listed):
                 self.release(uid)
         self.stranded = {u: e for u, e in self.stranded.items() if not e.claim}
         self.claim_objs = {}
