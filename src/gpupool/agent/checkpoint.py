@@ -121,6 +121,8 @@ def read_state(path: Path, kind: str, node: str, legacy: Legacy | None = None) -
     """The entries of the file at `path` ([] when there is none); CheckpointError (see `untrusted`) otherwise."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # the temporary file of a write a crash interrupted: never renamed, so never part of the state
+        path.with_name(f".{path.name}.tmp").unlink(missing_ok=True)
         data = path.read_bytes()
     except FileNotFoundError:
         return []
