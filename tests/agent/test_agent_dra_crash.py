@@ -31,14 +31,31 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpupool.agent.checkpoint import KIND_CLAIMS, decode_state
-from gpupool.agent.dra import CHECKPOINT_FILE, ClaimRef
+from gpupool.agent.dra import (
+    CHECKPOINT_FILE,
+    STEP_CDI_REMOVED,
+    STEP_CDI_WRITTEN,
+    STEP_DIR_REMOVED,
+    STEP_NODE_PREPARED,
+    STEP_PREPARE_COMPLETED,
+    STEP_PREPARE_STARTED,
+    STEP_UNPREPARE_COMPLETED,
+    STEP_UNPREPARE_STARTED,
+    ClaimRef,
+    cdi_path,
+)
 from gpupool.agent.fake import FakeBackend
 from gpupool.agent.hookdir import read_limits
+from gpupool.agent.isolation import STEP_CARVED
 from gpupool.agent.service import Agent
 from gpupool.api.dra import DRIVER
+from gpupool.cluster.port import RESOURCE_CLAIMS
 from tests.agent.agent_helpers import NODE, four_gpus
 from tests.agent.dra_crash_child import FixedClaims, config_for
+from tests.agent.test_agent_dra import MIG_CLASS, _mig_instances, _partition, claim, dra_rig
 
 REPO = Path(__file__).resolve().parents[2]
 UID = "c1a1m-0001"
@@ -195,3 +212,68 @@ async def test_kill_9_at_every_step_of_prepare_leaves_the_claim_prepared_whole_o
 
 async def test_kill_9_at_every_step_of_unprepare_leaves_the_claim_prepared_whole_or_gone() -> None:
     await crash_every_step("unprepare")
+
+
+# --- MIG: the named steps, in process ---------------------------------------------------------------------
+# The MIG manager's hardware is the fake driver, which lives in this process (it outlives the agent, as the
+# GPU does): the crash is a BaseException from the driver's step hook (no code of the agent after the step
+# runs), then the agent is stopped without a word to the checkpoint and a new one starts on the directory.
+
+
+class Crash(BaseException):
+    """The agent process dies here."""
+
+
+def crash_at(step: str) -> Any:
+    def hook(current: str) -> None:
+        if current == step:
+            raise Crash(step)
+    return hook
+
+
+PREPARE_STEPS = [STEP_PREPARE_STARTED, STEP_CARVED, STEP_NODE_PREPARED, STEP_CDI_WRITTEN, STEP_PREPARE_COMPLETED]
+UNPREPARE_STEPS = [STEP_UNPREPARE_STARTED, STEP_CDI_REMOVED, STEP_DIR_REMOVED, STEP_UNPREPARE_COMPLETED]
+
+
+@pytest.mark.parametrize("step", PREPARE_STEPS)
+async def test_a_mig_claim_killed_at_a_step_of_prepare_holds_one_instance_after_the_restart(step: str) -> None:
+    async with dra_rig(mig=True) as r:
+        c = await r.cluster.create_object(RESOURCE_CLAIMS, claim("infer", [_partition("gpu-0-3g40gb-4")], MIG_CLASS))
+        uid = c["metadata"]["uid"]
+        ref = ClaimRef("team-a", "infer", uid)
+        assert r.agent.dra is not None
+        r.agent.dra.step = crash_at(step)
+        with pytest.raises(Crash):
+            await r.agent.dra.prepare([ref])
+        await r.restart()
+        assert r.agent.dra is not None
+        completed = step == STEP_PREPARE_COMPLETED
+        # not completed: rolled back; the instance it may have carved is nobody's, and idle for 0 s of 0: gone
+        assert _mig_instances(r) == ([("3g.40gb", 4, uid)] if completed else [])
+        assert cdi_path(r.agent.config.cdi_dir, uid).exists() == completed
+        assert set(r.agent.dra.prepared) == ({uid} if completed else set())
+        outcome = (await r.agent.dra.prepare([ref]))[uid]  # kubelet asks again
+        assert outcome.error == ""
+        assert _mig_instances(r) == [("3g.40gb", 4, uid)]  # one instance, the claim's
+        assert r.agent.dra.prepare_count == (0 if completed else 1)
+
+
+@pytest.mark.parametrize("step", UNPREPARE_STEPS)
+async def test_a_mig_claim_killed_at_a_step_of_unprepare_is_unprepared_by_the_restart(step: str) -> None:
+    async with dra_rig(mig=True) as r:
+        c = await r.cluster.create_object(RESOURCE_CLAIMS, claim("infer", [_partition("gpu-0-3g40gb-4")], MIG_CLASS))
+        uid = c["metadata"]["uid"]
+        ref = ClaimRef("team-a", "infer", uid)
+        assert r.agent.dra is not None
+        assert (await r.agent.dra.prepare([ref]))[uid].error == ""
+        r.agent.dra.step = crash_at(step)
+        with pytest.raises(Crash):
+            await r.agent.dra.unprepare([ref])
+        await r.restart()
+        assert r.agent.dra is not None
+        # UnprepareStarted was written before the first step: the restart finishes the unprepare, and the
+        # released instance, idle for 0 s of 0, is destroyed by the start's housekeeping
+        assert (_mig_instances(r), r.agent.dra.prepared) == ([], {})
+        assert not cdi_path(r.agent.config.cdi_dir, uid).exists()
+        assert not (r.agent.config.hook_root / "claims" / uid).exists()
+        assert (await r.agent.dra.unprepare([ref]))[uid] == ""  # kubelet asks again: already unprepared
