@@ -130,3 +130,44 @@ def test_an_unusable_directory_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(CheckpointError, match="node state directory .* \\(agent setting checkpoint_dir\\)"):
         Checkpoint(blocker / "sub", NODE).load()
+
+
+def test_a_version_2_checkpoint_is_read_and_the_next_write_is_version_3(tmp_path: Path) -> None:
+    """allocations.json as the agent before version 3 wrote it: one entry per (pod UID, container), a checksum
+    over the entries only (SHA-256 of their canonical JSON, without a prefix)."""
+    body = [{"container": "main", "devices": ["GPU-a::0"], "name": "pod-u1", "namespace": "ns", "podUID": "u1",
+             "response": "YW5zd2Vy", "time": "2026-11-24T09:00:00Z"}]  # "answer"
+    checksum = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    text = json.dumps({"checksum": checksum, "entries": body, "node": NODE, "version": 2}, indent=1, sort_keys=True)
+    (tmp_path / "allocations.json").write_text(text)
+    c = Checkpoint(tmp_path, NODE)
+    c.load()
+    old = Served("u1", "ns", "pod-u1", ("GPU-a::0",), b"answer", "2026-11-24T09:00:00Z", "main")
+    assert c.entries == {("u1", "main"): old}
+    assert (tmp_path / "allocations.json").read_text() == text  # read as it is: nothing written until a change
+    c.record(served("u2"), keep={"u1", "u2"})
+    doc = json.loads((tmp_path / "allocations.json").read_text())
+    assert (doc["format"], doc["version"], doc["kind"], doc["node"]) == (
+        "gpupool.io/node-state", 3, "allocations", NODE)
+    assert [e["podUID"] for e in doc["allocations"]] == ["u1", "u2"]
+    assert set(decode((tmp_path / "allocations.json").read_bytes(), NODE)) == {("u1", "main"), ("u2", "main")}
+
+
+def test_a_version_2_checkpoint_with_a_wrong_checksum_is_not_trusted(tmp_path: Path) -> None:
+    body = [{"podUID": "u1", "namespace": "ns", "name": "pod-u1", "devices": ["GPU-a::0"], "response": "", "time": ""}]
+    (tmp_path / "allocations.json").write_text(json.dumps({"version": 2, "node": NODE, "entries": body,
+                                                           "checksum": "0" * 64}))
+    with pytest.raises(CheckpointError, match="checksum mismatch \\(version 2\\)"):
+        Checkpoint(tmp_path, NODE).load()
+
+
+def test_the_checksum_of_version_3_covers_the_node_and_the_version_too(tmp_path: Path) -> None:
+    """The checksum is SHA-256 over the canonical JSON of every field but itself (docs/agent.md)."""
+    text = encode(NODE, [served("u1")])
+    doc = json.loads(text)
+    rest = {k: v for k, v in doc.items() if k != "checksum"}
+    canonical = json.dumps(rest, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    assert doc["checksum"] == "sha256:" + hashlib.sha256(canonical).hexdigest()
+    moved = json.dumps({**doc, "node": "node-2"}).encode()  # the file copied to another node, node edited
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        decode(moved, "node-2")
