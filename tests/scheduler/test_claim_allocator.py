@@ -5,6 +5,7 @@ does not decide is left to kube-scheduler."""
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
@@ -64,11 +65,22 @@ def gated_pod(name: str, claim_name: str, node_selector: dict[str, str] | None =
     return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS}, "spec": spec}
 
 
+def reporting(obj: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """The node with `fields` set on every GPU of its inventory (as its agent reports them)."""
+    doc = json.loads(obj["metadata"]["annotations"][ANN_INVENTORY])
+    for g in doc["gpus"]:
+        g.update(fields)
+    obj["metadata"]["annotations"][ANN_INVENTORY] = json.dumps(doc)
+    return obj
+
+
 async def setup(tainted: dict[str, tuple[int, ...]] | None = None,
                 gpu_mib: int = GPU_MIB) -> tuple[MemoryCluster, ExtenderService]:
+    """gpu-0000 and gpu-0001, 2 GPUs each, whose agents run an MPS daemon per GPU (claims of the MPS class,
+    like pods with isolation mps, go only to GPUs whose daemon is up)."""
     cluster = MemoryCluster()
     for obj in node_objects(small_scenario(nodes=2, gpus=2, memory_mib=gpu_mib)):
-        await cluster.create_node(obj)
+        await cluster.create_node(reporting(obj, mps="up"))
     for node in NODES:
         await cluster.create_object(RESOURCE_SLICES, resource_slice(node, (tainted or {}).get(node, ())))
     await cluster.create_object(DEVICE_CLASSES, device_class(DRIVER, "hook"))
@@ -159,7 +171,9 @@ async def test_a_burst_fills_every_gpu_exactly_and_the_next_claim_waits_with_a_r
                     if e["involvedObject"]["name"] == "p8" and e["reason"] == "FailedScheduling"]
 
         (message,) = await until(told)
-        assert message.startswith("gpupool: claim team-dra/c8 fits on no GPU:"), message
+        # the framework's words, as for a pod (gpu_fit's reason on the node that passed the most checks)
+        assert message == ("gpupool: claim team-dra/c8: fits no node, e.g. needs 1 x a GPU with 10 percent "
+                           "compute and 8192 MiB free; 0 available"), message
         assert not await ungated(cluster, "p8") and await allocation(cluster, "c8") is None
     finally:
         await svc.stop()
@@ -205,8 +219,8 @@ async def test_the_pods_required_node_affinity_is_respected() -> None:
             got = await allocation(cluster, name)
             assert got is not None and {r["pool"] for r in got["devices"]["results"]} == {"gpu-0001"}, name
         (message,) = await until(lambda: messages(cluster, "p-a3"))
-        assert message == ("gpupool: no node that runs gpupool's DRA driver can take this pod (its nodeSelector "
-                           "and node affinity, the nodes' taints)")
+        assert message == ("gpupool: claim team-dra/a3: fits no node, e.g. the pod may not run here (its "
+                           "nodeSelector and node affinity, the nodes' taints)")
         assert await allocation(cluster, "a3") is None
     finally:
         await svc.stop()
@@ -394,6 +408,10 @@ async def mig_setup() -> tuple[MemoryCluster, ExtenderService]:
     from gpupool.api.dra import SliceDevice, resource_slices
 
     cluster, svc = await setup(gpu_mib=81920)
+    node = await cluster.get_node("gpu-0000")
+    await cluster.patch_node_annotations(
+        "gpu-0000", {ANN_INVENTORY: reporting(node, mig=True)["metadata"]["annotations"][ANN_INVENTORY]})
+    await until(lambda: _mig_known(svc))
     gpus = [SliceDevice(i, f"GPU-{i}", "A100-80GB", 81920, mig_capable=True, mig_mode=True) for i in range(2)]
     await cluster.delete_object(RESOURCE_SLICES, f"gpu-0000-{DRIVER}")
     for s in resource_slices("gpu-0000", "uid", gpus, "", 1):
@@ -401,6 +419,12 @@ async def mig_setup() -> tuple[MemoryCluster, ExtenderService]:
     mig = device_class(MIG_CLASS, "mig")
     await cluster.create_object(DEVICE_CLASSES, mig)
     return cluster, svc
+
+
+async def _mig_known(svc: ExtenderService) -> bool:
+    """The scheduler's MIG planning knows gpu-0000's GPUs in MIG mode (from its inventory)."""
+    plugin = svc.claim_framework.plugin("mig_placement")
+    return "gpu-0000" in plugin.layouts.nodes  # type: ignore[attr-defined]
 
 
 async def test_mig_claims_get_the_partition_gpupools_mig_planning_chooses() -> None:
@@ -669,8 +693,9 @@ async def test_the_pods_node_is_the_one_with_most_cpu_and_one_its_cpu_request_fi
         pool, _, node = await placed(cluster, "c1")
         assert (pool, node) == ("gpu-0000", "cpu-0001")
         (message,) = await until(lambda: messages(cluster, "p2"))
-        assert message == ("gpupool: no node that runs gpupool's agent can take this pod (its nodeSelector and "
-                           "node affinity, the nodes' taints, its CPU and memory requests)")
+        assert message == ("gpupool: claim team-dra/c2: fits no node, e.g. no node that runs gpupool's agent can "
+                           "take this pod (its nodeSelector and node affinity, the nodes' taints, its CPU and memory "
+                           "requests)")
         assert not await ungated(cluster, "p2") and await allocation(cluster, "c2") is None
     finally:
         await svc.stop()
@@ -686,7 +711,10 @@ async def test_gpus_without_a_server_are_never_used_for_remote_shares() -> None:
         assert await placed(cluster, "c1") == ("gpu-0001", "gpu-1", "gpu-0001")
         await run(cluster, (remote_claim("c2", None, None), remote_pod("p2", "c2")))
         (message,) = await until(lambda: messages(cluster, "p2"))
-        assert message.startswith("gpupool: claim team-dra/c2: no GPU server has room for it:"), message
+        # gpu-0001's GPU 1 is taken; the other GPUs have no server (claim_devices' reason, on the node that
+        # passed the most checks)
+        assert message == ("gpupool: claim team-dra/c2: fits no node, e.g. needs 1 GPU(s), 0 of its devices fit "
+                           "(GPU 0: no untainted device of gpupool's DRA driver here for this claim)"), message
         assert not await ungated(cluster, "p2") and await allocation(cluster, "c2") is None
     finally:
         await svc.stop()
@@ -715,11 +743,17 @@ async def test_a_remote_share_avoids_tainted_devices_but_not_the_gpu_nodes_own_t
 async def test_a_remote_claim_of_two_gpus_waits_with_the_reason() -> None:
     cluster, svc = await remote_setup({n: (0, 1) for n in NODES})
     try:
-        await run(cluster, (remote_claim("c1", count=2), remote_pod("p1", "c1")))
+        await run(cluster, (remote_claim("c1", None, None, count=2), remote_pod("p1", "c1")),
+                  (remote_claim("c2", count=2), remote_pod("p2", "c2")))
         (two,) = await until(lambda: messages(cluster, "p1"))
         assert two == ("gpupool: claim team-dra/c1 asks for 2 GPUs of isolation remote: a remote share is served "
                        "by one GPU (the forwarding library reaches one GPU server); ask for count 1")
-        assert not await ungated(cluster, "p1") and await allocation(cluster, "c1") is None
+        # a share of two GPUs, of any isolation, meets the rule a pod meets first
+        (shares,) = await until(lambda: messages(cluster, "p2"))
+        assert shares == ("gpupool: claim team-dra/c2: invalid request: a share of a GPU can only be asked for one "
+                          "GPU at a time (count must be 1)")
+        for name in ("1", "2"):
+            assert not await ungated(cluster, f"p{name}") and await allocation(cluster, f"c{name}") is None
     finally:
         await svc.stop()
 

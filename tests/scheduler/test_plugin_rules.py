@@ -19,17 +19,17 @@ from pathlib import Path
 import pytest
 
 from gpupool.scheduler.framework import interface
-from gpupool.scheduler.framework.registry import PROFILE, REGISTRY
+from gpupool.scheduler.framework.registry import CLAIM_PROFILE, PROFILE, REGISTRY
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 SCHEDULER = SRC / "gpupool" / "scheduler"
 PLUGINS = "gpupool.scheduler.framework.plugins"
 # What a plugin may reach: the framework's interface, and the scheduler's state below it. A new module a
 # plugin needs is placed here on purpose (a module of the service around the framework never is).
-FRAMEWORK = {f"gpupool.scheduler.framework.{m}" for m in ("interface", "cycle", "status", "preemption")}
+FRAMEWORK = {f"gpupool.scheduler.framework.{m}" for m in ("interface", "cycle", "status", "preemption", "choice")}
 STATE = {f"gpupool.scheduler.{m}" for m in (
-    "busy", "config", "ledger", "metrics", "mig_layouts", "pending", "pods", "queues", "squeeze", "what_if",
-    "workload")}
+    "busy", "config", "ledger", "metrics", "mig_layouts", "node_rules", "pending", "pods", "queues", "squeeze",
+    "what_if", "workload")}
 PROTOCOLS = (interface.PreFilterPlugin, interface.FilterPlugin, interface.PostFilterPlugin,
              interface.ScorePlugin, interface.ReservePlugin, interface.UnreservePlugin, interface.PermitPlugin,
              interface.BindPlugin)
@@ -114,3 +114,13 @@ def test_each_registered_plugin_meets_the_protocols_of_its_extension_points(name
 
 def test_every_plugin_of_the_profile_is_registered() -> None:
     assert set(PROFILE) <= set(REGISTRY) and len(set(PROFILE)) == len(PROFILE)
+    assert set(CLAIM_PROFILE) <= set(REGISTRY) and len(set(CLAIM_PROFILE)) == len(CLAIM_PROFILE)
+
+
+def test_a_claim_meets_every_rule_a_pod_meets() -> None:
+    """The claim profile runs every plugin of the pod profile but those that read the pod's own limits or
+    serve kube-scheduler's binding through the extender (registry's module doc says why), in the same
+    order, plus the claim's own rules; so a queue, fit or preference rule added for pods holds for claims."""
+    pod_only = {"scheduler_name", "gpu_request", "nominate", "node_lock", "binding"}
+    claim_only = {"claim_request", "claim_devices", "remote_tiers", "claim_reserve"}
+    assert [p for p in PROFILE if p not in pod_only] == [p for p in CLAIM_PROFILE if p not in claim_only]

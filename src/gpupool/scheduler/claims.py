@@ -1,37 +1,29 @@
 """gpupool as the allocator of its own DRA claims: pods whose claims ask for gpupool's DeviceClasses get
-their node and GPUs from gpupool's placement policy, the same decision (and the same ledger) as a pod
-asking through the device plugin, instead of kube-scheduler's first-fit allocator.
+their node and GPUs from the scheduler framework (gpupool.scheduler.framework), the very plugins and ledger
+that place a pod asking through the device plugin, instead of kube-scheduler's first-fit allocator.
 
 How it meets kube-scheduler (docs/claims.md, Placement): the webhook puts the scheduling gate
 `gpu.gpupool.io/allocate` on such pods, so kube-scheduler leaves them alone. Here, once the pod's claims
-exist (the resourceclaim controller makes them from their templates), the policy picks a node and GPUs
-among the nodes that publish gpupool's ResourceSlice and that the pod may run on (its nodeSelector and
-required node affinity, the nodes' NoSchedule/NoExecute taints, untainted devices), the ledger assumes
-the share, the claim's `status.allocation` is written (results with consumedCapacity and a share ID, the
-class's config, the node as nodeSelector), and the gate is removed. kube-scheduler then sees an
-allocated claim: it can only place the pod on that node, reserves the claim for the pod and binds it,
-running its own filters (CPU, affinity) as for any pod. A burst packs as the policy says, because every
-decision is taken here, one at a time, against the ledger that already holds the previous ones.
-
-A claim of the MIG class that names its profile with the selector
-`device.attributes["gpu.gpupool.io"].profile == "<profile>"` gets the partition gpupool's MIG planning
-chooses (core.mig_placement: the GPU and start slot that leave the least fragmentation for the profiles in
-use), where kube-scheduler's allocator would take the first partition that fits.
-
-A claim of a class with isolation `remote` (one GPU) gets a share in the GPU server of a GPU's node while
-its pod may run on another node that runs gpupool's agent (whose agent mounts the forwarding library): the
-GPU is chosen among the shared GPUs that publish `remoteServer`, on any node (the pod does not run there, so
-its nodeSelector and the node's taints do not apply to the GPU node; the devices' taints do), preferring the
-pod's own node, then a GPU node in a zone (`topology.kubernetes.io/zone`) of a node the pod may run on, then
-any; the allocation names the GPU node's pool and devices and, as nodeSelector, the pod's node.
+exist (the resourceclaim controller makes them from their templates), the pod's claim is one framework cycle
+under the claim profile (gpupool.scheduler.framework.registry.CLAIM_PROFILE): the team queues (admission,
+maximum, reclaim, priority preemption), fit, shares per GPU, MPS daemons, MIG planning, the policy's score,
+busy nodes and PreferNoSchedule taints, as for a pod; and the claim's own rules as plugins: its request
+(claim_request), gpupool's untainted devices on nodes the pod may run on (claim_devices), the tiers of a
+remote share (remote_tiers), its reservation in the ledger under the claim's UID (claim_reserve). This module
+keeps only what is not a placement rule: it watches pods, claims, DeviceClasses and ResourceSlices, decides
+which gated pods are gpupool's to place (below), writes the claim's `status.allocation` (results with
+consumedCapacity and a share ID, the class's config, the node as nodeSelector) and removes the gate.
+kube-scheduler then sees an allocated claim: it can only place the pod on that node, reserves the claim for
+the pod and binds it, running its own filters (CPU, affinity) as for any pod. A burst packs as the policy
+says, because every decision is taken here, one at a time, against the ledger that already holds the
+previous ones.
 
 What gpupool does not decide is left to kube-scheduler's allocator, and the gate removed at once: claims of
 other classes, claims with other CEL selectors (only kube-scheduler evaluates CEL), constraints, prioritized
 lists or admin access, pods with several unallocated claims or requests, pods with required pod
 (anti-)affinity or topology spread that may not be broken (they depend on every pod, which only
 kube-scheduler weighs). Claims already allocated (a shared claim) need nothing. The ledger counts every
-claim on gpupool's devices however it was allocated.
-"""
+claim on gpupool's devices however it was allocated."""
 
 from __future__ import annotations
 
@@ -40,11 +32,8 @@ import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from fractions import Fraction
+from dataclasses import dataclass, field
 from typing import Any
-
-import numpy as np
 
 from gpupool.api.dra import (
     ATTR_REMOTE_SERVER,
@@ -53,24 +42,20 @@ from gpupool.api.dra import (
     REMOTE_ISOLATION,
     SCHEDULING_GATE,
     ClaimAsk,
-    ClaimError,
     NotOurs,
     Placed,
     allocation_status,
     claim_asks,
     class_isolation,
-    class_oversubscription,
     device_index,
     device_name,
     mig_device,
     mig_device_name,
-    oversub_mib,
     template_for,
 )
 from gpupool.api.logsafe import shown
-from gpupool.api.pod import parse_pod, pod_key
-from gpupool.api.preferences import pod_rules, required_affinity_allows, untolerated
-from gpupool.api.quantity import QuantityError, bytes_to_mib, cpu_milli, parse_quantity
+from gpupool.api.pod import pod_key
+from gpupool.api.preferences import pod_rules
 from gpupool.api.times import format_time
 from gpupool.cluster.port import (
     DEVICE_CLASSES,
@@ -84,14 +69,15 @@ from gpupool.cluster.port import (
     WatchEvent,
 )
 from gpupool.cluster.reflector import Reflector
-from gpupool.core.mig import mig_model
-from gpupool.core.mig_placement import MigGPU, MigInstance, MigRefusal, choose, observed_demand
-from gpupool.core.mig_request import grant_share
-from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, GPURequest, MigSlot, PodRequest
-from gpupool.core.placement import Placement, Unschedulable, place
+from gpupool.scheduler.framework.cycle import ClaimInCycle, Phase
 from gpupool.scheduler.framework.interface import Handle
+from gpupool.scheduler.framework.registry import CLAIM_PROFILE, build_plugins
+from gpupool.scheduler.framework.runtime import Framework
+from gpupool.scheduler.framework.status import Code
+from gpupool.scheduler.node_rules import HARD_EFFECTS
 
 log = logging.getLogger(__name__)
+
 
 @dataclass
 class Usable:
@@ -105,20 +91,8 @@ class Usable:
     drivers: set[str] = field(default_factory=set)
 
 
-@dataclass(frozen=True, slots=True)
-class PodNode:
-    """A node a remote share's pod may run on."""
-
-    name: str
-    zone: str | None  # its topology.kubernetes.io/zone label
-    cpu_free: int | None  # milli-cores, at most what is free there (ClaimAllocator._headroom); None: unknown
-
-
 RETRY_S = 5.0  # a pod that fits nowhere is tried again this often (and at once on any claim or pod change)
-MAY_RUN = "its nodeSelector and node affinity, the nodes' taints"  # what _may_run reads, as the reasons say it
-HARD_EFFECTS = ("NoSchedule", "NoExecute")  # taints that keep new pods (and claims) away; PreferNoSchedule does not
 MAX_TEMPLATES_KNOWN = 10_000  # tenants name templates: what is remembered of them stays bounded
-ZONE_LABEL = "topology.kubernetes.io/zone"  # a remote share prefers a GPU in the zone of its pod's node
 
 
 def gated(pod: Mapping[str, Any]) -> bool:
@@ -160,30 +134,37 @@ def usable_devices(slices: Iterable[Mapping[str, Any]]) -> Usable:
     return out
 
 
+
+
 class ClaimAllocator:
     """Places the claims of gated pods (fed by gpupool.scheduler.watch: pods and claims)."""
 
-    def __init__(self, handle: Handle, ready: Callable[[], bool], retry_s: float = RETRY_S) -> None:
+    def __init__(self, handle: Handle, ready: Callable[[], bool], retry_s: float = RETRY_S,
+                 framework: Framework | None = None) -> None:
         self.h = handle
         self.ready = ready
         self.retry_s = retry_s
+        # The framework under the claim profile; the service gives the one whose plugins are the pod
+        # profile's own instances (gpupool.scheduler.framework.registry.build_profiles).
+        self._fw = framework
         self.claims: dict[str, Obj] = {}  # namespace/name -> claim, every claim the watch shows
         self.gated: dict[str, Obj] = {}  # pod UID -> pod, the pods carrying our gate
         self.told: dict[str, str] = {}  # pod UID -> the last reason recorded on it (one Event per change)
         self.templates: set[tuple[str, str]] = set()  # gpupool's templates known to exist (namespace, name)
         self.allocated = 0  # claims gpupool allocated (metrics, tests)
         self.left = 0  # pods whose claims were left to kube-scheduler
-        # Remote shares' pods: claim UID -> (the pod's node, its CPU milli-cores, its memory MiB). The ledger
-        # holds the share on the GPU node and none of the pod's CPU or memory, so the pod nodes' headroom
-        # subtracts these: a burst of remote pods spreads over the pod nodes instead of
-        # all picking the one that looked roomiest. An entry goes with its claim's ledger entry.
-        self.pod_holds: dict[str, tuple[str, int, int]] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # The classes and the devices from watch caches: a pass reads no list from the API server, and a
         # device that changes (a taint goes, a GPU appears) wakes the pods that wait for one.
         self._class_ref = Reflector(handle.cluster, DEVICE_CLASSES, on_event=self._wake)
         self._slice_ref = Reflector(handle.cluster, RESOURCE_SLICES, on_event=self._wake)
+
+    @property
+    def fw(self) -> Framework:
+        if self._fw is None:
+            self._fw = Framework(self.h, build_plugins(self.h, CLAIM_PROFILE))
+        return self._fw
 
     def _wake(self, type_: str, obj: Obj, old: Obj | None) -> None:
         self._changed.set()
@@ -211,6 +192,8 @@ class ClaimAllocator:
         else:
             self.gated.pop(uid, None)
             self.told.pop(uid, None)
+            if event_type == "DELETED" and self.gated:
+                self._changed.set()  # its GPUs may be free now (a victim reclaimed for a waiting claim, too)
 
     # --- the loop -------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -308,10 +291,6 @@ class ClaimAllocator:
         if rules:  # gpupool would pick a node kube-scheduler may then refuse for ever (the claim sits there)
             return await self._leave(pod, f"its rules about other pods ({', '.join(rules)})")
         claim, (ask,) = todo[0]
-        if ask.mig_profile is not None:
-            return await self._allocate_mig(pod, claim, ask, classes[ask.device_class][1], slices)
-        if classes[ask.device_class][0] == REMOTE_ISOLATION:
-            return await self._allocate_remote(pod, claim, ask, classes[ask.device_class][1], slices)
         return await self._allocate(pod, claim, ask, classes[ask.device_class], slices)
 
     async def _ensure_template(self, namespace: str, name: str) -> None:
@@ -334,245 +313,42 @@ class ClaimAllocator:
             self.templates.clear()
         self.templates.add((namespace, name))
 
-    def _may_run(self, pod: Obj, name: str) -> bool:
-        """Whether the pod may go to node `name` (its nodeSelector and required node affinity, the node's
-        NoSchedule/NoExecute taints); a node the watch has not shown is not one it may go to."""
-        obj = self.h.ledger.node_objs.get(name)
-        if obj is None:
-            return False
-        selector = (pod.get("spec") or {}).get("nodeSelector") or {}
-        labels = (obj.get("metadata") or {}).get("labels") or {}
-        hard = [t for t in (obj.get("spec") or {}).get("taints") or [] if t.get("effect") in HARD_EFFECTS]
-        return (all(labels.get(k) == v for k, v in selector.items()) and required_affinity_allows(pod, obj)
-                and not untolerated(pod, hard))
-
-    def _allowed(self, pod: Obj, names: Iterable[str]) -> list[str]:
-        """The nodes among `names` that the ledger knows (their GPUs) and the pod may go to."""
-        return [n for n in names if n in self.h.ledger.state.index and self._may_run(pod, n)]
-
-    def _decide(self, request: PodRequest, names: Iterable[str], usable: Mapping[str, set[int]],
-                mps: bool) -> Placement | Unschedulable:
-        """gpupool's placement policy on the GPUs `usable` of the ledger's nodes among `names`. The other GPUs
-        of those nodes are excluded: tainted devices (or, for a remote share, GPUs without a server), and
-        GPUs already shared by as many pods and claims as their node allows (the ledger would refuse the
-        share there, while another GPU may be free)."""
-        state = self.h.ledger.state
-        nodes, excluded = [], set()
-        for name in names:
-            i = state.index[name]
-            nodes.append(i)
-            full = self.h.ledger.full(np.array([i], dtype=np.int64), mps)[0]
-            excluded |= {g.uuid for g in state.nodes[i].gpus if g.index not in usable[name] or full[g.index]}
-        request = replace(request, gpu=replace(request.gpu, exclude_uuids=frozenset(excluded)))
-        return place(state, request, self.h.policy(request), self.h.context(), np.array(sorted(nodes), dtype=np.int64))
-
-    @staticmethod
-    def _share_request(pod: Obj, ask: ClaimAsk, spill_factor: Fraction) -> PodRequest:
-        """The pod's request with the GPU share the claim asks for in place of any GPU of its own; its memory
-        grows by what memory oversubscription may spill into the node's (which must have it beside the
-        pod's)."""
-        parsed = parse_pod(pod).request or PodRequest(key=pod_key(pod))
-        whole = ask.memory_mib is None  # no memory asked: the request policy's default, the whole GPU
-        gpu = GPURequest(count=ask.count, milli=MILLI_PER_GPU if whole else max(1, ask.cores * 10),
-                         memory_mib=None if whole else ask.memory_mib)
-        spill = 0 if ask.memory_mib is None else ask.count * oversub_mib(ask.memory_mib, spill_factor)
-        return replace(parsed, memory_mib=parsed.memory_mib + spill, gpu=gpu)
-
     async def _allocate(self, pod: Obj, claim: Obj, ask: ClaimAsk, cls: tuple[str, list[Obj]],
                         slices: Usable) -> str | None:
+        """One framework cycle for the claim (the claim profile), then its allocation written."""
         isolation, config = cls
-        try:
-            factor = class_oversubscription(config, self._label(claim))
-        except ClaimError as e:
-            return str(e)
-        request = self._share_request(pod, ask, factor)
-        nodes = self._allowed(pod, slices.shared)
-        if not nodes:
-            return f"no node that runs gpupool's DRA driver can take this pod ({MAY_RUN})"
-        decided = self._decide(request, nodes, slices.shared, isolation == "mps")
-        if isinstance(decided, Unschedulable):
-            return f"claim {shown(self._label(claim))} fits on no GPU: {decided.summary()}"
-        return await self._hold(pod, claim, ask, cls, request, decided.allocation, factor)
-
-    async def _allocate_remote(self, pod: Obj, claim: Obj, ask: ClaimAsk, config: list[Obj],
-                               slices: Usable) -> str | None:
-        """A share in the GPU server of a GPU's node for a pod that runs on that node or another one (see the
-        module doc): the first tier that places it wins, (a) a GPU on a node the pod may run on, the pod
-        then runs there; (b) a GPU in the zone of a node the pod may run on, the pod on such a node; (c) any
-        GPU with a server, the pod on any node it may run on. Within a tier gpupool's placement policy picks
-        the GPU, as for any claim."""
+        kind = slices.mig if ask.mig_profile is not None else \
+            slices.remote if isolation == REMOTE_ISOLATION else slices.shared
+        gpus = {node: frozenset(indices) for node, indices in kind.items() if indices}
         label = self._label(claim)
-        if ask.count != 1:
-            return (f"claim {shown(label)} asks for {ask.count} GPUs of isolation {REMOTE_ISOLATION}: a remote share "
-                    "is served by one GPU (the forwarding library reaches one GPU server); ask for count 1")
-        try:
-            factor = class_oversubscription(config, label)
-        except ClaimError as e:
-            return str(e)
-        request = self._share_request(pod, ask, factor)
-        # Memory oversubscription spills into the memory of the GPU server's worker: the GPU node's, not the
-        # pod node's.
-        spill = 0 if ask.memory_mib is None else oversub_mib(ask.memory_mib, factor)
-        hosts = self._pod_nodes(pod, slices.drivers, replace(request, memory_mib=request.memory_mib - spill))
-        if not hosts:
-            return f"no node that runs gpupool's agent can take this pod ({MAY_RUN}, its CPU and memory requests)"
-        state = self.h.ledger.state
-        servers = sorted(n for n, gpus in slices.remote.items() if gpus and n in state.index)
-        if not servers:
-            return f"claim {shown(label)}: no untainted GPU has a GPU server (device attribute {ATTR_REMOTE_SERVER})"
-        host_names = {h.name for h in hosts}
-        zones: dict[str, list[PodNode]] = {}
-        for h in hosts:
-            if h.zone is not None:
-                zones.setdefault(h.zone, []).append(h)
-        zone_of = {n: self._zone(n) for n in servers}
-        # On another node than its pod the GPU node gives the GPU share (and the spill) only: the pod's CPU and
-        # memory are the pod node's (kube-scheduler checks them there), so they do not count against it.
-        alone = replace(request, cpu_milli=0, memory_mib=spill)
-        # (GPU nodes, what they must give, the pod's node given the GPU's) per tier; on the same node the pod
-        # runs with its share, so that node must have room for the pod's CPU and memory as well.
-        tiers: list[tuple[list[str], PodRequest, Callable[[str], str]]] = [
-            ([n for n in servers if n in host_names], request, lambda gpu_node: gpu_node),
-            ([n for n in servers if zone_of[n] in zones], alone,
-             lambda gpu_node: self._roomiest(zones[str(zone_of[gpu_node])])),
-            (servers, alone, lambda gpu_node: self._roomiest(hosts)),
-        ]
-        refused: Unschedulable | None = None
-        for names, wanted, pod_node_of in tiers:
-            if not names:
-                continue
-            decided = self._decide(wanted, names, slices.remote, mps=False)
-            if isinstance(decided, Placement):
-                pod_node = pod_node_of(decided.allocation.node)
-                self.pod_holds[str(claim["metadata"]["uid"])] = (pod_node, request.cpu_milli,
-                                                                 request.memory_mib - spill)
-                return await self._hold(pod, claim, ask, (REMOTE_ISOLATION, config), wanted, decided.allocation,
-                                        factor, pod_node=pod_node)
-            refused = decided
-        assert refused is not None  # the last tier has every server
-        return f"claim {shown(label)}: no GPU server has room for it: {refused.summary()}"
+        cycle = self.fw.cycle(pod, Phase.CLAIM)
+        cycle.claim = ClaimInCycle(str(claim["metadata"]["uid"]), label, ask, isolation, tuple(config), gpus,
+                                   frozenset(slices.drivers))
+        status, node = await self.fw.place(cycle, sorted(gpus))
+        if node is None or cycle.allocation is None:
+            # A PreFilter's refusal names the claim and what is wrong with it; other reasons say why it fits
+            # nowhere now, in the framework's words for a pod.
+            return status.reason if status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE else \
+                f"claim {shown(label)}: {status.reason}"
+        self.h.pending.discard(cycle.key)
+        allocation = cycle.allocation
+        placed = [Placed(ask, mig_device_name(g.index, g.mig.profile, g.mig.start)) if g.mig is not None else
+                  Placed(ask, device_name(g.index), g.memory_mib, 0 if g.milli < 10 else g.milli // 10,
+                         str(uuid.uuid4())) for g in allocation.grants]
+        status_obj = allocation_status(allocation.node, placed, {ask.device_class: config}, cycle.pod_node)
+        failed = await self._write(claim, status_obj)
+        if failed is not None:
+            await self.fw.unreserve(cycle, node)  # the ledger and the pod's node hold nothing for it
+            return failed
+        self.allocated += 1
+        log.info("allocated claim %s of pod %s: %s %s%s", label, pod_key(pod), allocation.node,
+                 ", ".join(p.device for p in placed),
+                 "" if cycle.pod_node in (None, allocation.node) else f" (remote: the pod runs on {cycle.pod_node})")
+        return await self._ungate(pod)
 
-    def _zone(self, name: str) -> str | None:
-        obj = self.h.ledger.node_objs.get(name) or {}
-        zone = ((obj.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL)
-        return None if zone is None else str(zone)
-
-    def _pod_nodes(self, pod: Obj, names: Iterable[str], request: PodRequest) -> list[PodNode]:
-        """The nodes among `names` (nodes running gpupool's agent) that a remote share's pod may run on, less
-        those where its CPU or memory request clearly does not fit (see _headroom)."""
-        out = []
-        held = self._held_by_pods()
-        for name in names:
-            if not self._may_run(pod, name):
-                continue
-            room = self._headroom(name, held.get(name, (0, 0)))
-            if room is not None and (room[0] < request.cpu_milli or room[1] < request.memory_mib):
-                continue
-            out.append(PodNode(name, self._zone(name), None if room is None else room[0]))
-        return out
-
-    def _held_by_pods(self) -> dict[str, tuple[int, int]]:
-        """(CPU milli-cores, memory MiB) the pods of remote shares hold, by their node (pod_holds); the
-        entries of claims that left the ledger are dropped first (their pods are gone)."""
-        for uid in [u for u in self.pod_holds if u not in self.h.ledger.entries]:
-            del self.pod_holds[uid]
-        out: dict[str, tuple[int, int]] = {}
-        for node, cpu, mem in self.pod_holds.values():
-            have = out.get(node, (0, 0))
-            out[node] = (have[0] + cpu, have[1] + mem)
-        return out
-
-    def _headroom(self, name: str, held: tuple[int, int]) -> tuple[int, int] | None:
-        """(CPU milli-cores, memory MiB) at most free on a node, None when its Node does not say: its
-        allocatable less what the ledger holds there (pods of gpupool's GPUs; claims hold none), from the
-        ledger's state for a node it knows, else from the Node's allocatable (a GPU-less node without an
-        inventory, where the ledger holds nothing), less `held` by the pods of remote shares placed there.
-        Other pods are kube-scheduler's to count, so this can only over-estimate: a node it finds too small
-        is too small."""
-        state = self.h.ledger.state
-        i = state.index.get(name)
-        if i is not None:
-            free = int(state.cpu_free[i]), int(state.mem_free[i])
-        else:
-            allocatable = ((self.h.ledger.node_objs[name].get("status") or {}).get("allocatable") or {})
-            if "cpu" not in allocatable or "memory" not in allocatable:
-                return None
-            try:
-                free = (cpu_milli(allocatable["cpu"]),
-                        bytes_to_mib(parse_quantity(allocatable["memory"], "allocatable memory")[0], round_up=False))
-            except QuantityError:
-                return None
-        return free[0] - held[0], free[1] - held[1]
-
-    @staticmethod
-    def _roomiest(nodes: Iterable[PodNode]) -> str:
-        """The node with the most CPU free (an upper bound, see _headroom), nodes of unknown CPU last; ties
-        by name, so that the choice is the same on every pass."""
-        return min(nodes, key=lambda n: (n.cpu_free is None, -(n.cpu_free or 0), n.name)).name
-
-    async def _hold(self, pod: Obj, claim: Obj, ask: ClaimAsk, cls: tuple[str, list[Obj]], request: PodRequest,
-                    allocation: Allocation, factor: Fraction, pod_node: str | None = None) -> str | None:
-        """Assume the claim's share in the ledger, then write its allocation (`pod_node`: where the pod runs,
-        when not on the GPU's node)."""
-        isolation, config = cls
-        uid, label = str(claim["metadata"]["uid"]), self._label(claim)
-        allocation = replace(allocation, pod=uid)
-        # The claim holds the GPU share and what oversubscription may take of the node's memory (as
-        # api.dra.counted_claim counts it); the pod's own CPU and memory are kube-scheduler's to count.
-        held = replace(request, key=uid, cpu_milli=0,
-                       memory_mib=sum(oversub_mib(g.memory_mib, factor) for g in allocation.grants))
-        refused = self.h.ledger.assume(uid, label, held, allocation, self.h.clock() + self.h.config.assume_timeout_s,
-                                       mps=isolation == "mps", claim=True)
-        if refused is not None:
-            return f"claim {shown(label)}: {refused}"
-        devices = [Placed(ask, device_name(g.index), g.memory_mib, 0 if g.milli < 10 else g.milli // 10,
-                          str(uuid.uuid4())) for g in allocation.grants]
-        status = allocation_status(allocation.node, devices, {ask.device_class: config}, pod_node)
-        return await self._write(pod, claim, allocation, status, pod_node)
-
-    async def _allocate_mig(self, pod: Obj, claim: Obj, ask: ClaimAsk, config: list[Obj],
-                            slices: Usable) -> str | None:
-        """A MIG partition of the profile asked, where gpupool's MIG planning (core.mig_placement.choose)
-        leaves the GPUs least fragmented for the profiles in use, against the ledger's instances (pods' and
-        claims', however allocated)."""
-        assert ask.mig_profile is not None
-        state, label, uid = self.h.ledger.state, self._label(claim), str(claim["metadata"]["uid"])
-        held: dict[tuple[str, int], list[MigInstance]] = {}
-        for entry in self.h.ledger.entries.values():
-            for g in entry.allocation.grants:
-                if g.mig is not None:
-                    held.setdefault((entry.allocation.node, g.index), []).append(
-                        MigInstance(g.mig.profile, g.mig.start, used=True))
-        candidates = [(node, gpu) for node in self._allowed(pod, slices.mig) for index in sorted(slices.mig[node])
-                      if (gpu := state.gpu_at(node, index)) is not None and mig_model(gpu.model) is not None]
-        if not candidates:
-            return f"no GPU in MIG mode that this pod may use ({MAY_RUN})"
-        demand = observed_demand([ask.mig_profile, *(i.profile for group in held.values() for i in group)])
-        gpus = [MigGPU(gpu.model, tuple(sorted(held.get((node, gpu.index), [])))) for node, gpu in candidates]
-        choice = choose(gpus, ask.mig_profile, demand)
-        if isinstance(choice, MigRefusal):
-            return f"claim {shown(label)}: {choice.reason}"
-        node, gpu = candidates[choice.gpu]
-        model = mig_model(gpu.model)
-        profile = model.profile(ask.mig_profile) if model is not None else None
-        assert model is not None and profile is not None  # choose found an option of this profile there
-        milli, memory = grant_share(model, profile)
-        start = choice.option.start
-        allocation = Allocation(uid, node, (GPUGrant(gpu.uuid, gpu.index, milli, memory,
-                                                     MigSlot(profile.name, start)),), policy="dra")
-        request = PodRequest(key=uid, gpu=GPURequest(count=1, milli=milli, memory_mib=memory))
-        refused = self.h.ledger.assume(uid, label, request, allocation, self.h.clock() + self.h.config.assume_timeout_s,
-                                       claim=True)
-        if refused is not None:
-            return f"claim {shown(label)}: {refused}"
-        placed = [Placed(ask, mig_device_name(gpu.index, profile.name, start))]
-        return await self._write(pod, claim, allocation, allocation_status(node, placed, {ask.device_class: config}))
-
-    async def _write(self, pod: Obj, claim: Obj, allocation: Allocation, status: Obj,
-                     pod_node: str | None = None) -> str | None:
-        """Write the claim's allocation (the ledger already holds it; forgotten if the write fails), then
-        ungate the pod (`pod_node`: where it runs, when not on its devices' node)."""
-        uid, label = str(claim["metadata"]["uid"]), self._label(claim)
+    async def _write(self, claim: Obj, status: Obj) -> str | None:
+        """Write the claim's allocation (the ledger already holds it); None, or why it could not be."""
+        label = self._label(claim)
         # Stamped as kube-scheduler's own allocator stamps it. When kube-scheduler 1.37 reserves a claim whose
         # allocation has no timestamp, it adds one (DRADeviceBindingConditions and DRAResourceClaimDeviceStatus,
         # on by default) in the same status update, and the API server refuses that update, as any change of
@@ -588,13 +364,8 @@ class ClaimAllocator:
             await self.h.cluster.patch_object(RESOURCE_CLAIMS, name, {"status": {"allocation": status}},
                                               namespace=ns, subresource="status")
         except ApiError as e:
-            self.h.ledger.forget(uid)
             return f"claim {shown(label)} could not be allocated: {e}"
-        self.allocated += 1
-        log.info("allocated claim %s of pod %s: %s %s%s", label, pod_key(pod), allocation.node,
-                 ", ".join(r["device"] for r in status["devices"]["results"]),
-                 "" if pod_node in (None, allocation.node) else f" (remote: the pod runs on {pod_node})")
-        return await self._ungate(pod)
+        return None
 
     async def _leave(self, pod: Obj, why: str) -> str | None:
         log.info("pod %s: left to kube-scheduler's allocator (%s)", pod_key(pod), why)

@@ -126,9 +126,7 @@ class Extender:
     def _pick(self, cycle: CycleState, nodes: NodeSet) -> tuple[np.ndarray, Offered, str]:
         """The Score plugins over the feasible `nodes`: their scores, the nodes as scored, and the winner,
         reserved for the pod."""
-        offered = nodes.alive_offered()
-        s, winner = self.fw.score(cycle, offered.index)
-        chosen = str(offered.names[winner])
+        s, offered, chosen = self.fw.select(cycle, nodes)
         self.fw.reserve(cycle, chosen)
         return s, offered, chosen
 

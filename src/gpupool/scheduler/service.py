@@ -35,7 +35,7 @@ from gpupool.scheduler.claims import ClaimAllocator
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.extender import Extender
 from gpupool.scheduler.framework.interface import Handle, StepHook
-from gpupool.scheduler.framework.registry import build_plugins
+from gpupool.scheduler.framework.registry import build_profiles
 from gpupool.scheduler.framework.runtime import Framework
 from gpupool.scheduler.ledger import Ledger
 from gpupool.scheduler.metrics import SchedulerMetrics
@@ -76,10 +76,14 @@ class ExtenderService:
         self.queue_status = QueueStatusWriter(cluster, self.queues, self.pending, lambda: self.ready, clock,
                                               config.queue_status_interval_s)
         register_queue_metrics(self.metrics.registry, self.queues, self.pending)
-        self.framework = Framework(self.handle, build_plugins(self.handle))
+        pod_plugins, claim_plugins = build_profiles(self.handle)
+        self.framework = Framework(self.handle, pod_plugins)
+        # The claims of gated pods are scheduled by the same plugins (one instance each) under their profile.
+        self.claim_framework = Framework(self.handle, claim_plugins)
         self.extender = Extender(self.handle, self.framework, lambda: self.ready)
         # gpupool's DRA claims (scheduler/claims.py), where this scheduler places them
-        self.claims = ClaimAllocator(self.handle, lambda: self.ready) if config.dra_placement else None
+        self.claims = ClaimAllocator(self.handle, lambda: self.ready, framework=self.claim_framework) \
+            if config.dra_placement else None
         self.watcher = Watcher(self.handle, self.claims)
         self.synced = False
         self.leading = not config.leader_elect

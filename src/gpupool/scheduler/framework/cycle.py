@@ -3,14 +3,16 @@ from it, and the candidate nodes with the reasons of those that were rejected.""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from fractions import Fraction
 from itertools import repeat
 from typing import Any
 
 import numpy as np
 
+from gpupool.api.dra import ClaimAsk
 from gpupool.api.pod import ParsedPod
 from gpupool.cluster.port import Obj
 from gpupool.core.model import Allocation, PodRequest
@@ -26,6 +28,28 @@ class Phase(StrEnum):
     FILTER = "filter"
     PRIORITIZE = "prioritize"
     BIND = "bind"
+    # The claim allocator's cycle (gpupool.scheduler.claims): a gated pod's DRA claim is scheduled and
+    # reserved in one go, then its allocation is written; kube-scheduler binds the pod afterwards.
+    CLAIM = "claim"
+
+
+@dataclass(slots=True)
+class ClaimInCycle:
+    """The DRA claim a CLAIM cycle allocates for its pod, with what the claim allocator read of the cluster
+    for it. The ledger holds the claim's share under the claim's own UID (as it counts a claim however it
+    was allocated), so a reservation of this cycle is the claim's, not the pod's (CycleState.holder)."""
+
+    uid: str
+    key: str  # namespace/name of the claim
+    ask: ClaimAsk
+    isolation: str  # its DeviceClass's
+    config: tuple[Obj, ...]  # its DeviceClass's config, copied into the allocation
+    # gpupool's untainted devices of the claim's kind (shared GPUs, GPUs in MIG mode, or shared GPUs with a
+    # GPU server), by node, from the newest ResourceSlices; and every node that publishes a pool (its agent
+    # runs: a remote share's pod may run there)
+    gpus: Mapping[str, frozenset[int]]
+    agents: frozenset[str]
+    spill_factor: Fraction = Fraction(1)  # memory oversubscription its class grants (claim_request reads it)
 
 
 @dataclass(slots=True)
@@ -54,10 +78,19 @@ class CycleState:
     placed: dict[int, Allocation] | None = None
     allocation: Allocation | None = None  # the reservation made or kept by Reserve
     data: dict[str, Any] = field(default_factory=dict)  # plugin-private, keyed by plugin name
+    claim: ClaimInCycle | None = None  # a CLAIM cycle's claim (set by the claim allocator)
+    # Where the pod runs when that is not the node holding its devices (a remote share: remote_tiers' Reserve)
+    pod_node: str | None = None
 
     @property
     def wants_gpu(self) -> bool:
         return self.request is not None
+
+    @property
+    def holder(self) -> str:
+        """The UID the ledger holds this cycle's reservation under: the claim's in a CLAIM cycle, else the
+        pod's."""
+        return self.claim.uid if self.claim is not None else self.uid
 
     def set_fit(self, nodes: IntArray, rows: BoolArray, shape: tuple[int, int]) -> None:
         self.fit_nodes, self.fit_rows, self.fit_shape, self._gpu_ok = nodes, rows, shape, None
@@ -165,6 +198,12 @@ class NodeSet:
             target.update(zip(self._objects[positions].tolist(), reasons, strict=True))
         self.alive = self.alive[~bad]
         self._all_alive = False
+
+    def example(self) -> str | None:
+        """One rejected node's reason, to say why nothing fits: the last rejection came from the last Filter
+        plugin that rejected, so that node passed the most checks and its reason is the most telling (e.g. a
+        GPU at its pod limit rather than a node without room)."""
+        return next(reversed(self.failed.values()), None) or next(reversed(self.unresolvable.values()), None)
 
     def reject_all(self, reason: str, code: Code) -> None:
         self.reject(np.ones(len(self.alive), dtype=bool), [reason] * len(self.alive), code)

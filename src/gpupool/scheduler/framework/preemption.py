@@ -155,7 +155,7 @@ class Evaluator:
         going = self.going()
         running = self.running(cache, set(nodes), now)
         preemptor = self.preemptor(cache, cycle)
-        usage = cache.usage(without=cycle.uid, gone=going)
+        usage = cache.usage(without=cycle.holder, gone=going)
         snapshot, request = Snapshot(self.handle.ledger), cycle.request
         plan = plan_preemption(cache.queues.tree, usage, preemptor, running,
                                lambda node, victims: snapshot.fits(request, node, victims | going), now)
@@ -170,7 +170,7 @@ class Evaluator:
         busy = frozenset(u for uids in self._squeezing.values() for u in uids)
         running = [r for r in self.running(cache, set(nodes), now) if r.uid not in busy]
         preemptor = self.preemptor(cache, cycle)
-        usage = cache.usage(without=cycle.uid, gone=going)
+        usage = cache.usage(without=cycle.holder, gone=going)
         snapshot, request = Snapshot(self.handle.ledger), cycle.request
         plan = plan_squeeze(cache.queues.tree, usage, preemptor, running,
                             lambda node, squeezes: fits_squeezed(snapshot, request, node, squeezes), now)
@@ -208,7 +208,7 @@ class Evaluator:
     def _allowed(self, cache: QueueCache, cycle: CycleState, request: PodRequest, proposed: set[str]) -> set[str]:
         """The proposed GPU holders gpupool's queue rules let this pod take."""
         tree, memory = cache.queues.tree, cache.gpu_memory()
-        usage = cache.usage(without=cycle.uid)
+        usage = cache.usage(without=cycle.holder)
         preemptor = self.preemptor(cache, cycle)
         reclaims = in_quota(tree, usage, preemptor)
         allowed: set[str] = set()

@@ -2,9 +2,20 @@
 
 Adding a plugin: write its module under gpupool.scheduler.framework.plugins (a class with `name`,
 `gpu_only`, the extension-point methods it takes part in, and an `Args` model), add one line to REGISTRY,
-and put its name in PROFILE where it should run (the order in PROFILE is the order at each extension point;
-Unreserve runs in reverse). `args_for` maps the scheduler config onto the plugins' typed arguments; a
-plugin whose Args has no required field needs no entry there.
+and put its name in PROFILE and/or CLAIM_PROFILE where it should run (the order in a profile is the order at
+each extension point; Unreserve runs in reverse). `args_for` maps the scheduler config onto the plugins'
+typed arguments; a plugin whose Args has no required field needs no entry there.
+
+Two profiles, one set of plugins: PROFILE serves pods through the extender, CLAIM_PROFILE the DRA claims of
+gated pods (gpupool.scheduler.claims). A plugin in both is one instance (build_profiles), so the queues,
+fit, fragmentation score, MIG planning, preferences and their state are the same for both forms by
+construction. What differs is only what has to: how the request is read (gpu_request from the pod's
+limits, claim_request from its claim), the claim's own rules (claim_devices, remote_tiers) and how capacity
+is taken (nominate and node_lock and binding for a pod kube-scheduler binds through the extender;
+claim_reserve for a claim, whose allocation the claim allocator writes). kube-scheduler binds a claim's pod
+itself, with the claim's device already chosen and prepared by name, so neither the extender's bind nor
+node_lock (which keeps two pods of one node from waiting for the device plugin's Allocate at once, a wait a
+claim never has) takes part; nor scheduler_name (the pod is kube-scheduler's).
 """
 
 from __future__ import annotations
@@ -20,6 +31,9 @@ from gpupool.scheduler.framework.interface import Handle, Plugin
 from gpupool.scheduler.framework.plugins import (
     binding,
     busy_nodes,
+    claim_devices,
+    claim_request,
+    claim_reserve,
     gpu_fit,
     gpu_node,
     gpu_request,
@@ -34,6 +48,7 @@ from gpupool.scheduler.framework.plugins import (
     prefer_no_schedule,
     queue_admission,
     queue_reclaim,
+    remote_tiers,
     scheduler_name,
     shares_per_gpu,
 )
@@ -64,6 +79,10 @@ REGISTRY: dict[str, PluginSpec] = {
     "queue_reclaim": PluginSpec(queue_reclaim.QueueReclaim, queue_reclaim.Args),
     "mig_placement": PluginSpec(mig.MigPlacement, mig.Args),
     "mps_ready": PluginSpec(mps_ready.MpsReady, mps_ready.Args),
+    "claim_request": PluginSpec(claim_request.ClaimRequest, claim_request.Args),
+    "claim_devices": PluginSpec(claim_devices.ClaimDevices, claim_devices.Args),
+    "remote_tiers": PluginSpec(remote_tiers.RemoteTiers, remote_tiers.Args),
+    "claim_reserve": PluginSpec(claim_reserve.ClaimReserve, claim_reserve.Args),
 }
 
 # Where each plugin runs:
@@ -94,6 +113,33 @@ PROFILE: tuple[str, ...] = (
     "queue_reclaim",
 )
 
+# Where each plugin runs for a claim (the plugins of PROFILE, save those named in the module doc):
+#   PreFilter   pod_pending, claim_request, remote_tiers, mig_placement
+#   Filter      node_exists, gpu_node, gpu_fit, claim_devices, shares_per_gpu, mps_ready, remote_tiers,
+#               mig_placement, queue_admission
+#   PostFilter  pending_note, queue_reclaim
+#   Score       remote_tiers, mig_placement, policy_score, busy_nodes, prefer_no_schedule
+#   Reserve     remote_tiers, claim_reserve, queue_admission     Unreserve  claim_reserve, remote_tiers
+CLAIM_PROFILE: tuple[str, ...] = (
+    "pod_pending",
+    "claim_request",
+    "node_exists",
+    "gpu_node",
+    "gpu_fit",
+    "claim_devices",
+    "shares_per_gpu",
+    "mps_ready",
+    "remote_tiers",
+    "mig_placement",
+    "policy_score",
+    "busy_nodes",
+    "prefer_no_schedule",
+    "claim_reserve",
+    "queue_admission",
+    "pending_note",
+    "queue_reclaim",
+)
+
 
 def args_for(config: SchedulerConfig) -> dict[str, dict[str, Any]]:
     """The plugins' arguments from the scheduler config."""
@@ -112,11 +158,22 @@ def args_for(config: SchedulerConfig) -> dict[str, dict[str, Any]]:
 
 
 def build_plugins(handle: Handle, profile: tuple[str, ...] = PROFILE,
-                  args: dict[str, dict[str, Any]] | None = None) -> list[Plugin]:
-    """Instantiate the profile's plugins (in order) with validated arguments."""
+                  args: dict[str, dict[str, Any]] | None = None,
+                  built: dict[str, Plugin] | None = None) -> list[Plugin]:
+    """Instantiate the profile's plugins (in order) with validated arguments; those already in `built` (by
+    name) are reused, and the new ones added to it."""
     given = args_for(handle.config) if args is None else args
+    made = {} if built is None else built
     plugins: list[Plugin] = []
     for name in profile:
-        spec = REGISTRY[name]
-        plugins.append(spec.factory(handle, spec.args.model_validate(given.get(name, {}))))
+        if name not in made:
+            spec = REGISTRY[name]
+            made[name] = spec.factory(handle, spec.args.model_validate(given.get(name, {})))
+        plugins.append(made[name])
     return plugins
+
+
+def build_profiles(handle: Handle) -> tuple[list[Plugin], list[Plugin]]:
+    """The plugins of PROFILE and of CLAIM_PROFILE, each plugin one instance shared by both."""
+    built: dict[str, Plugin] = {}
+    return build_plugins(handle, PROFILE, built=built), build_plugins(handle, CLAIM_PROFILE, built=built)

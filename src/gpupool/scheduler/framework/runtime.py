@@ -9,6 +9,10 @@ verbs map onto the extension points (gpupool.scheduler.extender):
   /bind        PreFilter, then `bind_pod`: a replay already done answers at once; otherwise, one bind per
                node at a time: Filter on the node unless the pod holds a reservation there, Reserve,
                Permit, Bind; any failure after Reserve runs Unreserve (reverse order)
+
+A DRA claim of a gated pod (gpupool.scheduler.claims) is one `place` under the claim profile: PreFilter,
+Filter, PostFilter when no node is left, else Score and Reserve of the winner, as a pod's filter and
+prioritize calls; the claim allocator then writes the allocation (kube-scheduler binds the pod).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from gpupool.cluster.port import Obj
 from gpupool.core.fit import Fit
 from gpupool.core.placement import Scored, best
 from gpupool.core.state import IntArray
-from gpupool.scheduler.framework.cycle import CycleState, NameIndex, NodeSet, Phase
+from gpupool.scheduler.framework.cycle import CycleState, NameIndex, NodeSet, Offered, Phase
 from gpupool.scheduler.framework.interface import (
     BindPlugin,
     FilterPlugin,
@@ -127,6 +131,32 @@ class Framework:
         steered = np.where(avoid, -np.inf, total) if avoid.any() and not avoid.all() else total
         placeholder = Fit(nodes, np.zeros(len(nodes), dtype=np.int64), np.zeros((len(nodes), 1), dtype=bool))
         return total, best(Scored(placeholder, nodes, steered), self.handle.context())
+
+    def select(self, cycle: CycleState, nodes: NodeSet) -> tuple[np.ndarray, Offered, str]:
+        """The Score plugins over the feasible `nodes`: their scores, the nodes as scored, and the winner."""
+        offered = nodes.alive_offered()
+        s, winner = self.score(cycle, offered.index)
+        return s, offered, str(offered.names[winner])
+
+    async def place(self, cycle: CycleState, names: list[str]) -> tuple[Status, str | None]:
+        """A whole scheduling cycle here, for a pod no extender call serves (a gated pod's DRA claim):
+        PreFilter, Filter over `names`, PostFilter when none is left (why, with one node's reason as the
+        example, as the pending note says it), else Score and Reserve of the winner. Returns the status and
+        the node reserved (None unless SUCCESS); a failed Reserve is undone (Unreserve)."""
+        status = self.pre_filter(cycle)
+        if not status.ok:
+            return status, None
+        nodes = self.filter(cycle, names)
+        if not len(nodes):
+            self.post_filter(cycle, nodes)
+            example = nodes.example()
+            return unschedulable(f"fits no node, e.g. {example}" if example else "no node offered"), None
+        _, _, chosen = self.select(cycle, nodes)
+        status = self.reserve(cycle, chosen)
+        if not status.ok:
+            await self.unreserve(cycle, chosen)
+            return status, None
+        return SUCCESS, chosen
 
     def reserve(self, cycle: CycleState, node: str) -> Status:
         for p in self.reserves:

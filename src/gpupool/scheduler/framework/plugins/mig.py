@@ -60,6 +60,8 @@ def wants_mig(cycle: CycleState) -> bool:
 
 
 def _named(cycle: CycleState) -> str | None:
+    if cycle.claim is not None:  # a claim names its profile by the one selector gpupool reads (api.dra.claim_asks)
+        return cycle.claim.ask.mig_profile
     annotations = (cycle.pod.get("metadata") or {}).get("annotations") or {}
     named = str(annotations.get(ANN_MIG_PROFILE, "")).strip()
     return named or None

@@ -31,11 +31,10 @@ import logging
 from collections import OrderedDict
 from typing import ClassVar
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpupool.core.model import Allocation, PodRequest
-from gpupool.core.placement import Placement, place
+from gpupool.scheduler.framework.choice import gpus_on
 from gpupool.scheduler.framework.cycle import CycleState, Phase
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Status, unschedulable
@@ -160,7 +159,7 @@ class Nominate:
             if deadline <= now or entry is None or not entry.assumed or entry.deadline != deadline:
                 del self._active[uid]
 
-    # --- deciding the GPUs on one node ----------------------------------------------------------------
+    # --- deciding the GPUs on one node (gpupool.scheduler.framework.choice) -----------------------------
 
     @staticmethod
     def _request(cycle: CycleState) -> PodRequest:
@@ -172,24 +171,4 @@ class Nominate:
         return cycle.parsed is not None and cycle.parsed.isolation == "mps"
 
     def _place(self, cycle: CycleState, node: str) -> Allocation | None:
-        """The GPUs the pod's policy picks on `node` (gpupool.core.placement.place on that node), unless a
-        plugin placed the pod already (cycle.placed). Where a Filter plugin narrowed the node's GPUs
-        (cycle.narrowed), the same steps over the GPUs it left: score the node, then choose among them."""
-        request, policy, gpu_ok = cycle.request, cycle.policy, cycle.gpu_ok
-        state = self.handle.ledger.state
-        i = state.index.get(node)
-        if request is None or policy is None or gpu_ok is None or i is None:
-            return None
-        if cycle.placed is not None:
-            return cycle.placed.get(i)  # decided by a plugin (mig_placement: the instance it chose here)
-        ctx = self.handle.context()
-        nodes = np.array([i], dtype=np.int64)
-        if i not in cycle.narrowed:
-            result = place(state, request, policy, ctx, nodes)
-            return result.allocation if isinstance(result, Placement) else None
-        row = gpu_ok[i]
-        if int(row.sum()) < request.gpu.count:
-            return None
-        policy.score(state, request, nodes, row[None, :], ctx)  # choose() centres on this score
-        gpus = policy.choose(state, request, i, row, ctx) if request.gpu.count else ()
-        return Allocation(pod=request.key, node=node, grants=state.grants_for(i, request, gpus), policy=policy.name)
+        return gpus_on(self.handle.ledger.state, self.handle.context(), cycle, node)

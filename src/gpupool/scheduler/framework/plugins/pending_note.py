@@ -26,8 +26,6 @@ class PendingNote:
         self.handle = handle
 
     def post_filter(self, cycle: CycleState, nodes: NodeSet) -> Status:
-        # The last rejection came from the last Filter plugin that rejected: that node passed the most checks,
-        # so its reason is the most telling (e.g. a GPU at its pod limit rather than a node without room).
-        example = next(reversed(nodes.failed.values()), None) or next(reversed(nodes.unresolvable.values()), None)
+        example = nodes.example()
         self.handle.pending.note(cycle.key, f"fits no node, e.g. {example or 'no gpupool node offered'}")
         return SUCCESS

@@ -43,7 +43,7 @@ class QueueAdmission:
         if cache is None:
             return None
         queue = cache.queue_of(namespace_of(cycle.key))
-        decision = admit(cache.queues.tree, cache.usage(without=cycle.uid), queue, charge)
+        decision = admit(cache.queues.tree, cache.usage(without=cycle.holder), queue, charge)
         return decision if isinstance(decision, Refused) else None
 
     def filter(self, cycle: CycleState, nodes: NodeSet) -> None:
