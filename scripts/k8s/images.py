@@ -30,6 +30,10 @@ from pathlib import Path
 PAUSE_IMAGE = "gpupool.local/pause:1"
 BUSYBOX_IMAGE = "gpupool.local/busybox:1"
 PROBE_IMAGE = "gpupool.local/cuda-probe:1"
+# The image the documentation's example pods name (README.md, docs/*.md), so that they run as written on the
+# testbed's nodes, which reach no registry: there it is the busybox image under that name (its `sh`, `env`,
+# `grep` and `sleep` run the examples' commands; `nvidia-smi` is missing, and the commands go on without it).
+EXAMPLE_IMAGES = {"nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04": BUSYBOX_IMAGE}
 REPO = Path(__file__).resolve().parents[2]
 FAKES = REPO / "tests" / "native" / "fakes"  # the interception library's fake CUDA driver and test program
 HOOK_LIBRARY = REPO / "src" / "gpupool" / "hook" / "libgpupool_hook.so"
@@ -267,6 +271,13 @@ def import_images(archives: dict[str, Path], containerd_socket: Path, ctr: str =
     for name, path in archives.items():
         _run([ctr, "--address", str(containerd_socket), "-n", "k8s.io", "images", "import",
               "--platform", f"linux/{_arch()}", str(path)], f"importing {name}")
+
+
+def tag_example_images(containerd_socket: Path, ctr: str = "ctr") -> None:
+    """EXAMPLE_IMAGES: each name given to its local image (`ctr images tag`), which must be imported."""
+    for name, source in EXAMPLE_IMAGES.items():
+        _run([ctr, "--address", str(containerd_socket), "-n", "k8s.io", "images", "tag", "--force", source, name],
+             f"tagging {source} as {name}")
 
 
 # --- the project's own images (scripts/image) --------------------------------------------------------------

@@ -13,7 +13,10 @@ device-plugin dir), its own cgroup root (`--cgroup-root`) and its own loopback a
   (/var/lib/kubelet/device-plugins). containerd runs under `unshare --mount --propagation slave` with the
   node's own directory bind-mounted there, and kubelet joins that namespace (`nsenter`); the host's mounts
   still propagate in, the node's mounts do not leak out. /var/log/pods and /var/log/containers (also
-  compiled in) are the node's own the same way. Both share the namespace so the volumes kubelet
+  compiled in) are the node's own the same way, and so are /var/lib/kubelet/plugins_registry and
+  /var/lib/kubelet/plugins (the kubelet's DRA registration and plugin directories under its --root-dir)
+  and /var/run/cdi (the CDI directory its containerd reads): a DRA driver installed with the paths every
+  node has (the chart's defaults) registers with this node's kubelet. Both share the namespace so the volumes kubelet
   mounts are the ones containerd sees. The gpupool agent runs outside and uses the node's directory.
 - The node's name is a loopback address (127.x.y.z): kubelet refuses a loopback --node-ip, but a name that
   parses as an IP becomes the node's InternalIP and Hostname address unvalidated, so the API server reaches
@@ -56,6 +59,12 @@ import images
 import testbed as tb
 
 DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")  # compiled into kubelet 1.20
+# Where a DRA driver installed as on any node (the chart's dra.kubeletRoot and dra.cdiDir defaults) puts its
+# registration socket, its own socket and its CDI specs: in each node's mount namespace these are that
+# node's kubelet directories (under its --root-dir) and the CDI directory its containerd reads.
+KUBELET_PLUGINS_REGISTRY = Path("/var/lib/kubelet/plugins_registry")
+KUBELET_PLUGINS = Path("/var/lib/kubelet/plugins")
+CDI_DIR = Path("/var/run/cdi")
 # Also compiled in; kubelet's container GC deletes the log directories of pods it does not know, so on a
 # shared /var/log/pods each kubelet would delete the other nodes' container logs (kubectl logs: empty).
 POD_LOG_DIRS = (Path("/var/log/pods"), Path("/var/log/containers"))
@@ -199,6 +208,8 @@ class RealNode:
         config = self.dir / "containerd.toml"
         config.write_text(_containerd_config(self))
         mounts = [(self.device_plugin_dir, DEVICE_PLUGIN_DIR), *((self.dir / "log" / p.name, p) for p in POD_LOG_DIRS),
+                  (self.kubelet_root / "plugins_registry", KUBELET_PLUGINS_REGISTRY),
+                  (self.kubelet_root / "plugins", KUBELET_PLUGINS), (self.dir / "cdi", CDI_DIR),
                   *([(self.dir / "local", self.local)] if self.local else [])]
         for source, target in mounts:
             source.mkdir(parents=True, exist_ok=True)
@@ -220,6 +231,7 @@ class RealNode:
             time.sleep(0.2)
         try:
             images.import_images(archives, self.containerd_socket, str(bin_path("ctr")))
+            images.tag_example_images(self.containerd_socket, str(bin_path("ctr")))
         except images.ImageError as e:
             raise tb.TestbedError(str(e)) from None
 

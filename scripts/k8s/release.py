@@ -11,7 +11,11 @@ release's own Deployments and DaemonSet pods as on any cluster. The nodes are la
 gpupool.io/gpu-node=true for the agent's DaemonSet; its fake GPUs are one ConfigMap whose UUIDs name the
 node ({node}: GPU-<node>-<i>); its hook and MPS roots are host directories of this testbed's nodes. The
 API server calls the webhook at its Service's endpoint (a pod address on a node's bridge, which this host
-routes to). DRA stays off.
+routes to). DRA is on (`dra.enabled`, unless ChartRelease(dra=False)) with the chart's own paths: each agent
+pod mounts /var/lib/kubelet/plugins_registry, /var/lib/kubelet/plugins/gpu.gpupool.io and /var/run/cdi,
+which in each real node's mount namespace are that node's kubelet directories and the CDI directory its
+containerd reads (scripts/k8s/realnode.py); GPUs 0 and 1 of each node are NVLink peers (the fake file), so
+docs/claims.md's NVLink example is allocatable.
 
 LocalRelease:
 
@@ -253,8 +257,12 @@ class LocalRelease:
 GPUPOOL_REPOSITORY = "docker.io/gpupool/gpupool"
 KUBE_SCHEDULER_REPOSITORY = "registry.k8s.io/kube-scheduler"
 GPU_NODE_LABEL = "gpupool.io/gpu-node"  # the agent DaemonSet's default nodeSelector
+# Three L40S per node, UUIDs GPU-<node>-<i>; GPUs 0 and 1 joined by NVLink.
 FAKE_GPUS = {"driver_version": "570.86", "cuda_version": "12.8",
-             "gpus": [{"count": 3, "uuid_prefix": "GPU-{node}", "model": "L40S", "memory_mib": 46068, "numa_node": 0}]}
+             "gpus": [{"uuid": f"GPU-{{node}}-{i}", "model": "L40S", "memory_mib": 46068, "numa_node": 0,
+                       "nvlink_peers": peers} for i, peers in enumerate(([1], [0], []))]}
+FAKE_GPU_COUNT = len(FAKE_GPUS["gpus"])
+DRA_DRIVER = "gpu.gpupool.io"
 ROLES = ("agent", "scheduler", "webhook")
 
 
@@ -281,6 +289,7 @@ class ChartRelease:
     nodes: realnode.RealNodes
     values: list[str] = field(default_factory=list)  # more helm arguments, after the testbed's own
     images: dict[str, Path] = field(default_factory=dict)
+    dra: bool = True  # the chart's dra.enabled: the agents serve claims beside the device plugin
 
     fullname = LocalRelease.fullname
     helm = LocalRelease.helm
@@ -300,7 +309,8 @@ class ChartRelease:
         return ["--set", f"image.repository={GPUPOOL_REPOSITORY}", "--set", f"image.tag={tag}",
                 "--set", "image.pullPolicy=Never", "--set", "webhook.certs.mode=helm",
                 "--set", "agent.backend=fake", "--set-json", f"agent.fakeGpus={json.dumps(FAKE_GPUS)}",
-                "--set", f"agent.hookRoot={local / 'hook'}", "--set", f"agent.mpsRoot={local / 'mps'}"]
+                "--set", f"agent.hookRoot={local / 'hook'}", "--set", f"agent.mpsRoot={local / 'mps'}",
+                "--set", f"dra.enabled={str(self.dra).lower()}"]
 
     def import_images(self) -> None:
         """The images into each node's containerd (`ctr -n k8s.io images import`), as a registry would serve them."""
@@ -371,6 +381,11 @@ class ChartRelease:
             slots = gpu_slots(self.bed, node.name)
             if slots <= 0:
                 out.append(f"node {node.name}: allocatable gpupool.io/gpu {slots}")
+        if self.dra:
+            published = {s["spec"].get("nodeName") for s in self._get(
+                f"/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.driver={DRA_DRIVER}").get("items") or []}
+            out += [f"node {n.name}: no ResourceSlice of {DRA_DRIVER}" for n in self.nodes.nodes
+                    if n.name not in published]
         return out
 
     def describe_pods(self) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 from collections import Counter
@@ -44,13 +45,14 @@ pytestmark = pytest.mark.e2e
 RELEASE, NAMESPACE, TENANT = "cp", "gpupool-cp", "e2e-chart-pods-tenant"
 INSTANCE = f"app.kubernetes.io/instance={RELEASE}"
 SPLIT = 10  # the chart's splitCount
-GPUS = release.FAKE_GPUS["gpus"][0]["count"]
+GPUS = release.FAKE_GPU_COUNT
 
 
 class Cluster:
-    def __init__(self, bed: tb.Testbed, nodes: realnode.RealNodes) -> None:
+    def __init__(self, bed: tb.Testbed, nodes: realnode.RealNodes, name: str = RELEASE,
+                 namespace: str = NAMESPACE) -> None:
         self.bed, self.nodes = bed, nodes
-        self.release = release.ChartRelease(bed, RELEASE, NAMESPACE, nodes)
+        self.release = release.ChartRelease(bed, name, namespace, nodes)
         self.kubectl_bin = kubectl_binary()
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -59,15 +61,18 @@ class Cluster:
 
     def left(self) -> list[str]:
         """kind/name of every object of the release still in the cluster."""
-        return release_objects(self.kubectl, NAMESPACE, RELEASE, "pods")
+        return release_objects(self.kubectl, self.release.namespace, self.release.name, "pods")
 
 
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
+@contextlib.contextmanager
+def chart_cluster(name: str = RELEASE, namespace: str = NAMESPACE, install: bool = False) -> Iterator[Cluster]:
+    """A control plane whose pods reach it (serve_pods), a default kube-scheduler, two real nodes, and the
+    chart's release `name` (installed and Ready with `install`; uninstalled at the end in any case)."""
     _ensure_tools()
     ensure_project_images()
     try:
-        bed = tb.Testbed(serve_pods=True).start()
+        # GPUPOOL_E2E_KEEP=1 keeps the state directory (component logs) for a post-mortem.
+        bed = tb.Testbed(serve_pods=True, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1").start()
     except tb.TestbedError as e:
         pytest.fail(str(e), pytrace=False)
     nodes = None
@@ -75,15 +80,24 @@ def cluster() -> Iterator[Cluster]:
         # The default profile places the release's own Deployment and DaemonSet pods, as on any cluster.
         bed.start_default_scheduler()
         nodes = realnode.RealNodes(bed, 2).start()
-        c = Cluster(bed, nodes)
-        bed.tenant_namespace(TENANT)
+        c = Cluster(bed, nodes, name, namespace)
+        if install:
+            c.release.install()
+            c.release.wait_ready(timeout_s=420)
         yield c
         with contextlib.suppress(tb.TestbedError):  # a failed test must not leave the webhooks
-            c.release.helm("uninstall", RELEASE, "-n", NAMESPACE)
+            c.release.helm("uninstall", name, "-n", namespace)
     finally:
         if nodes is not None:
             nodes.stop()
         bed.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    with chart_cluster() as c:
+        c.bed.tenant_namespace(TENANT)
+        yield c
 
 
 def gpu_pod(name: str) -> dict[str, Any]:
