@@ -1147,7 +1147,9 @@ def test_a_pod_that_fits_nowhere_stays_gated_until_a_gpu_frees(dra: DraCluster, 
     claim_name = c.pod_claim(ninth)["metadata"]["name"]
     (event,) = events  # one Event per reason, however often the pod is tried
     assert (event["reason"], event["type"]) == ("FailedScheduling", "Warning"), event
-    assert f"claim {NAMESPACE}/{claim_name} fits on no GPU" in event["message"], event["message"]
+    # the framework's words for a pod that fits nowhere (claims are scheduled by the framework, issue 39)
+    assert event["message"].startswith(f"gpupool: claim {NAMESPACE}/{claim_name}: fits no node, e.g. needs 1 x a "
+                                       "GPU with 50 percent compute"), event["message"]
     assert [g["name"] for g in ninth["spec"].get("schedulingGates") or []] == [SCHEDULING_GATE]
     assert not ninth["spec"].get("nodeName")
     assert not (c.pod_claim(ninth).get("status") or {}).get("allocation")
@@ -1312,7 +1314,7 @@ def test_one_node_serves_a_device_plugin_pod_and_a_claim_on_the_same_gpu(dra: Dr
     over_dp = next(x for x in (c.pod("over-dp") or {})["status"]["conditions"] if x["type"] == "PodScheduled")
     print(f"over-dp: {over_dp.get('message')}; over-claim: {event['message']}")
     over_claim = c.pod("over-claim") or {}
-    assert "fits on no GPU" in event["message"], event["message"]
+    assert ": fits no node, e.g. needs 1 x a GPU with" in event["message"], event["message"]
     assert [g["name"] for g in over_claim["spec"].get("schedulingGates") or []] == [SCHEDULING_GATE]
     assert not (c.pod_claim(over_claim).get("status") or {}).get("allocation")
     for name in ("over-dp", "over-claim"):

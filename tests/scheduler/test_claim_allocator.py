@@ -714,7 +714,7 @@ async def test_gpus_without_a_server_are_never_used_for_remote_shares() -> None:
         # gpu-0001's GPU 1 is taken; the other GPUs have no server (claim_devices' reason, on the node that
         # passed the most checks)
         assert message == ("gpupool: claim team-dra/c2: fits no node, e.g. needs 1 GPU(s), 0 of its devices fit "
-                           "(GPU 0: no untainted device of gpupool's DRA driver here for this claim)"), message
+                           "(GPU 0: no untainted device of gpupool's DRA driver for this claim)"), message
         assert not await ungated(cluster, "p2") and await allocation(cluster, "c2") is None
     finally:
         await svc.stop()

@@ -88,13 +88,14 @@ class ClaimForm:
     (emulated here: the claim from the template's spec, its name in the pod's status), placed by the claim
     allocator (one pass)."""
 
-    async def create(self, svc: ExtenderService, name: str, namespace: str) -> dict[str, Any]:
+    async def create(self, svc: ExtenderService, name: str, namespace: str,
+                     node_selector: dict[str, str] | None = None) -> dict[str, Any]:
         cluster = svc.cluster
         template = template_for(WHOLE, namespace)
         assert template is not None
         pod = await cluster.create_pod({
             "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"schedulingGates": [{"name": SCHEDULING_GATE}],
+            "spec": {"schedulingGates": [{"name": SCHEDULING_GATE}], "nodeSelector": dict(node_selector or {}),
                      "resourceClaims": [{"name": "gpupool", "resourceClaimTemplateName": WHOLE}],
                      "containers": [{"name": "main", "image": "x", "resources": {"claims": [{"name": "gpupool"}]}}]}})
         claim = await cluster.create_object(RESOURCE_CLAIMS, {
@@ -191,6 +192,25 @@ async def test_a_borrowed_gpu_is_reclaimed_for_its_owner_in_either_form(form: st
         assert sorted(e.key for e in svc.ledger.entries.values()) == sorted([svc.ledger.entries[holder].key, kept])
         assert svc.ledger.entries[holder].allocation.node == NODE
         assert len(reclaim(svc).plans) == 1
+    finally:
+        await svc.stop()
+
+
+async def test_nothing_is_reclaimed_for_a_claim_on_a_node_its_pod_may_not_run_on() -> None:
+    """The reclaim test's cluster, the owner's pod pinned to another node by its nodeSelector: kube-scheduler
+    would never offer gpu-0000 to it, so no pod there is evicted for it (a claim's node is gpupool's to
+    rule out, as unresolvable), and the claim waits with the reason."""
+    svc = await service({"team-a": {"guaranteed": {"gpus": "1"}}, "team-b": {"guaranteed": {"gpus": "1"}}})
+    try:
+        await running(svc, PodForm(), "a1", "team-a")
+        await running(svc, PodForm(), "a2", "team-a")
+        form = ClaimForm()
+        owner = await form.create(svc, "b1", "team-b", node_selector={"kubernetes.io/hostname": "gpu-0009"})
+        assert await form.schedule(svc, owner) == (
+            "claim team-b/b1-gpupool: fits no node, e.g. the pod may not run here (its nodeSelector and node "
+            "affinity, the nodes' taints)")
+        assert reclaim(svc).plans == [] and sorted(e.key for e in svc.ledger.entries.values()) == [
+            "team-a/a1", "team-a/a2"]
     finally:
         await svc.stop()
 

@@ -122,5 +122,5 @@ def test_a_claim_meets_every_rule_a_pod_meets() -> None:
     serve kube-scheduler's binding through the extender (registry's module doc says why), in the same
     order, plus the claim's own rules; so a queue, fit or preference rule added for pods holds for claims."""
     pod_only = {"scheduler_name", "gpu_request", "nominate", "node_lock", "binding"}
-    claim_only = {"claim_request", "claim_devices", "remote_tiers", "claim_reserve"}
+    claim_only = {"claim_request", "claim_nodes", "claim_devices", "remote_tiers", "claim_reserve"}
     assert [p for p in PROFILE if p not in pod_only] == [p for p in CLAIM_PROFILE if p not in claim_only]

@@ -8,8 +8,8 @@ exist (the resourceclaim controller makes them from their templates), the pod's 
 under the claim profile (gpupool.scheduler.framework.registry.CLAIM_PROFILE): the team queues (admission,
 maximum, reclaim, priority preemption), fit, shares per GPU, MPS daemons, MIG planning, the policy's score,
 busy nodes and PreferNoSchedule taints, as for a pod; and the claim's own rules as plugins: its request
-(claim_request), gpupool's untainted devices on nodes the pod may run on (claim_devices), the tiers of a
-remote share (remote_tiers), its reservation in the ledger under the claim's UID (claim_reserve). This module
+(claim_request), gpupool's untainted devices on nodes the pod may run on (claim_nodes, claim_devices), the
+tiers of a remote share (remote_tiers), its reservation in the ledger under the claim's UID (claim_reserve). This module
 keeps only what is not a placement rule: it watches pods, claims, DeviceClasses and ResourceSlices, decides
 which gated pods are gpupool's to place (below), writes the claim's `status.allocation` (results with
 consumedCapacity and a share ID, the class's config, the node as nodeSelector) and removes the gate.

@@ -10,8 +10,8 @@ Two profiles, one set of plugins: PROFILE serves pods through the extender, CLAI
 gated pods (gpupool.scheduler.claims). A plugin in both is one instance (build_profiles), so the queues,
 fit, fragmentation score, MIG planning, preferences and their state are the same for both forms by
 construction. What differs is only what has to: how the request is read (gpu_request from the pod's
-limits, claim_request from its claim), the claim's own rules (claim_devices, remote_tiers) and how capacity
-is taken (nominate and node_lock and binding for a pod kube-scheduler binds through the extender;
+limits, claim_request from its claim), the claim's own rules (claim_nodes, claim_devices, remote_tiers) and
+how capacity is taken (nominate and node_lock and binding for a pod kube-scheduler binds through the extender;
 claim_reserve for a claim, whose allocation the claim allocator writes). kube-scheduler binds a claim's pod
 itself, with the claim's device already chosen and prepared by name, so neither the extender's bind nor
 node_lock (which keeps two pods of one node from waiting for the device plugin's Allocate at once, a wait a
@@ -32,6 +32,7 @@ from gpupool.scheduler.framework.plugins import (
     binding,
     busy_nodes,
     claim_devices,
+    claim_nodes,
     claim_request,
     claim_reserve,
     gpu_fit,
@@ -80,6 +81,7 @@ REGISTRY: dict[str, PluginSpec] = {
     "mig_placement": PluginSpec(mig.MigPlacement, mig.Args),
     "mps_ready": PluginSpec(mps_ready.MpsReady, mps_ready.Args),
     "claim_request": PluginSpec(claim_request.ClaimRequest, claim_request.Args),
+    "claim_nodes": PluginSpec(claim_nodes.ClaimNodes, claim_nodes.Args),
     "claim_devices": PluginSpec(claim_devices.ClaimDevices, claim_devices.Args),
     "remote_tiers": PluginSpec(remote_tiers.RemoteTiers, remote_tiers.Args),
     "claim_reserve": PluginSpec(claim_reserve.ClaimReserve, claim_reserve.Args),
@@ -115,8 +117,10 @@ PROFILE: tuple[str, ...] = (
 
 # Where each plugin runs for a claim (the plugins of PROFILE, save those named in the module doc):
 #   PreFilter   pod_pending, claim_request, remote_tiers, mig_placement
-#   Filter      node_exists, gpu_node, gpu_fit, claim_devices, shares_per_gpu, mps_ready, remote_tiers,
-#               mig_placement, queue_admission
+#   Filter      node_exists, gpu_node, claim_nodes, remote_tiers, gpu_fit, claim_devices, shares_per_gpu,
+#               mps_ready, mig_placement, queue_admission   (claim_nodes and remote_tiers first: what
+#               kube-scheduler's own filters rule out for a pod fails before any capacity check, unresolvable,
+#               so no reclaim acts on such a node)
 #   PostFilter  pending_note, queue_reclaim
 #   Score       remote_tiers, mig_placement, policy_score, busy_nodes, prefer_no_schedule
 #   Reserve     remote_tiers, claim_reserve, queue_admission     Unreserve  claim_reserve, remote_tiers
@@ -125,11 +129,12 @@ CLAIM_PROFILE: tuple[str, ...] = (
     "claim_request",
     "node_exists",
     "gpu_node",
+    "claim_nodes",
+    "remote_tiers",
     "gpu_fit",
     "claim_devices",
     "shares_per_gpu",
     "mps_ready",
-    "remote_tiers",
     "mig_placement",
     "policy_score",
     "busy_nodes",

@@ -1,17 +1,10 @@
-"""Filter `claim_devices` (the claim profile): a DRA claim gets only gpupool's devices that its kind of
-claim may use, on nodes its pod may run on.
+"""Filter `claim_devices` (the claim profile, after `gpu_fit`): a DRA claim gets only gpupool's devices of
+its kind (`cycle.claim.gpus`: the untainted devices of the newest ResourceSlices, see `claim_nodes`).
 
-The devices are those of the newest ResourceSlices without a NoSchedule/NoExecute taint, of the claim's
-kind (`cycle.claim.gpus`, read by the claim allocator): shared GPUs for a share, GPUs in MIG mode for a MIG
-partition, shared GPUs with a GPU server for a remote share. The node's other GPUs are taken out of those
-gpu_fit offered (`cycle.gpu_ok`, as shares_per_gpu and mps_ready narrow it), and a node left with fewer than
-the claim asks for fails with the reason.
-
-The pod may run on the node: its nodeSelector and required node affinity, the node's NoSchedule/NoExecute
-taints (gpupool.scheduler.node_rules). For a pod kube-scheduler checks these before it asks the extender;
-for a claim nobody does before the allocation pins the pod to the node, after which kube-scheduler would
-refuse it there for ever. A remote share's GPU node is not where its pod runs: `remote_tiers` checks the
-pod's node instead.
+The node's other GPUs (a tainted device, a GPU without a GPU server for a remote share, a GPU in MIG mode
+for a share) are taken out of those gpu_fit offered (`cycle.gpu_ok`, as shares_per_gpu and mps_ready
+narrow it), so the policy's GPU choice and Reserve see only the claim's devices, and a node left with fewer
+than the claim asks for fails with the reason (UNSCHEDULABLE: the claim's devices there may free up).
 """
 
 from __future__ import annotations
@@ -21,14 +14,11 @@ from typing import ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from gpupool.api.dra import REMOTE_ISOLATION
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import Code
-from gpupool.scheduler.node_rules import MAY_RUN, may_run
 
-NO_DEVICE = "no untainted device of gpupool's DRA driver here for this claim"
-NOT_HERE = f"the pod may not run here ({MAY_RUN})"
+NOT_ITS_DEVICE = "no untainted device of gpupool's DRA driver for this claim"
 
 
 class Args(BaseModel):
@@ -43,32 +33,23 @@ class ClaimDevices:
         self.handle = handle
 
     def filter(self, cycle: CycleState, nodes: NodeSet) -> None:
-        claim, request = cycle.claim, cycle.request
-        if claim is None or request is None:
+        claim, request, gpu_ok = cycle.claim, cycle.request, cycle.gpu_ok
+        if claim is None or request is None or gpu_ok is None:
             return
-        remote = claim.isolation == REMOTE_ISOLATION
-        ledger = self.handle.ledger
-        gpu_ok = cycle.gpu_ok
         idx = nodes.nodes()
         names = nodes.alive_names()
         bad = np.zeros(len(idx), dtype=bool)
         reasons: list[str] = []
         for k, i in enumerate(idx.tolist()):
-            name = names[k]
-            usable = claim.gpus.get(name) or frozenset()
-            why = NO_DEVICE if not usable else None
-            if why is None and not remote and not may_run(cycle.pod, ledger.node_objs.get(name)):
-                why = NOT_HERE
-            if why is None and i >= 0 and gpu_ok is not None:
-                row = gpu_ok[i]
-                other = [j for j in np.flatnonzero(row).tolist() if j not in usable]
-                if other:
-                    row[other] = False
-                    cycle.narrowed[i] = f"GPU {', '.join(map(str, other))}: {NO_DEVICE}"
-                    left = int(row.sum())
-                    if left < request.gpu.count:
-                        why = f"needs {request.gpu.count} GPU(s), {left} of its devices fit ({cycle.narrowed[i]})"
-            if why is not None:
+            usable = claim.gpus.get(names[k], frozenset())
+            row = gpu_ok[i]
+            other = [j for j in np.flatnonzero(row).tolist() if j not in usable]
+            if not other:
+                continue
+            row[other] = False
+            cycle.narrowed[i] = f"GPU {', '.join(map(str, other))}: {NOT_ITS_DEVICE}"
+            left = int(row.sum())
+            if left < request.gpu.count:
                 bad[k] = True
-                reasons.append(why)
+                reasons.append(f"needs {request.gpu.count} GPU(s), {left} of its devices fit ({cycle.narrowed[i]})")
         nodes.reject(bad, reasons, Code.UNSCHEDULABLE)

@@ -13,7 +13,8 @@ PreFilter: one GPU per remote claim (the forwarding library reaches one GPU serv
 UNSCHEDULABLE_AND_UNRESOLVABLE with the reason), and the request the GPU node must give becomes the share and
 its memory spill alone (oversubscription spills into the GPU server's worker, on the GPU node): the pod's
 CPU and memory are its own node's. Filter: no node the pod may run on (gpupool.scheduler.node_rules, its
-CPU and memory requests) fails every GPU node with the reason. Reserve records the pod's node in
+CPU and memory requests) fails every GPU node with the reason (UNSCHEDULABLE_AND_UNRESOLVABLE: evicting
+GPU pods makes no room on a pod's node). Reserve records the pod's node in
 `cycle.pod_node` and holds its CPU and memory there (`holds`): the ledger holds the share on the GPU node
 and none of the pod's CPU or memory, so a burst of remote pods spreads over the pod nodes instead of all
 picking the one that looked roomiest. A hold goes with its claim's ledger entry.
@@ -103,7 +104,8 @@ class RemoteTiers:
         pod_request = replace(remote.full, memory_mib=remote.full.memory_mib - remote.spill)
         remote.hosts = self._pod_nodes(cycle, sorted(cycle.claim.agents), pod_request)
         if not remote.hosts:
-            nodes.reject_all(NO_HOST, Code.UNSCHEDULABLE)
+            # No eviction on a GPU node can make room on a pod's node: no reclaim or preemption for it.
+            nodes.reject_all(NO_HOST, Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
             return
         state = self.handle.ledger.state
         host_names = {h.name for h in remote.hosts}
