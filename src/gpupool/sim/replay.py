@@ -3,16 +3,23 @@
 Protocol: pods sorted by name, shuffled with the seed, topped up by sampling with replacement (or
 trimmed at random) to `tune` × the cluster's GPU capacity; submitted one at a time; a pod that fits
 nowhere is dropped; nothing departs. Ties between equally scored nodes go to a seed-dependent node order.
+
+With `moves` > 0, a pod that fits nowhere is given to the move planner (gpupool.core.moves) before it is
+dropped: the cheapest plan of at most `moves` moves of movable shares after which it fits is carried out
+through the state's own release and allocate, and the pod is placed where the plan says. Movable: every
+placed one-GPU share below a whole GPU, or a seeded `movable` fraction of them (by a hash of seed and key).
 """
 
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from gpupool.core.fit_cache import FitCache
 from gpupool.core.frag import (
     WorkloadArrays,
     cluster_fragmentation,
@@ -21,6 +28,7 @@ from gpupool.core.frag import (
     usable_free,
 )
 from gpupool.core.model import MILLI_PER_GPU, Node, PodRequest
+from gpupool.core.moves import MovableShares, apply_plan, plan_moves
 from gpupool.core.policies import get_policy
 from gpupool.core.policy import PolicyContext
 from gpupool.core.state import ClusterState
@@ -42,6 +50,18 @@ class ReplayLog:
     # Per submitted pod: the node index it went to (-1: failed) and its GPUs as a bit set (GPU j = 1 << j).
     node: np.ndarray | None = None
     gpus: np.ndarray | None = None
+    # With moves allowed: per submitted pod, the moves made to place it and the GPU memory (MiB) they moved
+    # (0 for every pod placed without moves, or when moves are off).
+    moves: np.ndarray | None = None
+    moved_mib: np.ndarray | None = None
+    move_cost: float = 0.0
+
+    def moves_until(self, arrived_pct: int) -> tuple[int, float]:
+        """Moves made, and GiB moved, for the pods submitted until arrived demand reaches `arrived_pct` %."""
+        if self.moves is None or self.moved_mib is None:
+            return 0, 0.0
+        sel = self.arrived <= arrived_pct / 100.0 * self.capacity_milli
+        return int(self.moves[sel].sum()), float(self.moved_mib[sel].sum()) / 1024.0
 
     def curve(self) -> list[tuple[int, float]]:
         """Mean allocated % per integer bucket of arrived % (the artifact's post-processing)."""
@@ -127,8 +147,13 @@ def replay(
     tune: float = TUNE,
     progress: Callable[[int, int], None] | None = None,
     max_sharers: int = 0,
+    moves: int = 0,
+    move_cost_per_gib: float = 1.0,
+    movable: float = 1.0,
 ) -> ReplayLog:
-    """One policy, one seed, FGD's protocol. `max_sharers` > 0 holds each GPU to that many pods."""
+    """One policy, one seed, FGD's protocol. `max_sharers` > 0 holds each GPU to that many pods. `moves` > 0
+    lets a pod that fits nowhere be placed after at most that many moves of movable shares (a `movable`
+    fraction of the placed one-GPU shares), the cheapest by `move_cost_per_gib` (module docstring)."""
     start = time.perf_counter()
     policy = get_policy(policy_name)
     run = setup(nodes, pods, seed, tune)
@@ -146,6 +171,8 @@ def replay(
     failed = 0
     placer = Placer(state, policy, ctx)
     allocated_total = state.allocated_milli()
+    mover = _Mover(state, moves, move_cost_per_gib, movable, seed, policy.name, ctx.rank, n, placer.fit) \
+        if moves else None
     for k, pod in enumerate(submitted):
         arrived_total += pod.gpu.total_milli
         choice = placer.decide(pod)
@@ -153,8 +180,17 @@ def replay(
             allocated_total += placer.take(pod, choice)
             placed_node[k] = choice.node
             placed_gpus[k] = sum(1 << j for j in choice.gpus)
+            if mover is not None:
+                mover.placed(pod, k)
             # Only the chosen node changed: refresh its share of the cluster's fragmentation.
             i = np.array([choice.node], dtype=np.int64)
+            frag[i] = table_fragmentation(usable_free(state, i), state.cpu_free[i], measure.model_ok[i], measure)
+        elif mover is not None and (touched := mover.place(pod, k)) is not None:
+            allocated_total += pod.gpu.total_milli
+            for position, (node, gpus) in touched.items():
+                placed_node[position], placed_gpus[position] = node, gpus
+            # The request's node (where every moved share came from) and the moves' targets changed.
+            i = np.unique(np.asarray([node for node, _ in touched.values()], dtype=np.int64))
             frag[i] = table_fragmentation(usable_free(state, i), state.cpu_free[i], measure.model_ok[i], measure)
         else:
             failed += 1
@@ -163,6 +199,60 @@ def replay(
         fragmented[k] = frag.sum()
         if progress is not None:
             progress(k + 1, n)
+    if mover is not None:
+        return ReplayLog(allocated, arrived, fragmented, capacity, failed, time.perf_counter() - start,
+                         placed_node, placed_gpus, mover.moves_per_pod, mover.mib_per_pod, mover.cost)
     return ReplayLog(allocated, arrived, fragmented, capacity, failed, time.perf_counter() - start,
                      placed_node, placed_gpus)
 
+
+class _Mover:
+    """The replay's side of moves: which placed shares may move, the planner's calls, and what moved."""
+
+    def __init__(self, state: ClusterState, max_moves: int, cost_per_gib: float, fraction: float, seed: int,
+                 policy: str, rank: np.ndarray | None, pods: int, fit: FitCache) -> None:
+        self.state, self.max_moves, self.cost_per_gib = state, max_moves, cost_per_gib
+        self.fraction, self.seed, self.policy, self.rank, self.fit = fraction, seed, policy, rank, fit
+        self.movable = MovableShares(state)
+        self.index: dict[str, int] = {}  # pod key -> position in the submitted list
+        self.failed_at: dict[tuple[int, int, object], int] = {}  # pod shape -> state version it found no plan
+        self.moves_per_pod = np.zeros(pods, dtype=np.int64)
+        self.mib_per_pod = np.zeros(pods, dtype=np.int64)
+        self.cost = 0.0
+
+    def is_movable(self, pod: PodRequest) -> bool:
+        if pod.gpu.count != 1 or pod.gpu.milli >= MILLI_PER_GPU:
+            return False
+        if self.fraction >= 1.0:
+            return True
+        return zlib.crc32(f"{self.seed}:{pod.key}".encode()) < self.fraction * 2**32
+
+    def placed(self, pod: PodRequest, k: int) -> None:
+        self.index[pod.key] = k
+        if self.is_movable(pod):
+            self.movable.add(pod.key, pod)
+
+    def place(self, pod: PodRequest, k: int) -> dict[int, tuple[int, int]] | None:
+        """Try to place `pod` (submitted position k) after moves. On success: node index and GPU bit set of
+        it and of every share it moved, by submitted position."""
+        shape = (pod.cpu_milli, pod.memory_mib, pod.gpu)
+        if self.failed_at.get(shape) == self.state.version:
+            return None  # nothing changed since this shape last found no plan
+        plan = plan_moves(self.state, pod, self.movable, self.max_moves, self.cost_per_gib, rank=self.rank,
+                          policy=self.policy, fit_cache=self.fit)
+        if plan is None:
+            self.failed_at[shape] = self.state.version
+            return None
+        refused = apply_plan(self.state, plan, pod)
+        if refused is not None:  # the planner's plan must apply: fail loudly
+            raise RuntimeError(f"move plan for {pod.key} refused: {refused}")
+        self.movable.moved(plan)
+        self.placed(pod, k)
+        self.moves_per_pod[k] = len(plan.moves)
+        self.mib_per_pod[k] = plan.memory_mib
+        self.cost += plan.cost
+        out = {}
+        for key in [pod.key, *(m.key for m in plan.moves)]:
+            held = self.state.held[key]
+            out[self.index[key]] = (held.node_index, sum(1 << g.index for g in held.allocation.grants))
+        return out
