@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -13,6 +14,7 @@ SLOW_FIRST = {"gpupool": 0, "fgd": 1, "random": 2, "clustering": 3, "packing": 4
 
 MAX_SEED = 2**32 - 1  # numpy's generators take any non-negative integer; a seed people type fits 32 bits
 MAX_SEEDS = 1000
+MAX_MOVES = 8  # the planner's work grows with the subsets of this many shares per GPU
 
 
 def _int_list(text: str) -> list[int]:
@@ -73,6 +75,14 @@ class Between(click.ParamType[float]):
 @click.option("--max-shares-per-gpu", "max_sharers", type=click.IntRange(min=0), default=0, show_default=True,
               help="Hold each GPU to this many pods, as the scheduler holds it to its node's split (0: no limit, "
                    "FGD's protocol).")
+@click.option("--moves", "max_moves", type=int, default=0, show_default=True,
+              help="Static replay: a pod that fits nowhere may be placed after at most this many moves of movable "
+                   "shares (gpupool.core.moves); reports unallocated % with and without moves (0: off).")
+@click.option("--move-cost-per-gib", "move_cost", type=float, default=1.0, show_default=True,
+              help="With --moves: the cost of moving 1 GiB of GPU memory; plans are ranked by it (then by moves), "
+                   "0 ranks them by moves first.")
+@click.option("--movable", "movable", type=float, default=1.0, show_default=True,
+              help="With --moves: the fraction of placed one-GPU shares that may move (seeded, per pod).")
 @click.option("--queues", "queues_arg", default=None,
               help="With --timeline: team queues, N (each guaranteed 1/N of the GPUs, pods by a hash of their "
                    "name) or a YAML file (docs/queues.md).")
@@ -83,13 +93,17 @@ class Between(click.ParamType[float]):
               show_default=True, help="Directory for results.json and allocation.png.")
 def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | None, num_seeds: int,
              workers: int | None, timeline: bool, speedup: float, target: str | None, constrain: float | None,
-             gpu_model: str | None, isolation: str, max_sharers: int, queues_arg: str | None, queue_order: str,
-             out: Path) -> None:
+             gpu_model: str | None, isolation: str, max_sharers: int, max_moves: int, move_cost: float,
+             movable: float, queues_arg: str | None, queue_order: str, out: Path) -> None:
     """Replay a GPU cluster trace on a simulated cluster and compare placement policies.
 
     Follows the FGD (ATC '23) protocol: pods shuffled per seed, topped up to 130 % of the cluster's GPU
     capacity, placed one at a time, dropped when they fit nowhere. Prints unallocated GPU % at arrived
     demand = 100 % (mean ± std over seeds) and writes results.json and allocation.png.
+
+    With --moves N, each policy is also replayed with moves allowed (a pod that fits nowhere is placed after
+    at most N moves of movable shares, the cheapest by GPU memory moved): the table and results.json give
+    unallocated % with and without moves, the moves made and the GiB they moved.
 
     With --timeline, replays the trace on its own clock instead (with the first seed's tie-breaks): waits,
     pods that never ran, GPU allocation and fragmentation over time, timeline.png; with --target-wait-p99,
@@ -110,7 +124,7 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     from gpupool.sim.constrain import constrain_models
     from gpupool.sim.parallel import Job, available_cores
     from gpupool.sim.replay import replay
-    from gpupool.sim.report import plot, summarise, write_results
+    from gpupool.sim.report import plot, summarise, summarise_moves, write_results
     from gpupool.sim.timeline import timed_pods
     from gpupool.sim.trace import (
         NODES_FILE,
@@ -145,6 +159,14 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     target_s = parse_duration(target) if target is not None else None
     if queues_arg is not None and not timeline:
         raise click.UsageError("--queues needs --timeline")
+    if max_moves < 0 or max_moves > MAX_MOVES:
+        raise click.UsageError(f"--moves {max_moves}: expected a number of moves from 0 to {MAX_MOVES}")
+    if not 0 <= move_cost <= 1e9:  # false for nan
+        raise click.UsageError(f"--move-cost-per-gib {move_cost}: expected a number from 0 to 1e9")
+    if not 0 <= movable <= 1:
+        raise click.UsageError(f"--movable {movable}: expected a fraction from 0 to 1")
+    if max_moves and timeline:
+        raise click.UsageError("--moves applies to the static replay, not to --timeline")
     if max_sharers and timeline:
         raise click.UsageError("--max-shares-per-gpu applies to the static replay, not to --timeline")
     try:
@@ -176,6 +198,14 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     results = {}
     for name in names:
         results[name] = summarise([by_job[k] for k, job in enumerate(jobs) if job.policy == name])
+    if max_moves:
+        options = {"moves": max_moves, "move_cost_per_gib": move_cost, "movable": movable,
+                   **({"max_sharers": max_sharers} if max_sharers else {})}
+        moved = run_with_bar(console, replay, node_list, pods, [jobs[k] for k in order], workers, **options)
+        by_moved = dict(zip(order, moved, strict=True))
+        for name in names:
+            results[name]["moves"] = summarise_moves(
+                [by_moved[k] for k, job in enumerate(jobs) if job.policy == name], max_moves, move_cost, movable)
     table = Table(title=f"Unallocated GPU % at arrived demand = 100 % ({trace}, {len(seed_list)} seeds)")
     for col in ("policy", "unallocated @100 %", "± std", "unallocated @130 %", "frag @100 %", "s/seed"):
         table.add_column(col, justify="right" if col != "policy" else "left")
@@ -184,6 +214,27 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
                       f"{r['unallocated_pct_at_130']:.2f}", f"{r['fragmented_pct_at_100']:.2f}",
                       f"{r['seconds_per_seed']:.1f}")
     console.print(table)
+    if max_moves:
+        console.print(_moves_table(results, trace, len(seed_list), max_moves, move_cost, movable))
     path = write_results(out, trace, seed_list, results)
     png = plot(out, trace, results)
     console.print(f"wrote {path} and {png}")
+
+
+def _moves_table(results: dict[str, Any], trace: str, seeds: int, max_moves: int, cost: float,
+                 movable: float) -> Any:
+    from rich.table import Table
+
+    table = Table(title=f"Unallocated GPU % with at most {max_moves} move(s) per pod ({trace}, {seeds} seeds; "
+                        f"{movable:g} of the one-GPU shares movable; cost {cost:g} per GiB); moves and GiB moved "
+                        "until that point, mean per seed")
+    for col in ("policy", "@100 % no moves", "moves", "GiB", "with moves", "@130 % no moves", "moves", "GiB",
+                "with moves"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for name, r in sorted(results.items(), key=lambda kv: kv[1]["moves"]["unallocated_pct_at_100"]):
+        m = r["moves"]
+        table.add_row(name, f"{r['unallocated_pct_at_100']:.2f}", f"{m['moves_at_100']:g}",
+                      f"{m['moved_gib_at_100']:.1f}", f"{m['unallocated_pct_at_100']:.2f}",
+                      f"{r['unallocated_pct_at_130']:.2f}", f"{m['moves_at_130']:g}", f"{m['moved_gib_at_130']:.1f}",
+                      f"{m['unallocated_pct_at_130']:.2f}")
+    return table

@@ -32,6 +32,28 @@ def summarise(logs: Sequence[ReplayLog]) -> dict[str, Any]:
     }
 
 
+def summarise_moves(logs: Sequence[ReplayLog], max_moves: int, cost_per_gib: float, movable: float) -> dict[str, Any]:
+    """The `moves` section of a policy in results.json: its replays with moves allowed, mean over seeds."""
+    at100 = [100.0 - log.allocated_at(100) for log in logs]
+    until100 = [log.moves_until(100) for log in logs]
+    until130 = [log.moves_until(130) for log in logs]
+    return {
+        "max_moves": max_moves,
+        "cost_per_gib": cost_per_gib,
+        "movable": f"{movable:g} of the placed one-GPU shares below a whole GPU (seeded by a hash of seed and key)",
+        "unallocated_pct_at_100": round(float(np.mean(at100)), 4),
+        "std_pct_at_100": round(float(np.std(at100)), 4),
+        "unallocated_pct_at_130": round(float(np.mean([100.0 - log.allocated_at(130) for log in logs])), 4),
+        "moves_at_100": round(float(np.mean([m for m, _ in until100])), 2),
+        "moved_gib_at_100": round(float(np.mean([g for _, g in until100])), 2),
+        "moves_at_130": round(float(np.mean([m for m, _ in until130])), 2),
+        "moved_gib_at_130": round(float(np.mean([g for _, g in until130])), 2),
+        "cost_mean": round(float(np.mean([log.move_cost for log in logs])), 2),
+        "seconds_per_seed": round(float(np.mean([log.seconds for log in logs])), 3),
+        "failed_pods_mean": round(float(np.mean([log.failed for log in logs])), 1),
+    }
+
+
 def write_results(out: Path, trace: str, seeds: Sequence[int], policies: dict[str, dict[str, Any]]) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "results.json"
