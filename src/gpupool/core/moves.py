@@ -22,21 +22,23 @@ equally cheap plans go to the node of lowest `rank` (the policy context's tie-br
 GPU index.
 
 **Search** (bounded):
-1. Candidates: for a one-GPU request every allowed GPU of a node with the request's CPU and memory free whose
-   card is large enough, and where moving at most N of its movable shares (its N largest) could free enough
-   compute, memory and sharer slots; for a k-GPU request every node where the free GPUs plus GPUs whose
-   shares are all movable reach k, using every free GPU and choosing the rest among the others with at most
-   N shares in all.
-2. Best first: candidates sit in a heap under a lower bound of their cost (the memory deficit, at least the
-   smallest movable share's memory, and one move). A popped candidate lists its feasible subsets (every
-   subset of at most N of its shares that frees enough, cheapest first) and is pushed back under its
-   cheapest one; a popped subset is tried: every share of it is released on a copy of the state and given
-   a target, tightest first (least compute, then memory, left on the target), with backtracking when two
-   shares want the same room. The first subset that can be placed is the answer: everything still in the
-   heap costs at least as much.
-3. Bounds: at most `MAX_ATTEMPTS` subsets tried and `MAX_STEPS` target choices per call; past them the best
-   plan found so far is returned (on small clusters the bounds are never reached and the plan is the
-   cheapest of the plan space above: tests/core/test_moves.py checks it against a brute-force enumeration).
+1. Shares that cannot move: a movable share whose request fits no GPU but its own (GPU rules, and the CPU and
+   memory of some node; its own node's counted as free) is left out at once.
+2. Candidates, filtered on per-GPU sums kept in `MovableShares`: for a one-GPU request every allowed GPU of a
+   node with the request's CPU and memory free, whose card is large enough and whose movable shares hold at
+   least what it lacks in compute, memory and sharer slots; for a k-GPU request every node where the free
+   GPUs plus the GPUs whose holders are all movable (at most N) reach k, using every free GPU and choosing the
+   rest among the others with at most N shares in all.
+3. Best first: candidates sit in a heap under a lower bound of their cost (the memory deficit, at least the
+   smallest movable share's memory, and one move), ties by node rank and GPU index. A popped candidate lists
+   its feasible subsets (every subset of at most N of its shares that frees enough, cheapest first) and is
+   pushed back under its cheapest one; a popped subset is tried: its shares are released on a copy of the
+   state and given targets, tightest first (least compute, then memory, left on the target), backtracking
+   when two shares want the same room. The first subset that can be placed is the answer: everything still
+   in the heap costs at least as much.
+4. Bounds: at most `MAX_ATTEMPTS` subsets tried and `MAX_STEPS` target choices per call; past them the search
+   gives up (None). On small clusters they are never reached and the plan is the cheapest of the plan space
+   above: tests/core/test_moves.py checks it against a brute-force enumeration.
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class MovableShares:
     builds one from a mapping; a caller that plans often (the simulator) keeps one up to date instead: `add`
     when a movable share is placed, `moved` after `apply_plan`, `discard` when it leaves."""
 
-    def __init__(self, state: ClusterState, movable: Mapping[str, PodRequest] = {}) -> None:  # noqa: B006
+    def __init__(self, state: ClusterState, movable: Mapping[str, PodRequest] | None = None) -> None:
         self.state = state
         self.by_gpu: dict[tuple[int, int], list[_Share]] = {}
         self.where: dict[str, tuple[int, int]] = {}
@@ -137,7 +139,7 @@ class MovableShares:
         self.milli = np.zeros(shape, dtype=np.int64)
         self.memory = np.zeros(shape, dtype=np.int64)
         self.smallest = np.full(shape, np.iinfo(np.int64).max, dtype=np.int64)
-        for key, req in movable.items():
+        for key, req in (movable or {}).items():
             self.add(key, req)
 
     def add(self, key: str, request: PodRequest) -> None:
