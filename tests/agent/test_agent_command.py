@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from gpupool.cli import main
@@ -39,3 +40,23 @@ def test_malformed_fake_file_names_the_field(tmp_path: Path) -> None:
     )
     assert result.exit_code == 1
     assert f"fake GPU file {bad}: gpus[0].memory_mib: Input should be a valid integer" in result.output
+
+
+def test_node_state_another_agent_holds_is_a_clear_error_not_a_traceback(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Agent.start raises NodeStateBusy (or CheckpointError for a damaged checkpoint) before it serves; the
+    command prints it as an error (exit 1). The agent's own part is tests/agent/test_agent_node_state.py."""
+    from gpupool.agent.node_state import NodeStateBusy
+    from gpupool.commands import agent as command
+
+    async def busy(config: object, backend: object) -> None:
+        raise NodeStateBusy("another gpupool agent (pid 4242) holds the node state in /x")
+
+    monkeypatch.setattr(command, "_run", busy)
+    result = CliRunner().invoke(
+        main, ["agent", "--node-name", "n", "--backend", "fake", "--fake-file", str(FIXTURE)],
+        env={"GPUPOOL_AGENT_HOOK_ROOT": str(tmp_path / "hook")},
+    )
+    assert result.exit_code == 1, result.output
+    assert "Error: another gpupool agent (pid 4242) holds the node state in /x" in result.output
+    assert "Traceback" not in result.output
