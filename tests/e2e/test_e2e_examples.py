@@ -111,6 +111,33 @@ def _pod_state(c: Cluster, pod: Obj) -> tuple[str, str]:
     return status.get("phase", "missing"), events
 
 
+def _mib(quantity: str) -> int:
+    for suffix, shift in (("Ki", -10), ("Mi", 0), ("Gi", 10), ("Ti", 20)):
+        if str(quantity).endswith(suffix):
+            value = int(str(quantity)[:-2])
+            return value << shift if shift >= 0 else value >> -shift
+    return int(quantity)  # gpupool.io/gpu-memory without a suffix is MiB
+
+
+def documented_share(pod: Obj, block: list[Obj]) -> dict[str, str]:
+    """The GPU memory (MiB) and compute (percent) the example gives its pod's container, where it names
+    them: its gpupool.io limits, or the capacity its claim's template (in the same block) asks for."""
+    (container, *_) = pod["spec"]["containers"]
+    limits = (container.get("resources") or {}).get("limits") or {}
+    asked = {"memory": limits.get("gpupool.io/gpu-memory"), "cores": limits.get("gpupool.io/gpu-cores")}
+    for claim in pod["spec"].get("resourceClaims") or []:
+        template = next((o for o in block if o["kind"] == "ResourceClaimTemplate"
+                         and o["metadata"]["name"] == claim.get("resourceClaimTemplateName")), None)
+        for request in ((template or {}).get("spec", {}).get("spec", {}).get("devices", {}).get("requests") or []):
+            asked.update(((request.get("exactly") or {}).get("capacity") or {}).get("requests") or {})
+    out = {}
+    if asked.get("memory") is not None:
+        out["GPUPOOL_MEMORY_LIMIT_MIB"] = str(_mib(str(asked["memory"])))
+    if asked.get("cores") is not None:
+        out["GPUPOOL_CORES_PERCENT"] = str(asked["cores"])
+    return out
+
+
 def test_every_example_runs_as_written(cluster: Cluster) -> None:
     c = cluster
     applied, namespaces = [], set()
@@ -132,6 +159,13 @@ def test_every_example_runs_as_written(cluster: Cluster) -> None:
             if outcome is None:
                 wait_for(lambda pod=pod: _pod_state(c, pod)[0] == "Running", 240,  # type: ignore[misc]
                          f"{ex}: pod {_key(pod)} Running", describe)
+                # ... and its container holds the share the example asks for.
+                ns, name = _key(pod).split("/")
+                seen = c.kubectl("-n", ns, "exec", name, "--", "env").stdout
+                env = dict(line.split("=", 1) for line in seen.splitlines() if line.startswith("GPUPOOL_"))
+                want = documented_share(pod, ex.objects)
+                assert {k: env.get(k) for k in want} == want, (str(ex), _key(pod), env)
+                print(f"{ex}: pod {_key(pod)} runs, {want or 'no share named'}")
             else:
                 said, shown = outcome
 
