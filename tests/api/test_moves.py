@@ -31,8 +31,9 @@ def test_a_gpu_is_written_and_read_as_node_slash_device() -> None:
 
 
 def test_a_move_survives_its_json_and_damaged_entries_are_skipped() -> None:
-    move = new_move("ns/claim", A0, B1, "2026-11-27T18:00:00Z")
+    move = new_move("ns/claim", A0, B1, 1_800_000_000.0)
     assert Move.from_json(move.to_json()) == move
+    assert (move.requested_at, move.deadline) == ("2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")  # + 600 s
     moves = read_moves({"data": {"uid-1": move.to_json(), "uid-2": "{not json", "uid-3": '{"claim": "x"}',
                                  "uid-4": move.to_json().replace('"requested"', '"sideways"')}})
     assert moves == {"uid-1": move}
@@ -40,7 +41,7 @@ def test_a_move_survives_its_json_and_damaged_entries_are_skipped() -> None:
 
 
 def test_a_move_only_goes_forward() -> None:
-    move = new_move("ns/claim", A0, B1, "")
+    move = new_move("ns/claim", A0, B1, 0.0)
     ready = move.advanced("ready")
     assert ready.state == "ready" and ready.advanced("moved").finished
     assert move.advanced("failed", "no GPU 1 on node-b").reason == "no GPU 1 on node-b"
@@ -48,7 +49,43 @@ def test_a_move_only_goes_forward() -> None:
         with pytest.raises(MoveError, match=f"is {start}: it cannot become {to}"):
             Move("ns/claim", A0, B1, start).advanced(to)
     with pytest.raises(MoveError, match="already served from node-a/gpu-0"):
-        new_move("ns/claim", A0, A0, "")
+        new_move("ns/claim", A0, A0, 0.0)
+    with pytest.raises(MoveError, match="deadline must be after its request"):
+        new_move("ns/claim", A0, B1, 0.0, deadline_s=0)
+
+
+def test_an_entry_written_before_deadlines_existed_still_reads() -> None:
+    old = '{"claim": "ns/c", "source": "node-a/gpu-0", "target": "node-b/gpu-1", "state": "ready", ' \
+          '"reason": "", "requested_at": "2026-11-27T18:00:00Z"}'
+    move = Move.from_json(old)
+    assert move.deadline == "" and move.state == "ready"
+    # bounded from its request: 2026-11-27T18:00:00Z is 20784 days and 18 h after the epoch, + the default 600 s
+    assert move.deadline_at() == 1_795_802_400.0 + 600
+    assert move.deadline_at(60) == 1_795_802_460.0
+    assert Move("ns/c", A0, B1, "ready").deadline_at() is None  # no time at all: never cancelled by time
+    assert Move("ns/c", A0, B1, "ready", requested_at="garbage").deadline_at() is None
+
+
+def test_a_move_expires_only_unfinished_and_past_its_deadline() -> None:
+    move = new_move("ns/claim", A0, B1, 1000.0, deadline_s=30)
+    assert move.deadline_at() == 1030.0
+    assert not move.expired(1029.0) and move.expired(1030.0) and move.expired(5000.0)
+    assert move.advanced("ready").expired(1030.0)
+    assert not move.advanced("ready").advanced("moved").expired(5000.0)
+    assert not move.advanced("failed", "x").expired(5000.0)
+
+
+def test_a_cancelled_move_fails_back_to_its_source() -> None:
+    ready = new_move("ns/claim", A0, B1, 1000.0).advanced("ready")
+    cancelled = ready.cancel("its deadline passed")
+    assert (cancelled.state, cancelled.reason) == ("failed", "cancelled: its deadline passed")
+    assert cancelled.cancelled and cancelled.finished and not ready.advanced("failed", "x").cancelled
+    # as any failed move: held and served at the source only (the target is no longer counted)
+    assert holding(cancelled, A0) == (A0,) and served_from(cancelled, A0) == A0
+    assert Move.from_json(cancelled.to_json()) == cancelled
+    for done in (cancelled, ready.advanced("moved")):
+        with pytest.raises(MoveError, match="already: there is nothing to cancel"):
+            done.cancel("again")
 
 
 def test_where_a_share_is_held_and_served_in_each_state() -> None:

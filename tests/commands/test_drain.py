@@ -1,6 +1,11 @@
-"""`gpupool drain`: the node cordoned, the remote shares it serves moved (the targets chosen and why), the
-pods holding its GPUs in place evicted (budgets honoured) and nothing else, --dry-run changing nothing, and
-the exit status (against a MemoryCluster: tests/commands/remote_cluster.py)."""
+"""`gpupool drain`: the node cordoned, the remote shares it serves moved (the targets the scheduler's framework
+chooses, each counted before the next is asked, and why none), the pods holding its GPUs in place evicted
+(budgets honoured) and nothing else, --dry-run changing nothing, and the exit status (against a MemoryCluster:
+tests/commands/remote_cluster.py).
+
+The remote shares' pods ask for the policy firstfit, so the targets are computed by hand: the remote tiers
+are all "any" (no zones; no pod runs on a candidate node), every node scores 0, so the first node in the
+ledger's order with a GPU that fits wins (gpu-0001 < gpu-0002), and its first GPU that fits."""
 
 from __future__ import annotations
 
@@ -17,6 +22,8 @@ from gpupool.commands.drain import drain_node
 from gpupool.commands.migrate import Refused
 from tests.commands.remote_cluster import NS, Clock, add_claim, add_pod, moves_of, remote_cluster, set_move
 
+EPOCH = 1_800_000_000.0  # the wall clock of these tests at their start: 2027-01-15T08:00:00Z
+
 GPU_POD = [{"name": "c", "image": "x", "resources": {"limits": {"gpupool.io/gpu": "1"}}}]
 
 
@@ -32,6 +39,8 @@ async def scene() -> tuple[MemoryCluster, dict[str, str]]:
     }
     await add_pod(cluster, "p1", "cpu-0", ["c1"])
     await add_pod(cluster, "p2", "gpu-0000", ["c2"])
+    for pod in ("p1", "p2"):
+        await cluster.patch_pod_annotations("team", pod, {"gpupool.io/policy": "firstfit"})
     await add_claim(cluster, "h1", "gpu-0000", 1, 1024, 5, isolation="hook")
     await add_pod(cluster, "ph", "gpu-0000", ["h1"])
     await add_pod(cluster, "pd", "gpu-0000", [], containers=GPU_POD)
@@ -46,7 +55,8 @@ async def run(cluster: MemoryCluster, node: str = "gpu-0000", wait_s: float = 0,
               clock: Clock | None = None) -> tuple[int, list[str]]:
     lines: list[str] = []
     clock = clock or Clock()
-    code = await drain_node(cluster, node, NS, wait_s, dry_run, lines.append, clock.sleep, clock)
+    code = await drain_node(cluster, node, NS, wait_s, dry_run, lines.append, clock.sleep, clock,
+                            wall=lambda: EPOCH + clock.now)
     return code, lines
 
 
@@ -60,19 +70,21 @@ async def test_drain_cordons_moves_the_shares_and_evicts_the_pods_holding_gpus_i
     assert code == 0
     assert (await cluster.get_node("gpu-0000"))["spec"]["unschedulable"] is True
     moves = await moves_of(cluster)
-    # the larger share chooses first: c2 (12 GiB) takes gpu-0002/gpu-0 (16384 free, the most); then c1 (4 GiB):
-    # gpu-0001/gpu-0 has 14336 free, gpu-0001/gpu-1 8192, gpu-0002/gpu-0 4096 once c2 is counted there
+    # the larger share is asked for first: c2 (12 GiB, 50 %) fits gpu-0001/gpu-0 (14336 MiB, 90 % free), the first
+    # GPU of the first node; then c1 (4 GiB, 25 %): gpu-0001/gpu-0 has 2048 MiB left once c2 is counted there,
+    # gpu-0001/gpu-1 8192 MiB and 50 %: there
     assert {k: (m.source, m.target, m.state) for k, m in moves.items()} == {
-        uids["c2"]: (GpuRef("gpu-0000", 1), GpuRef("gpu-0002", 0), "requested"),
-        uids["c1"]: (GpuRef("gpu-0000", 0), GpuRef("gpu-0001", 0), "requested"),
+        uids["c2"]: (GpuRef("gpu-0000", 1), GpuRef("gpu-0001", 0), "requested"),
+        uids["c1"]: (GpuRef("gpu-0000", 0), GpuRef("gpu-0001", 1), "requested"),
     }
+    assert {m.deadline for m in moves.values()} == {"2027-01-15T08:10:00Z"}  # the default 600 s
     # evicted: the hook claim's pod and the device-plugin pod; p2 (a remote client: its share moves), pp (no
     # GPU: kubectl drain's) and the pods of other nodes stay
     assert await pods(cluster) == ["p1", "p2", "po", "pp"]
     assert lines == [
         "cordon gpu-0000",
-        "move claim team/c2: gpu-0000/gpu-1 -> gpu-0002/gpu-0",
-        "move claim team/c1: gpu-0000/gpu-0 -> gpu-0001/gpu-0",
+        "move claim team/c2: gpu-0000/gpu-1 -> gpu-0001/gpu-0",
+        "move claim team/c1: gpu-0000/gpu-0 -> gpu-0001/gpu-1",
         "evict pod team/pd (it holds a GPU of gpu-0000 in place)",
         "evict pod team/ph (it holds a GPU of gpu-0000 in place)",
         "evicted pod team/pd",
@@ -90,7 +102,7 @@ async def test_dry_run_changes_nothing() -> None:
     assert await moves_of(cluster) == {}
     assert await pods(cluster) == ["p1", "p2", "pd", "ph", "po", "pp"]
     assert lines[0] == "would cordon gpu-0000" and all(line.startswith("would ") for line in lines)
-    assert "would move claim team/c2: gpu-0000/gpu-1 -> gpu-0002/gpu-0" in lines
+    assert "would move claim team/c2: gpu-0000/gpu-1 -> gpu-0001/gpu-0" in lines
 
 
 async def test_waiting_follows_the_moves_to_their_end() -> None:
@@ -124,8 +136,9 @@ async def test_a_failed_move_and_a_share_that_fits_nowhere_are_left_and_exit_1()
     assert code == 1
     assert (await moves_of(cluster))[uids["c1"]].target == GpuRef("gpu-0002", 0)
     assert uids["c2"] not in await moves_of(cluster)
-    assert ("left: claim team/c2 on gpu-0000/gpu-1 fits on no other GPU server: gpu-0002/gpu-0 has 90 % compute "
-            "and 8192 MiB free; the share needs 50 % and 12288 MiB") in lines
+    left = ("left: claim team/c2 on gpu-0000/gpu-1 fits on no other GPU server: gpu-0002/gpu-0 has 90 % compute and "
+            "8192 MiB free, the share needs 50 % and 12288 MiB: ")
+    assert any(line.startswith(left) for line in lines), lines
     assert "left: claim team/c1: the move failed: the target GPU server is unreachable" in lines
     assert lines[-1] == "gpupool drain gpu-0000: 2 thing(s) left; other pods are kubectl drain's"
 
@@ -145,10 +158,10 @@ async def test_an_eviction_a_budget_forbids_is_asked_again_until_wait_runs_out()
     assert [line for line in lines if line.startswith("left: ")] == [
         "left: pod team/pb not evicted: its disruption budget forbids it (Cannot evict pod as it would violate the "
         "pod's disruption budget.)",
-        "left: claim team/c2: still requested after 12 s; the entry stays, waiting for the agent of gpu-0002 to "
-        "prepare the share on gpu-0002/gpu-0",
-        "left: claim team/c1: still requested after 12 s; the entry stays, waiting for the agent of gpu-0001 to "
-        "prepare the share on gpu-0001/gpu-0",
+        "left: claim team/c2: still requested after 12 s; the entry stays until its deadline 2027-01-15T08:10:00Z "
+        "(then it is cancelled), waiting for the agent of gpu-0001 to prepare the share on gpu-0001/gpu-0",
+        "left: claim team/c1: still requested after 12 s; the entry stays until its deadline 2027-01-15T08:10:00Z "
+        "(then it is cancelled), waiting for the agent of gpu-0001 to prepare the share on gpu-0001/gpu-1",
     ]
     assert clock.sleeps >= 2 and clock.now >= 12  # asked again every EVICT_RETRY_S until --wait ran out
     assert "pb" in await pods(cluster)
@@ -175,3 +188,6 @@ def test_the_command_line() -> None:
     assert "--dry-run" in runner.invoke(main, ["drain", "--help"]).output
     assert runner.invoke(main, ["drain"]).exit_code == 2
     assert runner.invoke(main, ["drain", "n", "--wait", "x"]).exit_code == 2
+    for bad in ("0", "-5", "x"):
+        out = runner.invoke(main, ["drain", "n", "--deadline", bad])
+        assert out.exit_code == 2 and "--deadline" in out.output and "Traceback" not in out.output

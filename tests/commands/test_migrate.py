@@ -1,5 +1,12 @@
-"""`gpupool migrate`: the target GPU chosen and why, the entry written, each bad input's message and exit status,
-and following the move to its end (against a MemoryCluster: tests/commands/remote_cluster.py)."""
+"""`gpupool migrate`: the target GPU (the scheduler's framework chooses it: gpupool.scheduler.moves, tested
+there against a claim's own cycle) and why none, the entry written with its deadline, each bad input's message
+and exit status, following the move to its end, and `--cancel` (against a MemoryCluster:
+tests/commands/remote_cluster.py).
+
+The pods ask for the policy firstfit (`gpupool.io/policy`), so every target is computed by hand: the remote
+tiers are all "any" (the pods run on cpu-0, a GPU-less node; no zones), every node scores 0, so the first
+node in the ledger's order that fits wins (gpu-0000 < gpu-0001 < gpu-0002), and the first GPU of it that
+fits."""
 
 from __future__ import annotations
 
@@ -14,16 +21,20 @@ from gpupool.cli import main
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import CONFIGMAPS
 from gpupool.commands import migrate as migrate_module
-from gpupool.commands.migrate import Refused, migrate_pod
+from gpupool.commands.migrate import Refused, cancel_move, migrate_pod
 from tests.commands.remote_cluster import NS, Clock, add_claim, add_pod, moves_of, remote_cluster, set_move
+
+EPOCH = 1_800_000_000.0  # the wall clock of these tests at their start: 2027-01-15T08:00:00Z
+FIRSTFIT = {"gpupool.io/policy": "firstfit"}
 
 
 async def scene() -> tuple[MemoryCluster, str]:
-    """c1 (remote, 4 GiB / 25 % on gpu-0000/gpu-0) used by pod p1 on cpu-0; gpu-0001's GPUs have 14336 and
-    8192 MiB free, gpu-0002/gpu-0 2048 MiB (gpu-0002/gpu-1 is tainted)."""
+    """c1 (remote, 4 GiB / 25 % on gpu-0000/gpu-0) used by pod p1 on cpu-0 (firstfit); gpu-0001's GPUs have
+    14336 MiB / 90 % and 8192 MiB / 50 % free, gpu-0002/gpu-0 2048 MiB / 80 % (gpu-0002/gpu-1 is tainted)."""
     cluster = await remote_cluster()
     uid = await add_claim(cluster, "c1", "gpu-0000", 0, 4096, 25)
     await add_pod(cluster, "p1", "cpu-0", ["c1"])
+    await cluster.patch_pod_annotations("team", "p1", FIRSTFIT)
     await add_claim(cluster, "f1", "gpu-0001", 0, 2048, 10, isolation="hook")
     await add_claim(cluster, "f2", "gpu-0001", 1, 8192, 50, isolation="hook")
     await add_claim(cluster, "f3", "gpu-0002", 0, 14336, 20, isolation="hook")
@@ -34,21 +45,22 @@ async def run(cluster: MemoryCluster, to: str, pod: str = "p1", wait_s: float = 
               clock: Clock | None = None) -> tuple[int, list[str]]:
     lines: list[str] = []
     clock = clock or Clock()
-    code = await migrate_pod(cluster, "team", pod, to, NS, wait_s, lines.append, clock.sleep, clock)
+    code = await migrate_pod(cluster, "team", pod, to, NS, wait_s, lines.append, clock.sleep, clock,
+                             wall=lambda: EPOCH + clock.now)
     return code, lines
 
 
-async def test_to_a_node_picks_its_gpu_with_the_most_free_memory() -> None:
+async def test_to_a_node_takes_the_gpu_the_scheduler_chooses_there() -> None:
     cluster, uid = await scene()
     code, lines = await run(cluster, "gpu-0001")
-    # gpu-0 has 14336 MiB free, gpu-1 8192: gpu-0
+    # both GPUs of gpu-0001 have room (25 % and 4096 MiB of 90 % / 14336 and 50 % / 8192): firstfit's first, gpu-0
     assert code == 0
     assert lines == ["claim team/c1: move requested, gpu-0000/gpu-0 -> gpu-0001/gpu-0"]
     [(key, move)] = (await moves_of(cluster)).items()
     assert key == uid
     assert (move.claim, move.source, move.target, move.state, move.reason) == \
         ("team/c1", GpuRef("gpu-0000", 0), GpuRef("gpu-0001", 0), "requested", "")
-    assert move.requested_at.endswith("Z")
+    assert (move.requested_at, move.deadline) == ("2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")  # + 600 s
     cm = await cluster.get_object(CONFIGMAPS, MOVES_CONFIGMAP, NS)
     assert cm["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "gpupool"}
 
@@ -67,12 +79,14 @@ async def test_a_named_gpu_without_room_says_what_is_free() -> None:
     with pytest.raises(Refused) as e:
         await run(cluster, "gpu-0002/gpu-0")
     assert e.value.code == 1
-    assert e.value.message == ("the share of claim team/c1 does not fit: gpu-0002/gpu-0 has 80 % compute and 2048 MiB "
-                               "free; the share needs 25 % and 4096 MiB")
+    assert e.value.message.startswith(
+        "the share of claim team/c1 does not fit on gpu-0002/gpu-0: gpu-0002/gpu-0 has 80 % compute and 2048 MiB free, "
+        "the share needs 25 % and 4096 MiB: "), e.value.message
     with pytest.raises(Refused) as e:
         await run(cluster, "gpu-0002")  # its one untainted GPU is that one
-    assert e.value.code == 1 and "fits on no GPU of gpu-0002: gpu-0002/gpu-0 has 80 % compute and 2048 MiB" \
-        in e.value.message
+    assert e.value.code == 1 and e.value.message.startswith(
+        "the share of claim team/c1 fits on no GPU of gpu-0002: gpu-0002/gpu-0 has 80 % compute and 2048 MiB free, "
+        "the share needs 25 % and 4096 MiB: "), e.value.message
     assert await moves_of(cluster) == {}
 
 
@@ -151,8 +165,9 @@ async def test_a_timeout_exits_1_and_says_the_entry_stays() -> None:
     clock = Clock()
     code, lines = await run(cluster, "gpu-0001", wait_s=3, clock=clock)
     assert code == 1 and clock.now >= 3
-    assert lines[-1] == ("claim team/c1: still requested after 3 s; the entry stays, waiting for the agent of "
-                         "gpu-0001 to prepare the share on gpu-0001/gpu-0")
+    assert lines[-1] == ("claim team/c1: still requested after 3 s; the entry stays until its deadline "
+                         "2027-01-15T08:10:00Z (then it is cancelled), waiting for the agent of gpu-0001 to prepare "
+                         "the share on gpu-0001/gpu-0")
     assert (await moves_of(cluster))[uid].state == "requested"
 
 
@@ -214,3 +229,62 @@ def test_the_command_line(tmp_path: Path) -> None:
     garbage.write_text(json.dumps({"apiVersion": "v1", "kind": "Config"}))
     out = runner.invoke(main, ["migrate", "p1", "--to", "n", "--kubeconfig", str(garbage)])
     assert out.exit_code == 2 and "gpupool migrate: cannot use" in out.output and "Traceback" not in out.output
+
+
+# --- --cancel -------------------------------------------------------------------------------------------------
+
+
+async def test_cancel_by_pod_or_claim_returns_the_share_to_its_source() -> None:
+    cluster, uid = await scene()
+    for name in ("p1", "c1"):  # the pod's name, or the claim's
+        ready = Move("team/c1", GpuRef("gpu-0000", 0), GpuRef("gpu-0001", 1), "ready", "",
+                     "2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")
+        await set_move(cluster, uid, ready)
+        lines: list[str] = []
+        assert await cancel_move(cluster, "team", name, NS, lines.append) == 0
+        assert lines == ["claim team/c1: move gpu-0000/gpu-0 -> gpu-0001/gpu-1 cancelled; served from gpu-0000/gpu-0"]
+        move = (await moves_of(cluster))[uid]
+        assert (move.state, move.reason, move.deadline) == \
+            ("failed", "cancelled: by gpupool migrate --cancel", "2027-01-15T08:10:00Z")
+        assert move.cancelled
+    # cancelled, the share is served from its source: a new move starts there
+    assert (await run(cluster, "gpu-0001"))[0] == 0
+    assert (await moves_of(cluster))[uid].source == GpuRef("gpu-0000", 0)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("nope", "no pod or claim team/nope: nothing to cancel"),
+    ("p\x1b[2J", "no pod or claim team/p\\x1b[2J: nothing to cancel"),
+    ("p1", "pod team/p1: no unfinished move to cancel"),
+    ("c1", "claim team/c1: no unfinished move to cancel"),
+])
+async def test_cancelling_what_is_not_moving_is_a_usage_error(name: str, message: str) -> None:
+    cluster, _ = await scene()
+    with pytest.raises(Refused) as e:
+        await cancel_move(cluster, "team", name, NS, print)
+    assert (e.value.code, e.value.message) == (2, message)
+
+
+async def test_cancelling_a_finished_move_says_how_it_ended() -> None:
+    cluster, uid = await scene()
+    await set_move(cluster, uid, Move("team/c1", GpuRef("gpu-0000", 0), GpuRef("gpu-0001", 1), "moved"))
+    with pytest.raises(Refused) as e:
+        await cancel_move(cluster, "team", "p1", NS, print)
+    assert (e.value.code, e.value.message) == \
+        (2, "pod team/p1: no unfinished move to cancel (the move of claim team/c1 is moved)")
+    assert (await moves_of(cluster))[uid].state == "moved"
+
+
+def test_the_cancel_command_line() -> None:
+    runner = CliRunner()
+    assert "--cancel" in runner.invoke(main, ["migrate", "--help"]).output
+    for args, words in (
+        (["migrate", "p1", "--cancel", "p1"], "--cancel takes the pod or claim itself: give no POD and no --to"),
+        (["migrate", "--cancel", "p1", "--to", "gpu-0001"], "give no POD and no --to with it"),
+        (["migrate", "--cancel", "team/p1"], "give the pod's or claim's name and its namespace with -n"),
+        (["migrate", "--cancel", ""], "give the pod's or claim's name"),
+        (["migrate"], "Missing argument 'POD' (or --cancel POD_OR_CLAIM)"),
+        (["migrate", "p1", "--to", "n", "--deadline", "0"], "--deadline"),
+    ):
+        out = runner.invoke(main, args)
+        assert out.exit_code == 2 and words in out.output and "Traceback" not in out.output, (args, out.output)

@@ -18,6 +18,14 @@ Who writes what (every writer re-reads and updates with the ConfigMap's resource
 
 The scheduler's ledger counts the share on the source GPU until the move is `moved`, and on the target GPU
 from `ready` on: while the contents are copied both hold it.
+
+A move is bounded: each entry carries a `deadline` (RFC 3339; `gpupool migrate --deadline`, default
+DEFAULT_DEADLINE_S after the request). A move still unfinished past it (a target its pod's node cannot reach,
+a client that never waits for its GPU work, an agent that is gone) is cancelled by the scheduler's leader
+(gpupool.scheduler.moves): it ends `failed` with a reason that starts with CANCELLED, so every agent reads it
+as any failed move: the share is served from the source again, the target forgets it, the ledger stops
+counting it there. `gpupool migrate --cancel` does the same at once. An entry without a deadline (written
+before there were any) is bounded from its `requested_at`.
 """
 
 from __future__ import annotations
@@ -28,12 +36,15 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from gpupool.api.dra import device_index, device_name
+from gpupool.api.times import format_time, parse_time
 
 MOVES_CONFIGMAP = "gpupool-remote-moves"
 STATES = ("requested", "ready", "moved", "failed")
 # Entries kept: about 220 bytes each, and a ConfigMap holds at most 1 MiB. Only entries of claims that no
 # longer exist are dropped to make room (gpupool migrate): a live claim's entry says where its share is.
 MAX_MOVES = 3000
+DEFAULT_DEADLINE_S = 600.0  # how long a move may take before it is cancelled (the bound, see the module doc)
+CANCELLED = "cancelled: "  # the start of a cancelled move's reason (its state is `failed`)
 
 
 class MoveError(ValueError):
@@ -70,6 +81,7 @@ class Move:
     state: str = "requested"
     reason: str = ""  # why it failed (or what it waits for)
     requested_at: str = ""  # RFC 3339
+    deadline: str = ""  # RFC 3339: cancelled when still unfinished past it ("": requested_at + the default)
 
     def to_json(self) -> str:
         doc = asdict(self)
@@ -82,7 +94,7 @@ class Move:
             doc = json.loads(text)
             move = Move(str(doc["claim"]), GpuRef.parse(str(doc["source"])), GpuRef.parse(str(doc["target"])),
                         str(doc.get("state", "requested")), str(doc.get("reason", "")),
-                        str(doc.get("requested_at", "")))
+                        str(doc.get("requested_at", "")), str(doc.get("deadline", "")))
         except (ValueError, KeyError, TypeError) as e:
             raise MoveError(f"not a move record: {e}") from None
         if move.state not in STATES:
@@ -100,11 +112,40 @@ class Move:
     def finished(self) -> bool:
         return self.state in ("moved", "failed")
 
+    @property
+    def cancelled(self) -> bool:
+        return self.state == "failed" and self.reason.startswith(CANCELLED)
 
-def new_move(claim: str, source: GpuRef, target: GpuRef, now: str) -> Move:
+    def deadline_at(self, default_s: float = DEFAULT_DEADLINE_S) -> float | None:
+        """The deadline as seconds since the epoch: its own, else `requested_at` + `default_s`; None when
+        neither can be read (such an entry is never cancelled by time)."""
+        for text, extra in ((self.deadline, 0.0), (self.requested_at, default_s)):
+            at = parse_time(text) if text else 0.0
+            if at > 0:  # parse_time reads what it cannot parse as 0
+                return at + extra
+        return None
+
+    def expired(self, now: float, default_s: float = DEFAULT_DEADLINE_S) -> bool:
+        """Whether the move is unfinished past its deadline (`now`: seconds since the epoch)."""
+        at = self.deadline_at(default_s)
+        return not self.finished and at is not None and now >= at
+
+    def cancel(self, why: str) -> Move:
+        """The move cancelled: `failed`, its share served from the source again; raises MoveError when it is
+        finished already."""
+        if self.finished:
+            raise MoveError(f"the move of {self.claim} is {self.state} already: there is nothing to cancel")
+        return replace(self, state="failed", reason=CANCELLED + why)
+
+
+def new_move(claim: str, source: GpuRef, target: GpuRef, now: float,
+             deadline_s: float = DEFAULT_DEADLINE_S) -> Move:
+    """A requested move at `now` (seconds since the epoch), bounded by `deadline_s` seconds."""
     if source == target:
         raise MoveError(f"the share of {claim} is already served from {target}")
-    return Move(claim, source, target, "requested", "", now)
+    if not deadline_s > 0:
+        raise MoveError(f"a move's deadline must be after its request (got {deadline_s:g} s)")
+    return Move(claim, source, target, "requested", "", format_time(now), format_time(now + deadline_s))
 
 
 def read_moves(configmap: Mapping[str, Any] | None) -> dict[str, Move]:

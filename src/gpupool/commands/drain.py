@@ -1,10 +1,11 @@
 """`gpupool drain NODE`: take a GPU node out of service, moving what can move instead of evicting it.
 
 1. Cordon the node (spec.unschedulable: new pods and claims go elsewhere).
-2. Move every remote share served from the node's GPUs to another GPU server (`gpupool migrate`'s choice:
-   the GPU where it fits with the most free memory, never NODE, never a cordoned node). Their pods, on any
-   node, keep running: their clients are handed over by the agents. A share that fits nowhere is listed and
-   left where it is.
+2. Move every remote share served from the node's GPUs to another GPU server, the one the scheduler's
+   framework chooses (gpupool.scheduler.moves, as `gpupool migrate`: never NODE, never a cordoned node), the
+   largest share first, each choice counted before the next is asked. Their pods, on any node, keep
+   running: their clients are handed over by the agents. A share that fits nowhere is listed and left where
+   it is.
 3. Evict (the Eviction API: PodDisruptionBudgets hold; a 429 is tried again until --wait runs out) the pods
    running on NODE that hold its GPUs in place: pods granted gpupool's device-plugin resources, and pods
    whose DRA claims are allocated on NODE's pool with an isolation other than remote. Every other pod is
@@ -28,10 +29,9 @@ import click
 from gpupool.api.counted import TERMINAL_PHASES, counted_allocation
 from gpupool.api.dra import REMOTE_ISOLATION, ClaimError, claim_shares
 from gpupool.api.logsafe import shown
-from gpupool.api.moves import Move, new_move
+from gpupool.api.moves import DEFAULT_DEADLINE_S, Move, new_move
 from gpupool.api.names import DOMAIN
 from gpupool.api.pod import pod_key
-from gpupool.api.times import format_time
 from gpupool.cluster.port import NODES, ClusterPort, Conflict, NotFound, Obj, TooManyRequests
 from gpupool.commands.migrate import (
     DEFAULT_NAMESPACE,
@@ -88,7 +88,8 @@ def holds_gpus_in_place(pod: Mapping[str, Any], node: str, claims: Mapping[tuple
     return False
 
 
-def plan_drain(pool: Pool, node: str, pods: list[Obj]) -> Plan:
+def plan_drain(pool: Pool, node: str, pods: list[Obj], now: float | None = None,
+               deadline_s: float = DEFAULT_DEADLINE_S) -> Plan:
     plan = Plan()
     others = sorted(n for n in pool.servers if n != node)
     # the largest shares choose first: small ones fit into what is left more easily
@@ -104,12 +105,13 @@ def plan_drain(pool: Pool, node: str, pods: list[Obj]) -> Plan:
         if share.served.node != node:
             continue
         chosen = choose_target(pool, share, others, avoid=[node])
-        if isinstance(chosen, str):
+        refused = chosen if isinstance(chosen, str) else pool.targets.take(pool.moving(share), chosen)
+        if isinstance(chosen, str) or refused is not None:
             plan.stuck.append(f"claim {shown(share.label)} on {shown(str(share.served))} fits on no other GPU "
-                              f"server: {shown(chosen, 2000)}")
+                              f"server: {shown(refused or '', 2000)}")
             continue
-        pool.reserve(share, chosen)
-        plan.moves[share.uid] = (share, new_move(share.label, share.served, chosen, format_time(time.time())))
+        at = time.time() if now is None else now
+        plan.moves[share.uid] = (share, new_move(share.label, share.served, chosen, at, deadline_s))
     claims = {(str(c["metadata"].get("namespace", "")), str(c["metadata"].get("name", ""))): c for c in pool.claims}
     plan.evict = [p for p in pods if (p.get("spec") or {}).get("nodeName") == node
                   and (p.get("status") or {}).get("phase") not in TERMINAL_PHASES
@@ -120,7 +122,7 @@ def plan_drain(pool: Pool, node: str, pods: list[Obj]) -> Plan:
 
 def share_size(pool: Pool, share: Share) -> int:
     """The share's memory where it is served (for the order the targets are chosen in)."""
-    state = pool.counted.state
+    state = pool.targets.ledger.state
     i = state.index.get(share.served.node)
     if i is None:
         return 0
@@ -149,7 +151,8 @@ async def evict(cluster: ClusterPort, pod: Obj, deadline: float, sleep: Sleep,
 
 
 async def drain_node(cluster: ClusterPort, node: str, gpupool_namespace: str, wait_s: float, dry_run: bool,
-                     echo: Echo, sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.monotonic) -> int:
+                     echo: Echo, sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.monotonic,
+                     deadline_s: float = DEFAULT_DEADLINE_S, wall: Callable[[], float] = time.time) -> int:
     """The command's work; returns the exit status (raises Refused for usage errors)."""
     try:
         await cluster.get_node(node)
@@ -158,7 +161,7 @@ async def drain_node(cluster: ClusterPort, node: str, gpupool_namespace: str, wa
     deadline = clock() + wait_s
     pool = await read_pool(cluster, gpupool_namespace)
     pods, _ = await cluster.list_pods(fields={"spec.nodeName": node})
-    plan = plan_drain(pool, node, pods)
+    plan = plan_drain(pool, node, pods, wall(), deadline_s)
     prefix = "would " if dry_run else ""
     echo(f"{prefix}cordon {shown(node)}")
     for share, move in plan.moves.values():
@@ -202,16 +205,19 @@ async def drain_node(cluster: ClusterPort, node: str, gpupool_namespace: str, wa
               help="The namespace gpupool is installed in (its moves ConfigMap).")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=DEFAULT_WAIT_S, show_default=True,
               help="Seconds to keep asking for evictions a disruption budget forbids and to follow the moves.")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_DEADLINE_S,
+              show_default=True, help="Seconds each move may take; still unfinished then, the scheduler cancels it.")
 @click.option("--dry-run", is_flag=True, help="Print the plan; change nothing.")
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False),
               help="Kubeconfig file [$KUBECONFIG, ~/.kube/config, or the in-cluster service account].")
 @click.option("--context", default=None, help="Kubeconfig context [the current one].")
-def drain(node: str, gpupool_namespace: str, wait_s: float, dry_run: bool, kubeconfig: str | None,
-          context: str | None) -> None:
+def drain(node: str, gpupool_namespace: str, wait_s: float, deadline_s: float, dry_run: bool,
+          kubeconfig: str | None, context: str | None) -> None:
     """Cordon NODE, move the remote GPU shares it serves to other GPU servers, and evict the pods that hold its
     GPUs in place. Exit 0 done, 1 something left (listed), 2 usage errors."""
 
     async def work(cluster: ClusterPort) -> int:
-        return await drain_node(cluster, node, gpupool_namespace, wait_s, dry_run, click.echo)
+        return await drain_node(cluster, node, gpupool_namespace, wait_s, dry_run, click.echo,
+                                deadline_s=deadline_s)
 
     run_command("drain", lambda: with_cluster(kubeconfig, context, work))

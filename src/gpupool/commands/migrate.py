@@ -20,16 +20,25 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
 
 from gpupool.api.counted import TERMINAL_PHASES
-from gpupool.api.dra import REMOTE_ISOLATION, ClaimError, claim_shares, counted_claim
+from gpupool.api.dra import REMOTE_ISOLATION, ClaimError, claim_shares
 from gpupool.api.logsafe import shown
-from gpupool.api.moves import MAX_MOVES, MOVES_CONFIGMAP, GpuRef, Move, MoveError, new_move, read_moves, served_from
-from gpupool.api.recompute import Recomputed, recompute
+from gpupool.api.moves import (
+    DEFAULT_DEADLINE_S,
+    MAX_MOVES,
+    MOVES_CONFIGMAP,
+    GpuRef,
+    Move,
+    MoveError,
+    new_move,
+    read_moves,
+    served_from,
+)
 from gpupool.api.times import format_time
 from gpupool.cluster.port import (
     CONFIGMAPS,
@@ -42,6 +51,8 @@ from gpupool.cluster.port import (
     NotFound,
     Obj,
 )
+from gpupool.scheduler.claims import usable_devices
+from gpupool.scheduler.moves import MoveTargets, MovingShare, cancel_moves, waits_for
 
 DEFAULT_NAMESPACE = "gpupool-system"  # the chart's documented install namespace
 DEFAULT_WAIT_S = 120.0
@@ -84,14 +95,16 @@ class Share:
 
 @dataclass(slots=True)
 class Pool:
-    """The pool as the API objects show it, moves included (the scheduler's counting: api.recompute)."""
+    """The pool as the API objects show it, moves included, and the scheduler's framework over a snapshot of
+    it (gpupool.scheduler.moves.MoveTargets): the one place a target is chosen."""
 
-    counted: Recomputed
+    targets: MoveTargets
     servers: dict[str, set[int]]  # node -> its untainted GPUs that a GPU server serves remote shares of
+    agents: set[str]  # nodes whose agent publishes a pool (where a remote share's pod may run)
     cordoned: set[str]
     moves: dict[str, Move]
     claims: list[Obj]
-    taken: dict[GpuRef, str] = field(default_factory=dict)  # targets chosen in this run (drain), claim label
+    pods: list[Obj] = field(default_factory=list)
 
     def share_of(self, claim: Mapping[str, Any]) -> Share | None:
         """The claim as a one-GPU remote share, None when it is not one."""
@@ -107,56 +120,35 @@ class Pool:
     def shares(self) -> list[Share]:
         return [s for c in self.claims if (s := self.share_of(c)) is not None]
 
-    def free(self, ref: GpuRef) -> tuple[int, int]:
-        """(free compute in milli, free memory in MiB) of a GPU."""
-        state = self.counted.state
-        i = state.index[ref.node]
-        return int(state.gpu_milli_free[i, ref.index]), int(state.gpu_mem_free[i, ref.index])
+    def known(self, node: str) -> bool:
+        """Whether gpupool counts the node's GPUs (a GPU node with an inventory)."""
+        return node in self.targets.ledger.state.index
 
-    def fit(self, share: Share, target: GpuRef) -> str | None:
-        """None when the share fits on `target` now, else why not (what it needs, what is free). Counted as
-        the ledger counts it there: the claim as it would be once moved (api.dra.counted_claim)."""
-        state = self.counted.state
-        i = state.index.get(target.node)
-        if i is None or not 0 <= target.index < len(state.nodes[i].gpus):
-            return f"{target} is not a GPU gpupool counts"
-        if not state.gpu_healthy[i, target.index]:
-            return f"{target} is unhealthy"
-        there = Move(share.label, share.served, target, "moved")
-        (counted,) = counted_claim(share.claim, state, there)
-        (grant,) = counted.allocation.grants
-        milli, memory = self.free(target)
-        if grant.milli > milli or grant.memory_mib > memory:
-            return (f"{target} has {milli / 10:g} % compute and {memory} MiB free; the share needs "
-                    f"{grant.milli / 10:g} % and {grant.memory_mib} MiB")
+    def pod_of(self, share: Share) -> Obj | None:
+        """The running pod that uses the share's claim (None: none)."""
+        namespace, _, name = share.label.partition("/")
+        for pod in self.pods:
+            meta = pod.get("metadata") or {}
+            if meta.get("namespace") == namespace and name in pod_claim_names(pod) \
+                    and (pod.get("status") or {}).get("phase") not in TERMINAL_PHASES:
+                return pod
         return None
 
-    def reserve(self, share: Share, target: GpuRef) -> None:
-        """Count the share on `target` too (a drain choosing several targets must not pick one GPU twice)."""
-        there = Move(share.label, share.served, target, "moved")
-        (counted,) = counted_claim(share.claim, self.counted.state, there)
-        key = f"{share.uid}/planned"
-        refused = self.counted.state.allocate(replace(counted.request, key=key), replace(counted.allocation, pod=key))
-        assert refused is None, refused  # fit() said it fits
-        self.taken[target] = share.label
-
-    def candidates(self, node: str, avoid: Iterable[str] = ()) -> list[GpuRef]:
-        skip = set(avoid)
-        return [GpuRef(node, i) for i in sorted(self.servers.get(node, ())) if node not in skip]
+    def moving(self, share: Share, pod: Obj | None = None) -> MovingShare:
+        return MovingShare(share.claim, pod if pod is not None else self.pod_of(share), share.served)
 
 
 async def read_pool(cluster: ClusterPort, namespace: str) -> Pool:
-    """Nodes, pods, claims, slices and the moves ConfigMap; the counting the scheduler does of them."""
+    """Nodes, pods, claims, slices and the moves ConfigMap; the scheduler's framework over them."""
     nodes, _ = await cluster.list_nodes()
     pods, _ = await cluster.list_pods()
     claims, _ = await cluster.list_objects(RESOURCE_CLAIMS)
     slices, _ = await cluster.list_objects(RESOURCE_SLICES)
     moves = read_moves(await read_moves_configmap(cluster, namespace))
-    from gpupool.scheduler.claims import usable_devices
-
     usable = usable_devices(slices)
     cordoned = {str(n["metadata"]["name"]) for n in nodes if (n.get("spec") or {}).get("unschedulable")}
-    return Pool(recompute(nodes, pods, claims, moves), usable.remote, cordoned, moves, claims)
+    targets = MoveTargets.of_objects(cluster, nodes, pods, claims, moves)
+    return Pool(targets, usable.remote, usable.drivers, cordoned, moves, claims, pods)
 
 
 async def read_moves_configmap(cluster: ClusterPort, namespace: str) -> Obj | None:
@@ -166,34 +158,21 @@ async def read_moves_configmap(cluster: ClusterPort, namespace: str) -> Obj | No
         return None
 
 
-# --- choosing the target ------------------------------------------------------------------------------------
+# --- the target: the scheduler's choice ---------------------------------------------------------------------
 
 
-def choose_target(pool: Pool, share: Share, nodes: Iterable[str], avoid: Iterable[str] = ()) -> GpuRef | str:
-    """The GPU among the GPU servers of `nodes` (less the nodes in `avoid`, cordoned ones and the GPU it is
-    served from) where the share fits with the most free memory (then compute, then name: the same choice
-    every time); or why there is none."""
+def choose_target(pool: Pool, share: Share, nodes: Iterable[str], avoid: Iterable[str] = (),
+                  pod: Obj | None = None) -> GpuRef | str:
+    """The GPU the scheduler's framework chooses for the share among the GPU servers of `nodes` (less the
+    nodes in `avoid`, cordoned ones and the GPU it is served from); or why there is none, in its words."""
     skip = {*avoid, *pool.cordoned}
-    fitting: list[tuple[int, int, GpuRef]] = []
-    why: list[str] = []
-    for node in nodes:
-        for ref in pool.candidates(node, skip):
-            if ref == share.served:
-                continue
-            refused = pool.fit(share, ref)
-            if refused is None:
-                milli, memory = pool.free(ref)
-                fitting.append((-memory, -milli, ref))
-            else:
-                why.append(refused)
-    if not fitting:
-        return "; ".join(why) or "no other GPU server"
-    fitting.sort(key=lambda f: (f[0], f[1], f[2].node, f[2].index))
-    return fitting[0][2]
+    candidates = {n: sorted(pool.servers.get(n, ())) for n in nodes if n not in skip}
+    return pool.targets.choose(pool.moving(share, pod), candidates, pool.agents)
 
 
-def resolve_target(pool: Pool, share: Share, to: str) -> GpuRef:
-    """--to NODE or NODE/GPU as a GPU: the best one of NODE, or the one named if the share fits there."""
+def resolve_target(pool: Pool, share: Share, to: str, pod: Obj | None = None) -> GpuRef:
+    """--to NODE or NODE/GPU as a GPU: the scheduler's choice on NODE, or the GPU named if the scheduler would
+    place the share there."""
     node, sep, _ = to.partition("/")
     if sep:
         try:
@@ -201,23 +180,25 @@ def resolve_target(pool: Pool, share: Share, to: str) -> GpuRef:
         except MoveError as e:
             raise Refused(f"--to {shown(to)}: {e}") from None
         node = target.node
-    if node not in pool.counted.state.index:
+    if not pool.known(node):
         raise Refused(f"--to: node {shown(node)} is not a gpupool GPU node")
     if not pool.servers.get(node):
         raise Refused(f"--to: node {shown(node)} publishes no GPU with a GPU server (device attribute remoteServer)")
     if not sep:
-        chosen = choose_target(pool, share, [node])
+        chosen = choose_target(pool, share, [node], pod=pod)
         if isinstance(chosen, str):
-            raise Refused(f"the share of claim {shown(share.label)} fits on no GPU of {shown(node)}: {chosen}", 1)
+            raise Refused(f"the share of claim {shown(share.label)} fits on no GPU of {shown(node)}: {shown(chosen)}",
+                          1)
         return chosen
     if target.index not in pool.servers[node]:
         raise Refused(f"--to: {shown(str(target))} is not a GPU with a GPU server (untainted, remoteServer)")
     if target == share.served:
         raise Refused(f"the share of claim {shown(share.label)} is already served from {shown(str(target))}")
-    refused = pool.fit(share, target)
-    if refused is not None:
-        raise Refused(f"the share of claim {shown(share.label)} does not fit: {shown(refused)}", 1)
-    return target
+    chosen = pool.targets.choose(pool.moving(share, pod), {node: [target.index]}, pool.agents)
+    if isinstance(chosen, str):
+        raise Refused(f"the share of claim {shown(share.label)} does not fit on {shown(str(target))}: "
+                      f"{shown(chosen)}", 1)
+    return chosen
 
 
 # --- writing and following the entry ------------------------------------------------------------------------
@@ -269,13 +250,6 @@ async def write_moves(cluster: ClusterPort, namespace: str, entries: Mapping[str
     raise Refused(f"{MOVES_CONFIGMAP} kept changing under {WRITE_TRIES} writes; try again", 1)
 
 
-def waits_for(move: Move) -> str:
-    """What an unfinished move waits for, in words."""
-    if move.state == "requested":
-        return f"the agent of {shown(move.target.node)} to prepare the share on {shown(str(move.target))}"
-    return f"the agent of {shown(move.source.node)} to move the share's clients to {shown(str(move.target))}"
-
-
 async def follow(cluster: ClusterPort, namespace: str, uids: Mapping[str, str], wait_s: float, echo: Echo,
                  sleep: Sleep = asyncio.sleep, clock: Callable[[], float] = time.monotonic) -> dict[str, Move | None]:
     """Read the entries of `uids` (claim UID -> label) until each is finished or `wait_s` passes, printing
@@ -305,7 +279,9 @@ def outcome(label: str, move: Move | None, wait_s: float) -> str | None:
         return None
     if move.state == "failed":
         return f"claim {shown(label)}: the move failed: {shown(move.reason or 'no reason given', 1000)}"
-    return (f"claim {shown(label)}: still {move.state} after {wait_s:g} s; the entry stays, waiting for "
+    at = move.deadline_at()
+    until = "" if at is None else f" until its deadline {format_time(at)} (then it is cancelled)"
+    return (f"claim {shown(label)}: still {move.state} after {wait_s:g} s; the entry stays{until}, waiting for "
             f"{waits_for(move)}")
 
 
@@ -342,27 +318,30 @@ def pod_share(pool: Pool, pod: Mapping[str, Any]) -> Share:
         raise Refused(f"pod {shown(label)} has {len(shares)} remote shares "
                       f"({', '.join(shown(s.label) for s in shares)}); gpupool migrate moves a pod's one share")
     share = shares[0]
-    if share.placed.node not in pool.counted.state.index:
+    if not pool.known(share.placed.node):
         raise Refused(f"claim {shown(share.label)}: its GPU node {shown(share.placed.node)} is not a gpupool node")
     if share.unfinished:
         assert share.move is not None
         raise Refused(f"claim {shown(share.label)}: a move of its share is still {share.move.state} "
-                      f"({shown(str(share.move.source))} -> {shown(str(share.move.target))}): {waits_for(share.move)}")
+                      f"({shown(str(share.move.source))} -> {shown(str(share.move.target))}): {waits_for(share.move)} "
+                      "(gpupool migrate --cancel cancels it)")
     return share
 
 
 async def migrate_pod(cluster: ClusterPort, namespace: str, pod_name: str, to: str, gpupool_namespace: str,
                       wait_s: float, echo: Echo, sleep: Sleep = asyncio.sleep,
-                      clock: Callable[[], float] = time.monotonic) -> int:
-    """The command's work; returns the exit status (raises Refused for what it refuses)."""
+                      clock: Callable[[], float] = time.monotonic, deadline_s: float = DEFAULT_DEADLINE_S,
+                      wall: Callable[[], float] = time.time) -> int:
+    """The command's work; returns the exit status (raises Refused for what it refuses). `clock` times the
+    wait, `wall` (seconds since the epoch) stamps the move and its deadline."""
     try:
         pod = await cluster.get_pod(namespace, pod_name)
     except NotFound:
         raise Refused(f"pod {shown(namespace)}/{shown(pod_name)} not found") from None
     pool = await read_pool(cluster, gpupool_namespace)
     share = pod_share(pool, pod)
-    target = resolve_target(pool, share, to)
-    move = new_move(share.label, share.served, target, format_time(time.time()))
+    target = resolve_target(pool, share, to, pod)
+    move = new_move(share.label, share.served, target, wall(), deadline_s)
     await write_moves(cluster, gpupool_namespace, {share.uid: move}, live_claims(pool))
     echo(f"claim {shown(share.label)}: move requested, {shown(str(move.source))} -> {shown(str(move.target))}")
     if wait_s <= 0:
@@ -374,6 +353,45 @@ async def migrate_pod(cluster: ClusterPort, namespace: str, pod_name: str, to: s
         return 0
     echo(left)
     return 1
+
+
+async def cancel_move(cluster: ClusterPort, namespace: str, name: str, gpupool_namespace: str, echo: Echo) -> int:
+    """`--cancel NAME`: the unfinished move of pod NAME's remote share (or of claim NAME's, when no pod has the
+    name) cancelled, its share served from its source again. Refused (2) when there is no such pod or claim,
+    or no unfinished move of it."""
+    label = f"{shown(namespace)}/{shown(name)}"
+    moves = read_moves(await read_moves_configmap(cluster, gpupool_namespace))
+    claims, _ = await cluster.list_objects(RESOURCE_CLAIMS, namespace=namespace)
+    by_name = {str((c.get("metadata") or {}).get("name", "")): c for c in claims}
+    try:
+        pod = await cluster.get_pod(namespace, name)
+    except NotFound:
+        pod = None
+    if pod is not None:
+        mine = [by_name[n] for n in pod_claim_names(pod) if n in by_name]
+        what = f"pod {label}"
+    elif name in by_name:
+        mine, what = [by_name[name]], f"claim {label}"
+    else:
+        raise Refused(f"no pod or claim {label}: nothing to cancel")
+    uids = {str((c.get("metadata") or {}).get("uid", "")): f"{namespace}/{(c.get('metadata') or {}).get('name', '')}"
+            for c in mine}
+    unfinished = {u: moves[u] for u in uids if u in moves and not moves[u].finished}
+    if not unfinished:
+        done = [f"{shown(uids[u])} is {moves[u].state}" for u in uids if u in moves]
+        raise Refused(f"{what}: no unfinished move to cancel" + (f" (the move of claim {', '.join(done)})"
+                                                                  if done else ""))
+    why = "by gpupool migrate --cancel"
+    cancelled = await cancel_moves(cluster, gpupool_namespace, lambda current: {
+        u: why for u in unfinished if u in current and not current[u].finished})
+    for uid in sorted(unfinished):
+        move = cancelled.get(uid)
+        if move is None:
+            raise Refused(f"claim {shown(uids[uid])}: its move finished before it could be cancelled; see "
+                          f"{MOVES_CONFIGMAP}", 1)
+        echo(f"claim {shown(uids[uid])}: move {shown(str(move.source))} -> {shown(str(move.target))} cancelled; "
+             f"served from {shown(str(move.source))}")
+    return 0
 
 
 def live_claims(pool: Pool) -> set[str]:
@@ -419,28 +437,52 @@ def run_command(name: str, work: Callable[[], Coroutine[Any, Any, int]]) -> None
 
 
 @click.command("migrate")
-@click.argument("pod")
-@click.option("--to", "to", required=True, metavar="NODE[/GPU]",
-              help="The GPU server to move the share to: a node (its GPU with the most free memory that fits) or "
-                   "one of its GPUs (gpu-<i> or <i>).")
-@click.option("--namespace", "-n", default="default", show_default=True, help="The pod's namespace.")
+@click.argument("pod", required=False)
+@click.option("--to", "to", metavar="NODE[/GPU]",
+              help="The GPU server to move the share to: a node (the GPU of it the scheduler chooses) or one of "
+                   "its GPUs (gpu-<i> or <i>).")
+@click.option("--cancel", "cancel", metavar="POD_OR_CLAIM",
+              help="Cancel the unfinished move of this pod's remote share (or of this claim's): it is served from "
+                   "its source again.")
+@click.option("--namespace", "-n", default="default", show_default=True, help="The pod's (or claim's) namespace.")
 @click.option("--gpupool-namespace", default=DEFAULT_NAMESPACE, show_default=True,
               help="The namespace gpupool is installed in (its moves ConfigMap).")
 @click.option("--wait", "wait_s", type=click.FloatRange(min=0), default=DEFAULT_WAIT_S, show_default=True,
               help="Seconds to follow the move (0: request it and return).")
+@click.option("--deadline", "deadline_s", type=click.FloatRange(min=0, min_open=True), default=DEFAULT_DEADLINE_S,
+              show_default=True, help="Seconds the move may take; still unfinished then, the scheduler cancels it.")
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False),
               help="Kubeconfig file [$KUBECONFIG, ~/.kube/config, or the in-cluster service account].")
 @click.option("--context", default=None, help="Kubeconfig context [the current one].")
-def migrate(pod: str, to: str, namespace: str, gpupool_namespace: str, wait_s: float, kubeconfig: str | None,
-            context: str | None) -> None:
-    """Move POD's remote GPU share to another GPU server while it runs. Exit 0 moved, 1 failed, timed out or
-    no room, 2 usage errors."""
+def migrate(pod: str | None, to: str | None, cancel: str | None, namespace: str, gpupool_namespace: str,
+            wait_s: float, deadline_s: float, kubeconfig: str | None, context: str | None) -> None:
+    """Move POD's remote GPU share to another GPU server while it runs (POD --to NODE[/GPU]), or cancel a move
+    (--cancel POD_OR_CLAIM). Exit 0 moved (or cancelled), 1 failed, timed out or no room, 2 usage errors."""
+    if cancel is not None:
+        if pod is not None or to is not None:
+            raise click.UsageError("--cancel takes the pod or claim itself: give no POD and no --to with it")
+        if not cancel or "/" in cancel:
+            raise click.BadParameter(f"{shown(cancel)!r}: give the pod's or claim's name and its namespace with -n",
+                                     param_hint="--cancel")
+        name = cancel
+
+        async def undo(cluster: ClusterPort) -> int:
+            return await cancel_move(cluster, namespace, name, gpupool_namespace, click.echo)
+
+        run_command("migrate", lambda: with_cluster(kubeconfig, context, undo))
+        return
+    if pod is None:
+        raise click.UsageError("Missing argument 'POD' (or --cancel POD_OR_CLAIM).")
+    if to is None:
+        raise click.UsageError("Missing option '--to'.")
     if not to or to.startswith("/") or to.endswith("/"):
         raise click.BadParameter(f"{shown(to)!r} is not NODE or NODE/GPU", param_hint="--to")
     if "/" in pod:
         raise click.BadParameter(f"{shown(pod)!r}: give the pod's name and its namespace with -n", param_hint="POD")
+    target, pod_name = to, pod
 
     async def work(cluster: ClusterPort) -> int:
-        return await migrate_pod(cluster, namespace, pod, to, gpupool_namespace, wait_s, click.echo)
+        return await migrate_pod(cluster, namespace, pod_name, target, gpupool_namespace, wait_s, click.echo,
+                                 deadline_s=deadline_s)
 
     run_command("migrate", lambda: with_cluster(kubeconfig, context, work))

@@ -82,6 +82,11 @@ class SchedulerConfig(BaseModel):
     # Where gpupool's own ConfigMaps live (the remote shares' moves, gpupool.api.moves): the chart passes its
     # release namespace; unset, the namespace this pod runs in (its service account's), else gpupool-system.
     gpupool_namespace: str | None = None
+    # Moves of remote shares (gpupool.scheduler.moves): the leader cancels a move still unfinished past its
+    # deadline, looking every move_check_s; an entry without a deadline of its own gets move_deadline_s after
+    # its request.
+    move_deadline_s: float = Field(default=600.0, gt=0)
+    move_check_s: float = Field(default=10.0, gt=0)
     lease_name: str = "gpupool-scheduler"
     identity: str = Field(default_factory=lambda: os.uname().nodename + f"-{os.getpid()}")
     lease_duration_s: float = Field(default=15.0, gt=0)

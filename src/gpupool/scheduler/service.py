@@ -39,6 +39,7 @@ from gpupool.scheduler.framework.registry import build_profiles
 from gpupool.scheduler.framework.runtime import Framework
 from gpupool.scheduler.ledger import Ledger
 from gpupool.scheduler.metrics import SchedulerMetrics
+from gpupool.scheduler.moves import MoveDeadlines
 from gpupool.scheduler.pending import PendingPods
 from gpupool.scheduler.pods import PodCache
 from gpupool.scheduler.preempt_verb import preempt
@@ -85,6 +86,8 @@ class ExtenderService:
         self.claims = ClaimAllocator(self.handle, lambda: self.ready, framework=self.claim_framework) \
             if config.dra_placement else None
         self.watcher = Watcher(self.handle, self.claims)
+        # moves of remote shares past their deadline are cancelled (on the leader, once synced)
+        self.deadlines = MoveDeadlines(self.handle, lambda: self.ready, config.move_check_s, config.move_deadline_s)
         self.synced = False
         self.leading = not config.leader_elect
         self.metrics.track_ledger(
@@ -115,10 +118,12 @@ class ExtenderService:
         self.queue_status.start()
         if self.claims is not None:
             self.claims.start()
+        self.deadlines.start()
         self.synced = True
 
     async def stop(self) -> None:
         self.synced = False
+        await self.deadlines.stop()
         if self.claims is not None:
             await self.claims.stop()
         await self.watcher.stop()

@@ -31,6 +31,10 @@ class Phase(StrEnum):
     # The claim allocator's cycle (gpupool.scheduler.claims): a gated pod's DRA claim is scheduled and
     # reserved in one go, then its allocation is written; kube-scheduler binds the pod afterwards.
     CLAIM = "claim"
+    # A question, never a placement: where would a running remote share's claim go if its share moved
+    # (gpupool.scheduler.moves, for `gpupool migrate` / `drain`)? Its pod is bound and stays where it runs; the
+    # claim is charged to its queue already.
+    MOVE = "move"
 
 
 @dataclass(slots=True)

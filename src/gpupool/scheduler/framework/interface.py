@@ -121,15 +121,17 @@ class Handle:
             waiter.set()
 
     async def record_event(self, namespace: str, name: str, uid: str, reason: str, message: str,
-                           type_: str) -> None:
-        """Record `reason: message` on the pod as an Event (FailedBinding, Preempted, Preempting, ...): best
-        effort, never failing the decision it describes. The caller bounds and escapes the message."""
+                           type_: str, kind: str = "Pod", api_version: str = "v1") -> None:
+        """Record `reason: message` on the pod (or another object: `kind`, `api_version`) as an Event
+        (FailedBinding, Preempted, Preempting, MoveCancelled on a claim, ...): best effort, never failing the
+        decision it describes. The caller bounds and escapes the message."""
         now = format_time(self.clock())
         event: Obj = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{name}.", "namespace": namespace},
-            "involvedObject": {"kind": "Pod", "namespace": namespace, "name": name, "uid": uid},
+            "involvedObject": {"apiVersion": api_version, "kind": kind, "namespace": namespace, "name": name,
+                               "uid": uid},
             "reason": reason,
             "message": message,
             "type": type_,

@@ -1,7 +1,8 @@
 """PreFilter `pod_pending`: only a pod that still waits for a node is scheduled.
 
 In a scheduling cycle (filter, prioritize) a pod that is bound, finished or being deleted is refused; in
-the binding cycle only one being deleted is (a bound pod is a replay, which the `binding` plugin answers).
+the binding cycle only one being deleted is (a bound pod is a replay, which the `binding` plugin answers);
+in a move's question (Phase.MOVE) a finished one or one being deleted is (its pod is bound: it runs).
 """
 
 from __future__ import annotations
@@ -33,10 +34,12 @@ class PodPending:
             return unresolvable(f"pod {cycle.key} is being deleted")
         if cycle.phase is Phase.BIND:
             return SUCCESS
+        phase = (pod.get("status") or {}).get("phase")
+        if cycle.phase is Phase.MOVE:  # a running pod's share moves: bound is what it must be
+            return unresolvable(f"pod {cycle.key} has finished ({phase})") if phase in TERMINAL_PHASES else SUCCESS
         bound = (pod.get("spec") or {}).get("nodeName")
         if bound:
             return unresolvable(f"pod {cycle.key} is already bound to {bound}")
-        phase = (pod.get("status") or {}).get("phase")
         if phase in TERMINAL_PHASES:
             return unresolvable(f"pod {cycle.key} has finished ({phase})")
         return SUCCESS

@@ -7,6 +7,7 @@ the queue's reason, e.g. "queue team-a: 3.5 of 3 GPUs guaranteed, cannot borrow:
 note, `kubectl describe` (kube-scheduler's FailedScheduling) and the views show it. A refusal that
 reclaiming cannot change (a maximum, borrowing disabled) is UNSCHEDULABLE_AND_UNRESOLVABLE; one that
 reclaim or departures may lift is UNSCHEDULABLE. Reserve then checks the exact charge of the GPUs chosen.
+A move's question (Phase.MOVE) is not charged: the claim holds its share, and its queue counts it, already.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from gpupool.core.queues import Quota, Refused, admit, charge_of_allocation, charge_of_request
-from gpupool.scheduler.framework.cycle import CycleState, NodeSet
+from gpupool.scheduler.framework.cycle import CycleState, NodeSet, Phase
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import SUCCESS, Code, Status, unschedulable
 from gpupool.scheduler.queues import QueueCache, namespace_of
@@ -40,7 +41,7 @@ class QueueAdmission:
 
     def decide(self, cycle: CycleState, charge: Quota) -> Refused | None:
         cache = self.cache
-        if cache is None:
+        if cache is None or cycle.phase is Phase.MOVE:
             return None
         queue = cache.queue_of(namespace_of(cycle.key))
         decision = admit(cache.queues.tree, cache.usage(without=cycle.holder), queue, charge)

@@ -18,6 +18,11 @@ GPU pods makes no room on a pod's node). Reserve records the pod's node in
 `cycle.pod_node` and holds its CPU and memory there (`holds`): the ledger holds the share on the GPU node
 and none of the pod's CPU or memory, so a burst of remote pods spreads over the pod nodes instead of all
 picking the one that looked roomiest. A hold goes with its claim's ledger entry.
+
+A move's question (Phase.MOVE, gpupool.scheduler.moves): the pod runs already and stays where it runs, its
+CPU and memory held there. Its one node is the pod's (`spec.nodeName`; a pod not known: every node whose agent
+runs that it may run on), with no room asked; the tiers are the same (the pod's own node, its zone, any), and
+Reserve holds nothing on the pod's node.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from gpupool.api.dra import REMOTE_ISOLATION, oversub_mib
 from gpupool.api.quantity import QuantityError, bytes_to_mib, cpu_milli, parse_quantity
 from gpupool.core.model import PodRequest
 from gpupool.core.state import IntArray
-from gpupool.scheduler.framework.cycle import CycleState, NodeSet
+from gpupool.scheduler.framework.cycle import CycleState, NodeSet, Phase
 from gpupool.scheduler.framework.interface import Handle, NodeScores
 from gpupool.scheduler.framework.status import SUCCESS, Code, Status, unresolvable
 from gpupool.scheduler.node_rules import MAY_RUN, may_run
@@ -102,7 +107,9 @@ class RemoteTiers:
         if remote is None or cycle.claim is None:
             return
         pod_request = replace(remote.full, memory_mib=remote.full.memory_mib - remote.spill)
-        remote.hosts = self._pod_nodes(cycle, sorted(cycle.claim.agents), pod_request)
+        moving = cycle.phase is Phase.MOVE
+        remote.hosts = self._running_on(cycle) if moving else \
+            self._pod_nodes(cycle, sorted(cycle.claim.agents), pod_request)
         if not remote.hosts:
             # No eviction on a GPU node can make room on a pod's node: no reclaim or preemption for it.
             nodes.reject_all(NO_HOST, Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
@@ -114,8 +121,8 @@ class RemoteTiers:
             if i < 0:
                 continue
             # On its own node the pod needs its CPU and memory beside the share (the ledger's room there).
-            own = name in host_names and int(state.cpu_free[i]) >= remote.full.cpu_milli \
-                and int(state.mem_free[i]) >= remote.full.memory_mib
+            own = name in host_names and (moving or int(state.cpu_free[i]) >= remote.full.cpu_milli
+                                          and int(state.mem_free[i]) >= remote.full.memory_mib)
             remote.tiers[i] = SAME_NODE if own else SAME_ZONE if self._zone(name) in zones else ANY
 
     def score(self, cycle: CycleState, nodes: IntArray) -> NodeScores:
@@ -142,6 +149,8 @@ class RemoteTiers:
             zone = self._zone(node)
             pod_node = self._roomiest([h for h in remote.hosts if tier == ANY or h.zone == zone] or remote.hosts)
         cycle.pod_node = pod_node
+        if cycle.phase is Phase.MOVE:
+            return SUCCESS  # the pod's CPU and memory are held where it runs already
         self.holds[cycle.claim.uid] = (pod_node, remote.full.cpu_milli, remote.full.memory_mib - remote.spill)
         return SUCCESS
 
@@ -155,6 +164,15 @@ class RemoteTiers:
         obj = self.handle.ledger.node_objs.get(name) or {}
         zone = ((obj.get("metadata") or {}).get("labels") or {}).get(ZONE_LABEL)
         return None if zone is None else str(zone)
+
+    def _running_on(self, cycle: CycleState) -> list[PodNode]:
+        """A moving share's pod's node: where it is bound, else every node whose agent runs that it may run
+        on (no room asked: it runs already)."""
+        assert cycle.claim is not None
+        bound = (cycle.pod.get("spec") or {}).get("nodeName")
+        objs = self.handle.ledger.node_objs
+        names = [str(bound)] if bound else [n for n in sorted(cycle.claim.agents) if may_run(cycle.pod, objs.get(n))]
+        return [PodNode(n, self._zone(n), None) for n in names]
 
     def _pod_nodes(self, cycle: CycleState, names: Iterable[str], request: PodRequest) -> list[PodNode]:
         """The nodes among `names` (nodes running gpupool's agent) that the pod may run on, less those where
