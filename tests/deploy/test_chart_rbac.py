@@ -33,9 +33,9 @@ REVIEWED_RULES: dict[tuple[str, str, str], list[tuple[tuple[str, ...], ...]]] = 
             ("get", "update"),
         ),
     ],
-    # the remote shares' moves: read-only, that one ConfigMap
+    # the remote shares' moves, that one ConfigMap: read, and a move past its deadline cancelled
     ("Role", "gp-gpupool-scheduler-moves", NAMESPACE): [
-        (("",), ("configmaps",), ("gpupool-remote-moves",), ("list", "watch")),
+        (("",), ("configmaps",), ("gpupool-remote-moves",), ("list", "watch", "patch")),
     ],
     ("ClusterRole", "gp-gpupool-agent", ""): [
         (("",), ("nodes",), (), ("get", "patch")),
@@ -155,4 +155,4 @@ def test_the_scheduler_reads_the_moves_configmap_of_its_release_namespace(render
     (role,) = [o for o in objs if o["kind"] == "Role" and o["metadata"]["name"] == "gp-gpupool-scheduler-moves"]
     assert role["metadata"]["namespace"] == NAMESPACE
     assert role["rules"] == [{"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [MOVES_CONFIGMAP],
-                              "verbs": ["list", "watch"]}]
+                              "verbs": ["list", "watch", "patch"]}]  # patch: a move past its deadline cancelled

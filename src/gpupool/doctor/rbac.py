@@ -55,6 +55,8 @@ NEEDS: dict[str, list[Access]] = {
                in_release_namespace=True, name=f"{ACCOUNT}-kube"),
         *_rows("list watch", "", "configmaps", "counting a moving remote share where it is held",
                in_release_namespace=True, name="gpupool-remote-moves"),
+        *_rows("patch", "", "configmaps", "cancelling a remote share's move past its deadline",
+               in_release_namespace=True, name="gpupool-remote-moves"),
         *_rows("list watch", "", "pods", "kube-scheduler sees pods (system:kube-scheduler)", chart=False),
         *_rows("create", "", "pods/binding", "kube-scheduler binds (system:kube-scheduler)", chart=False),
         *_rows("patch", "", "pods", "removing the scheduling gate of a pod whose claim gpupool placed", when="dra"),
