@@ -72,6 +72,27 @@ def test_no_plan_within_n_moves() -> None:
     assert {m.target for m in plan.moves} == {("b", 0), ("b", 1)} and plan.memory_mib == 2 * mib(300)
 
 
+def test_off_node_sends_a_moved_share_to_another_node() -> None:
+    # a: g0 holds s1 (0.5, movable), g1 f1 (0.5); b: g0 f2 (0.4). A 0.8 share fits nowhere; moving s1 frees a/g0.
+    # s1's tightest target is a/g1 (0.5 free, none left after), then b/g0 (0.6 free, 0.1 left). With off_node
+    # (a remote share: one server per node), not a/g1: a is the node it leaves. With f2 at 0.6, b/g0 has 0.4 free
+    # and s1 fits nowhere off its node: no plan.
+    def scene(f2: int) -> ClusterState:
+        st = ClusterState([node("a", 2), node("b", 1)])
+        put(st, share("s1", 500), "a", 0)
+        put(st, share("f1", 500), "a", 1)
+        put(st, share("f2", f2), "b", 0)
+        return st
+
+    movable, request = {"s1": share("s1", 500)}, share("r", 800)
+    same = plan_moves(scene(400), request, movable, 1)
+    assert same is not None and [(m.key, m.source, m.target) for m in same.moves] == [("s1", ("a", 0), ("a", 1))]
+    off = plan_moves(scene(400), request, movable, 1, off_node=True)
+    assert off is not None and [(m.key, m.source, m.target) for m in off.moves] == [("s1", ("a", 0), ("b", 0))]
+    assert off.allocation.node == "a" and [g.index for g in off.allocation.grants] == [0]
+    assert plan_moves(scene(600), request, movable, 1, off_node=True) is None
+
+
 def test_whole_gpus_freed_for_a_two_gpu_pod_and_a_budget() -> None:
     # Node a has 3 GPUs, each with one share (0.1, 0.2, 0.4); node b has room for them. A 2-GPU pod takes
     # the two cheapest GPUs once their shares move; a cost budget below that refuses it.

@@ -17,13 +17,23 @@ from gpupool.cluster.port import CONFIGMAPS, RESOURCE_CLAIMS, Obj
 from gpupool.demo.embedded import node_objects
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.framework.cycle import ClaimInCycle, Phase
-from gpupool.scheduler.moves import MoveTargets, MovingShare, cancel_moves, move_ask, past_deadline
+from gpupool.scheduler.moves import (
+    MakeRoom,
+    MoveTargets,
+    MovingShare,
+    cancel_moves,
+    movable_shares,
+    move_ask,
+    past_deadline,
+    plan_room,
+)
 from gpupool.scheduler.service import ExtenderService
 from tests.commands.remote_cluster import claim
 from tests.scheduler.conftest import small_scenario
 
 # gpu-0000..2, 2 GPUs of 16384 MiB each; cpu-0, a node without GPUs where the remote clients run
-NODES = [*node_objects(small_scenario(nodes=3, gpus=2)), {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-0"}}]
+NODES = [*node_objects(small_scenario(nodes=3, gpus=2)),
+         {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "cpu-0"}}]
 SERVERS = {"gpu-0001": [0, 1], "gpu-0002": [0, 1]}  # the candidates: every GPU but those of the source node
 NS = "gp-system"
 
@@ -233,3 +243,78 @@ async def test_cancel_moves_writes_only_unfinished_entries_and_reads_again_on_co
     moves = await moves_in(cluster)
     assert moves["u1"].reason == "cancelled: test" and moves["u2"].state == "moved"
     assert await cancel_moves(MemoryCluster(), NS, lambda current: {"u1": "x"}) == {}  # no ConfigMap: nothing
+
+
+# --- making room --------------------------------------------------------------------------------------------
+
+# Servers on gpu-0000 and gpu-0001 only (gpu-0002's GPUs have none). gpu-0000/g0: remote r1 4096 MiB, 25 %;
+# gpu-0000/g1: hook h1 12288 MiB, 75 %; gpu-0001/g0: hook h2 10240 MiB, 60 %; gpu-0001/g1: remote r2 8192 MiB,
+# 50 %. Free: 12288 / 75 %, 4096 / 25 %, 6144 / 40 %, 8192 / 50 % (gpu-0002: 16384 each, no server).
+ROOM_SERVERS = {"gpu-0000": frozenset({0, 1}), "gpu-0001": frozenset({0, 1})}
+
+
+def room_claims() -> list[Obj]:
+    return [a_claim("r1", "gpu-0000", 0, 4096, 25), a_claim("h1", "gpu-0000", 1, 12288, 75, "hook"),
+            a_claim("h2", "gpu-0001", 0, 10240, 60, "hook"), a_claim("r2", "gpu-0001", 1, 8192, 50)]
+
+
+def pending_cycle(t: MoveTargets, memory: int = 14336, cores: int = 30) -> Any:
+    ask, config = move_ask(a_claim("p", "gpu-0000", 0, memory, cores))
+    cycle = t.fw.cycle(a_pod("pp", ["p"], node=None), Phase.CLAIM)
+    cycle.claim = ClaimInCycle("uid-p", "team/p", ask, REMOTE_ISOLATION, config, ROOM_SERVERS, frozenset({"cpu-0"}))
+    return cycle
+
+
+def test_the_cheapest_room_moves_the_smaller_remote_share_off_its_node() -> None:
+    """A 14336 MiB, 30 % remote share fits no server GPU. One move makes room: r1 (4096 MiB) off gpu-0000/g0,
+    or r2 (8192) off gpu-0001/g1; r1 is cheaper. Its targets off gpu-0000 (hook claims never move; gpu-0002
+    has no server): gpu-0001/g0 (40 % free, 15 % left after it) and gpu-0001/g1 (50 %, 25 % left): the tighter,
+    g0. (gpu-0000/g1 would fit it exactly, but it is the node it leaves.)"""
+    t = targets(room_claims(), [])
+    assert sorted(movable_shares(t.ledger)) == ["uid-r1", "uid-r2"]  # remote claims only
+    cycle = pending_cycle(t)
+    status, node = asyncio.run(t.fw.place(cycle, sorted(ROOM_SERVERS)))
+    assert node is None  # fits nowhere now
+    plan = plan_room(t.ledger, cycle.request, ROOM_SERVERS, 1)
+    assert plan is not None
+    assert [(m.key, m.source, m.target) for m in plan.moves] == [("uid-r1", ("gpu-0000", 0), ("gpu-0001", 0))]
+    assert plan.memory_mib == 4096 and plan.allocation.node == "gpu-0000"
+    assert [g.index for g in plan.allocation.grants] == [0]
+    assert plan_room(t.ledger, cycle.request, ROOM_SERVERS, 0) is None  # no moves allowed: no room
+    # a whole card (16384 MiB, 100 %): gpu-0000/g0 and gpu-0001/g1 are whole once their one remote share goes;
+    # r1 is the cheaper move again
+    big = pending_cycle(t, memory=16384, cores=100)
+    asyncio.run(t.fw.place(big, sorted(ROOM_SERVERS)))
+    full = plan_room(t.ledger, big.request, ROOM_SERVERS, 1)
+    assert full is not None and [m.key for m in full.moves] == ["uid-r1"]
+
+
+async def test_make_room_starts_the_moves_once_and_says_so() -> None:
+    cluster = MemoryCluster()
+    await cluster.create_object(CONFIGMAPS, {"metadata": {"name": MOVES_CONFIGMAP, "namespace": NS}, "data": {}})
+    t = MoveTargets.of_objects(cluster, NODES, [], room_claims(), {},
+                               SchedulerConfig(leader_elect=False, gpupool_namespace=NS, make_room_moves=1),
+                               clock=lambda: 1_800_000_000.0)
+    cycle = pending_cycle(t)
+    status, node = await t.fw.place(cycle, sorted(ROOM_SERVERS))
+    assert node is None
+    assert await MakeRoom(t.h, 0).make_room(cycle) is None  # off
+    room = MakeRoom(t.h, 1)
+    said = await room.make_room(cycle)
+    assert said == ("moving 1 remote share(s) (4.00 GiB) to make room for claim team/p: claim team/r1 "
+                    "gpu-0000/gpu-0 -> gpu-0001/gpu-0")
+    [(uid, move)] = (await moves_in(cluster)).items()
+    assert (uid, move.claim, move.source, move.target, move.state) == \
+        ("uid-r1", "team/r1", GpuRef("gpu-0000", 0), GpuRef("gpu-0001", 0), "requested")
+    assert (move.requested_at, move.deadline) == ("2027-01-15T08:00:00Z", "2027-01-15T08:10:00Z")
+    [event] = [e for e in cluster.events if e["reason"] == "MakingRoom"]
+    assert event["involvedObject"]["name"] == "pp" and event["message"] == f"gpupool: {said}"
+    # while the move is unfinished (the ledger follows the ConfigMap), no other plan: it waits
+    t.ledger.replace_moves(await moves_in(cluster))
+    assert await room.make_room(cycle) == "1 move(s) the scheduler started to make room are under way, 1 of them " \
+                                          "for this claim"
+    assert room.started == 1
+
+
+def test_making_room_is_off_by_default() -> None:
+    assert SchedulerConfig().make_room_moves == 0

@@ -274,11 +274,13 @@ def plan_moves(
     nodes: IntArray | None = None,
     policy: str = "",
     fit_cache: FitCache | None = None,
+    off_node: bool = False,
 ) -> MovePlan | None:
     """The cheapest plan of at most `max_moves` moves of `movable` shares (pod key -> the request it was
     placed with; keys not held in `state`, or held on several GPUs, are ignored) after which `request` fits on
     a node of `nodes` (default all), or None. `state` is not changed. `fit_cache`, a FitCache of `state`, only
-saves work (the simulator passes its own). See the module docstring."""
+    saves work (the simulator passes its own). `off_node`: a moved share goes to another node than the one it
+    leaves (a remote share: one GPU server serves a claim's share on one GPU). See the module docstring."""
     if max_moves < 0 or cost_per_gib < 0:
         raise ValueError("max_moves and cost_per_gib must not be negative")
     g = request.gpu
@@ -310,6 +312,7 @@ saves work (the simulator passes its own). See the module docstring."""
         return ok or bool(fit[share.node].sum() - fit[share.node, share.gpu] > 0)
 
     search = _Search(st, request, index.by_gpu, placeable, max_moves, cost_per_gib > 0, order)
+    every_gpu = range(st.width)
     allowed = _allowed_gpus(st, g, idx)
     need_mem = (st.gpu_mem_total[idx] * min(g.milli, MILLI_PER_GPU) // MILLI_PER_GPU if g.memory_mib is None
                 else g.memory_mib)
@@ -357,7 +360,8 @@ saves work (the simulator passes its own). See the module docstring."""
                 continue  # its later subsets move more memory still
         else:
             search.attempts += 1
-            targets = _relocate(search, best.shares, {(i, jj) for jj in best.gpus}) if best.shares else []
+            kept = every_gpu if off_node else best.gpus  # GPUs no moved share may go to
+            targets = _relocate(search, best.shares, {(i, jj) for jj in kept}) if best.shares else []
             if targets is not None:
                 return _plan(st, request, i, best, targets, cost_per_gib, policy)
         if rest:

@@ -74,6 +74,7 @@ from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.registry import CLAIM_PROFILE, build_plugins
 from gpupool.scheduler.framework.runtime import Framework
 from gpupool.scheduler.framework.status import Code
+from gpupool.scheduler.moves import MakeRoom
 from gpupool.scheduler.node_rules import HARD_EFFECTS
 
 log = logging.getLogger(__name__)
@@ -140,8 +141,9 @@ class ClaimAllocator:
     """Places the claims of gated pods (fed by gpupool.scheduler.watch: pods and claims)."""
 
     def __init__(self, handle: Handle, ready: Callable[[], bool], retry_s: float = RETRY_S,
-                 framework: Framework | None = None) -> None:
+                 framework: Framework | None = None, room: MakeRoom | None = None) -> None:
         self.h = handle
+        self.room = room  # moves remote shares for a remote claim that fits nowhere (None: never)
         self.ready = ready
         self.retry_s = retry_s
         # The framework under the claim profile; the service gives the one whose plugins are the pod
@@ -328,8 +330,10 @@ class ClaimAllocator:
         if node is None or cycle.allocation is None:
             # A PreFilter's refusal names the claim and what is wrong with it; other reasons say why it fits
             # nowhere now, in the framework's words for a pod.
-            return status.reason if status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE else \
-                f"claim {shown(label)}: {status.reason}"
+            if status.code == Code.UNSCHEDULABLE_AND_UNRESOLVABLE:
+                return status.reason
+            making = None if self.room is None else await self.room.make_room(cycle)
+            return f"claim {shown(label)}: {status.reason}" + (f"; {making}" if making else "")
         self.h.pending.discard(cycle.key)
         allocation = cycle.allocation
         placed = [Placed(ask, mig_device_name(g.index, g.mig.profile, g.mig.start)) if g.mig is not None else

@@ -87,6 +87,9 @@ class SchedulerConfig(BaseModel):
     # its request.
     move_deadline_s: float = Field(default=600.0, gt=0)
     move_check_s: float = Field(default=10.0, gt=0)
+    # A pending remote claim that fits nowhere may have room made for it by moving at most this many remote
+    # shares, the fewest GiB moved (gpupool.scheduler.moves.MakeRoom); 0: never (the default).
+    make_room_moves: int = Field(default=0, ge=0, le=8)
     lease_name: str = "gpupool-scheduler"
     identity: str = Field(default_factory=lambda: os.uname().nodename + f"-{os.getpid()}")
     lease_duration_s: float = Field(default=15.0, gt=0)

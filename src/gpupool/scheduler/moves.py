@@ -22,6 +22,17 @@ unfinished past their deadline (gpupool.api.moves: `Move.expired`) are cancelled
 `failed` with a reason starting `cancelled: `, so the agents serve the share from its source again and the
 ledger stops counting it on the target, and a Warning Event `MoveCancelled` says why on the claim (and a
 log line). `gpupool migrate --cancel` cancels one at once through the same `cancel_moves`.
+
+**Making room** (`MakeRoom`, config `make_room_moves` = N, 0 (the default): off). When a pending remote claim
+fits nowhere (its cycle ends UNSCHEDULABLE, not unresolvable), the claim allocator asks
+gpupool.core.moves.plan_moves for the cheapest plan (by GiB moved) of at most N moves of remote shares after
+which it fits: over a copy of the ledger's state where only GPUs with a GPU server are usable (the pending
+share and every moved one land only on such GPUs), the remote one-GPU claims with no unfinished move the
+only movable shares, each moved to another node than the one it leaves (`off_node`: one GPU server serves a
+claim on one GPU). The plan's moves are written as any move (`requested`, with the default deadline), a
+Normal Event `MakingRoom` on the pending pod says which; the claim is placed by a later pass, once the moved
+shares have left (the ledger counts a share at its source until `moved`). One plan at a time: while a move
+the scheduler started is unfinished no other is planned, and a claim gets at most MAX_PLANS plans.
 """
 
 from __future__ import annotations
@@ -34,12 +45,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from gpupool.api.dra import REMOTE_ISOLATION, ClaimAsk, ClaimError, ClaimShares, claim_shares
 from gpupool.api.logsafe import shown
-from gpupool.api.moves import DEFAULT_DEADLINE_S, MOVES_CONFIGMAP, GpuRef, Move, MoveError, read_moves
+from gpupool.api.moves import DEFAULT_DEADLINE_S, MOVES_CONFIGMAP, GpuRef, Move, MoveError, new_move, read_moves
 from gpupool.api.times import format_time
 from gpupool.cluster.port import CONFIGMAPS, ApiError, ClusterPort, Conflict, Obj
-from gpupool.core.model import MILLI_PER_GPU
+from gpupool.core.model import MILLI_PER_GPU, PodRequest
+from gpupool.core.moves import MovePlan, plan_moves
 from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.framework.choice import gpus_on
@@ -55,6 +69,7 @@ from gpupool.scheduler.workload import ObservedWorkload
 
 log = logging.getLogger(__name__)
 
+MAX_PLANS = 3  # plans made for one pending claim (a room taken meanwhile by another claim is planned again)
 PLANNED = "/planned"  # the snapshot key of a share counted on its chosen target (MoveTargets.take)
 WRITE_TRIES = 10  # conflicting writers (agents, an admin) are outrun this many times, then the next check tries
 CHECK_S = 10.0  # how often the leader looks for moves past their deadline
@@ -317,3 +332,113 @@ class MoveDeadlines:
                 log.warning("moves past their deadline not cancelled: %s", e)
 
 
+
+
+# --- making room ----------------------------------------------------------------------------------------------
+
+
+def movable_shares(ledger: Ledger) -> dict[str, PodRequest]:
+    """The remote one-GPU claims the ledger holds with no unfinished move: claim UID -> its request."""
+    out = {}
+    for uid, claim in ledger.claim_objs.items():
+        move = ledger.moves.get(uid)
+        entry = ledger.entries.get(uid)
+        if (move is not None and not move.finished) or entry is None or len(entry.allocation.grants) != 1:
+            continue
+        try:
+            _one_share(claim)
+        except NotAShare:
+            continue
+        out[uid] = entry.request
+    return out
+
+
+def plan_room(ledger: Ledger, request: PodRequest, servers: Mapping[str, Iterable[int]], max_moves: int,
+              policy: str = "") -> MovePlan | None:
+    """The cheapest plan of at most `max_moves` moves of remote shares after which `request` (a remote share's,
+    as its cycle read it) fits a GPU of `servers` (node -> GPUs with a GPU server); None when there is none."""
+    state = ledger.state.copy()
+    usable = np.zeros_like(state.gpu_healthy)
+    for name, gpus in servers.items():
+        i = state.index.get(name)
+        if i is not None:
+            for j in gpus:
+                if 0 <= j < state.width:
+                    usable[i, j] = True
+    state.gpu_healthy &= usable  # only GPUs with a server take the pending share or a moved one
+    nodes = np.array(sorted(state.index[n] for n in servers if n in state.index), dtype=np.int64)
+    if not len(nodes):
+        return None
+    return plan_moves(state, request, movable_shares(ledger), max_moves, cost_per_gib=1.0, rank=ledger.rank,
+                      nodes=nodes, policy=policy, off_node=True)
+
+
+async def start_moves(cluster: ClusterPort, namespace: str, entries: Mapping[str, Move]) -> bool:
+    """Write new moves (claim UID -> its `requested` move) into the moves ConfigMap, at the resourceVersion
+    listed; False when it does not exist (the scheduler may not create it) or a claim's move is unfinished."""
+    for _ in range(WRITE_TRIES):
+        cm = await read_moves_object(cluster, namespace)
+        if cm is None:
+            log.warning("no %s in %s: the scheduler cannot start moves", MOVES_CONFIGMAP, namespace)
+            return False
+        current = read_moves(cm)
+        if any(uid in current and not current[uid].finished for uid in entries):
+            return False
+        try:
+            await cluster.patch_object(CONFIGMAPS, MOVES_CONFIGMAP,
+                                       {"data": {uid: m.to_json() for uid, m in entries.items()}},
+                                       namespace=namespace, resource_version=str(cm["metadata"]["resourceVersion"]))
+        except Conflict:
+            continue
+        return True
+    return False
+
+
+class MakeRoom:
+    """Moves remote shares to make room for a pending remote claim that fits nowhere (see the module doc)."""
+
+    def __init__(self, handle: Handle, max_moves: int, deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+        self.h = handle
+        self.max_moves = max_moves
+        self.deadline_s = deadline_s
+        self.plans: dict[str, int] = {}  # pending claim UID -> plans made for it
+        self.in_flight: dict[str, str] = {}  # claim UID moved -> the pending claim it makes room for
+        self.started = 0  # moves started (tests, metrics)
+
+    async def make_room(self, cycle: CycleState) -> str | None:
+        """After the claim's cycle found no node: start the moves of a plan, or say that moves started
+        earlier are still under way; None when there is nothing to do (off, not a remote claim, no plan)."""
+        claim, request = cycle.claim, cycle.request
+        if self.max_moves <= 0 or claim is None or request is None or claim.isolation != REMOTE_ISOLATION:
+            return None
+        moves = self.h.ledger.moves
+        busy = [u for u in self.in_flight if u in moves and not moves[u].finished]
+        if busy:
+            for_this = sum(self.in_flight[u] == claim.uid for u in busy)
+            return (f"{len(busy)} move(s) the scheduler started to make room are under way"
+                    f"{f', {for_this} of them for this claim' if for_this else ''}")
+        self.in_flight.clear()
+        if self.plans.get(claim.uid, 0) >= MAX_PLANS:
+            return None
+        plan = plan_room(self.h.ledger, request, claim.gpus, self.max_moves,
+                         cycle.policy.name if cycle.policy is not None else "")
+        if plan is None:
+            return None
+        now = self.h.clock()
+        entries = {m.key: new_move(self.h.ledger.entries[m.key].key, GpuRef(*m.source), GpuRef(*m.target), now,
+                                   self.deadline_s) for m in plan.moves}
+        if not await start_moves(self.h.cluster, self.h.config.own_namespace(), entries):
+            return None
+        if len(self.plans) >= 10_000:  # bounded: a forgotten count only allows one more plan
+            self.plans.clear()
+        self.plans[claim.uid] = self.plans.get(claim.uid, 0) + 1
+        self.in_flight = dict.fromkeys(entries, claim.uid)
+        self.started += len(entries)
+        what = ", ".join(f"claim {shown(m.claim)} {m.source} -> {m.target}" for m in entries.values())
+        said = (f"moving {len(entries)} remote share(s) ({plan.gib:.2f} GiB) to make room for claim "
+                f"{shown(claim.key)}: {what}")
+        log.info("%s", said)
+        meta = cycle.pod.get("metadata") or {}
+        await self.h.record_event(str(meta.get("namespace", "")), str(meta.get("name", "")), cycle.uid, "MakingRoom",
+                                  f"gpupool: {said}"[:1024], "Normal")
+        return said

@@ -39,7 +39,7 @@ from gpupool.scheduler.framework.registry import build_profiles
 from gpupool.scheduler.framework.runtime import Framework
 from gpupool.scheduler.ledger import Ledger
 from gpupool.scheduler.metrics import SchedulerMetrics
-from gpupool.scheduler.moves import MoveDeadlines
+from gpupool.scheduler.moves import MakeRoom, MoveDeadlines
 from gpupool.scheduler.pending import PendingPods
 from gpupool.scheduler.pods import PodCache
 from gpupool.scheduler.preempt_verb import preempt
@@ -83,7 +83,8 @@ class ExtenderService:
         self.claim_framework = Framework(self.handle, claim_plugins)
         self.extender = Extender(self.handle, self.framework, lambda: self.ready)
         # gpupool's DRA claims (scheduler/claims.py), where this scheduler places them
-        self.claims = ClaimAllocator(self.handle, lambda: self.ready, framework=self.claim_framework) \
+        room = MakeRoom(self.handle, config.make_room_moves) if config.make_room_moves else None
+        self.claims = ClaimAllocator(self.handle, lambda: self.ready, framework=self.claim_framework, room=room) \
             if config.dra_placement else None
         self.watcher = Watcher(self.handle, self.claims)
         # moves of remote shares past their deadline are cancelled (on the leader, once synced)
