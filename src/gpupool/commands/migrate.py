@@ -1,18 +1,20 @@
 """`gpupool migrate POD --to NODE[/GPU]`: move a pod's remote share (docs/remote.md, "Live migration") to
-another GPU server without restarting the pod.
+another GPU server without restarting the pod; `gpupool migrate --cancel POD_OR_CLAIM`: cancel such a move.
 
-The command writes the move (gpupool.api.moves: a `requested` entry in gpupool's ConfigMap) and, with
---wait, follows it while the agents carry it out: the target node's agent prepares the share (`ready`), the
-source node's agent moves the clients over (`moved`) or gives up (`failed`, with the reason).
+The command writes the move (gpupool.api.moves: a `requested` entry in gpupool's ConfigMap, with its
+deadline: --deadline) and, with --wait, follows it while the agents carry it out: the target node's agent
+prepares the share (`ready`), the source node's agent moves the clients over (`moved`) or gives up
+(`failed`, with the reason). Still unfinished at its deadline, the scheduler's leader cancels it.
 
-With no GPU named, the target is the GPU of NODE where the share fits with the most free memory, counted as
-the scheduler's ledger and `gpupool top` count it (pods, claims and moves: gpupool.api.recompute). `gpupool
-drain` chooses its targets the same way (`choose_target`).
+The target is the scheduler's choice, not this command's: with no GPU named, the GPU of NODE the
+scheduler's framework chooses for the share's claim, and with one named, that GPU if the framework would
+place the share there (gpupool.scheduler.moves.MoveTargets, on a snapshot of the API objects counted as the
+scheduler's ledger counts them). `gpupool drain` asks the same (`choose_target`).
 
-Exit status: 0 moved (or requested, with --wait 0); 1 the move failed, timed out, or the share does not fit
-on the GPU named; 2 a usage error (no such pod, no remote share, a move of it still unfinished, a target
-that is not a GPU server). Every name shown comes from the cluster, some from tenants: it goes through
-`shown` (control characters escaped).
+Exit status: 0 moved (or requested, with --wait 0; or cancelled); 1 the move failed, timed out, or the share
+fits nowhere asked; 2 a usage error (no such pod, no remote share, a move of it still unfinished, a target
+that is not a GPU server; for --cancel, no such pod or claim, or no unfinished move of it). Every name shown
+comes from the cluster, some from tenants: it goes through `shown` (control characters escaped).
 """
 
 from __future__ import annotations
