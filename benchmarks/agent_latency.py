@@ -34,7 +34,7 @@ from pathlib import Path
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")  # before grpc loads: keep its info lines off the output
 
 from gpupool.agent.config import AgentConfig
-from gpupool.agent.fake import FakeBackend, parse_fake_description
+from gpupool.agent.devices.fake import FakeBackend, parse_fake_description
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.api.allocation import AllocationDoc, GrantDoc

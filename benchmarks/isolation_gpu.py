@@ -2,7 +2,7 @@
 cannot see (never changes GPU settings: no MIG mode, clocks, persistence or compute mode).
 
 Every tenant is a process of its own with the library preloaded and its own limits.v1, written by the
-agent's writer (gpupool.agent.hookdir.write_limits) and handed to it read-only as descriptor 201 (the
+agent's writer (gpupool.agent.state.hookdir.write_limits) and handed to it read-only as descriptor 201 (the
 library is built with GP_LIMITS_PATH=/proc/self/fd/201, the test suite's stand-in for the pod's read-only
 mount); the processes of one pod share the file and the accounting directory.
 
@@ -15,7 +15,7 @@ after the kernel started. Tenants together are time-sliced by the GPU, so a queu
 neighbours' slices: there each launch counts at most its length alone (and at most the time since the
 previous one ended). `events_raw` in each case is the spans as read, without either correction.
 The library's own estimate is printed beside it: the busy time in its shared accounting (usage.v1, read
-through gpupool.agent.hookdir.read_usage: what it believes the pod got) and, where the library writes one
+through gpupool.agent.state.hookdir.read_usage: what it believes the pod got) and, where the library writes one
 (GPUPOOL_DEBUG_NVML_TRACE), what the NVML samples it read add up to.
 
 Steps: build the library; calibrate without it (the spin kernel's iterations per microsecond, each
@@ -432,7 +432,7 @@ def _fail(t: Tenant, what: str) -> SystemExit:
 def run_tenants(setup: Setup, name: str, workload: str, pods: list[PodSpec], seconds: float, settle: float,
                 hooked: bool = True) -> RunResult:
     """One run: every pod's processes started, released together, measured over [settle, settle+seconds]."""
-    from gpupool.agent.hookdir import HookLimits, accounting_dir, limits_dir, read_usage, write_limits
+    from gpupool.agent.state.hookdir import HookLimits, accounting_dir, limits_dir, read_usage, write_limits
 
     setup.runs += 1
     run_dir = setup.out / "runs" / f"{setup.runs:02d}-{_slug(name)}-{workload}"

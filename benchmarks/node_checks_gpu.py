@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from gpupool.agent.validation import Result
+    from gpupool.agent.state.validation import Result
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
@@ -34,9 +34,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), *filter(None, [os
 
 def main() -> None:
     from gpupool.agent.checks import driver, isolation, toolkit, workload
-    from gpupool.agent.devices import DiscoveryError
-    from gpupool.agent.inventory import labels_for
-    from gpupool.agent.nvml import NvmlBackend
+    from gpupool.agent.devices.discovery import DiscoveryError
+    from gpupool.agent.devices.inventory import labels_for
+    from gpupool.agent.devices.nvml import NvmlBackend
 
     try:
         backend = NvmlBackend()

@@ -1,5 +1,5 @@
 /* Internal interface between the modules of libgpupool_hook.so, and the layouts of the two files it shares
- * with the node agent (Python, gpupool/agent/hookdir.py) and the GPU server (remote/).
+ * with the node agent (Python, gpupool/agent/state/hookdir.py) and the GPU server (remote/).
  *
  * The modules, each one concern, lowest layer first; a module calls only into the layers below it
  * (tests/native/test_native_layout.py holds that order and fails on any call or include against it):
@@ -49,7 +49,7 @@ enum gp_mode { GP_HARD = 0, GP_ELASTIC = 1 };
  * remove it. It is the only source of the caps and of where the pod's accounting lives; the process
  * environment may lower a cap, never raise it (gp_config.c reads it). squeeze_ppm is rewritten in place by
  * the agent while the pod runs (8-byte aligned stores).
- * Two programs in two languages read and write these bytes: gpupool/agent/hookdir.py writes them with its
+ * Two programs in two languages read and write these bytes: gpupool/agent/state/hookdir.py writes them with its
  * own offsets, the library and the GPU server read them through this struct. The assertions after it hold
  * the struct to the offsets below, and tests/native/test_limits_layout.py holds the agent's writer to what
  * a compiled reader of this struct sees, so a change on either side fails before a pod runs with its caps
@@ -121,7 +121,7 @@ struct gp_slot {           /* one process of the pod (264 bytes) */
     uint64_t ctx[GP_MAX_DEV];   /* bytes NVML reports for the process beyond `used` (contexts) */
 };
 
-/* The shared file: the pod's accounting; the agent reads it (gpupool/agent/hookdir.py mirrors it). */
+/* The shared file: the pod's accounting; the agent reads it (gpupool/agent/state/hookdir.py mirrors it). */
 struct gp_shared {
     uint64_t magic;                       /* 0 */
     uint32_t version;                     /* 8 */

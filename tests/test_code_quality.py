@@ -62,7 +62,7 @@ MAY_IMPORT["agent"] |= {"hook"}  # the agent installs the library on the host fo
 # Third-party libraries that belong to one adapter (docs/architecture.md: one adapter per external system).
 ONLY_IN = {
     "lightkube": ("gpupool.cluster",),
-    "pynvml": ("gpupool.agent.nvml",),
+    "pynvml": ("gpupool.agent.devices.nvml",),
     "grpc": ("gpupool.agent",),
 }
 

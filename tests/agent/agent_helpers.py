@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.agent.config import AgentConfig
-from gpupool.agent.devices import Discovered
-from gpupool.agent.fake import FakeBackend, parse_fake_description
-from gpupool.agent.mig import MigManager
-from gpupool.agent.mps import Answer, MpsConfig, MpsSupervisor
+from gpupool.agent.devices.discovery import Discovered
+from gpupool.agent.devices.fake import FakeBackend, parse_fake_description
+from gpupool.agent.devices.mig import MigManager
+from gpupool.agent.devices.mps import Answer, MpsConfig, MpsSupervisor
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
 from gpupool.api.allocation import AllocationDoc, GrantDoc

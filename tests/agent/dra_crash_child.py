@@ -1,5 +1,5 @@
 """A DRA driver in a process of its own that kills itself (SIGKILL) at a chosen filesystem step of a prepare
-or an unprepare: what `kill -9` of the agent leaves on the node (tests/agent/test_agent_dra_crash.py).
+or an unprepare: what `kill -9` of the agent leaves on the node (tests/agent/dra/test_agent_dra_crash.py).
 
     python -m tests.agent.dra_crash_child SPEC.json
 
@@ -24,12 +24,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from gpupool.agent.dra import ClaimRef, DraDriver
-from gpupool.agent.health import HealthTracker
-from gpupool.agent.isolation import node_strategies
-from gpupool.agent.node_state import NodeStateLock
+from gpupool.agent.devices.health import HealthTracker
+from gpupool.agent.devices.table import DeviceTable
+from gpupool.agent.dra.claims import ClaimRef
+from gpupool.agent.dra.driver import DraDriver
+from gpupool.agent.isolation.strategies import node_strategies
 from gpupool.agent.port import ClusterPortAgent
-from gpupool.agent.table import DeviceTable
+from gpupool.agent.state.node_state import NodeStateLock
 from gpupool.cluster.memory import MemoryCluster
 from tests.agent.agent_helpers import agent_config, four_gpus
 

@@ -45,8 +45,8 @@ def test_malformed_fake_file_names_the_field(tmp_path: Path) -> None:
 def test_node_state_another_agent_holds_is_a_clear_error_not_a_traceback(tmp_path: Path,
                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """Agent.start raises NodeStateBusy (or CheckpointError for a damaged checkpoint) before it serves; the
-    command prints it as an error (exit 1). The agent's own part is tests/agent/test_agent_node_state.py."""
-    from gpupool.agent.node_state import NodeStateBusy
+    command prints it as an error (exit 1). The agent's own part is tests/agent/state/test_agent_node_state.py."""
+    from gpupool.agent.state.node_state import NodeStateBusy
     from gpupool.commands import agent as command
 
     async def busy(config: object, backend: object) -> None:

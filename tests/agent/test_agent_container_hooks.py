@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from gpupool.agent.fake import parse_fake_description
-from gpupool.agent.hookdir import hook_paths, read_all, read_limits
+from gpupool.agent.devices.fake import parse_fake_description
+from gpupool.agent.state.hookdir import hook_paths, read_all, read_limits
 from gpupool.api.allocation import ContainerDoc, GrantDoc
 from gpupool.api.squeeze import ANN_SQUEEZED
 from tests.agent.agent_helpers import RESOURCE, rig
@@ -84,7 +84,7 @@ async def test_two_containers_of_one_pod_are_each_held_to_their_own_memory_cap(b
 async def test_a_squeeze_reaches_every_container_directory_of_the_pod(built: Built, tmp_path: Path) -> None:
     """The squeeze (scheduler: allocation version 1, so one GPU container) is written into the pod's
     container directory, found through the pod UID like every directory of the pod."""
-    from gpupool.agent.squeeze import apply_squeezes
+    from gpupool.agent.enforce.squeeze import apply_squeezes
     from gpupool.api.allocation import AllocationDoc
     from gpupool.api.names import ANN_ALLOCATION
 

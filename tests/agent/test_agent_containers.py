@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpupool.agent.checkpoint import Checkpoint
 from gpupool.agent.identify import Again, GpuContainer, NextContainer, Unidentified, which_container
-from gpupool.agent.plugin import STEP_CHECKPOINTED, STEP_MARKED, STEP_READ
+from gpupool.agent.kubelet.device_plugin import STEP_CHECKPOINTED, STEP_MARKED, STEP_READ
+from gpupool.agent.state.checkpoint import Checkpoint
 from gpupool.api.allocation import AllocationDoc, ContainerDoc, GrantDoc
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, RESOURCE_GPU
 from gpupool.cluster.memory import MemoryCluster

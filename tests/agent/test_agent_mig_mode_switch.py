@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.agent.fake_mig import FakeMigDriver
-from gpupool.agent.mig import MODE_SWITCH_ALLOWED, MODE_SWITCH_LABEL, MigManager, agent_mig_manager
+from gpupool.agent.devices.fake_mig import FakeMigDriver
+from gpupool.agent.devices.mig import MODE_SWITCH_ALLOWED, MODE_SWITCH_LABEL, MigManager, agent_mig_manager
 from gpupool.api.inventory import decode_inventory
 from gpupool.api.names import ANN_INVENTORY
 from tests.agent.agent_helpers import NODE, Rig, rig

@@ -13,9 +13,9 @@ from typing import Any
 import grpc
 import pytest
 
-from gpupool.agent.fake_mig import FakeMigDriver
-from gpupool.agent.mig import MigManager
-from gpupool.agent.plugin import STEP_CARVED
+from gpupool.agent.devices.fake_mig import FakeMigDriver
+from gpupool.agent.devices.mig import MigManager
+from gpupool.agent.kubelet.device_plugin import STEP_CARVED
 from gpupool.api.allocation import AllocationDoc, GrantDoc, MigGrantDoc
 from gpupool.api.inventory import MigInstanceDoc, decode_inventory
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY
@@ -174,8 +174,8 @@ async def eventually_async(get, want: object, timeout: float = 10.0) -> None:  #
 
 
 def test_the_agent_gets_a_mig_manager_only_where_a_gpu_is_in_mig_mode(tmp_path: Path) -> None:
-    from gpupool.agent.fake import FakeBackend, parse_fake_description
-    from gpupool.agent.mig import agent_mig_manager
+    from gpupool.agent.devices.fake import FakeBackend, parse_fake_description
+    from gpupool.agent.devices.mig import agent_mig_manager
 
     def backend(mig: bool) -> FakeBackend:
         gpus = [{"uuid": "GPU-m0", "model": "A100-80GB", "memory_mib": 81920, "mig": mig},

@@ -11,7 +11,7 @@ import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpupool.agent.mps import Answer, MpsConfig, MpsSupervisor
+from gpupool.agent.devices.mps import Answer, MpsConfig, MpsSupervisor
 from gpupool.api.inventory import decode_inventory
 from gpupool.api.names import ANN_INVENTORY
 from tests.agent.agent_helpers import NODE, RESOURCE, Rig, eventually, pod_object, rig, scheduler_binds, scrape_metrics

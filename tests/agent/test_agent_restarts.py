@@ -11,7 +11,7 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gpupool.agent.fake import FakeBackend
+from gpupool.agent.devices.fake import FakeBackend
 from gpupool.agent.identify import ANN_ALLOCATED
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent

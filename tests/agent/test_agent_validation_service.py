@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from gpupool.agent.fake import FakeBackend
+from gpupool.agent.devices.fake import FakeBackend
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.api.inventory import decode_inventory
 from gpupool.api.names import ANN_INVENTORY

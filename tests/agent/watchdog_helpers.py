@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from gpupool.agent.config import AgentConfig
-from gpupool.agent.fake import FakeBackend, parse_fake_description
-from gpupool.agent.isolation import node_strategies
+from gpupool.agent.devices.fake import FakeBackend, parse_fake_description
+from gpupool.agent.enforce.procs import ProcRef
+from gpupool.agent.enforce.watchdog import Watchdog
+from gpupool.agent.isolation.strategies import node_strategies
 from gpupool.agent.port import ClusterPortAgent
-from gpupool.agent.procs import ProcRef
-from gpupool.agent.watchdog import Watchdog
 from gpupool.api.allocation import AllocationDoc, ContainerDoc, GrantDoc
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, RESOURCE_GPU
 from gpupool.cluster.memory import MemoryCluster

@@ -7,7 +7,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from gpupool.agent.devices import DeviceInfo
+from gpupool.agent.devices.discovery import DeviceInfo
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.commands.agent_metrics import NodeMetrics, tenants
 from gpupool.exporter.device import device_families

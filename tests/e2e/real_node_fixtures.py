@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpupool.agent.mps import CONTROL, MpsConfig, MpsSupervisor
+from gpupool.agent.devices.mps import CONTROL, MpsConfig, MpsSupervisor
 from gpupool.api.allocation import AllocationDoc, decode_allocation
 from gpupool.api.names import ANN_ALLOCATION, RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
 from tests.e2e.conftest import Extender, Identities
@@ -306,7 +306,7 @@ def expected_grant(
     pod: Obj, default_isolation: str = "hook", container: str | None = None
 ) -> tuple[dict[str, str], set[str]]:
     """The environment and mounts a container must receive, written from the pod's allocation
-    annotation and the agent's documented contract (gpupool.agent.grant), not from the agent's code. With
+    annotation and the agent's documented contract (gpupool.agent.isolation.grant), not from the agent's code. With
     `container`, that container's own part of the allocation (the annotation's `containers`, version 2)."""
     doc: AllocationDoc = decode_allocation(pod["metadata"]["annotations"][ANN_ALLOCATION])
     isolation = doc.isolation or default_isolation

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from gpupool.agent.config import AgentConfig
-from gpupool.agent.fake import FakeBackend, parse_fake_description
+from gpupool.agent.devices.fake import FakeBackend, parse_fake_description
+from gpupool.agent.devices.slots import slot_gpu
 from gpupool.agent.identify import ANN_ALLOCATED
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.service import Agent
-from gpupool.agent.slots import slot_gpu
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY, RESOURCE_GPU
 from tests.e2e.conftest import Extender, Identities, kube_cluster

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpupool.agent.slots import slot_gpu
+from gpupool.agent.devices.slots import slot_gpu
 from gpupool.api.allocation import decode_allocation
 from gpupool.api.names import ANN_ALLOCATION, ANN_UUID, RESOURCE_CORES, RESOURCE_MEMORY
 from tests.e2e.e2e_checks import allocation_problems

@@ -76,7 +76,7 @@ class Pod:
     """One pod: its hook directory and limits; `env` is what the agent would give its containers.
 
     granted=True: the agent's grant as it is meant to be, limits.v1 written by the agent's own writer
-    (gpupool.agent.hookdir.write_limits) into hook_dir/limits and handed to every process read-only, the
+    (gpupool.agent.state.hookdir.write_limits) into hook_dir/limits and handed to every process read-only, the
     accounting in hook_dir/hook; the environment carries the same values as today's grant does (and
     GPUPOOL_HOOK_DIR), which is what a tenant tampers with: `extra` overrides variables, `unset` removes them.
     pid_ns: the simulated PID namespace of the pod's processes (FAKE_GPU_PID_NS, fake_state.h)."""
@@ -104,7 +104,7 @@ class Pod:
         return self.hook_dir / "hook" if self.granted else self.hook_dir
 
     def write_limits(self) -> Path:
-        from gpupool.agent.hookdir import HookLimits, limits_dir, write_limits
+        from gpupool.agent.state.hookdir import HookLimits, limits_dir, write_limits
 
         mem = [int(x) for x in (self.memory_mib or "0").split(",")]
         cores = [float(x) for x in (self.cores or "100").split(",")]

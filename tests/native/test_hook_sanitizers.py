@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.agent.hookdir import read_usage, write_squeeze
+from gpupool.agent.state.hookdir import read_usage, write_squeeze
 from tests.native.native_helpers import GIB, Built, Pod, Probe, active_window, build_all, busy_share, have_cc, now_ns
 
 SANITIZE = ["-fsanitize=address,undefined", "-fno-omit-frame-pointer", "-g", "-O1"]

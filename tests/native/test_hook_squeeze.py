@@ -1,4 +1,4 @@
-"""The reclaim squeeze on the simulated device: the node agent's writer (gpupool.agent.hookdir.write_squeeze)
+"""The reclaim squeeze on the simulated device: the node agent's writer (gpupool.agent.state.hookdir.write_squeeze)
 lowers a running pod's compute cap through its shared file and lifts it again, without the pod restarting.
 Shares are read from the fake device's kernel log (its own clock), as in test_hook_compute.py; the write
 times only place the windows, each of which skips the first 0.4 s after a change (settling) and must hold
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from gpupool.agent.hookdir import read_usage, write_squeeze
+from gpupool.agent.state.hookdir import read_usage, write_squeeze
 from tests.native.conftest import PodFactory
 from tests.native.native_helpers import active_window, busy_share, now_ns
 from tests.native.test_hook_compute import finish, run

@@ -1,4 +1,4 @@
-"""limits.v1, one layout in two languages: the node agent writes it in Python (gpupool.agent.hookdir, its own
+"""limits.v1, one layout in two languages: the node agent writes it in Python (gpupool.agent.state.hookdir, its own
 offsets), the library and the GPU server read it in C (struct gp_limits, native/gp.h). A field one side moves
 and the other does not would give a pod its caps from the wrong bytes, silently.
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.agent import hookdir
+from gpupool.agent.state import hookdir
 from tests.native.native_helpers import CC_FLAGS, ROOT, have_cc
 
 NATIVE = ROOT / "native"

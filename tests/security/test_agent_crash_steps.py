@@ -18,8 +18,8 @@ import json
 import grpc
 import pytest
 
-from gpupool.agent.checkpoint import Checkpoint
-from gpupool.agent.plugin import STEP_CHECKPOINTED, STEP_MARKED, STEP_READ
+from gpupool.agent.kubelet.device_plugin import STEP_CHECKPOINTED, STEP_MARKED, STEP_READ
+from gpupool.agent.state.checkpoint import Checkpoint
 from gpupool.api.names import ANN_ALLOCATED
 from tests.agent.agent_helpers import NODE, RESOURCE, Rig, pod_object, rig, scheduler_binds
 

@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import pytest
 
-from gpupool.agent.checkpoint import Checkpoint
+from gpupool.agent.state.checkpoint import Checkpoint
 from gpupool.api.names import ANN_ALLOCATED
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import PODS, Kind, Obj, Selector

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpupool.agent.toolkit_check import ENVVAR_KEY, check_toolkit, warn_if_unsafe
+from gpupool.agent.checks.toolkit_check import ENVVAR_KEY, check_toolkit, warn_if_unsafe
 
 SAFE = f"""
 disable-require = false

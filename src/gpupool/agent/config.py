@@ -14,6 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gpupool.api.config import ConfigError, ConfigLoader
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import RESOURCE_GPU
 
 ENV_PREFIX = "GPUPOOL_AGENT_"
@@ -38,7 +39,7 @@ class AgentConfig(BaseModel):
     socket_name: str = Field(default="gpupool.sock", pattern=r"^[A-Za-z0-9._-]+\.sock$")
     resource_name: str = RESOURCE_GPU
     cdi: bool = False  # hand GPUs to the runtime as CDI devices instead of NVIDIA_VISIBLE_DEVICES
-    # Serve GPUs as a DRA driver (gpupool.agent.dra: ResourceSlices, claims prepared through CDI) instead of
+    # Serve GPUs as a DRA driver (gpupool.agent.dra.driver: ResourceSlices, claims prepared through CDI) instead of
     # the device plugin. kubelet_root holds plugins_registry/ and plugins/; cdi_dir is where the container
     # runtime reads CDI specs; the slice is checked every dra_resync_s (kubelet deletes it at its start).
     dra: bool = False
@@ -93,7 +94,7 @@ class AgentConfig(BaseModel):
     metrics_host: str = "0.0.0.0"  # Prometheus scrapes the DaemonSet pod's address
     kubeconfig: str | None = None  # None = in-cluster credentials
     context: str | None = None
-    # Remote shares (gpupool.agent.remote, docs/remote.md). remote_key_file: the cluster's remote key (a
+    # Remote shares (gpupool.agent.remote.serving, docs/remote.md). remote_key_file: the cluster's remote key (a
     # mounted Secret); tokens are HMACs of claim UIDs under it, so only agents can make one. With it alone
     # the agent prepares claims of isolation remote for pods on this node (the client side); with
     # remote_listen (tcp:HOST:PORT) it also runs this node's GPU servers and serves remote shares of its
@@ -142,7 +143,7 @@ class AgentConfig(BaseModel):
 
     @property
     def runs_mps_daemons(self) -> bool:
-        return self.mps_daemons if self.mps_daemons is not None else self.isolation == "mps"
+        return self.mps_daemons if self.mps_daemons is not None else self.isolation == IsolationMode.MPS.value
 
     @property
     def serves_device_plugin(self) -> bool:

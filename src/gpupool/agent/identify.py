@@ -37,7 +37,7 @@ GPU container the agent has not served yet, or a repeat of the *last* one it ser
 before it checkpointed that answer). Kubelet hands the devices of a plain init container (not of a sidecar
 or an app container) to the containers after it, so the next container may come with the same device IDs
 as that init container. So while a pod has served and unserved GPU containers, kubelet's own checkpoint
-tells which (gpupool.agent.kubelet_checkpoint): the last served container recorded there → the next
+tells which (gpupool.agent.kubelet.kubelet_checkpoint): the last served container recorded there → the next
 container; not recorded → kubelet asking for the last one again. Where that checkpoint cannot be read, the
 device IDs decide: the last container's IDs again → a repeat, other IDs → the next container, and an init
 container's IDs that the next container could take → refused as ambiguous.

@@ -6,7 +6,7 @@ on its node, one annotation on pods it served, and
 Events about pods of its node whose processes the watchdog stopped or reported (least privilege for the
 DaemonSet's RBAC: nodes get/patch, nodes/status patch, pods list/get/patch, events create). As a DRA
 driver it also reads ResourceClaims (get) and writes its node's ResourceSlice (get, create, patch). Serving
-remote shares (gpupool.agent.remote) it lists and watches ResourceClaims of every namespace: a remote claim
+remote shares (gpupool.agent.remote.serving) it lists and watches ResourceClaims of every namespace: a remote claim
 on its GPUs may belong to a pod on any node. With remote shares it also reads and updates one ConfigMap in
 gpupool's own namespace, the moves of remote shares (gpupool.api.moves.MOVES_CONFIGMAP): get, and list and
 watch with the field selector metadata.name (RBAC's resourceNames admit a list or watch only with it),
@@ -55,7 +55,7 @@ class AgentCluster(Protocol):
 
     async def create_event(self, event: Obj) -> None: ...
 
-    # DRA (gpupool.agent.dra): read the claims kubelet asks to prepare, write this node's ResourceSlice
+    # DRA (gpupool.agent.dra.driver): read the claims kubelet asks to prepare, write this node's ResourceSlice
     async def get_claim(self, namespace: str, name: str) -> Obj: ...
 
     async def get_slice(self, name: str) -> Obj | None: ...
@@ -66,7 +66,7 @@ class AgentCluster(Protocol):
 
     async def delete_slice(self, name: str) -> None: ...
 
-    # remote shares (gpupool.agent.remote): every claim, to serve those allocated on this node's GPUs
+    # remote shares (gpupool.agent.remote.serving): every claim, to serve those allocated on this node's GPUs
     async def list_claims(self) -> tuple[list[Obj], str]: ...
 
     def watch_claims(self, resource_version: str) -> AsyncIterator[WatchEvent]: ...

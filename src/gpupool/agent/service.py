@@ -1,12 +1,12 @@
 """The node agent: discovery, health, inventory and the device plugin, kept alive across kubelet restarts,
-and the watchdog behind isolation hook (gpupool.agent.watchdog, where `watchdog` is on).
+and the watchdog behind isolation hook (gpupool.agent.enforce.watchdog, where `watchdog` is on).
 
-The node's isolation modes are one strategy object each (gpupool.agent.isolation), built here and shared by
+The node's isolation modes are one strategy object each (gpupool.agent.isolation.base), built here and shared by
 Allocate, the watchdog (which modes it holds to their grants) and the inventory (what each mode shows).
 
-Start-up takes the node state's lock first (gpupool.agent.node_state: a second agent process on the same
+Start-up takes the node state's lock first (gpupool.agent.state.node_state: a second agent process on the same
 checkpoint directory stops there with a message) and reads the checkpoints; a checkpoint that cannot be
-trusted stops the agent (gpupool.agent.checkpoint says why). Start-up writes only to finish what a previous
+trusted stops the agent (gpupool.agent.state.checkpoint says why). Start-up writes only to finish what a previous
 run left half done: a DRA prepare a crash interrupted is rolled back and an unprepare finished, and CDI
 specs and claim directories no prepared claim owns are swept (`DraDriver.recover`). Beyond the node's disk,
 everything the agent must know about running pods (their allocations, the `gpupool.io/allocated` markers)
@@ -20,7 +20,7 @@ Kubelet restarts are detected by polling (every `watch_interval_s`) the identity
 and change time) and the presence of our own socket: when kubelet re-creates its socket, or deletes ours,
 the plugin server is restarted and registers again.
 
-Node validation (gpupool.agent.validation, checks in gpupool.agent.checks): a pass runs at start, before
+Node validation (gpupool.agent.state.validation, checks in gpupool.agent.checks): a pass runs at start, before
 the plugin server, every `validation_interval_s` (every `validation_retry_s` while a step fails) and at
 once on `revalidate()` (SIGHUP in `gpupool agent`). While the node is not ready every GPU is withheld
 (DeviceTable.withhold): slots Unhealthy, Allocate refused, the inventory says why.
@@ -37,21 +37,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpupool.agent.checkpoint import Checkpoint
 from gpupool.agent.checks.node import Check, node_checks, run_pass
 from gpupool.agent.config import AgentConfig
-from gpupool.agent.devices import DiscoveryBackend, DiscoveryError, HealthEvent
-from gpupool.agent.dra import DraDriver, DraServer
-from gpupool.agent.health import HealthTracker
-from gpupool.agent.inventory import InventoryPublisher, RemoteView
-from gpupool.agent.isolation import merged_inventory, node_strategies
-from gpupool.agent.mig import MigManager
-from gpupool.agent.mps import MpsSupervisor, supervise
-from gpupool.agent.node_state import NodeStateLock
-from gpupool.agent.plugin import DevicePluginService, PluginServer, register
+from gpupool.agent.devices.discovery import DiscoveryBackend, DiscoveryError, HealthEvent
+from gpupool.agent.devices.health import HealthTracker
+from gpupool.agent.devices.inventory import InventoryPublisher, RemoteView
+from gpupool.agent.devices.mig import MigManager
+from gpupool.agent.devices.mps import MpsSupervisor, supervise
+from gpupool.agent.devices.table import DeviceTable
+from gpupool.agent.dra.driver import DraDriver
+from gpupool.agent.enforce.procs import Killer
+from gpupool.agent.enforce.squeeze import follow_squeezes
+from gpupool.agent.enforce.watchdog import Limit, Watchdog
+from gpupool.agent.isolation.base import merged_inventory
+from gpupool.agent.isolation.strategies import node_strategies
+from gpupool.agent.kubelet.device_plugin import DevicePluginService, PluginServer, register
+from gpupool.agent.kubelet.dra_service import DraServer
 from gpupool.agent.port import AgentCluster
-from gpupool.agent.procs import Killer
-from gpupool.agent.remote import (
+from gpupool.agent.remote.serving import (
     MovesBook,
     RemoteKeyError,
     RemoteServing,
@@ -59,10 +62,9 @@ from gpupool.agent.remote import (
     refuse_moves_here,
     remote_client,
 )
-from gpupool.agent.squeeze import follow_squeezes
-from gpupool.agent.table import DeviceTable
-from gpupool.agent.validation import Step, Validation, withheld_reason
-from gpupool.agent.watchdog import Limit, Watchdog
+from gpupool.agent.state.checkpoint import Checkpoint
+from gpupool.agent.state.node_state import NodeStateLock
+from gpupool.agent.state.validation import Step, Validation, withheld_reason
 from gpupool.api.names import ANN_ALLOCATED
 from gpupool.api.waiting import waiting_for_allocate
 
@@ -103,12 +105,12 @@ class Agent:
         self.server: PluginServer | None = None
         self.dra: DraDriver | None = None  # config.dra: the DRA driver serves the GPUs (with `server` or not)
         self.dra_server: DraServer | None = None
-        self.remote: RemoteServing | None = None  # remote_listen: this node's GPU servers (gpupool.agent.remote)
+        self.remote: RemoteServing | None = None  # remote_listen: this node's GPU servers (agent.remote.serving)
         self.moves: MovesBook | None = None  # a remote key and moves_namespace: the moves of remote shares
         self._slice_dirty = asyncio.Event()  # publish the slice now (the GPU server came up or went down)
         self.lock = NodeStateLock(config.checkpoint_path)  # held from start to stop: one agent per node state
         self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
-        # the isolation modes of this node (gpupool.agent.isolation), shared by Allocate, watchdog and inventory
+        # the isolation modes of this node (gpupool.agent.isolation.base), shared by Allocate, watchdog and inventory
         self.isolation = node_strategies(config, mps, mig, self._mig_reconciled, self._inventory_changed)
         self.killer = killer  # how the watchdog stops a process (None: SIGKILL through a pidfd)
         self.watchdog: Watchdog | None = None
@@ -164,7 +166,7 @@ class Agent:
         if self.step is not None:
             self.service.step = self.step
         await self.service.recover()
-        if self.config.dra:  # a DRA driver, instead of or beside the device plugin (gpupool.agent.dra)
+        if self.config.dra:  # a DRA driver, instead of or beside the device plugin (gpupool.agent.dra.driver)
             # Its checkpoint is read before the MIG reconciliation below: prepared claims hold instances too,
             # as the pods the device plugin served do (both are holders there, whichever form serves them).
             # Prepare and Allocate take the one lock, so the two never hand out one GPU's state at once.

@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from gpupool.api.errors import first_problem
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.api.pod import INIT, SIDECAR, ContainerGPU
 from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, MigSlot
@@ -67,7 +68,7 @@ class AllocationDoc(BaseModel):
     pod_uid: str
     node: str = Field(min_length=1)
     policy: str = ""
-    isolation: str = "hook"
+    isolation: str = IsolationMode.HOOK.value
     time: str = ""  # RFC 3339, when the scheduler decided
     gpus: list[GrantDoc]
     containers: list[ContainerDoc] = Field(default_factory=list)

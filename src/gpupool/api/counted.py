@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from gpupool.api.allocation import AllocationError, decode_allocation
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import ANN_ALLOCATION
 from gpupool.api.pod import parse_pod, pod_key
 from gpupool.api.squeeze import is_squeezed
@@ -71,8 +72,9 @@ def counted_allocation(pod: Mapping[str, Any]) -> Counted | None:
         return None
     parsed = parse_pod(pod)
     request = parsed.request or PodRequest(key=uid)
-    return Counted(uid, pod_key(pod), replace(request, key=uid), doc.allocation(uid), parsed.isolation == "mps",
-                   tuple(parsed.errors), is_squeezed(pod), ",".join(c.name for c in parsed.containers))
+    mps = parsed.isolation == IsolationMode.MPS
+    return Counted(uid, pod_key(pod), replace(request, key=uid), doc.allocation(uid), mps, tuple(parsed.errors),
+                   is_squeezed(pod), ",".join(c.name for c in parsed.containers))
 
 
 def beyond_spec(c: Counted, node: Node) -> str | None:

@@ -1,7 +1,7 @@
 """gpupool's DRA driver contract: its names, the ResourceSlice it publishes per node, and how a claim's
 allocation reads back as shares (docs/claims.md).
 
-Pure (no I/O): the agent's kubelet plugin (gpupool.agent.dra) publishes `resource_slice` and prepares what
+Pure (no I/O): the agent's kubelet plugin (gpupool.agent.dra.driver) publishes `resource_slice` and prepares what
 `claim_shares` reads; the chart's DeviceClasses select these devices by the names below.
 
 Devices: one per GPU, `gpu-<index>`, shared by several claims (`allowMultipleAllocations`), with two
@@ -35,6 +35,7 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 from gpupool.api.counted import Counted
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.quantity import QuantityError, gpu_memory_mib, parse_quantity
 from gpupool.core.mig import MigModel, MigProfile, mig_model
 from gpupool.core.mig_request import grant_share
@@ -55,13 +56,14 @@ CONFIG_KIND = "GpuConfig"
 CAPACITY_MEMORY = "memory"
 CAPACITY_CORES = "cores"
 TAINT_UNHEALTHY = f"{DRIVER}/unhealthy"  # the GPU failed a health check (NoSchedule: new claims avoid it)
-TAINT_NOT_READY = f"{DRIVER}/not-validated"  # the node failed validation (gpupool.agent.validation)
-DRA_ISOLATIONS = ("hook", "mps", "none", "mig", "remote")
-DEFAULT_ISOLATION = "hook"
-MIG_ISOLATION = "mig"  # served only by MIG partitions, which are served by nothing else
+TAINT_NOT_READY = f"{DRIVER}/not-validated"  # the node failed validation (gpupool.agent.state.validation)
+DRA_ISOLATIONS = tuple(m.value for m in (IsolationMode.HOOK, IsolationMode.MPS, IsolationMode.NONE, IsolationMode.MIG,
+                                          IsolationMode.REMOTE))
+DEFAULT_ISOLATION = IsolationMode.HOOK.value
+MIG_ISOLATION = IsolationMode.MIG.value  # served only by MIG partitions, which are served by nothing else
 # The share runs in the GPU server of the GPU's node (docs/remote.md); the pod may run on another node, whose
 # agent mounts the forwarding library, the server's address and the claim's token (docs/claims.md, Remote).
-REMOTE_ISOLATION = "remote"
+REMOTE_ISOLATION = IsolationMode.REMOTE.value
 ATTR_REMOTE_SERVER = "remoteServer"  # device attribute: the GPU server's address (tcp:HOST:PORT); absent: none
 TYPE_GPU, TYPE_MIG = "gpu", "mig"  # the `type` attribute the chart's classes select on
 # The API's limits: 64 devices in a slice once any device has taints or consumes counters (ours may do
@@ -330,7 +332,7 @@ def _class_isolation(configs: Sequence[Mapping[str, Any]], request: str, label: 
 
 # The interception library spills what exceeds the cap to managed memory: in the container (hook), or in the
 # GPU server's worker on the GPU's node (remote). MPS, MIG and none have no library in the way.
-OVERSUBSCRIBED_ISOLATIONS = ("hook", REMOTE_ISOLATION)
+OVERSUBSCRIBED_ISOLATIONS = (IsolationMode.HOOK.value, REMOTE_ISOLATION)
 OVERSUBSCRIPTION = "memoryOversubscription"  # GpuConfig parameter of a class: "1.5" lets a share allocate 1.5x
 MAX_OVERSUBSCRIPTION = Fraction(4)
 
@@ -506,8 +508,8 @@ def _counted_on(shares: ClaimShares, uid: str, node: str, devices: Sequence[Devi
     request = PodRequest(key=uid, memory_mib=sum(shares.oversub_mib(g.memory_mib) for g in grants),
                          gpu=GPURequest(count=len(grants), milli=first.milli, memory_mib=first.memory_mib))
     allocation = Allocation(pod=uid, node=node, grants=tuple(grants), policy="dra")
-    return Counted(uid, shares.label, request, allocation, shares.isolation == "mps", containers=CLAIM_CONTAINERS,
-                   claim=True)
+    mps = shares.isolation == IsolationMode.MPS
+    return Counted(uid, shares.label, request, allocation, mps, containers=CLAIM_CONTAINERS, claim=True)
 
 
 # --- gpupool as the allocator of its classes' claims (gpupool.scheduler.claims) -------------------------------
@@ -639,7 +641,8 @@ def allocation_status(node: str, devices: Sequence[Placed],
 # --- device-plugin manifests served through claims (the webhook's `dra` namespace policy) ---------------------
 
 # the chart's classes (and mig.gpu.gpupool.io for MIG partitions, which a device-plugin manifest never becomes)
-CLASS_OF_ISOLATION = {"hook": DRIVER, "mps": f"mps.{DRIVER}", "none": f"whole.{DRIVER}"}
+CLASS_OF_ISOLATION = {IsolationMode.HOOK.value: DRIVER, IsolationMode.MPS.value: f"mps.{DRIVER}",
+                      IsolationMode.NONE.value: f"whole.{DRIVER}"}
 TEMPLATE_CLAIM = "gpupool"  # the pod's resourceClaims entry (and container claim) the webhook writes
 _TEMPLATE = re.compile(r"^gpupool-(hook|mps|none)-(\d{1,2})x(whole|\d{1,7}mi)-(\d{1,3})c$")
 
@@ -658,7 +661,8 @@ def template_for(name: str, namespace: str) -> Obj | None:
     if m is None:
         return None
     isolation, count, memory, cores = m.group(1), int(m.group(2)), m.group(3), int(m.group(4))
-    if not (1 <= count <= 16 and 0 <= cores <= 100) or (isolation == "none" and (memory != "whole" or cores != 100)):
+    whole = memory == "whole" and cores == 100
+    if not (1 <= count <= 16 and 0 <= cores <= 100) or (isolation == IsolationMode.NONE and not whole):
         return None
     capacity: dict[str, str] = {CAPACITY_CORES: str(cores)}
     if memory != "whole":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from gpupool.api.isolation import IsolationMode
+
 DOMAIN = "gpupool.io"
 
 RESOURCE_GPU = f"{DOMAIN}/gpu"  # number of GPUs (advertised by the agent as slots)
@@ -18,5 +20,5 @@ ANN_ALLOCATION = f"{DOMAIN}/allocation"  # written by the scheduler only
 ANN_ALLOCATED = f"{DOMAIN}/allocated"  # written by the node agent once it served the pod's Allocate
 ANN_INVENTORY = f"{DOMAIN}/inventory"  # node annotation written by the agent
 
-ISOLATION_MODES = ("mps", "hook", "mig", "none")
-DEFAULT_ISOLATION = "hook"
+ISOLATION_MODES = tuple(m.value for m in (IsolationMode.MPS, IsolationMode.HOOK, IsolationMode.MIG, IsolationMode.NONE))
+DEFAULT_ISOLATION = IsolationMode.HOOK.value

@@ -27,6 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
 
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import (
     ANN_EXCLUDE,
     ANN_ISOLATION,
@@ -278,9 +279,9 @@ def _mig_problems(annotations: Mapping[str, str], isolation: str, containers: Se
     profile fits is the model's question (gpupool.core.mig_request.profile_for), not the reader's."""
     out: list[str] = []
     named = str(annotations.get(ANN_MIG_PROFILE, "")).strip()
-    if named and isolation != "mig":
+    if named and isolation != IsolationMode.MIG:
         out.append(f"annotation {ANN_MIG_PROFILE}={named!r} needs {ANN_ISOLATION}: mig (it is {isolation!r})")
-    if isolation != "mig" or not containers:
+    if isolation != IsolationMode.MIG or not containers:
         return out
     if len(containers) > 1:
         names = ", ".join(f"{c.kind} {c.name}" for c in containers)

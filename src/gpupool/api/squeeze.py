@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from gpupool.api.allocation import AllocationDoc, AllocationError, decode_allocation
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION, DOMAIN
 
 ANN_SQUEEZED = f"{DOMAIN}/squeezed"
@@ -30,7 +31,7 @@ ANN_SQUEEZE = f"{DOMAIN}/squeeze"
 # kube-scheduler to try the pending pod again now (an eviction does that by deleting a pod; a squeeze only
 # changes other pods' annotations, which kube-scheduler does not watch for).
 ANN_ROOM_MADE = f"{DOMAIN}/room-made"
-SQUEEZE_ISOLATION = "hook"
+SQUEEZE_ISOLATION = IsolationMode.HOOK.value
 
 
 def _annotations(pod: Mapping[str, Any]) -> Mapping[str, str]:

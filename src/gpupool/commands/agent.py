@@ -86,21 +86,21 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
     logs.configure(config.log_level)
     log = logging.getLogger("gpupool.agent")
     log.info("gpupool agent starting: %s", config.describe())
-    from gpupool.agent.toolkit_check import warn_if_unsafe
+    from gpupool.agent.checks.toolkit_check import warn_if_unsafe
 
     warn_if_unsafe(cdi=config.cdi)  # NVIDIA_VISIBLE_DEVICES=all from any pod: see docs/install.md
     backend = _backend(config)
     if dry_run:
         _print_plan(config, backend)
         return
-    from gpupool.agent.hookdir import install_packaged_library
+    from gpupool.agent.state.hookdir import install_packaged_library
 
     problem = install_packaged_library(config.hook_root)
     if problem is not None:
         log.error("isolation hook cannot be enforced: the CUDA interception library %s", problem)
     if config.remote_key_file is not None:
         _check_remote(config, log)
-    from gpupool.agent.checkpoint import CheckpointError
+    from gpupool.agent.state.checkpoint import CheckpointError
 
     try:
         asyncio.run(_run(config, backend))
@@ -111,7 +111,7 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
 def _check_remote(config: Any, log: logging.Logger) -> None:
     """Remote shares: a key that cannot be read stops the agent here with the reason (not a traceback); the
     forwarding library goes where kubelet mounts it from."""
-    from gpupool.agent.remote import RemoteKeyError, install_client_library, load_key
+    from gpupool.agent.remote.serving import RemoteKeyError, install_client_library, load_key
 
     try:
         load_key(config.remote_key_file)
@@ -123,14 +123,14 @@ def _check_remote(config: Any, log: logging.Logger) -> None:
 
 
 def _backend(config: Any) -> Any:
-    from gpupool.agent.devices import DiscoveryError
+    from gpupool.agent.devices.discovery import DiscoveryError
 
     try:
         if config.backend == "fake":
-            from gpupool.agent.fake import FakeBackend
+            from gpupool.agent.devices.fake import FakeBackend
 
             return FakeBackend.from_file(config.fake_file, node=config.node_name)
-        from gpupool.agent.nvml import NvmlBackend
+        from gpupool.agent.devices.nvml import NvmlBackend
 
         return NvmlBackend()
     except DiscoveryError as e:
@@ -138,8 +138,8 @@ def _backend(config: Any) -> Any:
 
 
 def _print_plan(config: Any, backend: Any) -> None:
-    from gpupool.agent.inventory import inventory_text, labels_for
-    from gpupool.agent.slots import slot_id
+    from gpupool.agent.devices.inventory import inventory_text, labels_for
+    from gpupool.agent.devices.slots import slot_id
 
     discovered = backend.discover()
     unhealthy = {d.uuid: p for d in discovered.devices if (p := backend.probe(d.uuid)) is not None}
@@ -185,7 +185,7 @@ def _mps_supervisor(config: Any, backend: Any) -> Any:
         return None
     import time
 
-    from gpupool.agent.mps import agent_supervisor
+    from gpupool.agent.devices.mps import agent_supervisor
 
     gpus = [d.uuid for d in backend.discover().devices]
     return agent_supervisor(config.mps_root, gpus, time.monotonic)
@@ -198,7 +198,7 @@ async def _mig_manager(config: Any, backend: Any, cluster: Any) -> Any:
     import logging
     import time
 
-    from gpupool.agent.mig import agent_mig_manager, mode_switch_allowed
+    from gpupool.agent.devices.mig import agent_mig_manager, mode_switch_allowed
 
     try:
         node = await cluster.get_node(config.node_name)

@@ -9,11 +9,11 @@ What is exported, and from where:
 - One DCGM_FI_DEV_FB_USED / DCGM_FI_DEV_GPU_UTIL series per pod holding a grant on the GPU (labels
   namespace/pod/container), with what the hook measured for it; a pod whose processes measured nothing
   yet gets 0, so dashboards list every tenant of a shared GPU from its first second.
-- gpupool_pod_gpu_* from the hook directories (gpupool.agent.hook_metrics).
+- gpupool_pod_gpu_* from the hook directories (gpupool.agent.state.hook_metrics).
 - gpupool_mps_daemon_up / gpupool_mps_daemon_restarts_total per GPU, when the agent runs MPS daemons
-  (gpupool.agent.mps).
+  (gpupool.agent.devices.mps).
 - gpupool_watchdog_kills_total{reason} / _reports_total{reason} and friends, when the watchdog runs
-  (gpupool.agent.watchdog).
+  (gpupool.agent.enforce.watchdog).
 
 The node's pods come from the API (`list_pods_on_node`, the agent's own permission), refreshed in the
 background; a scrape never waits for the API. Tenants are the pods the agent served (`gpupool.io/allocated`)
@@ -33,13 +33,13 @@ from typing import Any
 import uvicorn
 from prometheus_client import CollectorRegistry
 
-from gpupool.agent.dra import DraCollector
-from gpupool.agent.hook_metrics import HookUsageCollector
-from gpupool.agent.hookdir import read_all
-from gpupool.agent.mps import MpsCollector
-from gpupool.agent.remote import MovesCollector, RemoteCollector
+from gpupool.agent.devices.mps import MpsCollector
+from gpupool.agent.dra.metrics import DraCollector
+from gpupool.agent.enforce.watchdog import WatchdogCollector
+from gpupool.agent.remote.serving import MovesCollector, RemoteCollector
 from gpupool.agent.service import Agent
-from gpupool.agent.watchdog import WatchdogCollector
+from gpupool.agent.state.hook_metrics import HookUsageCollector
+from gpupool.agent.state.hookdir import read_all
 from gpupool.api.allocation import AllocationError, decode_allocation
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.exporter.cgroup import PodRef
@@ -152,11 +152,11 @@ async def start_metrics_server(agent: Agent, host: str, port: int, refresh_s: fl
     registry.register(HookUsageCollector(agent.config.hook_root))
     if agent.mps is not None:  # gpupool_mps_daemon_up / _restarts_total per GPU
         registry.register(MpsCollector(agent.mps))
-    if agent.watchdog is not None:  # gpupool_watchdog_kills_total{reason}, ... (gpupool.agent.watchdog)
+    if agent.watchdog is not None:  # gpupool_watchdog_kills_total{reason}, ... (gpupool.agent.enforce.watchdog)
         registry.register(WatchdogCollector(agent.watchdog))
-    if agent.dra is not None:  # gpupool_dra_claims_prepared, gpupool_dra_prepare_seconds (gpupool.agent.dra)
+    if agent.dra is not None:  # gpupool_dra_claims_prepared, gpupool_dra_prepare_seconds (gpupool.agent.dra.driver)
         registry.register(DraCollector(agent.dra))
-    if agent.remote is not None:  # gpupool_remote_* (gpupool.agent.remote)
+    if agent.remote is not None:  # gpupool_remote_* (gpupool.agent.remote.serving)
         registry.register(RemoteCollector(agent.remote))
     if agent.moves is not None:
         registry.register(MovesCollector(agent.moves))

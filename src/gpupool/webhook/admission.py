@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpupool.api.dra import CLASS_OF_ISOLATION, SCHEDULING_GATE, TEMPLATE_CLAIM, template_name
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.logsafe import shown
 from gpupool.api.names import (
     ANN_ALLOCATED,
@@ -78,7 +79,7 @@ class UnknownPolicy(LookupError):
 @dataclass(frozen=True, slots=True)
 class Settings:
     scheduler_name: str = "gpupool-scheduler"
-    default_isolation: str = "hook"  # "" = do not write the annotation
+    default_isolation: str = IsolationMode.HOOK.value  # "" = do not write the annotation
     trusted_users: frozenset[str] = frozenset()
     allow_privileged: bool = False  # the default policy's host access (privileged, /dev mounts, ...)
     dra_placement: bool = False  # gate pods with ResourceClaims so gpupool places their claims (claims_gate)
@@ -94,7 +95,8 @@ class Settings:
                 raise UnknownPolicy(f"no admission policy named {shown(name)!r} in the webhook configuration")
         if self.default_policy is not None:
             return self.default_policy
-        return make_policy(DEFAULT_POLICY, self.default_isolation or "hook", allow_host_access=self.allow_privileged)
+        return make_policy(DEFAULT_POLICY, self.default_isolation or IsolationMode.HOOK.value,
+                           allow_host_access=self.allow_privileged)
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,7 +234,7 @@ def to_claims(work: dict[str, Any], patcher: Patcher) -> str:
         return (f"the namespace serves GPU pods through DRA claims, which do not carry {ANN_MODEL}, {ANN_UUID} "
                 f"or {ANN_EXCLUDE}; write a claim with a CEL selector instead (docs/claims.md)")
     whole = g.memory_mib is None and g.milli >= MILLI_PER_GPU
-    if parsed.isolation == "none" and not whole:
+    if parsed.isolation == IsolationMode.NONE and not whole:
         return "isolation none serves whole GPUs only through DRA claims"
     cores = 0 if g.milli < 10 else g.milli // 10  # a memory-only share (1 milli) reserves no compute
     template = template_name(parsed.isolation, g.count, None if whole else g.memory_mib, cores)
@@ -376,7 +378,7 @@ def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | No
                 warnings.append("gpupool: GPU inventory not known yet; request not checked against GPU sizes")
             else:
                 errors.extend(_capacity_problems(limits, parsed.request.gpu, warnings))
-                if parsed.isolation == "mig":
+                if parsed.isolation == IsolationMode.MIG:
                     named = str(pod_annotations(pod).get(ANN_MIG_PROFILE, "")).strip() or None
                     errors.extend(_mig_problems(limits, parsed.request.gpu, named))
     if forbidden or errors:

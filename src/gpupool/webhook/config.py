@@ -15,6 +15,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from gpupool.api.config import ConfigError, ConfigLoader
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import ISOLATION_MODES
 from gpupool.webhook.admission import Settings
 from gpupool.webhook.policy import DEFAULT_POLICY, AdmissionPolicy, make_policy
@@ -31,7 +32,7 @@ class PolicyConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    default_isolation: str = "hook"
+    default_isolation: str = IsolationMode.HOOK.value
     allowed_isolation: tuple[str, ...] = ()  # empty = the default and every stronger mode
     weaker_isolation: Literal["refuse", "raise"] = "refuse"
     strict: bool = False
@@ -61,7 +62,7 @@ class WebhookConfig(BaseModel):
     cert_reload_s: float = Field(default=30.0, gt=0)
     scheduler_name: str = Field(default="gpupool-scheduler", min_length=1)
     # Isolation written into pods that do not choose one; "" leaves them without the annotation.
-    default_isolation: str = "hook"
+    default_isolation: str = IsolationMode.HOOK.value
     # Users (e.g. system:serviceaccount:<ns>:<scheduler>) allowed to write gpupool.io/allocation.
     trusted_users: tuple[str, ...] = ()
     # A privileged container sees every GPU of the node, which defeats sharing: refused unless allowed.
@@ -123,7 +124,7 @@ class WebhookConfig(BaseModel):
         return self
 
     def default_policy(self) -> AdmissionPolicy:
-        return make_policy(DEFAULT_POLICY, self.default_isolation or "hook", self.allowed_isolation,
+        return make_policy(DEFAULT_POLICY, self.default_isolation or IsolationMode.HOOK.value, self.allowed_isolation,
                            self.weaker_isolation, self.strict, self.allow_privileged, self.allow_env_from, self.dra)
 
     def settings(self) -> Settings:

@@ -20,9 +20,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import ANN_ISOLATION, DEFAULT_ISOLATION, ISOLATION_MODES
 
-STRENGTH: Mapping[str, int] = {"none": 0, "hook": 1, "mps": 1, "mig": 2}
+STRENGTH: Mapping[str, int] = {IsolationMode.NONE: 0, IsolationMode.HOOK: 1, IsolationMode.MPS: 1, IsolationMode.MIG: 2}
 DEFAULT_POLICY = "default"
 
 WeakerAction = Literal["refuse", "raise"]
@@ -87,7 +88,7 @@ def make_policy(
     action: WeakerAction = "raise" if weaker == "raise" else "refuse"
     if strict and allow_env_from:
         raise ValueError(f"policy {name}: strict refuses every envFrom; allowEnvFrom contradicts it")
-    if dra and default_isolation == "mig":
+    if dra and default_isolation == IsolationMode.MIG:
         raise ValueError(f"policy {name}: dra serves isolation hook, mps and none; not the default mig")
     return AdmissionPolicy(name, default_isolation, frozenset(allowed_isolation), action, strict, allow_host_access,
                            allow_env_from, dra)

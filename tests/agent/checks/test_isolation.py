@@ -12,7 +12,16 @@ from pathlib import Path
 
 from gpupool.agent.checks import isolation
 from gpupool.agent.checks.node import Check, run_pass
-from gpupool.agent.validation import LABEL_PREFIX, STEPS, Result, Step, Validation, condition, labels, withheld_reason
+from gpupool.agent.state.validation import (
+    LABEL_PREFIX,
+    STEPS,
+    Result,
+    Step,
+    Validation,
+    condition,
+    labels,
+    withheld_reason,
+)
 
 HERE = Path(__file__).resolve().parent
 

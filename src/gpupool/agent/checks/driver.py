@@ -2,18 +2,8 @@
 
 from __future__ import annotations
 
-import re
-
-from gpupool.agent.devices import Discovered, DiscoveryBackend, DiscoveryError
-from gpupool.agent.validation import Result
-
-_VERSION = re.compile(r"^(\d+)\.(\d+)")
-
-
-def driver_version(text: str) -> tuple[int, int] | None:
-    """(major, minor) of a driver version such as 570.86.15; None when it is not one."""
-    m = _VERSION.match(text.strip())
-    return (int(m.group(1)), int(m.group(2))) if m else None
+from gpupool.agent.devices.discovery import Discovered, DiscoveryBackend, DiscoveryError, driver_version
+from gpupool.agent.state.validation import Result
 
 
 def judge(discovered: Discovered) -> Result:

@@ -4,9 +4,9 @@ driver step also needs discovery to answer."""
 
 from __future__ import annotations
 
-from gpupool.agent.devices import DiscoveryError
-from gpupool.agent.fake import FakeBackend
-from gpupool.agent.validation import STEPS, Result, Step
+from gpupool.agent.devices.discovery import DiscoveryError
+from gpupool.agent.devices.fake import FakeBackend
+from gpupool.agent.state.validation import STEPS, Result, Step
 
 
 def judge(fault: str | None) -> Result:

@@ -48,10 +48,10 @@ from gpupool.agent.checks.cudaprobe import (
     Stream,
     Timeline,
 )
-from gpupool.agent.validation import Result
+from gpupool.agent.state.validation import Result
 
 if TYPE_CHECKING:  # the probe child imports this module: it needs nothing beyond the standard library
-    from gpupool.agent.mps import DaemonHealth
+    from gpupool.agent.devices.mps import DaemonHealth
 
 _LOAD = "import ctypes, sys; ctypes.CDLL(sys.argv[1])"
 PROBE_MEMORY_MIB = 2048

@@ -8,11 +8,11 @@ from collections.abc import Callable, Mapping
 
 from gpupool.agent.checks import driver, fake, isolation, toolkit, workload
 from gpupool.agent.config import AgentConfig
-from gpupool.agent.devices import DiscoveryBackend
-from gpupool.agent.fake import FakeBackend
-from gpupool.agent.hookdir import hook_paths
-from gpupool.agent.mps import MpsSupervisor
-from gpupool.agent.validation import STEPS, Result, Step, Validation, record
+from gpupool.agent.devices.discovery import DiscoveryBackend
+from gpupool.agent.devices.fake import FakeBackend
+from gpupool.agent.devices.mps import MpsSupervisor
+from gpupool.agent.state.hookdir import hook_paths
+from gpupool.agent.state.validation import STEPS, Result, Step, Validation, record
 
 Check = Callable[[], Result]
 

@@ -3,7 +3,7 @@ no pod can pick its GPUs with NVIDIA_VISIBLE_DEVICES.
 
 - Version at least 1.17.8: 1.17.8 fixes the container escapes CVE-2025-23266 (a malicious image's
   LD_PRELOAD reaching the createContainer hook) and CVE-2025-23267; 1.16.2 fixed CVE-2024-0132.
-- `accept-nvidia-visible-devices-envvar-when-unprivileged = false` (gpupool.agent.toolkit_check).
+- `accept-nvidia-visible-devices-envvar-when-unprivileged = false` (gpupool.agent.checks.toolkit_check).
 
 The step fails on evidence only: a config the agent can read that accepts the variable, or a version it
 can read that is too old. A config or `nvidia-ctk` the agent cannot see (the chart does not mount the
@@ -17,8 +17,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from gpupool.agent.toolkit_check import DEFAULT_CONFIG, ToolkitCheck, check_toolkit
-from gpupool.agent.validation import Result
+from gpupool.agent.checks.toolkit_check import DEFAULT_CONFIG, ToolkitCheck, check_toolkit
+from gpupool.agent.state.validation import Result
 
 MIN_VERSION = (1, 17, 8)
 CTK = "nvidia-ctk"  # prints "NVIDIA Container Toolkit CLI version 1.17.8"

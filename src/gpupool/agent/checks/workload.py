@@ -12,7 +12,7 @@ import ctypes
 import subprocess
 import sys
 
-from gpupool.agent.validation import Result
+from gpupool.agent.state.validation import Result
 
 PATTERN = 0x5A
 SIZE = 1 << 20
