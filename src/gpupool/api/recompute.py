@@ -27,7 +27,7 @@ class Recomputed:
 
     allocations: dict[str, Counted] = field(default_factory=dict)
     overcommitted: dict[str, str] = field(default_factory=dict)  # uid -> why the API view is over capacity
-    # what is free where once all of the above is taken (gpupool migrate and drain choose a target from it)
+    # what is free where once all of the above is taken
     state: ClusterState = field(default_factory=lambda: ClusterState([]))
 
 
