@@ -69,7 +69,7 @@ from gpupool.cluster.port import (
     WatchEvent,
 )
 from gpupool.cluster.reflector import Reflector
-from gpupool.scheduler.framework.cycle import ClaimInCycle, Phase
+from gpupool.scheduler.framework.cycle import ClaimInCycle, CycleState, Phase
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.registry import CLAIM_PROFILE, build_plugins
 from gpupool.scheduler.framework.runtime import Framework
@@ -93,6 +93,10 @@ class Usable:
 
 
 RETRY_S = 5.0  # a pod that fits nowhere is tried again this often (and at once on any claim or pod change)
+# Claims whose allocation (and pod's gate) are being written at once. Decisions stay one at a time against
+# the ledger, which holds each from its Reserve on; only the API round trips overlap (three a claim, which
+# one after the other made a burst wait on the API server's latency: docs/claims.md, "Claims at scale").
+MAX_WRITES = 16
 MAX_TEMPLATES_KNOWN = 10_000  # tenants name templates: what is remembered of them stays bounded
 
 
@@ -157,6 +161,7 @@ class ClaimAllocator:
         self.left = 0  # pods whose claims were left to kube-scheduler
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._writes: set[asyncio.Task[None]] = set()  # allocations being written (a pass waits for them all)
         # The classes and the devices from watch caches: a pass reads no list from the API server, and a
         # device that changes (a taint goes, a GPU appears) wakes the pods that wait for one.
         self._class_ref = Reflector(handle.cluster, DEVICE_CLASSES, on_event=self._wake)
@@ -209,6 +214,9 @@ class ClaimAllocator:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        for write in list(self._writes):
+            write.cancel()
+        await self._drain()
         await self._class_ref.stop()
         await self._slice_ref.stop()
 
@@ -229,20 +237,31 @@ class ClaimAllocator:
                 log.warning("claim allocation pass failed: %s", e)
 
     async def pass_once(self) -> None:
-        """Try every gated pod once, oldest first."""
+        """Try every gated pod once, oldest first; returns once every allocation it decided is written (so
+        the next pass never decides again for a pod whose write is under way)."""
         classes = self._classes()
         slices = self._slices()
         pods = sorted(self.gated.values(), key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
-        for pod in pods:
-            uid = str(pod["metadata"].get("uid", ""))
-            if uid not in self.gated:
-                continue
-            waiting = await self._place(pod, classes, slices)
-            if waiting and self.told.get(uid) != waiting:
-                self.told[uid] = waiting
-                m = pod["metadata"]
-                await self.h.record_event(m.get("namespace", ""), m.get("name", ""), uid, "FailedScheduling",
-                                          f"gpupool: {waiting}"[:1024], "Warning")
+        try:
+            for pod in pods:
+                if str(pod["metadata"].get("uid", "")) not in self.gated:
+                    continue
+                await self._tell(pod, await self._place(pod, classes, slices))
+        finally:
+            await self._drain()
+
+    async def _tell(self, pod: Obj, waiting: str | None) -> None:
+        """Record why the pod waits on it (one Event per change of reason)."""
+        uid = str(pod["metadata"].get("uid", ""))
+        if waiting and self.told.get(uid) != waiting:
+            self.told[uid] = waiting
+            m = pod["metadata"]
+            await self.h.record_event(m.get("namespace", ""), m.get("name", ""), uid, "FailedScheduling",
+                                      f"gpupool: {waiting}"[:1024], "Warning")
+
+    async def _drain(self) -> None:
+        while self._writes:
+            await asyncio.wait(set(self._writes))
 
     def _classes(self) -> dict[str, tuple[str, list[Obj]]]:
         """gpupool's DeviceClasses: name -> (isolation, config)."""
@@ -340,15 +359,29 @@ class ClaimAllocator:
                   Placed(ask, device_name(g.index), g.memory_mib, 0 if g.milli < 10 else g.milli // 10,
                          str(uuid.uuid4())) for g in allocation.grants]
         status_obj = allocation_status(allocation.node, placed, {ask.device_class: config}, cycle.pod_node)
-        failed = await self._write(claim, status_obj)
-        if failed is not None:
-            await self.fw.unreserve(cycle, node)  # the ledger and the pod's node hold nothing for it
-            return failed
-        self.allocated += 1
-        log.info("allocated claim %s of pod %s: %s %s%s", label, pod_key(pod), allocation.node,
-                 ", ".join(p.device for p in placed),
-                 "" if cycle.pod_node in (None, allocation.node) else f" (remote: the pod runs on {cycle.pod_node})")
-        return await self._ungate(pod)
+        while len(self._writes) >= MAX_WRITES:
+            await asyncio.wait(set(self._writes), return_when=asyncio.FIRST_COMPLETED)
+        write = asyncio.create_task(self._finish(pod, claim, status_obj, cycle, node, allocation.node, placed))
+        self._writes.add(write)
+        write.add_done_callback(self._writes.discard)
+        return None  # the write tells why, should it fail
+
+    async def _finish(self, pod: Obj, claim: Obj, status_obj: Obj, cycle: CycleState, node: str, gpu_node: str,
+                      placed: list[Placed]) -> None:
+        """Write the decided allocation and remove the pod's gate (beside the next claims' cycles)."""
+        try:
+            failed = await self._write(claim, status_obj)
+            if failed is not None:
+                await self.fw.unreserve(cycle, node)  # the ledger and the pod's node hold nothing for it
+                await self._tell(pod, failed)
+                return
+            self.allocated += 1
+            log.info("allocated claim %s of pod %s: %s %s%s", self._label(claim), pod_key(pod), gpu_node,
+                     ", ".join(p.device for p in placed),
+                     "" if cycle.pod_node in (None, gpu_node) else f" (remote: the pod runs on {cycle.pod_node})")
+            await self._tell(pod, await self._ungate(pod))
+        except Exception as e:  # as a failed pass: logged, the pod tried again by a later one
+            log.warning("claim allocation of pod %s failed: %s", pod_key(pod), e)
 
     async def _write(self, claim: Obj, status: Obj) -> str | None:
         """Write the claim's allocation (the ledger already holds it); None, or why it could not be."""
