@@ -37,6 +37,7 @@ import logging
 import shutil
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gpupool.agent.config import AgentConfig
@@ -58,23 +59,17 @@ from gpupool.agent.dra.claims import (
     partition_grant,
 )
 from gpupool.agent.dra.slices import SlicePublishing
-from gpupool.agent.isolation.base import Isolation, MountSpec, Refused
+from gpupool.agent.isolation.base import GrantRequest, Isolation, Prepared, Refused
 from gpupool.agent.isolation.grant import CLAIM_CONTAINER, ContainerGrant, answer, grant_request, share_grant
-from gpupool.agent.port import AgentCluster
-from gpupool.agent.remote.client import (
-    REMOTE_CLAIM_DIR,
-    REMOTE_LIBRARY,
-    REMOTE_LIBRARY_DIR,
-    REMOTE_SERVER_FILE,
+from gpupool.agent.isolation.remote import (
     REMOTE_SOCKET,
-    REMOTE_SOCKET_DIR,
-    REMOTE_TOKEN,
     RemoteClient,
-    remote_address,
+    RemoteIsolation,
     remote_claim_dir,
     write_address,
-    write_public,
 )
+from gpupool.agent.port import AgentCluster
+from gpupool.agent.remote.client import remote_address
 from gpupool.agent.state.checkpoint import KIND_CLAIMS, CheckpointError, read_state, untrusted, write_state
 from gpupool.agent.state.hookdir import claim_dir
 from gpupool.agent.state.node_state import sweep_claims
@@ -90,7 +85,6 @@ from gpupool.api.dra import (
     counted_claim,
     device_index,
     device_name,
-    remote_token,
     share_milli,
 )
 from gpupool.api.moves import GpuRef, Move, served_from
@@ -338,18 +332,22 @@ class DraDriver(SlicePublishing):
         return Outcome(prepared)
 
     async def _prepare_remote(self, ref: ClaimRef, shares: ClaimShares) -> Outcome:
-        """A remote share: no GPU of this node; the container gets the forwarding library as libcuda.so.1 and
-        the claim's remote directory: its token (derived here from the cluster's key: the tenant never
-        chooses it) and the address of the server the share is served from (`_served_address`)."""
+        """A remote share: no GPU of this node; the strategy of isolation remote (gpupool.agent.isolation.remote)
+        gives the container the forwarding library as libcuda.so.1 and the claim's remote directory: its token
+        (derived here from the cluster's key: the tenant never chooses it) and the address of the server the
+        share is served from (`_served_address`)."""
         label = ref.label
         if len(shares.devices) != 1:
             return Outcome(error=f"claim {label}: isolation remote serves one GPU share per claim; it is "
                                  f"allocated {len(shares.devices)} devices")
         s = shares.devices[0]
-        remote = self.remote
-        if remote is None or remote.key is None:
-            return Outcome(error=f"claim {label}: isolation remote, but the agent on {self.config.node_name} has "
-                                 "no remote key (agent setting remote_key_file; chart value dra.remote.enabled)")
+        strategy = RemoteIsolation(self.config, self.remote)
+        doc = AllocationDoc(version=1, pod_uid=ref.uid, node=self.config.node_name, policy="dra",
+                            isolation=REMOTE_ISOLATION, gpus=[])
+        request = GrantRequest(doc, CLAIM_CONTAINER, (), {}, self.config, label, claim=True)
+        refused = strategy.check(request)
+        if refused is not None:
+            return Outcome(error=refused.reason)
         device = PreparedDevice(s.request, s.pool, s.device, s.share_id)
         try:
             address = await self._served_address(ref.uid, device)
@@ -357,30 +355,24 @@ class DraDriver(SlicePublishing):
             return Outcome(error=f"claim {label}: cannot read the ResourceSlice of the share's server: {e}")
         if isinstance(address, Refused):
             return Outcome(error=f"claim {label}: {address.reason}")
-        envs = {"LD_LIBRARY_PATH": REMOTE_LIBRARY_DIR, "GPUPOOL_REMOTE_TOKEN_FILE": REMOTE_TOKEN,
-                "GPUPOOL_REMOTE_SERVER_FILE": REMOTE_SERVER_FILE, "GPUPOOL_ISOLATION": REMOTE_ISOLATION}
-        try:
-            directory = remote_claim_dir(self.config.hook_root, ref.uid)
-        except ValueError as e:
-            return Outcome(error=f"claim {label}: {e}")
-        mounts = [MountSpec(REMOTE_LIBRARY, str(remote.library), read_only=True),
-                  MountSpec(REMOTE_CLAIM_DIR, str(directory), read_only=True)]
-        if remote.socket is not None and self._socket_mounted(device):
-            # the GPU is here: its server's unix socket, so the data never leaves the node
-            mounts.append(MountSpec(REMOTE_SOCKET_DIR, str(remote.socket.parent), read_only=True))
-        grant = ContainerGrant(envs=envs, mounts=mounts)
+        request = replace(request, remote_server=address, remote_socket=self._socket_mounted(device))
+        mode = strategy.grant(request, Prepared())
+        if isinstance(mode, Refused):
+            return Outcome(error=mode.reason)
+        grant = ContainerGrant(envs=mode.envs, mounts=mode.mounts)
         started = await self._started(ref)
         if started is not None:
             return started
+        made = await strategy.prepare(request)  # the node's side: the claim's token and server files
+        if isinstance(made, Refused):
+            return await self._rolled_back(ref, made.reason)
+        self.step(STEP_NODE_PREPARED)
         try:
-            await asyncio.to_thread(write_public, directory / "token", remote_token(remote.key, ref.uid))
-            await asyncio.to_thread(write_address, directory, address)
-            self.step(STEP_NODE_PREPARED)
             await asyncio.to_thread(write_cdi, self.config.cdi_dir, ref.uid, cdi_spec(ref.uid, grant))
-            self.step(STEP_CDI_WRITTEN)
         except OSError as e:
             return await self._rolled_back(
                 ref, f"cannot write the remote directory or CDI spec of claim {label}: {e}")
+        self.step(STEP_CDI_WRITTEN)
         # no local GPU: no shares for the watchdog, nothing of this node's GPUs counted as used
         return await self._checkpoint(ref, PreparedClaim(
             ref.uid, ref.namespace, ref.name, REMOTE_ISOLATION, (device,), (f"{CDI_KIND}={ref.uid}",)))

@@ -1,7 +1,7 @@
-"""Isolation modes as strategies on the node: `none`, `hook`, `mps` and `mig` are one object each (one module
-each in gpupool.agent.isolation.base), with the same small protocol defined here, used by Allocate
-(gpupool.agent.kubelet.device_plugin), DRA prepare (gpupool.agent.dra.driver), the host-side watchdog
-(gpupool.agent.enforce.watchdog) and the inventory (gpupool.agent.service):
+"""Isolation modes as strategies on the node: `none`, `hook`, `mps`, `mig` and `remote` (DRA claims only)
+are one object each (one module each in gpupool.agent.isolation), with the same small protocol defined here,
+used by Allocate (gpupool.agent.kubelet.device_plugin), DRA prepare (gpupool.agent.dra.driver), the host-side
+watchdog (gpupool.agent.enforce.watchdog) and the inventory (gpupool.agent.service):
 
 - `check(request)`: pure. Can this share be served in this mode at all (one MPS GPU per container, a valid
   cores mode and container name for the hook, ...)? A refusal names the pod.
@@ -66,6 +66,10 @@ class GrantRequest:
     # A DRA claim's share (gpupool.agent.dra.driver): doc.pod_uid is the claim's UID, and the hook directory is
     # the claim's own (claims/<UID>), which the pods' clean-up never removes.
     claim: bool = False
+    # Isolation remote (a claim's share of another node's GPU): the address its clients dial now, and whether
+    # this node's GPU server holds the share (its unix socket is then mounted too).
+    remote_server: str = ""
+    remote_socket: bool = False
 
     def shared(self) -> list[GrantDoc]:
         """The GPUs of which the container gets less than the whole card."""

@@ -1,2 +1,3 @@
 """Isolation remote on the node: the GPU server and the moves of its shares (`serving`, on a GPU's node) and
-what a remote claim's containers get on the pod's node (`client`)."""
+where a remote claim's server is found from the pod's node (`client`; what its containers get is the
+strategy gpupool.agent.isolation.remote)."""

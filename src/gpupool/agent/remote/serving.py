@@ -39,8 +39,9 @@ from prometheus_client.registry import Collector
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices.discovery import DeviceInfo
 from gpupool.agent.isolation.grant import CLAIM_CONTAINER, share_grant
+from gpupool.agent.isolation.remote import RemoteClient
 from gpupool.agent.port import AgentCluster
-from gpupool.agent.remote.client import RemoteClient, remote_address
+from gpupool.agent.remote.client import remote_address
 from gpupool.agent.state.checkpoint import write_atomically
 from gpupool.agent.state.hookdir import (
     HookLimits,
