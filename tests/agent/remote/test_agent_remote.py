@@ -313,3 +313,18 @@ async def test_a_client_with_the_token_the_pods_node_wrote_is_held_to_the_claims
             assert await asyncio.to_thread(app.rc, "ctx") == NOT_PERMITTED
         finally:
             await asyncio.to_thread(app.close)
+
+
+def test_the_default_gpu_server_is_the_one_installed_beside_the_hook_library(tmp_path: Path) -> None:
+    """Without remote_server_binary the agent runs the packaged server (pip install builds it into
+    gpupool/hook/). The agent's rooms moved this module a level down, and the path it derived from its own
+    file pointed into gpupool/agent/hook/, where nothing is: no GPU server could start."""
+    from gpupool.agent.config import AgentConfig
+    from gpupool.agent.remote.serving import SERVER_NAME, server_binary
+    from gpupool.hook import library_path
+
+    config = AgentConfig(node_name=NODE)
+    binary = server_binary(config)
+    assert binary == library_path().with_name(SERVER_NAME)
+    assert binary.is_file() and os.access(binary, os.X_OK), binary
+    assert server_binary(config.model_copy(update={"remote_server_binary": tmp_path / "mine"})) == tmp_path / "mine"

@@ -113,6 +113,13 @@ def client_library(hook_root: Path) -> Path:
     return hook_paths(hook_root).library.parent / CLIENT_LIBRARY
 
 
+def server_binary(config: AgentConfig) -> Path:
+    """The GPU server the agent runs: the configured one, else the one packaged beside the hook library."""
+    from gpupool.hook import library_path
+
+    return config.remote_server_binary or library_path().with_name(SERVER_NAME)
+
+
 def install_client_library(hook_root: Path) -> str | None:
     """Copy the packaged forwarding library onto the host; the problem, if any (remote claims prepared on this
     node then fail to start on the missing mount instead of running without it)."""
@@ -475,7 +482,7 @@ class RemoteServing:
         self.shares: dict[str, RemoteShare] = {}
         self.refused: dict[str, str] = {}  # claim UID -> why it is not served (logged once)
         self.signalled: dict[str, set[int]] = {}  # claim UID -> source workers asked to move (live ones only)
-        binary = config.remote_server_binary or Path(__file__).resolve().parent.parent / "hook" / SERVER_NAME
+        binary = server_binary(config)
         argv = [str(binary), "--tokens", str(self.tokens), "--hook",
                 str(config.remote_hook or hook_paths(root).library)]
         if config.remote_cuda:
