@@ -1,4 +1,4 @@
-"""The isolation modes: how a GPU share is held to its grant on the node (docs/isolation.md).
+"""The isolation modes: how a GPU share is held to its grant on the node (docs/concepts.md, "Isolation modes").
 
 One enum for every reader (webhook, scheduler, agent, simulator). Its values are the wire values, unchanged:
 the `gpupool.io/isolation` annotation, the allocation's `isolation` field, a DRA class's `isolation`

@@ -4,7 +4,7 @@ plan_squeeze; the annotations are gpupool.api.squeeze's):
 - squeeze: the pod's `gpupool.io/allocation` grants are rewritten with the lowered compute and
   `gpupool.io/squeezed` is set, in one patch conditional on the pod's resourceVersion; the ledger takes the
   patched pod at once, so the freed compute is there for the pod that reclaimed it (its next cycle). The node
-  agent lowers the library's cap to match (gpupool.agent.squeeze).
+  agent lowers the library's cap to match (gpupool.agent.enforce.squeeze).
 - lift (`lift_squeezes`, every queue-status interval on the leader): a squeezed pod gets the compute its spec
   asks back once (a) it was squeezed at least `hold_s` ago, (b) its queue admits it at full size (within its
   guarantee, or borrowing while no pod of another queue is pending), and (c) that compute is free on its GPUs

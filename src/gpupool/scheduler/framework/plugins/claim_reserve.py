@@ -16,6 +16,7 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from gpupool.api.dra import oversub_mib
+from gpupool.api.isolation import IsolationMode
 from gpupool.scheduler.framework.choice import gpus_on
 from gpupool.scheduler.framework.cycle import CycleState
 from gpupool.scheduler.framework.interface import Handle
@@ -49,7 +50,8 @@ class ClaimReserve:
                        memory_mib=sum(oversub_mib(g.memory_mib, claim.spill_factor) for g in allocation.grants))
         refused = h.ledger.assume(claim.uid, claim.key, held, replace(allocation, pod=claim.uid),
                                   h.clock() + h.config.assume_timeout_s,
-                                  mps=cycle.parsed is not None and cycle.parsed.isolation == "mps", claim=True)
+                                  mps=cycle.parsed is not None and cycle.parsed.isolation == IsolationMode.MPS,
+                                  claim=True)
         if refused is not None:
             return unschedulable(f"claim {claim.key}: {refused}")
         cycle.allocation = h.ledger.entries[claim.uid].allocation

@@ -26,6 +26,7 @@ from typing import ClassVar
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import ANN_ISOLATION, ANN_MIG_PROFILE
 from gpupool.core.mig import mig_model
 from gpupool.core.mig_placement import MigChoice, choose, observed_demand
@@ -56,7 +57,7 @@ class NodeChoice:
 
 
 def wants_mig(cycle: CycleState) -> bool:
-    return cycle.parsed is not None and cycle.parsed.isolation == "mig" and cycle.request is not None
+    return cycle.parsed is not None and cycle.parsed.isolation == IsolationMode.MIG and cycle.request is not None
 
 
 def _named(cycle: CycleState) -> str | None:

@@ -23,6 +23,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from gpupool.api.inventory import InventoryDoc
+from gpupool.api.isolation import IsolationMode
 from gpupool.core.state import ClusterState
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
@@ -38,7 +39,7 @@ class Args(BaseModel):
 
 def wants_mps_daemon(cycle: CycleState) -> bool:
     """The pod shares GPUs under isolation mps (whole GPUs get no MPS settings, docs/agent.md)."""
-    return (cycle.parsed is not None and cycle.parsed.isolation == "mps" and cycle.request is not None
+    return (cycle.parsed is not None and cycle.parsed.isolation == IsolationMode.MPS and cycle.request is not None
             and not cycle.request.gpu.whole)
 
 

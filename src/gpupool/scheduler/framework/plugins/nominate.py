@@ -33,6 +33,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gpupool.api.isolation import IsolationMode
 from gpupool.core.model import Allocation, PodRequest
 from gpupool.scheduler.framework.choice import gpus_on
 from gpupool.scheduler.framework.cycle import CycleState, Phase
@@ -168,7 +169,7 @@ class Nominate:
 
     @staticmethod
     def _mps(cycle: CycleState) -> bool:
-        return cycle.parsed is not None and cycle.parsed.isolation == "mps"
+        return cycle.parsed is not None and cycle.parsed.isolation == IsolationMode.MPS
 
     def _place(self, cycle: CycleState, node: str) -> Allocation | None:
         return gpus_on(self.handle.ledger.state, self.handle.context(), cycle, node)

@@ -20,6 +20,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from gpupool.api.counted import MPS_CLIENTS_PER_GPU
+from gpupool.api.isolation import IsolationMode
 from gpupool.core.fit import NO_GPU_SHARE, OK, Fit, check
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
@@ -42,7 +43,7 @@ class SharesPerGPU:
         request = cycle.request
         if not ledger.full_gpus or request is None or cycle.fit_nodes is None:
             return  # no GPU is at its limit: nothing to hide (the common case costs nothing)
-        mps = cycle.parsed is not None and cycle.parsed.isolation == "mps"
+        mps = cycle.parsed is not None and cycle.parsed.isolation == IsolationMode.MPS
         idx = nodes.nodes()
         near = np.flatnonzero(ledger.node_full[idx] > 0)  # nodes with a GPU at a limit: usually few
         if not len(near):
