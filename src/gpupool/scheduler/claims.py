@@ -90,6 +90,17 @@ class Usable:
     mig: dict[str, set[int]] = field(default_factory=dict)
     remote: dict[str, set[int]] = field(default_factory=dict)
     drivers: set[str] = field(default_factory=set)
+    _frozen: dict[str, tuple[dict[str, frozenset[int]], list[str]]] = field(
+        default_factory=dict, repr=False, compare=False)
+
+    def frozen(self, kind: str) -> tuple[Mapping[str, frozenset[int]], list[str]]:
+        """The nodes with devices of `kind` ("shared", "mig" or "remote") and their GPUs, frozen, and those
+        nodes sorted: made once per Usable (one pass), not once per claim (8 ms a claim on 5,000 nodes)."""
+        if kind not in self._frozen:
+            devices: dict[str, set[int]] = getattr(self, kind)
+            gpus = {node: frozenset(indices) for node, indices in devices.items() if indices}
+            self._frozen[kind] = (gpus, sorted(gpus))
+        return self._frozen[kind]
 
 
 RETRY_S = 5.0  # a pod that fits nowhere is tried again this often (and at once on any claim or pod change)
@@ -338,14 +349,13 @@ class ClaimAllocator:
                         slices: Usable) -> str | None:
         """One framework cycle for the claim (the claim profile), then its allocation written."""
         isolation, config = cls
-        kind = slices.mig if ask.mig_profile is not None else \
-            slices.remote if isolation == REMOTE_ISOLATION else slices.shared
-        gpus = {node: frozenset(indices) for node, indices in kind.items() if indices}
+        gpus, names = slices.frozen("mig" if ask.mig_profile is not None else
+                                    "remote" if isolation == REMOTE_ISOLATION else "shared")
         label = self._label(claim)
         cycle = self.fw.cycle(pod, Phase.CLAIM)
         cycle.claim = ClaimInCycle(str(claim["metadata"]["uid"]), label, ask, isolation, tuple(config), gpus,
                                    frozenset(slices.drivers))
-        status, node = await self.fw.place(cycle, sorted(gpus))
+        status, node = await self.fw.place(cycle, list(names))
         if node is None or cycle.allocation is None:
             # A PreFilter's refusal names the claim and what is wrong with it; other reasons say why it fits
             # nowhere now, in the framework's words for a pod.
