@@ -116,6 +116,24 @@ async def allocation(cluster: MemoryCluster, name: str) -> dict[str, Any] | None
     return got
 
 
+async def burst_packs_two_per_gpu(cluster: MemoryCluster) -> None:
+    """Eight gated pods with 8 GiB claims (c0..c7, p0..p7) on NODES' 16 GiB GPUs: all are ungated, and each
+    GPU holds exactly two (each decision saw the ones before it)."""
+    await run(cluster, *((claim(f"c{i}", "8Gi", "10"), gated_pod(f"p{i}", f"c{i}")) for i in range(8)))
+
+    async def all_ungated() -> bool:
+        return all([await ungated(cluster, f"p{i}") for i in range(8)])
+
+    await until(all_ungated)
+    placed: dict[tuple[str, str], int] = {}
+    for i in range(8):
+        got = await allocation(cluster, f"c{i}")
+        assert got is not None
+        r = got["devices"]["results"][0]
+        placed[(r["pool"], r["device"])] = placed.get((r["pool"], r["device"]), 0) + 1
+    assert placed == {(n, d): 2 for n in NODES for d in ("gpu-0", "gpu-1")}
+
+
 async def ungated(cluster: MemoryCluster, name: str) -> bool:
     pod = await cluster.get_pod(NS, name)
     return not (pod.get("spec") or {}).get("schedulingGates")
@@ -151,19 +169,7 @@ async def test_a_burst_fills_every_gpu_exactly_and_the_next_claim_waits_with_a_r
     gets exactly two; a ninth fits nowhere and keeps its gate, with an Event saying why."""
     cluster, svc = await setup()
     try:
-        await run(cluster, *((claim(f"c{i}", "8Gi", "10"), gated_pod(f"p{i}", f"c{i}")) for i in range(8)))
-
-        async def all_ungated() -> bool:
-            return all([await ungated(cluster, f"p{i}") for i in range(8)])
-
-        await until(all_ungated)
-        placed: dict[tuple[str, str], int] = {}
-        for i in range(8):
-            got = await allocation(cluster, f"c{i}")
-            assert got is not None
-            r = got["devices"]["results"][0]
-            placed[(r["pool"], r["device"])] = placed.get((r["pool"], r["device"]), 0) + 1
-        assert placed == {(n, d): 2 for n in NODES for d in ("gpu-0", "gpu-1")}
+        await burst_packs_two_per_gpu(cluster)
         await run(cluster, (claim("c8", "8Gi", "10"), gated_pod("p8", "c8")))
 
         async def told() -> list[str]:

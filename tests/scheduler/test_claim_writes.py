@@ -9,7 +9,16 @@ from typing import Any
 
 from gpupool.cluster.port import RESOURCE_CLAIMS, ApiError
 from gpupool.scheduler import claims as claims_module
-from tests.scheduler.test_claim_allocator import NODES, NS, allocation, claim, gated_pod, run, setup, ungated, until
+from tests.scheduler.test_claim_allocator import (
+    NS,
+    burst_packs_two_per_gpu,
+    claim,
+    gated_pod,
+    run,
+    setup,
+    ungated,
+    until,
+)
 
 
 async def test_a_bursts_writes_overlap_and_it_still_packs_each_gpu_exactly() -> None:
@@ -29,19 +38,7 @@ async def test_a_bursts_writes_overlap_and_it_still_packs_each_gpu_exactly() -> 
 
     cluster.patch_object = slow_patch  # type: ignore[method-assign]
     try:
-        await run(cluster, *((claim(f"c{i}", "8Gi", "10"), gated_pod(f"p{i}", f"c{i}")) for i in range(8)))
-
-        async def all_ungated() -> bool:
-            return all([await ungated(cluster, f"p{i}") for i in range(8)])
-
-        await until(all_ungated)
-        placed: dict[tuple[str, str], int] = {}
-        for i in range(8):
-            got = await allocation(cluster, f"c{i}")
-            assert got is not None
-            r = got["devices"]["results"][0]
-            placed[(r["pool"], r["device"])] = placed.get((r["pool"], r["device"]), 0) + 1
-        assert placed == {(n, d): 2 for n in NODES for d in ("gpu-0", "gpu-1")}
+        await burst_packs_two_per_gpu(cluster)
         assert 1 < most <= claims_module.MAX_WRITES
     finally:
         await svc.stop()
