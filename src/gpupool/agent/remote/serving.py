@@ -56,6 +56,7 @@ from gpupool.api.dra import DRIVER, REMOTE_ISOLATION, ClaimError, claim_shares, 
 from gpupool.api.moves import MOVES_CONFIGMAP, STATES, GpuRef, Move, holding, read_moves
 from gpupool.cluster.port import CONFIGMAPS, RESOURCE_CLAIMS, ClusterPort, Conflict, Kind, Obj, Selector
 from gpupool.cluster.reflector import DELETED, Backoff, Reflector
+from gpupool.hook import library_path
 
 log = logging.getLogger("gpupool.agent.remote")
 
@@ -115,16 +116,12 @@ def client_library(hook_root: Path) -> Path:
 
 def server_binary(config: AgentConfig) -> Path:
     """The GPU server the agent runs: the configured one, else the one packaged beside the hook library."""
-    from gpupool.hook import library_path
-
     return config.remote_server_binary or library_path().with_name(SERVER_NAME)
 
 
 def install_client_library(hook_root: Path) -> str | None:
     """Copy the packaged forwarding library onto the host; the problem, if any (remote claims prepared on this
     node then fail to start on the missing mount instead of running without it)."""
-    from gpupool.hook import library_path
-
     source = library_path().with_name(CLIENT_LIBRARY)
     target = client_library(hook_root)
     try:
