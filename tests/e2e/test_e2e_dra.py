@@ -414,11 +414,14 @@ class DraCluster:
 
         return wait_for(check, timeout_s, f"pods {names} Running", stuck)  # type: ignore[no-any-return]
 
+    def events(self) -> list[Obj]:
+        """Every Event of the test namespace, oldest first."""
+        return list((self.get(f"/api/v1/namespaces/{NAMESPACE}/events") or {}).get("items") or [])
+
     def events_of(self, name: str) -> list[str]:
-        """Every Event on the pod `name` (kubelet's FailedPrepareDynamicResources among them), oldest first."""
-        items = (self.get(f"/api/v1/namespaces/{NAMESPACE}/events") or {}).get("items") or []
+        """Every Event on the pod `name` (kubelet's FailedPrepareDynamicResources among them), as lines."""
         return [f"{e.get('reason')} x{e.get('count', 1)} from {(e.get('source') or {}).get('component')}: "
-                f"{e.get('message')}" for e in items if e["involvedObject"].get("name") == name]
+                f"{e.get('message')}" for e in self.events() if e["involvedObject"].get("name") == name]
 
     def delete_pods(self, names: list[str], force: bool = False) -> None:
         extra = ["--grace-period=0", "--force"] if force else []
@@ -1012,8 +1015,7 @@ def shown_counts(counts: Counter[GPU_ID]) -> str:
 
 def gpupool_events(c: DraCluster, pod: Obj) -> list[Obj]:
     """The Events gpupool's scheduler recorded on `pod`."""
-    items = (c.get(f"/api/v1/namespaces/{NAMESPACE}/events") or {}).get("items") or []
-    return [e for e in items if e["involvedObject"].get("uid") == pod["metadata"]["uid"]
+    return [e for e in c.events() if e["involvedObject"].get("uid") == pod["metadata"]["uid"]
             and (e.get("source") or {}).get("component") == GPUPOOL_SOURCE]
 
 
@@ -1319,8 +1321,7 @@ def test_one_node_serves_a_device_plugin_pod_and_a_claim_on_the_same_gpu(dra: Dr
 
     def refused() -> list[Obj]:
         pod = c.pod("over-claim")
-        items = (c.get(f"/api/v1/namespaces/{NAMESPACE}/events") or {}).get("items") or []
-        return [e for e in items if pod is not None and e["involvedObject"].get("uid") == pod["metadata"]["uid"]
+        return [e for e in c.events() if pod is not None and e["involvedObject"].get("uid") == pod["metadata"]["uid"]
                 and e["reason"] == "FailedScheduling"]
 
     (event,) = wait_for(refused, 90, "gpupool's FailedScheduling Event on the over-committing claim's pod",
