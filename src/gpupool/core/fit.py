@@ -6,13 +6,15 @@ turned into text only for the nodes that fail.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 
-from gpupool.core.model import MILLI_PER_GPU, GPURequest, PodRequest
+from gpupool.core.model import MILLI_PER_GPU, RUNTIMES, GPURequest, Node, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
+from gpupool.core.vendors import RUNTIME_OF_VENDOR
 
 OK = 0
 BAD_REQUEST = 1
@@ -22,6 +24,7 @@ NO_MODEL = 4
 NO_GPU_SHARE = 5
 NO_GPU_COUNT = 6
 NO_GPU_LARGE_ENOUGH = 7  # even empty, no allowed GPU of the node could hold the share: waiting will not help
+NO_RUNTIME = 8  # too few GPUs whose vendor runs the pod's runtime (cuda on NVIDIA, rocm on AMD, cann on Ascend)
 
 _TEXT = {
     NO_CPU: "insufficient CPU",
@@ -54,14 +57,58 @@ class Fit:
             return f"needs {g.count} x {share}; {n} available"
         if code == NO_GPU_COUNT:
             return f"needs {pod.gpu.count} healthy GPU(s); the node has fewer"
+        if code == NO_RUNTIME:
+            return f"needs {pod.gpu.count} GPU(s) that run {pod.gpu.runtime}; the node has fewer"
         if code == NO_GPU_LARGE_ENOUGH:
             return (f"needs {pod.gpu.count} x a GPU with {pod.gpu.memory_mib} MiB; "
                     "no GPU of this node is that large")
         return _TEXT.get(code, "fits")
 
 
+# The runtime of every GPU slot of a state, as an index into RUNTIMES (-1: padding, or a vendor gpupool has no
+# runtime for, which only an "any" request may use). A state's nodes never change after it is built and its
+# copies share the same list (ClusterState.copy), so the array is kept per node list: built once per ledger
+# or replay, not once per question. The list itself is held, so its id cannot be reused while cached.
+_RUNTIME_CODE = {r: k for k, r in enumerate(RUNTIMES)}
+_RUNTIMES_KEPT = 8
+_runtimes: dict[int, tuple[list[Node], IntArray]] = {}
+_runtimes_lock = threading.Lock()
+
+
+def gpu_runtimes(state: ClusterState) -> IntArray:
+    """[N, width]: per GPU slot the index in RUNTIMES of the runtime its vendor runs (-1: none)."""
+    key = id(state.nodes)
+    with _runtimes_lock:
+        kept = _runtimes.get(key)
+        if kept is not None and kept[0] is state.nodes:
+            return kept[1]
+    out = np.full((len(state), state.width), -1, dtype=np.int64)
+    for i, node in enumerate(state.nodes):
+        for j, gpu in enumerate(node.gpus):
+            runtime = RUNTIME_OF_VENDOR.get(gpu.vendor)
+            if runtime is not None:
+                out[i, j] = _RUNTIME_CODE[runtime]
+    with _runtimes_lock:
+        while len(_runtimes) >= _RUNTIMES_KEPT:
+            del _runtimes[next(iter(_runtimes))]  # the oldest: dicts keep insertion order
+        _runtimes[key] = (state.nodes, out)
+    return out
+
+
+def _runtime_allowed(state: ClusterState, g: GPURequest, nodes: IntArray) -> BoolArray | None:
+    """Which GPU slots of `nodes` run the request's runtime; None when it runs anywhere. The one place the
+    routing rule is applied: the framework, the claim path, moves and the simulator all ask core.fit."""
+    if g.runs_anywhere or g.runtime not in _RUNTIME_CODE:
+        return None  # an unknown runtime is refused as a bad request before placement (GPURequest.problems)
+    runs: BoolArray = gpu_runtimes(state)[nodes] == _RUNTIME_CODE[g.runtime]
+    return runs
+
+
 def _allowed_gpus(state: ClusterState, g: GPURequest, nodes: IntArray) -> BoolArray:
     ok = state.gpu_present[nodes] & state.gpu_healthy[nodes]
+    runs = _runtime_allowed(state, g, nodes)
+    if runs is not None:
+        ok &= runs
     if g.models:
         ids = [state.model_id(m) for m in g.models]
         ok &= np.isin(state.gpu_model[nodes], ids)
@@ -96,6 +143,12 @@ def gpu_rows(state: ClusterState, g: GPURequest, idx: IntArray) -> tuple[BoolArr
     too_few = allowed.sum(axis=1) < g.count
     constrained = bool(g.models or g.include_uuids or g.exclude_uuids)
     code[too_few] = NO_MODEL if constrained else NO_GPU_COUNT
+    runs = _runtime_allowed(state, g, idx)
+    if runs is not None:
+        # Enough healthy GPUs but too few that run the pod's runtime (before models or UUIDs narrow them): the
+        # runtime is the reason. A node with too few GPUs of any kind keeps the reason it had before runtimes.
+        usable = state.gpu_present[idx] & state.gpu_healthy[idx]
+        code[((runs & usable).sum(axis=1) < g.count) & (usable.sum(axis=1) >= g.count)] = NO_RUNTIME
     return gpu_fit, code
 
 

@@ -10,7 +10,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from gpupool.core.vendors import ANY_RUNTIME, RUNTIME_OF_VENDOR
+
 MILLI_PER_GPU = 1000
+# What a pod may say it needs (GPURequest.runtime): a vendor's runtime, or "any" for an image that carries
+# several. core.fit places a request only on cards whose vendor runs it.
+RUNTIMES: tuple[str, ...] = (*RUNTIME_OF_VENDOR.values(), ANY_RUNTIME)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +55,14 @@ class GPURequest:
     models: frozenset[str] = frozenset()  # allowed models; empty = any
     include_uuids: frozenset[str] = frozenset()  # if set, only these GPUs may be used
     exclude_uuids: frozenset[str] = frozenset()
+    # The runtime the pod's image needs (cuda, rocm, cann) or "any"; None = not said, which placement reads
+    # as "any" (api.pod decides what a pod that says nothing gets).
+    runtime: str | None = None
+
+    @property
+    def runs_anywhere(self) -> bool:
+        """True when the request does not limit the cards' runtime."""
+        return self.runtime is None or self.runtime == ANY_RUNTIME
 
     @property
     def cores_percent(self) -> float:
@@ -82,6 +95,8 @@ class GPURequest:
             out.append(f"GPU memory {self.memory_mib} MiB must be positive")
         if self.count > 1 and self.milli < MILLI_PER_GPU:
             out.append("a share of a GPU can only be asked for one GPU at a time (count must be 1)")
+        if self.runtime is not None and self.runtime not in RUNTIMES:
+            out.append(f"runtime {self.runtime!r} is unknown (use one of {', '.join(RUNTIMES)})")
         return out
 
 
