@@ -13,6 +13,9 @@ thing to each of them. The rules:
   each resource separately: max(sum over app containers and sidecars, for each init container: its
   request plus the sidecars started before it). A sidecar is an init container with
   `restartPolicy: Always`: it keeps running beside the app containers, so it adds to their sum.
+* The runtime a pod's image needs is the annotation `gpupool.io/runtime` (cuda, rocm, cann or any; see
+  `RUNTIME_DOC` below for what a pod that says nothing gets). Placement puts the pod only on cards whose
+  vendor runs it (gpupool.core.fit).
 * Several containers may ask for GPUs (see `GPU_CONTAINERS_DOC` below for what is supported without the
   placement engine knowing about containers); each GPU container's own request is kept in
   `ParsedPod.containers` so that the allocation can say which container holds what.
@@ -36,15 +39,37 @@ from gpupool.api.names import (
     ANN_POLICY,
     ANN_UUID,
     DEFAULT_ISOLATION,
+    DOMAIN,
     ISOLATION_MODES,
     RESOURCE_CORES,
     RESOURCE_GPU,
     RESOURCE_MEMORY,
 )
 from gpupool.api.quantity import QuantityError, cpu_milli, gpu_memory_mib, memory_mib, whole_number
-from gpupool.core.model import MILLI_PER_GPU, GPURequest, PodRequest
+from gpupool.core.model import MILLI_PER_GPU, RUNTIMES, GPURequest, PodRequest
+from gpupool.core.vendors import AMD, ASCEND, NVIDIA, RUNTIME_OF_VENDOR, vendor_of_model
 
 GPUPOOL_RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_CORES)
+
+ANN_RUNTIME = f"{DOMAIN}/runtime"  # the runtime the pod's image needs: cuda, rocm, cann or any
+
+# The vendors' own device-plugin resources: a pod that asks for one of them runs that vendor's runtime.
+# Ascend's names carry the chip (huawei.com/Ascend910, huawei.com/Ascend310P, ...): matched by prefix.
+VENDOR_RESOURCES: tuple[tuple[str, str], ...] = (
+    ("nvidia.com/gpu", NVIDIA),
+    ("amd.com/gpu", AMD),
+    ("huawei.com/Ascend", ASCEND),
+)
+
+RUNTIME_DOC = """\
+A pod says the runtime its image needs with the annotation gpupool.io/runtime: cuda (NVIDIA cards), rocm
+(AMD Instinct), cann (Ascend) or any (an image that carries several). A pod without it gets, in this order:
+- the runtime of the vendor whose own resource a container asks for (nvidia.com/gpu: cuda, amd.com/gpu:
+  rocm, huawei.com/Ascend*: cann), when all such resources are of one vendor;
+- else the runtime of the models gpupool.io/gpu-model names, when every one is in gpupool's catalogue and
+  all are of one vendor (A100-80GB: cuda, MI300X: rocm);
+- else none: the pod may use any card, as every pod could before AMD and Ascend cards joined (a cluster of
+  NVIDIA cards places it exactly as before). In a cluster with several vendors, say the runtime."""
 
 # Kinds of container, as they are named in errors and in the allocation annotation.
 APP = "container"
@@ -195,6 +220,37 @@ def annotation_set(annotations: Mapping[str, Any], key: str) -> frozenset[str]:
     return frozenset(p.strip() for p in str(raw).split(",") if p.strip())
 
 
+def vendor_resources(pod: Mapping[str, Any]) -> dict[str, str]:
+    """The vendors' own device-plugin resources any container (init and sidecars included) asks for, by
+    resource name -> vendor."""
+    out: dict[str, str] = {}
+    for c in containers(pod):
+        for section in ("requests", "limits"):
+            for name in resource_section(c.body, section):
+                for prefix, vendor in VENDOR_RESOURCES:
+                    if str(name).startswith(prefix):
+                        out[str(name)] = vendor
+    return out
+
+
+def pod_runtime(pod: Mapping[str, Any], errors: list[str]) -> str | None:
+    """The runtime the pod needs (RUNTIME_DOC): its annotation, else what its vendor resources or models
+    imply, else None (any card). An unknown annotation value is appended to `errors`."""
+    raw = pod_annotations(pod).get(ANN_RUNTIME)
+    said = str(raw).strip().lower() if raw is not None else ""
+    if said:
+        if said not in RUNTIMES:
+            errors.append(f"annotation {ANN_RUNTIME}={str(raw)[:40]!r}: use one of {', '.join(RUNTIMES)}")
+            return None
+        return said
+    vendors = set(vendor_resources(pod).values())
+    if not vendors:
+        models = annotation_set(pod_annotations(pod), ANN_MODEL)
+        of_models = {vendor_of_model(m) for m in models}
+        vendors = {v for v in of_models if v is not None} if models and None not in of_models else set()
+    return RUNTIME_OF_VENDOR.get(vendors.pop()) if len(vendors) == 1 else None
+
+
 def _container_gpu(s: Container, res: Mapping[str, Any], errors: list[str]) -> ContainerGPU | None:
     """One container's GPU request, or None with the problems appended to `errors`."""
     where = f"{s.kind} {s.name}"
@@ -321,6 +377,7 @@ def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
         errors.append(f"annotation {ANN_ISOLATION}={isolation!r}: use one of {', '.join(ISOLATION_MODES)}")
 
     errors.extend(_mig_problems(annotations, isolation, gpu_containers))
+    runtime = pod_runtime(pod, errors)
     asking = (s.name for s in specs if gpupool_resources(s.body))
     first = gpu_containers[0].name if gpu_containers else next(asking, None)
     shape = _pod_gpu(gpu_containers, errors) if gpu_containers and not errors else None
@@ -336,6 +393,7 @@ def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
             models=annotation_set(annotations, ANN_MODEL),
             include_uuids=annotation_set(annotations, ANN_UUID),
             exclude_uuids=annotation_set(annotations, ANN_EXCLUDE),
+            runtime=runtime,
         )
     policy = annotations.get(ANN_POLICY)
     request = PodRequest(
