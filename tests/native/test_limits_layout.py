@@ -29,9 +29,10 @@ NATIVE = ROOT / "native"
 LIMITS_FIELDS = ["magic", "version", "ndev", "limit", "cores_ppm", "mode", "squeeze_ppm", "uuid", "accounting_dir",
                  "oversub", "nvml_scale_ppm", "pad"]
 # The fields hookdir names by offset (its _L_* constants), by C field; hookdir writes magic, version and ndev
-# as one "<QII" at 0, never nvml_scale_ppm (the library learns the scale itself) and never the padding.
+# as one "<QII" at 0, and never the padding.
 PYTHON_OFFSETS = {"_L_LIMIT": "limit", "_L_CORES": "cores_ppm", "_L_MODE": "mode", "_L_SQUEEZE": "squeeze_ppm",
-                  "_L_UUID": "uuid", "_L_ACCOUNTING": "accounting_dir", "_L_OVERSUB": "oversub"}
+                  "_L_UUID": "uuid", "_L_ACCOUNTING": "accounting_dir", "_L_OVERSUB": "oversub",
+                  "_L_NVML_SCALE": "nvml_scale_ppm"}
 U64_ARRAYS = ["limit", "cores_ppm", "squeeze_ppm", "oversub", "nvml_scale_ppm"]
 
 PROGRAM = r"""
@@ -55,6 +56,7 @@ int main(int argc, char **argv) {
     printf("usage busy_ns %zu\n", offsetof(struct gp_devstate, busy_ns));
     printf("usage features %zu\n", offsetof(struct gp_shared, features));
     printf("usage squeeze_ppm %zu\n", offsetof(struct gp_shared, squeeze_ppm));
+    printf("usage scale_ppm %zu\n", offsetof(struct gp_shared, scale_ppm));
     printf("usage slots %zu\n", offsetof(struct gp_shared, slots));
     printf("usage slot %zu\n", sizeof(struct gp_slot));
     printf("usage slot_used %zu\n", offsetof(struct gp_slot, used));
@@ -170,7 +172,8 @@ def differences(c: CReader, py: Mapping[str, int]) -> list[str]:
     u = c.usage
     for name, want in [("_MAGIC", u["magic"]), ("_DEV_OFFSET", u["dev"]), ("_SLOT_OFFSET", u["slots"]),
                        ("_SLOT_SIZE", u["slot"]), ("_FEATURES_OFFSET", u["features"]),
-                       ("_SQUEEZE_OFFSET", u["squeeze_ppm"]), ("_SLOTS", u["max_slots"]),
+                       ("_SQUEEZE_OFFSET", u["squeeze_ppm"]), ("_LEARNT_SCALE_OFFSET", u["scale_ppm"]),
+                       ("_SLOTS", u["max_slots"]),
                        ("_FILE_SIZE", u["ident"])]:
         if py.get(name) != want:
             out.append(f"usage.v1 {name}: hookdir {py.get(name)}, C {want}")
@@ -193,7 +196,7 @@ def test_the_agents_offsets_are_the_c_readers(reader: CReader) -> None:
 def test_what_the_agent_writes_is_what_the_library_reads(reader: CReader, tmp_path: Path) -> None:
     limits = hookdir.HookLimits(memory_mib=(1024, 0, 3), cores=(12.5, 100, 99.99), mode="elastic",
                                 gpus=("GPU-1111", "GPU-2222", "MIG-3333"), accounting_dir="/run/gpupool/hook",
-                                oversub_mib=(512, 0, 7))
+                                oversub_mib=(512, 0, 7), nvml_scale_ppm=(1_600_000, 0, 1_000_000))
     path = hookdir.write_limits(tmp_path / "limits", limits)
     assert hookdir.write_squeeze(tmp_path, {0: 40, 2: 0.5}) is not None  # rewritten in place, as on a reclaim
     got = reader.read(path)
@@ -206,12 +209,13 @@ def test_what_the_agent_writes_is_what_the_library_reads(reader: CReader, tmp_pa
     assert got["squeeze_ppm"] == [400_000, 0, 5_000, *zeros[3:]]
     assert got["uuid"] == {0: "GPU-1111", 1: "GPU-2222", 2: "MIG-3333", **{i: "" for i in range(3, 16)}}
     assert got["accounting_dir"] == "/run/gpupool/hook"
-    assert got["nvml_scale_ppm"] == zeros and got["pad_zero"] == 1
+    assert got["nvml_scale_ppm"] == [1_600_000, 0, 1_000_000, *zeros[3:]] and got["pad_zero"] == 1
     # and hookdir's own reader agrees with the C reader on the same bytes
     back = hookdir.read_limits(tmp_path / "limits")
     assert back is not None
-    assert (back["limit"], back["cores"], back["mode"], back["squeeze"], back["oversub"], back["ndev"]) == (
-        got["limit"], got["cores_ppm"], got["mode"], got["squeeze_ppm"], got["oversub"], got["ndev"])
+    assert (back["limit"], back["cores"], back["mode"], back["squeeze"], back["oversub"], back["nvml_scale"],
+            back["ndev"]) == (got["limit"], got["cores_ppm"], got["mode"], got["squeeze_ppm"], got["oversub"],
+                              got["nvml_scale_ppm"], got["ndev"])
 
 
 def test_a_drift_on_either_side_is_found(reader: CReader) -> None:
@@ -230,11 +234,11 @@ def test_a_drift_on_either_side_is_found(reader: CReader) -> None:
 
 
 def test_a_struct_moved_without_its_assertions_does_not_compile(tmp_path: Path) -> None:
-    """gp.h's static assertions: the library and the server are not built with a layout the agent does not
-    write, whatever this test's list says."""
-    for name in ("gp.h", "gpupool_cuda.h"):
+    """gp_core.h's static assertions: the libraries and the server are not built with a layout the agent does
+    not write, whatever this test's list says."""
+    for name in ("gp.h", "gp_core.h", "gpupool_cuda.h"):
         shutil.copy(NATIVE / name, tmp_path / name)
-    header = tmp_path / "gp.h"
+    header = tmp_path / "gp_core.h"
     text = header.read_text()
     anchor = "    uint64_t mode;                        /* 272: enum gp_mode */\n"
     assert anchor in text

@@ -63,6 +63,7 @@ from gpupool.agent.remote.serving import (
     remote_client,
 )
 from gpupool.agent.state.checkpoint import Checkpoint
+from gpupool.agent.state.hookdir import NvmlScales
 from gpupool.agent.state.node_state import NodeStateLock
 from gpupool.agent.state.validation import Step, Validation, withheld_reason
 from gpupool.api.names import ANN_ALLOCATED
@@ -111,7 +112,9 @@ class Agent:
         self.lock = NodeStateLock(config.checkpoint_path)  # held from start to stop: one agent per node state
         self.publisher = InventoryPublisher(cluster, config.node_name, config.split)
         # the isolation modes of this node (gpupool.agent.isolation.base), shared by Allocate, watchdog and inventory
-        self.isolation = node_strategies(config, mps, mig, self._mig_reconciled, self._inventory_changed)
+        self.nvml_scales = NvmlScales()  # measured by the validation's caps probe, written into hook pods' limits
+        self.isolation = node_strategies(config, mps, mig, self._mig_reconciled, self._inventory_changed,
+                                         self.nvml_scales)
         self.killer = killer  # how the watchdog stops a process (None: SIGKILL through a pidfd)
         self.watchdog: Watchdog | None = None
         self.registrations = 0
@@ -181,7 +184,9 @@ class Agent:
         # The first validation pass needs the MIG reconciliation above; it runs before the first inventory
         # and before kubelet can see a slot, so a node that fails validation never advertises its GPUs.
         self.checks = node_checks(self.config, self.backend, self.mps,
-                                  None if self.mig is None else self._mig_reconciled, lambda: len(table_.known))
+                                  None if self.mig is None else self._mig_reconciled,
+                                  lambda: [d.uuid for d in sorted(table_.known.values(), key=lambda d: d.index)],
+                                  self.nvml_scales)
         await self._validate()
         await self._publish()
         await self._adopt()

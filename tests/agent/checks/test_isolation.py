@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+from typing import cast
+
+import pytest
 
 from gpupool.agent.checks import isolation
-from gpupool.agent.checks.node import Check, run_pass
+from gpupool.agent.checks.node import Check, node_checks, run_pass
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.devices.discovery import DiscoveryBackend
+from gpupool.agent.state.hookdir import NvmlScales, install_library
 from gpupool.agent.state.validation import (
     LABEL_PREFIX,
     STEPS,
@@ -110,3 +116,39 @@ def test_the_agent_probes_a_library_build_once_and_again_when_it_changes_or_fail
     assert isolation.check(copy, {}, None, env=no_driver, proven=proven).ok  # proven: not probed again
     copy.write_bytes(library.read_bytes() + b"\0")  # a reinstalled library is probed again
     assert not isolation.check(copy, {}, None, env=no_driver, proven=proven).ok
+
+
+def test_the_probe_learns_nvmls_scale_alone_on_the_gpu(library: Path, gpu: dict[str, str]) -> None:
+    """The simulated NVML reports smUtil as the busy share times FAKE_GPU_SM_SCALE_PCT (an H100 reads about
+    1.6x, nvidia-facts.md); the library divides NVML's samples by what it learnt against its own events."""
+    for pct, low, high in [(100, 950_000, 1_050_000), (160, 1_500_000, 1_680_000)]:
+        proven = isolation.Proven()
+        assert isolation.check(library, {}, None, env={**gpu, "FAKE_GPU_SM_SCALE_PCT": str(pct)}, proven=proven).ok
+        assert low <= proven.scales[0] <= high, (pct, proven.scales[0])
+    failed = isolation.Proven()
+    assert not isolation.check(library, {}, None, env={isolation.FAKE_ENV: "1"}, proven=failed).ok
+    assert failed.scales == ()  # a probe that failed measured nothing the agent may hand out
+
+
+def test_the_node_hands_each_gpus_measured_scale_to_its_uuid(
+        library: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the probe itself is the test above; here what it measured by CUDA ordinal (PCI order) -> UUIDs by index
+    measured = isolation.Probed(None, (1_600_000, 0, 1_100_000))
+    monkeypatch.setattr(isolation, "caps_apply", lambda lib, env=None: measured)
+    install_library(tmp_path, library)
+    scales = NvmlScales()
+    config = AgentConfig(node_name="n", hook_root=tmp_path)
+    checks = node_checks(config, cast(DiscoveryBackend, NoBackend()), None, None, lambda: ["GPU-aaa", "GPU-bbb"],
+                         scales)
+    assert checks["isolation"]().ok
+    assert scales.by_gpu == {"GPU-aaa": 1_600_000}  # GPU-bbb learnt none; ordinal 2 is no GPU discovery knows
+    assert scales.of(["GPU-bbb", "GPU-aaa"]) == (0, 1_600_000) and scales.of(["GPU-bbb"]) == ()
+
+
+class NoBackend:
+    """Discovery is not asked by the isolation step; any call here is a test failure."""
+
+    name = "none"
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"the isolation step called discovery's {name}")

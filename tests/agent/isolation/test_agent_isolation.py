@@ -11,7 +11,14 @@ from gpupool.agent.devices.mps import MpsSupervisor
 from gpupool.agent.isolation.base import ISOLATION_MODES, GrantRequest, Isolation, Refused, merged_inventory
 from gpupool.agent.isolation.grant import ContainerGrant, answer, grant_request
 from gpupool.agent.isolation.strategies import node_strategies
-from gpupool.agent.state.hookdir import accounting_dir, hook_paths, limits_dir, read_limits
+from gpupool.agent.state.hookdir import (
+    NvmlScales,
+    accounting_dir,
+    container_dir,
+    hook_paths,
+    limits_dir,
+    read_limits,
+)
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from tests.agent.agent_helpers import RESOURCE, answering_mps, eventually, pod_object, rig, scheduler_binds
 
@@ -105,3 +112,17 @@ async def test_allocate_writes_the_containers_limits_file_before_answering_and_m
         # 8192 MiB in bytes; 25 % in parts per million; mode 0 = hard; one GPU
         got = (written["limit"][0], written["cores"][0], written["mode"], written["ndev"])
         assert got == (8192 << 20, 250_000, 0, 1)
+
+
+async def test_a_hook_containers_limits_carry_the_nvml_scale_measured_on_its_own_gpu(tmp_path: Path) -> None:
+    config = AgentConfig(node_name="n", hook_root=tmp_path)
+    hook_paths(tmp_path).pods.mkdir(parents=True)  # where `gpupool agent` installed the library
+    scales = NvmlScales({"G1": 1_250_000})  # measured on another GPU only: nothing for G0
+    strategy, request = _request(config, node_strategies(config, nvml_scales=scales), "hook")
+    assert not isinstance(await strategy.prepare(request), Refused)
+    written = read_limits(limits_dir(container_dir(tmp_path, "u-1", "main")))
+    assert written is not None and written["nvml_scale"] == [0] * 16
+    scales.by_gpu = {"G1": 1_250_000, "G0": 1_600_000}  # a later probe measured G0 (the whole map replaced)
+    assert not isinstance(await strategy.prepare(request), Refused)
+    written = read_limits(limits_dir(container_dir(tmp_path, "u-1", "main")))
+    assert written is not None and written["nvml_scale"] == [1_600_000] + [0] * 15

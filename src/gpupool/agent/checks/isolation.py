@@ -48,6 +48,7 @@ from gpupool.agent.checks.cudaprobe import (
     Stream,
     Timeline,
 )
+from gpupool.agent.state.hookdir import learnt_scales
 from gpupool.agent.state.validation import Result
 
 if TYPE_CHECKING:  # the probe child imports this module: it needs nothing beyond the standard library
@@ -76,6 +77,9 @@ class Proven:
     next pass probes again."""
 
     key: tuple[str, int, int] | None = None
+    # NVML's smUtil scale the library learnt on each GPU while the probe ran alone there (ppm, by CUDA
+    # ordinal in PCI bus order, i.e. NVML's index; 0: not learnt): the agent hands it to the pods' libraries
+    scales: tuple[int, ...] = ()
 
 
 def _identity(path: Path) -> tuple[str, int, int] | None:
@@ -130,29 +134,40 @@ def probe_env(library: Path, accounting: Path, extra: Mapping[str, str] | None =
     env.update(LD_PRELOAD=str(library),
                GPUPOOL_MEMORY_LIMIT_MIB=",".join([str(PROBE_MEMORY_MIB)] * MAX_GPUS),
                GPUPOOL_CORES_PERCENT=",".join([f"{PROBE_CORES:g}"] * MAX_GPUS),
-               GPUPOOL_CORES_MODE="hard", GPUPOOL_HOOK_DIR=str(accounting))
+               GPUPOOL_CORES_MODE="hard", GPUPOOL_HOOK_DIR=str(accounting),
+               # CUDA orders devices fastest first by default; in PCI bus order ordinal i is NVML's index i,
+               # so the scale learnt on ordinal i belongs to the GPU discovery lists at index i
+               CUDA_DEVICE_ORDER="PCI_BUS_ID")
     return env
 
 
-def caps_apply(library: Path, env: Mapping[str, str] | None = None, timeout_s: float = 30.0) -> str | None:
-    """Run the probe (module docstring) with `library` preloaded; None when the caps applied on every GPU,
-    else why not. `env`: added to the probe's environment (the tests' simulated GPU)."""
+@dataclass(frozen=True, slots=True)
+class Probed:
+    problem: str | None  # None: the caps applied on every GPU
+    scales: tuple[int, ...] = ()  # what the library learnt of NVML's scale on each GPU (Proven.scales)
+
+
+def caps_apply(library: Path, env: Mapping[str, str] | None = None, timeout_s: float = 30.0) -> Probed:
+    """Run the probe (module docstring) with `library` preloaded: whether the caps applied on every GPU, and
+    the NVML scale the library learnt meanwhile. `env`: added to the probe's environment (the tests'
+    simulated GPU)."""
     with tempfile.TemporaryDirectory(prefix="gpupool-isolation-probe-") as tmp:
         try:
             done = subprocess.run([sys.executable, "-m", __name__], capture_output=True, text=True,
                                   timeout=timeout_s + 4 * PROBE_SECONDS * MAX_GPUS, check=False,
                                   env=probe_env(library, Path(tmp), env))
         except subprocess.TimeoutExpired:
-            return "the caps probe did not finish in time"
+            return Probed("the caps probe did not finish in time")
         except OSError as e:
-            return f"cannot start the caps probe: {e}"
+            return Probed(f"cannot start the caps probe: {e}")
+        scales = learnt_scales(Path(tmp))
     lines = [line for line in done.stdout.strip().splitlines() if line.strip()]
     if done.returncode == 0:
-        return None
+        return Probed(None, scales)
     if lines:
-        return lines[-1]
+        return Probed(lines[-1])
     err = done.stderr.strip().splitlines()
-    return f"the caps probe exited with {done.returncode}" + (f": {err[-1]}" if err else "")
+    return Probed(f"the caps probe exited with {done.returncode}" + (f": {err[-1]}" if err else ""))
 
 
 def check(library: Path | None, mps: Mapping[str, DaemonHealth], mig_reconciled: Callable[[], bool] | None,
@@ -163,9 +178,12 @@ def check(library: Path | None, mps: Mapping[str, DaemonHealth], mig_reconciled:
     if hook is None and library is not None:
         key = _identity(library)
         if proven is None or key is None or proven.key != key:
-            hook = caps_apply(library, env)
+            probed = caps_apply(library, env)
+            hook = probed.problem
             if proven is not None:
                 proven.key = key if hook is None else None
+                if hook is None:
+                    proven.scales = probed.scales
     return judge(Facts(hook, dict(mps), None if mig_reconciled is None else mig_reconciled()))
 
 

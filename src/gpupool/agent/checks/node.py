@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from gpupool.agent.checks import driver, fake, isolation, toolkit, workload
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices.discovery import DiscoveryBackend
 from gpupool.agent.devices.fake import FakeBackend
 from gpupool.agent.devices.mps import MpsSupervisor
-from gpupool.agent.state.hookdir import hook_paths
+from gpupool.agent.state.hookdir import NvmlScales, hook_paths
 from gpupool.agent.state.validation import STEPS, Result, Step, Validation, record
 
 Check = Callable[[], Result]
@@ -37,19 +37,26 @@ def node_checks(
     backend: DiscoveryBackend,
     mps: MpsSupervisor | None,
     mig_reconciled: Callable[[], bool] | None,
-    gpu_count: Callable[[], int],
+    gpus: Callable[[], Sequence[str]],
+    scales: NvmlScales | None = None,
 ) -> dict[Step, Check]:
     """The checks of this node: the fake ones for the fake backend, else the real ones. `mig_reconciled`:
-    None where the node has no MIG manager; `gpu_count`: how many GPUs discovery knows (the workload runs
-    on each)."""
+    None where the node has no MIG manager; `gpus`: the UUIDs discovery knows, by NVML index (the workload
+    runs on each); `scales`: where the NVML scales the caps probe measured go, by GPU UUID."""
     if isinstance(backend, FakeBackend):
         return {step: functools.partial(fake.step_check, backend, step) for step in fake.all_steps()}
     library = hook_paths(config.hook_root).library  # any node may serve isolation hook pods
     proven = isolation.Proven()  # the caps probe runs once per library build, not at every pass
+
+    def isolation_check() -> Result:
+        result = isolation.check(library, {} if mps is None else mps.health, mig_reconciled, proven=proven)
+        if scales is not None and proven.scales:
+            scales.by_gpu = {g: ppm for g, ppm in zip(gpus(), proven.scales, strict=False) if ppm}
+        return result
+
     return {
         "driver": functools.partial(driver.check, backend),
         "toolkit": functools.partial(toolkit.check, cdi=config.cdi),
-        "isolation": lambda: isolation.check(library, {} if mps is None else mps.health, mig_reconciled,
-                                             proven=proven),
-        "workload": lambda: workload.check(gpu_count()),
+        "isolation": isolation_check,
+        "workload": lambda: workload.check(len(gpus())),
     }

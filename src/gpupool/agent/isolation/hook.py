@@ -18,6 +18,7 @@ from gpupool.agent.state.hookdir import (
     CORES_MODES,
     HookLimits,
     HookPod,
+    NvmlScales,
     accounting_dir,
     claim_dir,
     container_dir,
@@ -41,8 +42,9 @@ class HookIsolation:
     name = IsolationMode.HOOK
     second_line = True  # interception misses static binaries and direct ioctls: the watchdog backs it
 
-    def __init__(self, config: AgentConfig) -> None:
+    def __init__(self, config: AgentConfig, nvml_scales: NvmlScales | None = None) -> None:
         self.config = config
+        self.nvml_scales = nvml_scales or NvmlScales()  # none measured: the libraries learn the scale alone
 
     def check(self, request: GrantRequest) -> Refused | None:
         label = request.pod_label
@@ -65,6 +67,7 @@ class HookIsolation:
             accounting_dir=CONTAINER_HOOK_DIR,
             oversub_mib=tuple(g.oversub_mib or 0 for g in request.gpus) if any(g.oversub_mib for g in request.gpus)
             else (),
+            nvml_scale_ppm=self.nvml_scales.of(gpus),
         )
         root, uid = request.config.hook_root, request.doc.pod_uid
         directory = claim_dir(root, uid) if request.claim else container_dir(root, uid, request.container)

@@ -12,6 +12,7 @@ from gpupool.agent.isolation.hook import HookIsolation
 from gpupool.agent.isolation.mig import MigIsolation
 from gpupool.agent.isolation.mps import MpsIsolation
 from gpupool.agent.isolation.none import NoIsolation
+from gpupool.agent.state.hookdir import NvmlScales
 
 
 def node_strategies(
@@ -20,11 +21,12 @@ def node_strategies(
     mig: MigManager | None = None,
     mig_reconciled: Callable[[], bool] = lambda: True,
     changed: Callable[[], None] = lambda: None,
+    nvml_scales: NvmlScales | None = None,
 ) -> dict[str, Isolation]:
     """The node's strategies by mode name (what a pod's allocation or the agent's default names)."""
     strategies: list[Isolation] = [
         NoIsolation(),
-        HookIsolation(config),
+        HookIsolation(config, nvml_scales),
         MpsIsolation(config, mps),
         MigIsolation(config, mig, mig_reconciled, changed),
     ]

@@ -50,7 +50,7 @@ import re
 import shutil
 import struct
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +74,7 @@ _MAGIC = 0x314C4F4F50555047
 _MAX_DEV, _SLOTS = 16, 256
 _DEV_OFFSET, _SLOT_OFFSET, _SLOT_SIZE = 304, 2048, 264
 _FEATURES_OFFSET, _SQUEEZE_OFFSET = 1328, 1336  # in what version 1 left as padding (zero in older files)
+_LEARNT_SCALE_OFFSET = 1848  # scale_ppm[]: NVML's smUtil scale the library learnt while its pod ran alone
 FEAT_SQUEEZE = 1  # the library in the pod honours the squeeze
 _PPM = 1_000_000
 _FILE_SIZE = _SLOT_OFFSET + _SLOTS * _SLOT_SIZE
@@ -81,6 +82,9 @@ _FILE_SIZE = _SLOT_OFFSET + _SLOTS * _SLOT_SIZE
 _LIMITS_MAGIC = 0x3154494D494C5047  # "GPLIMIT1"
 _LIMITS_SIZE = 2048
 _L_LIMIT, _L_CORES, _L_MODE, _L_SQUEEZE, _L_UUID, _L_ACCOUNTING, _L_OVERSUB = 16, 144, 272, 280, 408, 1432, 1688
+_L_NVML_SCALE = 1816
+# the library's own sanity bounds on a scale (gp_compute.c): outside them a value is not one it would use
+_SCALE_MIN_PPM, _SCALE_MAX_PPM = 50_000, 20_000_000
 _UUID_LEN, _ACCOUNTING_LEN = 64, 256
 
 
@@ -103,6 +107,26 @@ class HookLimits:
     accounting_dir: str = CONTAINER_HOOK_DIR  # where the container sees its writable accounting directory
     # memory oversubscription: MiB per GPU beyond its cap, served from host memory (empty: none; docs/claims.md)
     oversub_mib: tuple[int, ...] = ()
+    # NVML's smUtil scale per GPU as the agent's caps probe measured it alone on the GPU (ppm; 0 or empty: not
+    # known). A pod that shares its GPU from its first launch never runs alone to learn the scale itself, and
+    # until it has one it divides NVML's samples by 1, which on an H100 (smUtil ~1.6x the busy share) paces
+    # it far below its cap (docs/hook.md, "NVML's scale").
+    nvml_scale_ppm: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class NvmlScales:
+    """The node's measured NVML scales by GPU UUID: written by the validation's caps probe (checks), read
+    when a hook container's limits.v1 is written (isolation). The mapping is replaced whole, never
+    mutated, so the reader on another thread sees one probe's answer or the next one's."""
+
+    by_gpu: Mapping[str, int] = field(default_factory=dict)
+
+    def of(self, gpus: Iterable[str]) -> tuple[int, ...]:
+        """The scale of each of `gpus` (0 for one not measured); empty when none is known."""
+        known = self.by_gpu
+        out = tuple(known.get(g, 0) for g in gpus)
+        return out if any(out) else ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +300,8 @@ def limits_bytes(limits: HookLimits) -> bytes:
         raise ValueError(f"oversubscription {limits.oversub_mib} for {n} GPUs: one value per GPU, none negative")
     if any(o and not m for o, m in zip(limits.oversub_mib, limits.memory_mib, strict=False)):
         raise ValueError("oversubscription on a GPU without a memory cap")
+    if limits.nvml_scale_ppm and (len(limits.nvml_scale_ppm) != n or min(limits.nvml_scale_ppm) < 0):
+        raise ValueError(f"NVML scales {limits.nvml_scale_ppm} for {n} GPUs: one value per GPU, none negative")
     data = bytearray(_LIMITS_SIZE)
     struct.pack_into("<QII", data, 0, _LIMITS_MAGIC, 1, n)
     for i, (mib, cores) in enumerate(zip(limits.memory_mib, limits.cores, strict=True)):
@@ -286,6 +312,8 @@ def limits_bytes(limits: HookLimits) -> bytes:
     struct.pack_into("<Q", data, _L_MODE, CORES_MODES.index(limits.mode))
     for i, mib in enumerate(limits.oversub_mib):
         struct.pack_into("<Q", data, _L_OVERSUB + 8 * i, mib << 20)
+    for i, ppm in enumerate(limits.nvml_scale_ppm):
+        struct.pack_into("<Q", data, _L_NVML_SCALE + 8 * i, ppm)
     for i, uuid in enumerate(limits.gpus):
         raw = uuid.encode()
         if len(raw) >= _UUID_LEN:
@@ -327,6 +355,7 @@ def read_limits(directory: Path) -> dict[str, Any] | None:
         "mode": struct.unpack_from("<Q", data, _L_MODE)[0],
         "squeeze": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_SQUEEZE)),
         "oversub": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_OVERSUB)),
+        "nvml_scale": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_NVML_SCALE)),
         "ndev": ndev,
     }
 
@@ -408,6 +437,22 @@ def read_usage(directory: Path) -> list[PodGpuUsage]:
             processes=len(live), squeeze_percent=squeeze / 1e4, container=str(info.get("container", "")),
         ))
     return out
+
+
+def learnt_scales(accounting: Path) -> tuple[int, ...]:
+    """NVML's scale the library learnt on each of its GPUs (ppm, by the library's device index; 0 where it
+    learnt none or wrote a value it would not use itself), from usage.v1 in the accounting directory
+    `accounting`; empty without a valid file. Only for a process of the agent's own (its caps probe): a
+    tenant can write its usage.v1."""
+    try:
+        data = (accounting / USAGE_FILE).read_bytes()[:_SLOT_OFFSET]
+    except OSError:
+        return ()
+    if len(data) < _SLOT_OFFSET or struct.unpack_from("<Q", data, 0)[0] != _MAGIC:
+        return ()
+    ndev = min(struct.unpack_from("<I", data, 12)[0], _MAX_DEV)
+    raw = struct.unpack_from(f"<{ndev}q", data, _LEARNT_SCALE_OFFSET)
+    return tuple(v if _SCALE_MIN_PPM <= v <= _SCALE_MAX_PPM else 0 for v in raw)
 
 
 def _usage_path(directory: Path) -> Path:
