@@ -1,8 +1,8 @@
 """Build step for the C interception library; everything else is in pyproject.toml.
 
 `pip install .`, `pip wheel` and `pip install -e .` all run build_py: the library (and remote mode's client
-library and GPU server) are compiled with the system C compiler into gpupool/hook/ of the build tree (wheels)
-or of the source tree (editable installs).
+library and GPU server, and the HIP memory cap) are compiled with the system C compiler into gpupool/hook/ of
+the build tree (wheels) or of the source tree (editable installs).
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class BuildWithHook(build_py):
             target = Path(self.build_lib) / "gpupool" / "hook" / native.LIBRARY_NAME
         native.compile_library(target)
         native.compile_remote(target.parent)  # remote mode: the client library and the GPU server
+        native.compile_hip_library(target.parent / native.HIP_LIBRARY_NAME)  # the HIP memory cap
 
 
 setup(cmdclass={"build_py": BuildWithHook})

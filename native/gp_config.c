@@ -4,7 +4,7 @@
  * tenant can write everything else in the container: the environment may only lower a cap. A file that is
  * there but unusable refuses everything rather than falling back to no limit. Without the file no agent
  * granted anything, and the environment caps the process as a self-imposed limit. */
-#include "gp.h"
+#include "gp_core.h"
 
 #include <errno.h>
 #include <fcntl.h>

@@ -1,7 +1,7 @@
 /* The library's log line: on stderr, marked as ours and with the process, because it speaks inside the
  * tenant's program and its lines mix with the program's own. GPUPOOL_HOOK_LOG=0 silences it (gp_config.c
  * reads the environment, once). */
-#include "gp.h"
+#include "gp_core.h"
 
 #include <stdarg.h>
 #include <stdio.h>

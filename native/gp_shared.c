@@ -17,7 +17,7 @@
  *                   (different PID namespaces) and is immune to PID reuse, unlike kill(pid, 0).
  * OFD locks are per open file, so threads of one process are serialised by a process mutex first.
  * Every record is updated with single 64-bit stores, so a process dying mid-update leaves it consistent. */
-#include "gp.h"
+#include "gp_core.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -98,7 +98,7 @@ static struct gp_shared *open_file(const char *dir) {
                 fill_header(s);
                 __atomic_store_n(&s->magic, GP_MAGIC, __ATOMIC_RELEASE);
             }
-            __atomic_fetch_or(&s->features, GP_FEAT_SQUEEZE | GP_FEAT_HOSTPID | (gp_cfg.agent ? GP_FEAT_LIMITS : 0),
+            __atomic_fetch_or(&s->features, GP_LIB_FEATURES | (gp_cfg.agent ? GP_FEAT_LIMITS : 0),
                               __ATOMIC_RELEASE);
         }
         ofd(fd, F_OFD_SETLK, F_UNLCK, 0);

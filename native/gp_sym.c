@@ -1,4 +1,5 @@
-/* Finding the real functions: libc's own dlsym and dlvsym, and through them the driver's and NVML's.
+/* Finding the real functions: libc's own dlsym and dlvsym, and through them a vendor library's (the CUDA
+ * driver's and NVML's in gp_driver.c, the HIP runtime's in hip/gph_runtime.c).
  *
  * The library exports dlsym and dlvsym so that every lookup an application makes ends at the wrappers.
  * Its own calls to those names would then come back to itself (an unversioned definition satisfies even a
@@ -7,7 +8,7 @@
  * a sanitizer runtime might intercept, because this runs inside the sanitizers' own start-up. This library
  * itself is skipped by its dynamic section (_DYNAMIC, which ld.so records as the object's l_ld): so the
  * lowest layer needs no address of the wrappers above it. */
-#include "gp.h"
+#include "gp_core.h"
 
 #include <dlfcn.h>
 #include <elf.h>
@@ -115,25 +116,14 @@ GP_UNINSTRUMENTED gp_dlvsym_fn gp_real_dlvsym(void) {
     return f;
 }
 
-static void *open_lib(void **slot, const char *name) {
-    void *h = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
-    if (h == NULL) {
-        h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
-        if (h != NULL) __atomic_store_n(slot, h, __ATOMIC_RELEASE);
-    }
-    return h;
-}
-
-static void *cuda_handle, *nvml_handle;
-
-void *gp_cuda_sym(const char *name) {
-    void *h = open_lib(&cuda_handle, "libcuda.so.1");
+void *gp_lib_sym(void **handle, const char *const *sonames, const char *name) {
+    void *h = __atomic_load_n(handle, __ATOMIC_ACQUIRE);
+    /* The one the program loaded first (RTLD_NOLOAD: any of the names), else the first that loads. */
+    for (int load = 0; h == NULL && load < 2; load++)
+        for (const char *const *s = sonames; h == NULL && *s != NULL; s++)
+            h = dlopen(*s, RTLD_NOW | RTLD_LOCAL | (load ? 0 : RTLD_NOLOAD));
+    if (h == NULL) return NULL;
+    __atomic_store_n(handle, h, __ATOMIC_RELEASE);
     gp_dlsym_fn f = gp_real_dlsym();
-    return h && f ? f(h, name) : NULL;
-}
-
-void *gp_nvml_sym(const char *name) {
-    void *h = open_lib(&nvml_handle, "libnvidia-ml.so.1");
-    gp_dlsym_fn f = gp_real_dlsym();
-    return h && f ? f(h, name) : NULL;
+    return f != NULL ? f(h, name) : NULL;
 }

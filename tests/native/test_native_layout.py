@@ -24,12 +24,24 @@ REMOTE = NATIVE / "remote"
 LIBRARY_LAYERS: list[list[str]] = [
     ["gp_sym.c"],
     ["gp_log.c"],
-    ["gp_config.c"],
+    ["gp_config.c", "gp_driver.c"],
     ["gp_device.c"],
     ["gp_shared.c"],
     ["gp_nvml.c"],
     ["gp_ident.c", "gp_mem.c", "gp_compute.c"],
     ["gp_lookup.c", "gp_fork.c"],
+]
+# The HIP library: the vendor-neutral files of native/ (gp_core.h) below native/hip/'s (gph.h lists them).
+HIP = NATIVE / "hip"
+SHARED_FILES = ["gp_sym.c", "gp_log.c", "gp_config.c", "gp_shared.c"]
+HIP_LAYERS: list[list[str]] = [
+    ["gp_sym.c"],
+    ["gp_log.c"],
+    ["gp_config.c"],
+    ["gp_shared.c"],
+    ["gph_runtime.c"],
+    ["gph_mem.c"],
+    ["gph_lookup.c", "gph_fork.c"],
 ]
 SERVER_LAYERS: list[list[str]] = [
     ["gpr_srv_io.c"],
@@ -144,6 +156,23 @@ def test_every_file_of_the_library_and_the_server_has_a_layer_and_is_built() -> 
     assert server == sorted(n for layer in SERVER_LAYERS for n in layer)
     assert sorted(p.name for p in build.server_sources()) == server
     assert [p.name for p in build.client_sources()] == ["gpr_client.c"]
+    hip = sorted(p.name for p in HIP.glob("*.c"))
+    assert hip == sorted(n for layer in HIP_LAYERS for n in layer if n not in SHARED_FILES)
+    assert sorted(p.name for p in build.hip_sources()) == sorted([*SHARED_FILES, *hip])
+
+
+@pytest.mark.usefixtures("cc")
+def test_the_hip_librarys_files_use_only_lower_layers_and_nothing_of_cudas(tmp_path: Path) -> None:
+    """The HIP library is built from the shared files and its own: none of them may need a symbol that only
+    a CUDA file of native/ defines (it would not link, or would drag the CUDA modules in)."""
+    sources = [NATIVE / n for n in SHARED_FILES] + sorted(HIP.glob("*.c"))
+    graph = symbol_graph(sources, tmp_path / "hip", ["-DGP_LIB_FEATURES=0"])
+    assert find_cycle(graph) is None, find_cycle(graph)
+    assert layer_violations(graph, HIP_LAYERS) == []
+    assert all(graph[name] for layer in HIP_LAYERS[2:] for name in layer)
+    cuda_only = symbol_graph(sorted(NATIVE.glob("gp_*.c")), tmp_path / "all")
+    for name in SHARED_FILES:  # the shared files use only each other, in the CUDA library too
+        assert set(cuda_only[name]) <= set(SHARED_FILES), (name, cuda_only[name])
 
 
 @pytest.mark.usefixtures("cc")
@@ -164,12 +193,18 @@ def test_the_servers_files_use_only_lower_layers(tmp_path: Path) -> None:
 
 
 def test_includes_form_no_circle_and_name_only_headers() -> None:
-    graph = include_graph([*NATIVE.glob("*.c"), *REMOTE.glob("*.c")])
+    graph = include_graph([*NATIVE.glob("*.c"), *REMOTE.glob("*.c"), *HIP.glob("*.c")])
     assert find_cycle(graph) is None, find_cycle(graph)
+    assert set(graph["gp_core.h"]) == set()  # the vendor-neutral interface includes no vendor's types
+    assert set(graph["hip/gph.h"]) == {"gp_core.h"}
     # the library's files share one interface; the server's files theirs (and the limits file's layout)
     for name, uses in graph.items():
-        if name.startswith("gp_") and name.endswith(".c"):
+        if name in SHARED_FILES:  # the files both libraries are built from know no vendor's header
+            assert set(uses) == {"gp_core.h"}, (name, uses)
+        elif name.startswith("gp_") and name.endswith(".c"):
             assert set(uses) == {"gp.h"}, (name, uses)
+        if name.startswith("hip/gph_"):
+            assert set(uses) == {"hip/gph.h"}, (name, uses)
         if name.startswith("remote/gpr_srv_") or name == "remote/gpr_server.c":
             assert set(uses) <= {"remote/gpr_srv.h", "gp.h"}, (name, uses)
 
