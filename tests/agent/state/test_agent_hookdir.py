@@ -25,6 +25,7 @@ from gpupool.agent.state.hookdir import (
     cores_mode_of,
     hook_paths,
     install_library,
+    learnt_scales,
     limits_bytes,
     limits_dir,
     pod_dir,
@@ -194,6 +195,8 @@ def test_limits_file_layout_is_the_librarys_struct() -> None:
     (HookLimits(memory_mib=(1,), cores=(30.0,), mode="greedy"), "cores mode"),
     (HookLimits(memory_mib=(1,), cores=(30.0,), accounting_dir="relative"), "absolute path"),
     (HookLimits(memory_mib=(1,) * 17, cores=(30.0,) * 17), "1 to 16 GPUs"),
+    (HookLimits(memory_mib=(1, 1), cores=(30.0, 30.0), nvml_scale_ppm=(1_600_000,)), "NVML scales"),
+    (HookLimits(memory_mib=(1,), cores=(30.0,), nvml_scale_ppm=(-1,)), "none negative"),
 ])
 def test_limits_the_file_cannot_hold_are_refused(limits: HookLimits, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -242,3 +245,18 @@ def test_usage_of_a_granted_container_reports_the_agents_limits_not_the_containe
     finally:
         probe.proc.send_signal(signal.SIGKILL)
         probe.close()
+
+
+def test_the_scale_a_library_learnt_is_read_from_its_usage_file_and_values_it_would_not_use_are_dropped(
+        tmp_path: Path) -> None:
+    assert learnt_scales(tmp_path) == ()  # no usage.v1 yet
+    data = bytearray(2048 + 256 * 264)
+    data[0:8] = (0x314C4F4F50555047).to_bytes(8, "little")  # usage.v1's magic (native/gp.h GP_MAGIC)
+    data[12:16] = (3).to_bytes(4, "little")  # three GPUs
+    for i, ppm in enumerate([1_600_000, 30_000_000, 40_000, 999]):  # scale_ppm[] at 1848, int64
+        data[1848 + 8 * i:1856 + 8 * i] = ppm.to_bytes(8, "little", signed=True)
+    (tmp_path / "usage.v1").write_bytes(bytes(data))
+    # 20x and 0.04x are outside what the library itself would divide by; the fourth is past ndev
+    assert learnt_scales(tmp_path) == (1_600_000, 0, 0)
+    (tmp_path / "usage.v1").write_bytes(bytes(100))  # short or foreign: nothing
+    assert learnt_scales(tmp_path) == ()
