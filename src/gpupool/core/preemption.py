@@ -7,6 +7,13 @@ Rules, each there to rule out a failure the peers' users report (shared/referenc
   reclaim back (no eviction loops).
 - A pod within its queue's guarantee is never taken for another queue.
 - Inside a queue, only strictly lower priority is preempted.
+- A preemptor that may not preempt (its pod's `preemptionPolicy: Never`, a non-preempting PriorityClass)
+  takes nothing: no eviction, no reclaim, no squeeze.
+- A victim is a share and the pods whose eviction frees it (`Running.pods`): a pod's own share is that pod;
+  a DRA claim's share is every pod using the claim (one pod for a claim made from its template; all of a
+  shared claim's pods, since evicting some frees nothing). Such a share carries the highest priority of its
+  pods (so it is preempted only when every one of them is of strictly lower priority) and the earliest start,
+  and the least-disruption order counts each pod it evicts.
 - Least disruption: per node, candidates are taken greedily (lowest priority, then least run time lost, then
   the newest) until the pod fits, then every victim the fit does not need is given back; among nodes the
   set with the fewest victims wins, then the lowest highest priority, the lowest priority sum, the least run
@@ -64,6 +71,14 @@ class Running:
     preemptible: bool = True  # False e.g. while a PodDisruptionBudget forbids its eviction
     squeezable: bool = False  # its compute cap can be lowered while it runs (isolation hook)
     shares: tuple[Share, ...] = ()  # its GPUs as now granted (needed to squeeze it)
+    # (namespace/name, UID) of each pod evicted to free the share, when it is not the share itself (a DRA
+    # claim's share is freed by evicting the pods that use the claim; see the module doc)
+    pods: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def evicted(self) -> tuple[tuple[str, str], ...]:
+        """(namespace/name, UID) of the pods evicted to take this share: `pods`, or the pod itself."""
+        return self.pods or ((self.key, self.uid),)
 
     def charge_at(self, milli: int) -> Quota:
         """What the pod is charged with its compute lowered to `milli` per GPU (memory unchanged)."""
@@ -80,6 +95,7 @@ class Preemptor:
     queue: str
     priority: int
     charge: Quota
+    preempts: bool = True  # False: its pod's preemptionPolicy is Never, it takes nothing from others
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +119,8 @@ class Plan:
     def cost(self, now: float) -> tuple[int, int, int, float, str]:
         prios = [v.pod.priority for v in self.victims]
         lost = sum(max(0.0, now - v.pod.started_at) for v in self.victims)
-        return (len(prios), max(prios, default=0), sum(prios), lost, self.node)
+        evicted = sum(len(v.pod.evicted) for v in self.victims)  # pods, not shares: a shared claim costs all
+        return (evicted, max(prios, default=0), sum(prios), lost, self.node)
 
 
 def _usage_without(usage: Mapping[str, Quota], taken: Iterable[Running]) -> dict[str, Quota]:
@@ -129,8 +146,10 @@ def victim_reason(tree: QueueTree, usage: Mapping[str, Quota], preemptor: Preemp
             in_quota: bool) -> str | None:
     """Why `pod` may be taken for `preemptor` with the queues at `usage` (victims chosen so far removed), or
     None if it may not."""
-    if not pod.preemptible or pod.uid == preemptor.uid:
+    if not preemptor.preempts or not pod.preemptible or pod.uid == preemptor.uid:
         return None
+    if any(uid == preemptor.uid for _, uid in pod.pods):
+        return None  # a share of the preemptor's own pod (a claim it already uses)
     if pod.queue == preemptor.queue:
         return REASON_PRIORITY if pod.priority < preemptor.priority else None
     if not in_quota or pod.queue not in tree.specs:

@@ -428,6 +428,22 @@ class Ledger:
         for c in claims:
             self.apply_claim("ADDED", c)
 
+    # --- victims (gpupool.scheduler.framework.preemption) -----------------------------------------------
+
+    def claim_users(self, uid: str) -> tuple[str, ...]:
+        """The UIDs of the pods that use the claim counted under `uid` (sorted), as its object says: the pods
+        it is reserved for (`status.reservedFor`, which kube-scheduler writes when it binds a claim's pod) and
+        the pod that owns it (a claim made from the pod's template, reserved or not yet). Evicting all of them
+        frees the share; none for an entry that is not a claim (or a moving share's second entry)."""
+        claim = self.claim_objs.get(uid)
+        if claim is None:
+            return ()
+        users = {str(r.get("uid")) for r in (claim.get("status") or {}).get("reservedFor") or []
+                 if r.get("resource") == "pods" and r.get("uid")}
+        users |= {str(o.get("uid")) for o in (claim.get("metadata") or {}).get("ownerReferences") or []
+                  if o.get("kind") == "Pod" and o.get("uid")}
+        return tuple(sorted(users))
+
     # --- inspection -----------------------------------------------------------------------------------
 
     def confirmed(self) -> dict[str, Entry]:

@@ -5,7 +5,12 @@ for a pod. The `queue_reclaim` PostFilter (gpupool's own reclaim) and the extend
 
 - Candidates: the confirmed ledger entries on the nodes in question, as gpupool.core.preemption sees them
   (`Running`: queue, priority, charge, start, whether its compute can be squeezed), leaving out pods already
-  asked to go, pods being deleted and pods a PodDisruptionBudget protects for now (`block`).
+  asked to go, pods being deleted and pods a PodDisruptionBudget protects for now (`block`). One rule for
+  both forms (`Evaluator.candidate`): a pod's share is freed by evicting that pod; a DRA claim's share by
+  evicting the pods that use the claim (Ledger.claim_users: the pod that owns a claim made from its template,
+  which goes with it, or every pod a shared claim is reserved for), and it carries their priority (the
+  highest), queue (the claim's namespace's) and start (the earliest). A claim with no known pod, or with one
+  being deleted, is no candidate; nor is a claim share's compute squeezed (its limits are the claim's).
 - Victims: gpupool.core.preemption chooses (plan_preemption, plan_squeeze, victim_reason); whether the pod
   then fits is asked of a snapshot of the ledger (gpupool.scheduler.what_if), never of the live state.
 - In flight: the victims chosen for a pod and the squeezes being written for it. While they are going the
@@ -20,8 +25,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING
 
 from gpupool.api.extender import MetaPod, MetaVictims
+from gpupool.api.pod import pod_key
 from gpupool.cluster.port import Obj
-from gpupool.core.model import PodRequest
 from gpupool.core.preemption import (
     Plan,
     Preemptor,
@@ -61,11 +66,10 @@ def _started(pod: Obj | None) -> float:
         return 0.0
 
 
-def candidate(cache: QueueCache, entry: Entry, pod: Obj | None, memory: Mapping[str, int]) -> Running:
-    """A ledger entry as a possible victim: its queue, priority, charge and start (from its pod)."""
-    return Running(entry.uid, entry.key, cache.queue_of(namespace_of(entry.key)), entry.allocation.node,
-                   priority_of(pod), charge_of_allocation(entry.allocation, memory), _started(pod),
-                   squeezable=can_squeeze(pod), shares=shares_of(entry, memory))
+def preempts(pod: Obj | None) -> bool:
+    """Whether the pod may take from others (kube-scheduler's rule: not with `preemptionPolicy: Never`, which
+    a non-preempting PriorityClass gives its pods)."""
+    return ((pod or {}).get("spec") or {}).get("preemptionPolicy") != "Never"
 
 
 class Evaluator:
@@ -124,6 +128,25 @@ class Evaluator:
 
     # --- candidates -----------------------------------------------------------------------------------
 
+    def users(self, entry: Entry) -> tuple[str, ...]:
+        """The UIDs of the pods whose eviction frees `entry`'s share: the pod itself, or the claim's users."""
+        return self.handle.ledger.claim_users(entry.uid) if entry.claim else (entry.uid,)
+
+    def candidate(self, cache: QueueCache, entry: Entry, memory: Mapping[str, int]) -> Running | None:
+        """A ledger entry as a possible victim, or None when no eviction can free it: the pods that hold it
+        (the pod itself, or the pods using the claim) are all known and none is being deleted; it carries
+        their queue, highest priority and earliest start (the module doc says why)."""
+        uids = self.users(entry)
+        pods = [self.handle.pods.get(u) for u in uids]
+        known = [p for p in pods if p is not None and not (p.get("metadata") or {}).get("deletionTimestamp")]
+        if not known or len(known) != len(uids):
+            return None
+        return Running(entry.uid, entry.key, cache.queue_of(namespace_of(entry.key)), entry.allocation.node,
+                       max(priority_of(p) for p in known), charge_of_allocation(entry.allocation, memory),
+                       min(_started(p) for p in known), squeezable=not entry.claim and can_squeeze(known[0]),
+                       shares=shares_of(entry, memory),
+                       pods=tuple((pod_key(p), u) for p, u in zip(known, uids, strict=True)) if entry.claim else ())
+
     def running(self, cache: QueueCache, nodes: set[str], now: float) -> list[Running]:
         """The possible victims on `nodes`: confirmed entries, not asked to go, not protected by a budget,
         their pods alive and not being deleted."""
@@ -134,17 +157,16 @@ class Evaluator:
                 continue
             if self._blocked.get(uid, 0.0) > now:
                 continue
-            pod = self.handle.pods.get(uid)
-            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                continue
-            out.append(candidate(cache, entry, pod, memory))
+            victim = self.candidate(cache, entry, memory)
+            if victim is not None:
+                out.append(victim)
         return out
 
     @staticmethod
     def preemptor(cache: QueueCache, cycle: CycleState) -> Preemptor:
         assert cycle.request is not None
         return Preemptor(cycle.uid, cache.queue_of(namespace_of(cycle.key)), priority_of(cycle.pod),
-                         charge_of_request(cycle.request.gpu, cache.largest_gpu_mib()))
+                         charge_of_request(cycle.request.gpu, cache.largest_gpu_mib()), preempts(cycle.pod))
 
     # --- choosing (each on one snapshot of the ledger) --------------------------------------------------
 
@@ -187,35 +209,49 @@ class Evaluator:
             return dict(proposals)  # no GPU share: nothing to judge
         ledger, queues = self.handle.ledger, self.handle.queues
         snapshot = Snapshot(ledger)
+        held: dict[str, list[Entry]] = {}  # the shares on the proposals' nodes
+        for entry in ledger.entries.values():
+            if entry.allocation.node in proposals:
+                held.setdefault(entry.allocation.node, []).append(entry)
         out: dict[str, MetaVictims] = {}
         for node, victims in proposals.items():
             uids = [m.UID for m in victims.Pods]
-            on_node = {u for u in uids if u in ledger.entries and ledger.entries[u].allocation.node == node}
+            proposed = set(uids)
+            # The shares on the node that the proposed pods free (a claim's only when all its users are
+            # proposed), and the pods that hold a share there at all.
+            frees: dict[str, tuple[str, ...]] = {}
+            holders: set[str] = set()
+            for entry in held.get(node, ()):
+                users = self.users(entry)
+                holders.update(users)
+                if users and proposed.issuperset(users):
+                    frees[entry.uid] = users
+            on_node = set(frees)
             if queues is not None and queues.enabled:
-                on_node = self._allowed(queues, cycle, request, on_node)
+                on_node = self._allowed(queues, cycle, on_node)
             if not snapshot.fits(request, node, on_node):
                 continue
             keep = set(on_node)
-            for uid in sorted(on_node, key=lambda u: (-priority_of(self.handle.pods.get(u)), u)):
+            for uid in sorted(on_node, key=lambda u: (-max(priority_of(self.handle.pods.get(p)) for p in frees[u]), u)):
                 if snapshot.fits(request, node, keep - {uid}):
                     keep.discard(uid)
-            chosen = [u for u in uids if u in keep or u not in ledger.entries]
+            kept = {p for u in keep for p in frees[u]}
+            chosen = [u for u in uids if u in kept or u not in holders]
             if chosen:
                 out[node] = MetaVictims(Pods=[MetaPod(UID=u) for u in chosen],
                                         NumPDBViolations=victims.NumPDBViolations)
         return out
 
-    def _allowed(self, cache: QueueCache, cycle: CycleState, request: PodRequest, proposed: set[str]) -> set[str]:
-        """The proposed GPU holders gpupool's queue rules let this pod take."""
+    def _allowed(self, cache: QueueCache, cycle: CycleState, proposed: set[str]) -> set[str]:
+        """The proposed shares (ledger entries) gpupool's queue rules let this pod take."""
         tree, memory = cache.queues.tree, cache.gpu_memory()
         usage = cache.usage(without=cycle.holder)
         preemptor = self.preemptor(cache, cycle)
         reclaims = in_quota(tree, usage, preemptor)
         allowed: set[str] = set()
         for victim_uid in sorted(proposed):
-            running = candidate(cache, self.handle.ledger.entries[victim_uid], self.handle.pods.get(victim_uid),
-                                memory)
-            if victim_reason(tree, usage, preemptor, running, reclaims) is not None:
+            running = self.candidate(cache, self.handle.ledger.entries[victim_uid], memory)
+            if running is not None and victim_reason(tree, usage, preemptor, running, reclaims) is not None:
                 allowed.add(victim_uid)
                 usage[running.queue] = usage[running.queue] - running.charge
         return allowed

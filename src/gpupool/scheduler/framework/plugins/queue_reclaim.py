@@ -125,39 +125,52 @@ class QueueReclaim:
     def _remember(self, cycle: CycleState, plan: Plan, now: float) -> None:
         self.evaluator.evicting(cycle.uid, frozenset(v.pod.uid for v in plan.victims), now, self.args.waiting_s)
         self.plans = [*self.plans[-31:], plan]
-        log.info("%s: evicting %s on %s", cycle.key, ", ".join(v.pod.key for v in plan.victims), plan.node)
+        log.info("%s: evicting %s on %s", cycle.key,
+                 ", ".join(key for v in plan.victims for key, _ in v.pod.evicted), plan.node)
 
     async def _evict(self, cycle: CycleState, candidates: frozenset[str], preemptor: Preemptor, plan: Plan,
                      tries: int = 3) -> None:
         for k, victim in enumerate(plan.victims):
-            namespace, name = victim.pod.key.split("/", 1)
+            # A claim's share goes with the pods that use it (the claim made from a pod's template is deleted
+            # with its pod by Kubernetes' resourceclaim controller; a shared claim is deallocated once none of
+            # its pods remains): evicting them is all there is to do, as for a pod's own share.
+            key, uid = victim.pod.evicted[0]  # the pod being evicted (the one a refusal names)
             try:
-                await self.handle.cluster.evict_pod(namespace, name, victim.pod.uid)
+                for key, uid in victim.pod.evicted:
+                    await self._evict_pod(cycle, preemptor, victim, key, uid)
             except TooManyRequests:
                 now = self.handle.clock()
                 self.evaluator.block(victim.pod.uid, now + self.args.blocked_s)
                 # The rest of this plan is no longer needed as such: choose again without the protected pod
                 # (those already evicted count as gone), now rather than at the pod's next cycle.
                 self.evaluator.abandon(cycle.uid, frozenset(v.pod.uid for v in plan.victims[k:]))
-                await self._event(victim.pod.key, victim.pod.uid, "PreemptionBlocked",
+                await self._event(key, uid, "PreemptionBlocked",
                                   f"not evicted for {cycle.key}: its PodDisruptionBudget allows no disruption now")
                 again = self.evaluator.choose(cycle, candidates, now) if tries > 1 else None
                 if again is not None:
                     self._remember(cycle, again[1], now)
                     await self._evict(cycle, candidates, preemptor, again[1], tries - 1)
                 return
-            except (NotFound, Conflict):
-                continue  # gone or replaced meanwhile: its capacity comes back anyway
             except ApiError as e:
-                log.warning("evicting %s for %s failed: %s", victim.pod.key, cycle.key, e)
+                log.warning("evicting %s for %s failed: %s", key, cycle.key, e)
                 self.evaluator.not_evicted(victim.pod.uid)
                 continue
-            await self._record(cycle, preemptor, victim)
 
-    async def _record(self, cycle: CycleState, preemptor: Preemptor, victim: Victim) -> None:
-        await self._event(victim.pod.key, victim.pod.uid, "Preempted", victim.message(preemptor))
+    async def _evict_pod(self, cycle: CycleState, preemptor: Preemptor, victim: Victim, key: str, uid: str) -> None:
+        """Evict one pod of `victim` and record it; a pod gone or replaced meanwhile is no error (its share
+        comes back anyway). TooManyRequests (its budget) and other API errors are the caller's."""
+        namespace, name = key.split("/", 1)
+        try:
+            await self.handle.cluster.evict_pod(namespace, name, uid)
+        except (NotFound, Conflict):
+            return
+        await self._record(cycle, preemptor, victim, key, uid)
+
+    async def _record(self, cycle: CycleState, preemptor: Preemptor, victim: Victim, key: str, uid: str) -> None:
+        claim = f"; its claim {victim.pod.key}" if victim.pod.pods else ""
+        await self._event(key, uid, "Preempted", victim.message(preemptor) + claim)
         await self._event(cycle.key, cycle.uid, "Preempting",
-                          f"evicted {victim.pod.key} on {victim.pod.node} ({victim.reason})")
+                          f"evicted {key} on {victim.pod.node} ({victim.reason}{claim})")
 
     async def _event(self, key: str, uid: str, reason: str, message: str) -> None:
         namespace, name = key.split("/", 1)
