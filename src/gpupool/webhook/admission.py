@@ -5,7 +5,9 @@ GPU memory in MiB (`10Gi` -> `10240`), make a whole-GPU request explicit (`gpu-c
 the default isolation mode. Validating (`validate`): refuse what could never be scheduled or would
 break accounting, with one message that lists every problem and where it is. A pod with isolation `mig`
 is checked against the GPU models the inventories show: some MIG-capable model it may use must have a
-profile for its request (gpupool.core.mig_request.profile_for, the rule the scheduler applies per GPU).
+profile for its request (gpupool.core.mig_request.profile_for, the rule the scheduler applies per GPU). A
+pod's runtime (gpupool.io/runtime, or what its resources and models imply) must be one its vendor resources,
+models, isolation and share can have (`_runtime_problems`).
 
 Both run the same checks, so a pod is refused by whichever webhook sees it first with the same text.
 Every pod (GPU or not) is also checked for what no container may bring (`forbidden`), under the
@@ -40,7 +42,9 @@ from gpupool.api.names import (
     RESOURCE_MEMORY,
 )
 from gpupool.api.pod import (
+    ANN_RUNTIME,
     GPUPOOL_RESOURCES,
+    ParsedPod,
     annotation_set,
     containers,
     gpupool_resources,
@@ -48,6 +52,7 @@ from gpupool.api.pod import (
     pod_annotations,
     pod_key,
     resource_section,
+    vendor_resources,
     wants_gpu,
 )
 from gpupool.api.quantity import QuantityError, gpu_memory_mib
@@ -55,6 +60,7 @@ from gpupool.core.mig import known_models, mig_model
 from gpupool.core.mig_request import ProfileRefusal, profile_for
 from gpupool.core.model import MILLI_PER_GPU, GPURequest
 from gpupool.core.policies import policy_names
+from gpupool.core.vendors import ANY_RUNTIME, CANN, CUDA, RUNTIME_OF_VENDOR, runtime_of_model
 from gpupool.webhook.forbidden import pod_problems
 from gpupool.webhook.inventory import Limits
 from gpupool.webhook.patch import Patcher
@@ -322,6 +328,39 @@ def _mig_problems(limits: Limits, request_gpu: GPURequest, named: str | None) ->
     return [f"{ANN_ISOLATION}=mig: no MIG profile serves this request on the cluster's GPUs ({'; '.join(refusals)})"]
 
 
+def _runtime_problems(pod: Mapping[str, Any], parsed: ParsedPod) -> list[str]:
+    """What the runtime a GPU pod needs (api.pod RUNTIME_DOC) makes impossible, in one place:
+    - a vendor's own resource (nvidia.com/gpu, amd.com/gpu, huawei.com/Ascend*) whose cards do not run it;
+    - models that are all gpupool-catalogued cards of other runtimes (the pod would fit no card);
+    - isolation mps on anything but CUDA: MPS is NVIDIA's daemon (an "any" pod could land on other cards);
+    - a compute or memory share with cann: Ascend has no sharing mechanism gpupool owns, only vNPU partitions
+      (partition isolation) and whole cards. A whole card under the default hook is accepted: nothing shares
+      it, so nothing needs enforcing."""
+    request = parsed.request
+    runtime = request.gpu.runtime if request is not None else None
+    if request is None or runtime is None:
+        return []
+    said = f"annotation {ANN_RUNTIME}={runtime}" if ANN_RUNTIME in pod_annotations(pod) else f"runtime {runtime}"
+    out: list[str] = []
+    if runtime != ANY_RUNTIME:
+        for resource, vendor in sorted(vendor_resources(pod).items()):
+            if RUNTIME_OF_VENDOR[vendor] != runtime:
+                out.append(f"{said}: the pod asks for {resource}, whose cards run {RUNTIME_OF_VENDOR[vendor]}, "
+                           f"not {runtime}")
+        models = sorted(request.gpu.models)
+        of_model = {m: runtime_of_model(m) for m in models}
+        if models and all(r is not None and r != runtime for r in of_model.values()):
+            shown_models = ", ".join(f"{m} runs {r}" for m, r in of_model.items())
+            out.append(f"{said}: no GPU model {ANN_MODEL} names runs {runtime} ({shown_models})")
+    if parsed.isolation == IsolationMode.MPS and runtime != CUDA:
+        out.append(f"{said} with {ANN_ISOLATION}=mps: MPS is NVIDIA's and runs CUDA programs on NVIDIA cards only"
+                   + ("; say runtime cuda for a pod that needs MPS" if runtime == ANY_RUNTIME else ""))
+    if runtime == CANN and request.gpu.count and not request.gpu.whole:
+        out.append(f"{said} with a share of a card ({RESOURCE_CORES}/{RESOURCE_MEMORY}): Ascend cards are not "
+                   "shared by gpupool; ask for whole cards or a vNPU partition")
+    return out
+
+
 def _annotation_problems(pod: Mapping[str, Any], user: str, settings: Settings) -> list[str]:
     annotations = pod_annotations(pod)
     out: list[str] = []
@@ -373,6 +412,7 @@ def check_create(pod: Mapping[str, Any], settings: Settings, limits: Limits | No
         verdict = judge_isolation(pod_annotations(pod), policy, mutating=False)
         if verdict.error:
             forbidden.append(verdict.error)
+        errors.extend(_runtime_problems(pod, parsed))
         if parsed.request is not None:
             if limits is None:
                 warnings.append("gpupool: GPU inventory not known yet; request not checked against GPU sizes")
