@@ -70,3 +70,18 @@ def write_state(path: Path, cards: list[dict[str, Any]], **top: Any) -> Path:
 def read_state(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def load_binding(rocm_path: Path) -> Any:
+    """Build the fake into `rocm_path` and import the real binding over it (once per process: the binding
+    keeps the library it loaded first)."""
+    import sys
+
+    loaded = sys.modules.get("amdsmi")
+    if loaded is not None:
+        return loaded
+    build(rocm_path)
+    os.environ["ROCM_PATH"] = str(rocm_path)
+    import importlib
+
+    return importlib.import_module("amdsmi")

@@ -31,7 +31,8 @@
  *   partition UUIDs.)
  * - Compute x memory pairs (8-XCC MI300X/MI325X): SPX needs NPS1; DPX NPS1 or NPS2; QPX NPS1 or NPS4;
  *   CPX NPS1 or NPS4; TPX is for 6-XCC parts only. The memory mode must also be one the card supports:
- *   MI300X NPS1/NPS4, MI325X NPS1/NPS2/NPS4. A set that would make an invalid pair, or names a mode the
+ *   NPS1 and NPS4 on MI300X and MI325X (amdgpu's supported_nps_modes for these chips on bare metal, so
+ *   DPX/NPS2 is refused there: it exists on SR-IOV guests only). A set that would make an invalid pair, or names a mode the
  *   card lacks, returns AMDSMI_STATUS_SETTING_UNAVAILABLE; a set while any process holds the card returns
  *   AMDSMI_STATUS_BUSY; MI210 returns AMDSMI_STATUS_NOT_SUPPORTED for every partition call.
  * - A mode may be set through any processor of the card. Handles of partitions that no longer exist after a
@@ -76,8 +77,7 @@ typedef struct {
  * MI210 64 GB, each less the 16 MiB the driver reserves (so an MI300X DPX half is 98,296 MiB). */
 static const model_t MODELS[] = {
     {"MI300X", "AMD Instinct MI300X", 0x74a1, 8, 304, 196592, NPS1_BIT | NPS4_BIT, 0x942, AMDSMI_VRAM_TYPE_HBM3},
-    {"MI325X", "AMD Instinct MI325X", 0x74a5, 8, 304, 262128, NPS1_BIT | NPS2_BIT | NPS4_BIT, 0x942,
-     AMDSMI_VRAM_TYPE_HBM3},
+    {"MI325X", "AMD Instinct MI325X", 0x74a5, 8, 304, 262128, NPS1_BIT | NPS4_BIT, 0x942, AMDSMI_VRAM_TYPE_HBM3},
     {"MI210", "AMD Instinct MI210", 0x740f, 1, 104, 65520, 0, 0x90a, AMDSMI_VRAM_TYPE_HBM2E},
 };
 
