@@ -1,0 +1,336 @@
+/* A fake HIP runtime (libamdhip64.so) for the HIP memory cap's tests, written from HIP's API reference: the
+ * memory entry points the cap wraps, with the answers the reference documents, on simulated devices whose
+ * memory is shared by every process of a test.
+ *
+ * Behaviour (what the tests rely on):
+ * - devices: FAKE_HIP_DEVICES (default 1, at most 8), each with FAKE_HIP_MEM_MIB of memory (default 196608:
+ *   an MI300X's 192 GiB). The current device is per thread, 0 until hipSetDevice.
+ * - memory: FAKE_GPU_STATE names the file holding what each process holds on each device (its layout is
+ *   this fake's own), so hipMemGetInfo answers for the whole device, as ROCm's does (the free memory of
+ *   the device, every process's allocations taken off); a dead process's memory is freed (kill(pid, 0):
+ *   the tests share one PID space). Unset: each process sees devices of its own.
+ * - an allocation that does not fit the device's free memory fails with hipErrorOutOfMemory.
+ * - hipMalloc, hipExtMallocWithFlags, hipMallocAsync, hipMallocFromPoolAsync, hipMallocManaged: size 0
+ *   allocates nothing, sets *ptr to NULL and succeeds; a NULL ptr is hipErrorInvalidValue.
+ *   hipExtMallocWithFlags takes hipDeviceMallocDefault / Finegrained / SignalMemory / Uncached, anything
+ *   else is hipErrorInvalidValue; hipMallocManaged takes hipMemAttachGlobal or hipMemAttachHost (its pages
+ *   are counted on the device: the fake simulates a GPU where they live there); hipMallocFromPoolAsync
+ *   needs a pool (hipDeviceGetDefaultMemPool hands one out).
+ * - hipMallocPitch: rows padded to 128 bytes (the alignment the reference states); width or height 0
+ *   allocates nothing.
+ * - granularity: the reference documents none for hipMalloc (hipMallocManaged "should be" a multiple of
+ *   4 KiB, a recommendation, not an error): the fake counts the bytes asked for.
+ * - hipFree(NULL) succeeds; hipFree of a pointer that is not a live device allocation of this process
+ *   (a host pointer from hipHostMalloc included) is hipErrorInvalidDevicePointer; hipFreeAsync of one is
+ *   hipErrorInvalidValue (its reference lists no other error for a bad pointer).
+ * - hipHostMalloc / hipHostFree: pinned host memory, never counted on a device.
+ * - hipGetProcAddress finds the fake's own entry points by name (hipSuccess; an unknown name sets
+ *   HIP_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND and answers hipErrorInvalidValue, the only error the reference
+ *   lists). hipFakeEcho(x) = x + 1000: a function the cap does not wrap, to see lookups pass it through.
+ * Pointers are addresses of nothing: the fake never touches the memory it "allocates". */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../../../native/hip/gph.h"
+
+#define FK_DEVS 8
+#define FK_PROCS 128
+#define FK_MAGIC 0x5049484b41464bULL /* "KFAKHIP" */
+#define FK_ALLOCS 65536
+
+struct fk_proc {
+    int64_t pid;
+    uint64_t used[FK_DEVS];
+};
+struct fk_state {
+    uint64_t magic;
+    struct fk_proc procs[FK_PROCS];
+};
+
+static struct fk_state *st;
+static int st_fd = -1;
+static int ndev = 1;
+static uint64_t dev_bytes = 196608ULL << 20;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static __thread int current;
+
+enum { K_FREE = 0, K_DEVICE, K_HOST };
+static struct {
+    uintptr_t ptr;
+    int kind;
+    int dev;
+    uint64_t bytes;
+} allocs[FK_ALLOCS];
+static uintptr_t next_va = 0x7a0000000000ULL;
+
+static uint64_t env_u64(const char *name, uint64_t fallback) {
+    const char *v = getenv(name);
+    return v != NULL && *v ? strtoull(v, NULL, 10) : fallback;
+}
+
+static void setup(void) {
+    ndev = (int)env_u64("FAKE_HIP_DEVICES", 1);
+    if (ndev < 1) ndev = 1;
+    if (ndev > FK_DEVS) ndev = FK_DEVS;
+    dev_bytes = env_u64("FAKE_HIP_MEM_MIB", 196608) << 20;
+    const char *path = getenv("FAKE_GPU_STATE");
+    void *p = MAP_FAILED;
+    if (path != NULL && *path) {
+        st_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+        if (st_fd >= 0) {
+            flock(st_fd, LOCK_EX);
+            struct stat s;
+            if (fstat(st_fd, &s) == 0 && (s.st_size >= (off_t)sizeof *st || ftruncate(st_fd, sizeof *st) == 0))
+                p = mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_SHARED, st_fd, 0);
+            if (p != MAP_FAILED && ((struct fk_state *)p)->magic != FK_MAGIC) {
+                memset(p, 0, sizeof *st);
+                ((struct fk_state *)p)->magic = FK_MAGIC;
+            }
+            flock(st_fd, LOCK_UN);
+        }
+    }
+    if (p == MAP_FAILED) {
+        if (st_fd >= 0) close(st_fd);
+        st_fd = -1;
+        p = mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) abort();
+        ((struct fk_state *)p)->magic = FK_MAGIC;
+    }
+    st = p;
+}
+
+static void lock(void) {
+    pthread_once(&once, setup);
+    pthread_mutex_lock(&mu);
+    if (st_fd >= 0) flock(st_fd, LOCK_EX);
+}
+
+static void unlock(void) {
+    if (st_fd >= 0) flock(st_fd, LOCK_UN);
+    pthread_mutex_unlock(&mu);
+}
+
+static int alive(int64_t pid) { return pid > 0 && (kill((pid_t)pid, 0) == 0 || errno == EPERM); }
+
+/* With the lock held: what every live process holds on `dev` (the dead ones' entries cleared), and this
+ * process's entry. */
+static uint64_t device_used(int dev, struct fk_proc **mine) {
+    uint64_t sum = 0;
+    *mine = NULL;
+    struct fk_proc *empty = NULL;
+    for (int i = 0; i < FK_PROCS; i++) {
+        struct fk_proc *p = &st->procs[i];
+        if (p->pid == getpid()) *mine = p;
+        else if (p->pid != 0 && !alive(p->pid)) memset(p, 0, sizeof *p);
+        if (p->pid == 0 && empty == NULL) empty = p;
+        sum += p->used[dev];
+    }
+    if (*mine == NULL && empty != NULL) {
+        empty->pid = getpid();
+        *mine = empty;
+    }
+    return sum;
+}
+
+static hipError_t take(void **ptr, uint64_t bytes, int kind) {
+    if (ptr == NULL) return hipErrorInvalidValue;
+    if (bytes == 0) {
+        *ptr = NULL;
+        return hipSuccess;
+    }
+    lock();
+    int dev = current;
+    struct fk_proc *mine;
+    hipError_t r = hipSuccess;
+    if (kind == K_DEVICE) {
+        uint64_t used = device_used(dev, &mine);
+        if (mine == NULL || bytes > dev_bytes || used > dev_bytes - bytes) r = hipErrorOutOfMemory;
+    }
+    int slot = -1;
+    for (int i = 0; r == hipSuccess && i < FK_ALLOCS && slot < 0; i++)
+        if (allocs[i].kind == K_FREE) slot = i;
+    if (r == hipSuccess && slot < 0) r = hipErrorOutOfMemory;
+    if (r == hipSuccess) {
+        allocs[slot].ptr = next_va;
+        allocs[slot].kind = kind;
+        allocs[slot].dev = dev;
+        allocs[slot].bytes = bytes;
+        next_va += ((bytes + 4095) & ~4095ULL) + 4096; /* never two allocations at one address */
+        if (kind == K_DEVICE) mine->used[dev] += bytes;
+        *ptr = (void *)allocs[slot].ptr;
+    }
+    unlock();
+    return r;
+}
+
+/* Give back a live allocation of `kind` at p: 0 when there is none. */
+static int give(void *p, int kind) {
+    lock();
+    int found = 0;
+    for (int i = 0; i < FK_ALLOCS && !found; i++) {
+        if (allocs[i].kind != kind || allocs[i].ptr != (uintptr_t)p) continue;
+        found = 1;
+        if (kind == K_DEVICE) {
+            struct fk_proc *mine;
+            device_used(allocs[i].dev, &mine);
+            if (mine != NULL) mine->used[allocs[i].dev] -= allocs[i].bytes;
+        }
+        allocs[i].kind = K_FREE;
+    }
+    unlock();
+    return found;
+}
+
+hipError_t hipInit(unsigned int flags) {
+    (void)flags;
+    pthread_once(&once, setup);
+    return hipSuccess;
+}
+
+hipError_t hipGetDeviceCount(int *count) {
+    pthread_once(&once, setup);
+    if (count == NULL) return hipErrorInvalidValue;
+    *count = ndev;
+    return hipSuccess;
+}
+
+hipError_t hipGetDevice(int *dev) {
+    if (dev == NULL) return hipErrorInvalidValue;
+    *dev = current;
+    return hipSuccess;
+}
+
+hipError_t hipSetDevice(int dev) {
+    pthread_once(&once, setup);
+    if (dev < 0 || dev >= ndev) return hipErrorInvalidDevice;
+    current = dev;
+    return hipSuccess;
+}
+
+hipError_t hipMalloc(void **ptr, size_t size) { return take(ptr, size, K_DEVICE); }
+
+hipError_t hipExtMallocWithFlags(void **ptr, size_t size, unsigned int flags) {
+    if (flags != hipDeviceMallocDefault && flags != hipDeviceMallocFinegrained && flags != hipMallocSignalMemory &&
+        flags != hipDeviceMallocUncached)
+        return hipErrorInvalidValue;
+    return take(ptr, size, K_DEVICE);
+}
+
+hipError_t hipMallocManaged(void **ptr, size_t size, unsigned int flags) {
+    if (flags != hipMemAttachGlobal && flags != hipMemAttachHost) return hipErrorInvalidValue;
+    return take(ptr, size, K_DEVICE);
+}
+
+hipError_t hipMallocAsync(void **ptr, size_t size, hipStream_t stream) {
+    (void)stream;
+    return take(ptr, size, K_DEVICE);
+}
+
+hipError_t hipDeviceGetDefaultMemPool(hipMemPool_t *pool, int dev) {
+    pthread_once(&once, setup);
+    if (pool == NULL) return hipErrorInvalidValue;
+    if (dev < 0 || dev >= ndev) return hipErrorInvalidDevice;
+    *pool = (hipMemPool_t)(uintptr_t)(0x1000 + dev);
+    return hipSuccess;
+}
+
+hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, hipMemPool_t pool, hipStream_t stream) {
+    (void)stream;
+    if (pool == NULL) return hipErrorInvalidValue;
+    return take(ptr, size, K_DEVICE);
+}
+
+hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height) {
+    if (ptr == NULL || pitch == NULL) return hipErrorInvalidValue;
+    if (width == 0 || height == 0) {
+        *ptr = NULL;
+        *pitch = 0;
+        return hipSuccess;
+    }
+    size_t row = (width + 127) & ~(size_t)127;
+    uint64_t bytes;
+    if (__builtin_mul_overflow((uint64_t)row, (uint64_t)height, &bytes)) return hipErrorOutOfMemory;
+    hipError_t r = take(ptr, bytes, K_DEVICE);
+    if (r == hipSuccess) *pitch = row;
+    return r;
+}
+
+hipError_t hipFree(void *p) {
+    pthread_once(&once, setup);
+    if (p == NULL) return hipSuccess;
+    return give(p, K_DEVICE) ? hipSuccess : hipErrorInvalidDevicePointer;
+}
+
+hipError_t hipFreeAsync(void *p, hipStream_t stream) {
+    (void)stream;
+    return give(p, K_DEVICE) ? hipSuccess : hipErrorInvalidValue;
+}
+
+hipError_t hipHostMalloc(void **ptr, size_t size, unsigned int flags) {
+    (void)flags;
+    return take(ptr, size, K_HOST);
+}
+
+hipError_t hipHostFree(void *p) {
+    if (p == NULL) return hipSuccess;
+    return give(p, K_HOST) ? hipSuccess : hipErrorInvalidValue;
+}
+
+hipError_t hipMemGetInfo(size_t *free_b, size_t *total_b) {
+    if (free_b == NULL || total_b == NULL) return hipErrorInvalidValue;
+    lock();
+    struct fk_proc *mine;
+    uint64_t used = device_used(current, &mine);
+    unlock();
+    *total_b = dev_bytes;
+    *free_b = used >= dev_bytes ? 0 : dev_bytes - used;
+    return hipSuccess;
+}
+
+hipError_t hipDeviceTotalMem(size_t *bytes, int dev) {
+    pthread_once(&once, setup);
+    if (bytes == NULL) return hipErrorInvalidValue;
+    if (dev < 0 || dev >= ndev) return hipErrorInvalidDevice;
+    *bytes = dev_bytes;
+    return hipSuccess;
+}
+
+int hipFakeEcho(int x) { return x + 1000; }
+
+hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
+                             hipDriverProcAddressQueryResult *status) {
+    (void)hipVersion;
+    (void)flags;
+    static const struct {
+        const char *name;
+        void *fn;
+    } table[] = {
+#define E(n) {#n, (void *)n},
+        E(hipMalloc) E(hipExtMallocWithFlags) E(hipMallocManaged) E(hipMallocAsync) E(hipMallocFromPoolAsync)
+        E(hipMallocPitch) E(hipFree) E(hipFreeAsync) E(hipHostMalloc) E(hipHostFree) E(hipMemGetInfo)
+        E(hipDeviceTotalMem) E(hipGetDevice) E(hipSetDevice) E(hipGetDeviceCount) E(hipFakeEcho)
+        E(hipDeviceGetDefaultMemPool) E(hipGetProcAddress)
+#undef E
+    };
+    if (symbol == NULL || pfn == NULL) return hipErrorInvalidValue;
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (strcmp(table[i].name, symbol) != 0) continue;
+        *pfn = table[i].fn;
+        if (status != NULL) *status = HIP_GET_PROC_ADDRESS_SUCCESS;
+        return hipSuccess;
+    }
+    *pfn = NULL;
+    if (status != NULL) *status = HIP_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return hipErrorInvalidValue;
+}
