@@ -8,6 +8,7 @@ Example:
     parent: research            # optional: queues form a tree; pods join leaf queues
     guaranteed: {gpus: "3", gpuMemory: 240Gi, gpuCores: 300}
     maximum: {gpus: "6"}        # a dimension left out is unlimited
+    maxGPUsByVendor: {amd: "2"} # optional: at most this many GPUs of one vendor's cards (nvidia, amd, ascend)
     weight: 1
     lend: true                  # idle guarantee may be used by others (and is reclaimed when needed)
     borrow: true                # may go beyond its guarantee into what others lend
@@ -31,6 +32,7 @@ from gpupool.api.names import DOMAIN
 from gpupool.core.model import MILLI_PER_GPU
 from gpupool.core.quantity import QuantityError, parse_memory_mib
 from gpupool.core.queues import DIMENSIONS, UNLIMITED, QueueConfigError, QueueSpec, QueueTree, Quota
+from gpupool.core.vendors import VENDORS
 
 GROUP = DOMAIN
 VERSION = "v1alpha1"
@@ -40,6 +42,14 @@ LABEL_QUEUE = f"{DOMAIN}/queue"  # on a namespace: the queue its pods join
 DEFAULT_QUEUE = "default"
 
 _GPUS_RE = re.compile(r"^\d+(\.\d{1,3})?$")  # whole GPUs with up to three decimals (milli-GPU)
+
+
+def _gpus_text(value: Any) -> Any:
+    """A number of GPUs as the CRD stores it (a string such as "2" or "0.5"); ValueError names the value."""
+    text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
+    if text is not None and (not isinstance(text, str) or not _GPUS_RE.match(text)):
+        raise ValueError(f"{value!r} is not a number of GPUs such as 2 or 0.5 (at most 3 decimals)")
+    return text
 
 
 class QueueError(ValueError):
@@ -55,10 +65,7 @@ class AmountDoc(BaseModel):
     @field_validator("gpus", mode="before")
     @classmethod
     def _gpus(cls, value: Any) -> Any:
-        text = str(value) if isinstance(value, int | float) and not isinstance(value, bool) else value
-        if text is not None and (not isinstance(text, str) or not _GPUS_RE.match(text)):
-            raise ValueError(f"{value!r} is not a number of GPUs such as 2 or 0.5 (at most 3 decimals)")
-        return text
+        return _gpus_text(value)
 
     @field_validator("gpu_memory", mode="before")
     @classmethod
@@ -91,6 +98,28 @@ class QueueSpecDoc(BaseModel):
     weight: int = Field(default=1, ge=0, le=65535)
     lend: bool = True
     borrow: bool = True
+    # At most this many GPUs on one vendor's cards (the queue's subtree together), beside `maximum`.
+    max_gpus_by_vendor: dict[str, str] = Field(default_factory=dict, alias="maxGPUsByVendor")
+
+    @field_validator("max_gpus_by_vendor", mode="before")
+    @classmethod
+    def _by_vendor(cls, value: Any) -> Any:
+        if value is None:
+            return {}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"expected a map of vendor to GPUs such as {{amd: \"2\"}}, got {type(value).__name__}")
+        out: dict[str, str] = {}
+        for vendor, gpus in value.items():
+            if vendor not in VENDORS:
+                raise ValueError(f"vendor {str(vendor)[:40]!r} is unknown (use {', '.join(VENDORS)})")
+            try:
+                out[vendor] = _gpus_text(gpus)
+            except ValueError as e:
+                raise ValueError(f"{vendor}: {e}") from None
+        return out
+
+    def vendor_maximum(self) -> tuple[tuple[str, int], ...]:
+        return tuple(sorted((v, round(float(g) * MILLI_PER_GPU)) for v, g in self.max_gpus_by_vendor.items()))
 
 
 def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
@@ -112,6 +141,7 @@ def queue_spec(obj: Mapping[str, Any]) -> QueueSpec:
         borrow=doc.borrow,
         # The dimensions its object declares; none declared: all (a zero guarantee, borrowing only).
         dims=frozenset(doc.guaranteed.declared() | doc.maximum.declared() or DIMENSIONS),
+        vendor_maximum=doc.vendor_maximum(),
     )
 
 

@@ -21,6 +21,13 @@ stays within its queue's guarantee is always admitted, and capacity borrowed by 
 (gpupool.core.preemption). The root's guarantee is the cluster's capacity when given (idle capacity nobody
 is guaranteed is free to borrow), else the sum of the top-level guarantees.
 
+A queue may also cap one vendor's cards on their own (`QueueSpec.vendor_maximum`, the GPUQueue's
+`maxGPUsByVendor`): each charge carries its `gpus` dimension split by the vendor of the cards it sits on
+(`Quota.by_vendor`), summed like the rest, and a pod that would take a queue past a vendor's maximum on that
+vendor's cards is refused (final, like every maximum); pods on other vendors' cards are not. Without vendor
+maxima nothing of this changes a decision. A pending pod is charged to the vendor its runtime names (cuda:
+NVIDIA, ...); one that names none is charged to the vendor of the cards placement chose, when it has chosen.
+
 Pure: no I/O, no clock. The scheduler's admission plugin and the timeline replay call the same functions.
 """
 
@@ -30,25 +37,53 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from gpupool.core.model import MILLI_PER_GPU, Allocation, GPURequest, Node
+from gpupool.core.vendors import RUNTIME_OF_VENDOR
 
 UNLIMITED = 1 << 62  # a maximum nobody sets: large enough never to bind, small enough to add safely
 
 DIMENSIONS = ("gpu_milli", "memory_mib", "cores")
 
 
+VendorMilli = tuple[tuple[str, int], ...]  # (vendor, gpu_milli) sorted by vendor, no zero entries
+
+
+def _merge(a: VendorMilli, b: VendorMilli, sign: int) -> VendorMilli:
+    if not b:
+        return a
+    if not a and sign > 0:
+        return b
+    if len(a) == 1 and len(b) == 1 and a[0][0] == b[0][0]:  # the common case: one vendor's cards
+        milli = a[0][1] + sign * b[0][1]
+        return ((a[0][0], milli),) if milli else ()
+    out = dict(a)
+    for vendor, milli in b:
+        out[vendor] = out.get(vendor, 0) + sign * milli
+    return tuple(sorted((v, m) for v, m in out.items() if m))
+
+
 @dataclass(frozen=True, slots=True)
 class Quota:
-    """An amount in the three quota dimensions (see the module doc for the units)."""
+    """An amount in the three quota dimensions (see the module doc for the units), with the `gpu_milli`
+    dimension also split by the vendor of the cards it sits on (`by_vendor`; a part of unknown vendor is in
+    no entry). Equality and the quota arithmetic of the three dimensions ignore the split: it only feeds
+    per-vendor maxima."""
 
     gpu_milli: int = 0
     memory_mib: int = 0
     cores: int = 0
+    by_vendor: VendorMilli = field(default=(), compare=False)
 
     def __add__(self, other: Quota) -> Quota:
-        return Quota(self.gpu_milli + other.gpu_milli, self.memory_mib + other.memory_mib, self.cores + other.cores)
+        return Quota(self.gpu_milli + other.gpu_milli, self.memory_mib + other.memory_mib, self.cores + other.cores,
+                     _merge(self.by_vendor, other.by_vendor, 1))
 
     def __sub__(self, other: Quota) -> Quota:
-        return Quota(self.gpu_milli - other.gpu_milli, self.memory_mib - other.memory_mib, self.cores - other.cores)
+        return Quota(self.gpu_milli - other.gpu_milli, self.memory_mib - other.memory_mib, self.cores - other.cores,
+                     _merge(self.by_vendor, other.by_vendor, -1))
+
+    def vendor_milli(self, vendor: str) -> int:
+        """The part of `gpu_milli` on `vendor`'s cards."""
+        return next((m for v, m in self.by_vendor if v == vendor), 0)
 
     def values(self) -> tuple[int, int, int]:
         return (self.gpu_milli, self.memory_mib, self.cores)
@@ -61,10 +96,14 @@ class Quota:
         return [d for d, a, b in zip(DIMENSIONS, self.values(), limit.values(), strict=True) if a > b]
 
     def elementwise_max(self, other: Quota) -> Quota:
-        return Quota(*(max(a, b) for a, b in zip(self.values(), other.values(), strict=True)))
+        g, m, c = (max(a, b) for a, b in zip(self.values(), other.values(), strict=True))
+        vendors = {v for v, _ in (*self.by_vendor, *other.by_vendor)}
+        split = tuple(sorted((v, max(self.vendor_milli(v), other.vendor_milli(v))) for v in vendors))
+        return Quota(g, m, c, tuple((v, x) for v, x in split if x))
 
     def positive(self) -> Quota:
-        return Quota(*(max(0, a) for a in self.values()))
+        g, m, c = (max(0, a) for a in self.values())
+        return Quota(g, m, c, tuple((v, x) for v, x in self.by_vendor if x > 0))
 
     def is_zero(self) -> bool:
         return not any(self.values())
@@ -74,26 +113,44 @@ ZERO = Quota()
 NO_LIMIT = Quota(UNLIMITED, UNLIMITED, UNLIMITED)
 
 
-def card_memory(nodes: Iterable[Node]) -> dict[str, int]:
-    """GPU memory (MiB) by GPU UUID: what a share's memory fraction is measured against."""
-    return {g.uuid: g.memory_mib for n in nodes for g in n.gpus}
+class CardMemory(dict[str, int]):
+    """GPU memory (MiB) by GPU UUID, and each card's vendor (`vendor`, by UUID): what `card_memory` gives, so
+    that every caller's charges carry the vendor split without a second argument."""
+
+    def __init__(self, memory: Mapping[str, int], vendor: Mapping[str, str]) -> None:
+        super().__init__(memory)
+        self.vendor: dict[str, str] = dict(vendor)
+
+
+def card_memory(nodes: Iterable[Node]) -> CardMemory:
+    """GPU memory (MiB) by GPU UUID: what a share's memory fraction is measured against (and its vendor)."""
+    cards = [g for n in nodes for g in n.gpus]
+    return CardMemory({g.uuid: g.memory_mib for g in cards}, {g.uuid: g.vendor for g in cards})
+
+
+_VENDOR_OF_RUNTIME = {runtime: vendor for vendor, runtime in RUNTIME_OF_VENDOR.items()}
 
 
 def charge_of_request(request: GPURequest, gpu_memory_mib: int) -> Quota:
     """What a pod asking `request` is charged when it sits on GPUs of `gpu_memory_mib` (the candidate GPU's
-    size: a pending pod is charged as it would be on the GPU its placement chose)."""
+    size: a pending pod is charged as it would be on the GPU its placement chose), on the vendor its runtime
+    names (none for "any" or nothing said)."""
     if request.count <= 0:
         return ZERO
     memory = request.memory_on(gpu_memory_mib)
-    return _charge(request.count, request.milli, memory, gpu_memory_mib)
+    return _charge(request.count, request.milli, memory, gpu_memory_mib,
+                   _VENDOR_OF_RUNTIME.get(request.runtime or ""))
 
 
 def charge_of_allocation(allocation: Allocation, gpu_memory_mib: Mapping[str, int]) -> Quota:
     """What an allocated pod is charged: what it was given, GPU by GPU (`gpu_memory_mib` maps UUID to the
-    card's memory; an unknown card counts its share of compute only)."""
+    card's memory; an unknown card counts its share of compute only). With `card_memory`'s mapping, each
+    GPU's part is also counted on its card's vendor."""
+    vendors = gpu_memory_mib.vendor if isinstance(gpu_memory_mib, CardMemory) else {}
     total = ZERO
     for grant in allocation.grants:
-        total = total + _charge(1, grant.milli, grant.memory_mib, gpu_memory_mib.get(grant.uuid, 0))
+        total = total + _charge(1, grant.milli, grant.memory_mib, gpu_memory_mib.get(grant.uuid, 0),
+                                vendors.get(grant.uuid))
     return total
 
 
@@ -102,10 +159,11 @@ def charge_of_share(milli: int, memory_mib: int, card_mib: int) -> Quota:
     return _charge(1, milli, memory_mib, card_mib)
 
 
-def _charge(count: int, milli: int, memory_mib: int, card_mib: int) -> Quota:
+def _charge(count: int, milli: int, memory_mib: int, card_mib: int, vendor: str | None = None) -> Quota:
     memory_milli = -(-memory_mib * MILLI_PER_GPU // card_mib) if card_mib > 0 else 0  # rounded up: never undercharge
     held = min(MILLI_PER_GPU, max(milli, memory_milli))
-    return Quota(count * held, count * memory_mib, count * milli // 10)
+    by_vendor = ((vendor, count * held),) if vendor and held else ()
+    return Quota(count * held, count * memory_mib, count * milli // 10, by_vendor)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +178,9 @@ class QueueSpec:
     # The dimensions this queue's quota counts (those its object declares): a queue that sets only GPUs is
     # not held to a GPU-memory guarantee of zero.
     dims: frozenset[str] = frozenset(DIMENSIONS)
+    # Per vendor, the most gpu_milli of its cards the queue (its subtree) may hold: (vendor, milli) sorted by
+    # vendor; a vendor left out is held only by `maximum`.
+    vendor_maximum: VendorMilli = ()
 
     def over_guarantee(self, amount: Quota) -> list[str]:
         return [d for d in amount.exceeds(self.guaranteed) if d in self.dims]
@@ -136,7 +197,8 @@ class QueueSpec:
         return self._counted((self.guaranteed - usage).positive())
 
     def _counted(self, amount: Quota) -> Quota:
-        return Quota(*(v if d in self.dims else 0 for d, v in zip(DIMENSIONS, amount.values(), strict=True)))
+        g, m, c = (v if d in self.dims else 0 for d, v in zip(DIMENSIONS, amount.values(), strict=True))
+        return Quota(g, m, c, amount.by_vendor if "gpu_milli" in self.dims else ())
 
 
 class QueueConfigError(ValueError):
@@ -176,6 +238,8 @@ class QueueTree:
                 problems.append(f"queue {spec.name!r}: weight {spec.weight} is negative")
             if any(v < 0 for v in spec.guaranteed.values()):
                 problems.append(f"queue {spec.name!r}: negative guarantee")
+            problems.extend(f"queue {spec.name!r}: negative maximum for {vendor} GPUs"
+                            for vendor, milli in spec.vendor_maximum if milli < 0)
         for name in by_name:
             seen: set[str] = set()
             cur: str | None = name
@@ -271,6 +335,12 @@ def admit(tree: QueueTree, usage: Mapping[str, Quota], queue: str, charge: Quota
         over = after[name].exceeds(spec.maximum)
         if over:
             return Refused(_over(name, "maximum", over, after[name], spec.maximum), name)
+        for vendor, most in spec.vendor_maximum:
+            # Only a pod that adds to this vendor's cards can pass its maximum; others are not held to it.
+            held = after[name].vendor_milli(vendor)
+            if charge.vendor_milli(vendor) > 0 and held > most:
+                return Refused(f"queue {name}: {held / MILLI_PER_GPU:g} of {most / MILLI_PER_GPU:g} {vendor} GPUs "
+                               "maximum", name)
     for name in chain:
         spec = tree.specs[name]
         over = spec.over_guarantee(after[name])
