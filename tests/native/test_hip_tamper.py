@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.native.conftest import PodFactory
-from tests.native.native_helpers import GIB, MIB, Built, Probe
+from tests.native.native_helpers import GIB, MIB, Built, Pod, Probe
 from tests.native.test_hip_memory import OOM, SHARE, build_hip
 from tests.native.test_hook_sanitizers import SANITIZE, runtime
 
@@ -41,7 +41,7 @@ def tenants(flavour: tuple[Built, str | None], device: Path, tmp_path: Path) -> 
         assert "AddressSanitizer" not in err and "runtime error" not in err, err
 
 
-def granted(tenants: PodFactory, flavour: tuple[Built, str | None], **kwargs: object) -> object:
+def granted(tenants: PodFactory, flavour: tuple[Built, str | None], **kwargs: object) -> Pod:
     extra = dict(kwargs.pop("extra", {}) or {})  # type: ignore[call-overload]
     if flavour[1] is not None:
         extra.update(ASAN_OPTIONS="halt_on_error=1:detect_leaks=0", UBSAN_OPTIONS="halt_on_error=1")
@@ -60,7 +60,7 @@ def fill(app: Probe, kind: str = "mem", total: int = SHARE, piece: int = GIB) ->
                                     {"extra": {"GPUPOOL_MEMORY_LIMIT_MIB": "ten"}}])
 def test_unsetting_or_raising_the_memory_variable_keeps_the_grant(
         tenants: PodFactory, flavour: tuple[Built, str | None], tamper: dict[str, object]) -> None:
-    app = tenants.start(granted(tenants, flavour, memory_mib="10240", **tamper))  # type: ignore[arg-type]
+    app = tenants.start(granted(tenants, flavour, memory_mib="10240", **tamper))
     fill(app)
     assert app.alloc("mem", 1)[0] == OOM
     assert app.ask("info") == [0, 0, SHARE]
@@ -76,12 +76,12 @@ def test_the_variable_may_lower_the_cap(tenants: PodFactory, flavour: tuple[Buil
 def test_redirecting_the_hook_dir_does_not_give_a_fresh_share(
         tenants: PodFactory, flavour: tuple[Built, str | None], tmp_path: Path) -> None:
     pod = granted(tenants, flavour, memory_mib="10240")
-    a = tenants.start(pod)  # type: ignore[arg-type]
+    a = tenants.start(pod)
     assert a.alloc("mem", 6 * GIB)[0] == 0
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    pod.extra["GPUPOOL_HOOK_DIR"] = str(elsewhere)  # type: ignore[attr-defined]
-    b = tenants.start(pod)  # type: ignore[arg-type]
+    pod.extra["GPUPOOL_HOOK_DIR"] = str(elsewhere)
+    b = tenants.start(pod)
     assert b.alloc("ext", 5 * GIB)[0] == OOM  # 6 + 5 > 10: both are in the pod's one accounting
     assert b.alloc("ext", 4 * GIB)[0] == 0
     assert b.alloc("mem", 1)[0] == OOM
@@ -91,9 +91,9 @@ def test_redirecting_the_hook_dir_does_not_give_a_fresh_share(
 def test_a_limits_file_that_is_not_one_refuses_everything(
         tenants: PodFactory, flavour: tuple[Built, str | None]) -> None:
     pod = granted(tenants, flavour, memory_mib="10240")
-    path = pod.write_limits()  # type: ignore[attr-defined]
+    path = pod.write_limits()
     path.write_bytes(b"\0" * 2048)  # fail closed: a garbled grant is never "no limit"
-    app = tenants.start(pod)  # type: ignore[arg-type]
+    app = tenants.start(pod)
     for kind in ("mem", "ext", "managed", "pitch", "async", "pool"):
         assert app.alloc(kind, MIB)[0] == OOM, kind
 
@@ -111,7 +111,7 @@ def test_a_forged_limits_file_in_a_writable_directory_grants_nothing(
                                                 accounting_dir=str(forged / "hook")))
     pod = granted(tenants, flavour, memory_mib="10240",
                   extra={"GPUPOOL_HOOK_DIR": str(forged), "GPUPOOL_MEMORY_LIMIT_MIB": "65536"})
-    app = tenants.start(pod)  # type: ignore[arg-type]
+    app = tenants.start(pod)
     fill(app)
     assert app.alloc("mem", 1)[0] == OOM
     assert app.ask("info") == [0, 0, SHARE]
@@ -123,9 +123,9 @@ def test_a_limits_file_rewritten_under_a_running_process_grants_it_nothing(
     """The limits file rewritten in place after the process read it: the process holds the grant it started
     with. (A process started after it would read the file afresh: the agent mounts it read-only.)"""
     pod = granted(tenants, flavour, memory_mib="10240")
-    app = tenants.start(pod)  # type: ignore[arg-type]
+    app = tenants.start(pod)
     assert app.alloc("mem", GIB)[0] == 0
-    path = pod.hook_dir / "limits" / "limits.v1"  # type: ignore[attr-defined]
+    path = pod.hook_dir / "limits" / "limits.v1"
     data = bytearray(path.read_bytes())
     struct.pack_into("<Q", data, 16, 64 * GIB)  # limit[0]
     path.write_bytes(bytes(data))
@@ -156,15 +156,15 @@ def _pin_slots(usage: Path, first: int, count: int) -> int:
 
 def test_the_257th_process_is_refused_not_uncounted(tenants: PodFactory, flavour: tuple[Built, str | None]) -> None:
     pod = granted(tenants, flavour, memory_mib="10240")
-    first = tenants.start(pod)  # type: ignore[arg-type]  # slot 0, and the file made
+    first = tenants.start(pod)  # slot 0, and the file made
     assert first.alloc("mem", MIB)[0] == 0
-    fd = _pin_slots(pod.accounting / "usage.v1", 1, SLOTS - 1)  # type: ignore[attr-defined]
+    fd = _pin_slots(pod.accounting / "usage.v1", 1, SLOTS - 1)
     try:
-        app = tenants.start(pod)  # type: ignore[arg-type]
+        app = tenants.start(pod)
         assert app.alloc("mem", MIB)[0] == OOM
         fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_UNLCK, os.SEEK_SET, SLOTS, 1, 0))
         os.pwrite(fd, struct.pack("<q", 0), 2048 + 264 * (SLOTS - 1))  # that process exited
-        late = tenants.start(pod)  # type: ignore[arg-type]  # one slot free again: the next process runs
+        late = tenants.start(pod)  # one slot free again: the next process runs
         assert late.alloc("mem", SHARE - MIB)[0] == 0
         assert late.alloc("mem", 1)[0] == OOM
     finally:
@@ -173,12 +173,12 @@ def test_the_257th_process_is_refused_not_uncounted(tenants: PodFactory, flavour
 
 def test_zeroing_the_accounting_file_gains_nothing(tenants: PodFactory, flavour: tuple[Built, str | None]) -> None:
     pod = granted(tenants, flavour, memory_mib="10240")
-    a = tenants.start(pod)  # type: ignore[arg-type]
+    a = tenants.start(pod)
     assert a.alloc("mem", 6 * GIB)[0] == 0
-    usage = pod.accounting / "usage.v1"  # type: ignore[attr-defined]
+    usage = pod.accounting / "usage.v1"
     usage.write_bytes(b"\0" * usage.stat().st_size)  # the tenant wipes the pod's accounting in place
     assert a.alloc("mem", 5 * GIB)[0] == OOM  # the wiping process is held by its own bookkeeping
-    b = tenants.start(pod)  # type: ignore[arg-type]
+    b = tenants.start(pod)
     assert b.alloc("mem", 5 * GIB)[0] == OOM  # a's wiped slot is live: its usage is not zero, it is unknown
     assert a.ask("info") == [0, 4 * GIB, SHARE]  # a writes its usage back at its next call
     assert b.alloc("mem", 5 * GIB)[0] == OOM
