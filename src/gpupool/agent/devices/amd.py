@@ -93,7 +93,9 @@ def _sysfs_numa(bus_id: str) -> int:
 
 def import_amdsmi() -> Any:
     """Import the binding. It loads libamd_smi.so on import (from ROCM_PATH/lib, the linker path or its own
-    folder) and prints to stdout when it cannot; that text goes into the error instead."""
+    folder) and prints to stdout when it cannot; that text goes into the error instead. Imported by name
+    because the binding ships no type information (mypy --strict would refuse a plain `import amdsmi`
+    without an override in pyproject.toml); this stays the one place that imports it."""
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
