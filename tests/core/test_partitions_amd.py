@@ -94,6 +94,15 @@ def test_layout_problems_agree_with_the_oracle_on_larger_layouts(model: str, ite
     assert (layout_problems(model, layout) == []) == oracle_valid(layout)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(AMD_MODELS), st.sampled_from(ALL_PAIRS), st.lists(st.integers(0, 8), min_size=3, max_size=9))
+def test_layout_problems_agree_with_the_oracle_on_one_profile_layouts(model: str, profile: str,
+                                                                      starts: list[int]) -> None:
+    """One profile throughout (the case a mixed random layout rarely reaches): starts decide."""
+    layout = tuple(PlacedInstance(profile, s) for s in starts)
+    assert (layout_problems(model, layout) == []) == oracle_valid(layout)
+
+
 def test_qpx_mi300x_is_four_partitions_of_76_cus_and_49152_mib() -> None:
     # 304 CUs / 4 = 76; 192 GB = 192 x 1024 = 196,608 MiB, / 4 = 49,152 MiB (one NPS4 memory domain each)
     m = MODELS["MI300X"]

@@ -33,11 +33,11 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 
 from gpupool.core.mig import PlacedInstance
 from gpupool.core.mig_placement import MigChoice, MigInstance, MigOption, MigRefusal
-from gpupool.core.vendors import AMD, ASCEND, PARTITION_VNPU, PARTITION_XCP, card_model
+from gpupool.core.vendors import AMD, ASCEND, PARTITION_VNPU, PARTITION_XCP, CardModel, card_model
 
 Layout = Sequence[PlacedInstance]
 Demand = Mapping[str, float]  # profile name -> share of the expected partition pods (sums to 1)
@@ -107,9 +107,16 @@ class Usage:
     xcc_mask: int  # AMD: XCCs covered; 0 on Ascend
 
 
-def _amd(name: str, note: str = "") -> PartitionModel:
+def _row(name: str, kind: str) -> CardModel:
+    """The catalogue row this table builds on; a mismatch is a programming error caught at import."""
     row = card_model(name)
-    assert row is not None and row.partition_slots == 8  # the catalogue and this table name the same cards
+    if row is None or row.partitioning != kind:
+        raise ValueError(f"{name}: not a {kind} card in gpupool.core.vendors.MODELS")
+    return row
+
+
+def _amd(name: str, note: str = "") -> PartitionModel:
+    row = _row(name, PARTITION_XCP)
     profiles = []
     for compute, n in sorted(COMPUTE_MODES.items(), key=lambda kv: -kv[1]):  # smallest partitions first
         width = row.partition_slots // n
@@ -136,8 +143,7 @@ ASCEND_310P_VGROUP_MIN_CORES = 2  # a vGroup holds at least 2 AI Cores; one or t
 
 
 def _training(name: str) -> PartitionModel:
-    row = card_model(name)
-    assert row is not None
+    row = _row(name, PARTITION_VNPU)
     cores, memory = row.compute_units, row.memory_mib
     profiles = tuple(
         PartitionProfile(f"vir{c:02d}", c, memory * c // cores, cores // c,
@@ -149,8 +155,7 @@ def _training(name: str) -> PartitionModel:
 
 
 def _inference_310p(name: str) -> PartitionModel:
-    row = card_model(name)
-    assert row is not None
+    row = _row(name, PARTITION_VNPU)
     per_core = row.memory_mib // row.compute_units  # 3,072 MiB: HAMi's vir01 on a 24,576 MiB 310P3
     n = ASCEND_310P_MAX_VNPUS
     profiles = (
@@ -377,10 +382,15 @@ def _usable_units(m: PartitionModel, instances: Sequence[MigInstance], p: Partit
 def fragmentation(model: PartitionModel | str, instances: Sequence[MigInstance], demand: Demand) -> float:
     """Demand-weighted idle units (XCCs on AMD, AI Cores on Ascend) the demand could not use on this card:
     for each profile of the demand, the card's idle units minus those its partitions could still take."""
-    m = _resolve(model)
+    return _fragment(_resolve(model).name, tuple(sorted(instances)), tuple(sorted(demand.items())))
+
+
+@lru_cache(maxsize=65536)  # choose() scores every option of every card: the same states recur (as for MIG)
+def _fragment(model_name: str, instances: tuple[MigInstance, ...], demand: tuple[tuple[str, float], ...]) -> float:
+    m = MODELS[model_name]
     idle = _idle_units(m, instances)
     total = 0.0
-    for name, weight in sorted(demand.items()):
+    for name, weight in demand:
         p = m.profile(name)
         if p is None or weight <= 0:
             continue
