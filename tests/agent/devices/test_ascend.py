@@ -24,8 +24,6 @@ from gpupool.agent.devices.vendor import Partition
 from gpupool.api.isolation import IsolationMode
 from tests.agent.fakes import ascend as fake
 
-pytestmark = pytest.mark.skipif(not fake.have_cc(), reason="no C compiler to build the fake DCMI library")
-
 
 @pytest.fixture
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

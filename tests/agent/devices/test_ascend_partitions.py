@@ -23,8 +23,6 @@ from gpupool.agent.devices.ascend import AscendBackend, AscendPartitions
 from gpupool.agent.devices.vendor import Partition, PartitionError
 from tests.agent.fakes import ascend as fake
 
-pytestmark = pytest.mark.skipif(not fake.have_cc(), reason="no C compiler to build the fake DCMI library")
-
 TRAINING = {"vir02": (2, 0), "vir04": (4, 0), "vir08": (8, 0), "vir16": (16, 0)}  # AI Cores, AI CPUs
 INFERENCE = {"vir01": (1, 1), "vir02": (2, 2), "vir02_1c": (2, 1), "vir04": (4, 4), "vir04_3c": (4, 3),
              "vir04_3c_ndvpp": (4, 3), "vir04_4c_dvpp": (4, 4)}
