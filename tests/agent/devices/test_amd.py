@@ -304,6 +304,17 @@ def test_a_reset_event_marks_the_card_it_came_from(tmp_path: Path, smi: Any) -> 
     assert amd_fake.read_state(state)["events"] == []  # consumed
 
 
+def test_partitions_made_after_discovery_are_watched_too(tmp_path: Path, smi: Any) -> None:
+    state = tmp_path / "amd.json"
+    with node(state, [amd_fake.card("MI300X", 0)], smi) as backend:
+        card = uuids(backend)[0]
+        AmdPartitions(backend).create(card, "CPX/NPS4", 0)
+        data = amd_fake.read_state(state)
+        data["events"] = [{"card": 0, "partition": 6, "type": 3, "message": "reset"}]
+        state.write_text(json.dumps(data))
+        assert backend.wait_event(0) == HealthEvent(card, AMD_GPU_PRE_RESET, "AMD SMI event GPU_PRE_RESET: reset")
+
+
 def test_vm_faults_are_not_health_events(tmp_path: Path, smi: Any) -> None:
     """An application's bad address (AMD's analog of Xid 13/31) does not make the card unhealthy."""
     state = tmp_path / "amd.json"

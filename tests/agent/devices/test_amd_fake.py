@@ -58,6 +58,9 @@ def test_a_card_shows_one_processor_per_partition(smi: Any, state: Path) -> None
     assert smi.amdsmi_get_gpu_vram_info(half)["vram_size"] == 98_296  # vendors.md
     assert smi.amdsmi_get_gpu_device_bdf(half) == smi.amdsmi_get_gpu_device_bdf(handles[0])
     assert amd_fake.read_state(state)["cards"][0]["compute"] == "DPX"
+    sockets = smi.amdsmi_get_socket_handles()
+    assert len(sockets) == 3  # one per card, its partitions under it
+    assert smi.amdsmi_get_socket_info(sockets[0]) == "0000:0c:00"
 
 
 @pytest.mark.parametrize(

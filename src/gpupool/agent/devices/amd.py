@@ -278,6 +278,11 @@ class AmdBackend:
                     self._readers.append(reader_class(p.handle, wanted))
         self._reader_keys = keys
 
+    def watch_new_processors(self) -> None:
+        """Subscribe the processors a mode change made (the old ones' handles are gone)."""
+        with self._lock, contextlib.suppress(DiscoveryError):
+            self._register_events(self._cards())
+
     def _stop_readers(self) -> None:
         for reader in self._readers:
             with contextlib.suppress(self._error):
@@ -497,6 +502,7 @@ class AmdPartitions:
                 self._switch(card, compute, memory)
                 self._released[gpu_uuid] = set()
                 card = self._card(gpu_uuid)
+                self._backend.watch_new_processors()
             k = start // width
             self._released.setdefault(gpu_uuid, set()).discard(k)
             match = [p for p in card.processors if p.partition == k]
@@ -539,6 +545,7 @@ class AmdPartitions:
             if every <= released and not any(running.values()):
                 self._switch(card, *REST_PROFILE.split("/"))
                 released.clear()
+                self._backend.watch_new_processors()
 
 
 class AmdVendor:

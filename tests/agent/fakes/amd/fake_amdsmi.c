@@ -31,9 +31,9 @@
  *   partition UUIDs.)
  * - Compute x memory pairs (8-XCC MI300X/MI325X): SPX needs NPS1; DPX NPS1 or NPS2; QPX NPS1 or NPS4;
  *   CPX NPS1 or NPS4; TPX is for 6-XCC parts only. The memory mode must also be one the card supports:
- *   NPS1 and NPS4 on MI300X and MI325X (amdgpu's supported_nps_modes for these chips on bare metal, so
- *   DPX/NPS2 is refused there: it exists on SR-IOV guests only). A set that would make an invalid pair, or names a mode the
- *   card lacks, returns AMDSMI_STATUS_SETTING_UNAVAILABLE; a set while any process holds the card returns
+ *   NPS1 and NPS4 on MI300X and MI325X (amdgpu's default supported_nps_modes for these chips on bare
+ *   metal, so DPX/NPS2 is refused). A set that would make an invalid pair, or names a mode the card
+ *   lacks, returns AMDSMI_STATUS_SETTING_UNAVAILABLE; a set while any process holds the card returns
  *   AMDSMI_STATUS_BUSY; MI210 returns AMDSMI_STATUS_NOT_SUPPORTED for every partition call.
  * - A mode may be set through any processor of the card. Handles of partitions that no longer exist after a
  *   mode change answer AMDSMI_STATUS_NOT_FOUND; callers re-enumerate.
@@ -322,7 +322,7 @@ amdsmi_status_t amdsmi_get_socket_info(amdsmi_socket_handle socket_handle, size_
     amdsmi_status_t rc = AMDSMI_STATUS_NOT_FOUND;
     if (*s < card_count(&st)) {
         const char *bdf = json_str(cards_of(&st)->items[*s], "bdf", "0000:00:00.0");
-        snprintf(name, len, "%.*s", 12, bdf); /* the socket id is the BDF less its function */
+        snprintf(name, len, "%.*s", 10, bdf); /* the socket id is the BDF less its function: 0000:0c:00 */
         rc = AMDSMI_STATUS_SUCCESS;
     }
     state_close(&st);
