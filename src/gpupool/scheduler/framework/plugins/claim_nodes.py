@@ -24,7 +24,7 @@ from gpupool.api.dra import REMOTE_ISOLATION
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import Code
-from gpupool.scheduler.node_rules import MAY_RUN, may_run
+from gpupool.scheduler.node_rules import MAY_RUN, MayRunCache
 
 NO_DEVICE = "no untainted device of gpupool's DRA driver here for this claim"
 NOT_HERE = f"the pod may not run here ({MAY_RUN})"
@@ -40,21 +40,19 @@ class ClaimNodes:
 
     def __init__(self, handle: Handle, args: Args) -> None:
         self.handle = handle
+        self.may_run = MayRunCache()  # may_run's answers, per pod shape and node version
 
     def filter(self, cycle: CycleState, nodes: NodeSet) -> None:
         claim = cycle.claim
         if claim is None:
             return
-        remote = claim.isolation == REMOTE_ISOLATION
-        objs = self.handle.ledger.node_objs
         names = nodes.alive_names()
-        bad = np.zeros(len(names), dtype=bool)
-        reasons: list[str] = []
-        for k, name in enumerate(names):
-            if name not in claim.gpus:
-                bad[k] = True
-                reasons.append(NO_DEVICE)
-            elif not remote and not may_run(cycle.pod, objs.get(name)):
-                bad[k] = True
-                reasons.append(NOT_HERE)
-        nodes.reject(bad, reasons, Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
+        has = np.fromiter(map(claim.gpus.__contains__, names), dtype=bool, count=len(names))
+        bad = ~has
+        if claim.isolation != REMOTE_ISOLATION:
+            where = np.flatnonzero(has)
+            allowed = self.may_run.allowed(cycle.pod, [names[k] for k in where.tolist()], self.handle.ledger.node_objs)
+            bad[where[~np.array(allowed, dtype=bool)]] = True
+        if bad.any():
+            reasons = [NOT_HERE if has[k] else NO_DEVICE for k in np.flatnonzero(bad).tolist()]
+            nodes.reject(bad, reasons, Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
