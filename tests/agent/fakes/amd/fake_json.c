@@ -10,21 +10,35 @@ typedef struct {
     int ok;
 } cursor;
 
+/* Out of memory in a test fake: stop at once rather than carry on with half a state. */
+static void *xrealloc(void *old, size_t size) {
+    void *p = realloc(old, size);
+    if (!p) abort();
+    return p;
+}
+
+static char *xstrdup(const char *s) {
+    char *p = strdup(s);
+    if (!p) abort();
+    return p;
+}
+
 static void skip_ws(cursor *c) {
     while (*c->p && isspace((unsigned char)*c->p)) c->p++;
 }
 
 static jval *new_val(jkind kind) {
     jval *v = calloc(1, sizeof *v);
-    if (v) v->kind = kind;
+    if (!v) abort();
+    v->kind = kind;
     return v;
 }
 
 static void push(jval *v, char *key, jval *item) {
     if (v->count == v->cap) {
         v->cap = v->cap ? v->cap * 2 : 8;
-        v->items = realloc(v->items, (size_t)v->cap * sizeof *v->items);
-        v->keys = realloc(v->keys, (size_t)v->cap * sizeof *v->keys);
+        v->items = xrealloc(v->items, (size_t)v->cap * sizeof *v->items);
+        v->keys = xrealloc(v->keys, (size_t)v->cap * sizeof *v->keys);
     }
     v->items[v->count] = item;
     v->keys[v->count] = key;
@@ -38,14 +52,14 @@ static char *parse_string(cursor *c) {
     }
     c->p++;
     size_t cap = 32, n = 0;
-    char *out = malloc(cap);
+    char *out = xrealloc(NULL, cap);
     while (*c->p && *c->p != '"') {
         char ch = *c->p++;
         if (ch == '\\') {
             char e = *c->p++;
             ch = e == 'n' ? '\n' : e == 't' ? '\t' : e;
         }
-        if (n + 2 > cap) out = realloc(out, cap *= 2);
+        if (n + 2 > cap) out = xrealloc(out, cap *= 2);
         out[n++] = ch;
     }
     if (*c->p != '"') {
@@ -213,13 +227,13 @@ void json_set_str(jval *obj, const char *key, const char *value) {
     jval *v = json_get(obj, key);
     if (!v) {
         v = new_val(JSTR);
-        push(obj, strdup(key), v);
+        push(obj, xstrdup(key), v);
     }
     if (v->kind != JSTR) {
         v->kind = JSTR;
     }
     free(v->str);
-    v->str = strdup(value);
+    v->str = xstrdup(value);
 }
 
 void json_remove_at(jval *arr, int index) {
