@@ -185,6 +185,13 @@ def test_bad_templates_and_slots_are_invalid_arguments(state: Path, chip: dict[s
     assert parts.partitions(uuid) == ()
 
 
+def test_free_is_what_dcmi_has_left(state: Path) -> None:
+    parts, uuid = open_card(state, fake.card_310p())
+    assert parts.free(uuid) == (8, 7, 24576)
+    parts.create(uuid, "vir04_3c", 0)
+    assert parts.free(uuid) == (4, 4, 12288)  # 8 - 4 cores, 7 - 3 AI CPUs, 24576 - 12288 MiB
+
+
 def test_a_taken_slot_is_insufficient_resources(state: Path) -> None:
     parts, uuid = open_card(state, fake.card_910b())
     parts.create(uuid, "vir02", 4)
@@ -303,3 +310,5 @@ def test_any_create_destroy_sequence_keeps_use_within_the_card_and_equal_to_the_
         memory_in_use = sum(p.memory_mib for p in now)
         assert cores_in_use == sum(table[t][0] for t in live.values()) <= chip["aicore"]
         assert memory_in_use == sum(_memory(chip, t, table[t][0]) for t in live.values()) <= chip["memory_mib"]
+        free_cores, _, free_memory = parts.free(uuid)  # DCMI's own account agrees
+        assert (free_cores, free_memory) == (chip["aicore"] - cores_in_use, chip["memory_mib"] - memory_in_use)

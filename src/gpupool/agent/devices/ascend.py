@@ -380,12 +380,14 @@ class AscendBackend:
         self._reported: dict[str, tuple[int, frozenset[int]]] = {}  # uuid -> (health, codes) last reported
         self._pending: list[HealthEvent] = []
         try:
-            self._call("dcmi_init")
+            self.call("dcmi_init")
         except DcmiError as e:
             raise DiscoveryError(f"DCMI cannot start (is the Ascend driver loaded?): {e}") from None
 
     # --- plumbing -----------------------------------------------------------------------------------------
-    def _call(self, name: str, *args: Any) -> None:
+    def call(self, name: str, *args: Any) -> None:
+        """Call a DCMI function; DcmiError on a nonzero return (one call at a time: DCMI is not documented
+        as thread-safe)."""
         try:
             fn = getattr(self._lib, name)
         except AttributeError:
@@ -409,7 +411,7 @@ class AscendBackend:
         try:
             found = self._enumerate()
             version = ctypes.create_string_buffer(256)
-            self._call("dcmi_get_driver_version", version, ctypes.c_uint(len(version)))
+            self.call("dcmi_get_driver_version", version, ctypes.c_uint(len(version)))
         except DcmiError as e:
             raise DiscoveryError(f"DCMI device enumeration failed: {e}") from None
         found.sort(key=lambda pair: pair[0].logic_id)
@@ -433,24 +435,24 @@ class AscendBackend:
     def _enumerate(self) -> list[tuple[_Chip, dict[str, Any]]]:
         count = ctypes.c_int(0)
         cards = (ctypes.c_int * MAX_CARDS)()
-        self._call("dcmi_get_card_num_list", ctypes.byref(count), cards, MAX_CARDS)
+        self.call("dcmi_get_card_num_list", ctypes.byref(count), cards, MAX_CARDS)
         found = []
         for card_id in cards[: count.value]:
             chips = ctypes.c_int(0)
-            self._call("dcmi_get_device_num_in_card", card_id, ctypes.byref(chips))
+            self.call("dcmi_get_device_num_in_card", card_id, ctypes.byref(chips))
             for device_id in range(chips.value):
                 found.append(self._describe(card_id, device_id))
         return found
 
     def _describe(self, card_id: int, device_id: int) -> tuple[_Chip, dict[str, Any]]:
         info = _ChipInfo()
-        self._call("dcmi_get_device_chip_info", card_id, device_id, ctypes.byref(info))
+        self.call("dcmi_get_device_chip_info", card_id, device_id, ctypes.byref(info))
         logic = ctypes.c_int(0)
-        self._call("dcmi_get_device_logic_id", ctypes.byref(logic), card_id, device_id)
+        self.call("dcmi_get_device_logic_id", ctypes.byref(logic), card_id, device_id)
         phy = ctypes.c_uint(0)
-        self._call("dcmi_get_device_phyid_from_logicid", ctypes.c_uint(logic.value), ctypes.byref(phy))
+        self.call("dcmi_get_device_phyid_from_logicid", ctypes.c_uint(logic.value), ctypes.byref(phy))
         pcie = _PcieInfoAll()
-        self._call("dcmi_get_device_pcie_info_v2", card_id, device_id, ctypes.byref(pcie))
+        self.call("dcmi_get_device_pcie_info_v2", card_id, device_id, ctypes.byref(pcie))
         bus_id = f"{pcie.domain:04x}:{pcie.bdf_busid:02x}:{pcie.bdf_deviceid:02x}.{pcie.bdf_funcid:x}"
         model = model_name(_text(info.chip_name))
         uuid = self._uuid(card_id, device_id, model, bus_id)
@@ -462,19 +464,19 @@ class AscendBackend:
         memory_info_v3. On a training card memory_info_v3 reports the control CPU's DDR: never the NPU's."""
         hbm = _HbmInfo()
         try:
-            self._call("dcmi_get_device_hbm_info", card_id, device_id, ctypes.byref(hbm))
+            self.call("dcmi_get_device_hbm_info", card_id, device_id, ctypes.byref(hbm))
             return int(hbm.memory_size)
         except DcmiError as e:
             if e.code != ERR_NOT_SUPPORT:
                 raise
         memory = _MemoryInfo()
-        self._call("dcmi_get_device_memory_info_v3", card_id, device_id, ctypes.byref(memory))
+        self.call("dcmi_get_device_memory_info_v3", card_id, device_id, ctypes.byref(memory))
         return int(memory.memory_size)
 
     def _uuid(self, card_id: int, device_id: int, model: str, bus_id: str) -> str:
         die = _DieId()
         try:
-            self._call("dcmi_get_device_die_v2", card_id, device_id, DIE_VDIE, ctypes.byref(die))
+            self.call("dcmi_get_device_die_v2", card_id, device_id, DIE_VDIE, ctypes.byref(die))
         except DcmiError:
             return f"NPU-{model}-{bus_id}"
         return "NPU-" + "-".join(f"{word:08x}" for word in die.soc_die)
@@ -482,10 +484,10 @@ class AscendBackend:
     # --- health -------------------------------------------------------------------------------------------
     def _health(self, chip: _Chip) -> tuple[int, tuple[int, ...]]:
         health = ctypes.c_uint(0)
-        self._call("dcmi_get_device_health", chip.card_id, chip.device_id, ctypes.byref(health))
+        self.call("dcmi_get_device_health", chip.card_id, chip.device_id, ctypes.byref(health))
         count = ctypes.c_int(0)
         codes = (ctypes.c_uint * MAX_ERROR_CODES)()
-        self._call("dcmi_get_device_errorcode_v2", chip.card_id, chip.device_id, ctypes.byref(count), codes,
+        self.call("dcmi_get_device_errorcode_v2", chip.card_id, chip.device_id, ctypes.byref(count), codes,
                    MAX_ERROR_CODES)
         return int(health.value), tuple(int(c) for c in codes[: count.value])
 
@@ -544,7 +546,7 @@ class AscendBackend:
         infos = (_ProcMemInfo * MAX_PROCESSES)()
         count = ctypes.c_int(0)
         try:
-            self._call("dcmi_get_device_resource_info", chip.card_id, chip.device_id, infos, ctypes.byref(count))
+            self.call("dcmi_get_device_resource_info", chip.card_id, chip.device_id, infos, ctypes.byref(count))
         except DcmiError as e:
             raise DiscoveryError(f"DCMI cannot list the processes of {uuid}: {e}") from None
         held = {int(p.proc_id): int(p.proc_mem_usage) / (1 << 20) for p in infos[: min(count.value, MAX_PROCESSES)]}
@@ -584,7 +586,7 @@ class AscendPartitions:
 
     def _call(self, what: str, name: str, *args: Any) -> None:
         try:
-            self._backend._call(name, *args)
+            self._backend.call(name, *args)
         except DcmiError as e:
             raise PartitionError(_partition_code(e.code), f"{what}: {e}") from None
 
@@ -625,6 +627,13 @@ class AscendPartitions:
     def _id_base(chip: _Chip) -> int:
         return chip.phy_id * VDEV_IDS_PER_CHIP + VDEV_ID_BASE
 
+    def free(self, gpu_uuid: str) -> tuple[int, int, int]:
+        """What the chip has left for new vNPUs, as DCMI reports it: (AI Cores, AI CPUs, memory MiB)."""
+        chip = self._chip(gpu_uuid)
+        free = _SocFreeResource()
+        self._vdev_info(chip, SUB_GET_FREE_RESOURCE, free)
+        return int(free.computing.aic), int(free.computing.device_aicpu), int(free.computing.memory_size)
+
     def busy(self, gpu_uuid: str) -> bool:
         try:
             return bool(self._backend.processes(gpu_uuid))
@@ -644,20 +653,18 @@ class AscendPartitions:
             raise PartitionError("INSUFFICIENT_RESOURCES", f"{where}: the slot holds a vNPU already")
         if self.busy(gpu_uuid):
             raise PartitionError("IN_USE", f"{where}: processes run on the whole card")
-        free = _SocFreeResource()
-        self._vdev_info(chip, SUB_GET_FREE_RESOURCE, free)
+        free_cores, free_cpus, _ = self.free(gpu_uuid)
         cores, cpus = table[profile]
-        if cores > int(free.computing.aic) or cpus > int(free.computing.device_aicpu):
+        if cores > free_cores or cpus > free_cpus:
             raise PartitionError(
                 "INSUFFICIENT_RESOURCES",
-                f"{where}: needs {cores} AI Cores and {cpus} AI CPUs, {int(free.computing.aic)} and "
-                f"{int(free.computing.device_aicpu)} are free",
+                f"{where}: needs {cores} AI Cores and {cpus} AI CPUs, {free_cores} and {free_cpus} are free",
             )
         request = _CreateVdevRes(vdev_id=self._id_base(chip) + start, vfg_id=VDEV_AUTO_ID,
                                  template_name=profile.encode())
         out = _CreateVdevOut()
         try:
-            self._backend._call("dcmi_create_vdevice", chip.card_id, chip.device_id, ctypes.byref(request),
+            self._backend.call("dcmi_create_vdevice", chip.card_id, chip.device_id, ctypes.byref(request),
                                 ctypes.byref(out))
         except DcmiError as e:
             if e.code == ERR_NOT_SUPPORT:
