@@ -94,6 +94,17 @@ def test_a_partitioned_card_is_still_one_card_with_all_its_memory_and_units(tmp_
     ]
 
 
+def test_an_unknown_numa_node_falls_back_to_sysfs(tmp_path: Path, smi: Any) -> None:
+    path = amd_fake.write_state(tmp_path / "amd.json", [amd_fake.card("MI300X", 0, numa=0xFFFFFFFF)])
+    os.environ[amd_fake.STATE_ENV] = str(path)
+    backend = AmdBackend(amdsmi=smi, numa_reader=lambda bus: 3 if bus == "0000:0c:00.0" else -1)
+    try:
+        assert backend.discover().devices[0].numa_node == 3
+    finally:
+        backend.close()
+        del os.environ[amd_fake.STATE_ENV]
+
+
 @pytest.mark.parametrize(
     ("market", "model"),
     [

@@ -184,10 +184,12 @@ class AmdBackend:
         raise DiscoveryError(f"AMD SMI has no card {uuid}")
 
     def _numa(self, handle: Any) -> int | None:
+        """The card's NUMA node; None when the library cannot say (an error, or the all-ones "unknown")."""
         try:
-            return int(self._smi.amdsmi_topo_get_numa_node_number(handle))
+            node = int(self._smi.amdsmi_topo_get_numa_node_number(handle))
         except (self._error, TypeError, ValueError):
             return None
+        return node if 0 <= node < 0xFFFF else None
 
     def _optional(self, call: Callable[[], Any], default: Any) -> Any:
         try:
