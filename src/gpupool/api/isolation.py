@@ -15,5 +15,5 @@ class IsolationMode(StrEnum):
     NONE = "none"  # the GPUs and their limits as environment, nothing enforced (whole GPUs)
     HOOK = "hook"  # the interception library, limits from the agent's read-only file
     MPS = "mps"  # MPS client limits, one daemon per GPU
-    MIG = "mig"  # a MIG instance (hardware isolation)
+    MIG = "mig"  # a hardware partition: a MIG instance on NVIDIA, a compute partition on AMD, a vNPU on Ascend
     REMOTE = "remote"  # a share of a GPU on another node, through the forwarding library (DRA claims only)

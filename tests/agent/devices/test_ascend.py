@@ -281,6 +281,8 @@ def test_the_vendor_names_resources_by_model_and_hands_containers_the_davinci_no
     vnpu = Partition(devices[1].uuid, "164", "vir04", 0, 8192, 4, ("/dev/vdavinci164",))
     part = vendor.container_devices(devices[1], vnpu)
     assert part.device_nodes == ("/dev/vdavinci164", "/dev/davinci_manager", "/dev/devmm_svm", "/dev/hisi_hdc")
+    assert part.container_path("/dev/vdavinci164") == "/dev/davinci164"  # where the CANN runtime looks inside
+    assert part.container_path("/dev/hisi_hdc") == "/dev/hisi_hdc"
     assert dict(part.env) == {"ASCEND_VISIBLE_DEVICES": "164", "ASCEND_RUNTIME_OPTIONS": "VIRTUAL"}
 
 

@@ -725,14 +725,17 @@ class AscendVendor:
         return frozenset({IsolationMode.NONE, IsolationMode.MIG})
 
     def container_devices(self, device: DeviceInfo, partition: Partition | None = None) -> ContainerDevices:
-        """A whole chip: its /dev/davinci<phy_id>. A vNPU: its /dev/vdavinci<vdev_id>, which the Ascend docker
-        runtime mounts inside as /dev/davinci<vdev_id>; ASCEND_VISIBLE_DEVICES names the chip's physical id or
-        the vNPU id, with ASCEND_RUNTIME_OPTIONS=VIRTUAL for a vNPU, as the Ascend device plugin sets them."""
+        """A whole chip: its /dev/davinci<phy_id>. A vNPU: its /dev/vdavinci<vdev_id>, seen inside as
+        /dev/davinci<vdev_id> (as the Ascend docker runtime mounts it); ASCEND_VISIBLE_DEVICES names the chip's
+        physical id or the vNPU id, with ASCEND_RUNTIME_OPTIONS=VIRTUAL for a vNPU, as the Ascend device plugin
+        sets them."""
         chip = self._backend.chip(device.uuid)
         if partition is None:
             return ContainerDevices((f"/dev/davinci{chip.phy_id}", *SHARED_NODES),
                                     {"ASCEND_VISIBLE_DEVICES": str(chip.phy_id)})
+        host = f"/dev/vdavinci{partition.partition_id}"
         return ContainerDevices(
-            (f"/dev/vdavinci{partition.partition_id}", *SHARED_NODES),
+            (host, *SHARED_NODES),
             {"ASCEND_VISIBLE_DEVICES": partition.partition_id, "ASCEND_RUNTIME_OPTIONS": "VIRTUAL"},
+            renames={host: f"/dev/davinci{partition.partition_id}"},
         )

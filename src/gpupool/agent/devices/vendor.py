@@ -78,8 +78,14 @@ class PartitionBackend(Protocol):
 class ContainerDevices:
     """What the agent hands a container for one device (through CDI or the device plugin's answer)."""
 
-    device_nodes: tuple[str, ...]  # host paths, mounted at the same path in the container
+    device_nodes: tuple[str, ...]  # host paths, mounted at the same path in the container unless renamed
     env: Mapping[str, str] = field(default_factory=dict)
+    # host path -> container path where they differ (an Ascend vNPU's /dev/vdavinci<id> is /dev/davinci<id>
+    # inside, where the CANN runtime looks)
+    renames: Mapping[str, str] = field(default_factory=dict)
+
+    def container_path(self, host_path: str) -> str:
+        return self.renames.get(host_path, host_path)
 
 
 class Vendor(Protocol):
