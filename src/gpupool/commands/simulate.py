@@ -83,6 +83,10 @@ class Between(click.ParamType[float]):
                    "0 ranks them by moves first.")
 @click.option("--movable", "movable", type=float, default=1.0, show_default=True,
               help="With --moves: the fraction of placed one-GPU shares that may move (seeded, per pod).")
+@click.option("--vendor-mix", "vendor_mix", default=None,
+              help="Static replay: make these shares of the GPU nodes AMD / Ascend nodes and draw each GPU pod's "
+                   "runtime with them (amd=0.3,ascend=0.1; NVIDIA gets the rest; any=0.2: pods that run "
+                   "anywhere); reports unallocated % for one pool against per-vendor islands.")
 @click.option("--queues", "queues_arg", default=None,
               help="With --timeline: team queues, N (each guaranteed 1/N of the GPUs, pods by a hash of their "
                    "name) or a YAML file (docs/queues.md).")
@@ -94,7 +98,7 @@ class Between(click.ParamType[float]):
 def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | None, num_seeds: int,
              workers: int | None, timeline: bool, speedup: float, target: str | None, constrain: float | None,
              gpu_model: str | None, isolation: str, max_sharers: int, max_moves: int, move_cost: float,
-             movable: float, queues_arg: str | None, queue_order: str, out: Path) -> None:
+             movable: float, vendor_mix: str | None, queues_arg: str | None, queue_order: str, out: Path) -> None:
     """Replay a GPU cluster trace on a simulated cluster and compare placement policies.
 
     Follows the FGD (ATC '23) protocol: pods shuffled per seed, topped up to 130 % of the cluster's GPU
@@ -104,6 +108,11 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     With --moves N, each policy is also replayed with moves allowed (a pod that fits nowhere is placed after
     at most N moves of movable shares, the cheapest by GPU memory moved): the table and results.json give
     unallocated % with and without moves, the moves made and the GiB they moved.
+
+    With --vendor-mix, that share of the GPU nodes become AMD or Ascend nodes (the catalogue's MI300X and
+    Ascend 910B), each GPU pod's runtime is drawn with the same shares (seeded), and each policy is also
+    replayed on one pool (every pod placed only on cards of its runtime) and on per-vendor islands; a table
+    and results.json give the unallocated % of each and the pods placed on a card of another runtime.
 
     With --timeline, replays the trace on its own clock instead (with the first seed's tie-breaks): waits,
     pods that never ran, GPU allocation and fragmentation over time, timeline.png; with --target-wait-p99,
@@ -169,6 +178,7 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
         raise click.UsageError("--moves applies to the static replay, not to --timeline")
     if max_sharers and timeline:
         raise click.UsageError("--max-shares-per-gpu applies to the static replay, not to --timeline")
+    mix = _vendor_mix(vendor_mix, timeline, max_moves, max_sharers) if vendor_mix is not None else None
     try:
         node_list = load_nodes(nodes_path or TRACE_DIR / NODES_FILE)
         pods = load_pods(resolve_trace(trace))
@@ -182,6 +192,13 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     if gpus == 0:
         click.echo("error: the node list has no GPUs", err=True)
         raise SystemExit(2)
+    if mix is not None:
+        from gpupool.sim.vendor_mix import VendorMixError, node_counts
+
+        try:
+            node_counts(mix, sum(1 for n in node_list if n.gpus))
+        except VendorMixError as e:
+            raise click.UsageError(f"--vendor-mix {vendor_mix}: {e}") from None
     queue_specs = sim_timeline.queue_specs(queues_arg, node_list) if queues_arg is not None else None
     console.print(f"trace [bold]{trace}[/bold]: {len(pods):,} pods on {len(node_list):,} nodes with {gpus:,} GPUs; "
                   f"seeds {seed_list}; policies {', '.join(names)}")
@@ -206,6 +223,16 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
         for name in names:
             results[name]["moves"] = summarise_moves(
                 [by_moved[k] for k, job in enumerate(jobs) if job.policy == name], max_moves, move_cost, movable)
+    if mix is not None:
+        from gpupool.sim.vendor_mix import compare
+
+        def run(vendor_nodes: Any, vendor_pods: Any, vendor_jobs: Any) -> list[Any]:
+            return run_with_bar(console, replay, vendor_nodes, vendor_pods, vendor_jobs, workers)
+
+        vendors = compare(node_list, pods, mix, names, seed_list, run)
+        for name in names:
+            results[name]["vendor_mix"] = {k: v for k, v in vendors.items() if k != "policies"} | \
+                vendors["policies"][name]
     table = Table(title=f"Unallocated GPU % at arrived demand = 100 % ({trace}, {len(seed_list)} seeds)")
     for col in ("policy", "unallocated @100 %", "± std", "unallocated @130 %", "frag @100 %", "s/seed"):
         table.add_column(col, justify="right" if col != "policy" else "left")
@@ -216,6 +243,8 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     console.print(table)
     if max_moves:
         console.print(_moves_table(results, trace, len(seed_list), max_moves, move_cost, movable))
+    if mix is not None:
+        console.print(_vendor_table(results, trace, len(seed_list)))
     path = write_results(out, trace, seed_list, results)
     png = plot(out, trace, results)
     console.print(f"wrote {path} and {png}")
@@ -237,4 +266,37 @@ def _moves_table(results: dict[str, Any], trace: str, seeds: int, max_moves: int
                       f"{m['moved_gib_at_100']:.1f}", f"{m['unallocated_pct_at_100']:.2f}",
                       f"{r['unallocated_pct_at_130']:.2f}", f"{m['moves_at_130']:g}", f"{m['moved_gib_at_130']:.1f}",
                       f"{m['unallocated_pct_at_130']:.2f}")
+    return table
+
+
+def _vendor_mix(text: str, timeline: bool, max_moves: int, max_sharers: int) -> Any:
+    """The parsed --vendor-mix, or a usage error (exit 2) that names what is wrong."""
+    from gpupool.sim.vendor_mix import VendorMixError, parse_mix
+
+    if timeline:
+        raise click.UsageError("--vendor-mix applies to the static replay, not to --timeline")
+    if max_moves or max_sharers:
+        raise click.UsageError("--vendor-mix is not combined with --moves or --max-shares-per-gpu")
+    try:
+        return parse_mix(text)
+    except VendorMixError as e:
+        raise click.UsageError(f"--vendor-mix {text[:80]}: {e}") from None
+
+
+def _vendor_table(results: dict[str, Any], trace: str, seeds: int) -> Any:
+    from rich.table import Table
+
+    first = next(iter(results.values()))["vendor_mix"]
+    vendors = ", ".join(f"{v} {d['nodes']} nodes / {d['gpus']} GPUs / {d['pods']} pods"
+                        for v, d in first["vendors"].items())
+    table = Table(title=f"Unallocated GPU % at arrived demand = 100 %, one pool against per-vendor islands ({trace}, "
+                        f"{seeds} seeds; mix {first['mix']}: {vendors})")
+    islands = list(first["vendors"])
+    for col in ("policy", "one pool", "islands", *(f"island {v}" for v in islands), "misrouted"):
+        table.add_column(col, justify="right" if col != "policy" else "left")
+    for name, r in sorted(results.items(), key=lambda kv: kv[1]["vendor_mix"]["unallocated_pct_one_pool"]):
+        m = r["vendor_mix"]
+        per = m["unallocated_pct_per_island"]
+        table.add_row(name, f"{m['unallocated_pct_one_pool']:.2f}", f"{m['unallocated_pct_islands']:.2f}",
+                      *(f"{per[v]:.2f}" if v in per else "-" for v in islands), str(m["misrouted"]))
     return table
