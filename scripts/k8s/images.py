@@ -273,11 +273,16 @@ def import_images(archives: dict[str, Path], containerd_socket: Path, ctr: str =
               "--platform", f"linux/{_arch()}", str(path)], f"importing {name}")
 
 
+def tag_image(containerd_socket: Path, source: str, name: str, ctr: str = "ctr") -> None:
+    """Give the imported image `source` a second name in containerd's `k8s.io` namespace (`ctr images tag`)."""
+    _run([ctr, "--address", str(containerd_socket), "-n", "k8s.io", "images", "tag", "--force", source, name],
+         f"tagging {source} as {name}")
+
+
 def tag_example_images(containerd_socket: Path, ctr: str = "ctr") -> None:
-    """EXAMPLE_IMAGES: each name given to its local image (`ctr images tag`), which must be imported."""
+    """EXAMPLE_IMAGES: each name given to its local image, which must be imported."""
     for name, source in EXAMPLE_IMAGES.items():
-        _run([ctr, "--address", str(containerd_socket), "-n", "k8s.io", "images", "tag", "--force", source, name],
-             f"tagging {source} as {name}")
+        tag_image(containerd_socket, source, name, ctr)
 
 
 # --- the project's own images (scripts/image) --------------------------------------------------------------

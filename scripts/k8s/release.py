@@ -321,6 +321,18 @@ class ChartRelease:
         except realnode.images.ImageError as e:
             raise tb.TestbedError(str(e)) from None
 
+    def retag(self, tag: str) -> str:
+        """The release's gpupool image under a new tag on every node, as a registry would serve a new
+        release's image (the same build: what an upgrade to it must keep is the tenants, not the bytes);
+        returns the new name."""
+        name = f"{GPUPOOL_REPOSITORY}:{tag}"
+        try:
+            for node in self.nodes.nodes:
+                realnode.images.tag_image(node.containerd_socket, self.image, name, str(realnode.bin_path("ctr")))
+        except realnode.images.ImageError as e:
+            raise tb.TestbedError(str(e)) from None
+        return name
+
     def label_nodes(self) -> None:
         for node in self.nodes.nodes:
             realnode.api_request(self.bed, "PATCH", f"/api/v1/nodes/{node.name}",

@@ -196,21 +196,30 @@ def test_chart_pods_serve_a_tenant_roll_on_upgrade_and_uninstall_clean(cluster: 
         return {p["metadata"]["name"] for p in rel.pods()
                 if p["metadata"]["labels"].get("app.kubernetes.io/component") == "agent"}
 
-    # helm upgrade: the DaemonSet rolls its pods, and the new agent pods advertise the new split.
-    before = set(agents)
-    rel.upgrade("--set", "splitCount=5")
-    wait_for(lambda: all(release.gpu_slots(c.bed, n.name) == GPUS * 5 for n in c.nodes.nodes) and not rel.not_ready(),
-             300, "both nodes at 5 slots per GPU, the release Ready", rel.describe_pods)
+    def images() -> set[str]:
+        """The gpupool images the release's pods run (kube-scheduler's aside)."""
+        return {ctr["image"] for p in rel.pods() for ctr in p["spec"]["containers"]
+                if ctr["image"].startswith(release.GPUPOOL_REPOSITORY + ":")}
+
+    # helm upgrade to a new image tag and a changed value: the DaemonSet and the Deployments roll their pods
+    # onto the new image, and the new agent pods advertise the new split.
+    before, old_image = set(agents), rel.image
+    assert images() == {old_image}
+    new_image = rel.retag("e2e-upgrade")
+    rel.upgrade("--set", "splitCount=5", "--set", f"image.tag={new_image.rsplit(':', 1)[1]}")
+    wait_for(lambda: all(release.gpu_slots(c.bed, n.name) == GPUS * 5 for n in c.nodes.nodes) and not rel.not_ready()
+             and images() == {new_image}, 300, "both nodes at 5 slots per GPU on the new image, the release Ready",
+             rel.describe_pods)
     rolled = agent_pods()
     assert len(rolled) == 2 and not rolled & before, (before, rolled)
     assert keeper_state() == first
 
-    # helm rollback: the previous revision's values again (10 slots per GPU), the agents rolled once more.
+    # helm rollback: the previous revision's values and image again (10 slots per GPU), rolled once more.
     back = rel.helm("rollback", rel.name, "-n", rel.namespace, "--wait", "--timeout", "5m")
     assert back.returncode == 0, back.stderr
     wait_for(lambda: all(release.gpu_slots(c.bed, n.name) == GPUS * SPLIT for n in c.nodes.nodes)
-             and not rel.not_ready(), 300, "both nodes back at 10 slots per GPU, the release Ready",
-             rel.describe_pods)
+             and not rel.not_ready() and images() == {old_image}, 300,
+             "both nodes back at 10 slots per GPU on the previous image, the release Ready", rel.describe_pods)
     history = json.loads(rel.helm("history", rel.name, "-n", rel.namespace, "-o", "json").stdout)
     assert [h["revision"] for h in history] == [1, 2, 3] and history[-1]["status"] == "deployed", history
     again = agent_pods()
