@@ -379,7 +379,7 @@ def test_containers_get_kfd_and_the_render_nodes_of_what_they_hold(tmp_path: Pat
 def test_the_vendor_names_and_isolation_modes(three: AmdBackend) -> None:
     vendor = AmdVendor(three)
     assert (vendor.name, vendor.resource_name) == ("amd", "amd.com/gpu")
-    assert vendor.isolation_modes() == {IsolationMode.NONE, IsolationMode.HOOK}
+    assert vendor.isolation_modes() == {IsolationMode.NONE, IsolationMode.MIG, IsolationMode.HOOK}
     assert vendor.discovery is three
 
 

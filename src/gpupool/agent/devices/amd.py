@@ -569,8 +569,9 @@ class AmdVendor:
         return self._partitions
 
     def isolation_modes(self) -> frozenset[IsolationMode]:
-        """Whole cards (NONE) and the HIP memory cap of the interception library (HOOK)."""
-        return frozenset({IsolationMode.NONE, IsolationMode.HOOK})
+        """Whole cards (NONE), compute partitions (MIG, the hardware-partition mode of every vendor) and the HIP
+        memory cap of the interception library (HOOK)."""
+        return frozenset({IsolationMode.NONE, IsolationMode.MIG, IsolationMode.HOOK})
 
     def container_devices(self, device: DeviceInfo, partition: Partition | None = None) -> ContainerDevices:
         """/dev/kfd (the compute interface every ROCm process opens) and the render node(s): the partition's
