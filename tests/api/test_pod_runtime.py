@@ -78,3 +78,9 @@ def test_pod_runtime_collects_the_error_without_raising() -> None:
     errors: list[str] = []
     assert pod_runtime(pod(GPU, {ANN_RUNTIME: "opencl"}), errors) is None
     assert len(errors) == 1 and "gpupool.io/runtime='opencl'" in errors[0]
+
+
+def test_a_pod_without_gpupool_resources_keeps_its_runtime_for_its_claims() -> None:
+    parsed = parse_pod({"metadata": {"name": "c", "annotations": {ANN_RUNTIME: "rocm"}},
+                        "spec": {"containers": [{"name": "main", "resources": {"claims": [{"name": "gpu"}]}}]}})
+    assert parsed.request is not None and parsed.request.gpu.count == 0 and parsed.request.gpu.runtime == "rocm"

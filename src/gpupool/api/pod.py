@@ -383,7 +383,8 @@ def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
     shape = _pod_gpu(gpu_containers, errors) if gpu_containers and not errors else None
     if errors:
         return ParsedPod(None, isolation, errors, first, tuple(gpu_containers))
-    gpu = GPURequest(count=0)
+    # The runtime is kept on a pod without gpupool resources too: its DRA claims are placed for it.
+    gpu = GPURequest(count=0, runtime=runtime)
     if shape is not None:
         count, milli, memory = shape
         gpu = GPURequest(
