@@ -3,7 +3,16 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpupool.core.preemption import REASON_PRIORITY, REASON_RECLAIM, Preemptor, Running, plan_preemption
+from gpupool.core.preemption import (
+    REASON_PRIORITY,
+    REASON_RECLAIM,
+    Plan,
+    Preemptor,
+    Running,
+    Victim,
+    plan_preemption,
+    victim_reason,
+)
 from gpupool.core.queues import Admitted, QueueSpec, QueueTree, Quota, admit
 
 
@@ -99,6 +108,48 @@ def test_pods_a_disruption_budget_protects_are_not_taken() -> None:
     plan = plan_preemption(TREE, usage_of(running), Preemptor("x", "a", 0, g(1)), protected,
                            fits_by_capacity(running, 1), now=100)
     assert plan is not None and plan.node == "n1"
+
+
+def test_a_share_freed_by_several_pods_costs_each_of_them() -> None:
+    # n1: a share of a's (1 GPU, priority 0) that only evicting two pods frees (a claim both use); n2: a's pod
+    # of priority 1 (1 GPU). Both nodes are full (1 GPU each here); an a pod of priority 5 asks 1 GPU. One
+    # victim either way, but n1's evicts two pods: fewest pods first -> n2, though its victim's priority is
+    # higher. (Counting victims, not pods, took n1: priority 0 < 1.)
+    gpus = {"n1": 1.0, "n2": 1.0}
+    shared = Running("claim", "ns/claim", "a", "n1", 0, g(1), 0.0, pods=(("ns/s1", "s1"), ("ns/s2", "s2")))
+    running = [shared, pod("p", "a", "n2", 1, priority=1)]
+
+    def fits(node: str, victims: frozenset[str]) -> bool:
+        return sum(r.charge.gpu_milli for r in running if r.node == node and r.uid not in victims) + 1000 \
+            <= gpus[node] * 1000
+
+    plan = plan_preemption(TREE, usage_of(running), Preemptor("x", "a", 5, g(1)), running, fits, now=100)
+    assert plan is not None and plan.node == "n2" and [v.pod.uid for v in plan.victims] == ["p"]
+    assert plan.cost(100)[0] == 1 and Plan("n1", (Victim(shared, REASON_PRIORITY),)).cost(100)[0] == 2
+    assert shared.evicted == (("ns/s1", "s1"), ("ns/s2", "s2")) and running[1].evicted == (("ns/p", "p"),)
+
+
+def test_a_preemptor_that_may_not_preempt_takes_nothing() -> None:
+    # a runs all 4 GPUs (guarantee 2): an a pod of priority 3 takes by priority, a b pod (within its own
+    # guarantee) by reclaim. With preemptionPolicy Never neither takes anything.
+    running = [pod("a1", "a", "n1", 1, priority=5), pod("a2", "a", "n1", 1, priority=1),
+               pod("a3", "a", "n2", 1, priority=0), pod("a4", "a", "n2", 1, priority=0)]
+    usage = usage_of(running)
+    assert plan_preemption(TREE, usage, Preemptor("x", "a", 3, g(1)), running, fits_by_capacity(running, 1),
+                           now=100) is not None
+    assert plan_preemption(TREE, usage, Preemptor("y", "b", 0, g(1)), running, fits_by_capacity(running, 1),
+                           now=100) is not None
+    for never in (Preemptor("x", "a", 3, g(1), preempts=False), Preemptor("y", "b", 0, g(1), preempts=False)):
+        assert plan_preemption(TREE, usage, never, running, fits_by_capacity(running, 1), now=100) is None
+        assert all(victim_reason(TREE, usage, never, r, True) is None for r in running)
+
+
+def test_a_share_of_the_preemptors_own_pod_is_never_its_victim() -> None:
+    # A claim the preemptor's pod already uses (shared with a lower-priority pod) is no victim for it.
+    own = Running("claim", "ns/claim", "a", "n1", 0, g(1), 0.0, pods=(("ns/low", "low"), ("ns/x", "x")))
+    assert victim_reason(TREE, {"a": g(1)}, Preemptor("x", "a", 5, g(1)), own, True) is None
+    other = Running("claim", "ns/claim", "a", "n1", 0, g(1), 0.0, pods=(("ns/low", "low"),))
+    assert victim_reason(TREE, {"a": g(1)}, Preemptor("x", "a", 5, g(1)), other, True) == REASON_PRIORITY
 
 
 @settings(max_examples=60, deadline=None)
