@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -139,6 +139,7 @@ class MovableShares:
         self.milli = np.zeros(shape, dtype=np.int64)
         self.memory = np.zeros(shape, dtype=np.int64)
         self.smallest = np.full(shape, np.iinfo(np.int64).max, dtype=np.int64)
+        self.largest = np.zeros(shape, dtype=np.int64)  # the compute (milli) of the largest share
         for key, req in (movable or {}).items():
             self.add(key, req)
 
@@ -172,7 +173,11 @@ class MovableShares:
 
     def moved(self, plan: MovePlan) -> None:
         """Follow the plan's moves (carried out in the state)."""
-        for m in plan.moves:
+        self.follow(plan.moves)
+
+    def follow(self, moves: Iterable[Move]) -> None:
+        """Follow moves carried out in the state (a defragmentation round's: gpupool.core.defrag)."""
+        for m in moves:
             request = self.requests.get(m.key)
             self.discard(m.key)
             if request is not None:
@@ -184,6 +189,7 @@ class MovableShares:
         self.milli[at] = sum(s.milli for s in shares)
         self.memory[at] = sum(s.memory_mib for s in shares)
         self.smallest[at] = min((s.memory_mib for s in shares), default=np.iinfo(np.int64).max)
+        self.largest[at] = max((s.milli for s in shares), default=0)
 
 
 def _deficit(st: ClusterState, request: PodRequest, i: int, j: int) -> tuple[int, int, int]:
