@@ -9,6 +9,9 @@ actually make room for the pod's GPU share (kube-scheduler replaces its candidat
 - with team queues, a pod of another queue is never taken unless gpupool.core.preemption allows it (its queue
   borrowing, the preemptor within its own guarantee): no preemption lets one queue borrow from another's
   guarantee;
+- a proposed pod that uses a DRA claim frees the claim's share only when every pod using the claim is
+  proposed too (the evaluator's victim rule); one that holds a share on the node its going does not free is
+  given back like an unneeded victim;
 - pods without GPUs stay as proposed (kube-scheduler needed them for CPU or memory);
 - nodes where kube-scheduler counts PodDisruptionBudget violations are dropped: kube-scheduler deletes its
   victims directly, so a budget would not be honoured (gpupool's own reclaim evicts through the Eviction API);

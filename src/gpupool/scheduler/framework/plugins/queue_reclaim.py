@@ -3,7 +3,9 @@ borrowed beyond their guarantee (reclaim, for a pod within its own queue's guara
 from pods of lower priority. Victims are chosen by gpupool.core.preemption (fewest pods, lowest priority,
 least run time lost, on the node where the pod then fits) and evicted through the Eviction API, so
 PodDisruptionBudgets hold: a victim whose budget says no (429) is left alone for `blocked_s` and the next
-cycle chooses others.
+cycle chooses others. The pod that fits nowhere may be a pod or a claim's pod (the claim profile runs this
+plugin too), and a victim a pod's share or a claim's: a claim's share is taken by evicting every pod that
+uses the claim (the evaluator's rule), each recorded.
 
 Time-sharing first: for a reclaim, borrowed shares served by the interception library are squeezed
 (their compute lowered, gpupool.scheduler.squeeze) when that makes room, and nothing is evicted; eviction is
