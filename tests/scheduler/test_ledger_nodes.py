@@ -80,3 +80,30 @@ def test_node_changes_held_for_one_refresh_are_rebuilt_once():
     # The allocation on gpu-0000's GPU 1 was taken again by the one rebuild: 1000 - 400 milli left.
     i = ledger.state.index["gpu-0000"]
     assert int(ledger.state.gpu_milli_free[i, 1]) == 600 and set(ledger.entries) == {"uid-a"}
+
+
+def test_every_node_event_gives_the_node_a_new_version_even_without_a_rebuild():
+    """node_versions (what node_rules.MayRunCache keys its answers by) changes on a change that leaves
+    capacity alone, for that node only, and on one that rebuilds (labels); a removed node has none; a relist
+    gives every node a new one."""
+    nodes = node_objects(small_scenario(nodes=2, gpus=2))
+    ledger = Ledger(nodes)
+    first = dict(ledger.node_versions)
+    assert set(first) == {"gpu-0000", "gpu-0001"}
+    noted = copy.deepcopy(nodes[0])
+    noted["metadata"]["annotations"]["example.com/note"] = "{}"
+    assert ledger.apply_node("MODIFIED", noted) is False  # no rebuild: capacity is the same
+    assert ledger.node_versions["gpu-0000"] != first["gpu-0000"]
+    assert ledger.node_versions["gpu-0001"] == first["gpu-0001"]
+    noted_version = ledger.node_versions["gpu-0000"]
+    labelled = copy.deepcopy(noted)
+    labelled["metadata"]["labels"]["zone"] = "b"
+    ledger.apply_node("MODIFIED", labelled)
+    assert ledger.node_versions["gpu-0000"] not in (first["gpu-0000"], noted_version)
+    ledger.apply_node("DELETED", nodes[1])
+    assert "gpu-0001" not in ledger.node_versions
+    before = dict(ledger.node_versions)
+    ledger.replace_nodes(nodes)
+    assert set(ledger.node_versions) == {"gpu-0000", "gpu-0001"}
+    assert ledger.node_versions["gpu-0000"] not in (before["gpu-0000"], first["gpu-0000"])
+    assert ledger.node_versions["gpu-0001"] != first["gpu-0001"]

@@ -14,12 +14,9 @@ from gpupool.scheduler.node_rules import MayRunCache, may_run, pod_shape
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
-def node(name: str, version: int | None, labels: dict[str, str] | None = None,
-         taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"name": name, "labels": dict(labels or {})}
-    if version is not None:
-        meta["resourceVersion"] = str(version)
-    return {"metadata": meta, "spec": {"taints": list(taints or [])}}
+def node(name: str, labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None
+         ) -> dict[str, Any]:
+    return {"metadata": {"name": name, "labels": dict(labels or {})}, "spec": {"taints": list(taints or [])}}
 
 
 def pod(selector: dict[str, str] | None = None, tolerations: list[dict[str, str]] | None = None,
@@ -34,51 +31,69 @@ GPU_ZONE = {"zone": "a"}
 HARD = {"key": "maintenance", "value": "yes", "effect": "NoSchedule"}
 
 
+class Nodes:
+    """Node objects with the ledger's kind of versions: each `put` is a new version of its node."""
+
+    def __init__(self, *objs: dict[str, Any]) -> None:
+        self.objs: dict[str, dict[str, Any]] = {}
+        self.versions: dict[str, int] = {}
+        for o in objs:
+            self.put(o)
+
+    def put(self, obj: dict[str, Any]) -> None:
+        name = obj["metadata"]["name"]
+        self.objs[name] = obj
+        self.versions[name] = self.versions.get(name, 0) + 1
+
+    def ask(self, cache: MayRunCache, p: dict[str, Any], names: list[str]) -> list[bool]:
+        return cache.allowed(p, names, self.objs, self.versions)
+
+
 def test_a_node_relabelled_or_tainted_is_asked_again() -> None:
-    """The cached answer follows the node's new version: without the version in the key, the second and
-    third answers would repeat the first."""
+    """The answer follows the node's new version: without the version in the key, the second and third
+    answers would repeat the first."""
     cache = MayRunCache()
-    objs = {"n1": node("n1", 1, GPU_ZONE)}
+    nodes = Nodes(node("n1", GPU_ZONE))
     p = pod({"zone": "a"})
-    assert cache.allowed(p, ["n1"], objs) == [True]
-    objs["n1"] = node("n1", 2, {"zone": "b"})  # relabelled: a new object with a new version
-    assert cache.allowed(p, ["n1"], objs) == [False]
-    objs["n1"] = node("n1", 3, GPU_ZONE)
-    assert cache.allowed(p, ["n1"], objs) == [True]
-    objs["n1"] = node("n1", 4, GPU_ZONE, [HARD])  # tainted
-    assert cache.allowed(p, ["n1"], objs) == [False]
+    assert nodes.ask(cache, p, ["n1"]) == [True]
+    nodes.put(node("n1", {"zone": "b"}))  # relabelled
+    assert nodes.ask(cache, p, ["n1"]) == [False]
+    nodes.put(node("n1", GPU_ZONE))
+    assert nodes.ask(cache, p, ["n1"]) == [True]
+    nodes.put(node("n1", GPU_ZONE, [HARD]))  # tainted
+    assert nodes.ask(cache, p, ["n1"]) == [False]
 
 
 def test_the_answer_is_remembered_for_the_same_version() -> None:
     """Same version, same answer, without asking may_run again: an object changed in place under an
-    unchanged version (which the API never serves) shows that the answer came from the cache."""
+    unchanged version (which the ledger never holds) shows that the answer came from the cache."""
     cache = MayRunCache()
-    objs = {"n1": node("n1", 7, GPU_ZONE)}
+    nodes = Nodes(node("n1", GPU_ZONE))
     p = pod({"zone": "a"})
-    assert cache.allowed(p, ["n1"], objs) == [True]
-    objs["n1"]["metadata"]["labels"] = {"zone": "b"}
-    assert cache.allowed(p, ["n1"], objs) == [True]
+    assert nodes.ask(cache, p, ["n1"]) == [True]
+    nodes.objs["n1"]["metadata"]["labels"] = {"zone": "b"}
+    assert nodes.ask(cache, p, ["n1"]) == [True]
 
 
 def test_a_node_without_a_version_is_never_remembered() -> None:
     cache = MayRunCache()
-    objs = {"n1": node("n1", None, GPU_ZONE)}
+    objs = {"n1": node("n1", GPU_ZONE)}
     p = pod({"zone": "a"})
-    assert cache.allowed(p, ["n1"], objs) == [True]
+    assert cache.allowed(p, ["n1"], objs, {}) == [True]
     objs["n1"]["metadata"]["labels"] = {"zone": "b"}
-    assert cache.allowed(p, ["n1"], objs) == [False]
+    assert cache.allowed(p, ["n1"], objs, {}) == [False]
 
 
 def test_pods_of_other_shapes_get_their_own_answers() -> None:
     cache = MayRunCache()
-    objs = {"n1": node("n1", 1, GPU_ZONE, [HARD]), "n2": node("n2", 1, {"zone": "b"})}
+    nodes = Nodes(node("n1", GPU_ZONE, [HARD]), node("n2", {"zone": "b"}))
     names = ["n1", "n2", "gone"]
-    assert cache.allowed(pod(), names, objs) == [False, True, False]
-    assert cache.allowed(pod({"zone": "b"}), names, objs) == [False, True, False]
-    assert cache.allowed(pod({"zone": "a"}, [{"key": "maintenance", "operator": "Exists"}]), names, objs) == \
+    assert nodes.ask(cache, pod(), names) == [False, True, False]
+    assert nodes.ask(cache, pod({"zone": "b"}), names) == [False, True, False]
+    assert nodes.ask(cache, pod({"zone": "a"}, [{"key": "maintenance", "operator": "Exists"}]), names) == \
         [True, False, False]
-    assert cache.allowed(pod(affinity=[{"key": "zone", "operator": "In", "values": ["a"]}],
-                             tolerations=[{"operator": "Exists"}]), names, objs) == [True, False, False]
+    assert nodes.ask(cache, pod(affinity=[{"key": "zone", "operator": "In", "values": ["a"]}],
+                                tolerations=[{"operator": "Exists"}]), names) == [True, False, False]
 
 
 def test_the_shape_is_all_may_run_reads_of_the_pod() -> None:
@@ -96,13 +111,13 @@ def test_the_shape_is_all_may_run_reads_of_the_pod() -> None:
 
 def test_the_least_recently_asked_shape_is_forgotten_beyond_the_bound() -> None:
     cache = MayRunCache(shapes=2)
-    objs = {"n1": node("n1", 1, GPU_ZONE)}
+    nodes = Nodes(node("n1", GPU_ZONE))
     a, b, c = pod({"zone": "a"}), pod({"zone": "b"}), pod({"zone": "c"})
     for p in (a, b, a, c):  # b is then the least recently asked
-        cache.allowed(p, ["n1"], objs)
-    objs["n1"]["metadata"]["labels"] = {"zone": "b"}  # in place, same version: only a forgotten shape sees it
-    assert cache.allowed(a, ["n1"], objs) == [True]  # remembered
-    assert cache.allowed(b, ["n1"], objs) == [True]  # forgotten, asked again: the label now matches
+        nodes.ask(cache, p, ["n1"])
+    nodes.objs["n1"]["metadata"]["labels"] = {"zone": "b"}  # in place, same version: only a forgotten shape sees it
+    assert nodes.ask(cache, a, ["n1"]) == [True]  # remembered
+    assert nodes.ask(cache, b, ["n1"]) == [True]  # forgotten, asked again: the label now matches
 
 
 LABELS = st.dictionaries(st.sampled_from(["zone", "gpu", "rack"]), st.sampled_from(["a", "b"]), max_size=3)
@@ -121,8 +136,8 @@ def test_the_cache_answers_as_may_run_through_any_node_changes(
     """Each step replaces one node (a new version) and asks for a pod: the answers are may_run's."""
     cache = MayRunCache(shapes=3)
     names = [f"n{i}" for i in range(4)]
-    objs = {n: node(n, 1) for n in names}
-    for version, (which, labels, taints, selector, tolerations) in enumerate(steps, start=2):
-        objs[names[which]] = node(names[which], version, labels, taints)
+    nodes = Nodes(*(node(n) for n in names))
+    for which, labels, taints, selector, tolerations in steps:
+        nodes.put(node(names[which], labels, taints))
         p = pod(selector, tolerations)
-        assert cache.allowed(p, names, objs) == [may_run(p, objs[n]) for n in names]
+        assert nodes.ask(cache, p, names) == [may_run(p, nodes.objs[n]) for n in names]

@@ -38,24 +38,20 @@ def pod_shape(pod: Mapping[str, Any]) -> str:
                       sort_keys=True, default=str)
 
 
-def node_version(node: Mapping[str, Any] | None) -> str | None:
-    """The node object's resourceVersion (None: not known, so no answer about it is remembered)."""
-    return None if node is None else ((node.get("metadata") or {}).get("resourceVersion") or None)
-
-
 class MayRunCache:
-    """may_run's answers remembered per pod shape and node, each with the node object's resourceVersion it
-    was given for: a burst of claims asks the same question of thousands of nodes claim after claim (at
-    5,000 nodes may_run itself cost 30 ms a claim), while nodes change rarely. Any change of a node (labels,
-    taints) comes as an object with a new version, which is then asked again."""
+    """may_run's answers remembered per pod shape and node, each with the version of the node's object it
+    was given for (the ledger's node_versions, which change whenever a node's object is replaced): a burst of
+    claims asks the same question of thousands of nodes claim after claim (at 5,000 nodes may_run itself
+    cost 30 ms a claim), while nodes change rarely. A node that changes (labels, taints) is asked again."""
 
     def __init__(self, shapes: int = SHAPES_KEPT) -> None:
         self.shapes = shapes
-        self._answers: dict[str, dict[str, tuple[str, bool]]] = {}
+        self._answers: dict[str, dict[str, tuple[int, bool]]] = {}
 
-    def allowed(self, pod: Mapping[str, Any], names: Sequence[str],
-                objs: Mapping[str, Mapping[str, Any]]) -> list[bool]:
-        """may_run(pod, objs.get(name)) for each of `names`."""
+    def allowed(self, pod: Mapping[str, Any], names: Sequence[str], objs: Mapping[str, Mapping[str, Any]],
+                versions: Mapping[str, int]) -> list[bool]:
+        """may_run(pod, objs.get(name)) for each of `names`; an answer is remembered only for a node with a
+        version."""
         shape = pod_shape(pod)
         answers = self._answers.pop(shape, None)
         if answers is None:
@@ -64,14 +60,13 @@ class MayRunCache:
                 del self._answers[next(iter(self._answers))]
         self._answers[shape] = answers  # most recently asked last
         out = []
+        version_of, known_of = versions.get, answers.get  # (this loop runs for every node per claim)
         for name in names:
-            node = objs.get(name)
-            version = node_version(node)
-            known = answers.get(name)
+            version, known = version_of(name), known_of(name)
             if known is not None and known[0] == version:
                 out.append(known[1])
                 continue
-            ok = may_run(pod, node)
+            ok = may_run(pod, objs.get(name))
             if version is not None:
                 answers[name] = (version, ok)
             out.append(ok)

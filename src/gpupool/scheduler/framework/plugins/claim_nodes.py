@@ -51,7 +51,9 @@ class ClaimNodes:
         bad = ~has
         if claim.isolation != REMOTE_ISOLATION:
             where = np.flatnonzero(has)
-            allowed = self.may_run.allowed(cycle.pod, [names[k] for k in where.tolist()], self.handle.ledger.node_objs)
+            ledger = self.handle.ledger
+            asked = names if len(where) == len(names) else [names[k] for k in where.tolist()]
+            allowed = self.may_run.allowed(cycle.pod, asked, ledger.node_objs, ledger.node_versions)
             bad[where[~np.array(allowed, dtype=bool)]] = True
         if bad.any():
             reasons = [NOT_HERE if has[k] else NO_DEVICE for k in np.flatnonzero(bad).tolist()]
