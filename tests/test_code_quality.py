@@ -63,6 +63,7 @@ MAY_IMPORT["agent"] |= {"hook"}  # the agent installs the library on the host fo
 ONLY_IN = {
     "lightkube": ("gpupool.cluster",),
     "pynvml": ("gpupool.agent.devices.nvml",),
+    "amdsmi": ("gpupool.agent.devices.amd",),
     "grpc": ("gpupool.agent",),
 }
 

@@ -26,7 +26,8 @@ AMD_MODELS = ("MI300X", "MI325X")
 # The oracle's own statement of the rules (amdgpu, bare metal): partitions per compute mode on 8 XCCs, and
 # the memory modes each compute mode accepts. Every (compute, memory) pair is tried, valid or not.
 PARTS = {"SPX": 1, "DPX": 2, "QPX": 4, "CPX": 8}
-ACCEPTS = {"SPX": {"NPS1"}, "DPX": {"NPS1", "NPS2"}, "QPX": {"NPS1", "NPS4"}, "CPX": {"NPS1", "NPS4"}}
+# NPS2 is not a memory mode of these chips on bare metal, so no compute mode takes it
+ACCEPTS = {"SPX": {"NPS1"}, "DPX": {"NPS1"}, "QPX": {"NPS1", "NPS4"}, "CPX": {"NPS1", "NPS4"}}
 ALL_PAIRS = [f"{c}/{m}" for c in PARTS for m in ("NPS1", "NPS2", "NPS4")]
 
 
@@ -65,15 +66,15 @@ def lay(*items: tuple[str, int]) -> tuple[PlacedInstance, ...]:
 def test_every_valid_layout_matches_the_oracle(model: str) -> None:
     expected = oracle_layouts()
     assert set(valid_layouts(model)) == expected
-    # 1 (empty) + SPX 1 + DPX 2x3 + QPX 2x15 + CPX 2x255 = 548
-    assert len(expected) == 548
+    # 1 (empty) + SPX 1 + DPX 1x3 + QPX 2x15 + CPX 2x255 = 545 (each mode's nonempty subsets of its starts)
+    assert len(expected) == 545
 
 
 @pytest.mark.parametrize("model", AMD_MODELS)
 def test_maximal_layouts_are_one_full_mode_per_valid_pair(model: str) -> None:
     full = {tuple(PlacedInstance(f"{c}/{m}", k * 8 // n) for k in range(n))
             for c, n in PARTS.items() for m in ACCEPTS[c]}
-    assert set(maximal_layouts(model)) == full and len(full) == 7
+    assert set(maximal_layouts(model)) == full and len(full) == 6
 
 
 @pytest.mark.parametrize("model", AMD_MODELS)
@@ -115,7 +116,7 @@ def test_qpx_mi300x_is_four_partitions_of_76_cus_and_49152_mib() -> None:
 def test_dpx_mi300x_is_152_cus_and_half_the_memory() -> None:
     # 304 / 2 = 152 CUs as AMD SMI shows; 196,608 / 2 = 98,304 MiB planned, where AMD SMI shows 98,296 MiB
     # (8 MiB less, kept back by the driver): the plan is total/N, the cap the HIP library enforces
-    p = MODELS["MI300X"].profile("DPX/NPS2")
+    p = MODELS["MI300X"].profile("DPX/NPS1")
     assert p is not None and (p.compute_units, p.memory_mib, p.starts) == (152, 98304, (0, 4))
 
 
@@ -127,14 +128,14 @@ def test_cpx_mi325x_is_38_cus_and_32_gib() -> None:
 
 def test_invalid_layouts_say_why() -> None:
     m = "MI300X"
-    assert layout_problems(m, lay(("CPX/NPS4", 0), ("DPX/NPS2", 4))) == [
-        "MI300X is in one partition mode at a time; the layout mixes CPX/NPS4, DPX/NPS2"]
+    assert layout_problems(m, lay(("CPX/NPS4", 0), ("DPX/NPS1", 4))) == [
+        "MI300X is in one partition mode at a time; the layout mixes CPX/NPS4, DPX/NPS1"]
     assert layout_problems(m, lay(("CPX/NPS4", 0), ("CPX/NPS1", 1))) == [
         "MI300X is in one partition mode at a time; the layout mixes CPX/NPS4, CPX/NPS1"]
     assert layout_problems(m, lay(("QPX/NPS4", 3))) == ["QPX/NPS4 cannot start at XCC 3 (allowed: 0, 2, 4, 6)"]
-    assert layout_problems(m, lay(("DPX/NPS2", 4), ("DPX/NPS2", 4))) == ["DPX/NPS2 at XCC 4 overlaps another partition"]
-    assert layout_problems(m, lay(("DPX/NPS2", 0), ("DPX/NPS2", 4), ("DPX/NPS2", 0))) == [
-        "DPX/NPS2 at XCC 0 overlaps another partition", "more than 2 partition(s) of DPX/NPS2 on MI300X"]
+    assert layout_problems(m, lay(("DPX/NPS1", 4), ("DPX/NPS1", 4))) == ["DPX/NPS1 at XCC 4 overlaps another partition"]
+    assert layout_problems(m, lay(("DPX/NPS1", 0), ("DPX/NPS1", 4), ("DPX/NPS1", 0))) == [
+        "DPX/NPS1 at XCC 0 overlaps another partition", "more than 2 partition(s) of DPX/NPS1 on MI300X"]
     problems = layout_problems(m, lay(("SPX/NPS4", 0)))
     assert len(problems) == 1 and problems[0].startswith("SPX/NPS4: not a profile of MI300X (profiles: CPX/NPS1,")
 
@@ -144,7 +145,7 @@ def test_free_starts_follow_the_card_mode() -> None:
     used = lay(("CPX/NPS4", 0), ("CPX/NPS4", 5))
     assert free_starts(m, used, "CPX/NPS4") == [1, 2, 3, 4, 6, 7]
     assert free_starts(m, used, "CPX/NPS1") == [] and free_starts(m, used, "SPX/NPS1") == []
-    assert free_starts(m, (), "DPX/NPS2") == [0, 4]
+    assert free_starts(m, (), "DPX/NPS1") == [0, 4]
     assert free_starts(m, (), "no-such") == []
 
 

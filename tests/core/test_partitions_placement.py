@@ -37,21 +37,21 @@ def idle(profile: str, start: int) -> MigInstance:
 
 def test_amd_fragmentation_counts_idle_xccs_of_the_wrong_mode() -> None:
     one_cpx = (used("CPX/NPS4", 0),)
-    # 7 XCCs idle; a DPX/NPS2 pod cannot use any of them while the card is in CPX/NPS4
-    assert fragmentation(MI300X, one_cpx, {"DPX/NPS2": 1.0}) == 7
+    # 7 XCCs idle; a DPX/NPS1 pod cannot use any of them while the card is in CPX/NPS4
+    assert fragmentation(MI300X, one_cpx, {"DPX/NPS1": 1.0}) == 7
     # a CPX/NPS4 pod can use all 7
     assert fragmentation(MI300X, one_cpx, {"CPX/NPS4": 1.0}) == 0
     # half and half: 0.5 x 7 + 0.5 x 0
-    assert fragmentation(MI300X, one_cpx, {"DPX/NPS2": 0.5, "CPX/NPS4": 0.5}) == 3.5
+    assert fragmentation(MI300X, one_cpx, {"DPX/NPS1": 0.5, "CPX/NPS4": 0.5}) == 3.5
     # an empty card, or one whose partitions are all idle, can take any mode
     assert fragmentation(MI300X, (), {"SPX/NPS1": 1.0}) == 0
-    assert fragmentation(MI300X, tuple(idle("CPX/NPS4", s) for s in range(8)), {"DPX/NPS2": 1.0}) == 0
+    assert fragmentation(MI300X, tuple(idle("CPX/NPS4", s) for s in range(8)), {"DPX/NPS1": 1.0}) == 0
 
 
 def test_amd_choose_keeps_empty_cards_free_for_other_modes() -> None:
     cards = [PartitionCard(MI300X), PartitionCard(MI300X, (used("CPX/NPS4", 0),))]
     # on card 1 a second CPX/NPS4 shrinks its DPX fragment 7 -> 6; on card 0 it makes 7 XCCs unusable
-    c = chosen(choose(cards, "CPX/NPS4", {"DPX/NPS2": 1.0}))
+    c = chosen(choose(cards, "CPX/NPS4", {"DPX/NPS1": 1.0}))
     assert (c.gpu, c.option.start, c.option.reuse, c.fragment_delta) == (1, 1, False, -1.0)
 
 
@@ -64,8 +64,8 @@ def test_amd_choose_prefers_an_idle_partition_of_the_mode() -> None:
 
 def test_amd_mode_change_replaces_idle_partitions_of_the_old_mode() -> None:
     card = PartitionCard(MI300X, tuple(idle("CPX/NPS4", s) for s in range(8)))
-    after = card.with_partition("DPX/NPS2", 0)
-    assert after.instances == (used("DPX/NPS2", 0),)
+    after = card.with_partition("DPX/NPS1", 0)
+    assert after.instances == (used("DPX/NPS1", 0),)
 
 
 def test_ascend_fragmentation_counts_ai_cores_the_template_cannot_fill() -> None:

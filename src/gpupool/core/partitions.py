@@ -10,8 +10,10 @@ gpupool plans and grants, the HIP memory cap keeps each to it. AMD SMI reports a
 (a DPX MI300X partition shows 98,296 MiB, not 98,304), as nvidia-smi does for MIG.
 
 Which compute modes pair with which memory modes is amdgpu's rule for these chips on bare metal
-(aqua_vanjaram.c, `__aqua_vanjaram_get_px_mode_info`): SPX with NPS1; DPX with NPS1 or NPS2; QPX and CPX
-with NPS1 or NPS4 (CPX/NPS2 only on SR-IOV virtual functions, not modelled). A mode is changed only when the
+(aqua_vanjaram.c, `__aqua_vanjaram_get_px_mode_info`): SPX with NPS1; DPX with at most 2 memory partitions;
+QPX and CPX with NPS1 or NPS4; and the memory modes these chips (GC 9.4.3/9.4.4) offer on bare metal are
+NPS1 and NPS4 only (`gmc_v9_0_init_nps_details`), so DPX pairs with NPS1 alone. DPX/NPS2 is a GC 9.5
+(MI350-class) pair, and CPX/NPS2 one of SR-IOV virtual functions: neither is modelled. A mode is changed only when the
 card is idle, so an AMD card's *idle* partitions never block a new mode: its mode is free while no partition
 is in use, and fixed by those in use otherwise.
 
@@ -46,7 +48,7 @@ COMPUTE_MODES: dict[str, int] = {"SPX": 1, "DPX": 2, "QPX": 4, "CPX": 8}  # mode
 MEMORY_MODES: dict[str, int] = {"NPS1": 1, "NPS2": 2, "NPS4": 4}  # mode -> memory partitions
 # amdgpu's compatible memory modes per compute mode on MI300X/MI325X, bare metal (see the module text).
 AMD_COMPATIBLE_MEMORY: dict[str, tuple[str, ...]] = {
-    "SPX": ("NPS1",), "DPX": ("NPS1", "NPS2"), "QPX": ("NPS1", "NPS4"), "CPX": ("NPS1", "NPS4"),
+    "SPX": ("NPS1",), "DPX": ("NPS1",), "QPX": ("NPS1", "NPS4"), "CPX": ("NPS1", "NPS4"),
 }
 
 

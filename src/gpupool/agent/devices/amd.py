@@ -26,7 +26,6 @@ the fake library in tests/agent/fakes/amd (docs/vendors.md, "AMD Instinct").
 from __future__ import annotations
 
 import contextlib
-import importlib
 import io
 import re
 import threading
@@ -92,14 +91,15 @@ def _sysfs_numa(bus_id: str) -> int:
 
 
 def import_amdsmi() -> Any:
-    """Import the binding. It loads libamd_smi.so on import (from ROCM_PATH/lib, the linker path or its own
-    folder) and prints to stdout when it cannot; that text goes into the error instead. Imported by name
-    because the binding ships no type information (mypy --strict would refuse a plain `import amdsmi`
-    without an override in pyproject.toml); this stays the one place that imports it."""
+    """Import the binding (the one place that does). It loads libamd_smi.so on import (from ROCM_PATH/lib,
+    the linker path or its own folder) and prints to stdout when it cannot; that text goes into the error
+    instead."""
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed):
-            return importlib.import_module("amdsmi")
+            import amdsmi
+
+            return amdsmi
     except ImportError as e:
         raise DiscoveryError(f"the AMD backend needs the amdsmi package: {e}") from None
     except Exception as e:  # the binding fails with KeyError/OSError/AttributeError when the library is missing

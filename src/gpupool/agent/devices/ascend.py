@@ -59,6 +59,8 @@ from gpupool.agent.devices.discovery import (
 )
 from gpupool.agent.devices.vendor import ContainerDevices, Partition, PartitionError
 from gpupool.api.isolation import IsolationMode
+from gpupool.core.partitions import partition_model
+from gpupool.core.vendors import PARTITION_VNPU
 
 LIBRARY_ENV = "GPUPOOL_DCMI_LIBRARY"
 STANDARD_PATHS = (
@@ -102,19 +104,6 @@ DIE_VDIE = 1  # enum dcmi_die_type: NDIE 0, VDIE 1
 MAX_PROCESSES = 32
 MAX_ERROR_CODES = 128
 MAX_CARDS = 64  # DCMI's MAX_CARD_NUM
-
-# Templates per card family: name -> (AI Cores, AI CPUs), from the vNPU user guides. AI CPUs of training
-# templates are not given there, so they are not checked (0).
-TRAINING_TEMPLATES: dict[str, tuple[int, int]] = {"vir02": (2, 0), "vir04": (4, 0), "vir08": (8, 0), "vir16": (16, 0)}
-INFERENCE_TEMPLATES: dict[str, tuple[int, int]] = {
-    "vir01": (1, 1),
-    "vir02": (2, 2),
-    "vir02_1c": (2, 1),
-    "vir04": (4, 4),
-    "vir04_3c": (4, 3),
-    "vir04_3c_ndvpp": (4, 3),
-    "vir04_4c_dvpp": (4, 4),
-}
 
 RESOURCE_910 = "huawei.com/Ascend910"
 RESOURCE_310P = "huawei.com/Ascend310P"
@@ -322,7 +311,12 @@ def is_training(model: str) -> bool:
 
 
 def templates_for(model: str) -> dict[str, tuple[int, int]]:
-    return TRAINING_TEMPLATES if is_training(model) else INFERENCE_TEMPLATES if model == "Ascend310P" else {}
+    """The model's vNPU templates: name -> (AI Cores, AI CPUs; 0 where not limited), from the geometry the
+    scheduler plans with (gpupool.core.partitions), so the agent carves nothing the plan cannot hold."""
+    geometry = partition_model(model)
+    if geometry is None or geometry.kind != PARTITION_VNPU:
+        return {}
+    return {p.name: (p.compute_units, p.ai_cpus) for p in geometry.profiles}
 
 
 def resource_name_for(model: str) -> str:
