@@ -29,7 +29,10 @@ class AgentConfig(BaseModel):
 
     version: int = 1
     node_name: str = Field(min_length=1, max_length=253)
-    backend: Literal["nvml", "fake"] = "nvml"
+    # Who finds the node's cards: NVML (NVIDIA), AMD SMI (`amdsmi`: AMD Instinct), DCMI (`dcmi`: Huawei Ascend),
+    # or a described set of cards (`fake`, any vendor: the file's `vendor:`). The vendor also decides what a
+    # container is handed for its cards (gpupool.agent.isolation.vendors).
+    backend: Literal["nvml", "amdsmi", "dcmi", "fake"] = "nvml"
     fake_file: Path | None = None  # the GPU description for backend=fake
     split: int = Field(default=10, ge=1, le=100)  # device-plugin slots per GPU (pods per GPU at most)
     # Isolation used when a pod's allocation does not name one: mps, hook (interception shim) or none.

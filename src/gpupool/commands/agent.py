@@ -21,7 +21,8 @@ import click
     help="YAML file with settings (overridden by NODE_NAME / GPUPOOL_AGENT_* variables and flags).",
 )
 @click.option("--node-name", default=None, help="This node's name [env NODE_NAME].")
-@click.option("--backend", type=click.Choice(["nvml", "fake"]), default=None, help="GPU discovery [nvml].")
+@click.option("--backend", type=click.Choice(["nvml", "amdsmi", "dcmi", "fake"]), default=None,
+              help="GPU discovery: nvml (NVIDIA), amdsmi (AMD Instinct), dcmi (Huawei Ascend) or fake [nvml].")
 @click.option("--fake-file", type=click.Path(path_type=Path), default=None, help="GPU description for --backend fake.")
 @click.option("--split", type=int, default=None, help="Device-plugin slots per GPU (most pods per GPU) [10].")
 @click.option(
@@ -98,6 +99,7 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
     problem = install_packaged_library(config.hook_root)
     if problem is not None:
         log.error("isolation hook cannot be enforced: the CUDA interception library %s", problem)
+    _install_hip(config, backend, log)
     if config.remote_key_file is not None:
         _check_remote(config, log)
     from gpupool.agent.state.checkpoint import CheckpointError
@@ -123,18 +125,49 @@ def _check_remote(config: Any, log: logging.Logger) -> None:
 
 
 def _backend(config: Any) -> Any:
+    """The discovery backend of the configured vendor. For AMD and Ascend the vendor object is installed as the
+    source of its cards' container devices (gpupool.agent.isolation.vendors); a fake backend's cards get the
+    fake's environment-only devices there."""
     from gpupool.agent.devices.discovery import DiscoveryError
+    from gpupool.agent.isolation.vendors import install_vendor
 
     try:
         if config.backend == "fake":
             from gpupool.agent.devices.fake import FakeBackend
 
             return FakeBackend.from_file(config.fake_file, node=config.node_name)
+        if config.backend == "amdsmi":
+            from gpupool.agent.devices.amd import AmdVendor
+
+            amd = AmdVendor()
+            install_vendor(amd.name, amd)
+            return amd.discovery
+        if config.backend == "dcmi":
+            from gpupool.agent.devices.ascend import AscendBackend, AscendVendor
+
+            ascend = AscendVendor(AscendBackend())
+            install_vendor(ascend.name, ascend)
+            return ascend.discovery
         from gpupool.agent.devices.nvml import NvmlBackend
 
         return NvmlBackend()
     except DiscoveryError as e:
         raise click.ClickException(str(e)) from None
+
+
+def _install_hip(config: Any, backend: Any, log: logging.Logger) -> None:
+    """A node with AMD cards gets the HIP memory cap beside the CUDA library (AMD hook shares need it; without
+    it they are refused with the reason, whole cards still run)."""
+    from gpupool.core.vendors import AMD
+
+    if not any(d.vendor == AMD for d in backend.discover().devices):
+        return
+    from gpupool.agent.isolation.vendors import install_hip_library
+    from gpupool.hook import hip_library_path
+
+    problem = install_hip_library(config.hook_root, hip_library_path())
+    if problem is not None:
+        log.error("hook shares of AMD cards cannot be enforced: the HIP memory cap %s", problem)
 
 
 def _print_plan(config: Any, backend: Any) -> None:

@@ -29,6 +29,9 @@ File format (YAML or JSON; every field checked, errors name the field):
     validation:                 # optional: node validation steps that fail, with the reason shown
       toolkit: "toolkit 1.17.3 is older than 1.17.8"   # driver, toolkit, isolation, workload
 
+With `vendor: amd` or `vendor: ascend` the cards stand for that vendor's (discovery, inventory, routing by
+runtime), and a container granted them gets what `FakeContainerDevices` hands out: environment only.
+
 Only `validation` is read again when the file changes (each validation pass looks at the file's size
 and modification time): tests inject a validation fault by rewriting the file and fix it the same way.
 """
@@ -45,6 +48,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from gpupool.agent.devices.ascend import SHARED_NODES
 from gpupool.agent.devices.discovery import (
     DeviceInfo,
     Discovered,
@@ -54,9 +58,46 @@ from gpupool.agent.devices.discovery import (
     UtilizationSample,
 )
 from gpupool.agent.devices.mig import MigBackend
+from gpupool.agent.devices.vendor import ContainerDevices, Partition
+from gpupool.core.vendors import AMD, ASCEND
 
 MAX_UUID_LEN = 58  # device IDs are "<uuid>::<slot>" and kubelet allows 63 characters
 NODE_FIELD = "{node}"  # in a uuid or uuid_prefix: replaced by the agent's node name
+
+
+# What a fake non-NVIDIA card's container is told it would have been given: the device nodes a node of that
+# vendor hands out, comma-separated (see FakeContainerDevices).
+FAKE_DEVICE_NODES_ENV = "GPUPOOL_FAKE_DEVICE_NODES"
+AMD_RENDER_BASE = 128  # DRM render minors start at 128 (/dev/dri/renderD128 is the first card's)
+
+
+class FakeContainerDevices:
+    """The fake's ContainerDevices for a card of a non-NVIDIA vendor: environment only.
+
+    The host running fake cards (a testbed, a kind node) has no /dev/kfd, /dev/dri/renderD* or /dev/davinci*,
+    so a container given them as device nodes would not start. Instead the nodes the vendor's real provider
+    would hand out for the card (AmdVendor / AscendVendor: the same shapes, numbered by the card's index) are
+    named in GPUPOOL_FAKE_DEVICE_NODES, and the vendor's own variables (ASCEND_VISIBLE_DEVICES) are set as the
+    real provider sets them, so tests see what a real node's container would get. Only for `backend: fake`.
+    """
+
+    def __init__(self, vendor: str) -> None:
+        self.vendor = vendor
+
+    def container_devices(self, device: DeviceInfo, partition: Partition | None = None) -> ContainerDevices:
+        env: dict[str, str] = {}
+        if self.vendor == AMD:
+            nodes: tuple[str, ...] = ("/dev/kfd", f"/dev/dri/renderD{AMD_RENDER_BASE + device.index}")
+        elif self.vendor == ASCEND and partition is not None:
+            nodes = (f"/dev/vdavinci{partition.partition_id}", *SHARED_NODES)
+            env = {"ASCEND_VISIBLE_DEVICES": partition.partition_id, "ASCEND_RUNTIME_OPTIONS": "VIRTUAL"}
+        elif self.vendor == ASCEND:
+            nodes = (f"/dev/davinci{device.index}", *SHARED_NODES)
+            env = {"ASCEND_VISIBLE_DEVICES": str(device.index)}
+        else:  # a vendor the fake has no shapes for: the card's UUID, so a test still sees which card it got
+            nodes = ()
+            env = {"GPUPOOL_FAKE_VISIBLE_DEVICES": device.uuid}
+        return ContainerDevices((), {**env, FAKE_DEVICE_NODES_ENV: ",".join(nodes)} if nodes else env)
 
 
 class FakeGPUFileError(DiscoveryError):

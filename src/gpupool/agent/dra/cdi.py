@@ -11,7 +11,7 @@ from gpupool.agent.isolation.grant import ContainerGrant
 from gpupool.agent.state.checkpoint import write_atomically
 from gpupool.api.dra import CDI_KIND, DRIVER
 
-CDI_VERSION = "0.6.0"  # env, mounts and device nodes: all this spec uses
+CDI_VERSION = "0.6.0"  # env, mounts and device nodes (hostPath: 0.5.0 on): all this spec uses
 
 Obj = dict[str, Any]
 
@@ -21,6 +21,9 @@ def cdi_spec(uid: str, grant: ContainerGrant) -> Obj:
     mounts = [{"hostPath": m.host_path, "containerPath": m.container_path, "type": "bind",
                "options": ["bind", "ro" if m.read_only else "rw", "nosuid", "nodev"]} for m in grant.mounts]
     edits: Obj = {"env": [f"{k}={v}" for k, v in sorted(grant.envs.items())]}
+    if grant.devices:  # a non-NVIDIA card's nodes; the runtime takes type and numbers from hostPath
+        edits["deviceNodes"] = [{"path": d.container_path, "hostPath": d.host_path, "permissions": d.permissions}
+                                for d in grant.devices]
     if mounts:
         edits["mounts"] = mounts
     return {"cdiVersion": CDI_VERSION, "kind": CDI_KIND, "devices": [{"name": uid, "containerEdits": edits}]}

@@ -45,6 +45,16 @@ class MountSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class DeviceNode:
+    """A device node the container gets (non-NVIDIA cards: gpupool.agent.isolation.vendors), at `container_path`
+    inside; the runtime reads its type and numbers from the host node."""
+
+    container_path: str
+    host_path: str
+    permissions: str = "rw"  # what the device cgroup allows: read and write, no mknod
+
+
+@dataclass(frozen=True, slots=True)
 class Refused:
     reason: str
     retry: bool = False  # True: the node may serve it shortly (a daemon restarting, MIG not reconciled yet)

@@ -22,6 +22,12 @@ Environment contract (read by the interception shim and by users):
 - isolation `mig`: NVIDIA_VISIBLE_DEVICES names the MIG device (`MIG-<uuid>`, carved by the agent's MIG
   manager before the answer) instead of the GPU, GPUPOOL_MIG_PROFILE its profile; no interception library
   and no MPS (MIG is hardware isolation).
+
+Cards of another vendor (AMD, Ascend: `DeviceInfo.vendor`, decided in gpupool.agent.isolation.vendors): no
+NVIDIA_VISIBLE_DEVICES and no CDI names; the vendor's device nodes (`devices`: DeviceSpecs of the device
+plugin's answer, deviceNodes of a claim's CDI spec) and its variables (ASCEND_VISIBLE_DEVICES, ...), beside
+the GPUPOOL_* limits above. A share of an AMD card under isolation hook gets the HIP memory cap instead of the
+CUDA library (same limits file and mounts); modes a vendor's cards cannot be held in are refused there.
 """
 
 from __future__ import annotations
@@ -32,14 +38,25 @@ from typing import Any
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices.discovery import DeviceInfo
-from gpupool.agent.isolation.base import ISOLATION_MODES, GrantRequest, Isolation, MountSpec, Prepared, Refused, mode_of
+from gpupool.agent.isolation.base import (
+    ISOLATION_MODES,
+    DeviceNode,
+    GrantRequest,
+    Isolation,
+    MountSpec,
+    Prepared,
+    Refused,
+    mode_of,
+)
 from gpupool.agent.isolation.strategies import node_strategies
+from gpupool.agent.isolation.vendors import request_vendor, vendor_mode, vendor_part
 from gpupool.agent.state.hookdir import HookPod
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from gpupool.api.dra import ClaimShares, DeviceShare
 from gpupool.api.isolation import IsolationMode
+from gpupool.core.vendors import NVIDIA
 
-__all__ = ["ContainerGrant", "MountSpec", "Refused", "build_grant", "grant_request", "answer"]
+__all__ = ["ContainerGrant", "DeviceNode", "MountSpec", "Refused", "build_grant", "grant_request", "answer"]
 
 CLAIM_CONTAINER = "claim"  # a DRA claim's grant's container name: one share per claim, whatever container uses it
 
@@ -52,6 +69,7 @@ class ContainerGrant:
     annotations: dict[str, str] = field(default_factory=dict)
     hook_pod: HookPod | None = None  # isolation hook: the host directory to prepare before answering
     mps_gpu: str | None = None  # isolation mps on a shared GPU: the GPU whose MPS daemon serves the container
+    devices: list[DeviceNode] = field(default_factory=list)  # device nodes (non-NVIDIA cards; none on NVIDIA)
 
 
 def _num(value: float) -> str:
@@ -94,6 +112,14 @@ def grant_request(
         return Refused(f"pod {pod_label}: unknown isolation {isolation!r} (use {', '.join(sorted(ISOLATION_MODES))})")
     request = GrantRequest(doc, container, tuple(gpus), devices, config, pod_label, cores_mode, gpu_containers,
                            tuple(pods_on_node), claim)
+    served = vendor_mode(request, isolation)  # the mode on the cards' vendor (on NVIDIA: the one asked for)
+    if isinstance(served, Refused):
+        return served
+    if served != isolation:
+        whole = strategies.get(served)
+        if whole is None:
+            return Refused(f"pod {pod_label}: its cards are served whole here, but the node has no {served} mode")
+        strategy = whole
     refused = strategy.check(request)
     return refused if refused is not None else (strategy, request)
 
@@ -109,6 +135,17 @@ def answer(strategy: Isolation, request: GrantRequest, prepared: Prepared) -> Co
         "GPUPOOL_CORES_PERCENT": ",".join(_num(g.cores) for g in gpus),
         "GPUPOOL_ISOLATION": str(strategy.name),
     }
+    vendor = request_vendor(request)
+    if isinstance(vendor, Refused):
+        return vendor
+    if vendor != NVIDIA:
+        part = vendor_part(request, vendor)
+        if isinstance(part, Refused):
+            return part
+        envs.update(part.envs)
+        envs.update(mode.envs)
+        return ContainerGrant(envs=envs, mounts=list(mode.mounts), hook_pod=mode.hook_pod, mps_gpu=mode.mps_gpu,
+                              devices=part.devices)
     cdi: list[str] = []
     if request.config.cdi:
         # `void`: an image default of NVIDIA_VISIBLE_DEVICES=all cannot widen the grant

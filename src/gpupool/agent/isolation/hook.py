@@ -9,6 +9,7 @@ from typing import Any
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.isolation.base import GrantRequest, ModeGrant, MountSpec, Prepared, Refused, plain_gpus
+from gpupool.agent.isolation.vendors import CONTAINER_HIP_LIBRARY, hip_paths, request_vendor
 from gpupool.agent.state.hookdir import (
     ANN_CORES_MODE,
     CONTAINER_HOOK_DIR,
@@ -31,6 +32,7 @@ from gpupool.agent.state.hookdir import (
     valid_uid,
 )
 from gpupool.api.isolation import IsolationMode
+from gpupool.core.vendors import AMD
 
 
 class HookIsolation:
@@ -89,12 +91,16 @@ class HookIsolation:
 
     def grant(self, request: GrantRequest, prepared: Prepared) -> ModeGrant | Refused:
         paths = hook_paths(request.config.hook_root)
+        library, preload = (CONTAINER_LIBRARY, str(paths.library)), str(paths.preload)
+        if request_vendor(request) == AMD:  # the HIP memory cap (gpupool.agent.isolation.vendors let it through)
+            hip = hip_paths(request.config.hook_root)
+            library, preload = (CONTAINER_HIP_LIBRARY, str(hip.library)), str(hip.preload)
         hook_pod = self._hook_pod(request)
         return ModeGrant(
             envs={"GPUPOOL_HOOK_DIR": CONTAINER_HOOK_DIR, "GPUPOOL_CORES_MODE": request.cores_mode},
             mounts=[
-                MountSpec(CONTAINER_LIBRARY, str(paths.library), read_only=True),
-                MountSpec(CONTAINER_PRELOAD, str(paths.preload), read_only=True),
+                MountSpec(*library, read_only=True),
+                MountSpec(CONTAINER_PRELOAD, preload, read_only=True),
                 # siblings on the host: nothing the container may write lies above the limits file
                 MountSpec(CONTAINER_LIMITS_DIR, str(limits_dir(hook_pod.dir)), read_only=True),
                 MountSpec(CONTAINER_HOOK_DIR, str(accounting_dir(hook_pod.dir))),

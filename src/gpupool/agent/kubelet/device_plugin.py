@@ -495,6 +495,9 @@ def _to_proto(grant: ContainerGrant) -> pb.ContainerAllocateResponse:
             pb.Mount(container_path=m.container_path, host_path=m.host_path, read_only=m.read_only)
             for m in grant.mounts
         ],
+        # non-NVIDIA cards' device nodes (none on NVIDIA: the answer stays what it was)
+        devices=[pb.DeviceSpec(container_path=d.container_path, host_path=d.host_path, permissions=d.permissions)
+                 for d in grant.devices],
         annotations=grant.annotations,
         cdi_devices=[pb.CDIDevice(name=n) for n in grant.cdi_devices],
     )
