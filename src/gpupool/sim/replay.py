@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gpupool.core.defrag import apply_defrag, fragmentation, plan_defrag
 from gpupool.core.fit_cache import FitCache
 from gpupool.core.frag import (
     WorkloadArrays,
@@ -28,13 +29,34 @@ from gpupool.core.frag import (
     usable_free,
 )
 from gpupool.core.model import MILLI_PER_GPU, Node, PodRequest
-from gpupool.core.moves import MovableShares, apply_plan, plan_moves
+from gpupool.core.moves import MIB_PER_GIB, MovableShares, apply_plan, plan_moves
 from gpupool.core.policies import get_policy
 from gpupool.core.policy import PolicyContext
 from gpupool.core.state import ClusterState
 from gpupool.sim.engine import Placer
 
 TUNE = 1.3
+
+
+@dataclass(frozen=True, slots=True)
+class DefragPolicy:
+    """The replay's background defragmenter: every `interval` submitted pods, when the cluster's fragmentation
+    (gpupool.core.defrag.fragmentation, 0 to 1) is above `threshold`, one round of at most `max_moves` moves
+    and `max_gib` GiB moved (None: no limit on memory)."""
+
+    interval: int = 50
+    threshold: float = 0.5
+    max_moves: int = 16
+    max_gib: float | None = None
+    # Empty a GPU only when that lowers the cluster's fragmentation for the typical workload (gpupool.core.frag),
+    # sources taken by fragmentation removed per GiB; False: every GPU that can be emptied, cheapest first.
+    by_fragmentation: bool = True
+
+    def __post_init__(self) -> None:
+        if self.interval < 1 or self.max_moves < 0 or not 0 <= self.threshold <= 1 or \
+                (self.max_gib is not None and self.max_gib < 0):
+            raise ValueError(f"defragmenter: interval {self.interval} (>= 1), threshold {self.threshold} (0 to 1), "
+                             f"max_moves {self.max_moves} and max_gib {self.max_gib} (>= 0) expected")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,10 +172,12 @@ def replay(
     moves: int = 0,
     move_cost_per_gib: float = 1.0,
     movable: float = 1.0,
+    defrag: DefragPolicy | None = None,
 ) -> ReplayLog:
     """One policy, one seed, FGD's protocol. `max_sharers` > 0 holds each GPU to that many pods. `moves` > 0
     lets a pod that fits nowhere be placed after at most that many moves of movable shares (a `movable`
-    fraction of the placed one-GPU shares), the cheapest by `move_cost_per_gib` (module docstring)."""
+    fraction of the placed one-GPU shares), the cheapest by `move_cost_per_gib` (module docstring). `defrag`
+    runs the background defragmenter (gpupool.core.defrag) on the same movable shares."""
     start = time.perf_counter()
     policy = get_policy(policy_name)
     run = setup(nodes, pods, seed, tune)
@@ -171,8 +195,9 @@ def replay(
     failed = 0
     placer = Placer(state, policy, ctx)
     allocated_total = state.allocated_milli()
-    mover = _Mover(state, moves, move_cost_per_gib, movable, seed, policy.name, ctx.rank, n, placer.fit) \
-        if moves else None
+    mover = _Mover(state, moves, move_cost_per_gib, movable, seed, policy.name, ctx.rank, n, placer.fit, defrag,
+                   measure) \
+        if moves or defrag is not None else None
     for k, pod in enumerate(submitted):
         arrived_total += pod.gpu.total_milli
         choice = placer.decide(pod)
@@ -185,7 +210,7 @@ def replay(
             # Only the chosen node changed: refresh its share of the cluster's fragmentation.
             i = np.array([choice.node], dtype=np.int64)
             frag[i] = table_fragmentation(usable_free(state, i), state.cpu_free[i], measure.model_ok[i], measure)
-        elif mover is not None and (touched := mover.place(pod, k)) is not None:
+        elif mover is not None and mover.max_moves and (touched := mover.place(pod, k)) is not None:
             allocated_total += pod.gpu.total_milli
             for position, (node, gpus) in touched.items():
                 placed_node[position], placed_gpus[position] = node, gpus
@@ -194,6 +219,11 @@ def replay(
             frag[i] = table_fragmentation(usable_free(state, i), state.cpu_free[i], measure.model_ok[i], measure)
         else:
             failed += 1
+        if mover is not None and (touched := mover.defragment(k)):
+            for position, (node, gpus) in touched.items():
+                placed_node[position], placed_gpus[position] = node, gpus
+            i = np.unique(np.asarray([node for node, _ in touched.values()] + mover.sources, dtype=np.int64))
+            frag[i] = table_fragmentation(usable_free(state, i), state.cpu_free[i], measure.model_ok[i], measure)
         allocated[k] = allocated_total
         arrived[k] = arrived_total
         fragmented[k] = frag.sum()
@@ -210,8 +240,13 @@ class _Mover:
     """The replay's side of moves: which placed shares may move, the planner's calls, and what moved."""
 
     def __init__(self, state: ClusterState, max_moves: int, cost_per_gib: float, fraction: float, seed: int,
-                 policy: str, rank: np.ndarray | None, pods: int, fit: FitCache) -> None:
+                 policy: str, rank: np.ndarray | None, pods: int, fit: FitCache,
+                 defrag: DefragPolicy | None = None, measure: WorkloadArrays | None = None) -> None:
         self.state, self.max_moves, self.cost_per_gib = state, max_moves, cost_per_gib
+        self.defrag = defrag
+        self.measure = measure if defrag is not None and defrag.by_fragmentation else None
+        self.sources: list[int] = []  # node indices the last defragmentation round moved shares off
+        self.rounds = 0  # defragmentation rounds that moved something
         self.fraction, self.seed, self.policy, self.rank, self.fit = fraction, seed, policy, rank, fit
         self.movable = MovableShares(state)
         self.index: dict[str, int] = {}  # pod key -> position in the submitted list
@@ -255,4 +290,32 @@ class _Mover:
         for key in [pod.key, *(m.key for m in plan.moves)]:
             held = self.state.held[key]
             out[self.index[key]] = (held.node_index, sum(1 << g.index for g in held.allocation.grants))
+        return out
+
+    def defragment(self, k: int) -> dict[int, tuple[int, int]]:
+        """After submitted pod k: a defragmentation round when one is due (every `interval` pods, the
+        fragmentation above the threshold). The moved shares' node index and GPU bit set, by submitted
+        position (empty: nothing moved); their moves are counted on pod k."""
+        d = self.defrag
+        self.sources = []
+        if d is None or (k + 1) % d.interval or fragmentation(self.state) <= d.threshold:
+            return {}
+        plan = plan_defrag(self.state, self.movable, d.max_moves,
+                           None if d.max_gib is None else int(d.max_gib * MIB_PER_GIB), rank=self.rank,
+                           measure=self.measure)
+        if not plan.moves:
+            return {}
+        refused = apply_defrag(self.state, plan)
+        if refused is not None:  # the planner's round must apply: fail loudly
+            raise RuntimeError(f"defragmentation round after pod {k} refused: {refused}")
+        self.movable.follow(plan.moves)
+        self.rounds += 1
+        self.moves_per_pod[k] += len(plan.moves)
+        self.mib_per_pod[k] += plan.memory_mib
+        self.cost += self.cost_per_gib * plan.gib
+        self.sources = [self.state.index[m.source[0]] for m in plan.moves]
+        out = {}
+        for m in plan.moves:
+            held = self.state.held[m.key]
+            out[self.index[m.key]] = (held.node_index, sum(1 << g.index for g in held.allocation.grants))
         return out
