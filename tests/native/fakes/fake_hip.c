@@ -127,17 +127,18 @@ static int alive(int64_t pid) { return pid > 0 && (kill((pid_t)pid, 0) == 0 || e
  * process's entry. */
 static uint64_t device_used(int dev, struct fk_proc **mine) {
     uint64_t sum = 0;
+    int64_t me = getpid();
     *mine = NULL;
     struct fk_proc *empty = NULL;
     for (int i = 0; i < FK_PROCS; i++) {
         struct fk_proc *p = &st->procs[i];
-        if (p->pid == getpid()) *mine = p;
+        if (p->pid == me) *mine = p;
         else if (p->pid != 0 && !alive(p->pid)) memset(p, 0, sizeof *p);
         if (p->pid == 0 && empty == NULL) empty = p;
         sum += p->used[dev];
     }
     if (*mine == NULL && empty != NULL) {
-        empty->pid = getpid();
+        empty->pid = me;
         *mine = empty;
     }
     return sum;

@@ -13,6 +13,7 @@
  *            echo -> "<hipFakeEcho(1)>" through the path's resolver
  *            threads N OPS SEED SIZE... -> "<rc> max_live successes failures other_codes"
  *            stress BYTES -> "started", then never answers (alloc/free forever, for kill -9 tests)
+ *            bench N -> "<rc> <nanoseconds per hipMalloc of 1 MiB + hipFree>" (N pairs)
  * Allocation KINDs: mem (hipMalloc), ext (hipExtMallocWithFlags, fine-grained), managed (hipMallocManaged),
  * pitch (hipMallocPitch: rows of 1 MiB, or one row of BYTES below that), async (hipMallocAsync), pool
  * (hipMallocFromPoolAsync from the device's default pool), host (hipHostMalloc). free uses hipFree, but
@@ -24,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "../../../native/hip/gph.h"
 
@@ -250,6 +252,17 @@ int main(int argc, char **argv) {
             for (int i = 0; i < nthreads && i < 64; i++) pthread_join(t[i], NULL);
             printf("0 %lld %lld %lld %lld\n", max_live, successes, failures, others);
             max_live = successes = failures = others = 0;
+        } else if (sscanf(line, "bench %llu", &n) == 1 && n > 0) {
+            struct timespec t0, t1;
+            hipError_t r = hipSuccess;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (unsigned long long i = 0; i < n && r == hipSuccess; i++) {
+                void *p;
+                if ((r = h.malloc_(&p, 1 << 20)) == hipSuccess) r = h.free_(p);
+            }
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+            printf("%d %lld\n", r, (long long)(ns / (double)n));
         } else if (sscanf(line, "stress %llu", &n) == 1) {
             printf("started\n");
             for (;;) {
