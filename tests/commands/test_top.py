@@ -195,9 +195,9 @@ def test_piped_or_narrow_it_prints_lines_that_keep_every_name() -> None:
     assert not any(c in result.output for c in "█·─"), result.output
     # (300 + 200 + 1000) / 4000 = 37.5 %, as in the table
     assert "compute 37.5 %" in result.output
-    gpu_line = lines.index("gpu-1  GPU 0  A100  used 50%  memory 14336/40960 Mi")
+    gpu_line = lines.index("gpu-1  GPU 0  A100  nvidia/cuda  used 50%  memory 14336/40960 Mi")
     assert lines[gpu_line + 1:gpu_line + 3] == ["    team-a/train  30%  10240Mi", "    team-b/infer  20%  4096Mi"]
-    assert "gpu-0  GPU 0  A100 unhealthy  used 0%  memory 0/40960 Mi" in lines
+    assert "gpu-0  GPU 0  A100 unhealthy  nvidia/cuda  used 0%  memory 0/40960 Mi" in lines
     waiting = lines[lines.index("pending GPU pods:") + 1:]
     assert "".join(part.strip() for part in waiting).startswith(
         long_name.removeprefix("team-a/").join(["team-c/", ":"]))

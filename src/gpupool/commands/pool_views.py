@@ -5,13 +5,14 @@ other: they meet in the pool snapshot (gpupool.api.snapshot)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 
+from gpupool.api.inventory import InventoryDoc
 from gpupool.api.snapshot import QueueView, Snapshot, build_snapshot
 from gpupool.core.model import MILLI_PER_GPU
 from gpupool.core.queues import UNLIMITED, QueueStatus, Quota
@@ -35,10 +36,18 @@ def snapshot_of(service: ExtenderService) -> Snapshot:
         now=service.clock(),
         servers={name: (doc.remote_server, doc.remote_shares) for name, doc in ledger.inventories.items()
                  if doc.remote_server},
+        partitions=partitions_of(ledger.inventories.values()),
     )
     if not service.queues.enabled:
         return snap
     return snap.model_copy(update={"queues": [queue_view(s) for s in current_queues(service.queues, pending)]})
+
+
+def partitions_of(inventories: Iterable[InventoryDoc]) -> dict[str, list[tuple[str, int, bool]]]:
+    """GPU UUID -> the hardware partitions its node's agent reports (profile, start, used). Every vendor's
+    partitions travel in the inventory's `mig` / `mig_instances` (MIG instances, AMD partitions, vNPUs)."""
+    return {g.uuid: [(i.profile, i.start, i.used) for i in g.mig_instances]
+            for doc in inventories for g in doc.gpus if g.mig}
 
 
 def queue_view(s: QueueStatus) -> QueueView:

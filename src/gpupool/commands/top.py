@@ -2,9 +2,14 @@
 
 Reads the pool snapshot JSON that the scheduler (or `gpupool demo --serve`) serves at GET /pool.
 
-Every name in the snapshot (pods, namespaces, nodes, models, pending reasons) comes from tenants or from
-the scheduler's callers: it is shown through `_text`, which escapes control characters (no terminal
-escape sequence or OSC-8 link reaches the terminal) and never lets rich read it as markup (`x[/]`).
+Each GPU shows its vendor and runtime (nvidia/cuda, amd/rocm, ascend/cann) and its hardware partitions (MIG
+instances, AMD compute/memory-mode partitions, Ascend vNPUs) with the pod holding each; one line per vendor
+under the summary gives its cards, memory and allocated shares.
+
+Every name in the snapshot (pods, namespaces, nodes, models, vendors, profiles, pending reasons) comes from
+tenants, node agents or the scheduler's callers: it is shown through `_text`, which escapes control
+characters (no terminal escape sequence or OSC-8 link reaches the terminal) and never lets rich read it as
+markup (`x[/]`).
 """
 
 from __future__ import annotations
@@ -19,9 +24,10 @@ if TYPE_CHECKING:
     from rich.console import RenderableType
     from rich.text import Text
 
-    from gpupool.api.snapshot import GPUView, PendingPod, Snapshot
+    from gpupool.api.snapshot import GPUView, PartitionView, PendingPod, Snapshot, VendorTotals
 
 from gpupool.api.logsafe import shown
+from gpupool.core.vendors import UNIT_OF_VENDOR
 
 DEFAULT_URL = "http://127.0.0.1:8888/pool"
 COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan", "bright_magenta")
@@ -113,6 +119,40 @@ def _summary(snap: Snapshot) -> list[tuple[str, str]]:
     ]
 
 
+def _vendor_line(v: VendorTotals) -> str:
+    """One vendor's share of the pool: its cards, memory, and the compute and memory handed out on them."""
+    return (f"{_vendor_of(v.vendor, v.runtime)}  GPUs {v.gpus} ({v.healthy_gpus} healthy)  "
+            f"{v.memory_mib / 1024:.0f} GiB  compute {100 * v.allocated_share:.1f} %  "
+            f"memory {100 * v.allocated_memory_share:.1f} %")
+
+
+def _vendor_of(vendor: str, runtime: str) -> str:
+    """"amd/rocm": a card's vendor and the runtime its pods run (the vendor alone when it is not known). Raw
+    text, like the other helpers here: the caller escapes it once (`shown` or `_text`)."""
+    return f"{vendor}/{runtime}" if runtime else vendor
+
+
+def _partition_texts(gpu: GPUView) -> list[tuple[str, bool]]:
+    """(text, used) per line: each partition in use with who holds it, then the idle ones of a profile on one
+    line (an AMD card in CPX is eight partitions of one profile), each with its size from the geometry."""
+    unit = UNIT_OF_VENDOR.get(gpu.vendor, "units")
+
+    def size(p: PartitionView) -> str:
+        return "".join([f"  {p.compute_units} {unit}" if p.compute_units else "",
+                        f"  {p.memory_mib}Mi" if p.memory_mib else ""])
+
+    out = [(f"partition {p.profile} @{p.start}{size(p)}  {p.pod or 'in use'}", True)
+           for p in gpu.partitions if p.used]
+    idle: dict[str, list[PartitionView]] = {}
+    for p in gpu.partitions:
+        if not p.used:
+            idle.setdefault(p.profile, []).append(p)
+    for profile, parts in idle.items():
+        starts = ",".join(f"@{p.start}" for p in parts)
+        out.append((f"partition {profile} {starts}{size(parts[0])}  idle", False))
+    return out
+
+
 def render_lines(snap: Snapshot, query: str = "", max_gpus: int = 0, width: int = 80) -> str:
     """One frame as plain lines wrapped to `width`, for a pipe or a narrow terminal, where the seven-column
     table cuts names and bars short: one line per GPU, then one indented line per pod on it."""
@@ -126,12 +166,17 @@ def render_lines(snap: Snapshot, query: str = "", max_gpus: int = 0, width: int 
 
     shown_ = select(snap, query, max_gpus)
     out = wrap("".join(text for text, _ in _summary(snap)))
+    for share in snap.totals.vendors:
+        out += wrap(shown(_vendor_line(share)), "  ")
     for node, gpu, names in shown_.gpus:
         health = "" if gpu.healthy else " unhealthy"
-        out += wrap(f"{shown(node)}  GPU {gpu.index}  {shown(gpu.model)}{health}  used {gpu.allocated_cores_percent:g}%"
-                    f"  memory {gpu.allocated_memory_mib}/{gpu.memory_mib} Mi")
+        vendor = shown(_vendor_of(gpu.vendor, gpu.runtime))
+        out += wrap(f"{shown(node)}  GPU {gpu.index}  {shown(gpu.model)}{health}  {vendor}"
+                    f"  used {gpu.allocated_cores_percent:g}%  memory {gpu.allocated_memory_mib}/{gpu.memory_mib} Mi")
         for g, name in zip(gpu.grants, names, strict=True):
             out += wrap(f"{shown(name)}  {g.cores_percent:g}%  {g.memory_mib}Mi", "    ")
+        for line, _ in _partition_texts(gpu):
+            out += wrap(shown(line), "    ")
     if shown_.hidden:
         out.append(f"... {shown_.hidden} more GPU(s) not shown (use --query or --max-gpus)")
     if query and not shown_.gpus:
@@ -161,8 +206,11 @@ def render(snap: Snapshot, query: str = "", max_gpus: int = 0) -> RenderableType
     from rich.text import Text
 
     summary = Text.assemble(*_summary(snap))
+    for share in snap.totals.vendors:
+        summary.append("\n  ")
+        summary.append_text(_text(_vendor_line(share), "dim"))
     table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, expand=False)
-    for col in ("node", "gpu", "model", "compute", "used", "memory", "pods"):
+    for col in ("node", "gpu", "model", "vendor", "compute", "used", "memory", "pods"):
         table.add_column(col, no_wrap=col != "pods", justify="right" if col in ("gpu", "used") else "left")
     colour_of: dict[str, str] = {}
     shown_ = select(snap, query, max_gpus)
@@ -173,11 +221,14 @@ def render(snap: Snapshot, query: str = "", max_gpus: int = 0) -> RenderableType
             colour_of.setdefault(key, COLOURS[len(colour_of) % len(COLOURS)])
             pods.append_text(_text(name, colour_of[key]))
             pods.append(f" {g.cores_percent:g}% {g.memory_mib}Mi  ", style="dim")
+        for line, used in _partition_texts(gpu):
+            pods.append("\n")
+            pods.append_text(_text(line, "" if used else "dim"))
         model = _text(gpu.model)
         if not gpu.healthy:
             model.append(" unhealthy", style="bold red")
         table.add_row(
-            _text(node_name), str(gpu.index), model, _bar(gpu, colour_of),
+            _text(node_name), str(gpu.index), model, _text(_vendor_of(gpu.vendor, gpu.runtime)), _bar(gpu, colour_of),
             f"{gpu.allocated_cores_percent:g}%", f"{gpu.allocated_memory_mib}/{gpu.memory_mib} Mi", pods,
         )
     parts: list[RenderableType] = [summary, table]
