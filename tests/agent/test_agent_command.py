@@ -60,3 +60,57 @@ def test_node_state_another_agent_holds_is_a_clear_error_not_a_traceback(tmp_pat
     assert result.exit_code == 1, result.output
     assert "Error: another gpupool agent (pid 4242) holds the node state in /x" in result.output
     assert "Traceback" not in result.output
+
+
+# --- other vendors' backends (issue 40) ---------------------------------------------------------------------
+def test_dcmi_backend_discovers_ascend_chips_and_installs_their_container_devices(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupool.agent.config import AgentConfig
+    from gpupool.agent.devices.discovery import DeviceInfo
+    from gpupool.agent.isolation.vendors import devices_source, uninstall_vendor
+    from tests.agent.fakes import ascend as dcmi_fake
+
+    state = dcmi_fake.write_state(tmp_path / "dcmi.json", [{"card_id": 0, "chips": [dcmi_fake.card_910b(2)]}])
+    monkeypatch.setenv(dcmi_fake.STATE_ENV, str(state))
+    monkeypatch.setenv("GPUPOOL_DCMI_LIBRARY", str(dcmi_fake.library()))
+    try:
+        result = CliRunner().invoke(main, ["agent", "--node-name", "n", "--backend", "dcmi", "--dry-run"])
+        assert result.exit_code == 0, result.output
+        plan = json.loads(result.output[result.output.index("{"):])
+        assert [(g["model"], g["vendor"]) for g in plan["inventory"]["gpus"]] == [("Ascend910B", "ascend")]
+        source = devices_source(AgentConfig(node_name="n", backend="dcmi"), "ascend")
+        assert source is not None
+        chip = DeviceInfo(uuid=plan["inventory"]["gpus"][0]["uuid"], index=0, model="Ascend910B", memory_mib=1,
+                          vendor="ascend")
+        assert source.container_devices(chip).env == {"ASCEND_VISIBLE_DEVICES": "2"}  # physical id 2
+    finally:
+        uninstall_vendor("ascend")
+
+
+def test_dcmi_backend_without_the_library_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPUPOOL_DCMI_LIBRARY", str(tmp_path / "libdcmi.so"))
+    result = CliRunner().invoke(main, ["agent", "--node-name", "n", "--backend", "dcmi", "--dry-run"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "the Ascend DCMI library (libdcmi.so) cannot be loaded" in result.output
+
+
+def test_amdsmi_backend_discovers_amd_cards_through_the_binding(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpupool.agent.isolation.vendors import uninstall_vendor
+    from tests.agent.fakes.amd import amd_fake
+
+    amd_fake.load_binding(tmp_path / "rocm")
+    state = amd_fake.write_state(tmp_path / "amd.json", [amd_fake.card("MI300X", 0)])
+    monkeypatch.setenv(amd_fake.STATE_ENV, str(state))
+    try:
+        result = CliRunner().invoke(main, ["agent", "--node-name", "n", "--backend", "amdsmi", "--dry-run"])
+    finally:
+        uninstall_vendor("amd")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output[result.output.index("{"):])
+    assert [(g["model"], g["vendor"]) for g in plan["inventory"]["gpus"]] == [("MI300X", "amd")]
+
+
+def test_an_unknown_backend_is_a_usage_error() -> None:
+    result = CliRunner().invoke(main, ["agent", "--node-name", "n", "--backend", "rocm", "--dry-run"])
+    assert result.exit_code == 2 and "'nvml', 'amdsmi', 'dcmi', 'fake'" in result.output

@@ -1,0 +1,232 @@
+"""Grants of non-NVIDIA cards (gpupool.agent.isolation.vendors): what the container is handed per vendor, the
+modes each vendor's cards are served in, and the NVIDIA answer left as it was."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpupool.agent.config import AgentConfig
+from gpupool.agent.devices.ascend import AscendBackend, AscendVendor
+from gpupool.agent.devices.discovery import DeviceInfo, DiscoveryError
+from gpupool.agent.devices.vendor import ContainerDevices, Partition
+from gpupool.agent.dra.cdi import cdi_spec
+from gpupool.agent.isolation.base import DeviceNode
+from gpupool.agent.isolation.grant import ContainerGrant, Refused, build_grant
+from gpupool.agent.isolation.vendors import (
+    CONTAINER_HIP_LIBRARY,
+    hip_installed,
+    install_hip_library,
+    install_vendor,
+    merge_env,
+    uninstall_vendor,
+)
+from gpupool.agent.kubelet.device_plugin import _to_proto
+from gpupool.api.allocation import AllocationDoc, GrantDoc
+from tests.agent.fakes import ascend as dcmi_fake
+
+MI300X_MIB = 196_592
+ASCEND_MIB = 65_536
+DEVICES = {
+    "A0": DeviceInfo(uuid="A0", index=0, model="MI300X", memory_mib=MI300X_MIB, vendor="amd"),
+    "A1": DeviceInfo(uuid="A1", index=1, model="MI300X", memory_mib=MI300X_MIB, vendor="amd"),
+    "H0": DeviceInfo(uuid="H0", index=0, model="Ascend910B", memory_mib=ASCEND_MIB, vendor="ascend"),
+    "H1": DeviceInfo(uuid="H1", index=1, model="Ascend910B", memory_mib=ASCEND_MIB, vendor="ascend"),
+    "N0": DeviceInfo(uuid="N0", index=0, model="L40S", memory_mib=46068),
+}
+ASCEND_SHARED = "/dev/davinci_manager,/dev/devmm_svm,/dev/hisi_hdc"
+
+
+def doc(*grants: tuple[str, int, float], isolation: str = "") -> AllocationDoc:
+    return AllocationDoc(pod_uid="u", node="n", isolation=isolation,
+                         gpus=[GrantDoc(uuid=u, index=i, memory_mib=m, cores=c) for i, (u, m, c) in enumerate(grants)])
+
+
+def config(tmp_path: Path, backend: str = "fake", **kw: object) -> AgentConfig:
+    fake = {"fake_file": tmp_path / "gpus.yaml"} if backend == "fake" else {}
+    return AgentConfig(node_name="n", backend=backend, hook_root=tmp_path / "hook", **fake, **kw)  # type: ignore[arg-type]
+
+
+def grant(d: AllocationDoc, cfg: AgentConfig, devices: Mapping[str, DeviceInfo] = DEVICES) -> ContainerGrant | Refused:
+    return build_grant(d, "main", devices, {}, cfg, "ns/p")
+
+
+def served(d: AllocationDoc, cfg: AgentConfig, devices: Mapping[str, DeviceInfo] = DEVICES) -> ContainerGrant:
+    g = grant(d, cfg, devices)
+    assert isinstance(g, ContainerGrant), g
+    return g
+
+
+def refused(d: AllocationDoc, cfg: AgentConfig) -> str:
+    g = grant(d, cfg)
+    assert isinstance(g, Refused), g
+    return g.reason
+
+
+@pytest.fixture
+def hip(tmp_path: Path) -> Path:
+    """The HIP memory cap installed under the hook root (any file stands for the library here)."""
+    source = tmp_path / "libgpupool_hip.so"
+    source.write_bytes(b"\x7fELF")
+    assert install_hip_library(tmp_path / "hook", source) is None
+    return tmp_path / "hook"
+
+
+# --- the fake backend: environment only ------------------------------------------------------------------------
+def test_a_whole_fake_amd_card_gets_its_would_be_nodes_as_env_and_no_nvidia_variable(tmp_path: Path) -> None:
+    g = served(doc(("A1", MI300X_MIB, 100.0)), config(tmp_path))  # the agent's default isolation: hook
+    assert g.envs == {
+        "GPUPOOL_MEMORY_LIMIT_MIB": "196592",
+        "GPUPOOL_CORES_PERCENT": "100",
+        "GPUPOOL_ISOLATION": "none",  # a whole card without the HIP library: nothing to hold it to
+        "GPUPOOL_FAKE_DEVICE_NODES": "/dev/kfd,/dev/dri/renderD129",  # card index 1: render minor 128 + 1
+    }
+    assert g.devices == [] and g.mounts == [] and g.cdi_devices == [] and g.hook_pod is None
+
+
+def test_two_fake_ascend_cards_list_both_chips_and_the_shared_nodes_once(tmp_path: Path) -> None:
+    g = served(doc(("H1", ASCEND_MIB, 100.0), ("H0", ASCEND_MIB, 100.0), isolation="none"), config(tmp_path))
+    assert g.envs["ASCEND_VISIBLE_DEVICES"] == "1,0"  # the container's card order
+    assert g.envs["GPUPOOL_FAKE_DEVICE_NODES"] == f"/dev/davinci1,{ASCEND_SHARED},/dev/davinci0"
+    assert g.envs["GPUPOOL_MEMORY_LIMIT_MIB"] == "65536,65536"
+    assert "NVIDIA_VISIBLE_DEVICES" not in g.envs and g.devices == []
+
+
+def test_cdi_on_the_agent_does_not_turn_other_vendors_cards_into_nvidia_cdi_names(tmp_path: Path) -> None:
+    g = served(doc(("H0", ASCEND_MIB, 100.0)), config(tmp_path, cdi=True))
+    assert g.cdi_devices == [] and "NVIDIA_VISIBLE_DEVICES" not in g.envs
+
+
+# --- modes per vendor ------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("isolation", "why"), [
+    ("hook", "gpupool has no memory or compute limiter for ascend cards; they are served whole or as vNPUs"),
+    ("", "gpupool has no memory or compute limiter for ascend cards"),  # the default, hook
+    ("mps", "MPS is NVIDIA's"),
+])
+def test_a_share_of_an_ascend_card_is_refused_with_the_reason(tmp_path: Path, isolation: str, why: str) -> None:
+    reason = refused(doc(("H0", 16384, 25.0), isolation=isolation), config(tmp_path))
+    assert reason.startswith(f"pod ns/p: isolation {isolation or 'hook'} on ascend card(s) H0 of node n cannot")
+    assert why in reason
+
+
+def test_partitions_of_other_vendors_are_refused_until_the_agent_carves_them(tmp_path: Path) -> None:
+    reason = refused(doc(("A0", MI300X_MIB, 100.0), isolation="mig"), config(tmp_path))
+    assert "does not carve amd hardware partitions" in reason
+
+
+def test_an_amd_hook_share_without_the_hip_library_is_refused_naming_it(tmp_path: Path) -> None:
+    assert not hip_installed(tmp_path / "hook")
+    reason = refused(doc(("A0", 65536, 50.0), isolation="hook"), config(tmp_path))
+    assert "the HIP memory cap (libgpupool_hip.so) is not installed on node n" in reason
+
+
+def test_an_amd_hook_share_gets_the_hip_library_and_its_limits(tmp_path: Path, hip: Path) -> None:
+    g = served(doc(("A0", 65536, 50.0), isolation="hook"), config(tmp_path))
+    assert g.envs["GPUPOOL_ISOLATION"] == "hook" and g.envs["GPUPOOL_MEMORY_LIMIT_MIB"] == "65536"
+    assert [(m.container_path, m.host_path, m.read_only) for m in g.mounts] == [
+        (CONTAINER_HIP_LIBRARY, str(hip / "lib" / "libgpupool_hip.so"), True),
+        ("/etc/ld.so.preload", str(hip / "lib" / "ld.so.preload.hip"), True),
+        ("/run/gpupool/limits", str(hip / "pods" / "u" / "main" / "limits"), True),
+        ("/run/gpupool/hook", str(hip / "pods" / "u" / "main" / "hook"), False),
+    ]
+    assert (hip / "lib" / "ld.so.preload.hip").read_text() == CONTAINER_HIP_LIBRARY + "\n"
+    assert g.hook_pod is not None and g.hook_pod.limits is not None and g.hook_pod.limits.memory_mib == (65536,)
+    assert g.envs["GPUPOOL_FAKE_DEVICE_NODES"] == "/dev/kfd,/dev/dri/renderD128"
+
+
+def test_amd_mps_is_refused_even_with_the_hip_library(tmp_path: Path, hip: Path) -> None:
+    assert "MPS is NVIDIA's" in refused(doc(("A0", 65536, 50.0), isolation="mps"), config(tmp_path))
+
+
+def test_a_container_is_handed_one_vendors_cards(tmp_path: Path) -> None:
+    reason = refused(doc(("A0", MI300X_MIB, 100.0), ("H1", ASCEND_MIB, 100.0), isolation="none"), config(tmp_path))
+    assert "cards of several vendors (amd, ascend)" in reason
+
+
+def test_hip_library_install_names_a_missing_source(tmp_path: Path) -> None:
+    problem = install_hip_library(tmp_path / "hook", tmp_path / "absent.so")
+    assert problem is not None and "absent.so is missing" in problem and not hip_installed(tmp_path / "hook")
+
+
+# --- a real vendor's devices: device nodes, renames, the answers -----------------------------------------------
+class _Renaming:
+    """A source that renames one node (as an Ascend vNPU's is) and fails for one card."""
+
+    def container_devices(self, device: DeviceInfo, partition: Partition | None = None) -> ContainerDevices:
+        if device.uuid == "A1":
+            raise DiscoveryError("AMD SMI reports no render node for A1")
+        host = f"/dev/vdavinci{100 + device.index}"
+        return ContainerDevices((host, "/dev/davinci_manager"), {"X_VISIBLE": str(device.index)},
+                                renames={host: f"/dev/davinci{100 + device.index}"})
+
+
+@pytest.fixture
+def renaming() -> Iterator[None]:
+    install_vendor("amd", _Renaming())
+    yield
+    uninstall_vendor("amd")
+
+
+def test_installed_vendor_devices_become_device_specs_and_cdi_device_nodes(tmp_path: Path, renaming: None) -> None:
+    g = served(doc(("A0", MI300X_MIB, 100.0), isolation="none"), config(tmp_path, backend="amdsmi"))
+    assert g.devices == [DeviceNode("/dev/davinci100", "/dev/vdavinci100"),
+                         DeviceNode("/dev/davinci_manager", "/dev/davinci_manager")]
+    assert g.envs["X_VISIBLE"] == "0" and "NVIDIA_VISIBLE_DEVICES" not in g.envs
+    proto = _to_proto(g)
+    assert [(d.container_path, d.host_path, d.permissions) for d in proto.devices] == [
+        ("/dev/davinci100", "/dev/vdavinci100", "rw"), ("/dev/davinci_manager", "/dev/davinci_manager", "rw")]
+    edits = cdi_spec("claim-1", g)["devices"][0]["containerEdits"]
+    assert edits["deviceNodes"] == [
+        {"path": "/dev/davinci100", "hostPath": "/dev/vdavinci100", "permissions": "rw"},
+        {"path": "/dev/davinci_manager", "hostPath": "/dev/davinci_manager", "permissions": "rw"},
+    ]
+
+
+def test_a_vendor_library_that_cannot_name_the_nodes_gives_a_retryable_refusal(tmp_path: Path, renaming: None) -> None:
+    g = grant(doc(("A1", MI300X_MIB, 100.0), isolation="none"), config(tmp_path, backend="amdsmi"))
+    assert isinstance(g, Refused) and g.retry and "no render node for A1" in g.reason
+
+
+def test_without_an_installed_vendor_a_real_backend_refuses_other_vendors_cards(tmp_path: Path) -> None:
+    reason = refused(doc(("H0", ASCEND_MIB, 100.0), isolation="none"), config(tmp_path, backend="nvml"))
+    assert reason == "pod ns/p: the agent on n (backend nvml) cannot hand out ascend cards' devices"
+
+
+def test_ascend_over_the_dcmi_library_hands_the_chips_node_by_physical_id(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = dcmi_fake.write_state(tmp_path / "dcmi.json", [{"card_id": 3, "chips": [dcmi_fake.card_910b(4)]}])
+    monkeypatch.setenv(dcmi_fake.STATE_ENV, str(path))
+    vendor = AscendVendor(AscendBackend(str(dcmi_fake.library()), numa_reader=lambda bus: -1))
+    chip = vendor.discovery.discover().devices[0]
+    install_vendor(vendor.name, vendor)
+    try:
+        g = served(doc((chip.uuid, chip.memory_mib, 100.0), isolation="none"), config(tmp_path, backend="dcmi"),
+                   {chip.uuid: chip})
+    finally:
+        uninstall_vendor(vendor.name)
+    assert g.envs["ASCEND_VISIBLE_DEVICES"] == "4"  # the physical id, not the index (0)
+    assert [d.host_path for d in g.devices] == ["/dev/davinci4", *ASCEND_SHARED.split(",")]
+    assert all(d.container_path == d.host_path for d in g.devices)
+
+
+# --- NVIDIA: the answer as it was ----------------------------------------------------------------------------------
+def test_nvidia_cards_keep_nvidia_visible_devices_and_no_device_specs(tmp_path: Path) -> None:
+    g = served(doc(("N0", 46068, 100.0), isolation="none"), config(tmp_path))
+    assert g.envs["NVIDIA_VISIBLE_DEVICES"] == "N0" and g.devices == []
+    assert list(_to_proto(g).devices) == [] and "deviceNodes" not in cdi_spec("c", g)["devices"][0]["containerEdits"]
+
+
+@given(st.lists(st.dictionaries(st.sampled_from("ABC"), st.lists(st.sampled_from("0123"), min_size=1, max_size=3)
+                                .map(",".join), max_size=3), max_size=4))
+def test_merged_env_holds_every_item_once_in_first_seen_order(parts: list[dict[str, str]]) -> None:
+    merged = merge_env(parts)
+    assert set(merged) == {k for p in parts for k in p}
+    for key, value in merged.items():
+        expected: list[str] = []
+        for p in parts:
+            expected += [v for v in p.get(key, "").split(",") if p.get(key) and v not in expected]
+        assert value.split(",") == expected
