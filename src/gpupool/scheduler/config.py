@@ -90,6 +90,14 @@ class SchedulerConfig(BaseModel):
     # A pending remote claim that fits nowhere may have room made for it by moving at most this many remote
     # shares, the fewest GiB moved (gpupool.scheduler.moves.MakeRoom); 0: never (the default).
     make_room_moves: int = Field(default=0, ge=0, le=8)
+    # The background defragmenter (gpupool.scheduler.defrag), on the leader: every defrag_interval_s, when
+    # more than defrag_threshold of the GPU servers' free compute is off whole free GPUs, at most
+    # defrag_moves moves of remote shares (0: off, the default) and defrag_gib GiB moved (0: no limit) that
+    # empty GPUs into fuller ones.
+    defrag_moves: int = Field(default=0, ge=0, le=64)
+    defrag_threshold: float = Field(default=0.5, ge=0, le=1)
+    defrag_interval_s: float = Field(default=60.0, gt=0)
+    defrag_gib: float = Field(default=0.0, ge=0)
     lease_name: str = "gpupool-scheduler"
     identity: str = Field(default_factory=lambda: os.uname().nodename + f"-{os.getpid()}")
     lease_duration_s: float = Field(default=15.0, gt=0)

@@ -33,6 +33,7 @@ from gpupool.cluster.port import RESOURCE_CLAIMS, ApiError, ClusterPort
 from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.claims import ClaimAllocator
 from gpupool.scheduler.config import SchedulerConfig
+from gpupool.scheduler.defrag import Defragmenter
 from gpupool.scheduler.extender import Extender
 from gpupool.scheduler.framework.interface import Handle, StepHook
 from gpupool.scheduler.framework.registry import build_profiles
@@ -89,6 +90,9 @@ class ExtenderService:
         self.watcher = Watcher(self.handle, self.claims)
         # moves of remote shares past their deadline are cancelled (on the leader, once synced)
         self.deadlines = MoveDeadlines(self.handle, lambda: self.ready, config.move_check_s, config.move_deadline_s)
+        # the background defragmenter (on the leader, once synced; off unless defrag_moves > 0)
+        self.defrag = Defragmenter(self.handle, lambda: self.ready, config.defrag_moves, config.defrag_threshold,
+                                   config.defrag_interval_s, config.defrag_gib, config.move_deadline_s)
         self.synced = False
         self.leading = not config.leader_elect
         self.metrics.track_ledger(
@@ -120,10 +124,12 @@ class ExtenderService:
         if self.claims is not None:
             self.claims.start()
         self.deadlines.start()
+        self.defrag.start()
         self.synced = True
 
     async def stop(self) -> None:
         self.synced = False
+        await self.defrag.stop()
         await self.deadlines.stop()
         if self.claims is not None:
             await self.claims.stop()
