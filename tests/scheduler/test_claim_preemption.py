@@ -208,6 +208,64 @@ async def test_a_queue_below_its_guarantee_reclaims_from_a_borrower_in_either_fo
         await svc.stop()
 
 
+# --- without team queues -------------------------------------------------------------------------------------------
+
+
+async def without_queues() -> ExtenderService:
+    """The same cluster with no GPUQueue (the one made is deleted): queues are off, though the namespaces still
+    carry a queue label."""
+    svc = await service({"team-a": {"guaranteed": {"gpus": "2"}}})
+    await svc.cluster.delete_object(GPUQUEUES, "team-a")
+    await eventually(lambda: not svc.queues.enabled)
+    return svc
+
+
+@pytest.mark.parametrize("victims", VICTIMS, ids="+".join)
+async def test_without_queues_a_claim_pod_preempts_by_priority_alone(victims: tuple[str, str]) -> None:
+    """No GPUQueue. a1 (priority 2) and a2 (priority 1) run both GPUs, each a pod or a claim pod. A claim pod of
+    priority 10 asks one: kube-scheduler's preemption never sees it (it waits behind gpupool's scheduling
+    gate), so gpupool preempts for it by priority alone: a2 goes, once, and the claim then gets its GPU. One
+    of priority 1 would take nothing (equal to a2's). Before, a claim pod without queues waited for ever."""
+    svc = await without_queues()
+    try:
+        first, second = (FORMS[v] for v in victims)
+        _, kept = await start(svc, first, "a1", "team-a", 2)
+        a2, taken = await start(svc, second, "a2", "team-a", 1)
+        claim = ClaimForm()
+        async with priority_class(svc, 1):
+            equal = await claim.create(svc, "equal", "team-b")
+        assert await claim.schedule(svc, equal) is not None and reclaim(svc).plans == []
+        async with priority_class(svc, 10):
+            high = await claim.create(svc, "high", "team-b")
+        assert await claim.schedule(svc, high) is not None
+        assert [[(v.pod.uid, v.reason) for v in plan.victims] for plan in reclaim(svc).plans] == [[(taken, "priority")]]
+        await freed(svc, a2, taken)
+        reason, message = events(svc, "team-a", "a2")[0]
+        assert (reason, message.split(" by pod ")[0]) == ("Preempted", "preempted")
+        claim_note = "; its claim team-a/a2-gpupool" if victims[1] == "claim" else ""
+        assert message.endswith(f"of higher priority (10 > 1){claim_note}")
+        assert await claim.schedule(svc, high) is None
+        assert sorted(svc.ledger.entries) == sorted([kept, await claim.holder(svc, high)])
+    finally:
+        await svc.stop()
+
+
+async def test_without_queues_a_pods_preemption_stays_kube_schedulers() -> None:
+    """No GPUQueue, both GPUs held by claim pods of priority 1: a pod of priority 10 asking through
+    `gpupool.io/*` limits gets no eviction from gpupool (kube-scheduler's preemption is the pod's, and the
+    preempt verb judges its victims), as before queues existed."""
+    svc = await without_queues()
+    try:
+        await start(svc, ClaimForm(), "a1", "team-a", 1)
+        await start(svc, ClaimForm(), "a2", "team-a", 1)
+        async with priority_class(svc, 10):
+            high = await PodForm().create(svc, "high", "team-a")
+        assert await PodForm().schedule(svc, high) is not None
+        assert reclaim(svc).plans == [] and len(svc.ledger.entries) == 2
+    finally:
+        await svc.stop()
+
+
 # --- the negative cases ---------------------------------------------------------------------------------------
 
 

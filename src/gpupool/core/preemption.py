@@ -7,6 +7,8 @@ Rules, each there to rule out a failure the peers' users report (shared/referenc
   reclaim back (no eviction loops).
 - A pod within its queue's guarantee is never taken for another queue.
 - Inside a queue, only strictly lower priority is preempted.
+- Without team queues (`NO_QUEUES`: every pod in one queue with no limit), priority alone decides: what the
+  scheduler uses for a claim's pod, whose priority preemption kube-scheduler never does (it is gated).
 - A preemptor that may not preempt (its pod's `preemptionPolicy: Never`, a non-preempting PriorityClass)
   takes nothing: no eviction, no reclaim, no squeeze.
 - A victim is a share and the pods whose eviction frees it (`Running.pods`): a pod's own share is that pod;
@@ -41,11 +43,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from gpupool.core.queues import ZERO, Admitted, QueueTree, Quota, admit, charge_of_share
+from gpupool.core.queues import NO_LIMIT, ZERO, Admitted, QueueSpec, QueueTree, Quota, admit, charge_of_share
 
 REASON_RECLAIM = "reclaim"
 REASON_PRIORITY = "priority"
 SQUEEZE_FLOOR_MILLI = 100  # a squeezed pod keeps at least 10 % of each of its GPUs: it must still progress
+# No team queues: every pod (and preemptor) in this one queue, which admits anything, so that only priority
+# decides (a pod of another queue is never taken, and here there is no other queue).
+NO_QUEUE = ""
+NO_QUEUES = QueueTree.build([QueueSpec(NO_QUEUE, guaranteed=NO_LIMIT)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +113,8 @@ class Victim:
         if self.reason == REASON_RECLAIM:
             return (f"reclaimed for queue {preemptor.queue} (pod {preemptor.uid}): queue {self.pod.queue} "
                     "was using more than its guarantee")
-        return (f"preempted in queue {self.pod.queue} by pod {preemptor.uid} of higher priority "
+        where = f" in queue {self.pod.queue}" if self.pod.queue != NO_QUEUE else ""
+        return (f"preempted{where} by pod {preemptor.uid} of higher priority "
                 f"({preemptor.priority} > {self.pod.priority})")
 
 

@@ -71,6 +71,7 @@ from gpupool.cluster.port import (
 from gpupool.cluster.reflector import Reflector
 from gpupool.scheduler.framework.cycle import ClaimInCycle, CycleState, Phase
 from gpupool.scheduler.framework.interface import Handle
+from gpupool.scheduler.framework.preemption import priority_of
 from gpupool.scheduler.framework.registry import CLAIM_PROFILE, build_plugins
 from gpupool.scheduler.framework.runtime import Framework
 from gpupool.scheduler.framework.status import Code
@@ -255,11 +256,14 @@ class ClaimAllocator:
                 log.warning("claim allocation pass failed: %s", e)
 
     async def pass_once(self) -> None:
-        """Try every gated pod once, oldest first; returns once every allocation it decided is written (so
-        the next pass never decides again for a pod whose write is under way)."""
+        """Try every gated pod once, highest priority first, then oldest (kube-scheduler's queue order: the
+        room a preemption made for a pod is not taken by one of lower priority waiting beside it); returns
+        once every allocation it decided is written (so the next pass never decides again for a pod whose
+        write is under way)."""
         classes = self._classes()
         slices = self._slices()
-        pods = sorted(self.gated.values(), key=lambda p: str((p.get("metadata") or {}).get("creationTimestamp", "")))
+        pods = sorted(self.gated.values(), key=lambda p: (
+            -priority_of(p), str((p.get("metadata") or {}).get("creationTimestamp", ""))))
         try:
             for pod in pods:
                 if str(pod["metadata"].get("uid", "")) not in self.gated:

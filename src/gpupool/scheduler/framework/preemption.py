@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ from gpupool.api.extender import MetaPod, MetaVictims
 from gpupool.api.pod import pod_key
 from gpupool.cluster.port import Obj
 from gpupool.core.preemption import (
+    NO_QUEUE,
+    NO_QUEUES,
     Plan,
     Preemptor,
     Running,
@@ -171,23 +174,31 @@ class Evaluator:
     # --- choosing (each on one snapshot of the ledger) --------------------------------------------------
 
     def choose(self, cycle: CycleState, nodes: frozenset[str], now: float) -> tuple[Preemptor, Plan] | None:
-        """The victims for the pod on `nodes`, pods already being evicted counted as gone."""
+        """The victims for the pod on `nodes`, pods already being evicted counted as gone. Without team
+        queues, priority alone decides (gpupool.core.preemption.NO_QUEUES; the queue_reclaim plugin asks so
+        only for a claim's pod)."""
         cache = self.handle.queues
         assert cache is not None and cycle.request is not None
         going = self.going()
         running = self.running(cache, set(nodes), now)
         preemptor = self.preemptor(cache, cycle)
-        usage = cache.usage(without=cycle.holder, gone=going)
+        tree, usage = cache.queues.tree, cache.usage(without=cycle.holder, gone=going)
+        if not cache.enabled:
+            running = [replace(r, queue=NO_QUEUE) for r in running]
+            preemptor, tree, usage = replace(preemptor, queue=NO_QUEUE), NO_QUEUES, {}
         snapshot, request = Snapshot(self.handle.ledger), cycle.request
-        plan = plan_preemption(cache.queues.tree, usage, preemptor, running,
+        plan = plan_preemption(tree, usage, preemptor, running,
                                lambda node, victims: snapshot.fits(request, node, victims | going), now)
         return None if plan is None else (preemptor, plan)
 
     def choose_squeeze(self, cycle: CycleState, nodes: frozenset[str],
                        now: float) -> tuple[Preemptor, SqueezePlan] | None:
-        """Compute squeezes that make room for the pod on one of `nodes` (no eviction), or None."""
+        """Compute squeezes that make room for the pod on one of `nodes` (no eviction), or None (always
+        without team queues: only a reclaim squeezes)."""
         cache = self.handle.queues
         assert cache is not None and cycle.request is not None
+        if not cache.enabled:
+            return None
         going = self.going()
         busy = frozenset(u for uids in self._squeezing.values() for u in uids)
         running = [r for r in self.running(cache, set(nodes), now) if r.uid not in busy]

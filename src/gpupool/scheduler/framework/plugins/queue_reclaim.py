@@ -5,7 +5,8 @@ least run time lost, on the node where the pod then fits) and evicted through th
 PodDisruptionBudgets hold: a victim whose budget says no (429) is left alone for `blocked_s` and the next
 cycle chooses others. The pod that fits nowhere may be a pod or a claim's pod (the claim profile runs this
 plugin too), and a victim a pod's share or a claim's: a claim's share is taken by evicting every pod that
-uses the claim (the evaluator's rule), each recorded.
+uses the claim (the evaluator's rule), each recorded. Without team queues the plugin acts for a claim's pod
+only, by priority alone: a pod's preemption is then kube-scheduler's, which never sees a gated claim pod.
 
 Time-sharing first: for a reclaim, borrowed shares served by the interception library are squeezed
 (their compute lowered, gpupool.scheduler.squeeze) when that makes room, and nothing is evicted; eviction is
@@ -64,7 +65,12 @@ class QueueReclaim:
 
     def post_filter(self, cycle: CycleState, nodes: NodeSet) -> Status:
         cache = self.handle.queues
-        if cache is None or not cache.enabled or cycle.request is None:
+        if cache is None or cycle.request is None:
+            return SUCCESS
+        if not cache.enabled and cycle.claim is None:
+            # Without team queues a pod's preemption is kube-scheduler's (the preempt verb judges its victims).
+            # A claim's pod waits behind its scheduling gate, which kube-scheduler's preemption never sees: for
+            # it, priority alone decides here (the evaluator's choice without queues).
             return SUCCESS
         now = self.handle.clock()
         if self.evaluator.waiting_for(cycle.uid, now):
