@@ -3,11 +3,12 @@ on the default trace.
 
 By default 30 % of the trace's GPU nodes become AMD MI300X nodes and 10 % Ascend 910B nodes (the catalogue's
 memory and compute units, each node keeping its number of GPUs), and each GPU pod's runtime is drawn with the
-same shares (gpupool.sim.vendor_mix, seeded). Per replay seed, the static FGD replay of one policy on one pool
-(every pod placed only on cards of its runtime, core.fit's routing) and on the islands (each vendor's nodes and
-pods replayed apart); unallocated GPU % at arrived demand = 100 % for each, the islands' combined over their
-summed capacity. Misrouted: pods the one-pool (or an island's) replay placed on a card whose vendor does not
-run their runtime, counted from the final placement, not by placement's own rule (goal 0).
+same shares (gpupool.sim.vendor_mix, seeded; --mix ...,any=0.3 adds pods that run anywhere). Per replay seed,
+the static FGD replay of one policy on one pool (every pod placed only on cards of its runtime, core.fit's
+routing) and on the islands (the same pods in the same order, each placed in its vendor's cluster alone);
+unallocated GPU % at arrived demand = 100 % of the whole capacity for each. Misrouted: pods either replay
+placed on a card whose vendor does not run their runtime, counted from the final placement, not by
+placement's own rule (goal 0).
 Prints the machine's cores, a line per seed, the medians, and as its last line one JSON object.
 Usage: python benchmarks/vendors.py [--mix amd=0.3,ascend=0.1] [--num-seeds 3] [--seeds 42,43]
        [--policy gpupool] [--jobs N] [--trace default] [--nodes NODES.csv]
@@ -19,14 +20,14 @@ import argparse
 import json
 import os
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from gpupool.core.model import Node, PodRequest
 from gpupool.core.policies import REGISTRY
 from gpupool.sim.parallel import Job, available_cores, run_all
-from gpupool.sim.replay import ReplayLog, replay
+from gpupool.sim.replay import ReplayLog
 from gpupool.sim.trace import NODES_FILE, TRACE_DIR, TraceError, load_nodes, load_pods, resolve_trace
 from gpupool.sim.vendor_mix import VendorMixError, compare, node_counts, parse_mix
 
@@ -82,8 +83,9 @@ def main() -> None:
     print(f"cores: {os.cpu_count()} ({available_cores()} usable); jobs: {workers}; trace: {a.trace}; "
           f"mix: {mix.text()}; policy: {a.policy}; seeds: {seeds}")
 
-    def run(vendor_nodes: Sequence[Node], vendor_pods: Sequence[PodRequest], jobs: Sequence[Job]) -> list[ReplayLog]:
-        return list(run_all(replay, vendor_nodes, vendor_pods, jobs, workers))
+    def run(fn: Callable[..., ReplayLog], mixed_nodes: Sequence[Node], mixed_pods: Sequence[PodRequest],
+            jobs: Sequence[Job], **options: Any) -> list[ReplayLog]:
+        return list(run_all(fn, mixed_nodes, mixed_pods, jobs, workers, **options))
 
     report = compare(nodes, pods, mix, [a.policy], seeds, run)
     for vendor, d in report["vendors"].items():

@@ -4,7 +4,8 @@ misrouted count and the combined unallocated %."""
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -12,17 +13,18 @@ import pytest
 from gpupool.core.model import GPU, GPURequest, Node, PodRequest
 from gpupool.core.vendors import AMD, ASCEND, NVIDIA
 from gpupool.sim.parallel import Job, run_all
-from gpupool.sim.replay import ReplayLog, replay
+from gpupool.sim.replay import ReplayLog, replay, setup
 from gpupool.sim.vendor_mix import (
     VendorMix,
     VendorMixError,
     compare,
-    islands,
+    island_of,
     misrouted,
     mix_nodes,
     mix_pods,
     node_counts,
     parse_mix,
+    replay_islands,
     unallocated_pct,
 )
 
@@ -118,17 +120,51 @@ def test_only_cuda_pods_keep_their_nvidia_models() -> None:
         assert pod.gpu.models == (frozenset({"V100M16"}) if pod.gpu.runtime == "cuda" else frozenset())
 
 
-def test_islands_hold_each_vendors_nodes_and_the_pods_of_its_runtime() -> None:
+def test_each_pod_goes_to_the_island_of_its_runtime() -> None:
+    mix = parse_mix("amd=0.3,ascend=0.2,any=0.3")
+    pods = [PodRequest(r, 0, 0, GPURequest(1, runtime=r)) for r in ("cuda", "rocm", "cann")]
+    anywhere = [PodRequest(f"any{k}", 0, 0, GPURequest(1, runtime="any")) for k in range(400)]
+    cpu_only = [PodRequest(f"cpu{k}", 1000, 0) for k in range(400)]
+    where = island_of(pods + anywhere + cpu_only, [NVIDIA, AMD, ASCEND], mix, 0)
+    assert where[:3] == [NVIDIA, AMD, ASCEND]
+    # Pods that run anywhere (and CPU-only ones) are drawn with the node shares 0.5 / 0.3 / 0.2.
+    for drawn in (Counter(where[3:403]), Counter(where[403:])):
+        assert set(drawn) == {NVIDIA, AMD, ASCEND} and drawn[NVIDIA] > drawn[AMD] > drawn[ASCEND]
+    # A runtime no island's cards run fits nowhere: no island.
+    assert island_of(pods, [NVIDIA, AMD], mix, 0) == [NVIDIA, AMD, None]
+
+
+def test_islands_place_each_pod_only_in_its_vendors_cluster() -> None:
     mix = parse_mix("amd=0.3,ascend=0.2,any=0.3")
     nodes, pods = mix_nodes(trace_nodes(10), mix), mix_pods(trace_pods(300), mix)
-    parts = islands(nodes, pods, mix)
-    assert {v: len(n) for v, (n, _) in parts.items()} == {NVIDIA: 5, AMD: 3, ASCEND: 2}
-    runtime = {NVIDIA: "cuda", AMD: "rocm", ASCEND: "cann"}
-    for vendor, (vendor_nodes, vendor_pods) in parts.items():
-        assert {g.vendor for n in vendor_nodes for g in n.gpus} == {vendor}
-        assert {p.gpu.runtime for p in vendor_pods} <= {runtime[vendor], "any"}
-    # Every pod is in exactly one island.
-    assert sorted(p.key for _, ps in parts.values() for p in ps) == sorted(p.key for p in pods)
+    log = replay_islands(nodes, pods, "gpupool", 42, mix=mix)
+    submitted = setup(nodes, pods, 42).submitted
+    where = island_of(submitted, [NVIDIA, AMD, ASCEND], mix, 0)
+    assert log.capacity_milli == 40_000 and log.node is not None and len(log.node) == len(submitted)
+    for k, i in enumerate(log.node):
+        if i >= 0:
+            assert {g.vendor for g in nodes[int(i)].gpus} == {where[k]}
+    assert misrouted(nodes, submitted, log) == 0
+    with pytest.raises(ValueError, match="needs the vendor mix"):
+        replay_islands(nodes, pods, "gpupool", 42)
+
+
+def test_islands_strand_what_one_pool_uses() -> None:
+    """One NVIDIA and one AMD card, pods of one whole GPU that run anywhere: one pool places the first two pods
+    (0 % unallocated at arrived = 100 %); islands leave a card idle whenever both went to the same island."""
+    mix = parse_mix("amd=0.5,any=1")
+    nodes = mix_nodes(trace_nodes(2, gpus=1), mix)
+    pods = mix_pods([PodRequest(f"p{k}", 0, 0, GPURequest(1)) for k in range(6)], mix)
+    stranded = 0
+    for seed in range(20):
+        submitted = setup(nodes, pods, seed).submitted  # 130 % of two GPUs: two whole-GPU pods (2,000 <= 2,600)
+        assert len(submitted) == 2
+        first_two = island_of(submitted, [NVIDIA, AMD], mix, 0)
+        expected = 0.0 if first_two[0] != first_two[1] else 50.0
+        assert unallocated_pct([replay(nodes, pods, "bestfit", seed)]) == 0.0
+        assert unallocated_pct([replay_islands(nodes, pods, "bestfit", seed, mix=mix)]) == expected
+        stranded += expected > 0
+    assert stranded > 0  # the draw sends both pods to one island on some seeds
 
 
 # --- measures ------------------------------------------------------------------------------------------------
@@ -164,8 +200,9 @@ def test_combined_unallocated_is_over_the_summed_capacity() -> None:
 def test_compare_on_a_small_cluster_routes_every_pod_and_reports_both() -> None:
     mix = parse_mix("amd=0.3,ascend=0.2,any=0.2")
 
-    def run(nodes: Sequence[Node], pods: Sequence[PodRequest], jobs: Sequence[Job]) -> list[ReplayLog]:
-        return list(run_all(replay, nodes, pods, jobs, 1))
+    def run(fn: Callable[..., ReplayLog], nodes: Sequence[Node], pods: Sequence[PodRequest], jobs: Sequence[Job],
+            **options: Any) -> list[ReplayLog]:
+        return list(run_all(fn, nodes, pods, jobs, 1, **options))
 
     out = compare(trace_nodes(20), trace_pods(200), mix, ["gpupool", "bestfit"], [42, 43], run)
     assert out["mix"] == "nvidia=0.5,amd=0.3,ascend=0.2,any=0.2" and out["pods"] == 200

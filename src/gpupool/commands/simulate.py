@@ -226,8 +226,8 @@ def simulate(trace: str, nodes_path: Path | None, policies: str, seeds: str | No
     if mix is not None:
         from gpupool.sim.vendor_mix import compare
 
-        def run(vendor_nodes: Any, vendor_pods: Any, vendor_jobs: Any) -> list[Any]:
-            return run_with_bar(console, replay, vendor_nodes, vendor_pods, vendor_jobs, workers)
+        def run(fn: Any, mixed_nodes: Any, mixed_pods: Any, mixed_jobs: Any, **options: Any) -> list[Any]:
+            return run_with_bar(console, fn, mixed_nodes, mixed_pods, mixed_jobs, workers, **options)
 
         vendors = compare(node_list, pods, mix, names, seed_list, run)
         for name in names:

@@ -12,11 +12,13 @@ unless told otherwise), so every policy and replay seed sees the same cluster an
   trace or --constrain-models named (they are NVIDIA cards it could never use). Pods without GPUs run anywhere.
 - One pool: the replay on every node at once; routing by runtime is placement's own rule (core.fit), and
   fragmentation scoring sees vendors only as data.
-- Islands: each vendor's nodes replayed apart with its pods, as separate per-vendor clusters would be; an "any"
-  pod goes to one island, drawn with the node shares. The combined unallocated % is measured as the replay
-  measures one cluster: the GPU capacity left unallocated when the demand that arrived equals the capacity,
-  summed over the islands (each island at arrived = 100 % of its own capacity, so the sum is too), over the
-  summed capacity.
+- Islands: the same pods in the same order as the one-pool replay of that seed (its shuffle and top-up to
+  130 % of the whole capacity), each sent to its vendor's cluster, placed there by the same policy apart from
+  the others (its own fit, typical workload for scoring, and the one pool's tie-break ranks of its nodes), as
+  separate per-vendor pools would place them; a pod that runs anywhere, or has no GPU, goes to one island
+  drawn with the node shares. The combined unallocated % is measured exactly as the replay measures one
+  cluster: allocated GPU over all islands at the pod where the arrived demand reaches 100 % of the summed
+  capacity (ReplayLog.allocated_at).
 - Misrouted: pods placed on a card whose vendor does not run their runtime, counted from the final placement
   with the vendors' runtimes (RUNTIME_OF_VENDOR), not with placement's code. Placement's rule keeps it at 0.
 """
@@ -24,23 +26,31 @@ unless told otherwise), so every policy and replay seed sees the same cluster an
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
-from gpupool.core.model import GPU, Node, PodRequest
+from gpupool.core.frag import typical_workload
+from gpupool.core.model import GPU, MILLI_PER_GPU, Node, PodRequest
+from gpupool.core.policies import get_policy
+from gpupool.core.policy import PolicyContext
+from gpupool.core.state import ClusterState
 from gpupool.core.vendors import AMD, ANY_RUNTIME, ASCEND, NVIDIA, RUNTIME_OF_VENDOR, VENDORS, card_model
+from gpupool.sim.engine import Placer
 from gpupool.sim.parallel import Job
-from gpupool.sim.replay import ReplayLog, setup
+from gpupool.sim.replay import TUNE, ReplayLog, replay, setup
 
 MIX_SEED = 0
 ANY = ANY_RUNTIME  # the mix's key for pods that run anywhere
 MODEL_OF_VENDOR = {AMD: "MI300X", ASCEND: "Ascend910B"}  # the card a mixed-in node of the vendor gets
 MAX_ENTRIES = 8  # a mix names each vendor and "any" at most once; more entries are an error, not parsed
 
-Runner = Callable[[Sequence[Node], Sequence[PodRequest], Sequence[Job]], list[ReplayLog]]
+# run(fn, nodes, pods, jobs, **options): fn(nodes, pods, job.policy, job.seed, progress=..., **options) per job
+# (gpupool.sim.parallel.run_all's contract, so that the caller chooses processes and progress bars).
+Runner = Callable[..., list[ReplayLog]]
 
 
 class VendorMixError(ValueError):
@@ -162,26 +172,69 @@ def mix_pods(pods: Sequence[PodRequest], mix: VendorMix, seed: int = MIX_SEED) -
     return out
 
 
-def islands(nodes: Sequence[Node], pods: Sequence[PodRequest], mix: VendorMix,
-            seed: int = MIX_SEED) -> dict[str, tuple[list[Node], list[PodRequest]]]:
-    """Each vendor's GPU nodes and the pods of its runtime (a pod that runs anywhere goes to one island drawn
-    with the node shares; a pod without GPUs to the island of its position's draw too, so CPU-only load is
-    spread alike). Vendors with no node are left out."""
-    by_vendor: dict[str, tuple[list[Node], list[PodRequest]]] = {}
-    for node in nodes:
+def vendor_nodes(nodes: Sequence[Node]) -> dict[str, list[int]]:
+    """Indices of each vendor's GPU nodes (a node's vendor: its first card's), vendors in VENDORS order."""
+    out: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
         if node.gpus:
-            by_vendor.setdefault(node.gpus[0].vendor, ([], []))[0].append(node)
-    vendors = [v for v, _ in mix.shares if v in by_vendor]
+            out.setdefault(node.gpus[0].vendor, []).append(i)
+    return {v: out[v] for v in (*VENDORS, *sorted(set(out) - set(VENDORS))) if v in out}
+
+
+def island_of(pods: Sequence[PodRequest], vendors: Sequence[str], mix: VendorMix, seed: int) -> list[str | None]:
+    """The island (vendor) of each pod: its runtime's vendor; a pod that runs anywhere, or has no GPU, one drawn
+    with the node shares; None for a pod whose runtime no island's cards run (it fits nowhere in one pool
+    either)."""
     weights = np.array([mix.share(v) for v in vendors])
     pick = np.random.default_rng([seed, 2]).choice(len(vendors), size=len(pods), p=weights / weights.sum())
     vendor_of_runtime = {r: v for v, r in RUNTIME_OF_VENDOR.items()}
+    out: list[str | None] = []
     for k, pod in enumerate(pods):
         vendor = vendor_of_runtime.get(pod.gpu.runtime or "") if pod.gpu.count else None
-        if vendor is None:
-            by_vendor[vendors[int(pick[k])]][1].append(pod)
-        elif vendor in by_vendor:  # else it runs on no card of the node list, in one pool as in none
-            by_vendor[vendor][1].append(pod)
-    return by_vendor
+        out.append(vendors[int(pick[k])] if vendor is None else vendor if vendor in vendors else None)
+    return out
+
+
+def replay_islands(nodes: Sequence[Node], pods: Sequence[PodRequest], policy_name: str, seed: int,
+                   progress: Callable[[int, int], None] | None = None, mix: VendorMix | None = None,
+                   mix_seed: int = MIX_SEED, tune: float = TUNE) -> ReplayLog:
+    """The islands' replay of one seed (module doc): the one-pool replay's pods in its order, each placed in its
+    vendor's cluster alone. The log is over the whole node list (node indices and capacity), so that it is
+    measured as one replay's; `mix` draws the island of pods that run anywhere."""
+    if mix is None:
+        raise ValueError("replay_islands needs the vendor mix")
+    start = time.perf_counter()
+    run = setup(nodes, pods, seed, tune)  # the one pool's draws: its pods, order and node ranks
+    groups = vendor_nodes(nodes)
+    where = island_of(run.submitted, list(groups), mix, mix_seed)
+    placers: dict[str, tuple[Placer, list[int]]] = {}
+    for vendor, members in groups.items():
+        state = ClusterState([nodes[i] for i in members])
+        own = [p for p, v in zip(run.submitted, where, strict=True) if v == vendor]
+        rank = run.ctx.rank[members] if run.ctx.rank is not None else None
+        ctx = PolicyContext(rng=np.random.default_rng(seed + 1), workload=typical_workload(own), rank=rank)
+        placers[vendor] = (Placer(state, get_policy(policy_name), ctx), members)
+    n = len(run.submitted)
+    allocated, arrived = np.zeros(n), np.zeros(n)
+    placed_node, placed_gpus = np.full(n, -1, dtype=np.int64), np.zeros(n, dtype=np.int64)
+    allocated_total = arrived_total = failed = 0
+    for k, pod in enumerate(run.submitted):
+        arrived_total += pod.gpu.total_milli
+        island = where[k]
+        choice = placers[island][0].decide(pod) if island is not None else None
+        if island is not None and choice is not None:
+            placer, members = placers[island]
+            allocated_total += placer.take(pod, choice)
+            placed_node[k] = members[choice.node]
+            placed_gpus[k] = sum(1 << j for j in choice.gpus)
+        else:
+            failed += 1
+        allocated[k], arrived[k] = allocated_total, arrived_total
+        if progress is not None:
+            progress(k + 1, n)
+    capacity = sum(len(node.gpus) for node in nodes) * MILLI_PER_GPU
+    return ReplayLog(allocated, arrived, np.zeros(n), capacity, failed, time.perf_counter() - start,
+                     placed_node, placed_gpus)
 
 
 def misrouted(nodes: Sequence[Node], submitted: Sequence[PodRequest], log: ReplayLog) -> int:
@@ -213,39 +266,59 @@ def unallocated_pct(logs: Sequence[ReplayLog]) -> float:
 def compare(nodes: Sequence[Node], pods: Sequence[PodRequest], mix: VendorMix, policies: Sequence[str],
             seeds: Sequence[int], run: Runner, mix_seed: int = MIX_SEED) -> dict[str, Any]:
     """One pool against islands for each policy over `seeds`: per policy the unallocated % of each (per seed
-    and mean), each island's own, and the misrouted pods of every replay (summed over seeds and islands)."""
+    and mean), each island's own at the same point, and the misrouted pods of every replay (summed over
+    seeds, one pool and islands)."""
     mixed_nodes, mixed_pods = mix_nodes(nodes, mix, mix_seed), mix_pods(pods, mix, mix_seed)
     jobs = [Job(p, s) for p in policies for s in seeds]
-    pool_logs = run(mixed_nodes, mixed_pods, jobs)
-    wrong = {job: misrouted(mixed_nodes, setup(mixed_nodes, mixed_pods, job.seed).submitted, log)
-             for job, log in zip(jobs, pool_logs, strict=True)}
-    parts = islands(mixed_nodes, mixed_pods, mix, mix_seed)
-    island_logs: dict[str, list[ReplayLog]] = {}
-    for vendor, (vendor_nodes, vendor_pods) in parts.items():
-        island_logs[vendor] = run(vendor_nodes, vendor_pods, jobs) if vendor_pods else []
-        for job, log in zip(jobs, island_logs[vendor], strict=True):
-            wrong[job] += misrouted(vendor_nodes, setup(vendor_nodes, vendor_pods, job.seed).submitted, log)
+    pool_logs = run(replay, mixed_nodes, mixed_pods, jobs)
+    island_logs = run(replay_islands, mixed_nodes, mixed_pods, jobs, mix=mix, mix_seed=mix_seed)
+    groups = vendor_nodes(mixed_nodes)
+    submitted = {seed: setup(mixed_nodes, mixed_pods, seed).submitted for seed in seeds}
+    where = {seed: island_of(submitted[seed], list(groups), mix, mix_seed) for seed in seeds}
     out: dict[str, Any] = {
         "mix": mix.text(),
         "mix_seed": mix_seed,
-        "vendors": {v: {"nodes": len(n), "gpus": sum(len(x.gpus) for x in n), "pods": len(p),
-                        "models": sorted({g.model for x in n for g in x.gpus})} for v, (n, p) in parts.items()},
+        "vendors": {v: {"nodes": len(members), "gpus": sum(len(mixed_nodes[i].gpus) for i in members),
+                        "pods": sum(1 for p in mixed_pods if p.gpu.count and _vendor_of(p) == v),
+                        "models": sorted({g.model for i in members for g in mixed_nodes[i].gpus})}
+                    for v, members in groups.items()},
         "pods": len(mixed_pods),
         "policies": {},
     }
     for policy in policies:
         at = [k for k, job in enumerate(jobs) if job.policy == policy]
         one = [unallocated_pct([pool_logs[k]]) for k in at]
-        apart = [unallocated_pct([island_logs[v][k] for v in island_logs if island_logs[v]]) for k in at]
-        per_island = {v: round(float(np.mean([unallocated_pct([logs[k]]) for k in at])), 4)
-                      for v, logs in island_logs.items() if logs}
+        apart = [unallocated_pct([island_logs[k]]) for k in at]
+        per_island = {v: round(float(np.mean([_island_pct(island_logs[k], where[jobs[k].seed], submitted[jobs[k].seed],
+                                                          v, mixed_nodes, members) for k in at])), 4)
+                      for v, members in groups.items()}
+        wrong = sum(misrouted(mixed_nodes, submitted[jobs[k].seed], pool_logs[k])
+                    + misrouted(mixed_nodes, submitted[jobs[k].seed], island_logs[k]) for k in at)
         out["policies"][policy] = {
             "unallocated_pct_one_pool": round(float(np.mean(one)), 4),
             "unallocated_pct_islands": round(float(np.mean(apart)), 4),
             "one_pool_per_seed": [round(x, 4) for x in one],
             "islands_per_seed": [round(x, 4) for x in apart],
             "unallocated_pct_per_island": per_island,
-            "misrouted": sum(wrong[jobs[k]] for k in at),
+            "misrouted": wrong,
             "failed_pods_one_pool_mean": round(float(np.mean([pool_logs[k].failed for k in at])), 1),
+            "failed_pods_islands_mean": round(float(np.mean([island_logs[k].failed for k in at])), 1),
         }
     return out
+
+
+def _vendor_of(pod: PodRequest) -> str | None:
+    return {r: v for v, r in RUNTIME_OF_VENDOR.items()}.get(pod.gpu.runtime or "")
+
+
+def _island_pct(log: ReplayLog, where: Sequence[str | None], submitted: Sequence[PodRequest], vendor: str,
+                nodes: Sequence[Node], members: Sequence[int]) -> float:
+    """One island's unallocated % of its own capacity at the pod where the whole arrived demand reaches 100 %
+    of the whole capacity (the point the combined figure is read at)."""
+    capacity = sum(len(nodes[i].gpus) for i in members) * MILLI_PER_GPU
+    x = np.round(100.0 * log.arrived / log.capacity_milli).astype(np.int64)
+    upto = np.flatnonzero(x <= 100)
+    last = int(upto[-1]) if len(upto) else -1
+    held = sum(p.gpu.total_milli for k, p in enumerate(submitted[:last + 1])
+               if where[k] == vendor and log.node[k] >= 0) if log.node is not None else 0
+    return 100.0 - 100.0 * held / capacity if capacity else 0.0
