@@ -131,7 +131,7 @@ def test_shared_gpu_is_split_per_pod_over_http(serve_app: Any) -> None:
     assert set(DEVICE_METRICS) <= set(m)
     for name in DEVICE_METRICS:
         for labels, _ in m[name]:
-            assert set(labels) == DCGM_LABELS, name
+            assert set(labels) == DCGM_LABELS | {"vendor"}, name  # dcgm-exporter's labels, and gpupool's vendor
 
     def at(name: str, uuid: str, pod: str) -> float:
         hits = [v for lv, v in m[name] if lv["UUID"] == uuid and lv["pod"] == pod]
@@ -152,7 +152,7 @@ def test_shared_gpu_is_split_per_pod_over_http(serve_app: Any) -> None:
     assert at("DCGM_FI_DEV_POWER_USAGE", "GPU-aaaa", "") == 250.5
     labels = next(lv for lv, _ in m["DCGM_FI_DEV_GPU_TEMP"] if lv["UUID"] == "GPU-bbbb")
     assert labels == {"gpu": "1", "UUID": "GPU-bbbb", "pci_bus_id": "00000000:07:00.0", "device": "nvidia3",
-                           "modelName": "NVIDIA A100-SXM4-40GB", "Hostname": "node-1",
+                           "modelName": "NVIDIA A100-SXM4-40GB", "Hostname": "node-1", "vendor": "nvidia",
                            "container": "", "namespace": "", "pod": ""}
     pods_on_a = {(lv["namespace"], lv["pod"], lv["container"]) for lv, _ in m["DCGM_FI_DEV_GPU_UTIL"]
                  if lv["UUID"] == "GPU-aaaa"}

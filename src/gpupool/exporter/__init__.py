@@ -4,10 +4,11 @@
 from gpupool.exporter.cgroup import PodInfo, PodRef, parse_cgroup, proc_pod_mapper, read_cgroup, resolve
 from gpupool.exporter.device import DEVICE_METRICS, DeviceCollector, DeviceSample, ProcessSample
 from gpupool.exporter.http import create_metrics_app, metrics_route
-from gpupool.exporter.pool import POOL_METRICS, PoolCollector
+from gpupool.exporter.pool import PARTITION_METRICS, POOL_METRICS, PoolCollector
 
 __all__ = [
     "DEVICE_METRICS",
+    "PARTITION_METRICS",
     "POOL_METRICS",
     "DeviceCollector",
     "DeviceSample",

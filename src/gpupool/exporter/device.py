@@ -10,6 +10,10 @@ framebuffer used, are split per pod from the per-process samples the agent takes
 per pod found on the GPU, plus one series with empty pod labels for whatever no known pod accounts
 for, so that summing a metric over its series gives the device value. Device-wide quantities
 (temperature, power, Xid) are one series per GPU with empty pod labels.
+
+Every series also carries `vendor` (nvidia / amd / ascend): what the sample says, else the vendor of its model
+in gpupool's catalogue (`gpupool.core.vendors`), else nvidia (as a card without a vendor always was). The
+label is fixed by the card, so it adds no series; dcgm-exporter's own labels are kept as they are.
 """
 
 from __future__ import annotations
@@ -22,11 +26,13 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics_core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from gpupool.core.vendors import NVIDIA, vendor_of_model
 from gpupool.exporter.cgroup import PodRef
 
 log = logging.getLogger(__name__)
 
-DEVICE_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "container", "namespace", "pod")
+DEVICE_LABELS = ("gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "vendor", "container", "namespace",
+                 "pod")
 
 # dcgm-exporter field name -> help (units as dcgm-exporter's default counters).
 DEVICE_METRICS: dict[str, str] = {
@@ -67,6 +73,11 @@ class DeviceSample:
     pci_bus_id: str = ""
     minor: int | None = None  # /dev/nvidia<minor>; the index when unknown
     processes: tuple[ProcessSample, ...] = ()
+    vendor: str = ""  # nvidia / amd / ascend; "": the catalogue's vendor of `model` (nvidia when unknown)
+
+    @property
+    def vendor_label(self) -> str:
+        return self.vendor or vendor_of_model(self.model) or NVIDIA
 
 
 class DeviceCollector(Collector):
@@ -103,7 +114,7 @@ def device_families(
     for s in samples:
         base = [
             str(s.index), s.uuid, s.pci_bus_id, f"nvidia{s.index if s.minor is None else s.minor}",
-            s.model, s.hostname,
+            s.model, s.hostname, s.vendor_label,
         ]
         unmapped = [*base, "", "", ""]
         fam["DCGM_FI_DEV_FB_FREE"].add_metric(unmapped, max(0.0, s.fb_total_mib - s.fb_used_mib))

@@ -3,6 +3,12 @@
 The collector reads a fresh snapshot at every scrape and keeps nothing between scrapes, so a pod that
 is gone from the snapshot is gone from /metrics: the number of series is bounded by the live pool, not
 by the history of pods (per-pod gauges that are only ever `set` would keep the series of deleted pods).
+
+Vendors: every per-GPU series carries `vendor` (nvidia / amd / ascend) and `model`. Both are fixed by the
+card (its UUID), so they add no series, only a way to aggregate: `sum by (vendor) (...)`. Per vendor, the
+`gpupool_vendor_*` series give each vendor's cards, memory and allocated shares (a handful of series); per
+hardware partition (MIG instance, AMD partition, Ascend vNPU), `gpupool_gpu_partition_used` says whether a
+pod holds it: at most 15 per card (a 30-core Ascend 910B's vNPUs), and none on cards that are not partitioned.
 """
 
 from __future__ import annotations
@@ -21,13 +27,15 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 
-GPU_LABELS = ("node", "gpu", "uuid")
+GPU_LABELS = ("node", "gpu", "uuid", "vendor", "model")
+VENDOR_LABELS = ("vendor", "runtime")
+PARTITION_LABELS = (*GPU_LABELS, "profile", "start")
 GRANT_LABELS = ("namespace", "pod", "container", "node", "gpu", "uuid")
 
 # name -> help. Every name here is produced by PoolCollector (the alert/dashboard tests rely on this).
 POOL_METRICS: dict[str, str] = {
     "gpupool_snapshot_up": "1 if the last pool snapshot could be read, else 0.",
-    "gpupool_gpu_info": "A GPU of the pool (value 1), with its model.",
+    "gpupool_gpu_info": "A GPU of the pool (value 1), with its vendor, model and the runtime it serves.",
     "gpupool_gpu_healthy": "1 if the GPU is healthy and may be allocated, else 0.",
     "gpupool_gpu_memory_bytes": "Memory of the GPU.",
     "gpupool_gpu_memory_allocated_bytes": "GPU memory handed out to pods.",
@@ -46,7 +54,18 @@ POOL_METRICS: dict[str, str] = {
     "gpupool_pending_gpu_pods": "GPU pods waiting for a placement.",
     "gpupool_pending_gpu_pod_oldest_seconds": "How long the longest-waiting GPU pod has waited "
     "(absent when the scheduler does not know).",
+    "gpupool_vendor_gpus": "GPUs of one vendor in the pool.",
+    "gpupool_vendor_healthy_gpus": "Healthy GPUs of one vendor.",
+    "gpupool_vendor_memory_bytes": "Memory of one vendor's GPUs.",
+    "gpupool_vendor_allocated_ratio": "Share of one vendor's GPU compute handed out (0-1).",
+    "gpupool_vendor_memory_allocated_ratio": "Share of one vendor's GPU memory handed out (0-1).",
 }
+# Produced only where a card is partitioned (kept apart: a pool of whole cards has none of these series).
+PARTITION_METRICS: dict[str, str] = {
+    "gpupool_gpu_partition_used": "A hardware partition of a GPU (MIG instance, AMD partition, Ascend vNPU): "
+    "1 if a pod holds it, 0 if idle.",
+}
+HELP: dict[str, str] = {**POOL_METRICS, **PARTITION_METRICS}
 SCRAPE_ERRORS = "gpupool_snapshot_errors"  # counter, exposed as gpupool_snapshot_errors_total
 
 
@@ -72,7 +91,7 @@ class PoolFrame:
 
     def labelled_families(self) -> list[GaugeMetricFamily]:
         """The per-GPU and per-grant gauges as prometheus_client families."""
-        families = {name: GaugeMetricFamily(name, POOL_METRICS[name], labels=labels) for name, labels in LABELLED}
+        families = {name: GaugeMetricFamily(name, HELP[name], labels=labels) for name, labels in LABELLED}
         if self.snapshot is not None:
             for name, labels, value in _labelled_samples(self.snapshot):
                 families[name].add_metric(labels, value)
@@ -89,7 +108,7 @@ class PoolFrame:
                 lines[name].append(f"{name}{{{pairs}}} {float(value)!r}")
         out = []
         for name, samples in lines.items():
-            out.append(f"# HELP {name} {POOL_METRICS[name]}\n# TYPE {name} gauge\n")
+            out.append(f"# HELP {name} {HELP[name]}\n# TYPE {name} gauge\n")
             if samples:
                 out.append("\n".join(samples))
                 out.append("\n")
@@ -112,7 +131,7 @@ class PoolCollector(Collector):
         # Returning families lets the registry check for name clashes without calling the provider.
         return [
             CounterMetricFamily(SCRAPE_ERRORS, "", value=0),
-            *(GaugeMetricFamily(name, help_, labels=()) for name, help_ in POOL_METRICS.items()),
+            *(GaugeMetricFamily(name, help_, labels=()) for name, help_ in HELP.items()),
         ]
 
     def take(self) -> PoolFrame:
@@ -133,7 +152,7 @@ class PoolCollector(Collector):
 
 
 LABELLED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("gpupool_gpu_info", (*GPU_LABELS, "model")),
+    ("gpupool_gpu_info", (*GPU_LABELS, "runtime")),
     ("gpupool_gpu_healthy", GPU_LABELS),
     ("gpupool_gpu_memory_bytes", GPU_LABELS),
     ("gpupool_gpu_memory_allocated_bytes", GPU_LABELS),
@@ -141,14 +160,20 @@ LABELLED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("gpupool_gpu_sharers", GPU_LABELS),
     ("gpupool_grant_memory_bytes", GRANT_LABELS),
     ("gpupool_grant_cores_ratio", GRANT_LABELS),
+    ("gpupool_gpu_partition_used", PARTITION_LABELS),
+    ("gpupool_vendor_gpus", VENDOR_LABELS),
+    ("gpupool_vendor_healthy_gpus", VENDOR_LABELS),
+    ("gpupool_vendor_memory_bytes", VENDOR_LABELS),
+    ("gpupool_vendor_allocated_ratio", VENDOR_LABELS),
+    ("gpupool_vendor_memory_allocated_ratio", VENDOR_LABELS),
 )
 
 
 def _labelled_samples(snap: Snapshot) -> Iterator[tuple[str, list[str], float]]:
     for node in snap.nodes:
         for gpu in node.gpus:
-            lv = [node.name, str(gpu.index), gpu.uuid]
-            yield "gpupool_gpu_info", [*lv, gpu.model], 1
+            lv = [node.name, str(gpu.index), gpu.uuid, gpu.vendor, gpu.model]
+            yield "gpupool_gpu_info", [*lv, gpu.runtime], 1
             yield "gpupool_gpu_healthy", lv, 1 if gpu.healthy else 0
             yield "gpupool_gpu_memory_bytes", lv, gpu.memory_mib * MIB
             yield "gpupool_gpu_memory_allocated_bytes", lv, gpu.allocated_memory_mib * MIB
@@ -158,6 +183,15 @@ def _labelled_samples(snap: Snapshot) -> Iterator[tuple[str, list[str], float]]:
                 glv = [g.namespace, g.pod, g.container, g.node, str(g.gpu_index), g.gpu_uuid]
                 yield "gpupool_grant_memory_bytes", glv, g.memory_mib * MIB
                 yield "gpupool_grant_cores_ratio", glv, g.cores_percent / 100
+            for p in gpu.partitions:
+                yield "gpupool_gpu_partition_used", [*lv, p.profile, str(p.start)], 1 if p.used else 0
+    for v in snap.totals.vendors:
+        vlv = [v.vendor, v.runtime]
+        yield "gpupool_vendor_gpus", vlv, v.gpus
+        yield "gpupool_vendor_healthy_gpus", vlv, v.healthy_gpus
+        yield "gpupool_vendor_memory_bytes", vlv, v.memory_mib * MIB
+        yield "gpupool_vendor_allocated_ratio", vlv, v.allocated_share
+        yield "gpupool_vendor_memory_allocated_ratio", vlv, v.allocated_memory_share
 
 
 def _scalars(snap: Snapshot) -> list[tuple[str, float]]:
