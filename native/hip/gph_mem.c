@@ -5,7 +5,8 @@
  * the cap less what the pod holds as free (never more than the device really has free).
  *
  * Counted: hipMalloc, hipExtMallocWithFlags, hipMallocManaged (its pages may all come to the GPU, so they
- * count where they may land), hipMallocPitch (the pitched rows the runtime really made), hipMallocAsync and
+ * count where they may land), hipMallocPitch and hipMemAllocPitch (the pitched rows the runtime really
+ * made), hipMallocAsync and
  * hipMallocFromPoolAsync (per allocation, until its free). Not counted: hipHostMalloc (pinned host memory;
  * the device holds none of it). Not intercepted (docs/hook-hip.md): arrays, hipMalloc3D, the virtual
  * memory API (hipMemCreate), and what a stream-ordered pool keeps cached after a free. */
@@ -116,15 +117,20 @@ GP_EXPORT hipError_t hipMallocFromPoolAsync(void **ptr, size_t size, hipMemPool_
 }
 
 /* The runtime pads each row to its alignment: the width times the height is reserved first, and what the
- * padding adds on top once the pitch is known (refused and undone when that passes the cap). */
-GP_EXPORT hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height) {
-    GPH_REAL(hipError_t (*)(void **, size_t *, size_t, size_t), real, "hipMallocPitch");
+ * padding adds on top once the pitch is known (refused and undone when that passes the cap). elem is
+ * hipMemAllocPitch's element size, 0 for hipMallocPitch. */
+typedef hipError_t (*pitch_fn)(void **, size_t *, size_t, size_t);
+typedef hipError_t (*mem_pitch_fn)(void **, size_t *, size_t, size_t, unsigned int);
+
+static hipError_t pitched(void *real, void **ptr, size_t *pitch, size_t width, size_t height, unsigned int elem,
+                          int driver_form) {
     GPH_REAL(hipError_t (*)(void *), rfree, "hipFree");
     if (real == NULL || rfree == NULL) return hipErrorNotInitialized;
     int li;
     uint64_t want = product(width, height);
     if (!admit(&li, want)) return hipErrorOutOfMemory;
-    hipError_t r = real(ptr, pitch, width, height);
+    hipError_t r = driver_form ? ((mem_pitch_fn)real)(ptr, pitch, width, height, elem)
+                               : ((pitch_fn)real)(ptr, pitch, width, height);
     if (li < 0 || r != hipSuccess || ptr == NULL || *ptr == NULL || pitch == NULL) return settle(li, want, ptr, r);
     uint64_t got = product(*pitch, height);
     if (got > want && gp_mem_reserve(li, got - want) != 0) {
@@ -136,6 +142,17 @@ GP_EXPORT hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, siz
     if (got < want) gp_mem_release(li, want - got);
     remember(*ptr, li, got);
     return r;
+}
+
+GP_EXPORT hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height) {
+    GPH_REAL(pitch_fn, real, "hipMallocPitch");
+    return pitched((void *)real, ptr, pitch, width, height, 0, 0);
+}
+
+/* The driver-API form (hipify's cuMemAllocPitch), freed with hipFree like the others. */
+GP_EXPORT hipError_t hipMemAllocPitch(void **ptr, size_t *pitch, size_t width, size_t height, unsigned int elem) {
+    GPH_REAL(mem_pitch_fn, real, "hipMemAllocPitch");
+    return pitched((void *)real, ptr, pitch, width, height, elem, 1);
 }
 
 /* ---- frees --------------------------------------------------------------------------------------------- */
@@ -196,7 +213,7 @@ void gph_mem_after_fork(void) {
 struct gp_hook gph_mem_hooks[] = {
 #define H(n) {#n, (void *)n, NULL},
     H(hipMalloc) H(hipExtMallocWithFlags) H(hipMallocManaged) H(hipMallocAsync) H(hipMallocFromPoolAsync)
-    H(hipMallocPitch) H(hipFree) H(hipFreeAsync) H(hipMemGetInfo) H(hipDeviceTotalMem)
+    H(hipMallocPitch) H(hipMemAllocPitch) H(hipFree) H(hipFreeAsync) H(hipMemGetInfo) H(hipDeviceTotalMem)
 #undef H
     {NULL, NULL, NULL},
 };

@@ -30,11 +30,11 @@ OOM = 2  # hipErrorOutOfMemory
 INVALID_VALUE, INVALID_DEVICE_POINTER = 1, 17
 SHARE = 10 * GIB
 DEVICE = 192 * GIB  # the fake's default device: an MI300X
-KINDS = ["mem", "ext", "managed", "pitch", "async", "pool"]
+KINDS = ["mem", "ext", "managed", "pitch", "mempitch", "async", "pool"]
 PATHS = ["direct", "dlsym", "gpa"]
 WRAPPED = {"hipMalloc", "hipExtMallocWithFlags", "hipMallocManaged", "hipMallocAsync", "hipMallocFromPoolAsync",
-           "hipMallocPitch", "hipFree", "hipFreeAsync", "hipMemGetInfo", "hipDeviceTotalMem", "hipGetProcAddress",
-           "dlsym", "dlvsym"}
+           "hipMallocPitch", "hipMemAllocPitch", "hipFree", "hipFreeAsync", "hipMemGetInfo", "hipDeviceTotalMem",
+           "hipGetProcAddress", "dlsym", "dlvsym"}
 
 
 def build_hip(out: Path, extra: list[str] | None = None) -> Built:

@@ -16,7 +16,7 @@ import pytest
 
 from tests.native.conftest import PodFactory
 from tests.native.native_helpers import GIB, MIB, Built, Pod, Probe
-from tests.native.test_hip_memory import OOM, SHARE, build_hip
+from tests.native.test_hip_memory import KINDS, OOM, SHARE, build_hip
 from tests.native.test_hook_sanitizers import SANITIZE, runtime
 
 SLOTS = 256
@@ -94,7 +94,7 @@ def test_a_limits_file_that_is_not_one_refuses_everything(
     path = pod.write_limits()
     path.write_bytes(b"\0" * 2048)  # fail closed: a garbled grant is never "no limit"
     app = tenants.start(pod)
-    for kind in ("mem", "ext", "managed", "pitch", "async", "pool"):
+    for kind in KINDS:
         assert app.alloc(kind, MIB)[0] == OOM, kind
 
 
@@ -139,7 +139,7 @@ def test_a_resolver_fetched_around_dlsym_still_reaches_the_wrappers(
         tenants: PodFactory, flavour: tuple[Built, str | None], path: str) -> None:
     app = tenants.start(granted(tenants, flavour, memory_mib="10240"), path)
     fill(app)
-    for kind in ("mem", "ext", "managed", "pitch", "async", "pool"):
+    for kind in KINDS:
         assert app.alloc(kind, GIB)[0] == OOM, kind
 
 

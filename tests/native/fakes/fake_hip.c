@@ -16,8 +16,8 @@
  *   else is hipErrorInvalidValue; hipMallocManaged takes hipMemAttachGlobal or hipMemAttachHost (its pages
  *   are counted on the device: the fake simulates a GPU where they live there); hipMallocFromPoolAsync
  *   needs a pool (hipDeviceGetDefaultMemPool hands one out).
- * - hipMallocPitch: rows padded to 128 bytes (the alignment the reference states); width or height 0
- *   allocates nothing.
+ * - hipMallocPitch and hipMemAllocPitch: rows padded to 128 bytes (the alignment the reference states);
+ *   width or height 0 allocates nothing; hipMemAllocPitch's element size must be 4, 8 or 16.
  * - granularity: the reference documents none for hipMalloc (hipMallocManaged "should be" a multiple of
  *   4 KiB, a recommendation, not an error): the fake counts the bytes asked for.
  * - hipFree(NULL) succeeds; hipFree of a pointer that is not a live device allocation of this process
@@ -267,6 +267,12 @@ hipError_t hipMallocPitch(void **ptr, size_t *pitch, size_t width, size_t height
     return r;
 }
 
+/* The driver-API form: elementSizeBytes "should be 4, 8 or 16"; the fake refuses any other. */
+hipError_t hipMemAllocPitch(void **ptr, size_t *pitch, size_t width, size_t height, unsigned int elem) {
+    if (elem != 4 && elem != 8 && elem != 16) return hipErrorInvalidValue;
+    return hipMallocPitch(ptr, pitch, width, height);
+}
+
 hipError_t hipFree(void *p) {
     pthread_once(&once, setup);
     if (p == NULL) return hipSuccess;
@@ -319,7 +325,7 @@ hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uin
     } table[] = {
 #define E(n) {#n, (void *)n},
         E(hipMalloc) E(hipExtMallocWithFlags) E(hipMallocManaged) E(hipMallocAsync) E(hipMallocFromPoolAsync)
-        E(hipMallocPitch) E(hipFree) E(hipFreeAsync) E(hipHostMalloc) E(hipHostFree) E(hipMemGetInfo)
+        E(hipMallocPitch) E(hipMemAllocPitch) E(hipFree) E(hipFreeAsync) E(hipHostMalloc) E(hipHostFree) E(hipMemGetInfo)
         E(hipDeviceTotalMem) E(hipGetDevice) E(hipSetDevice) E(hipGetDeviceCount) E(hipFakeEcho)
         E(hipDeviceGetDefaultMemPool) E(hipGetProcAddress)
 #undef E

@@ -15,8 +15,9 @@
  *            stress BYTES -> "started", then never answers (alloc/free forever, for kill -9 tests)
  *            bench N -> "<rc> <nanoseconds per hipMalloc of 1 MiB + hipFree>" (N pairs)
  * Allocation KINDs: mem (hipMalloc), ext (hipExtMallocWithFlags, fine-grained), managed (hipMallocManaged),
- * pitch (hipMallocPitch: rows of 1 MiB, or one row of BYTES below that), async (hipMallocAsync), pool
- * (hipMallocFromPoolAsync from the device's default pool), host (hipHostMalloc). free uses hipFree, but
+ * pitch (hipMallocPitch: rows of 1 MiB, or one row of BYTES below that), mempitch (hipMemAllocPitch, the
+ * same rows of 4-byte elements), async (hipMallocAsync), pool (hipMallocFromPoolAsync from the device's
+ * default pool), host (hipHostMalloc). free uses hipFree, but
  * hipFreeAsync for async and pool and hipHostFree for host. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -33,6 +34,7 @@ hipError_t hipMalloc(void **, size_t);
 hipError_t hipExtMallocWithFlags(void **, size_t, unsigned int);
 hipError_t hipMallocManaged(void **, size_t, unsigned int);
 hipError_t hipMallocPitch(void **, size_t *, size_t, size_t);
+hipError_t hipMemAllocPitch(void **, size_t *, size_t, size_t, unsigned int);
 hipError_t hipMallocAsync(void **, size_t, hipStream_t);
 hipError_t hipMallocFromPoolAsync(void **, size_t, hipMemPool_t, hipStream_t);
 hipError_t hipDeviceGetDefaultMemPool(hipMemPool_t *, int);
@@ -62,6 +64,7 @@ static struct {
     hipError_t (*total)(size_t *, int);
     hipError_t (*setdev)(int);
     int (*echo)(int);
+    hipError_t (*mempitch)(void **, size_t *, size_t, size_t, unsigned int);
 } h;
 
 typedef void *(*resolver)(void *, const char *);
@@ -72,6 +75,7 @@ static void resolve(const char *mode) {
         h.async = hipMallocAsync, h.pool = hipMallocFromPoolAsync, h.defpool = hipDeviceGetDefaultMemPool;
         h.host = hipHostMalloc, h.hostfree = hipHostFree, h.free_ = hipFree, h.freeasync = hipFreeAsync;
         h.info = hipMemGetInfo, h.total = hipDeviceTotalMem, h.setdev = hipSetDevice;
+        h.mempitch = hipMemAllocPitch;
         void *lib = dlopen("libamdhip64.so", RTLD_NOW);
         h.echo = lib != NULL ? (int (*)(int))dlsym(lib, "hipFakeEcho") : NULL;
         return;
@@ -88,12 +92,12 @@ static void resolve(const char *mode) {
     } else if (strcmp(mode, "dlsym_libc") == 0) {
         find = (resolver)dlsym(dlopen("libc.so.6", RTLD_NOW), "dlsym");
     }
-    void *found[15];
-    static const char *const names[15] = {
+    void *found[16];
+    static const char *const names[16] = {
         "hipMalloc", "hipExtMallocWithFlags", "hipMallocManaged", "hipMallocPitch", "hipMallocAsync",
         "hipMallocFromPoolAsync", "hipDeviceGetDefaultMemPool", "hipHostMalloc", "hipHostFree", "hipFree",
-        "hipFreeAsync", "hipMemGetInfo", "hipDeviceTotalMem", "hipSetDevice", "hipFakeEcho"};
-    for (int i = 0; i < 15; i++) {
+        "hipFreeAsync", "hipMemGetInfo", "hipDeviceTotalMem", "hipSetDevice", "hipFakeEcho", "hipMemAllocPitch"};
+    for (int i = 0; i < 16; i++) {
         if (strcmp(mode, "gpa") == 0) {
             hipDriverProcAddressQueryResult status;
             found[i] = NULL;
@@ -115,8 +119,8 @@ static struct {
     void *p;
     int kind; /* 0 free, else 1 + index in KINDS */
 } ids[MAX_IDS];
-static const char *const KINDS[] = {"mem", "ext", "managed", "pitch", "async", "pool", "host"};
-#define NKINDS 7
+static const char *const KINDS[] = {"mem", "ext", "managed", "pitch", "async", "pool", "host", "mempitch"};
+#define NKINDS 8
 static pthread_mutex_t ids_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static hipError_t allocate(int kind, unsigned long long n, void **p) {
@@ -134,7 +138,11 @@ static hipError_t allocate(int kind, unsigned long long n, void **p) {
         hipError_t r = h.defpool(&pool, 0);
         return r != hipSuccess ? r : h.pool(p, n, pool, NULL);
     }
-    default: return h.host(p, n, 0);
+    case 6: return h.host(p, n, 0);
+    default: {
+        size_t pitch, width = n >= (1u << 20) ? (1u << 20) : n, height = n >= (1u << 20) ? n >> 20 : 1;
+        return h.mempitch(p, &pitch, width, height, 4);
+    }
     }
 }
 
