@@ -1,13 +1,13 @@
 """limits.v1, one layout in two languages: the node agent writes it in Python (gpupool.agent.state.hookdir, its own
-offsets), the library and the GPU server read it in C (struct gp_limits, native/gp.h). A field one side moves
-and the other does not would give a pod its caps from the wrong bytes, silently.
+offsets), the libraries and the GPU server read it in C (struct gp_limits, native/gp_core.h). A field one side
+moves and the other does not would give a pod its caps from the wrong bytes, silently.
 
-The C side is what a compiler makes of native/gp.h, not a copy of its numbers: a small program prints the
-offset and size of every field (the fields must tile the struct, so one added without being listed here
-fails), and reads a file through the struct. The Python side is hookdir's own offsets and the bytes its
-writer produces. Each is compared with the other, so either drifting fails; gp.h's static assertions fail
-the build first when the struct moves without them. usage.v1 (struct gp_shared, which the agent reads) is
-held the same way for the offsets the agent reads."""
+The C side is what a compiler makes of native/gp.h (which includes gp_core.h), not a copy of its numbers: a
+small program prints the offset and size of every field (the fields must tile the struct, so one added
+without being listed here fails), and reads a file through the struct. The Python side is hookdir's own
+offsets and the bytes its writer produces. Each is compared with the other, so either drifting fails;
+gp_core.h's static assertions fail the build first when the struct moves without them. usage.v1 (struct
+gp_shared, which the agent reads) is held the same way for the offsets the agent reads."""
 
 from __future__ import annotations
 
