@@ -2,56 +2,24 @@
 
 The page must load, show every GPU and a known pod on its GPU, follow changes in the pool without a
 reload (htmx polling), and filter by pod. Screenshots are kept under a temporary directory whose path
-is printed (`pytest -s` shows it). Missing browser binaries fail the test: .ci/run installs them.
+is printed (`pytest -s` shows it). The browser fixtures are tests/dashboard/browser.py's.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 from starlette.applications import Starlette
 
 from gpupool.core.state import ClusterState
 from gpupool.dashboard import create_dashboard
-
-WAIT_S = 60  # generous: only there so that a broken page fails instead of hanging
-
-
-@pytest.fixture(scope="module")
-def shots() -> Path:
-    path = Path(tempfile.mkdtemp(prefix="gpupool-dashboard-shots-"))
-    print(f"\ndashboard screenshots: {path}")
-    return path
-
-
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[webdriver.Chrome]:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-    driver_bin = shutil.which("chromedriver")
-    if chromium is None or driver_bin is None:
-        pytest.fail("chromium and chromedriver are needed: apt-get install chromium chromium-driver (.ci/run does)")
-    opts = webdriver.ChromeOptions()
-    opts.binary_location = chromium
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                 "--disable-dev-shm-usage", "--window-size=1400,1000", f"--user-data-dir={tmp_path / 'profile'}"):
-        opts.add_argument(flag)
-    driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_bin))
-    driver.set_page_load_timeout(WAIT_S)
-    try:
-        yield driver
-    finally:
-        driver.quit()
+from tests.dashboard.browser import WAIT_S
 
 
 # Read in one script: the page swaps in fresh elements every poll, so elements found by one call can be

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpupool.api.snapshot import GPUView, NodeView, PendingPod, QueueView, Snapshot, Totals
+from gpupool.core.vendors import UNIT_OF_VENDOR
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,12 +20,26 @@ class Share:
 
 
 @dataclass(frozen=True, slots=True)
+class PartitionCell:
+    """One hardware partition of a GPU (MIG instance, AMD partition, Ascend vNPU) and who holds it."""
+
+    profile: str
+    start: int
+    memory_mib: int  # 0: no geometry known
+    compute: str  # "38 CU", "42 SM", "8 AI Core"; "" when unknown
+    used: bool
+    pod: str  # namespace/name of the holder ("" when none is known)
+    match: bool  # the holder matches the search
+
+
+@dataclass(frozen=True, slots=True)
 class GPUCell:
     gpu: GPUView
     shares: tuple[Share, ...]
     free_percent: float
     memory_percent: float
     match: bool
+    partitions: tuple[PartitionCell, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +76,14 @@ def _cell(gpu: GPUView, q: str) -> GPUCell:
         for g in gpu.grants
     )
     memory = 100 * gpu.allocated_memory_mib / gpu.memory_mib if gpu.memory_mib else 0.0
-    return GPUCell(gpu, shares, max(0.0, 100 - gpu.allocated_cores_percent), memory, any(s.match for s in shares))
+    unit = UNIT_OF_VENDOR.get(gpu.vendor, "units")
+    parts = tuple(
+        PartitionCell(p.profile, p.start, p.memory_mib, f"{p.compute_units} {unit}" if p.compute_units else "",
+                      p.used, p.pod, bool(q) and q.lower() in p.pod.lower())
+        for p in gpu.partitions
+    )
+    return GPUCell(gpu, shares, max(0.0, 100 - gpu.allocated_cores_percent), memory, any(s.match for s in shares),
+                   parts)
 
 
 def _row(node: NodeView, q: str) -> NodeRow:
