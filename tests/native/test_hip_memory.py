@@ -238,10 +238,11 @@ def test_the_pods_file_says_the_library_honours_no_squeeze(hip: PodFactory) -> N
         assert struct.unpack_from("<Q", usage.read_bytes(), 1328)[0] == features
         read = read_usage(pod.hook_dir)
         assert [u.used_bytes for u in read] == [GIB]  # the agent reads the pod's memory as it does for CUDA
-    plain = hip.pod(memory_mib="10240")
-    assert hip.start(plain).alloc("mem", 1)[0] == 0
-    written = write_squeeze(plain.hook_dir, {0: 30})
-    assert written is not None and not written.enforced
+    for granted in (False, True):  # the agent's limits file or not: the library's word decides
+        plain = hip.pod(memory_mib="10240", granted=granted)
+        assert hip.start(plain).alloc("mem", 1)[0] == 0
+        written = write_squeeze(plain.hook_dir, {0: 30})
+        assert written is not None and not written.enforced, granted
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -529,9 +529,9 @@ def write_squeeze(directory: Path, percent: Mapping[int, float]) -> SqueezeWritt
             _lock_accounting(fd, fcntl.F_UNLCK)
     finally:
         os.close(fd)
-    if in_limits is not None:  # the library that reads limits.v1 enforces the squeeze written there
-        return SqueezeWritten(changed or in_limits, True)
-    return SqueezeWritten(changed, bool(features & FEAT_SQUEEZE))
+    # Whether the squeeze holds is the library's own word (its feature bit), limits file or not: the HIP
+    # library reads limits.v1 but does not pace compute, so a squeeze written there is not enforced.
+    return SqueezeWritten(changed or bool(in_limits), bool(features & FEAT_SQUEEZE))
 
 
 def _pwrite_squeeze(fd: int, head: bytes, offset: int, wanted: list[int]) -> bool:
