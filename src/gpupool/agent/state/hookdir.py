@@ -29,12 +29,12 @@ held to their own cap against the sum of both (one could be refused memory the o
 would mean a different GPU in each. Agents before this layout made pods/<pod UID>/ itself the directory;
 such directories are still read (`hook_dirs`) and removed with their pod.
 
-usage.v1 is the library's shared accounting file; its layout is `struct gp_shared` in native/gp.h (the
+usage.v1 is the library's shared accounting file; its layout is `struct gp_shared` in native/gp_core.h (the
 offsets below are checked there with static assertions). A process's slot counts only while someone holds
 the process's OFD lock on byte 1 + slot, which the kernel drops when the process dies. The container can
 write it, so the agent reads limits from limits.v1 where there is one, and usage.v1 only for usage.
 
-limits.v1 is `struct gp_limits` in native/gp.h (2048 bytes, little-endian). The agent rewrites one field in
+limits.v1 is `struct gp_limits` in native/gp_core.h (2048 bytes, little-endian). The agent rewrites one field in
 place while the pod runs: the reclaim squeeze (`squeeze_ppm`, per GPU of the container), which the library
 enforces as min(its cap, the squeeze) from the next launch on (gpupool.api.squeeze, docs/queues.md); it is
 also written into usage.v1 for libraries that predate limits.v1.
@@ -287,7 +287,7 @@ def prepare_pod(pod: HookPod) -> None:
 
 
 def limits_bytes(limits: HookLimits) -> bytes:
-    """limits.v1 for `limits` (struct gp_limits in native/gp.h)."""
+    """limits.v1 for `limits` (struct gp_limits in native/gp_core.h)."""
     n = len(limits.memory_mib)
     if n != len(limits.cores) or not 0 < n <= _MAX_DEV:
         raise ValueError(f"limits for {len(limits.memory_mib)} and {len(limits.cores)} GPUs: one value per GPU, "
