@@ -4,8 +4,12 @@ change (a node relabelled to match the pod's nodeSelector takes it; once tainted
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import cast
+
 from gpupool.cluster.port import NODES
-from gpupool.scheduler.framework.plugins.claim_nodes import NOT_HERE
+from gpupool.scheduler.framework.interface import Handle
+from gpupool.scheduler.framework.plugins.claim_nodes import NOT_HERE, Args, ClaimNodes
 from gpupool.scheduler.service import ExtenderService
 from tests.scheduler.test_claim_allocator import allocation, claim, gated_pod, messages, run, setup, ungated, until
 
@@ -56,3 +60,16 @@ async def _known(svc: ExtenderService, pod: str) -> bool:
     assert claims is not None
     return any(p["metadata"]["name"] == pod for p in claims.gated.values()) and \
         f"team-dra/c{pod[1:]}" in claims.claims
+
+
+def test_the_nodes_with_devices_follow_a_new_devices_mapping_for_the_same_names() -> None:
+    """has_devices keeps its answer for one devices mapping and list of names; the next pass's mapping (a
+    node whose devices all went) is read afresh even for an equal list of names."""
+    plugin = ClaimNodes(cast(Handle, SimpleNamespace(ledger=None)), Args())
+    names = ["a", "b", "c"]
+    first = {"a": frozenset({0}), "b": frozenset({0, 1}), "c": frozenset({1})}
+    assert plugin.has_devices(first, names).tolist() == [True, True, True]
+    assert plugin.has_devices(first, list(names)).tolist() == [True, True, True]
+    second = {"a": frozenset({0}), "c": frozenset({1})}
+    assert plugin.has_devices(second, list(names)).tolist() == [True, False, True]
+    assert plugin.has_devices(second, ["c", "b"]).tolist() == [True, False]

@@ -37,16 +37,23 @@ class Nodes:
     def __init__(self, *objs: dict[str, Any]) -> None:
         self.objs: dict[str, dict[str, Any]] = {}
         self.versions: dict[str, int] = {}
+        self.serial = 0
         for o in objs:
             self.put(o)
 
     def put(self, obj: dict[str, Any]) -> None:
         name = obj["metadata"]["name"]
         self.objs[name] = obj
-        self.versions[name] = self.versions.get(name, 0) + 1
+        self.serial += 1
+        self.versions[name] = self.serial
+
+    def remove(self, name: str) -> None:
+        del self.objs[name], self.versions[name]
+        self.serial += 1
 
     def ask(self, cache: MayRunCache, p: dict[str, Any], names: list[str]) -> list[bool]:
-        return cache.allowed(p, names, self.objs, self.versions)
+        answer: list[bool] = cache.allowed(p, names, self.objs, self.versions, self.serial).tolist()
+        return answer
 
 
 def test_a_node_relabelled_or_tainted_is_asked_again() -> None:
@@ -77,11 +84,26 @@ def test_the_answer_is_remembered_for_the_same_version() -> None:
 
 def test_a_node_without_a_version_is_never_remembered() -> None:
     cache = MayRunCache()
-    objs = {"n1": node("n1", GPU_ZONE)}
+    objs = {"n1": node("n1", GPU_ZONE), "n2": node("n2", GPU_ZONE)}
     p = pod({"zone": "a"})
-    assert cache.allowed(p, ["n1"], objs, {}) == [True]
+    assert cache.allowed(p, ["n1", "n2"], objs, {"n2": 1}, 1).tolist() == [True, True]
     objs["n1"]["metadata"]["labels"] = {"zone": "b"}
-    assert cache.allowed(p, ["n1"], objs, {}) == [False]
+    assert cache.allowed(p, ["n1", "n2"], objs, {"n2": 1}, 1).tolist() == [False, True]
+
+
+def test_while_no_node_changes_the_whole_answer_is_kept_and_a_removed_node_is_asked_again() -> None:
+    """The same names under the same serial: the kept answer (an object changed in place, which the ledger
+    never does, shows it). Other names, or a new serial, look at each node again: a node that went is one
+    the pod may not go to."""
+    cache = MayRunCache()
+    nodes = Nodes(node("n1", GPU_ZONE), node("n2", GPU_ZONE))
+    p = pod({"zone": "a"})
+    assert nodes.ask(cache, p, ["n1", "n2"]) == [True, True]
+    nodes.objs["n1"]["metadata"]["labels"] = {"zone": "b"}
+    assert nodes.ask(cache, p, ["n1", "n2"]) == [True, True]
+    nodes.remove("n2")
+    assert nodes.ask(cache, p, ["n1", "n2"]) == [True, False]  # n1: its version stayed
+    assert nodes.ask(cache, p, ["n2"]) == [False]
 
 
 def test_pods_of_other_shapes_get_their_own_answers() -> None:

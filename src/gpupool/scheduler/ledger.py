@@ -94,9 +94,10 @@ class Ledger:
         # Per node, a number that changes whenever its object is replaced (every node event applied, not only
         # those that change capacity): what is derived from a node's object may be kept under it
         # (node_rules.MayRunCache). Cheaper to compare than the object's resourceVersion, and it holds for
-        # objects without one.
+        # objects without one. `node_serial` changes with any of them and when a node goes: while it stays,
+        # no node object changed.
         self.node_versions: dict[str, int] = {}
-        self._node_serial = 0
+        self.node_serial = 0
         # Nodes with PreferNoSchedule taints (usually none), kept per event so that a Score plugin need not
         # read every node per call.
         self.soft_taints: dict[str, tuple[Mapping[str, Any], ...]] = {}
@@ -200,13 +201,14 @@ class Ledger:
                 return False
             del self.node_objs[name]
             self.node_versions.pop(name, None)
+            self.node_serial += 1
             self._signatures.pop(name, None)
             self.soft_taints.pop(name, None)
         else:
             sig = node_signature(obj)
             self.node_objs[name] = obj
-            self._node_serial += 1
-            self.node_versions[name] = self._node_serial
+            self.node_serial += 1
+            self.node_versions[name] = self.node_serial
             self._note_taints(name, obj)
             if self._signatures.get(name) == sig:
                 return False
@@ -225,8 +227,8 @@ class Ledger:
 
     def replace_nodes(self, objs: Iterable[Mapping[str, Any]]) -> None:
         self.node_objs = {str(o["metadata"]["name"]): o for o in objs}
-        self.node_versions = {name: self._node_serial + k for k, name in enumerate(self.node_objs, start=1)}
-        self._node_serial += len(self.node_objs)
+        self.node_versions = {name: self.node_serial + k for k, name in enumerate(self.node_objs, start=1)}
+        self.node_serial += len(self.node_objs) + 1  # (+1: also when no node is left)
         self._signatures = {n: node_signature(o) for n, o in self.node_objs.items()}
         self.soft_taints = {}
         for name, obj in self.node_objs.items():

@@ -15,12 +15,14 @@ refuse the pod there for ever).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import ClassVar
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from gpupool.api.dra import REMOTE_ISOLATION
+from gpupool.core.state import BoolArray
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.framework.status import Code
@@ -41,20 +43,36 @@ class ClaimNodes:
     def __init__(self, handle: Handle, args: Args) -> None:
         self.handle = handle
         self.may_run = MayRunCache()  # may_run's answers, per pod shape and node version
+        self._has: tuple[Mapping[str, frozenset[int]], list[str], BoolArray] | None = None
+
+    def has_devices(self, gpus: Mapping[str, frozenset[int]], names: list[str]) -> BoolArray:
+        """Whether each of `names` has devices in `gpus`, kept for the same devices (one mapping per
+        allocation pass and kind) and names: most claims ask it of every node with devices."""
+        kept = self._has
+        if kept is not None and kept[0] is gpus and kept[1] == names:
+            return kept[2]
+        has = np.fromiter(map(gpus.__contains__, names), dtype=bool, count=len(names))
+        has.flags.writeable = False
+        self._has = (gpus, list(names), has)
+        return has
 
     def filter(self, cycle: CycleState, nodes: NodeSet) -> None:
         claim = cycle.claim
         if claim is None:
             return
         names = nodes.alive_names()
-        has = np.fromiter(map(claim.gpus.__contains__, names), dtype=bool, count=len(names))
+        has = self.has_devices(claim.gpus, names)
         bad = ~has
         if claim.isolation != REMOTE_ISOLATION:
-            where = np.flatnonzero(has)
             ledger = self.handle.ledger
-            asked = names if len(where) == len(names) else [names[k] for k in where.tolist()]
-            allowed = self.may_run.allowed(cycle.pod, asked, ledger.node_objs, ledger.node_versions)
-            bad[where[~np.array(allowed, dtype=bool)]] = True
+            if has.all():
+                bad |= ~self.may_run.allowed(cycle.pod, names, ledger.node_objs, ledger.node_versions,
+                                             ledger.node_serial)
+            else:
+                where = np.flatnonzero(has)
+                allowed = self.may_run.allowed(cycle.pod, [names[k] for k in where.tolist()], ledger.node_objs,
+                                               ledger.node_versions, ledger.node_serial)
+                bad[where[~allowed]] = True
         if bad.any():
             reasons = [NOT_HERE if has[k] else NO_DEVICE for k in np.flatnonzero(bad).tolist()]
             nodes.reject(bad, reasons, Code.UNSCHEDULABLE_AND_UNRESOLVABLE)
