@@ -132,3 +132,25 @@ def test_node_field_gives_each_node_its_own_uuids(tmp_path: Path) -> None:
     backend = FakeBackend.from_file(path, node="node-a")
     path.write_text(path.read_text() + "validation:\n  toolkit: too old\n")
     assert backend.validation_fault("toolkit") == "too old"
+
+
+# --- FakeContainerDevices: what a fake non-NVIDIA card's container is told (issue 40) ---------------------------
+def test_fake_container_devices_hand_env_only_in_the_vendors_shapes() -> None:
+    from gpupool.agent.devices.discovery import DeviceInfo
+    from gpupool.agent.devices.fake import FakeContainerDevices
+    from gpupool.agent.devices.vendor import Partition
+
+    card = DeviceInfo(uuid="C3", index=3, model="Ascend910B", memory_mib=65536, vendor="ascend")
+    vnpu = Partition("C3", "151", "vir08", 3, 16384, 8)
+    whole = FakeContainerDevices("ascend").container_devices(card)
+    assert whole.device_nodes == () and whole.env == {
+        "ASCEND_VISIBLE_DEVICES": "3",
+        "GPUPOOL_FAKE_DEVICE_NODES": "/dev/davinci3,/dev/davinci_manager,/dev/devmm_svm,/dev/hisi_hdc"}
+    part = FakeContainerDevices("ascend").container_devices(card, vnpu)
+    assert part.device_nodes == () and part.env == {
+        "ASCEND_VISIBLE_DEVICES": "151", "ASCEND_RUNTIME_OPTIONS": "VIRTUAL",
+        "GPUPOOL_FAKE_DEVICE_NODES": "/dev/vdavinci151,/dev/davinci_manager,/dev/devmm_svm,/dev/hisi_hdc"}
+    amd = FakeContainerDevices("amd").container_devices(DeviceInfo("A", 0, "MI300X", 196592, vendor="amd"))
+    assert amd.env == {"GPUPOOL_FAKE_DEVICE_NODES": "/dev/kfd,/dev/dri/renderD128"}
+    other = FakeContainerDevices("hygon").container_devices(DeviceInfo("D7", 0, "K100", 65536, vendor="hygon"))
+    assert other.env == {"GPUPOOL_FAKE_VISIBLE_DEVICES": "D7"}
