@@ -75,6 +75,16 @@ def test_a_vendor_without_a_runtime_serves_only_any() -> None:
     assert [check(state, pod(r)).code[0] for r in ("cuda", "rocm", "cann", "any")] == [NO_RUNTIME] * 3 + [OK]
 
 
+def test_the_kept_runtimes_stay_with_a_state_asked_often() -> None:
+    """What-if copies of single nodes (ClusterState.node_copy) come and go; the big state asked between them
+    keeps its array (least recently used eviction), so it is not rebuilt per question."""
+    big = ClusterState([vendor_node(f"n{i}", [NVIDIA, AMD]) for i in range(4)])
+    kept = gpu_runtimes(big)
+    for k in range(100):
+        gpu_runtimes(big.node_copy(k % 4))
+        assert gpu_runtimes(big) is kept
+
+
 def test_runtimes_of_a_copy_are_the_states_own() -> None:
     """The per-state array is kept per node list: a copy shares it, a state of other nodes never does."""
     one = ClusterState([vendor_node("n", [NVIDIA, AMD])])

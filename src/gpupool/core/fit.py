@@ -70,7 +70,7 @@ class Fit:
 # copies share the same list (ClusterState.copy), so the array is kept per node list: built once per ledger
 # or replay, not once per question. The list itself is held, so its id cannot be reused while cached.
 _RUNTIME_CODE = {r: k for k, r in enumerate(RUNTIMES)}
-_RUNTIMES_KEPT = 8
+_RUNTIMES_KEPT = 32  # the ledger's and a replay's states stay: what-if copies of one node come and go
 _runtimes: dict[int, tuple[list[Node], IntArray]] = {}
 _runtimes_lock = threading.Lock()
 
@@ -79,8 +79,9 @@ def gpu_runtimes(state: ClusterState) -> IntArray:
     """[N, width]: per GPU slot the index in RUNTIMES of the runtime its vendor runs (-1: none)."""
     key = id(state.nodes)
     with _runtimes_lock:
-        kept = _runtimes.get(key)
+        kept = _runtimes.pop(key, None)
         if kept is not None and kept[0] is state.nodes:
+            _runtimes[key] = kept  # most recently used last: the eviction below takes the least recent
             return kept[1]
     out = np.full((len(state), state.width), -1, dtype=np.int64)
     for i, node in enumerate(state.nodes):
@@ -90,7 +91,7 @@ def gpu_runtimes(state: ClusterState) -> IntArray:
                 out[i, j] = _RUNTIME_CODE[runtime]
     with _runtimes_lock:
         while len(_runtimes) >= _RUNTIMES_KEPT:
-            del _runtimes[next(iter(_runtimes))]  # the oldest: dicts keep insertion order
+            del _runtimes[next(iter(_runtimes))]  # the least recently used: dicts keep insertion order
         _runtimes[key] = (state.nodes, out)
     return out
 
