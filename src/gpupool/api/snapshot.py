@@ -225,8 +225,9 @@ def build_snapshot(
             {"uuid": gpu.uuid, "index": gpu.index, "model": gpu.model, "memory_mib": gpu.memory_mib,
              "healthy": healthy[i][j], "allocated_memory_mib": mem_used[i][j],
              "allocated_cores_percent": milli_used[i][j] / 10, "sharers": sharers[i][j],
-             "grants": grants_by_gpu.get((i, j), []), "vendor": gpu.vendor, "runtime": runtime_of(gpu.vendor) or "",
-             "partitions": _partition_views(gpu.model, reported.get(gpu.uuid, ()), held_parts.get(gpu.uuid, {}))}
+             "grants": grants_by_gpu.get((i, j), []), "vendor": gpu.vendor, "runtime": _runtime(gpu.vendor),
+             "partitions": _partition_views(gpu.model, reported.get(gpu.uuid, ()), held_parts.get(gpu.uuid, {}))
+             if gpu.uuid in reported or gpu.uuid in held_parts else []}
             for j, gpu in enumerate(node.gpus)
         ]}
         for i, node in enumerate(state.nodes)
@@ -237,11 +238,14 @@ def build_snapshot(
     return Snapshot.model_validate({"taken_at": now, "nodes": nodes, "pending": waiting, "totals": totals})
 
 
+@lru_cache(maxsize=64)
+def _runtime(vendor: str) -> str:
+    return runtime_of(vendor) or ""
+
+
 def _partition_views(model: str, reported: Sequence[tuple[str, int, bool]],
                      held: Mapping[tuple[str, int], str]) -> list[dict[str, object]]:
     """The partitions of one card, by start: the agent's report with the scheduler's claims laid over it."""
-    if not reported and not held:
-        return []
     used = {(profile, start): flag for profile, start, flag in reported}
     used.update(dict.fromkeys(held, True))  # granted: used even before the agent reports it carved
     out: list[dict[str, object]] = []
@@ -281,7 +285,7 @@ def _vendor_totals(state: ClusterState, healthy: list[list[bool]], mem_used: lis
             row[3] += mem_used[i][j]
             row[4] += milli_used[i][j]
     return [
-        VendorTotals(vendor=v, runtime=runtime_of(v) or "", gpus=n, healthy_gpus=ok, memory_mib=mem,
+        VendorTotals(vendor=v, runtime=_runtime(v), gpus=n, healthy_gpus=ok, memory_mib=mem,
                      allocated_memory_mib=mem_alloc, allocated_share=_ratio(milli, MILLI_PER_GPU * n),
                      allocated_memory_share=_ratio(mem_alloc, mem))
         for v, (n, ok, mem, mem_alloc, milli) in sorted(acc.items())
