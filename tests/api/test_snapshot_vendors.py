@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gpupool.api.snapshot import GPUView, Snapshot, VendorTotals, build_snapshot
-from gpupool.core.model import GPU, Allocation, GPUGrant, GPURequest, Node, PodRequest
+from gpupool.core.model import GPU, Allocation, GPUGrant, GPURequest, MigSlot, Node, PodRequest
 from gpupool.core.state import ClusterState
 from tests.dashboard.mixed_pool import EVIL_NS, EVIL_POD, REPORTED, mixed_state
 
@@ -119,3 +119,30 @@ def test_vendor_totals_add_up_to_the_pool(vendors: list[str], ops: list[tuple[in
     assert sum(v.memory_mib for v in t.vendors) == t.memory_mib
     assert sum(v.allocated_memory_mib for v in t.vendors) == t.allocated_memory_mib
     assert sum(v.allocated_share * v.gpus for v in t.vendors) == pytest.approx(t.allocated_share * t.gpus)
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["CPX/NPS4", "QPX/NPS4"]), st.integers(0, 7), st.booleans()),
+                max_size=10, unique_by=lambda t: (t[0], t[1])),
+       st.lists(st.tuples(st.sampled_from(["CPX/NPS4", "QPX/NPS4"]), st.integers(0, 7)), max_size=4,
+                unique=True))
+def test_partitions_are_the_report_with_the_grants_laid_over_it(
+        reported: list[tuple[str, int, bool]], claimed: list[tuple[str, int]]) -> None:
+    """Every reported partition is listed once, every granted one too, as used and with its pod; nothing else,
+    in start order; a partition is used exactly when the agent says so or a pod holds it."""
+    state = ClusterState([Node("amd", 64000, 64000, (GPU("AMD-0", 0, "MI300X", 196608, vendor="amd"),))])
+    for n, (profile, start) in enumerate(claimed):
+        grant = GPUGrant("AMD-0", 0, 1, 1, MigSlot(profile, start))
+        pod = PodRequest(f"ns/p{n}", gpu=GPURequest(1, 1, 1))
+        assert state.allocate(pod, Allocation(f"ns/p{n}", "amd", (grant,))) is None
+    (gpu,) = build_snapshot(state, {}, partitions={"AMD-0": reported}).nodes[0].gpus
+    listed = [(p.profile, p.start) for p in gpu.partitions]
+    assert len(listed) == len(set(listed))
+    assert set(listed) == {(p, s) for p, s, _ in reported} | set(claimed)
+    assert [s for _, s in listed] == sorted(s for _, s in listed)
+    holder = {c: f"ns/p{n}" for n, c in enumerate(claimed)}
+    said = {(p, s): u for p, s, u in reported}
+    for p in gpu.partitions:
+        key = (p.profile, p.start)
+        assert p.pod == holder.get(key, "")
+        assert p.used == (said.get(key, False) or key in holder)
