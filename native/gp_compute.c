@@ -469,6 +469,8 @@ struct devmeter {
     double busy_total, busy_published; /* the pod's measured busy time: signed total, and what busy_ns got */
     int alone;                    /* nobody else busy on the GPU (elastic) */
     int64_t multi_until;          /* two or more of the pod's processes were busy: f applies until then */
+    struct { int64_t pid, a, b; } pbusy[8]; /* the newest busy sample of each of the pod's processes: (a, b] */
+    int npbusy;
     int f_samples;                /* the pod's samples f was learnt from */
     double all_nvml, all_t;       /* decaying sums: everyone's NVML busy time, wall time */
     int64_t last_at;              /* the previous measurement */
@@ -489,8 +491,7 @@ static struct devmeter meters[GP_MAX_DEV];
 struct acc {
     double pod_raw, other_raw; /* busy time at NVML's scale */
     int64_t others_from;       /* the start of the earliest busy sample of another process (monotonic ns) */
-    int pod_pids;              /* distinct PIDs of the pod with busy samples (up to 8) */
-    int64_t pod_pid[8];
+    int multi;                 /* a busy sample of the pod overlapped another of its processes' newest */
     int nmine;
     struct { int64_t a, b; double busy; } mine[64]; /* the pod's samples: (a, b] and busy time */
 };
@@ -580,6 +581,30 @@ static double time_shared(const struct devmeter *m, int64_t x, int64_t y) {
     return y > x ? in_shared(m, x, y, 0) / (double)(y - x) : 0;
 }
 
+/* Two of the pod's processes busy at once: a busy sample of one overlaps the newest busy sample of another.
+ * Each process is sampled at its own phase, so the two samples of one period come in the same poll only
+ * when the phases are within a poll of each other; a pod of two 44 ms apart never had both in one poll,
+ * went solo and summed its processes' events (each also counts the time its work waited for the other's
+ * slices), and paced itself to 33 % of a 40 % cap. So each process's newest busy sample is kept across
+ * polls. */
+static void pod_busy(struct devmeter *m, int64_t pid, int64_t a, int64_t b, struct acc *acc) {
+    int slot = -1, oldest = 0;
+    for (int k = 0; k < m->npbusy; k++) {
+        if (m->pbusy[k].pid == pid) slot = k;
+        else if (m->pbusy[k].b > a && b > m->pbusy[k].a) acc->multi = 1;
+        if (m->pbusy[k].b < m->pbusy[oldest].b) oldest = k;
+    }
+    if (slot < 0) {
+        slot = m->npbusy < (int)(sizeof m->pbusy / sizeof m->pbusy[0]) ? m->npbusy++ : oldest;
+        m->pbusy[slot].pid = pid;
+        m->pbusy[slot].b = INT64_MIN;
+    }
+    if (b > m->pbusy[slot].b) {
+        m->pbusy[slot].a = a;
+        m->pbusy[slot].b = b;
+    }
+}
+
 /* A sample covering (ts - gap, ts]: smUtil x gap of busy time at NVML's scale. */
 static void take(struct devmeter *m, int64_t now, int64_t pid, unsigned long long ts, unsigned long long gap,
                  unsigned util, int mine, struct acc *acc) {
@@ -591,9 +616,7 @@ static void take(struct devmeter *m, int64_t now, int64_t pid, unsigned long lon
     if (b <= m->start_t) return;
     if (mine) {
         acc->pod_raw += busy;
-        int known = 0;
-        for (int k = 0; k < acc->pod_pids; k++) known |= acc->pod_pid[k] == pid;
-        if (!known && busy > 0 && acc->pod_pids < 8) acc->pod_pid[acc->pod_pids++] = pid;
+        if (busy > 0) pod_busy(m, pid, a, b, acc);
         if (acc->nmine < 64) {
             acc->mine[acc->nmine].a = a;
             acc->mine[acc->nmine].b = b;
@@ -737,13 +760,13 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     int64_t last_sw = m->sw_t[(m->nsw - 1) % SWITCHES];
     int was_solo = mode_solo(m);
     double retro = 0;
-    if (acc.pod_pids > 1) m->multi_until = now + 2 * period_ns + 50000000LL;
+    if (acc.multi) m->multi_until = now + 2 * period_ns + 50000000LL;
     int others_gone = now - m->other_end > period_ns + period_ns / 2 + 20000000LL;
     /* without per-process samples (MIG) nobody else is busy only if nobody else holds a context there */
     m->alone = no_samples ? m->listed && m->nknown == 0 : others_gone && others_from == INT64_MAX;
     if (no_samples) {
         if (!was_solo) set_mode(m, now, 1);
-    } else if (was_solo && (others_from != INT64_MAX || acc.pod_pids > 1)) {
+    } else if (was_solo && (others_from != INT64_MAX || acc.multi)) {
         /* shared since the other's sample began (the solo events counted since then are taken back and
          * counted provisionally below: nothing changes until NVML's samples say how much was the pod's) */
         int64_t from = others_from == INT64_MAX ? now : others_from > last_sw ? others_from : last_sw;
