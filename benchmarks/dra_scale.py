@@ -24,7 +24,8 @@ and its claims gone first):
    through its framework's claim profile, writes the allocation and removes the gate; the same
    kube-scheduler then reserves the claim and binds the pod.
 pods/s = pods bound / seconds from the first create request to the last binding seen (a pod watch in this
-process, client clock). Pods are created 32 at a time, so the creation rate is a ceiling for both parts.
+process, client clock). Pods are created 32 at a time, so the creation rate is a ceiling for both parts
+(`<part>_created_per_s` in the JSON: a pods/s close to it measures the creation, not the allocator).
 A part ends when every pod is bound or no binding came for `--stall-s` seconds (then `*_unbound` says how
 many were left).
 
@@ -213,6 +214,7 @@ def result(version: str, nodes: int, gpus_per_node: int, parts: Mapping[str, Map
         out[f"{label}_unbound"] = part["claims"] - part["bound"]
         out[f"gpus_used_{label}"] = part["gpus_used"]
         out[f"nodes_used_{label}"] = part["nodes_used"]
+        out[f"{label}_created_per_s"] = round(float(part["created_per_s"]), 2)
     out["cores"] = os.cpu_count()
     return out
 
@@ -345,7 +347,9 @@ async def part(api: fleet.KubeApi, bed: tb.Testbed, label: str, sizes: Sequence[
     use = gpu_use(claims)
     out = {"claims": len(pods), "bound": len(times), "pods_per_s": len(times) / seconds,
            "unallocated_pct": unallocated_pct(use, total_gpus), "gpus_used": sum(1 for v in use.values() if v),
-           "nodes_used": len({n for (n, _), v in use.items() if v})}
+           "nodes_used": len({n for (n, _), v in use.items() if v}),
+           # the ceiling the creation puts on pods_per_s (pods reach an allocator no faster than this)
+           "created_per_s": len(pods) / created}
     cpu = ", ".join(f"{name} {s:.0f}" for name, s in sorted(used.items(), key=lambda kv: -kv[1]) if s >= 0.5)
     print(f"  {label}: {len(times)}/{len(pods)} pods bound in {seconds:.1f} s ({out['pods_per_s']:.1f} pods/s; "
           f"pods created in {created:.1f} s); {out['gpus_used']} GPUs on {out['nodes_used']} nodes hold claims, "

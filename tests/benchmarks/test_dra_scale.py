@@ -113,9 +113,9 @@ def test_unallocated_pct_is_memory_left_on_gpus_in_use_over_all_gpus() -> None:
 
 def test_the_json_line_has_the_issues_keys() -> None:
     parts = {"gpupool": {"claims": 100, "bound": 100, "pods_per_s": 30.0, "unallocated_pct": 1.234,
-                         "gpus_used": 39, "nodes_used": 10},
+                         "gpus_used": 39, "nodes_used": 10, "created_per_s": 61.234},
              "kube_scheduler": {"claims": 100, "bound": 98, "pods_per_s": 40.0, "unallocated_pct": 11.7,
-                                "gpus_used": 48, "nodes_used": 19}}
+                                "gpus_used": 48, "nodes_used": 19, "created_per_s": 80.0}}
     line = ds.result("v1.37.2", 20, 4, parts)
     assert set(ds.RESULT_KEYS) <= set(line)
     assert set(ds.RESULT_KEYS) == {"kubernetes_version", "nodes", "claims", "gpupool_pods_per_s",
@@ -123,4 +123,5 @@ def test_the_json_line_has_the_issues_keys() -> None:
                                    "unallocated_pct_kube_scheduler"}
     assert line["ratio"] == 0.75 and line["unallocated_pct_gpupool"] == 1.23
     assert line["kube_scheduler_unbound"] == 2 and line["gpupool_unbound"] == 0
+    assert line["gpupool_created_per_s"] == 61.23 and line["kube_scheduler_created_per_s"] == 80.0
     assert json.loads(json.dumps(line)) == line
