@@ -1,60 +1,36 @@
-"""A release of the Helm chart (deploy/helm/gpupool) installed on the testbed: `ChartRelease` runs the
-chart's own pods on the testbed's real kubelets; `LocalRelease`, kept for the tests that still use it,
-runs them here as processes.
+"""A release of the Helm chart (deploy/helm/gpupool) installed on the testbed, its own pods run by the
+testbed's real kubelets (`ChartRelease`), as on any cluster.
 
-ChartRelease: the images `scripts/image` wrote (build/image/images.json: the gpupool image of the
-repository's Dockerfile, and registry.k8s.io/kube-scheduler:<the testbed's version>, the name and tag the
-chart uses) are imported into each node's containerd, and `helm install` runs with `pullPolicy: Never`.
-The testbed must serve pods (`Testbed(serve_pods=True)`: the `kubernetes` Service behind kube-proxy, the
-root CA in each namespace) and run a default kube-scheduler (`start_default_scheduler`), which places the
-release's own Deployments and DaemonSet pods as on any cluster. The nodes are labelled
-gpupool.io/gpu-node=true for the agent's DaemonSet; its fake GPUs are one ConfigMap whose UUIDs name the
-node ({node}: GPU-<node>-<i>); its hook and MPS roots are host directories of this testbed's nodes. The
-API server calls the webhook at its Service's endpoint (a pod address on a node's bridge, which this host
-routes to). DRA is on (`dra.enabled`, unless ChartRelease(dra=False)) with the chart's own paths: each agent
-pod mounts /var/lib/kubelet/plugins_registry, /var/lib/kubelet/plugins/gpu.gpupool.io and /var/run/cdi,
-which in each real node's mount namespace are that node's kubelet directories and the CDI directory its
-containerd reads (scripts/k8s/realnode.py); GPUs 0 and 1 of each node are NVLink peers (the fake file), so
-docs/claims.md's NVLink example is allocatable.
+The images `scripts/image` wrote (build/image/images.json: the gpupool image of the repository's Dockerfile,
+and registry.k8s.io/kube-scheduler:<the testbed's version>, the name and tag the chart uses) are imported into
+each node's containerd, and `helm install` runs with `pullPolicy: Never`. The testbed must serve pods
+(`Testbed(serve_pods=True)`: the `kubernetes` Service behind kube-proxy, the root CA in each namespace) and
+run a default kube-scheduler (`start_default_scheduler`), which places the release's own Deployments and
+DaemonSet pods as on any cluster. The nodes are labelled gpupool.io/gpu-node=true for the agent's DaemonSet;
+its fake GPUs are one ConfigMap whose UUIDs name the node ({node}: GPU-<node>-<i>); its hook and MPS roots
+are host directories of this testbed's nodes. The API server calls the webhook at its Service's endpoint (a
+pod address on a node's bridge, which this host routes to). DRA is on (`dra.enabled`, unless
+ChartRelease(dra=False)) with the chart's own paths: each agent pod mounts /var/lib/kubelet/plugins_registry,
+/var/lib/kubelet/plugins/gpu.gpupool.io and /var/run/cdi, which in each real node's mount namespace are that
+node's kubelet directories and the CDI directory its containerd reads (scripts/k8s/realnode.py); GPUs 0 and
+1 of each node are NVLink peers (the fake file), so docs/claims.md's NVLink example is allocatable.
 
-LocalRelease:
-
-`helm install` creates every object of the release as on any cluster: ServiceAccounts and RBAC, the
-ConfigMaps, the webhook's certificate Secret, the webhook configurations, the agent's
-ValidatingAdmissionPolicy, the Deployments and the DaemonSet. The testbed's nodes have no gpupool image, so
-the release's own pods never start (the Deployments' pods stay Pending: no node takes them; the agent's
-DaemonSet selects only nodes labelled `gpupool.io/gpu-node`, which the testbed's nodes are not). In their
-place each container runs here as the kubelet would run it:
-
-- its command and arguments and its environment, read back from the installed Deployment / DaemonSet (so
-  `helm upgrade` shows), `fieldRef: spec.nodeName` filled in;
-- its ConfigMap and Secret volumes written to a local directory, and every path under a mount point in its
-  arguments or environment moved there;
-- a bound token of the release's own ServiceAccount (TokenRequest) instead of the projected one, so the
-  chart's RBAC decides what it may do.
-
-Only what is the host's changes: listen ports (free ones), host paths (each real node's directory, its
-kubelet's device-plugin directory), kube-scheduler's serving port (off), and the agent's fake GPU file (one
-per node, so each node's GPUs have their own UUIDs). The API server reaches the webhook through the release's
-Service: an EndpointSlice of that Service names this host's address (the testbed's API server dials
-endpoints, `--enable-aggregator-routing`, since no kube-proxy serves ClusterIPs here), and the webhook
-serves the chart's own certificate, whose CA the chart put in the webhook configurations.
+What the testbed lacks and a cluster has is all this module adds beside helm: the images in each node's
+containerd (a registry's job), the GPU-node label (an administrator's), and the testbed's values
+(`ChartRelease.testbed_values`: fake GPUs, the nodes' own host directories, helm-made webhook certificates).
+Nothing of the release runs outside its pods (`ChartRelease.processes` finds any program that does).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
@@ -73,185 +49,6 @@ def helm_binary() -> Path:
     from tests.deploy.helm_tool import helm_binary as extract
 
     return extract(Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpupool-helm")
-
-
-host_address = tb.host_address  # an IPv4 address of this host that is not loopback
-
-
-def _relocate(value: str, mounts: dict[str, Path]) -> str:
-    """`value` (or the part after `=` of a `--flag=value` argument) with a leading mount point (the longest
-    that matches) replaced by its local directory."""
-    if value.startswith("--") and "=" in value:
-        flag, _, rest = value.partition("=")
-        return f"{flag}={_relocate(rest, mounts)}"
-    for target in sorted(mounts, key=len, reverse=True):
-        if value == target or value.startswith(target.rstrip("/") + "/"):
-            return str(mounts[target]) + value[len(target.rstrip("/")):]
-    return value
-
-
-@dataclass
-class Container:
-    """What a container of the release would run with, made local."""
-
-    argv: list[str]
-    env: dict[str, str]
-
-
-@dataclass
-class LocalRelease:
-    bed: tb.Testbed
-    name: str
-    namespace: str
-    values: list[str] = field(default_factory=list)  # helm arguments: --set NAME=VALUE, --set-json ...
-    host: str = field(default_factory=host_address)
-    processes: list[tb.Process] = field(default_factory=list)
-    extender_url: str = ""
-
-    @property
-    def fullname(self) -> str:
-        return self.name if "gpupool" in self.name else f"{self.name}-gpupool"
-
-    @property
-    def dir(self) -> Path:
-        return self.bed.dir / f"release-{self.name}"
-
-    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([str(helm_binary()), "--kubeconfig", str(self.bed.kubeconfig()), *args],
-                              capture_output=True, text=True, timeout=300, check=False)
-        if done.returncode != 0:
-            raise tb.TestbedError(f"helm {' '.join(args[:2])}: {done.stderr.strip()}")
-        return done
-
-    def install(self) -> None:
-        self.helm("install", self.name, str(CHART), "-n", self.namespace, "--create-namespace", *self.values)
-
-    def upgrade(self, *more: str) -> None:
-        self.values = [*self.values, *more]
-        self.helm("upgrade", self.name, str(CHART), "-n", self.namespace, *self.values)
-
-    def uninstall(self) -> None:
-        self.stop()
-        realnode.api_request(self.bed, "DELETE", f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/"
-                                                 f"endpointslices/{self.fullname}-webhook-local")
-        self.helm("uninstall", self.name, "-n", self.namespace)
-
-    # --- the release's pods, run here ---------------------------------------------------------------------
-    def _get(self, path: str) -> Obj:
-        obj = realnode.api_request(self.bed, "GET", path)
-        if obj is None:
-            raise tb.TestbedError(f"{path}: not found (is the release installed?)")
-        return obj
-
-    def container(self, kind: str, workload: str, name: str, workdir: Path, node: str = "",
-                  host_paths: dict[str, Path] | None = None) -> Container:
-        """Container `name` of the release's `kind` ("deployments" or "daemonsets") `workload`, made local."""
-        obj = self._get(f"/apis/apps/v1/namespaces/{self.namespace}/{kind}/{workload}")
-        pod = obj["spec"]["template"]["spec"]
-        spec = next(c for c in pod["containers"] if c["name"] == name)
-        volumes = {v["name"]: v for v in pod.get("volumes") or []}
-        mounts: dict[str, Path] = {}
-        for mount in spec.get("volumeMounts") or []:
-            volume = volumes[mount["name"]]
-            local = workdir / mount["name"]
-            if "hostPath" in volume and host_paths and volume["hostPath"]["path"] in host_paths:
-                local = host_paths[volume["hostPath"]["path"]]
-            local.mkdir(parents=True, exist_ok=True)
-            for key, data in self._volume_files(volume).items():
-                (local / key).write_bytes(data)
-            mounts[mount["mountPath"]] = local
-        env: dict[str, str] = {}
-        for item in spec.get("env") or []:
-            if "value" in item:
-                env[item["name"]] = _relocate(str(item["value"]), mounts)
-            elif ((item.get("valueFrom") or {}).get("fieldRef") or {}).get("fieldPath") == "spec.nodeName":
-                env[item["name"]] = node
-        argv = [_relocate(a, mounts) for a in [*(spec.get("command") or []), *(spec.get("args") or [])]]
-        return Container(argv, env)
-
-    def _volume_files(self, volume: Obj) -> dict[str, bytes]:
-        if "secret" in volume:
-            secret = self._get(f"/api/v1/namespaces/{self.namespace}/secrets/{volume['secret']['secretName']}")
-            return {k: base64.b64decode(v) for k, v in (secret.get("data") or {}).items()}
-        if "configMap" in volume:
-            cm = self._get(f"/api/v1/namespaces/{self.namespace}/configmaps/{volume['configMap']['name']}")
-            return {k: v.encode() for k, v in (cm.get("data") or {}).items()}
-        return {}
-
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str]) -> tb.Process:
-        proc = tb.spawn(name, argv, self.dir / f"{name}.log", env)
-        self.processes.append(proc)
-        return proc
-
-    def _account(self, component: str, node: str | None = None) -> Path:
-        return self.bed.service_account_kubeconfig(self.namespace, f"{self.fullname}-{component}", node)
-
-    def start_webhook(self) -> int:
-        """The webhook Deployment's container, reached by the API server through the release's Service."""
-        c = self.container("deployments", f"{self.fullname}-webhook", "webhook", self.dir / "webhook")
-        port = tb.free_port()
-        c.env.update({"GPUPOOL_WEBHOOK_PORT": str(port), "GPUPOOL_WEBHOOK_HOST": self.host})
-        # The image's entry point is `gpupool`: the container's args are its subcommand.
-        self._spawn("webhook", [*tb.gpupool_argv(), *c.argv, "--kubeconfig", str(self._account("webhook"))], c.env)
-        slice_ = {
-            "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-            "metadata": {"name": f"{self.fullname}-webhook-local", "namespace": self.namespace,
-                         "labels": {"kubernetes.io/service-name": f"{self.fullname}-webhook",
-                                    "endpointslice.kubernetes.io/managed-by": "gpupool-testbed"}},
-            "addressType": "IPv4",
-            "endpoints": [{"addresses": [self.host], "conditions": {"ready": True}}],
-            "ports": [{"name": "https", "port": port, "protocol": "TCP"}],
-        }
-        self.bed.ensure(f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices", slice_)
-        return port
-
-    def start_scheduler(self) -> str:
-        """The scheduler Deployment's two containers: the gpupool extender and kube-scheduler calling it."""
-        workload, workdir = f"{self.fullname}-scheduler", self.dir / "scheduler"
-        ext = self.container("deployments", workload, "extender", workdir)
-        port = tb.free_port()
-        ext.env["GPUPOOL_SCHEDULER_PORT"] = str(port)
-        self._spawn("extender", [*tb.gpupool_argv(), *ext.argv, "--kubeconfig", str(self._account("scheduler"))],
-                    ext.env)
-        ks = self.container("deployments", workload, "kube-scheduler", workdir)
-        config_arg = next(a for a in ks.argv if a.startswith("--config="))
-        config_path = Path(config_arg.split("=", 1)[1])
-        config = yaml.safe_load(config_path.read_text())
-        config["clientConnection"] = {**(config.get("clientConnection") or {}),
-                                      "kubeconfig": str(self._account("scheduler"))}
-        # The chart's extender URL with this process's port: same scheme, host and path.
-        scheme, _, rest = config["extenders"][0]["urlPrefix"].partition("://")
-        host_port, _, path = rest.partition("/")
-        url = f"{scheme}://{host_port.rsplit(':', 1)[0]}:{port}"
-        config["extenders"][0]["urlPrefix"] = f"{url}/{path}"
-        config_path.write_text(yaml.safe_dump(config))
-        binary = tb.find_binaries().kube_scheduler
-        self._spawn("kube-scheduler", [str(binary), *ks.argv[1:], "--secure-port=0"], ks.env)
-        return url
-
-    def start_agent(self, node: realnode.RealNode) -> tb.Process:
-        """The agent DaemonSet's container on `node`: its host paths are the node's own directories (the
-        kubelet's device-plugin directory that of the node's kubelet)."""
-        c = self.container("daemonsets", f"{self.fullname}-agent", "agent", node.dir / f"release-{self.name}",
-                           node=node.name, host_paths={"/var/lib/kubelet/device-plugins": node.device_plugin_dir})
-        c.env.update({"GPUPOOL_AGENT_FAKE_FILE": str(realnode.fake_gpus_file(node)), "GPUPOOL_AGENT_METRICS_PORT": "0"})
-        return self._spawn(f"agent@{node.name}", [*tb.gpupool_argv(), *c.argv,
-                                                  "--kubeconfig", str(self._account("agent", node.name))], c.env)
-
-    def start(self, nodes: list[realnode.RealNode]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.start_webhook()
-        self.extender_url = self.start_scheduler()
-        for node in nodes:
-            self.start_agent(node)
-
-    def dead(self) -> Iterator[tb.Process]:
-        return (p for p in self.processes if not p.alive())
-
-    def stop(self) -> None:
-        for proc in self.processes:
-            proc.stop()
-        self.processes.clear()
 
 
 GPUPOOL_REPOSITORY = "docker.io/gpupool/gpupool"
@@ -290,9 +87,19 @@ class ChartRelease:
     values: list[str] = field(default_factory=list)  # more helm arguments, after the testbed's own
     images: dict[str, Path] = field(default_factory=dict)
     dra: bool = True  # the chart's dra.enabled: the agents serve claims beside the device plugin
+    remote: bool = False  # the chart's dra.remote.enabled: each agent pod runs its node's GPU server
 
-    fullname = LocalRelease.fullname
-    helm = LocalRelease.helm
+    @property
+    def fullname(self) -> str:
+        """The chart's own naming: the release's name, with `-gpupool` unless it contains it."""
+        return self.name if "gpupool" in self.name else f"{self.name}-gpupool"
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([str(helm_binary()), "--kubeconfig", str(self.bed.kubeconfig()), *args],
+                              capture_output=True, text=True, timeout=300, check=False)
+        if done.returncode != 0:
+            raise tb.TestbedError(f"helm {' '.join(args[:2])}: {done.stderr.strip()}")
+        return done
 
     @property
     def image(self) -> str:
@@ -310,7 +117,32 @@ class ChartRelease:
                 "--set", "image.pullPolicy=Never", "--set", "webhook.certs.mode=helm",
                 "--set", "agent.backend=fake", "--set-json", f"agent.fakeGpus={json.dumps(FAKE_GPUS)}",
                 "--set", f"agent.hookRoot={local / 'hook'}", "--set", f"agent.mpsRoot={local / 'mps'}",
-                "--set", f"dra.enabled={str(self.dra).lower()}"]
+                "--set", f"dra.enabled={str(self.dra).lower()}", *self.remote_values()]
+
+    def remote_values(self) -> list[str]:
+        """Remote shares on the testbed: the GPU servers load the fake CUDA driver (fake_driver), and pods
+        dial a server at its agent pod's address: the nodes' own addresses are loopback ones, which a pod
+        cannot reach, and the nodes share this host's network namespace, so their hostPorts would clash."""
+        if not self.remote:
+            return []
+        return ["--set", "dra.remote.enabled=true", "--set", "dra.remote.address=podIP",
+                "--set", f"dra.remote.fakeDriverDir={self.fake_driver_dir()}"]
+
+    def fake_driver_dir(self) -> Path:
+        assert self.nodes.root is not None, "the nodes are not started"
+        return self.nodes.root / "fake-cuda"
+
+    def build_fake_driver(self) -> None:
+        """The fake CUDA driver of tests/native/fakes (the probe image's build: -Bsymbolic, so that its
+        internal calls do not come back through the interception library the server preloads), in a host
+        directory every node sees; the image carries no driver, as a real one comes from the node."""
+        out = self.fake_driver_dir()
+        out.mkdir(parents=True, exist_ok=True)
+        done = subprocess.run(["cc", "-std=c11", "-O2", "-fPIC", "-shared", "-Wl,-Bsymbolic", "-o",
+                               str(out / "libcuda.so.1"), str(ROOT / "tests" / "native" / "fakes" / "fake_cuda.c"),
+                               "-lpthread"], capture_output=True, text=True, timeout=120, check=False)
+        if done.returncode != 0:
+            raise tb.TestbedError(f"compiling the fake CUDA driver: {done.stderr.strip()}")
 
     def import_images(self) -> None:
         """The images into each node's containerd (`ctr -n k8s.io images import`), as a registry would serve them."""
@@ -341,6 +173,8 @@ class ChartRelease:
     def install(self) -> None:
         self.import_images()
         self.label_nodes()
+        if self.remote:
+            self.build_fake_driver()
         self.helm("install", self.name, str(CHART), "-n", self.namespace, "--create-namespace",
                   *self.testbed_values(), *self.values)
 
@@ -371,6 +205,14 @@ class ChartRelease:
     def pods(self) -> list[Obj]:
         selector = f"app.kubernetes.io/instance={self.name}"
         return list(self._get(f"/api/v1/namespaces/{self.namespace}/pods?labelSelector={selector}").get("items") or [])
+
+    def component_pods(self, component: str) -> list[Obj]:
+        """The release's pods of `component` (agent, scheduler, webhook) that are not being deleted."""
+        return [p for p in self.pods() if (p["metadata"].get("labels") or {}).get("app.kubernetes.io/component")
+                == component and not p["metadata"].get("deletionTimestamp")]
+
+    def agent_pod(self, node: str) -> Obj | None:
+        return next((p for p in self.component_pods("agent") if p["spec"].get("nodeName") == node), None)
 
     def not_ready(self) -> list[str]:
         """What keeps the release from serving, one line each (empty: it serves)."""
@@ -456,7 +298,7 @@ class ChartRelease:
                 cgroups = (proc / "cgroup").read_text().splitlines()
             except OSError:
                 continue  # gone meanwhile
-            role = _role(argv, self.name)
+            role = _role(argv)
             if role is None or (role != "kube-scheduler" and not any(m in v for v in env for m in markers)):
                 continue
             pod = ""
@@ -476,14 +318,14 @@ class ReleaseProcess:
     pod_uid: str  # from its cgroup under a node's kubepods (the cgroupfs driver's pod<uid>); "" outside any
 
 
-def _role(argv: list[str], release: str) -> str | None:
+def _role(argv: list[str]) -> str | None:
     """The gpupool role of a command line (`gpupool agent|scheduler|webhook`, whatever interpreter runs the
-    entry point), or kube-scheduler with the chart's configuration (in a pod, or a LocalRelease's copy)."""
+    entry point), or kube-scheduler with the chart's configuration."""
     for i, arg in enumerate(argv[:-1]):
         if Path(arg).name == "gpupool" and argv[i + 1] in ROLES:
             return argv[i + 1]
     if argv and Path(argv[0]).name == "kube-scheduler" and any(
-            "/etc/gpupool/scheduler-config.yaml" in a or f"release-{release}/" in a for a in argv):
+            "/etc/gpupool/scheduler-config.yaml" in a for a in argv):
         return "kube-scheduler"
     return None
 
