@@ -117,14 +117,13 @@ def plan_defrag(
 
     work = state.copy()
     frag = cluster_fragmentation(work, measure) if measure is not None else None
-    usable_ok = ok
 
     def attempt(p: int, i: int, j: int, src_used: int) -> tuple[list[tuple[_Share, Allocation]],
                                                                   list[tuple[int, int]], float] | None:
         """Empty GPU (i, j) of `work`; what moved (for `_undo`), the targets, and the fragmentation removed
         (1.0 without a measure); None when it cannot be emptied (work as it was)."""
         shares = sorted(index.by_gpu[(i, j)], key=lambda s: (-s.milli, -s.memory_mib, s.key))
-        done = _empty(work, shares, usable_ok & ~emptied, position, p, src_used, i, j, off_node, order)
+        done = _empty(work, shares, ok & ~emptied, position, p, src_used, i, j, off_node, order)
         if done is None:
             return None
         placed, targets = done
