@@ -330,7 +330,9 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             if problem is not None:
                 return grpc.StatusCode.UNAVAILABLE, f"cannot record the allocation on pod {label}: {problem}"
             self.step(STEP_MARKED)
-        log.info("allocated %s to %s: %s", ",".join(ids), entry.label, grant.envs.get("NVIDIA_VISIBLE_DEVICES"))
+        # other vendors' cards have no NVIDIA_VISIBLE_DEVICES: the granted cards then
+        log.info("allocated %s to %s: %s", ",".join(ids), entry.label,
+                 grant.envs.get("NVIDIA_VISIBLE_DEVICES") or ",".join(g.uuid for g in request.gpus))
         return response
 
     async def housekeeping(self, reconcile: bool = False) -> bool:
