@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -169,7 +169,7 @@ class VendorPart:
     devices: list[DeviceNode]
 
 
-def _merge_env(parts: list[Mapping[str, str]]) -> dict[str, str]:
+def merge_env(parts: Sequence[Mapping[str, str]]) -> dict[str, str]:
     """One value per variable: the cards' values comma-joined in the container's card order, each item once
     (ASCEND_VISIBLE_DEVICES 0 and 1 -> "0,1"; a flag every card sets, such as VIRTUAL, stays one item)."""
     items: dict[str, list[str]] = {}
@@ -196,4 +196,4 @@ def vendor_part(request: GrantRequest, vendor: str) -> VendorPart | Refused:
         for host in got.device_nodes:
             nodes.setdefault(host, DeviceNode(container_path=got.container_path(host), host_path=host))
         envs.append(got.env)
-    return VendorPart(_merge_env(envs), list(nodes.values()))
+    return VendorPart(merge_env(envs), list(nodes.values()))
