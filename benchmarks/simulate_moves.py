@@ -26,8 +26,13 @@ import statistics
 import sys
 from typing import Any
 
+from gpupool.core.defrag import plan_defrag
+from gpupool.core.model import MILLI_PER_GPU, GPURequest, Node, PodRequest
+from gpupool.core.moves import MovableShares, plan_moves
+from gpupool.core.policies import get_policy
+from gpupool.sim.engine import Placer
 from gpupool.sim.parallel import Job, available_cores, run_all
-from gpupool.sim.replay import DefragPolicy, ReplayLog, replay
+from gpupool.sim.replay import DefragPolicy, ReplayLog, replay, setup
 from gpupool.sim.trace import NODES_FILE, TRACE_DIR, load_nodes, load_pods, resolve_trace
 
 FLOOR = 3.58  # benchmarks/unallocated_bound.py, "filled": policies that never move, default trace
@@ -49,6 +54,57 @@ def parse_defrag(text: str) -> list[DefragPolicy]:
     return out
 
 
+def where_unallocated(nodes: list[Node], pods: list[PodRequest], policy: str, seed: int) -> dict[str, float]:
+    """Why moves cannot help at the end, on the policy's state (no moves) when arrived demand reaches capacity:
+    where the free compute sits (% of the cluster's GPUs), how many holes could take a share above 0.19 of a
+    GPU, and whether any plan of at most 1-8 moves frees a GPU for a whole-GPU pod, or a defragmentation round
+    (64 moves) empties any."""
+    run = setup(nodes, pods, seed)
+    state, placer = run.state, Placer(run.state, get_policy(policy), run.ctx)
+    movable = MovableShares(state)
+    arrived = 0
+    for pod in run.submitted:
+        if arrived + pod.gpu.total_milli > run.capacity_milli:
+            break
+        arrived += pod.gpu.total_milli
+        choice = placer.decide(pod)
+        if choice is not None:
+            placer.take(pod, choice)
+            if pod.gpu.count == 1 and pod.gpu.milli < MILLI_PER_GPU:
+                movable.add(pod.key, pod)
+    pct = 100.0 / run.capacity_milli
+    largest: dict[tuple[int, int], int] = {}
+    for held in state.held.values():
+        for g in held.allocation.grants:
+            at = (held.node_index, g.index)
+            largest[at] = max(largest.get(at, 0), g.milli)
+    where = {"next to a 0.81 share": 0.0, "next to a 0.5-0.8 share": 0.0, "only shares <= 0.5": 0.0,
+             "idle GPUs": 0.0}
+    for (i, j), big in largest.items():
+        free = int(state.gpu_milli_free[i, j])
+        key = "next to a 0.81 share" if big == 810 else "next to a 0.5-0.8 share" if big > 500 else \
+            "only shares <= 0.5"
+        where[key] += pct * free
+    free_gpus = state.gpu_present & (state.gpu_sharers == 0)
+    where["idle GPUs"] = pct * float(state.gpu_milli_free[free_gpus].sum())
+    holes = state.gpu_milli_free[state.gpu_present & (state.gpu_sharers > 0)]
+    whole = PodRequest("whole-gpu", 1000, 1000, GPURequest(1, MILLI_PER_GPU))
+    plans = {n: plan_moves(state, whole, movable, n, rank=run.ctx.rank) is not None for n in (1, 2, 4, 8)}
+    out = {f"free {k} %": round(v, 2) for k, v in where.items()}
+    out.update({"unallocated %": round(pct * float(state.gpu_milli_free[state.gpu_present].sum()), 2),
+                "largest hole (milli)": int(holes.max(initial=0)),
+                "holes of 0.20 or more": int(((holes >= 200) & (holes < MILLI_PER_GPU)).sum()),
+                "shares of 0.19 or less placed (% of GPUs)": round(
+                    pct * sum(h.allocation.grants[0].milli for h in state.held.values()
+                              if len(h.allocation.grants) == 1 and h.allocation.grants[0].milli <= 190), 2),
+                "0.81 shares alone on a GPU": sum(1 for at, big in largest.items() if big == 810
+                                                 and int(state.gpu_milli_free[at]) == 190),
+                "GPUs a defragmentation round (64 moves) empties": len(
+                    plan_defrag(state, movable, 64, rank=run.ctx.rank).freed)})
+    out.update({f"a whole-GPU pod placeable after at most {n} moves": ok for n, ok in plans.items()})
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seeds", default=None, help="comma-separated seeds (default: --num-seeds from 42)")
@@ -63,6 +119,8 @@ def main() -> None:
     ap.add_argument("--cost-per-gib", type=float, default=1.0)
     ap.add_argument("--jobs", type=int, default=None)
     ap.add_argument("--trace", default="default")
+    ap.add_argument("--why-seeds", type=int, default=3,
+                    help="print where the unallocated compute sits for the first policy on this many seeds (0: not)")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")] if a.seeds else list(range(42, 42 + a.num_seeds))
     policies = [p for p in a.policies.split(",") if p]
@@ -105,6 +163,11 @@ def main() -> None:
             print(f"{policy:<8} {name:>6} {row['median']:7.2f} {row['mean']:7.2f} {min(pct):6.2f} {max(pct):6.2f} "
                   f"{row['moves']:7.1f} {row['gib_moved']:8.1f} {row['seconds_per_replay']:8.1f}  "
                   + " ".join(f"{x:.2f}" for x in pct))
+    why = {s: where_unallocated(nodes, pods, policies[0], s) for s in seeds[: a.why_seeds]}
+    if why:
+        print(f"\nwhy, {policies[0]} without moves at arrived = 100 % (per seed: {', '.join(map(str, why))})")
+        for key in next(iter(why.values())):
+            print(f"  {key}: " + ", ".join(str(w[key]) for w in why.values()))
     mine = summary[policies[0]]
     moved_rows = [r for n, r in mine.items() if n != "0" and not n.startswith("D")]
     defrag_rows = [r for n, r in mine.items() if n.startswith("D")]
@@ -121,7 +184,7 @@ def main() -> None:
                       "unallocated_pct_defrag": best_defrag["median"],
                       "moves": {"moves": best_moves["moves"], "defrag": best_defrag["moves"]},
                       "gib_moved": {"moves": best_moves["gib_moved"], "defrag": best_defrag["gib_moved"]},
-                      "below_floor": below, "policies": summary}))
+                      "below_floor": below, "policies": summary, "why": why}))
 
 
 if __name__ == "__main__":
