@@ -11,10 +11,13 @@ moves and GiB moved until then, seconds per replay), whether any configuration's
 proven floor for policies that never move, docs/placement.md), and a last line of one JSON object:
 `unallocated_pct_no_moves`, `unallocated_pct_moves` (the best N), `unallocated_pct_defrag` (the best
 defragmenter row), their `moves` and `gib_moved` (per seed, until arrived = 100 %), `below_floor`, and every
-row under `policies`. The summary keys are for the first policy of --policies.
+row under `policies` (`why`: below). The summary keys are for the first policy of --policies. Then, for the
+first policy without moves on the first --why-seeds seeds, why moves cannot help once the cluster is full:
+where its free compute sits at arrived = 100 %, the holes, and whether any plan of 1-8 moves or a
+defragmentation round frees a GPU then.
 Usage: python benchmarks/simulate_moves.py [--seeds 42,43,44] [--num-seeds 10] [--policies gpupool,fgd]
        [--moves 1,2,4] [--defrag 50:0.5:16,25:0:32] [--defrag-with-moves 4] [--movable 1.0]
-       [--cost-per-gib 1.0] [--jobs N]
+       [--cost-per-gib 1.0] [--jobs N] [--why-seeds 3]
 """
 
 from __future__ import annotations
