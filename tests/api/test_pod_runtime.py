@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from gpupool.api.pod import ANN_RUNTIME, parse_pod, pod_runtime
+from gpupool.api.names import ANN_RUNTIME
+from gpupool.api.pod import parse_pod, pod_runtime
 
 GPU = {"gpupool.io/gpu": "1"}
 

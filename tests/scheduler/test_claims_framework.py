@@ -11,16 +11,18 @@ under the claim profile, with the plugins a pod meets, so every rule holds for b
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpupool.api.dra import DRIVER, SCHEDULING_GATE, ClaimAsk, template_for
 from gpupool.api.extender import ExtenderArgs
+from gpupool.api.names import ANN_INVENTORY, ANN_RUNTIME
 from gpupool.api.queue import LABEL_QUEUE
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import CRDS, DEVICE_CLASSES, NAMESPACES, RESOURCE_CLAIMS, RESOURCE_SLICES
@@ -230,19 +232,23 @@ class Ask:
     memory_mib: int
     cpu: int  # the pod's CPU request, cores
     policy: str | None
+    runtime: str | None = None  # gpupool.io/runtime (None: not said)
 
 
 LOAD = st.lists(st.tuples(st.integers(0, 2), st.integers(0, 1), st.integers(1, 100), st.integers(1, GPU_MIB)),
                 max_size=8)
 ASKS = st.builds(Ask, count=st.integers(1, 2), whole=st.booleans(), cores=st.integers(0, 100),
-                 memory_mib=st.integers(1, GPU_MIB), cpu=st.integers(0, 600), policy=st.sampled_from(POLICIES))
+                 memory_mib=st.integers(1, GPU_MIB), cpu=st.integers(0, 600), policy=st.sampled_from(POLICIES),
+                 runtime=st.sampled_from([None, "cuda", "rocm", "any"]))
 
 
 def pod_form(ask: Ask, uid: str) -> dict[str, Any]:
     """The pod asking `ask` through gpupool.io/* limits (a memory-only share names no gpu-cores)."""
+    annotations = {"gpupool.io/policy": ask.policy} if ask.policy else {}
+    if ask.runtime:
+        annotations[ANN_RUNTIME] = ask.runtime
     pod = gpu_pod("as-pod", cores=None if ask.whole or not ask.cores else ask.cores,
-                  memory=None if ask.whole else ask.memory_mib, gpus=ask.count,
-                  annotations={"gpupool.io/policy": ask.policy} if ask.policy else {})
+                  memory=None if ask.whole else ask.memory_mib, gpus=ask.count, annotations=annotations)
     pod["metadata"]["uid"] = uid
     pod["spec"]["containers"][0]["resources"]["requests"] = {"cpu": str(ask.cpu)}
     return pod
@@ -260,11 +266,18 @@ def claim_form(ask: Ask, uid: str) -> dict[str, Any]:
 Choice = tuple[str, tuple[tuple[int, int, int], ...]] | None  # (node, (GPU index, milli, MiB) per grant)
 
 
-async def _property(load: list[tuple[int, int, int, int]], soft: frozenset[int], ask: Ask) -> None:
+async def _property(load: list[tuple[int, int, int, int]], soft: frozenset[int], ask: Ask,
+                    amd: frozenset[int] = frozenset()) -> None:
     cluster = MemoryCluster()
     for k, obj in enumerate(node_objects(small_scenario(nodes=3, gpus=2, memory_mib=GPU_MIB))):
         if k in soft:  # kube-scheduler's preference, which gpupool's policy honours (prefer_no_schedule)
             obj["spec"] = {"taints": [{"key": "spot", "value": "yes", "effect": "PreferNoSchedule"}]}
+        if k in amd:  # the node's cards are AMD's (its agent's inventory says so): rocm runs there, cuda not
+            annotations = obj["metadata"]["annotations"]
+            inventory = json.loads(annotations[ANN_INVENTORY])
+            for gpu in inventory["gpus"]:
+                gpu["vendor"] = "amd"
+            annotations[ANN_INVENTORY] = json.dumps(inventory)
         await cluster.create_node(reporting(obj))
     svc = ExtenderService(cluster, SchedulerConfig(leader_elect=False))
     await svc.start()
@@ -304,14 +317,17 @@ async def _property(load: list[tuple[int, int, int, int]], soft: frozenset[int],
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(LOAD, st.frozensets(st.integers(0, 2)), ASKS)
+@given(LOAD, st.frozensets(st.integers(0, 2)), ASKS, st.frozensets(st.integers(0, 2)))
+@example([], frozenset(), Ask(1, False, 50, 1000, 0, None, "rocm"), frozenset())  # no card runs rocm
+@example([], frozenset(), Ask(1, False, 50, 1000, 0, None, "rocm"), frozenset({2}))  # only the last node's
 def test_the_framework_chooses_the_same_for_a_claim_as_for_the_equivalent_pod(
-        load: list[tuple[int, int, int, int]], soft: frozenset[int], ask: Ask) -> None:
-    """Any load on 3 nodes x 2 GPUs of 16 GiB, any of them with a PreferNoSchedule taint, any ask (1 or 2
-    GPUs, whole or a share of cores and memory, memory-only, a CPU request, a placement policy): the claim
-    gets the node and GPUs (index, compute, memory) the pod would get, or both are refused. Before, a claim
-    was placed by its own code, which did not weigh the taint (nor queues, nor busy nodes)."""
-    asyncio.run(_property(load, soft, ask))
+        load: list[tuple[int, int, int, int]], soft: frozenset[int], ask: Ask, amd: frozenset[int]) -> None:
+    """Any load on 3 nodes x 2 GPUs of 16 GiB, any of them with a PreferNoSchedule taint, any of them AMD's,
+    any ask (1 or 2 GPUs, whole or a share of cores and memory, memory-only, a CPU request, a placement
+    policy, a runtime): the claim gets the node and GPUs (index, compute, memory) the pod would get, or both
+    are refused. Before, a claim was placed by its own code, which did not weigh the taint (nor queues, nor
+    busy nodes), and then without the pod's runtime."""
+    asyncio.run(_property(load, soft, ask, amd))
 
 
 def test_the_template_the_queue_tests_name_is_one_whole_gpu_under_hook() -> None:

@@ -15,6 +15,7 @@ ANN_UUID = f"{DOMAIN}/gpu-uuid"  # comma-separated GPU UUIDs the pod may use
 ANN_EXCLUDE = f"{DOMAIN}/gpu-exclude"  # comma-separated GPU UUIDs the pod must not use
 ANN_POLICY = f"{DOMAIN}/policy"
 ANN_ISOLATION = f"{DOMAIN}/isolation"
+ANN_RUNTIME = f"{DOMAIN}/runtime"  # the runtime the pod's image needs: cuda, rocm, cann or any
 ANN_MIG_PROFILE = f"{DOMAIN}/mig-profile"  # isolation mig: the MIG profile asked for by name (e.g. 3g.40gb)
 ANN_ALLOCATION = f"{DOMAIN}/allocation"  # written by the scheduler only
 ANN_ALLOCATED = f"{DOMAIN}/allocated"  # written by the node agent once it served the pod's Allocate

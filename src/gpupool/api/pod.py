@@ -37,9 +37,9 @@ from gpupool.api.names import (
     ANN_MIG_PROFILE,
     ANN_MODEL,
     ANN_POLICY,
+    ANN_RUNTIME,
     ANN_UUID,
     DEFAULT_ISOLATION,
-    DOMAIN,
     ISOLATION_MODES,
     RESOURCE_CORES,
     RESOURCE_GPU,
@@ -51,7 +51,6 @@ from gpupool.core.vendors import AMD, ASCEND, NVIDIA, RUNTIME_OF_VENDOR, vendor_
 
 GPUPOOL_RESOURCES = (RESOURCE_GPU, RESOURCE_MEMORY, RESOURCE_CORES)
 
-ANN_RUNTIME = f"{DOMAIN}/runtime"  # the runtime the pod's image needs: cuda, rocm, cann or any
 
 # The vendors' own device-plugin resources: a pod that asks for one of them runs that vendor's runtime.
 # Ascend's names carry the chip (huawei.com/Ascend910, huawei.com/Ascend310P, ...): matched by prefix.

@@ -35,6 +35,7 @@ from gpupool.api.names import (
     ANN_MIG_PROFILE,
     ANN_MODEL,
     ANN_POLICY,
+    ANN_RUNTIME,
     ANN_UUID,
     DOMAIN,
     RESOURCE_CORES,
@@ -42,7 +43,6 @@ from gpupool.api.names import (
     RESOURCE_MEMORY,
 )
 from gpupool.api.pod import (
-    ANN_RUNTIME,
     GPUPOOL_RESOURCES,
     ParsedPod,
     annotation_set,
