@@ -162,7 +162,7 @@ def _install_hip(config: Any, backend: Any, log: logging.Logger) -> None:
 
     if not any(d.vendor == AMD for d in backend.discover().devices):
         return
-    from gpupool.agent.isolation.vendors import install_hip_library
+    from gpupool.agent.state.hookdir import install_hip_library
     from gpupool.hook import hip_library_path
 
     problem = install_hip_library(config.hook_root, hip_library_path())

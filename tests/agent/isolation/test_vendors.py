@@ -17,15 +17,9 @@ from gpupool.agent.devices.vendor import ContainerDevices, Partition
 from gpupool.agent.dra.cdi import cdi_spec
 from gpupool.agent.isolation.base import DeviceNode
 from gpupool.agent.isolation.grant import ContainerGrant, Refused, build_grant
-from gpupool.agent.isolation.vendors import (
-    CONTAINER_HIP_LIBRARY,
-    hip_installed,
-    install_hip_library,
-    install_vendor,
-    merge_env,
-    uninstall_vendor,
-)
+from gpupool.agent.isolation.vendors import install_vendor, merge_env, uninstall_vendor
 from gpupool.agent.kubelet.device_plugin import _to_proto
+from gpupool.agent.state.hookdir import CONTAINER_HIP_LIBRARY, hip_installed, install_hip_library
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from tests.agent.fakes import ascend as dcmi_fake
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping, Sequence
 
-from gpupool.agent.checks import driver, fake, isolation, toolkit, workload
+from gpupool.agent.checks import driver, fake, isolation, other_vendors, toolkit, workload
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices.discovery import DiscoveryBackend
 from gpupool.agent.devices.fake import FakeBackend
@@ -45,6 +45,9 @@ def node_checks(
     runs on each); `scales`: where the NVML scales the caps probe measured go, by GPU UUID."""
     if isinstance(backend, FakeBackend):
         return {step: functools.partial(fake.step_check, backend, step) for step in fake.all_steps()}
+    vendor = other_vendors.VENDOR_OF_BACKEND.get(backend.name)
+    if vendor is not None:
+        return other_vendors.checks(config, backend, vendor)
     library = hook_paths(config.hook_root).library  # any node may serve isolation hook pods
     proven = isolation.Proven()  # the caps probe runs once per library build, not at every pass
 

@@ -9,9 +9,10 @@ from typing import Any
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.isolation.base import GrantRequest, ModeGrant, MountSpec, Prepared, Refused, plain_gpus
-from gpupool.agent.isolation.vendors import CONTAINER_HIP_LIBRARY, hip_paths, request_vendor
+from gpupool.agent.isolation.vendors import request_vendor
 from gpupool.agent.state.hookdir import (
     ANN_CORES_MODE,
+    CONTAINER_HIP_LIBRARY,
     CONTAINER_HOOK_DIR,
     CONTAINER_LIBRARY,
     CONTAINER_LIMITS_DIR,
@@ -23,6 +24,7 @@ from gpupool.agent.state.hookdir import (
     accounting_dir,
     claim_dir,
     container_dir,
+    hip_paths,
     hook_paths,
     limits_dir,
     prepare_hook_pod,

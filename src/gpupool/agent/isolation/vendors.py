@@ -28,11 +28,8 @@ whole card (isolation none): there is nothing to hold it to.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Protocol
 
 from gpupool.agent.config import AgentConfig
@@ -40,14 +37,9 @@ from gpupool.agent.devices.discovery import DeviceInfo, DiscoveryError
 from gpupool.agent.devices.fake import FakeContainerDevices
 from gpupool.agent.devices.vendor import ContainerDevices, Partition
 from gpupool.agent.isolation.base import DeviceNode, GrantRequest, Refused
+from gpupool.agent.state.hookdir import HIP_LIBRARY, hip_installed
 from gpupool.api.isolation import IsolationMode
 from gpupool.core.vendors import AMD, ASCEND, NVIDIA
-
-# The HIP memory cap on the host (beside the CUDA library under <hook_root>/lib) and in the container; its
-# preload list names the container path, as the CUDA library's does.
-HIP_LIBRARY = "libgpupool_hip.so"
-HIP_PRELOAD = "ld.so.preload.hip"
-CONTAINER_HIP_LIBRARY = "/usr/local/lib/gpupool/libgpupool_hip.so"
 
 
 class ContainerDevicesSource(Protocol):
@@ -82,43 +74,6 @@ def request_vendor(request: GrantRequest) -> str | Refused:
         return Refused(f"pod {request.pod_label}: container {request.container} was granted cards of several "
                        f"vendors ({', '.join(vendors)}); a container is handed one vendor's cards")
     return vendors[0]
-
-
-# --- the HIP memory cap ------------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class HipPaths:
-    library: Path
-    preload: Path
-
-
-def hip_paths(hook_root: Path) -> HipPaths:
-    return HipPaths(hook_root / "lib" / HIP_LIBRARY, hook_root / "lib" / HIP_PRELOAD)
-
-
-def hip_installed(hook_root: Path) -> bool:
-    paths = hip_paths(hook_root)
-    return paths.library.is_file() and paths.preload.is_file()
-
-
-def install_hip_library(hook_root: Path, source: Path) -> str | None:
-    """Put the packaged HIP memory cap and its preload list under <hook_root>/lib, each atomically (running
-    pods map the old file); the problem, if any (AMD hook shares are then refused with it)."""
-    if not source.is_file():
-        return f"{source} is missing (the package was installed without building it)"
-    paths = hip_paths(hook_root)
-    try:
-        paths.library.parent.mkdir(parents=True, exist_ok=True)
-        tmp = paths.library.with_name(f".{HIP_LIBRARY}.tmp")
-        shutil.copyfile(source, tmp)
-        tmp.chmod(0o755)
-        os.replace(tmp, paths.library)
-        tmp = paths.preload.with_name(f".{HIP_PRELOAD}.tmp")
-        tmp.write_text(CONTAINER_HIP_LIBRARY + "\n")
-        tmp.chmod(0o644)
-        os.replace(tmp, paths.preload)
-    except OSError as e:
-        return f"cannot install it under {hook_root}: {e}"
-    return None
 
 
 # --- modes ---------------------------------------------------------------------------------------------------

@@ -57,6 +57,11 @@ from typing import Any
 ANN_CORES_MODE = "gpupool.io/cores-mode"  # hard (default) or elastic; read from the pod at Allocate
 CORES_MODES = ("hard", "elastic")
 CONTAINER_LIBRARY = "/usr/local/lib/gpupool/libgpupool_hook.so"
+# The HIP memory cap on the host (beside the CUDA library under <hook_root>/lib) and in the container; its
+# preload list names the container path, as the CUDA library's does.
+HIP_LIBRARY = "libgpupool_hip.so"
+HIP_PRELOAD = "ld.so.preload.hip"
+CONTAINER_HIP_LIBRARY = "/usr/local/lib/gpupool/libgpupool_hip.so"
 CONTAINER_PRELOAD = "/etc/ld.so.preload"
 CONTAINER_HOOK_DIR = "/run/gpupool/hook"
 CONTAINER_LIMITS_DIR = "/run/gpupool/limits"  # the library's GP_LIMITS_PATH is CONTAINER_LIMITS_DIR/LIMITS_FILE
@@ -239,20 +244,54 @@ def cores_mode_of(pods: Iterable[Mapping[str, Any]], uid: str) -> str:
 
 
 # ---- effects (agent start, Allocate, sweeps) ------------------------------------------------------------
-def install_library(root: Path, source: Path) -> HookPaths:
-    """Copy the library and write the preload list, each atomically: running pods map the old file."""
-    paths = hook_paths(root)
-    paths.library.parent.mkdir(parents=True, exist_ok=True)
-    paths.pods.mkdir(parents=True, exist_ok=True)
-    tmp = paths.library.with_name(f".{paths.library.name}.tmp")
+def _install(source: Path, library: Path, preload: Path, container_library: str) -> None:
+    """Copy a library and write the preload list naming its container path, each atomically: running pods
+    map the old file."""
+    library.parent.mkdir(parents=True, exist_ok=True)
+    tmp = library.with_name(f".{library.name}.tmp")
     shutil.copyfile(source, tmp)
     tmp.chmod(0o755)
-    os.replace(tmp, paths.library)
-    tmp = paths.preload.with_name(f".{paths.preload.name}.tmp")
-    tmp.write_text(CONTAINER_LIBRARY + "\n")
+    os.replace(tmp, library)
+    tmp = preload.with_name(f".{preload.name}.tmp")
+    tmp.write_text(container_library + "\n")
     tmp.chmod(0o644)
-    os.replace(tmp, paths.preload)
+    os.replace(tmp, preload)
+
+
+def install_library(root: Path, source: Path) -> HookPaths:
+    """The CUDA interception library and its preload list under <root>/lib, and the pods' directory."""
+    paths = hook_paths(root)
+    paths.pods.mkdir(parents=True, exist_ok=True)
+    _install(source, paths.library, paths.preload, CONTAINER_LIBRARY)
     return paths
+
+
+@dataclass(frozen=True, slots=True)
+class HipPaths:
+    library: Path
+    preload: Path
+
+
+def hip_paths(hook_root: Path) -> HipPaths:
+    return HipPaths(hook_root / "lib" / HIP_LIBRARY, hook_root / "lib" / HIP_PRELOAD)
+
+
+def hip_installed(hook_root: Path) -> bool:
+    paths = hip_paths(hook_root)
+    return paths.library.is_file() and paths.preload.is_file()
+
+
+def install_hip_library(hook_root: Path, source: Path) -> str | None:
+    """The packaged HIP memory cap and its preload list beside the CUDA library; the problem, if any (AMD hook
+    shares are then refused with it)."""
+    if not source.is_file():
+        return f"{source} is missing (the package was installed without building it)"
+    paths = hip_paths(hook_root)
+    try:
+        _install(source, paths.library, paths.preload, CONTAINER_HIP_LIBRARY)
+    except OSError as e:
+        return f"cannot install it under {hook_root}: {e}"
+    return None
 
 
 def install_packaged_library(root: Path) -> str | None:
