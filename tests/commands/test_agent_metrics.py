@@ -52,3 +52,13 @@ def test_one_series_per_tenant_on_each_of_its_gpus(tmp_path: Path) -> None:
     assert free == {"GPU-0": 46068.0, "GPU-1": 46068.0}  # nothing measured by the hook: all free
     assert {s.labels["Hostname"] for s in families["DCGM_FI_DEV_FB_FREE"].samples} == {NODE}
     assert metrics.pod_of(99) is None
+
+
+def test_a_card_is_labelled_with_the_vendor_discovery_gave_it(tmp_path: Path) -> None:
+    """An uncatalogued model says nothing of its vendor: the label is discovery's, not a guess from the name."""
+    devices = {"A-0": DeviceInfo(uuid="A-0", index=0, model="MI308X", memory_mib=196_608, vendor="amd")}
+    agent = SimpleNamespace(table=SimpleNamespace(known=devices),
+                            config=SimpleNamespace(node_name=NODE, hook_root=tmp_path))
+    metrics = NodeMetrics(agent)  # type: ignore[arg-type]
+    families = {f.name: f for f in device_families(metrics.samples(), metrics.pod_of)}
+    assert {s.labels["vendor"] for s in families["DCGM_FI_DEV_FB_FREE"].samples} == {"amd"}

@@ -105,7 +105,7 @@ class NodeMetrics:
                 index=d.index, uuid=d.uuid, model=d.model, hostname=self.agent.config.node_name,
                 gpu_util=0.0, fb_used_mib=sum(p.used_memory_mib for p in procs), fb_total_mib=float(d.memory_mib),
                 temperature_c=0.0, power_w=0.0,
-                pci_bus_id=d.pci_bus_id, processes=procs,
+                pci_bus_id=d.pci_bus_id, processes=procs, vendor=d.vendor,
             ))
         return out
 
