@@ -35,7 +35,10 @@
  *   has learnt its own; else 1), each counted for the part of the pod's work in it that fell in shared time.
  *   NVML covers the pod only up to its newest sample: the shared time since then counts provisionally as
  *   its events times f (what NVML said against what the events counted, over shared samples), replaced by
- *   the truth when the samples come. The totals are exact; the feedback comes within a poll.
+ *   the truth when the samples come. The totals are exact; the feedback comes within a poll. Several of
+ *   the pod's processes busy (their samples overlap, whichever polls they come in): each is sampled at its
+ *   own phase, so each counts provisionally from its own newest sample, for 1/k of the pod's events (k of
+ *   them busy), and f weighs a sample of one of them against 1/k of the events too.
  * - no per-process samples (MIG mode): the events, alone or not.
  * - CUDA graphs made by stream capture (torch.cuda.graph): nothing is recorded on a stream while it
  *   captures (its launches run nothing then, and an event captured with them would invalidate the capture
@@ -469,7 +472,8 @@ struct devmeter {
     double busy_total, busy_published; /* the pod's measured busy time: signed total, and what busy_ns got */
     int alone;                    /* nobody else busy on the GPU (elastic) */
     int64_t multi_until;          /* two or more of the pod's processes were busy: f applies until then */
-    struct { int64_t pid, a, b; } pbusy[8]; /* the newest busy sample of each of the pod's processes: (a, b] */
+    struct { int64_t pid, a, b, cov; } pbusy[8]; /* each of the pod's processes: its newest busy sample (a, b]
+                                                   * and its newest sample's end (cov) */
     int npbusy;
     int f_samples;                /* the pod's samples f was learnt from */
     double all_nvml, all_t;       /* decaying sums: everyone's NVML busy time, wall time */
@@ -493,7 +497,8 @@ struct acc {
     int64_t others_from;       /* the start of the earliest busy sample of another process (monotonic ns) */
     int multi;                 /* a busy sample of the pod overlapped another of its processes' newest */
     int nmine;
-    struct { int64_t a, b; double busy; } mine[64]; /* the pod's samples: (a, b] and busy time */
+    struct { int64_t a, b; double busy; int k; } mine[64]; /* the pod's samples: (a, b], busy time, and how
+                                                            * many of the pod's processes were busy over it */
 };
 
 typedef nvmlReturn_t (*util_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *, unsigned long long);
@@ -586,23 +591,26 @@ static double time_shared(const struct devmeter *m, int64_t x, int64_t y) {
  * when the phases are within a poll of each other; a pod of two 44 ms apart never had both in one poll,
  * went solo and summed its processes' events (each also counts the time its work waited for the other's
  * slices), and paced itself to 33 % of a 40 % cap. So each process's newest busy sample is kept across
- * polls. */
-static void pod_busy(struct devmeter *m, int64_t pid, int64_t a, int64_t b, struct acc *acc) {
-    int slot = -1, oldest = 0;
-    for (int k = 0; k < m->npbusy; k++) {
-        if (m->pbusy[k].pid == pid) slot = k;
-        else if (m->pbusy[k].b > a && b > m->pbusy[k].a) acc->multi = 1;
-        if (m->pbusy[k].b < m->pbusy[oldest].b) oldest = k;
+ * polls. Returns how many of the pod's processes were busy over the sample (itself included). */
+static int pod_sample(struct devmeter *m, int64_t pid, int64_t a, int64_t b, double busy, struct acc *acc) {
+    int slot = -1, oldest = 0, k = 1;
+    for (int i = 0; i < m->npbusy; i++) {
+        if (m->pbusy[i].pid == pid) slot = i;
+        else if (busy > 0 && m->pbusy[i].b > a && b > m->pbusy[i].a) k++;
+        if (m->pbusy[i].b < m->pbusy[oldest].b) oldest = i;
     }
+    if (k > 1) acc->multi = 1;
     if (slot < 0) {
         slot = m->npbusy < (int)(sizeof m->pbusy / sizeof m->pbusy[0]) ? m->npbusy++ : oldest;
         m->pbusy[slot].pid = pid;
-        m->pbusy[slot].b = INT64_MIN;
+        m->pbusy[slot].a = m->pbusy[slot].b = m->pbusy[slot].cov = INT64_MIN;
     }
-    if (b > m->pbusy[slot].b) {
+    if (b > m->pbusy[slot].cov) m->pbusy[slot].cov = b;
+    if (busy > 0 && b > m->pbusy[slot].b) {
         m->pbusy[slot].a = a;
         m->pbusy[slot].b = b;
     }
+    return k;
 }
 
 /* A sample covering (ts - gap, ts]: smUtil x gap of busy time at NVML's scale. */
@@ -616,11 +624,12 @@ static void take(struct devmeter *m, int64_t now, int64_t pid, unsigned long lon
     if (b <= m->start_t) return;
     if (mine) {
         acc->pod_raw += busy;
-        if (busy > 0) pod_busy(m, pid, a, b, acc);
+        int k = pod_sample(m, pid, a, b, busy, acc);
         if (acc->nmine < 64) {
             acc->mine[acc->nmine].a = a;
             acc->mine[acc->nmine].b = b;
             acc->mine[acc->nmine].busy = busy;
+            acc->mine[acc->nmine].k = k;
             acc->nmine++;
         }
     } else if (busy > 0) {
@@ -806,7 +815,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
             cal_e += e;
         } else if (part >= 0.999 && e > 0) { /* shared for the whole sample */
             f_n += acc.mine[i].busy;
-            f_e += e;
+            f_e += e / acc.mine[i].k; /* the pod's events over it are all its busy processes' */
             m->f_samples++;
         }
         if (sb > m->cov_t) m->cov_t = sb;
@@ -828,6 +837,17 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     double solo_ev = dev_ns - ev_shared(m, now - (int64_t)dt, now);
     /* the provisional part: shared time NVML does not cover yet (the pod's newest sample, or none yet) */
     double prov = f * ev_shared(m, m->cov_t, now);
+    /* Several processes of the pod busy: NVML covers each only up to its own newest sample, at its own phase.
+     * Each one's part of the pod's events since then is taken as 1/k of them (k busy): what f, learnt the
+     * same way, makes of it is that process's share of the pod's device time. */
+    int64_t recent = now - (period_ns + period_ns / 2 + 20000000LL);
+    int nbusy = 0;
+    for (int i = 0; i < m->npbusy; i++) nbusy += m->pbusy[i].b > recent;
+    if (nbusy > 1) {
+        prov = 0;
+        for (int i = 0; i < m->npbusy; i++)
+            if (m->pbusy[i].b > recent) prov += f * ev_shared(m, m->pbusy[i].cov, now) / nbusy;
+    }
     double pod_ns = truth + solo_ev - retro + prov - m->prov;
     m->prov = prov;
     double other_ns = other_raw / scale;
