@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from gpupool.core.model import GPU, GPURequest, Node, PodRequest
-from gpupool.sim.replay import DefragPolicy, replay
+from gpupool.sim.replay import DefragPolicy, replay, setup
 
 NODES = [Node(f"n{i}", 64_000, 256_000, tuple(GPU(f"n{i}-g{j}", j, "T4", 16_384) for j in range(2)))
          for i in range(3)]
@@ -43,8 +43,14 @@ def test_rounds_stay_in_budget_and_the_log_stays_consistent() -> None:
         assert int(log.allocated.max()) <= log.capacity_milli
         placed = np.flatnonzero(log.node >= 0)
         assert len(placed) + log.failed == len(log.node)
-        # every placed one-GPU pod is logged on exactly one GPU, also after its share moved
+        # every placed one-GPU pod is logged on exactly one GPU, where it is after the rounds: no GPU holds more
+        # than its compute, and the logged pods hold what the replay counts as allocated
         assert all(bin(int(log.gpus[k])).count("1") == 1 for k in placed)
+        submitted = setup(NODES, pods(), seed).submitted
+        used = np.zeros((len(NODES), 2), dtype=np.int64)
+        for k in placed:
+            used[int(log.node[k]), int(log.gpus[k]).bit_length() - 1] += submitted[k].gpu.milli
+        assert int(used.max()) <= 1000 and int(used.sum()) == int(log.allocated[-1])
         moved_somewhere = moved_somewhere or n > 0
     assert moved_somewhere
 
