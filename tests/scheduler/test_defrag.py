@@ -64,6 +64,17 @@ async def test_a_round_frees_the_gpu_whose_share_fits_a_fuller_server_elsewhere(
     assert defrag.started == 1
 
 
+async def test_no_moves_configmap_no_round() -> None:
+    """The scheduler may not create the moves ConfigMap: without it the round writes nothing and is not
+    counted, and the next one plans again."""
+    cluster, t = await scene()
+    await cluster.delete_object(CONFIGMAPS, MOVES_CONFIGMAP, namespace=NS)
+    defrag = Defragmenter(t.h, lambda: True, 4, threshold=0.4)
+    assert await defrag.round_once() is None
+    assert (defrag.started, defrag.rounds, defrag.in_flight) == (0, 0, set())
+    assert not [e for e in cluster.events if e["reason"] == "Defragmenting"]
+
+
 async def test_only_gpu_servers_take_a_share() -> None:
     """Without gpu-0002's server (its slice gone), r1's only fuller target off its node is gpu-0001/g0."""
     cluster, t = await scene()

@@ -8,6 +8,11 @@ With `moves` > 0, a pod that fits nowhere is given to the move planner (gpupool.
 dropped: the cheapest plan of at most `moves` moves of movable shares after which it fits is carried out
 through the state's own release and allocate, and the pod is placed where the plan says. Movable: every
 placed one-GPU share below a whole GPU, or a seeded `movable` fraction of them (by a hash of seed and key).
+
+With `defrag` (a DefragPolicy), the background defragmenter runs on the same movable shares: after every
+`interval`-th submitted pod, when the cluster's fragmentation is above the threshold, one round of
+gpupool.core.defrag.plan_defrag (GPUs emptied into fuller ones, within the round's budget) is carried out; its
+moves are counted on that pod, and the log follows every moved share to its new GPU.
 """
 
 from __future__ import annotations
