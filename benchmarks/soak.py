@@ -204,7 +204,7 @@ class Soak:
     def api(self, method: str, path: str, body: Obj | None = None) -> Obj | None:
         try:
             return self.bed.admin_request(method, path, body)
-        except (tb.TestbedError, OSError):
+        except (tb.TestbedError, OSError, ValueError):
             return None
 
     def items(self, path: str) -> list[Obj] | None:
@@ -272,6 +272,7 @@ class Soak:
 
     # --- continuous checks ---
     def file_holdings(self) -> list[Holding]:
+        """Every limits file on the nodes, each share named `<pods|claims>/<uid>/...@<node>`."""
         out = []
         for node in self.c.nodes.nodes:
             root = node.dir / "local" / "hook"
@@ -281,13 +282,34 @@ class Soak:
         return out
 
     def check_capacity(self) -> None:
-        for line in over_capacity(self.file_holdings(), "limits files"):
-            self.rec.violation(line, line)
+        """Both counts. The files are read after the API is listed, and only those of a pod or claim the API
+        still holds count (a pod the API dropped has had its containers stopped, kubelet confirmed it; its
+        file left behind is the settled check's `outlives its pod`). A violation says what each share's
+        owner was in the API at that moment."""
         pods = self.items(f"/api/v1/namespaces/{TENANT}/pods")
         claims = self.items(f"/apis/resource.k8s.io/v1/namespaces/{TENANT}/resourceclaims")
-        if pods is not None and claims is not None:
-            for line in over_capacity(api_holdings(pods, claims), "API"):
-                self.rec.violation(line, line)
+        if pods is None or claims is None:
+            return
+        owners: dict[str, str] = {}
+        for p in pods:
+            st = p.get("status") or {}
+            if st.get("phase") not in ("Succeeded", "Failed"):
+                owners[p["metadata"]["uid"]] = (
+                    f"pod {p['metadata']['name']} {st.get('phase')} on {p['spec'].get('nodeName')}"
+                    f"{' deleting' if p['metadata'].get('deletionTimestamp') else ''}")
+        for c in claims:
+            alloc = ((c.get("status") or {}).get("allocation") or {}).get("devices") or {}
+            users = [r.get("name") for r in (c.get("status") or {}).get("reservedFor") or []]
+            owners[c["metadata"]["uid"]] = (
+                f"claim {c['metadata']['name']} {'allocated ' + str(alloc.get('results')) if alloc else 'unallocated'}"
+                f" for {users}{' deleting' if c['metadata'].get('deletionTimestamp') else ''}")
+        files = [h for h in self.file_holdings() if h.who.split("/")[1] in owners]
+        for line in over_capacity(files, "limits files"):
+            gpu = line.split()[3]
+            why = "; ".join(f"{h.who.split('/')[1]}: {owners[h.who.split('/')[1]]}" for h in files if h.uuid == gpu)
+            self.rec.violation(line, f"{line} [{why}]")
+        for line in over_capacity(api_holdings(pods, claims), "API"):
+            self.rec.violation(line, line)
 
     def watch(self) -> None:
         while not self.stop.is_set():
@@ -325,7 +347,7 @@ class Soak:
         return json.loads(done.stdout)  # type: ignore[no-any-return]
 
     def settled(self) -> bool:
-        if self.api("GET", "/readyz") is None:
+        if self.api("GET", "/version") is None:
             return False
         if self.c.release.not_ready():
             return False

@@ -96,8 +96,8 @@ def restart_containerd(node: Any, timeout_s: float = 60.0) -> None:
     if holder is None:
         raise tb.TestbedError(f"no process left in the mount namespace of {node.name}: containerd cannot rejoin it")
     argv = [str(a) for a in old.popen.args]  # env PATH=... unshare ... sh -c '<binds> && exec containerd ...'
-    script = argv[-1]
-    command = script.split(" && exec ", 1)[1]  # the binds are in place already: only containerd itself
+    # the binds are in place already: only containerd itself (the first start's script, or a restart's)
+    command = argv[-1].split(" && exec ", 1)[-1].removeprefix("exec ")
     path = next(a for a in argv if a.startswith("PATH="))
     node.containerd = tb.spawn(old.name, ["nsenter", "--target", str(holder), "--mount", "--", "env", path,
                                           "sh", "-c", f"exec {command}"], old.log)
