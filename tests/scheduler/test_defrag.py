@@ -8,8 +8,8 @@ from gpupool.api.moves import MOVES_CONFIGMAP, GpuRef
 from gpupool.cluster.memory import MemoryCluster
 from gpupool.cluster.port import CONFIGMAPS, RESOURCE_CLAIMS, Obj
 from gpupool.scheduler.config import SchedulerConfig
-from gpupool.scheduler.defrag import Defragmenter, server_state
-from gpupool.scheduler.moves import MoveTargets
+from gpupool.scheduler.defrag import Defragmenter
+from gpupool.scheduler.moves import MoveTargets, server_state
 from gpupool.scheduler.service import ExtenderService
 from tests.commands.remote_cluster import remote_cluster
 from tests.scheduler.test_moves import NODES, NS, a_claim, moves_in

@@ -24,35 +24,17 @@ import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
-import numpy as np
-
 from gpupool.api.logsafe import shown
 from gpupool.api.moves import DEFAULT_DEADLINE_S, GpuRef, new_move
 from gpupool.cluster.port import RESOURCE_SLICES, ApiError
 from gpupool.core.defrag import DefragPlan, fragmentation, plan_defrag
 from gpupool.core.frag import WorkloadArrays
 from gpupool.core.moves import MIB_PER_GIB
-from gpupool.core.state import BoolArray, ClusterState
 from gpupool.scheduler.claims import usable_devices
 from gpupool.scheduler.framework.interface import Handle
-from gpupool.scheduler.moves import movable_shares, start_moves
+from gpupool.scheduler.moves import movable_shares, server_state, start_moves
 
 log = logging.getLogger(__name__)
-
-
-def server_state(state: ClusterState, servers: Mapping[str, Iterable[int]]) -> tuple[ClusterState, BoolArray]:
-    """A copy of `state` where only the GPUs of `servers` (node -> GPU indices with a GPU server) are healthy,
-    and that mask."""
-    work = state.copy()
-    usable = np.zeros_like(work.gpu_healthy)
-    for name, gpus in servers.items():
-        i = work.index.get(name)
-        if i is not None:
-            for j in gpus:
-                if 0 <= j < work.width:
-                    usable[i, j] = True
-    work.gpu_healthy &= usable
-    return work, usable
 
 
 class Defragmenter:

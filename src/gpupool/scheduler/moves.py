@@ -54,6 +54,7 @@ from gpupool.api.times import format_time
 from gpupool.cluster.port import CONFIGMAPS, ApiError, ClusterPort, Conflict, Obj
 from gpupool.core.model import MILLI_PER_GPU, PodRequest
 from gpupool.core.moves import MovePlan, plan_moves
+from gpupool.core.state import BoolArray, ClusterState
 from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.framework.choice import gpus_on
@@ -353,19 +354,26 @@ def movable_shares(ledger: Ledger) -> dict[str, PodRequest]:
     return out
 
 
+def server_state(state: ClusterState, servers: Mapping[str, Iterable[int]]) -> tuple[ClusterState, BoolArray]:
+    """A copy of `state` where only the GPUs of `servers` (node -> GPU indices with a GPU server) are healthy,
+    and that mask (MakeRoom's plans and the defragmenter's rounds are made on it)."""
+    work = state.copy()
+    usable = np.zeros_like(work.gpu_healthy)
+    for name, gpus in servers.items():
+        i = work.index.get(name)
+        if i is not None:
+            for j in gpus:
+                if 0 <= j < work.width:
+                    usable[i, j] = True
+    work.gpu_healthy &= usable
+    return work, usable
+
+
 def plan_room(ledger: Ledger, request: PodRequest, servers: Mapping[str, Iterable[int]], max_moves: int,
               policy: str = "") -> MovePlan | None:
     """The cheapest plan of at most `max_moves` moves of remote shares after which `request` (a remote share's,
     as its cycle read it) fits a GPU of `servers` (node -> GPUs with a GPU server); None when there is none."""
-    state = ledger.state.copy()
-    usable = np.zeros_like(state.gpu_healthy)
-    for name, gpus in servers.items():
-        i = state.index.get(name)
-        if i is not None:
-            for j in gpus:
-                if 0 <= j < state.width:
-                    usable[i, j] = True
-    state.gpu_healthy &= usable  # only GPUs with a server take the pending share or a moved one
+    state, _ = server_state(ledger.state, servers)  # only GPUs with a server take the pending share or a moved one
     nodes = np.array(sorted(state.index[n] for n in servers if n in state.index), dtype=np.int64)
     if not len(nodes):
         return None
