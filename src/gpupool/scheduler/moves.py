@@ -32,7 +32,9 @@ only movable shares, each moved to another node than the one it leaves (`off_nod
 claim on one GPU). The plan's moves are written as any move (`requested`, with the default deadline), a
 Normal Event `MakingRoom` on the pending pod says which; the claim is placed by a later pass, once the moved
 shares have left (the ledger counts a share at its source until `moved`). One plan at a time: while a move
-the scheduler started is unfinished no other is planned, and a claim gets at most MAX_PLANS plans.
+the scheduler started is unfinished no other is planned, and a claim gets at most MAX_PLANS plans. The
+leader's background defragmenter (gpupool.scheduler.defrag) moves the same shares on the same `server_state`
+ahead of need.
 """
 
 from __future__ import annotations
