@@ -26,10 +26,12 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, cast
 
-from gpupool.core.mig import MigModel, PlacedInstance, layout_problems, mig_model
-from gpupool.core.mig_placement import MigGPU, MigInstance, fragmentation, observed_demand
+from gpupool.agent.devices.discovery import DiscoveryBackend
+from gpupool.core.geometry import Geometry, geometry
+from gpupool.core.mig import PlacedInstance, mig_model
+from gpupool.core.mig_placement import MigGPU, MigInstance, observed_demand
 
 # Node label an administrator sets to let the agent switch MIG mode on idle GPUs of that node.
 MODE_SWITCH_LABEL = "gpupool.io/mig-mode-switch"
@@ -171,10 +173,11 @@ class MigManager:
     def holder(self, pod: str) -> Entry | None:
         return next((e for e in self.entries if e.pod == pod and e.state == "ready"), None)
 
-    def _model(self, gpu: str) -> MigModel:
-        model = mig_model(self.backend.model(gpu))
+    def _model(self, gpu: str) -> Geometry:
+        """The card's partition geometry (gpupool.core.geometry decides which: MIG, AMD modes, Ascend vNPUs)."""
+        model = geometry(self.backend.model(gpu))
         if model is None:
-            raise MigError("NOT_SUPPORTED", f"{gpu}: model {self.backend.model(gpu)!r} has no MIG geometry")
+            raise MigError("NOT_SUPPORTED", f"{gpu}: model {self.backend.model(gpu)!r} has no partition geometry")
         return model
 
     # --- a pod's instance ------------------------------------------------------------------------
@@ -191,17 +194,18 @@ class MigManager:
         if not self.backend.mig_enabled(gpu):
             return MigRefused(f"pod {pod}: GPU {gpu} is not in MIG mode")
         model = self._model(gpu)
-        p = model.profile(profile)
-        if p is None:
+        if not model.has(profile):
             return MigRefused(f"pod {pod}: profile {profile} does not exist on {model.name}")
         self._asked.append(profile)
+        if model.one_mode:  # partitions of the card's mode released by a reap stay on the card: take them back
+            self._adopt_siblings(gpu)
         for e in self.entries:
             if (e.gpu == gpu and e.profile == profile and e.pod is None and e.state == "ready"
                     and e.uuid is not None and start in (None, e.start)):
                 e.pod, e.idle_since = pod, None
                 self._save()
                 return MigGranted(e.uuid, gpu, profile, e.start, created=False)
-        plan = self._plan(gpu, model, profile, [start] if start is not None else list(p.starts))
+        plan = self._plan(gpu, model, profile, [start] if start is not None else list(model.starts(profile)))
         if isinstance(plan, MigRefused):
             return MigRefused(f"pod {pod}: {plan.reason}")
         chosen, in_the_way = plan
@@ -212,30 +216,28 @@ class MigManager:
                                   "cannot carve the new one there yet")
         return self._create(pod, gpu, profile, chosen)
 
-    def _plan(self, gpu: str, model: MigModel, profile: str, starts: list[int]) -> tuple[int, list[Entry]] | MigRefused:
+    def _plan(self, gpu: str, model: Geometry, profile: str, starts: list[int]) -> tuple[int, list[Entry]] | MigRefused:
         """The start to carve at, and the idle instances to destroy first. Starts that need fewer
         destructions win, then those that leave the node's asked-for profiles most room."""
         mine = [e for e in self.entries if e.gpu == gpu]
         known = {(e.profile, e.start) for e in mine}
         foreign = [PlacedInstance(i.profile, i.start) for i in self.backend.instances(gpu)
                    if (i.profile, i.start) not in known]  # made outside gpupool: never destroyed here
-        p = model.profile(profile)
-        assert p is not None
         # what this node was asked for, plus a little of every profile so that one not asked yet still counts
         seen = observed_demand(self._asked)
-        demand = {q.name: PRIOR / len(model.profiles) + (1 - PRIOR) * seen.get(q.name, 0.0) for q in model.profiles}
+        names = model.profiles
+        demand = {q: PRIOR / len(names) + (1 - PRIOR) * seen.get(q, 0.0) for q in names}
         best: tuple[tuple[int, float, int], int, list[Entry]] | None = None
         for s in starts:
-            mask = p.slots(s)
-            overlap = [e for e in mine if (model.profile(e.profile) or p).slots(e.start) & mask]
+            overlap = [e for e in mine if model.in_the_way(profile, s, e.profile, e.start)]
             if any(e.pod is not None or e.state != "ready" for e in overlap):
                 continue
             keep = [PlacedInstance(e.profile, e.start) for e in mine if e not in overlap]
             after = [*keep, *foreign, PlacedInstance(profile, s)]
-            if layout_problems(model, after):
+            if model.problems(after):
                 continue
-            view = MigGPU(model.name, tuple(sorted(MigInstance(i.profile, i.start, True) for i in after)))
-            key = (len(overlap), fragmentation(view, demand), s)
+            used = [MigInstance(i.profile, i.start, True) for i in after]
+            key = (len(overlap), model.fragmentation(used, demand), s)
             if best is None or key < best[0]:
                 best = (key, s, overlap)
         if best is None:
@@ -263,8 +265,21 @@ class MigManager:
             self._save()
             return MigRefused(f"pod {pod}: creating {profile}@{start} on {gpu} failed: {e}")
         entry.state = "ready"
+        if self._model(gpu).one_mode:
+            self._adopt_siblings(gpu)
         self._save()
         return MigGranted(entry.uuid, gpu, profile, start, created=True)
+
+    def _adopt_siblings(self, gpu: str) -> None:
+        """An AMD card's mode change made every partition of the mode, and destroying one only releases it
+        (the card leaves the mode when all are released): those the manager does not know are recorded idle
+        (reused by the next claim of the mode, reaped like any idle instance) rather than left unknown, where
+        they would stand in the way of the next carving."""
+        known = {(e.profile, e.start) for e in self.entries if e.gpu == gpu}
+        now = self.clock()
+        for inst in self.backend.instances(gpu):
+            if (inst.profile, inst.start) not in known:
+                self.entries.append(Entry(gpu, inst.profile, inst.start, "ready", inst.gi_id, inst.uuid, None, now))
 
     def release(self, pod: str) -> None:
         """The pod is gone: its instance becomes idle from now (kept for reuse until reaped)."""
@@ -404,12 +419,23 @@ def agent_mig_manager(source: object, directory: Path, idle_after_s: float,
                       allow_mode_switch: bool = False) -> MigManager | None:
     """The agent's MIG manager, when its discovery backend (`source.mig_backend()`) has a GPU in MIG mode,
     or when the node's label allows switching (`allow_mode_switch`) and a GPU's model has MIG geometry;
-    checkpoint `<directory>/mig.json`. Wall-clock time: an instance's idle time counts across agent
-    restarts. None: isolation mig is refused on this node."""
+    checkpoint `<directory>/mig.json`. On an AMD or Ascend node the manager carves that vendor's partitions,
+    when a card has partitions or the label allows partitioning (gpupool.agent.devices.partitions).
+    Wall-clock time: an instance's idle time counts across agent restarts.
+    None: isolation mig is refused on this node."""
     make = getattr(source, "mig_backend", None)
-    driver = make() if make is not None else None
+    driver: MigBackend | None = make() if make is not None else None
     if driver is None:
-        return None
+        # an AMD or Ascend node: the same manager carves the vendor's partitions (gpupool.agent.devices.partitions)
+        from gpupool.agent.devices.partitions import PartitionMigBackend, vendor_partitions
+
+        found = vendor_partitions(source)
+        if found is None:
+            return None
+        driver = PartitionMigBackend(cast(DiscoveryBackend, source), found, partition_mode=allow_mode_switch)
+        if not any(driver.mig_enabled(g) for g in driver.gpu_uuids()):
+            return None
+        return MigManager(driver, directory / "mig.json", clock, idle_after_s=idle_after_s)
     gpus = driver.gpu_uuids()
     if not any(driver.mig_enabled(g) for g in gpus) and not (
             allow_mode_switch and any(mig_model(driver.model(g)) is not None for g in gpus)):
