@@ -125,9 +125,9 @@ def _check_remote(config: Any, log: logging.Logger) -> None:
 
 
 def _backend(config: Any) -> Any:
-    """The discovery backend of the configured vendor. For AMD and Ascend the vendor object is installed as the
-    source of its cards' container devices (gpupool.agent.isolation.vendors); a fake backend's cards get the
-    fake's environment-only devices there."""
+    """The discovery backend of the configured vendor. The vendor object (NvidiaVendor, AmdVendor, AscendVendor)
+    is installed as the source of its cards' container devices (gpupool.agent.isolation.vendors); a fake
+    backend's cards get the fake's environment-only devices there."""
     from gpupool.agent.devices.discovery import DiscoveryError
     from gpupool.agent.isolation.vendors import install_vendor
 
@@ -148,9 +148,11 @@ def _backend(config: Any) -> Any:
             ascend = AscendVendor(AscendBackend())
             install_vendor(ascend.name, ascend)
             return ascend.discovery
-        from gpupool.agent.devices.nvml import NvmlBackend
+        from gpupool.agent.devices.nvidia import NvidiaVendor
 
-        return NvmlBackend()
+        nvidia = NvidiaVendor(cdi_kind=config.cdi_kind if config.cdi else None)
+        install_vendor(nvidia.name, nvidia)
+        return nvidia.discovery
     except DiscoveryError as e:
         raise click.ClickException(str(e)) from None
 

@@ -6,7 +6,7 @@ common to every mode are here; what differs by mode is the mode's strategy (gpup
 
 Environment contract (read by the interception shim and by users):
 - NVIDIA_VISIBLE_DEVICES: the granted GPU UUIDs, comma-separated (`void` when CDI devices are used, so an
-  image default of `all` cannot widen the grant);
+  image default of `all` cannot widen the grant), as NVIDIA's vendor module says (gpupool.agent.devices.nvidia);
 - GPUPOOL_MEMORY_LIMIT_MIB / GPUPOOL_CORES_PERCENT: one value per visible GPU, comma-separated, in the
   order of NVIDIA_VISIBLE_DEVICES (a single number for the usual one-GPU share);
 - isolation `hook`: the interception library (gpupool/native) and /etc/ld.so.preload naming it, both mounted
@@ -38,6 +38,7 @@ from typing import Any
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices.discovery import DeviceInfo
+from gpupool.agent.devices.nvidia import nvidia_visible
 from gpupool.agent.isolation.base import (
     ISOLATION_MODES,
     DeviceNode,
@@ -146,16 +147,12 @@ def answer(strategy: Isolation, request: GrantRequest, prepared: Prepared) -> Co
         envs.update(mode.envs)
         return ContainerGrant(envs=envs, mounts=list(mode.mounts), hook_pod=mode.hook_pod, mps_gpu=mode.mps_gpu,
                               devices=part.devices)
-    cdi: list[str] = []
-    if request.config.cdi:
-        # `void`: an image default of NVIDIA_VISIBLE_DEVICES=all cannot widen the grant
-        cdi = [f"{request.config.cdi_kind}={u}" for u in mode.visible]
-        envs["NVIDIA_VISIBLE_DEVICES"] = "void"
-    else:
-        envs["NVIDIA_VISIBLE_DEVICES"] = ",".join(mode.visible)
+    # NVIDIA's vendor says what its cards are handed as (the same answer as NvidiaVendor.container_devices)
+    nvidia = nvidia_visible(mode.visible, request.config.cdi_kind if request.config.cdi else None)
+    envs.update(nvidia.env)
     envs.update(mode.envs)
-    return ContainerGrant(envs=envs, mounts=list(mode.mounts), cdi_devices=cdi, hook_pod=mode.hook_pod,
-                          mps_gpu=mode.mps_gpu)
+    return ContainerGrant(envs=envs, mounts=list(mode.mounts), cdi_devices=nvidia.cdi_devices,
+                          hook_pod=mode.hook_pod, mps_gpu=mode.mps_gpu)
 
 
 def build_grant(
