@@ -37,10 +37,13 @@ from typing import TYPE_CHECKING, Any
 from gpupool.api.counted import Counted
 from gpupool.api.isolation import IsolationMode
 from gpupool.api.quantity import QuantityError, gpu_memory_mib, parse_quantity
+from gpupool.core.geometry import vendor_model, vendor_share
 from gpupool.core.mig import MigModel, MigProfile, mig_model
 from gpupool.core.mig_request import grant_share
 from gpupool.core.model import MILLI_PER_GPU, Allocation, GPUGrant, GPURequest, MigSlot, PodRequest
+from gpupool.core.partitions import PartitionModel, PartitionProfile
 from gpupool.core.state import ClusterState
+from gpupool.core.vendors import PARTITION_XCP
 
 if TYPE_CHECKING:
     from gpupool.api.moves import Move
@@ -75,6 +78,9 @@ MAX_GPUS_PER_NODE = 128
 _DEVICE = re.compile(r"^gpu-(\d{1,3})$")
 _MIG_DEVICE = re.compile(r"^gpu-(\d{1,3})-(\d{1,2})g(\d{1,4})gb(me)?-(\d{1,2})$")
 _MIG_PROFILE = re.compile(r"^(\d{1,2})g\.(\d{1,4})gb(\+me)?$")
+# AMD partition modes ("CPX/NPS4": gpu-0-cpx-nps4-2) and Ascend vNPU templates ("vir02_1c": gpu-0-vir02-1c-3)
+_VENDOR_PROFILE = re.compile(r"^([SDQC]PX)/(NPS\d)$|^vir(\d{2})(?:_(\d)c)?$")
+_VENDOR_DEVICE = re.compile(r"^gpu-(\d{1,3})-(?:([sdqc]px)-(nps\d)|vir(\d{2})(?:-(\d)c)?)-(\d{1,2})$")
 
 Obj = dict[str, Any]
 
@@ -90,19 +96,33 @@ def device_index(name: str) -> int | None:
 
 
 def mig_device_name(index: int, profile: str, start: int) -> str:
-    """A MIG partition's device name (a DNS label: the profile's dot and plus go)."""
+    """A hardware partition's device name (a DNS label: the profile's dot, plus, slash and underscore go):
+    a MIG instance's (`gpu-1-3g40gb-4`), an AMD partition's (`gpu-0-cpx-nps4-2`), a vNPU's (`gpu-0-vir08-1`)."""
     m = _MIG_PROFILE.match(profile)
-    if m is None:
-        raise ValueError(f"MIG profile {profile!r} has no device name")
-    return f"gpu-{index}-{m.group(1)}g{m.group(2)}gb{'me' if m.group(3) else ''}-{start}"
+    if m is not None:
+        return f"gpu-{index}-{m.group(1)}g{m.group(2)}gb{'me' if m.group(3) else ''}-{start}"
+    v = _VENDOR_PROFILE.match(profile)
+    if v is None:
+        raise ValueError(f"partition profile {profile!r} has no device name")
+    if v.group(1):
+        return f"gpu-{index}-{v.group(1).lower()}-{v.group(2).lower()}-{start}"
+    return f"gpu-{index}-vir{v.group(3)}{f'-{v.group(4)}c' if v.group(4) else ''}-{start}"
 
 
 def mig_device(name: str) -> tuple[int, MigSlot] | None:
-    """(GPU index, profile and start) of one of our MIG partition names, None for any other name."""
+    """(GPU index, profile and start) of one of our partition names (MIG, AMD, vNPU), None for any other name."""
     m = _MIG_DEVICE.match(name)
-    if m is None:
+    if m is not None:
+        return int(m.group(1)), MigSlot(f"{m.group(2)}g.{m.group(3)}gb{'+me' if m.group(4) else ''}",
+                                        int(m.group(5)))
+    v = _VENDOR_DEVICE.match(name)
+    if v is None:
         return None
-    return int(m.group(1)), MigSlot(f"{m.group(2)}g.{m.group(3)}gb{'+me' if m.group(4) else ''}", int(m.group(5)))
+    if v.group(2):
+        profile = f"{v.group(2).upper()}/{v.group(3).upper()}"
+    else:
+        profile = f"vir{v.group(4)}{f'_{v.group(5)}c' if v.group(5) else ''}"
+    return int(v.group(1)), MigSlot(profile, int(v.group(6)))
 
 
 def counter_set_name(index: int) -> str:
@@ -228,6 +248,60 @@ def mig_devices(d: SliceDevice, model: MigModel, driver_version: str) -> list[Ob
     return out
 
 
+def _vendor_counters(model: PartitionModel) -> dict[str, int]:
+    """An AMD or Ascend card's counters. AMD: one per XCC. Ascend: its AI Cores and one per vNPU index, and on
+    the 310P its AI CPUs and its vGroups in halves (a vir01 takes half of one, any other template a whole one:
+    so two vir01 share a vGroup and its 2 AI Cores, and an odd vir01 count leaves the other half unusable, as
+    gpupool.core.partitions plans it). A set of Ascend vNPUs whose consumption fits is exactly a valid layout;
+    on AMD the counters hold the XCC geometry but not the card's one mode at a time (no counters can: the
+    modes' partitions overlap in every way), which gpupool's allocator and the agent hold instead
+    (tests/api/test_dra_vendor_partitions.py checks both against core.partitions)."""
+    if model.kind == PARTITION_XCP:
+        return {f"xcc-{k}": 1 for k in range(model.slots)}
+    counters = {"aicore": model.compute_units}
+    counters.update({f"vnpu-{k}": 1 for k in range(model.max_partitions)})
+    if model.ai_cpus:
+        counters["aicpu"] = model.ai_cpus
+    if model.vgroups:
+        counters["vgroup-halves"] = 2 * model.vgroups
+    return counters
+
+
+def _vendor_consumes(model: PartitionModel, profile: PartitionProfile, start: int) -> dict[str, int]:
+    if model.kind == PARTITION_XCP:
+        return {f"xcc-{k}": 1 for k in range(start, start + profile.slots)}
+    used = {"aicore": profile.compute_units, f"vnpu-{start}": 1}
+    if model.ai_cpus:
+        used["aicpu"] = profile.ai_cpus
+    if model.vgroups:
+        used["vgroup-halves"] = 1 if profile.compute_units < 2 else 2
+    return used
+
+
+def vendor_partition_devices(d: SliceDevice, model: PartitionModel, driver_version: str) -> list[Obj]:
+    """An AMD or Ascend card in partition mode as its partitions: one device per profile and start (AMD: its
+    allowed first XCCs; Ascend: every vNPU index), type `mig` like a MIG partition (the MIG class serves
+    them: isolation mig is every vendor's hardware partition), with `profile`, `migStart` and `vendor`."""
+    out = []
+    base = {k: v for k, v in _attributes(d, driver_version).items() if k != "migCapable"}
+    for p in model.profiles:
+        milli, memory = vendor_share(model, p, d.memory_mib)
+        starts = p.starts if model.kind == PARTITION_XCP else tuple(range(model.max_partitions))
+        for start in starts:
+            device: Obj = {
+                "name": mig_device_name(d.index, p.name, start),
+                "attributes": {**base, "type": {"string": TYPE_MIG}, "profile": {"string": p.name},
+                               "migStart": {"int": start}, "vendor": {"string": model.vendor}},
+                "capacity": {CAPACITY_MEMORY: {"value": f"{memory}Mi"}, CAPACITY_CORES: {"value": str(milli // 10)}},
+                "consumesCounters": [{"counterSet": counter_set_name(d.index), "counters": {
+                    k: {"value": str(v)} for k, v in _vendor_consumes(model, p, start).items()}}],
+            }
+            if d.taints:
+                device["taints"] = _taints(d)
+            out.append(device)
+    return out
+
+
 def resource_slices(node: str, node_uid: str, devices: Sequence[SliceDevice], driver_version: str,
                     generation: int) -> list[Obj]:
     """The node's pool (named after the node), every slice owned by its Node so they go with it: the
@@ -239,7 +313,12 @@ def resource_slices(node: str, node_uid: str, devices: Sequence[SliceDevice], dr
     counter_sets: list[Obj] = []
     for d in devices:
         model = d.mig
-        if model is None:
+        vendor = vendor_model(d.model) if d.mig_mode and model is None else None
+        if vendor is not None:
+            entries += vendor_partition_devices(d, vendor, driver_version)
+            counter_sets.append({"name": counter_set_name(d.index), "counters": {
+                k: {"value": str(v)} for k, v in _vendor_counters(vendor).items()}})
+        elif model is None:
             entries.append(slice_device(d, driver_version))
         else:
             entries += mig_devices(d, model, driver_version)
@@ -500,8 +579,12 @@ def _counted_on(shares: ClaimShares, uid: str, node: str, devices: Sequence[Devi
         if s.mig is not None:  # a partition holds its profile's share, as a device-plugin MIG pod does
             model = mig_model(gpu.model) if gpu is not None else None
             profile = model.profile(s.mig.profile) if model is not None else None
+            vendor = vendor_model(gpu.model) if gpu is not None and model is None else None
+            part = vendor.profile(s.mig.profile) if vendor is not None else None
             if model is not None and profile is not None:
                 milli, memory = grant_share(model, profile)
+            elif vendor is not None and part is not None and gpu is not None:  # AMD partition, Ascend vNPU
+                milli, memory = vendor_share(vendor, part, gpu.memory_mib)
         grants.append(GPUGrant(uuid=uuid, index=s.index, milli=milli, memory_mib=memory, mig=s.mig))
     first = grants[0]
     # the guaranteed share on the GPUs; what oversubscription may add lives in the node's memory
@@ -589,7 +672,8 @@ def claim_asks(claim: Mapping[str, Any], gpupool_classes: Mapping[str, str]) -> 
 
 # The one selector gpupool reads itself: a MIG claim naming its profile. Any other CEL is kube-scheduler's.
 _PROFILE_SELECTOR = re.compile(r'^\s*device\.attributes\["' + re.escape(DRIVER) +
-                               r'"\]\.profile\s*==\s*"(\d{1,2}g\.\d{1,4}gb(?:\+me)?)"\s*$')
+                               r'"\]\.profile\s*==\s*"(\d{1,2}g\.\d{1,4}gb(?:\+me)?|[SDQC]PX/NPS\d|vir\d{2}(?:_\dc)?)"'
+                               r'\s*$')
 
 
 def _mig_ask(request: Mapping[str, Any], exactly: Mapping[str, Any], cls: str, label: str) -> ClaimAsk:

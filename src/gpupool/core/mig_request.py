@@ -5,6 +5,10 @@ named in `gpupool.io/mig-profile`, checked against the GPU model's geometry (gpu
 MIG-capable model in the cluster, the scheduler against each MIG GPU's model); it answers with a
 `MigProfile` or a `ProfileRefusal` carrying a sentence for the user, never an exception. `grant_share` is
 what the allocation grants for a profile.
+
+`vendor_profile_for` is the same rule on an AMD or Ascend card (gpupool.core.partitions): the profile named
+(`gpupool.io/mig-profile`, or a claim's profile selector: "CPX/NPS4", "vir08"), else the smallest that holds
+the request's memory and compute (compute as the partition's compute units over the card's).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import dataclass
 
 from gpupool.core.mig import MigModel, MigProfile, known_models, mig_model
 from gpupool.core.model import MILLI_PER_GPU, GPURequest
+from gpupool.core.partitions import PartitionModel, PartitionProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,3 +107,36 @@ def grant_share(model: MigModel, profile: MigProfile) -> tuple[int, int]:
     fraction of the GPU's, rounded down so that a full layout never adds up to more than the GPU, and
     the profile's memory."""
     return MILLI_PER_GPU * profile.compute_slices // model.compute_slices, profile.memory_mib
+
+
+def vendor_profile_for(model: PartitionModel, gpu: GPURequest, named: str | None = None,
+                       card_memory_mib: int | None = None) -> PartitionProfile | ProfileRefusal:
+    """The AMD partition profile or Ascend vNPU template a request with isolation `mig` gets on a card of
+    `model` (`card_memory_mib`: what the card reports, of which a partition holds its share; default the
+    catalogue's memory). Named: it must exist and hold an explicit share; else the smallest that holds it."""
+    card = model.memory_mib if card_memory_mib is None else card_memory_mib
+
+    def memory(p: PartitionProfile) -> int:
+        return card * p.memory_mib // model.memory_mib
+
+    def short(p: PartitionProfile) -> str | None:
+        if gpu.memory_mib is not None and gpu.memory_mib > memory(p):
+            return f"{p.name} has {memory(p)} MiB, less than the {gpu.memory_mib} MiB asked for"
+        if gpu.milli < MILLI_PER_GPU and p.compute_units * MILLI_PER_GPU < gpu.milli * model.compute_units:
+            return (f"{p.name} gives {100 * p.compute_units / model.compute_units:.1f} % of the compute, less than "
+                    f"the {gpu.milli / 10:g} % asked for")
+        return None
+
+    if named:
+        found = model.profile(named.strip())
+        if found is None:
+            return ProfileRefusal(f"partition profile {named!r} does not exist on {model.name} "
+                                  f"(profiles: {', '.join(p.name for p in model.profiles)})")
+        why = short(found)
+        return found if why is None else ProfileRefusal(f"partition profile {why}")
+    whole = gpu.memory_mib is None and gpu.milli >= MILLI_PER_GPU
+    for p in sorted(model.profiles, key=lambda p: (p.compute_units, p.memory_mib)):
+        if short(p) is None and (not whole or p.compute_units == model.compute_units):
+            return p
+    return ProfileRefusal(f"no partition profile of {model.name} holds {gpu.memory_mib or 0} MiB and "
+                          f"{min(gpu.milli, MILLI_PER_GPU) / 10:g} % of the compute")

@@ -4,6 +4,7 @@ modes each vendor's cards are served in, and the NVIDIA answer left as it was.""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,9 +16,9 @@ from gpupool.agent.devices.ascend import AscendBackend, AscendVendor
 from gpupool.agent.devices.discovery import DeviceInfo, DiscoveryError
 from gpupool.agent.devices.vendor import ContainerDevices, Partition
 from gpupool.agent.dra.cdi import cdi_spec
-from gpupool.agent.isolation.base import DeviceNode
+from gpupool.agent.isolation.base import DeviceNode, GrantRequest
 from gpupool.agent.isolation.grant import ContainerGrant, Refused, build_grant
-from gpupool.agent.isolation.vendors import install_vendor, merge_env, uninstall_vendor
+from gpupool.agent.isolation.vendors import install_vendor, merge_env, uninstall_vendor, vendor_mode
 from gpupool.agent.kubelet.device_plugin import _to_proto
 from gpupool.agent.state.hookdir import CONTAINER_HIP_LIBRARY, hip_installed, install_hip_library
 from gpupool.api.allocation import AllocationDoc, GrantDoc
@@ -107,9 +108,15 @@ def test_a_share_of_an_ascend_card_is_refused_with_the_reason(tmp_path: Path, is
     assert why in reason
 
 
-def test_partitions_of_other_vendors_are_refused_until_the_agent_carves_them(tmp_path: Path) -> None:
+def test_partitions_of_other_vendors_are_refused_to_device_plugin_pods_and_served_to_claims(tmp_path: Path) -> None:
     reason = refused(doc(("A0", MI300X_MIB, 100.0), isolation="mig"), config(tmp_path))
-    assert "does not carve amd hardware partitions" in reason
+    assert "are carved for DRA claims of partition devices only" in reason
+    cfg = config(tmp_path)
+    for card in ("A0", "H0"):
+        request = GrantRequest(doc((card, 24_574, 12.5), isolation="mig"), "main",
+                               tuple(doc((card, 24_574, 12.5)).gpus), DEVICES, cfg, "ns/c", claim=True)
+        assert vendor_mode(request, "mig") == "mig"  # a claim's partition is carved (gpupool.agent.dra.driver)
+        assert isinstance(vendor_mode(replace(request, claim=False), "mig"), Refused)
 
 
 def test_an_amd_hook_share_without_the_hip_library_is_refused_naming_it(tmp_path: Path) -> None:

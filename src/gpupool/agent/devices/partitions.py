@@ -26,7 +26,9 @@ from typing import Any
 from gpupool.agent.devices.discovery import DeviceInfo, DiscoveryBackend, DiscoveryError
 from gpupool.agent.devices.mig import BackendInstance, MigError
 from gpupool.agent.devices.vendor import Partition, PartitionBackend, PartitionError
-from gpupool.core.geometry import vendor_model
+from gpupool.api.allocation import GrantDoc, MigGrantDoc
+from gpupool.core.geometry import vendor_model, vendor_share
+from gpupool.core.model import MigSlot
 
 
 class PartitionMigBackend:
@@ -110,3 +112,19 @@ def vendor_partitions(source: object) -> PartitionBackend | None:
     if isinstance(source, AscendBackend):
         return AscendPartitions(source)
     return None
+
+
+def vendor_partition_grant(dev: DeviceInfo, slot: MigSlot) -> GrantDoc | str:
+    """The grant of an AMD partition or Ascend vNPU `slot` of card `dev` (a claim's partition device), or why
+    the card cannot serve it: the partition's share of the card as the scheduler counts it
+    (gpupool.core.geometry.vendor_share), and the partition it names."""
+    model = vendor_model(dev.model)
+    if model is None:
+        return f"card model {dev.model} has no partition geometry in gpupool"
+    profile = model.profile(slot.profile)
+    starts = profile.starts if profile is not None and profile.starts else range(model.max_partitions)
+    if profile is None or slot.start not in starts:
+        return f"{model.name} has no partition {slot.profile} at {slot.start}"
+    milli, memory = vendor_share(model, profile, dev.memory_mib)
+    return GrantDoc(uuid=dev.uuid, index=dev.index, memory_mib=memory, cores=milli / 10,
+                    mig=MigGrantDoc(profile=slot.profile, start=slot.start))

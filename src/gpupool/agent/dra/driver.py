@@ -42,8 +42,10 @@ from typing import Any
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices.discovery import DeviceInfo
-from gpupool.agent.devices.mig import MigManager
+from gpupool.agent.devices.mig import MigError, MigManager
+from gpupool.agent.devices.partitions import PartitionMigBackend, vendor_partition_grant
 from gpupool.agent.devices.table import DeviceTable
+from gpupool.agent.devices.vendor import Partition
 from gpupool.agent.dra.cdi import cdi_path, cdi_spec, write_cdi
 from gpupool.agent.dra.claims import (
     CHECKPOINT_FILE,
@@ -68,6 +70,7 @@ from gpupool.agent.isolation.remote import (
     remote_claim_dir,
     write_address,
 )
+from gpupool.agent.isolation.vendors import request_vendor, vendor_part
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.remote.client import remote_address
 from gpupool.agent.state.checkpoint import KIND_CLAIMS, CheckpointError, read_state, untrusted, write_state
@@ -87,10 +90,12 @@ from gpupool.api.dra import (
     device_name,
     share_milli,
 )
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.moves import GpuRef, Move, served_from
 from gpupool.cluster.port import NotFound
 from gpupool.core.model import Allocation, GPUGrant, Node, PodRequest
 from gpupool.core.state import ClusterState
+from gpupool.core.vendors import NVIDIA
 
 log = logging.getLogger("gpupool.agent.dra")
 
@@ -241,7 +246,7 @@ class DraDriver(SlicePublishing):
             if dev is None:
                 return Outcome(error=f"claim {ref.label}: node {self.config.node_name} has no GPU {s.device}")
             if s.mig is not None:
-                partition = partition_grant(dev, s.mig)
+                partition = partition_grant(dev, s.mig) if dev.vendor == NVIDIA else vendor_partition_grant(dev, s.mig)
                 if isinstance(partition, str):
                     return Outcome(error=f"claim {ref.label}: {s.device}: {partition}")
                 grants.append(partition)
@@ -436,12 +441,45 @@ class DraDriver(SlicePublishing):
         grant = answer(strategy, request, made)
         if isinstance(grant, Refused):
             return grant
+        if isolation == IsolationMode.MIG:
+            grant = await asyncio.to_thread(self._partition_devices, request, grant)
+            if isinstance(grant, Refused):
+                return grant
         try:
             await asyncio.to_thread(write_cdi, self.config.cdi_dir, ref.uid, cdi_spec(ref.uid, grant))
         except OSError as e:
             return Refused(f"cannot write the CDI spec of claim {ref.label}: {e}", retry=True)
         self.step(STEP_CDI_WRITTEN)
         return (f"{CDI_KIND}={ref.uid}", *grant.cdi_devices)
+
+    def _partition_devices(self, request: GrantRequest, grant: ContainerGrant) -> ContainerGrant | Refused:
+        """An AMD partition's or Ascend vNPU's container gets that partition's devices and environment (the
+        vendor's ContainerDevices for it: its render node, its /dev/vdavinci<id>), not the whole card's that the
+        common answer holds. NVIDIA's MIG answer is left as it is."""
+        vendor = request_vendor(request)
+        if isinstance(vendor, Refused) or vendor == NVIDIA:
+            return grant if not isinstance(vendor, Refused) else vendor
+        backend = self.mig.backend if self.mig is not None else None
+        if not isinstance(backend, PartitionMigBackend):
+            return Refused(f"claim {request.pod_label}: node {self.config.node_name} carves no {vendor} partitions")
+        found: dict[str, Partition] = {}
+        for g in request.gpus:
+            try:
+                partition = backend.partition(g.uuid, g.mig.start) if g.mig is not None else None
+            except MigError as e:
+                return Refused(f"claim {request.pod_label}: the partitions of card {g.uuid}: {e}", retry=True)
+            if partition is None:
+                return Refused(f"claim {request.pod_label}: card {g.uuid} shows no partition at "
+                               f"{g.mig.start if g.mig is not None else '?'}", retry=True)
+            found[g.uuid] = partition
+        whole = vendor_part(request, vendor)
+        part = vendor_part(request, vendor, found)
+        if isinstance(whole, Refused):
+            return whole
+        if isinstance(part, Refused):
+            return part
+        envs = {k: v for k, v in grant.envs.items() if k not in whole.envs}
+        return replace(grant, envs={**envs, **part.envs}, devices=part.devices)
 
     # --- unprepare ----------------------------------------------------------------------------------------
     async def unprepare(self, claims: Sequence[ClaimRef]) -> dict[str, str]:

@@ -12,12 +12,14 @@ from typing import Any
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.devices.discovery import DeviceInfo
-from gpupool.agent.devices.mig import MigManager
+from gpupool.agent.devices.mig import MigError, MigManager
+from gpupool.agent.devices.partitions import PartitionMigBackend
 from gpupool.agent.devices.table import DeviceTable
 from gpupool.agent.port import AgentCluster
 from gpupool.api.dra import TAINT_NOT_READY, TAINT_UNHEALTHY, SliceDevice, resource_slices
 from gpupool.api.times import format_time
 from gpupool.cluster.port import NotFound
+from gpupool.core.geometry import vendor_model
 from gpupool.core.mig import mig_model
 
 log = logging.getLogger("gpupool.agent.dra")
@@ -57,9 +59,24 @@ class SlicePublishing:
         server = self.remote_server()  # shared GPUs only: a remote share is never a MIG partition
         return [SliceDevice(d.index, d.uuid, d.model, d.memory_mib, d.compute_capability, d.numa_node,
                             d.nvlink_peers, mig_model(d.model) is not None, self._taints(d, now),
-                            mig_mode=(mig := d.mig_enabled and self.mig is not None),
+                            mig_mode=(mig := self._partitioned(d)),
                             remote_server="" if mig else server)
                 for d in known]
+
+    def _partitioned(self, d: DeviceInfo) -> bool:
+        """Published as its partitions: an NVIDIA GPU in MIG mode, or an AMD / Ascend card in partition mode
+        (gpupool.agent.devices.partitions: it has partitions, or the node's label lets the agent carve them),
+        while the node's manager carves them."""
+        if d.mig_enabled or self.mig is None:
+            return d.mig_enabled and self.mig is not None
+        backend = self.mig.backend
+        if not isinstance(backend, PartitionMigBackend) or vendor_model(d.model) is None:
+            return False
+        try:
+            return backend.mig_enabled(d.uuid)
+        except MigError as e:  # the library could not list its partitions now: as the label says
+            log.warning("card %s: partitions unknown (%s)", d.uuid, e)
+            return backend.partition_mode
 
     async def publish(self, node_uid: str) -> bool:
         """Write the node's ResourceSlices when they differ from what the API holds (all of them, with the

@@ -20,8 +20,12 @@ Isolation modes per vendor (`served_modes`), what this agent does today:
   refused with the reason. Compute shares on AMD are not capped (the HIP library caps memory only).
 - Ascend: whole cards only. gpupool has no memory or compute limiter for CANN programs, so a hook or mps share
   of an Ascend card is refused (the scheduler and webhook never send one: this is the second line).
-- No vendor but NVIDIA has MPS. Hardware partitions of AMD and Ascend cards (compute partitions, vNPUs) are not
-  carved at allocation by this agent yet: isolation mig on them is refused.
+- No vendor but NVIDIA has MPS.
+- Hardware partitions (isolation mig, every vendor's hardware-partition mode): AMD compute/memory partitions and
+  Ascend vNPUs are carved for DRA claims of partition devices (the MIG class) by the node's MIG manager over the
+  vendor's partition library (gpupool.agent.devices.partitions), and the container is handed that partition's
+  devices (`vendor_part` with the partition). A device-plugin pod asking isolation mig of such a card is refused:
+  its allocation is planned and answered as a whole card there (claims path only).
 A whole card asked for in a mode the vendor has no use for (the agent's default `hook`, say) is served as a
 whole card (isolation none): there is nothing to hold it to.
 """
@@ -77,19 +81,23 @@ def request_vendor(request: GrantRequest) -> str | Refused:
 
 
 # --- modes ---------------------------------------------------------------------------------------------------
-def served_modes(vendor: str, config: AgentConfig) -> frozenset[IsolationMode]:
-    """The isolation modes this agent serves a non-NVIDIA vendor's cards in (the module's docstring says why)."""
+def served_modes(vendor: str, config: AgentConfig, claim: bool = False) -> frozenset[IsolationMode]:
+    """The isolation modes this agent serves a non-NVIDIA vendor's cards in, for a DRA claim (`claim`) or a
+    device-plugin pod (the module's docstring says why)."""
+    modes = {IsolationMode.NONE}
     if vendor == AMD and hip_installed(config.hook_root):
-        return frozenset({IsolationMode.NONE, IsolationMode.HOOK})
-    return frozenset({IsolationMode.NONE})
+        modes.add(IsolationMode.HOOK)
+    if claim and vendor in (AMD, ASCEND):
+        modes.add(IsolationMode.MIG)
+    return frozenset(modes)
 
 
 def _why_not(vendor: str, mode: str, config: AgentConfig) -> str:
     if mode == IsolationMode.MPS:
         return "MPS is NVIDIA's; no other vendor's cards have it"
     if mode == IsolationMode.MIG:
-        return (f"this agent does not carve {vendor} hardware partitions (compute partitions, vNPUs) at allocation "
-                "yet; ask for whole cards")
+        return (f"{vendor} hardware partitions (compute partitions, vNPUs) are carved for DRA claims of partition "
+                "devices only (the MIG class); a device-plugin pod is served whole cards")
     if mode == IsolationMode.HOOK and vendor == AMD:
         return (f"the HIP memory cap ({HIP_LIBRARY}) is not installed on node {config.node_name} (the package was "
                 "built without it, or it could not be copied under the hook root); nothing would hold the share")
@@ -105,7 +113,7 @@ def vendor_mode(request: GrantRequest, mode: str) -> str | Refused:
     vendor = request_vendor(request)
     if isinstance(vendor, Refused) or vendor == NVIDIA:
         return vendor if isinstance(vendor, Refused) else mode
-    served = served_modes(vendor, request.config)
+    served = served_modes(vendor, request.config, request.claim)
     if mode in served:
         return mode
     if not request.shared() and mode in (IsolationMode.HOOK, IsolationMode.MPS):
@@ -135,8 +143,10 @@ def merge_env(parts: Sequence[Mapping[str, str]]) -> dict[str, str]:
     return {k: ",".join(v) for k, v in items.items()}
 
 
-def vendor_part(request: GrantRequest, vendor: str) -> VendorPart | Refused:
-    """The device nodes (each once, in card order) and environment of the container's `vendor` cards."""
+def vendor_part(request: GrantRequest, vendor: str,
+                partitions: Mapping[str, Partition] | None = None) -> VendorPart | Refused:
+    """The device nodes (each once, in card order) and environment of the container's `vendor` cards, or of
+    the partition `partitions` names for a card (card UUID -> the partition carved for the container)."""
     source = devices_source(request.config, vendor)
     if source is None:
         return Refused(f"pod {request.pod_label}: the agent on {request.config.node_name} (backend "
@@ -145,7 +155,7 @@ def vendor_part(request: GrantRequest, vendor: str) -> VendorPart | Refused:
     envs: list[Mapping[str, str]] = []
     for g in request.gpus:
         try:
-            got = source.container_devices(request.devices[g.uuid])
+            got = source.container_devices(request.devices[g.uuid], (partitions or {}).get(g.uuid))
         except DiscoveryError as e:  # the vendor library could not name the card's nodes now
             return Refused(f"pod {request.pod_label}: the devices of {vendor} card {g.uuid}: {e}", retry=True)
         for host in got.device_nodes:

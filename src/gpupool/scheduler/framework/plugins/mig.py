@@ -1,5 +1,11 @@
 """PreFilter / Filter / Score `mig_placement`: MIG-mode GPUs serve pods with isolation `mig`, and only them.
 
+AMD and Ascend cards in partition mode (their agent reports them `mig: true` with their partitions, as it does
+MIG GPUs) are placed on the same way with their vendor's geometry (gpupool.core.geometry decides which;
+gpupool.core.partitions.choose and fragmentation): the profile is the one named ("CPX/NPS4", "vir08") or the
+smallest holding the request (gpupool.core.mig_request.vendor_profile_for), and the grant holds the
+partition's share of the card (gpupool.core.geometry.vendor_share).
+
 For a pod with isolation `mig`, the profile on each MIG GPU is `gpupool.io/mig-profile` checked against the
 GPU's model, else the smallest profile that holds its memory and cores (gpupool.core.mig_request.profile_for).
 A node passes when one of its MIG GPUs (among those gpu_fit left: model, UUIDs, health) has an idle
@@ -20,6 +26,7 @@ burst never get the same slices.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
@@ -28,10 +35,13 @@ from pydantic import BaseModel, ConfigDict
 
 from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import ANN_ISOLATION, ANN_MIG_PROFILE
+from gpupool.core.geometry import vendor_model, vendor_share
 from gpupool.core.mig import mig_model
-from gpupool.core.mig_placement import MigChoice, choose, observed_demand
-from gpupool.core.mig_request import ProfileRefusal, grant_share, profile_for
-from gpupool.core.model import Allocation, GPUGrant, MigSlot
+from gpupool.core.mig_placement import MigChoice, MigGPU, MigRefusal, choose, observed_demand
+from gpupool.core.mig_request import ProfileRefusal, grant_share, profile_for, vendor_profile_for
+from gpupool.core.model import Allocation, GPUGrant, GPURequest, MigSlot
+from gpupool.core.partitions import PartitionCard, PartitionModel
+from gpupool.core.partitions import choose as choose_partition
 from gpupool.core.state import IntArray
 from gpupool.scheduler.framework.cycle import CycleState, NodeSet
 from gpupool.scheduler.framework.interface import Handle, NodeScores
@@ -54,6 +64,7 @@ class NodeChoice:
     gpu_index: int
     model: str
     choice: MigChoice
+    memory_mib: int = 0  # the card's memory as its agent reports it (an AMD/Ascend partition's share is of it)
 
 
 def wants_mig(cycle: CycleState) -> bool:
@@ -72,6 +83,15 @@ def mig_allocation(cycle: CycleState, node_index: int, node: str) -> Allocation 
     """The grant Reserve records for a MIG pod on `node`: the instance Filter chose there (None: none)."""
     chosen: dict[int, NodeChoice] = cycle.data.get(NAME) or {}
     c = chosen.get(node_index)
+    vendor = vendor_model(c.model) if c is not None else None
+    if c is not None and vendor is not None and cycle.request is not None:  # an AMD partition, an Ascend vNPU
+        part = vendor.profile(c.choice.option.profile)
+        if part is None:
+            return None
+        milli, memory = vendor_share(vendor, part, c.memory_mib)
+        grant = GPUGrant(c.gpu_uuid, c.gpu_index, milli, memory, MigSlot(part.name, c.choice.option.start))
+        return Allocation(pod=cycle.request.key, node=node, grants=(grant,),
+                          policy=cycle.policy.name if cycle.policy is not None else "")
     model = mig_model(c.model) if c is not None else None
     profile = model.profile(c.choice.option.profile) if c is not None and model is not None else None
     if c is None or model is None or profile is None or cycle.request is None:
@@ -80,6 +100,19 @@ def mig_allocation(cycle: CycleState, node_index: int, node: str) -> Allocation 
     grant = GPUGrant(c.gpu_uuid, c.gpu_index, milli, memory, MigSlot(profile.name, c.choice.option.start))
     return Allocation(pod=cycle.request.key, node=node, grants=(grant,),
                       policy=cycle.policy.name if cycle.policy is not None else "")
+
+
+def _vendor_choice(vendor: PartitionModel, gpu: MigGPU, memory_mib: int, asked: GPURequest, named: str | None,
+                   demand: Mapping[str, float]) -> MigChoice | MigRefusal | ProfileRefusal:
+    """The partition for the request on one AMD or Ascend card in partition mode, by that vendor's geometry
+    (gpupool.core.partitions.choose): the profile the request names or the smallest that holds it, and the
+    idle partition or new start whose choice grows the card's fragmentation least under the observed demand
+    of this vendor's profiles. An AMD card whose partitions in use are of another mode has no option."""
+    profile = vendor_profile_for(vendor, asked, named, memory_mib)
+    if isinstance(profile, ProfileRefusal):
+        return profile
+    own = {k: v for k, v in demand.items() if vendor.profile(k) is not None}
+    return choose_partition([PartitionCard(gpu.model, gpu.instances)], profile.name, own or {profile.name: 1.0})
 
 
 class MigPlacement:
@@ -173,16 +206,20 @@ class MigPlacement:
                 if gpu_ok is not None and not gpu_ok[i, j]:
                     why = f"MIG GPU {j} is not offered to this pod (model, UUIDs, health or room)"
                     continue
-                profile = profile_for(gpu.model, asked, named)
-                if isinstance(profile, ProfileRefusal):
-                    why = profile.reason
-                    continue
-                c = choose([gpu], profile.name, demand or {profile.name: 1.0})
+                vendor = vendor_model(gpu.model)
+                if vendor is not None:
+                    c = _vendor_choice(vendor, gpu, card.memory_mib, asked, named, demand)
+                else:
+                    profile = profile_for(gpu.model, asked, named)
+                    if isinstance(profile, ProfileRefusal):
+                        why = profile.reason
+                        continue
+                    c = choose([gpu], profile.name, demand or {profile.name: 1.0})
                 if not isinstance(c, MigChoice):
                     why = c.reason
                     continue
                 if best is None or c.fragment_delta < best.choice.fragment_delta:
-                    best = NodeChoice(card.uuid, j, gpu.model, c)
+                    best = NodeChoice(card.uuid, j, gpu.model, c, card.memory_mib)
             if best is None:
                 why_not[k] = why
                 continue
