@@ -3,9 +3,9 @@ the device plugin alone), its own pods run by two real nodes' kubelets (scripts/
 ChartRelease, on test_e2e_chart_pods.py's control plane that serves pods), and `gpupool doctor` run against
 it as a user runs it. One installed release serves all three tests, in order:
 
-1. `helm install` with the webhook's Deployment at 0 replicas: every object accepted (the agent's policy
+1. `helm install` with the webhook's pods placeable on no node: every object accepted (the agent's policy
    type-checks clean, the webhooks keep `matchConditions`), and a GPU pod refused while nothing serves the
-   webhook (the chart fails closed); `helm upgrade` to 2 replicas, then a share pod created with kubectl as a
+   webhook (the chart fails closed); `helm upgrade` to the default placement, then a share pod created with kubectl as a
    tenant writes it is admitted by the webhook pod (the release's own scheduler name written), placed by the
    scheduler pod and granted by the agent pod of its node.
 2. `gpupool doctor` (the CLI, the administrator's kubeconfig, its default node selection) passes the healthy
@@ -92,7 +92,8 @@ def objects(c: Cluster) -> list[str]:
 
 def test_install_fails_closed_until_the_webhook_serves_then_runs_a_share_pod(cluster: Cluster) -> None:
     c, rel = cluster, cluster.release
-    rel.values += ["--set", "webhook.replicas=0"]
+    # The webhook's pods can run on no node (a node selector none matches): installed, not yet serving.
+    rel.values += ["--set-json", 'webhook.nodeSelector={"e2e/group": "nowhere"}']
     rel.install()
     installed = objects(c)
     kinds = {n.split("/")[0] for n in installed}
@@ -112,7 +113,7 @@ def test_install_fails_closed_until_the_webhook_serves_then_runs_a_share_pod(clu
     assert out.returncode != 0 and "gpupool" in out.stderr, out.stderr
 
     # ... and once its pods serve, a share pod written as a tenant writes it runs.
-    rel.upgrade("--set", "webhook.replicas=2")
+    rel.upgrade("--set", "webhook.nodeSelector=null")  # the chart's default again: any node
     rel.wait_ready(timeout_s=420)
     assert objects(c) == installed  # the same objects, changed in place
     for node in c.nodes.nodes:
@@ -175,20 +176,19 @@ def failures(report: Obj) -> list[tuple[str, str, str]]:
 @contextlib.contextmanager
 def port_forward(c: Cluster) -> Iterator[str]:
     """`kubectl port-forward` to the extender's port in the scheduler pod (it listens on the pod's loopback),
-    as docs/doctor.md tells a user; yields the local URL."""
+    as the doctor's own hint tells a user; yields the local URL."""
     port = c.release.extender_port()
-    proc = subprocess.Popen([str(c.kubectl_bin), "--kubeconfig", str(c.bed.kubeconfig()), "-n", NAMESPACE,
-                             "port-forward", f"deployment/{FULLNAME}-scheduler", f":{port}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:NNNNN -> PORT"
-        found = re.search(r"127\.0\.0\.1:(\d+) ->", line)
-        assert found, line + (proc.stdout.read() if proc.poll() is not None else "")
-        yield f"http://127.0.0.1:{found.group(1)}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with subprocess.Popen([str(c.kubectl_bin), "--kubeconfig", str(c.bed.kubeconfig()), "-n", NAMESPACE,
+                           "port-forward", f"deployment/{FULLNAME}-scheduler", f":{port}"],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # "Forwarding from 127.0.0.1:NNNNN -> PORT"
+            found = re.search(r"127\.0\.0\.1:(\d+) ->", line)
+            assert found, line + (proc.stdout.read() if proc.poll() is not None else "")
+            yield f"http://127.0.0.1:{found.group(1)}"
+        finally:
+            proc.terminate()  # the with block then waits for it and closes its pipe
 
 
 def agent_pid(rel: release.ChartRelease, node: str) -> int:
