@@ -530,13 +530,19 @@ def main(argv: list[str] | None = None) -> int:
               "--population must be positive", file=sys.stderr)
         return 2
     print(f"cores: {os.cpu_count()}", flush=True)
+    import pytest
+
     from tests.e2e.test_e2e_chart_pods import chart_cluster
 
     started = time.monotonic()
-    with chart_cluster("soak", "gpupool-soak", install=True) as cluster:
-        print(f"cluster with the chart's pods up in {time.monotonic() - started:.0f}s", flush=True)
-        result = run(cluster, args.minutes, args.seed, kinds, args.gap_s, args.population, args.grace_s,
-                     args.node_down_s, log=lambda s: print(s, flush=True))
+    try:
+        with chart_cluster("soak", "gpupool-soak", install=True) as cluster:
+            print(f"cluster with the chart's pods up in {time.monotonic() - started:.0f}s", flush=True)
+            result = run(cluster, args.minutes, args.seed, kinds, args.gap_s, args.population, args.grace_s,
+                         args.node_down_s, log=lambda s: print(s, flush=True))
+    except (pytest.fail.Exception, tb.TestbedError) as e:  # the fixtures' failures: what is missing, or busy
+        print(f"soak.py: the cluster did not run: {e}", file=sys.stderr)
+        return 1
     line = result.line
     print(f"faults {line['faults']}, pods {line['pods']} (of which claim pods {line['claims']}), violations "
           f"{line['violations']}; creations refused by the API {line['refused']}, pods failed {line['failed_pods']}")
