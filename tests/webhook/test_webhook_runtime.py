@@ -7,8 +7,7 @@ from typing import Any
 
 import pytest
 
-from gpupool.api.names import ANN_ISOLATION, ANN_MODEL, RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
-from gpupool.api.names import ANN_RUNTIME
+from gpupool.api.names import ANN_ISOLATION, ANN_MODEL, ANN_RUNTIME, RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
 from gpupool.webhook.admission import Decision, Settings, check_create
 from gpupool.webhook.inventory import Limits
 from tests.webhook.helpers import pod
