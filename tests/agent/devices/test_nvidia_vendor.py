@@ -14,12 +14,11 @@ from gpupool.agent.devices.fake_mig import FakeMigDriver
 from gpupool.agent.devices.mig import MigError
 from gpupool.agent.devices.nvidia import (
     MigPartitions,
-    NvidiaContainerDevices,
     NvidiaVendor,
     nvidia_visible,
     partition_error,
 )
-from gpupool.agent.devices.vendor import Partition, PartitionBackend, PartitionError, Vendor
+from gpupool.agent.devices.vendor import ContainerDevices, Partition, PartitionBackend, PartitionError, Vendor
 from gpupool.agent.isolation.grant import ContainerGrant, build_grant
 from gpupool.agent.isolation.vendors import merge_env
 from gpupool.api.allocation import AllocationDoc, GrantDoc, MigGrantDoc
@@ -201,7 +200,7 @@ MIG_PART = Partition(GPU, "MIG-4f1c-0001", "3g.40gb", 4, 40448, 60)
 def test_container_devices_name_the_card_or_its_mig_instance(partition: Partition | None, cdi_kind: str | None,
                                                              env: dict[str, str], cdi: tuple[str, ...]) -> None:
     got = NvidiaVendor(fake_backend(mig=False), cdi_kind=cdi_kind).container_devices(CARD, partition)
-    assert isinstance(got, NvidiaContainerDevices)
+    assert isinstance(got, ContainerDevices)
     # the toolkit picks the device nodes from the variable or the CDI spec: the agent hands none itself
     assert (got.device_nodes, dict(got.env), got.cdi_devices) == ((), env, cdi)
 
@@ -258,10 +257,10 @@ def test_for_any_grant_the_vendors_devices_are_what_grant_hands_out(
     assert isinstance(granted, ContainerGrant), granted
 
     mine = [vendor.container_devices(DEVICES[u], carved.get(u)) for u in cards]
-    assert all(isinstance(m, NvidiaContainerDevices) and m.device_nodes == () for m in mine)
+    assert all(m.device_nodes == () for m in mine)
     env = merge_env([m.env for m in mine])
     assert {k: v for k, v in granted.envs.items() if k in env} == env
-    assert [n for m in mine if isinstance(m, NvidiaContainerDevices) for n in m.cdi_devices] == granted.cdi_devices
+    assert [n for m in mine for n in m.cdi_devices] == granted.cdi_devices
     assert granted.devices == []
 
 
@@ -279,7 +278,7 @@ def test_the_agent_builds_nvidias_vendor_for_nvml_and_installs_it(monkeypatch: p
         source = devices_source(config, "nvidia")
         assert isinstance(source, NvidiaVendor)
         got = source.container_devices(CARD)
-        assert isinstance(got, NvidiaContainerDevices)
+        assert isinstance(got, ContainerDevices)
         assert (dict(got.env), got.cdi_devices) == ({"NVIDIA_VISIBLE_DEVICES": "void"}, (f"example.com/gpu={GPU}",))
     finally:
         uninstall_vendor("nvidia")

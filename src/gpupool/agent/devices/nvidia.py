@@ -66,14 +66,6 @@ def nvidia_visible(visible: Sequence[str], cdi_kind: str | None) -> NvidiaVisibl
     return NvidiaVisible({VISIBLE_ENV: ",".join(visible)}, [])
 
 
-@dataclass(frozen=True, slots=True)
-class NvidiaContainerDevices(ContainerDevices):
-    """ContainerDevices plus the CDI device names, which only NVIDIA's path hands out per card (the seam's
-    ContainerDevices has no field for them)."""
-
-    cdi_devices: tuple[str, ...] = ()
-
-
 def _code(error: MigError) -> str:
     return error.code if error.code in _PARTITION_CODES else _FOLDED.get(error.code, "INVALID_ARGUMENT")
 
@@ -216,4 +208,4 @@ class NvidiaVendor:
     def container_devices(self, device: DeviceInfo, partition: Partition | None = None) -> ContainerDevices:
         """The card (or its MIG instance `partition`) as grant.py hands it: `nvidia_visible` of its one ID."""
         visible = nvidia_visible([partition.partition_id if partition is not None else device.uuid], self._cdi_kind)
-        return NvidiaContainerDevices((), dict(visible.env), cdi_devices=tuple(visible.cdi_devices))
+        return ContainerDevices((), dict(visible.env), cdi_devices=tuple(visible.cdi_devices))

@@ -83,6 +83,7 @@ class ContainerDevices:
     # host path -> container path where they differ (an Ascend vNPU's /dev/vdavinci<id> is /dev/davinci<id>
     # inside, where the CANN runtime looks)
     renames: Mapping[str, str] = field(default_factory=dict)
+    cdi_devices: tuple[str, ...] = ()  # CDI device names the runtime resolves itself (NVIDIA's toolkit, `cdi: true`)
 
     def container_path(self, host_path: str) -> str:
         return self.renames.get(host_path, host_path)
