@@ -23,7 +23,7 @@ def plugin(layouts: MigLayouts, nodes: list[Node]) -> tuple[MigPlacement, Cluste
     state = ClusterState(nodes)
     mig_gpu = np.array([[g.uuid in layouts.nodes.get(n.name, {}) for g in n.gpus] for n in nodes], dtype=bool)
     mig = MigState()
-    mig.layouts, mig.gpu, mig.node = layouts, mig_gpu, mig_gpu.any(axis=1)
+    mig.layouts, mig.gpu, mig.node = layouts, mig_gpu, np.asarray(mig_gpu.any(axis=1), dtype=bool)
     handle: Any = SimpleNamespace(ledger=SimpleNamespace(state=state))
     return MigPlacement(handle, Args(), mig), state
 
