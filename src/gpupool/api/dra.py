@@ -16,7 +16,9 @@ per profile and start slot, `gpu-<index>-<profile>-<start>` (e.g. `gpu-0-3g40gb-
 and consuming counters of the GPU's counter set (one per memory slice, the compute slices, the media
 engines), so that the allocator can only hand out partitions that form a valid MIG layout (core.mig); the
 agent carves the instance when the claim is prepared. Counter sets live in their own ResourceSlices (the
-API keeps devices and counters apart), so a node's pool may span several slices.
+API keeps devices and counters apart), so a node's pool may span several slices. An AMD or Ascend card in
+partition mode is published the same way with its vendor's geometry (`vendor_partition_devices`: one device
+per AMD mode and first XCC, `gpu-0-cpx-nps4-3`, or per vNPU template and index, `gpu-0-vir08-2`).
 
 Isolation comes from the DeviceClass's opaque config only (`FromClass`, written by the admin): a claim's
 own config (`FromClaim`) is the tenant's and never chooses it, or a tenant could ask for `none` and lift

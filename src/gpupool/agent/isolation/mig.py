@@ -1,4 +1,6 @@
-"""Isolation `mig`: the MIG device the MIG manager (gpupool.agent.devices.mig) carved for the pod."""
+"""Isolation `mig`: the MIG device the MIG manager (gpupool.agent.devices.mig) carved for the pod; on an AMD or
+Ascend node the same manager carves the claim's partition or vNPU (gpupool.agent.devices.partitions), and the
+DRA driver hands out that partition's own devices (gpupool.agent.dra.driver)."""
 
 from __future__ import annotations
 
