@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpupool.agent.devices.amd import AmdBackend, AmdPartitions
 from gpupool.agent.devices.ascend import AscendBackend, AscendPartitions
@@ -201,3 +204,64 @@ def test_an_amd_card_changes_mode_only_when_no_partition_is_in_use(amd: tuple[Am
     assert isinstance(got, MigGranted) and got.created and mode(state) == ("CPX", "NPS4")
     assert sorted((e.profile, e.start, e.pod) for e in m.entries) == [
         ("CPX/NPS4", k, "third" if k == 5 else None) for k in range(8)]
+
+
+# --- property: random claims, releases, reaps and restarts on an Ascend card ------------------------------------
+OPS = st.lists(st.one_of(
+    st.tuples(st.just("ensure"), st.integers(0, 3), st.sampled_from(["vir02", "vir04", "vir08", "vir16"]),
+              st.integers(0, 14)),
+    st.tuples(st.just("release"), st.integers(0, 3)),
+    st.tuples(st.just("reap")),
+    st.tuples(st.just("restart")),
+), max_size=25)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops=OPS)
+def test_random_claims_never_lose_a_held_vnpu_and_the_card_stays_a_valid_layout(ops: list[tuple[Any, ...]]) -> None:
+    from gpupool.core.mig import PlacedInstance
+    from gpupool.core.partitions import layout_problems
+
+    with tempfile.TemporaryDirectory(prefix="gpp-prop-") as tmp:
+        state = Path(tmp) / "dcmi.json"
+        dcmi_fake.write_state(state, [{"card_id": 0, "chips": [dcmi_fake.card_910b(0)]}])
+        before = os.environ.get(dcmi_fake.STATE_ENV)
+        os.environ[dcmi_fake.STATE_ENV] = str(state)
+        try:
+            backend = AscendBackend(str(dcmi_fake.library()), numa_reader=lambda bus: 0)
+            gpu = card(backend)
+
+            def make() -> MigManager:
+                return manager(PartitionMigBackend(backend, AscendPartitions(backend), True), Path(tmp))
+
+            m = make()
+            held: dict[str, tuple[str, int, str]] = {}  # claim -> (template, slot, vNPU id) it was given
+            for op in ops:
+                if op[0] == "ensure":
+                    claim = f"c{op[1]}"
+                    got = m.ensure(claim, gpu, op[2], op[3])
+                    if isinstance(got, MigGranted):
+                        if claim in held:  # asked again: the same vNPU, whatever this ask named
+                            assert got.uuid == held[claim][2]
+                        held[claim] = (got.profile, got.start, got.uuid)
+                elif op[0] == "release":
+                    m.release(f"c{op[1]}")
+                    held.pop(f"c{op[1]}", None)
+                elif op[0] == "reap":
+                    m.reap()
+                else:
+                    m = make()
+                    m.reconcile({c: v[2] for c, v in held.items()})
+                on_card = {v["vdev_id"] - 100: v["template"] for v in dcmi_fake.chip_state(state, 0).get("vnpus", [])}
+                for claim, (profile, start, uuid) in held.items():
+                    assert on_card.get(start) == profile and uuid == str(100 + start), (claim, on_card)
+                    holder = m.holder(claim)
+                    assert holder is not None and holder.uuid == uuid
+                layout = [PlacedInstance(p, s) for s, p in on_card.items()]
+                assert layout_problems("Ascend910B", layout) == []
+                assert sorted((e.profile, e.start) for e in m.entries) == sorted((p, s) for s, p in on_card.items())
+        finally:
+            if before is None:
+                del os.environ[dcmi_fake.STATE_ENV]
+            else:
+                os.environ[dcmi_fake.STATE_ENV] = before
