@@ -53,6 +53,12 @@ def test_an_mi300x_in_partition_mode_is_its_27_placements_with_one_counter_per_x
     assert "allowMultipleAllocations" not in qpx  # one claim per partition
 
 
+def test_an_amd_card_with_a_partition_held_publishes_only_its_mode() -> None:
+    held = SliceDevice(0, "A-0", "MI300X", MI300X_MIB, mig_mode=True, mode_in_use="CPX/NPS4")
+    (devices_slice, _) = resource_slices("n1", "uid", [held], "", 0)
+    assert [d["name"] for d in devices_slice["spec"]["devices"]] == [f"gpu-0-cpx-nps4-{k}" for k in range(8)]
+
+
 def test_ascend_cards_publish_every_template_at_every_vnpu_index() -> None:
     devices, counters = _slices("Ascend910B")
     assert counters == {"aicore": 30, **{f"vnpu-{k}": 1 for k in range(15)}}

@@ -146,6 +146,9 @@ class SliceDevice:
     taints: tuple[tuple[str, str, str], ...] = ()  # (key, value, timeAdded), effect NoSchedule
     mig_mode: bool = False  # in MIG mode: published as its MIG partitions (a model gpupool knows the geometry of)
     remote_server: str = ""  # the node's GPU server (tcp:HOST:PORT) serving remote shares of it; "": none
+    # An AMD card's mode while a partition of it is held ("CPX/NPS4"; "": none held): only that mode's
+    # partitions are published then, since a card is in one mode at a time and counters cannot say so.
+    mode_in_use: str = ""
 
     @property
     def mig(self) -> MigModel | None:
@@ -256,7 +259,8 @@ def _vendor_counters(model: PartitionModel) -> dict[str, int]:
     so two vir01 share a vGroup and its 2 AI Cores, and an odd vir01 count leaves the other half unusable, as
     gpupool.core.partitions plans it). A set of Ascend vNPUs whose consumption fits is exactly a valid layout;
     on AMD the counters hold the XCC geometry but not the card's one mode at a time (no counters can: the
-    modes' partitions overlap in every way), which gpupool's allocator and the agent hold instead
+    modes' partitions overlap in every way), which gpupool's allocator and the agent hold instead, and the
+    slice narrows to the card's mode while a partition of it is held (`SliceDevice.mode_in_use`)
     (tests/api/test_dra_vendor_partitions.py checks both against core.partitions)."""
     if model.kind == PARTITION_XCP:
         return {f"xcc-{k}": 1 for k in range(model.slots)}
@@ -287,6 +291,8 @@ def vendor_partition_devices(d: SliceDevice, model: PartitionModel, driver_versi
     out = []
     base = {k: v for k, v in _attributes(d, driver_version).items() if k != "migCapable"}
     for p in model.profiles:
+        if model.kind == PARTITION_XCP and d.mode_in_use and p.name != d.mode_in_use:
+            continue  # the card's mode is fixed while a partition of it is held
         milli, memory = vendor_share(model, p, d.memory_mib)
         starts = p.starts if model.kind == PARTITION_XCP else tuple(range(model.max_partitions))
         for start in starts:

@@ -153,6 +153,11 @@ async def test_a_cpx_nps4_claim_is_carved_handed_its_render_node_and_released(sm
             # 192 GiB as AMD SMI reports it (196,592 MiB) over 8, rounded down; 38 of 304 CUs = 12.5 %
             assert (e["GPUPOOL_MEMORY_LIMIT_MIB"], e["GPUPOOL_CORES_PERCENT"]) == ("24574", "12.5")
 
+            async def narrowed() -> bool:  # card 0's slice shows its mode only while the partition is held
+                names = [d["name"] for d in (await _pool(r))[0]["spec"]["devices"]]
+                return len(names) == 8 + 27 and all(n.startswith("gpu-0-cpx-nps4-") for n in names[:8])
+
+            await _eventually_async(narrowed)
             other = await r.cluster.create_object(RESOURCE_CLAIMS, claim("qpx", [_partition("gpu-0-qpx-nps1-0")],
                                                                          MIG_CLASS))
             error = (await prepare(r, other)).claims[other["metadata"]["uid"]].error
@@ -165,6 +170,11 @@ async def test_a_cpx_nps4_claim_is_carved_handed_its_render_node_and_released(sm
             assert entries(r) == []
             card = amd_fake.read_state(state)["cards"][0]
             assert (card["compute"], card["memory"]) == ("SPX", "NPS1")
+
+            async def every_mode_again() -> bool:
+                return len((await _pool(r))[0]["spec"]["devices"]) == 54
+
+            await _eventually_async(every_mode_again)
 
 
 async def test_a_vir08_claim_is_carved_as_a_vnpu_handed_its_node_and_destroyed_after_unprepare(

@@ -21,6 +21,7 @@ from gpupool.api.times import format_time
 from gpupool.cluster.port import NotFound
 from gpupool.core.geometry import vendor_model
 from gpupool.core.mig import mig_model
+from gpupool.core.vendors import PARTITION_XCP
 
 log = logging.getLogger("gpupool.agent.dra")
 
@@ -60,8 +61,17 @@ class SlicePublishing:
         return [SliceDevice(d.index, d.uuid, d.model, d.memory_mib, d.compute_capability, d.numa_node,
                             d.nvlink_peers, mig_model(d.model) is not None, self._taints(d, now),
                             mig_mode=(mig := self._partitioned(d)),
-                            remote_server="" if mig else server)
+                            remote_server="" if mig else server, mode_in_use=self._mode_in_use(d) if mig else "")
                 for d in known]
+
+    def _mode_in_use(self, d: DeviceInfo) -> str:
+        """An AMD card's mode while a claim holds (or a carving or destruction is under way on) a partition of
+        it: only that mode's partitions are published then (gpupool.api.dra.SliceDevice.mode_in_use)."""
+        model = vendor_model(d.model)
+        if self.mig is None or model is None or model.kind != PARTITION_XCP:
+            return ""
+        held = {e.profile for e in self.mig.entries if e.gpu == d.uuid and (e.pod is not None or e.state != "ready")}
+        return held.pop() if len(held) == 1 else ""
 
     def _partitioned(self, d: DeviceInfo) -> bool:
         """Published as its partitions: an NVIDIA GPU in MIG mode, or an AMD / Ascend card in partition mode
