@@ -13,7 +13,11 @@ pod address on a node's bridge, which this host routes to). DRA is on (`dra.enab
 ChartRelease(dra=False)) with the chart's own paths: each agent pod mounts /var/lib/kubelet/plugins_registry,
 /var/lib/kubelet/plugins/gpu.gpupool.io and /var/run/cdi, which in each real node's mount namespace are that
 node's kubelet directories and the CDI directory its containerd reads (scripts/k8s/realnode.py); GPUs 0 and
-1 of each node are NVLink peers (the fake file), so docs/claims.md's NVLink example is allocatable.
+1 of each node are NVLink peers (the fake file), so docs/claims.md's NVLink example is allocatable. With
+ChartRelease(remote=True) each agent pod also runs its node's GPU servers (`dra.remote.enabled`) over the
+fake CUDA driver of tests/native/fakes, compiled into a host directory every node sees
+(`dra.remote.fakeDriverDir`), and pods dial them at the agent pods' own addresses (`dra.remote.address=
+podIP`: the nodes' addresses are loopback ones, and the nodes share this host's network namespace).
 
 What the testbed lacks and a cluster has is all this module adds beside helm: the images in each node's
 containerd (a registry's job), the GPU-node label (an administrator's), and the testbed's values
