@@ -93,7 +93,7 @@ async def test_the_service_runs_it_on_the_leader_only_and_not_by_default() -> No
         await cluster.create_object(RESOURCE_CLAIMS, c)
     off = ExtenderService(cluster, SchedulerConfig(leader_elect=False, gpupool_namespace=NS))
     await off.start()
-    assert off.defrag.max_moves == 0 and off.defrag._task is None
+    assert off.defrag.max_moves == 0 and not off.defrag.running
     await off.stop()
     on = ExtenderService(cluster, SchedulerConfig(leader_elect=True, gpupool_namespace=NS, defrag_moves=3,
                                                   defrag_threshold=0.2, defrag_interval_s=30, defrag_gib=8))

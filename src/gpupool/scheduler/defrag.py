@@ -19,8 +19,6 @@ last round is unfinished no other is planned.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
 
@@ -30,6 +28,7 @@ from gpupool.cluster.port import RESOURCE_SLICES, ApiError
 from gpupool.core.defrag import DefragPlan, fragmentation, plan_defrag
 from gpupool.core.frag import WorkloadArrays
 from gpupool.core.moves import MIB_PER_GIB
+from gpupool.scheduler.beat import Beat
 from gpupool.scheduler.claims import usable_devices
 from gpupool.scheduler.framework.interface import Handle
 from gpupool.scheduler.moves import movable_shares, server_state, start_moves
@@ -52,7 +51,8 @@ class Defragmenter:
         self.in_flight: set[str] = set()  # claim UIDs the last round moves
         self.started = 0  # moves started (tests, metrics)
         self.rounds = 0  # rounds that started moves
-        self._task: asyncio.Task[None] | None = None
+        self._beat = Beat("defragmenter", interval_s, ready, self.round_once, (ApiError,),
+                          "defragmentation round not done")
 
     def plan(self, servers: Mapping[str, Iterable[int]]) -> DefragPlan | None:
         """The round's plan on the ledger as it is (None: not due, below the threshold or nothing to do)."""
@@ -102,23 +102,13 @@ class Defragmenter:
                                       api_version=str(claim.get("apiVersion", "resource.k8s.io/v1")))
         return plan
 
+    @property
+    def running(self) -> bool:
+        return self._beat.running
+
     def start(self) -> None:
         if self.max_moves > 0:
-            self._task = asyncio.create_task(self._run(), name="defragmenter")
+            self._beat.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            if not self.ready():
-                continue
-            try:
-                await self.round_once()
-            except ApiError as e:  # the next round tries again
-                log.warning("defragmentation round not done: %s", e)
+        await self._beat.stop()

@@ -39,8 +39,6 @@ ahead of need.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -57,6 +55,7 @@ from gpupool.cluster.port import CONFIGMAPS, ApiError, ClusterPort, Conflict, Ob
 from gpupool.core.model import MILLI_PER_GPU, PodRequest
 from gpupool.core.moves import MovePlan, plan_moves
 from gpupool.core.state import BoolArray, ClusterState
+from gpupool.scheduler.beat import Beat
 from gpupool.scheduler.busy import BusyNodes
 from gpupool.scheduler.config import SchedulerConfig
 from gpupool.scheduler.framework.choice import gpus_on
@@ -300,7 +299,8 @@ class MoveDeadlines:
         self.interval_s = interval_s
         self.default_s = default_s
         self.cancelled = 0  # moves cancelled (tests, metrics)
-        self._task: asyncio.Task[None] | None = None
+        self._beat = Beat("move-deadlines", interval_s, ready, self.check_once, (ApiError, MoveError),
+                          "moves past their deadline not cancelled")
 
     async def check_once(self) -> dict[str, Move]:
         """Cancel what is past its deadline now; the moves cancelled."""
@@ -315,24 +315,10 @@ class MoveDeadlines:
         return done
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="move-deadlines")
+        self._beat.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            if not self.ready():
-                continue
-            try:
-                await self.check_once()
-            except (ApiError, MoveError) as e:  # the next check tries again
-                log.warning("moves past their deadline not cancelled: %s", e)
+        await self._beat.stop()
 
 
 
