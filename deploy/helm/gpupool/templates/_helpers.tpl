@@ -36,6 +36,42 @@ app.kubernetes.io/component: {{ .component }}
 {{ .Values.scheduler.kubeScheduler.image.repository }}:{{ $tag }}
 {{- end -}}
 
+{{/* The agent DaemonSets, one per vendor of agent.vendors, as a JSON list; each entry:
+  vendor     nvidia | amd | ascend
+  component  the pods' component label and the DaemonSet's name suffix: agent for NVIDIA (the name and
+             selector of the single DaemonSet of before, so an upgrade rolls it), agent-<vendor> otherwise
+  backend    NVIDIA's is agent.backend (nvml, or fake on test clusters; with NVIDIA alone also amdsmi or dcmi,
+             one backend for the whole release as before); AMD's amdsmi, Ascend's dcmi
+  nvidia     what only NVIDIA nodes have: the RuntimeClass, the NVIDIA runtime's variables, the CUDA GPU
+             servers of remote shares
+  labelled   the DaemonSet and its pods carry gpupool.io/agent-vendor (not on the default, NVIDIA alone)
+  nodeMatch  with several vendors, the node-affinity expression that picks this vendor's nodes */}}
+{{- define "gpupool.agentVendors" -}}
+{{- $vendors := .Values.agent.vendors | default (list "nvidia") -}}
+{{- $several := gt (len $vendors) 1 -}}
+{{- $nodes := .Values.agent.vendorNodes -}}
+{{- $backends := dict "nvidia" .Values.agent.backend "amd" "amdsmi" "ascend" "dcmi" -}}
+{{- $out := list -}}
+{{- range $vendors -}}
+{{- $nvidia := eq . "nvidia" -}}
+{{- $entry := dict "vendor" . "component" (ternary "agent" (printf "agent-%s" .) $nvidia) "backend" (get $backends .)
+      "nvidia" $nvidia "labelled" (or $several (not $nvidia)) -}}
+{{- if $several -}}
+{{- if eq $nodes.by "nfd" -}}
+{{- $_ := set $entry "nodeMatch" (dict "key" (get $nodes.nfd .) "operator" "In" "values" (list "true")) -}}
+{{- else if $nvidia -}}
+{{- /* An NVIDIA node needs no label: every node the label gives another vendor is left out, so the nodes
+       of a release that served NVIDIA alone keep their agent when other vendors join. */ -}}
+{{- $_ := set $entry "nodeMatch" (dict "key" $nodes.label "operator" "NotIn" "values" (list "amd" "ascend")) -}}
+{{- else -}}
+{{- $_ := set $entry "nodeMatch" (dict "key" $nodes.label "operator" "In" "values" (list .)) -}}
+{{- end -}}
+{{- end -}}
+{{- $out = append $out $entry -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}
+
 {{- define "gpupool.schedulerSA" -}}{{ include "gpupool.fullname" . }}-scheduler{{- end -}}
 {{- define "gpupool.agentSA" -}}{{ include "gpupool.fullname" . }}-agent{{- end -}}
 {{- define "gpupool.webhookSA" -}}{{ include "gpupool.fullname" . }}-webhook{{- end -}}
