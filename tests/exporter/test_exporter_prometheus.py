@@ -239,10 +239,11 @@ def test_grafana_dashboard_uses_only_exported_metrics(cluster: ClusterState, giv
         assert names, expr
         used |= names
     assert used <= exported, used - exported
-    # the dashboard covers the pool, the grants, the scheduler and the devices
+    # the dashboard covers the pool, the grants, the scheduler, the devices and each vendor's cards
     assert {"gpupool_pool_allocated_ratio", "gpupool_grant_cores_ratio",
             "gpupool_extender_request_duration_seconds_bucket", "DCGM_FI_DEV_GPU_UTIL",
             "gpupool_pending_gpu_pods"} <= used
+    assert {n for n in exported if n.startswith("gpupool_vendor_")} <= used
     for var in doc["templating"]["list"]:
         if var["type"] == "query":
             metric = re.match(r"label_values\((\w+), (\w+)\)", var["definition"])
