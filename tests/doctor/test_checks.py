@@ -317,7 +317,7 @@ async def test_agent_pods_not_ready_are_a_warning_while_the_checked_nodes_are_se
         for n in nodes:
             await cluster.create_node(n)
         doctor = Doctor(cluster, Options(namespace="ns", node_labels={"scope": "in"}), clock=lambda: 0.0)
-        await doctor._nodes(daemonset)
+        await doctor._nodes([daemonset])
         return next(f for f in doctor.findings if f.subject == "DaemonSet gp-agent")
 
     served = node("gpu-1", labels={"scope": "in", "gpupool.io/gpu-node": "true"})
@@ -376,3 +376,25 @@ async def test_the_dra_rights_are_asked_only_of_a_release_with_dra() -> None:
     assert [f.status for f in findings] == [Status.OK] * 3
     both, _ = await asked({"GPUPOOL_AGENT_DRA": "true", "GPUPOOL_AGENT_WATCHDOG": "true"})
     assert both == with_dra | {watchdog}
+
+
+async def test_every_vendors_agent_daemonset_is_judged_with_its_own_pods() -> None:
+    """A release serving NVIDIA and AMD nodes has two agent DaemonSets (chart value agent.vendors): each is
+    reported, and the one not ready points at its own pods (component agent-amd), not NVIDIA's."""
+    from gpupool.cluster.memory import MemoryCluster
+    from gpupool.doctor.collect import Doctor, Options
+
+    def daemonset(name: str, component: str, ready: int) -> Obj:
+        return {"metadata": {"name": name, "namespace": "ns"},
+                "spec": {"template": {"metadata": {"labels": {"app.kubernetes.io/component": component}},
+                                      "spec": {"nodeSelector": {"gpupool.io/gpu-node": "true"}}}},
+                "status": {"desiredNumberScheduled": 1, "numberReady": ready}}
+
+    cluster = MemoryCluster()
+    await cluster.create_node(node("gpu-1", slots="0", labels={"gpupool.io/gpu-node": "true"}))
+    doctor = Doctor(cluster, Options(namespace="ns"), clock=lambda: 0.0)
+    await doctor._nodes([daemonset("gp-agent", "agent", 1), daemonset("gp-agent-amd", "agent-amd", 0)])
+    found = {f.subject: f for f in doctor.findings if f.subject.startswith("DaemonSet ")}
+    assert found["DaemonSet gp-agent"].status is Status.OK
+    amd = found["DaemonSet gp-agent-amd"]
+    assert amd.status is Status.FAIL and "logs -l app.kubernetes.io/component=agent-amd" in amd.fix

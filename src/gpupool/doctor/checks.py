@@ -26,6 +26,9 @@ from gpupool.api.names import ANN_INVENTORY, DOMAIN, RESOURCE_GPU
 Obj = dict[str, Any]
 
 GPU_NODE_LABEL = f"{DOMAIN}/gpu-node"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+# the agent pods' components: NVIDIA's DaemonSet, and one per other vendor (chart value agent.vendors)
+AGENT_COMPONENTS = ("agent", "agent-amd", "agent-ascend")
 VALIDATION_PREFIX = f"{DOMAIN}/validation."
 READY_CONDITION = "GpupoolReady"
 SCHEDULER_CONFIG_KEY = "scheduler-config.yaml"
@@ -165,8 +168,10 @@ def workload(component: str, kind: str, obj: Obj | None, namespace: str, answere
                        f"label the GPU nodes ({GPU_NODE_LABEL}=true) or set agent.nodeSelector")
     if ready >= want:
         return Finding(component, subject, Status.OK, detail)
+    # the pods' own component label: a vendor's agent DaemonSet labels its pods agent-amd, agent-ascend
+    pods = ((obj.get("spec") or {}).get("template") or {}).get("metadata", {}).get("labels") or {}
     fix = f"kubectl -n {namespace} describe {kind.lower()} {name}; kubectl -n {namespace} logs -l " \
-          f"app.kubernetes.io/component={component} --all-containers"
+          f"app.kubernetes.io/component={pods.get(COMPONENT_LABEL, component)} --all-containers"
     if ready or answered:
         why = "" if ready else ", yet the component answers: something outside the release serves it"
         return Finding(component, subject, Status.WARN, detail + why, fix)
@@ -300,7 +305,7 @@ def gpu_node(node: Obj, namespace: str, serving: Serving = Serving(), slice_devi
     name = _name(node)
     subject = f"node {name}"
     text = (_meta(node).get("annotations") or {}).get(ANN_INVENTORY)
-    agent_logs = f"kubectl -n {namespace} get pods -l app.kubernetes.io/component=agent " \
+    agent_logs = f"kubectl -n {namespace} get pods -l '{COMPONENT_LABEL} in ({','.join(AGENT_COMPONENTS)})' " \
                  f"--field-selector spec.nodeName={name}; and its logs"
     if not text:
         return Finding("agent", subject, Status.FAIL, f"no {ANN_INVENTORY}: no agent ever ran here", agent_logs)

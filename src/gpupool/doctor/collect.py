@@ -47,7 +47,7 @@ VALIDATING = Kind("admissionregistration.k8s.io", "v1", "ValidatingWebhookConfig
 ACCESS_REVIEWS = Kind("authorization.k8s.io", "v1", "SubjectAccessReview", "subjectaccessreviews", namespaced=False)
 
 INSTANCE = "app.kubernetes.io/instance"
-COMPONENT = "app.kubernetes.io/component"
+COMPONENT = checks.COMPONENT_LABEL
 CHART_NAME = {"app.kubernetes.io/name": "gpupool"}  # what every workload of the chart carries
 SCRATCH_LABEL = "gpupool.io/doctor"
 # What a request can fail with besides the port's ApiError: the adapter passes transport errors (refused,
@@ -127,11 +127,13 @@ class Doctor:
             return [*self.findings, *([missing] if missing else [])]
         deployments = {d["metadata"].get("labels", {}).get(COMPONENT, ""): d
                        for d in await self._guard("api", self._release_objects(DEPLOYMENTS), [])}
-        agents = await self._guard("api", self._release_objects(DAEMONSETS, "agent"), [])
+        # one agent DaemonSet per vendor the release serves (NVIDIA's first: its name has no vendor suffix)
+        agents = sorted(await self._guard("api", self._release_objects(DAEMONSETS, "agent"), []),
+                        key=lambda d: (len(str(d["metadata"]["name"])), str(d["metadata"]["name"])))
         agent = agents[0] if agents else None
         config = await self._guard("scheduler", self._scheduler(deployments.get("scheduler")), None)
         await self._guard("webhook", self._webhook(deployments.get("webhook"), config), None)
-        await self._guard("agent", self._nodes(agent), None)
+        await self._guard("agent", self._nodes(agents), None)
         await self._guard("dra", self._dra(), None)
         await self._guard("rbac", self._rbac({**deployments, "agent": agent}), None)
         return self.findings
@@ -200,7 +202,10 @@ class Doctor:
 
     # --- nodes ---------------------------------------------------------------------------------------------
 
-    async def _nodes(self, daemonset: Obj | None) -> None:
+    async def _nodes(self, daemonsets: list[Obj]) -> None:
+        """The GPU nodes and the agent DaemonSets. Every vendor's DaemonSet has the release's one nodeSelector
+        and DRA settings, so the first one's say which nodes are GPU nodes and how they are served."""
+        daemonset = daemonsets[0] if daemonsets else None
         selector = ((daemonset or {}).get("spec") or {}).get("template", {}).get("spec", {}).get("nodeSelector") or {}
         nodes, _ = await self.cluster.list_objects(NODES, labels=self.options.node_labels or None)
         gpu_nodes = sorted((n for n in nodes if is_gpu_node(n, selector)), key=lambda n: str(n["metadata"]["name"]))
@@ -218,7 +223,9 @@ class Doctor:
         # Agents answer for the nodes checked (fresh inventory, slots at the kubelet): DaemonSet pods that
         # are not ready are then a warning, as for the webhook and the scheduler.
         answered = bool(served) and all(f.status == Status.OK for f in served)
-        self.findings.append(checks.workload("agent", "DaemonSet", daemonset, self.ns, answered=answered))
+        shown: list[Obj | None] = list(daemonsets) or [None]  # None: the release has no agent DaemonSet
+        for ds in shown:
+            self.findings.append(checks.workload("agent", "DaemonSet", ds, self.ns, answered=answered))
         self.findings.extend(found)
         for node, finding in zip(gpu_nodes, served, strict=True):
             self.findings.append(finding)
