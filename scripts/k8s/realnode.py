@@ -243,6 +243,33 @@ class RealNode:
                               check=False, timeout=30)
         return done.returncode == 0
 
+    def stand_in_devices(self, paths: list[str]) -> None:
+        """Character devices at `paths` (under /dev) as this node's containerd sees them, for CDI specs that
+        name a vendor's device nodes this machine lacks (/dev/kfd, /dev/dri/renderD*, /dev/vdavinci*): containerd
+        refuses a CDI deviceNode whose host path does not exist or is not a device. Each stand-in is a node with
+        /dev/null's numbers (1:3), so a container may open it and reads nothing.
+
+        Only inside the node's mount namespace: the first call lays an overlay over /dev there (the host's
+        /dev below, a tmpfs of the namespace above; /dev/pts and /dev/shm moved back on top), so the host's
+        /dev never changes and the stand-ins go with the namespace when the node stops."""
+        assert self.containerd is not None and self.containerd.alive(), "containerd of this node is not running"
+        top = self.dir / "dev-overlay"
+        top.mkdir(exist_ok=True)
+        keep = "".join(f'mkdir "{top}/keep/{m}"; mount --bind /dev/{m} "{top}/keep/{m}"\n' for m in ("pts", "shm"))
+        back = "".join(f'mount --move "{top}/keep/{m}" /dev/{m}\n' for m in ("pts", "shm"))
+        script = (f'if ! grep -q "^gpupool-dev /dev overlay" /proc/self/mounts; then\n'
+                  f'mount -t tmpfs gpupool-dev "{top}"\nmkdir "{top}/upper" "{top}/work" "{top}/keep"\n{keep}'
+                  f'mount -t overlay gpupool-dev -o lowerdir=/dev,upperdir="{top}/upper",workdir="{top}/work" /dev\n'
+                  f'{back}fi\n')
+        for path in paths:
+            if not path.startswith("/dev/") or ".." in path:
+                raise tb.TestbedError(f"stand-in device {path!r} is not a path under /dev")
+            script += f'mkdir -p "{os.path.dirname(path)}"; [ -c "{path}" ] || mknod -m 666 "{path}" c 1 3\n'
+        done = subprocess.run(["nsenter", "--target", str(self.containerd.popen.pid), "--mount", "--", "sh", "-ec",
+                               script], capture_output=True, text=True, timeout=60, check=False)
+        if done.returncode != 0:
+            raise tb.TestbedError(f"stand-in devices on {self.name} failed ({done.returncode}): {done.stderr.strip()}")
+
     # --- kubelet --------------------------------------------------------------------------------------
     def _cgroup_dirs(self) -> list[Path]:
         return [h / self.cgroup_root.strip("/") for h in _cgroup_hierarchies()]
