@@ -220,12 +220,12 @@ def run_claim(c: DraCluster, allocator: Extender, name: str, profile: str) -> tu
     return pod, claim_obj, str(result["device"])
 
 
-def release(c: DraCluster, name: str, agent: DraAgent) -> None:
-    """Delete the pod (its claim goes with it): the agent unprepares the claim (its checkpoint empties)."""
-    c.delete_pods([name])
-    wait_for(lambda: c.pod(name) is None, 90, f"{name} deleted")
-    wait_for(lambda: not c.claims(), 90, "the pod's claim deleted")
-    wait_for(lambda: not agent.prepared(), 90, "the claim unprepared", agent.tail)
+def release(c: DraCluster, names: list[str], agent: DraAgent) -> None:
+    """Delete the pods (their claims go with them): the agent unprepares the claims (its checkpoint empties)."""
+    c.delete_pods(names)
+    wait_for(lambda: not any(c.pod(n) for n in names), 90, f"{names} deleted")
+    wait_for(lambda: not c.claims(), 90, "the pods' claims deleted")
+    wait_for(lambda: not agent.prepared(), 90, "the claims unprepared", agent.tail)
 
 
 @pytest.fixture(autouse=True)
@@ -235,30 +235,40 @@ def nothing_left(request: pytest.FixtureRequest) -> Iterator[None]:
         request.getfixturevalue("parts").clear()
 
 
-def test_a_cpx_nps4_claim_gets_its_partition_s_render_node_and_releases_it(parts: DraCluster,
-                                                                           allocator: Extender) -> None:
+def test_cpx_nps4_claims_get_their_partitions_render_nodes_on_one_card_and_release_them(
+        parts: DraCluster, allocator: Extender) -> None:
+    """Two CPX/NPS4 claims: the first cuts an idle MI300X into eight partitions, the second takes another of
+    that card's partitions (docs/claims.md: a CPX/NPS4 claim lands on a card already in CPX/NPS4) and the other
+    card stays whole; each container holds /dev/kfd and its own partition's render node only."""
     c = parts
     agent = c.agents[AMD_NODE]
     assert isinstance(agent, VendorDraAgent)
-    pod, claim_obj, device = run_claim(c, allocator, "amd-cpx", "CPX/NPS4")
-    assert pod["spec"]["nodeName"] == c.node(AMD_NODE).name  # only the AMD node publishes CPX/NPS4
-    match = re.fullmatch(r"gpu-(\d)-cpx-nps4-(\d)", device)
-    assert match, device
-    card, xcc = int(match[1]), int(match[2])
-    state = amd_fake.read_state(agent.state)["cards"]
-    assert (state[card]["compute"], state[card]["memory"]) == ("CPX", "NPS4"), state  # carved at prepare
-    assert claim_obj["metadata"]["uid"] in agent.prepared()
-    env, devices = seen(c, "amd-cpx")
-    # the partition's own render node and /dev/kfd, none of the card's seven other partitions'
-    assert devices == {"/dev/kfd", amd_render(card, xcc)}, devices
-    # 196,592 MiB over 8 partitions, rounded down; 38 of the card's 304 CUs = 12.5 %
-    assert {k: env.get(k) for k in ("GPUPOOL_ISOLATION", "GPUPOOL_MIG_PROFILE", "GPUPOOL_MEMORY_LIMIT_MIB",
-                                    "GPUPOOL_CORES_PERCENT")} == {
-        "GPUPOOL_ISOLATION": "mig", "GPUPOOL_MIG_PROFILE": "CPX/NPS4", "GPUPOOL_MEMORY_LIMIT_MIB": "24574",
-        "GPUPOOL_CORES_PERCENT": "12.5"}, env
-    assert not any(k.startswith(("NVIDIA_", "ASCEND_")) for k in env), env
+    held: list[tuple[int, int]] = []
+    for name in ("amd-cpx", "amd-cpx-2"):
+        pod, claim_obj, device = run_claim(c, allocator, name, "CPX/NPS4")
+        assert pod["spec"]["nodeName"] == c.node(AMD_NODE).name  # only the AMD node publishes CPX/NPS4
+        match = re.fullmatch(r"gpu-(\d)-cpx-nps4-(\d)", device)
+        assert match, device
+        card, xcc = int(match[1]), int(match[2])
+        held.append((card, xcc))
+        state = amd_fake.read_state(agent.state)["cards"]
+        assert (state[card]["compute"], state[card]["memory"]) == ("CPX", "NPS4"), state  # carved at prepare
+        assert claim_obj["metadata"]["uid"] in agent.prepared()
+        env, devices = seen(c, name)
+        # the partition's own render node and /dev/kfd, none of the card's seven other partitions'
+        assert devices == {"/dev/kfd", amd_render(card, xcc)}, devices
+        # 196,592 MiB over 8 partitions, rounded down; 38 of the card's 304 CUs = 12.5 %
+        assert {k: env.get(k) for k in ("GPUPOOL_ISOLATION", "GPUPOOL_MIG_PROFILE", "GPUPOOL_MEMORY_LIMIT_MIB",
+                                        "GPUPOOL_CORES_PERCENT")} == {
+            "GPUPOOL_ISOLATION": "mig", "GPUPOOL_MIG_PROFILE": "CPX/NPS4", "GPUPOOL_MEMORY_LIMIT_MIB": "24574",
+            "GPUPOOL_CORES_PERCENT": "12.5"}, env
+        assert not any(k.startswith(("NVIDIA_", "ASCEND_")) for k in env), env
+    (first_card, first_xcc), (second_card, second_xcc) = held
+    assert first_card == second_card and first_xcc != second_xcc, held
+    other = amd_fake.read_state(agent.state)["cards"][1 - first_card]
+    assert (other["compute"], other["memory"]) == ("SPX", "NPS1"), other
 
-    release(c, "amd-cpx", agent)
+    release(c, ["amd-cpx", "amd-cpx-2"], agent)
     # idle partitions are destroyed: the card is whole again (SPX/NPS1)
     wait_for(lambda: [(x["compute"], x["memory"]) for x in amd_fake.read_state(agent.state)["cards"]]
              == [("SPX", "NPS1")] * CARDS, 60, "the AMD card back in SPX/NPS1", agent.tail)
@@ -287,7 +297,7 @@ def test_a_vir08_claim_gets_its_vnpu_and_releases_it(parts: DraCluster, allocato
         "GPUPOOL_MIG_PROFILE": "vir08", "GPUPOOL_MEMORY_LIMIT_MIB": "17476", "GPUPOOL_CORES_PERCENT": "26.6"}, env
     assert not any(k.startswith("NVIDIA_") for k in env), env
 
-    release(c, "ascend-vir08", agent)
+    release(c, ["ascend-vir08"], agent)
     wait_for(lambda: not dcmi_fake.chip_state(agent.state, chip).get("vnpus"), 60, "the vNPU destroyed", agent.tail)
 
 
