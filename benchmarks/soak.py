@@ -444,6 +444,12 @@ def inject(kind: str, soak: Soak, rng: random.Random, node_down_s: float) -> flo
         name = rng.choice(pods)["metadata"]["name"]
         soak.log(f"  deleting pod {name}")
         c.kubectl("-n", rel.namespace, "delete", "pod", name, "--wait=false")
+        # The fault ends when the pod is gone (its containers stopped): until then the release may still look
+        # Ready, and a settle time measured from the request would be a few seconds of nothing.
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and c.bed.admin_request("GET", f"/api/v1/namespaces/{rel.namespace}/pods"
+                                                                  f"?fieldSelector=metadata.name={name}")["items"]:
+            time.sleep(0.5)
 
     if kind == "agent-pod":
         delete_one("agent")
