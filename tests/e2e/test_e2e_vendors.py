@@ -6,8 +6,9 @@ container's environment): NVIDIA_VISIBLE_DEVICES on NVIDIA; on AMD and Ascend th
 devices (GPUPOOL_FAKE_DEVICE_NODES, ASCEND_VISIBLE_DEVICES; the testbed host has no /dev/kfd or /dev/davinci*)
 and no NVIDIA variable. A `rocm` pod that names an Ascend model stays unschedulable with the reason.
 
-Not here: carving AMD partitions / Ascend vNPUs for claims (the agent refuses isolation mig on them), and AMD
-hook shares (they need libgpupool_hip.so built into the package).
+Not here: carving AMD partitions / Ascend vNPUs for claims (the fake backend has no partition library; the
+agents over the fake vendor libraries carve them in test_e2e_vendor_partitions.py), and AMD hook shares (they
+need libgpupool_hip.so built into the package).
 """
 
 from __future__ import annotations
