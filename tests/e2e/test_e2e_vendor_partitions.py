@@ -69,7 +69,7 @@ def amd_render(card: int, xcc: int) -> str:
 
 
 def vnpu_id(chip: int, slot: int) -> int:
-    """DCMI's vNPU id: 100 + 16 per physical chip + the vNPU index (fake_dcmi.c, the documented numbering)."""
+    """DCMI's vNPU id: 100 + 16 per physical chip + the vNPU index (fake_dcmi.c's id_base)."""
     return 100 + 16 * chip + slot
 
 
