@@ -456,16 +456,6 @@ class RealNodes:
                  "containerd": str(n.containerd_socket)} for n in self.nodes]
 
 
-def fake_gpus_file(node: RealNode, count: int = 3) -> Path:
-    """The agent's fake GPUs for `node`: `count` L40S whose UUIDs name the node (GPU-127-5-0-1-0, ...), so
-    each node's GPUs are told apart in the pool, the dashboard and the pods' grants."""
-    path = node.dir / "gpus.json"
-    gpus = [{"uuid": f"GPU-{node.name.replace('.', '-')}-{i}", "model": "L40S", "memory_mib": 46068, "numa_node": 0}
-            for i in range(count)]
-    path.write_text(json.dumps({"driver_version": "570.86", "cuda_version": "12.8", "gpus": gpus}))
-    return path
-
-
 def api_request(bed: tb.Testbed, method: str, path: str, body: object = None,
                 content_type: str = "application/merge-patch+json") -> dict | None:
     """One call to the testbed's API server as its administrator; None on any failure (404 included)."""

@@ -235,7 +235,7 @@ def test_chart_pods_serve_a_tenant_roll_on_upgrade_and_uninstall_clean(cluster: 
 
 
 def test_a_release_program_outside_a_pod_is_found(tmp_path: Path) -> None:
-    """The check above can fail: a program of the release run on the host (as LocalRelease runs them) is
+    """The check above can fail: a program of the release run on the host (as a stand-in would run it) is
     found, with no pod; the same command line without the release's environment (another release's) is not."""
     nodes = realnode.RealNodes(None, 0)  # type: ignore[arg-type]  # no cluster: only the nodes' cgroup roots
     nodes.root = tmp_path

@@ -442,7 +442,7 @@ class Testbed:
             "--etcd-servers", self.etcd_url,
             *address,
             # Webhooks and API services behind a Service are dialled at an endpoint's address: without
-            # serve_pods no kube-proxy serves ClusterIPs here (scripts/k8s/release.py's LocalRelease).
+            # serve_pods no kube-proxy serves ClusterIPs here.
             "--enable-aggregator-routing=true",
             "--secure-port", str(self.api_port),
             "--cert-dir", str(self.dir / "certs"),
