@@ -34,12 +34,23 @@
  *   the learnt scale (a scale common to all processes cancels; the agent's, from limits.v1, before the pod
  *   has learnt its own; else 1), each counted for the part of the pod's work in it that fell in shared time.
  *   NVML covers the pod only up to its newest sample: the shared time since then counts provisionally as
- *   its events times f (what NVML said against what the events counted, over shared samples), replaced by
- *   the truth when the samples come. The totals are exact; the feedback comes within a poll. Several of
- *   the pod's processes busy (their samples overlap, whichever polls they come in): each is sampled at its
- *   own phase, so each counts provisionally from its own newest sample, for 1/k of the pod's events (k of
- *   them busy), and f weighs a sample of one of them against 1/k of the events too.
- * - no per-process samples (MIG mode): the events, alone or not.
+ *   its launches times g (the device time per launch NVML showed over the pod's shared samples; before
+ *   any, its events per launch while solo), never more than its events, replaced by the truth when the
+ *   samples come. Not its events times f (what NVML said against what the events counted): with work
+ *   queued the events run with the wall clock whatever the pod gets, so f only repeats the past (with 1 s
+ *   samples a second late); f is left for a pod that has neither. The totals are exact; the feedback
+ *   comes within a poll. Several of the pod's processes busy (their samples overlap, whichever polls they
+ *   come in): each is sampled at its own phase, so each counts provisionally from its own newest sample,
+ *   for 1/k of the pod's launches and events (k of them busy), and f and g weigh a sample of one of them
+ *   against 1/k of them too. A context of another process that NVML lists (at once, a period and a lag
+ *   before its first sample) makes the time shared from then on, until its samples could have shown it.
+ * - no per-process samples (MIG mode): the events, alone or not. Tenants sharing one MIG device are
+ *   paced by events that also count the others' slices, so each gets less than its cap, never more:
+ *   nothing the pod can see says how much of its events was its own (no samples; the process list says
+ *   who holds a context, not who is busy), and any estimate below the events that nothing checks later
+ *   (a per-launch cost learnt alone, 1 / the contexts listed) lets a tenant widen its share by changing
+ *   its kernels. Exact shares there need a signal from outside the pod (each pod's events published to
+ *   the others through the node's accounting), which this library does not have.
  * - CUDA graphs made by stream capture (torch.cuda.graph): nothing is recorded on a stream while it
  *   captures (its launches run nothing then, and an event captured with them would invalidate the capture
  *   when queried), and the poller thread runs in relaxed capture mode, so its event calls never invalidate a
@@ -447,6 +458,7 @@ static void ev_poll(struct gp_shared *sh, int64_t now) {
 #define CAL_MIN_NS 200000000.0 /* the scale is learnt from at least 0.2 s of the pod's busy time alone */
 #define F_MIN_NS 20000000.0    /* f from at least 20 ms of the pod's event-measured time with others ... */
 #define F_MIN_SAMPLES 1        /* ... over one of its samples at least (it only weighs the provisional part) */
+#define G_MIN_LAUNCHES 16.0    /* the device time per launch from 16 launches at least */
 struct devmeter {
     unsigned long long last_ts;   /* newest NVML sample timestamp consumed (us) */
     unsigned long long period_us; /* NVML's sample period: the smallest gap between two samples of one PID */
@@ -457,6 +469,7 @@ struct devmeter {
     uint64_t ev_seen;             /* the pod's event-measured busy time at the last measurement */
     int64_t hist_t[HIST];         /* CLOCK_MONOTONIC of each measurement ... */
     uint64_t hist_ev[HIST];       /* ... and the events' total then */
+    uint64_t hist_l[HIST];        /* ... and the pod's launches then */
     unsigned nhist;
     int64_t sw_t[SWITCHES];       /* from sw_t[k] on, the pod was solo (sw_solo[k]) or shared the GPU */
     int sw_solo[SWITCHES];
@@ -465,7 +478,7 @@ struct devmeter {
     double cost_busy, cost_launches; /* decaying sums for the per-launch estimate */
     double u_pod, u_other;        /* smoothed shares of the GPU (elastic) */
     double cal_nvml, cal_ev;      /* sums over NVML samples of the pod alone: their busy time and the events' */
-    double f_nvml, f_ev;          /* the same with others busy (f) */
+    double f_nvml, f_ev, f_l;     /* the same with others busy (f), and the pod's launches over those samples */
     double prov;                  /* provisional busy time counted (shared time NVML does not cover yet) */
     int64_t cov_t;                /* NVML's samples of the pod cover it up to here (monotonic ns) */
     int64_t start_t;              /* when this poller began counting */
@@ -486,6 +499,9 @@ struct devmeter {
     int64_t known[MAX_SEEN_PIDS]; /* the other processes with a context on the GPU at the last look (elastic) */
     int nknown, listed;
     int64_t hold_until;           /* elastic holds its cap until then: a newcomer's samples are not in yet */
+    int64_t listed_until;         /* shared because NVML lists another context: until its samples could show */
+    double solo_e, solo_l;        /* decaying sums over solo time: the pod's events and launches (g before
+                                   * NVML has shown the pod sharing) */
     int ndefer;
 };
 #define DEFER 16
@@ -540,22 +556,24 @@ static int64_t ts_mono(unsigned long long ts_us, int64_t now) {
     return dm <= dr ? t : t - (real - now);
 }
 
-/* The events' running total at time t, interpolated between measurements. */
-static double ev_at(const struct devmeter *m, int64_t t) {
+/* A running total kept at each measurement (the events', or the launches') at time t, interpolated. */
+static double hist_at(const struct devmeter *m, const uint64_t *h, int64_t t) {
     unsigned n = m->nhist < HIST ? m->nhist : HIST;
     if (n == 0) return 0;
     unsigned newest = (m->nhist - 1) % HIST, oldest = (m->nhist - n) % HIST;
-    if (t >= m->hist_t[newest]) return (double)m->hist_ev[newest];
-    if (t <= m->hist_t[oldest]) return (double)m->hist_ev[oldest];
+    if (t >= m->hist_t[newest]) return (double)h[newest];
+    if (t <= m->hist_t[oldest]) return (double)h[oldest];
     for (unsigned k = 1; k < n; k++) {
         unsigned i = (m->nhist - 1 - k) % HIST, j = (m->nhist - k) % HIST; /* i before j */
         if (m->hist_t[i] <= t) {
             double f = (double)(t - m->hist_t[i]) / (double)(m->hist_t[j] - m->hist_t[i]);
-            return (double)m->hist_ev[i] + f * (double)(m->hist_ev[j] - m->hist_ev[i]);
+            return (double)h[i] + f * (double)(h[j] - h[i]);
         }
     }
-    return (double)m->hist_ev[oldest];
+    return (double)h[oldest];
 }
+static double ev_at(const struct devmeter *m, int64_t t) { return hist_at(m, m->hist_ev, t); }
+static double launches_at(const struct devmeter *m, int64_t t) { return hist_at(m, m->hist_l, t); }
 
 static void set_mode(struct devmeter *m, int64_t t, int solo) {
     m->sw_t[m->nsw % SWITCHES] = t;
@@ -565,8 +583,9 @@ static void set_mode(struct devmeter *m, int64_t t, int solo) {
 
 static int mode_solo(const struct devmeter *m) { return m->nsw == 0 || m->sw_solo[(m->nsw - 1) % SWITCHES]; }
 
-/* What of (x, y] fell in shared segments: the pod's event-measured time there (`events`), or the wall time. */
-static double in_shared(const struct devmeter *m, int64_t x, int64_t y, int events) {
+/* What of (x, y] fell in shared segments: the pod's event-measured time there (what 1), its launches (2),
+ * or the wall time (0). */
+static double in_shared(const struct devmeter *m, int64_t x, int64_t y, int what) {
     if (y <= x || m->nsw == 0) return 0;
     unsigned n = m->nsw < SWITCHES ? m->nsw : SWITCHES;
     double part = 0;
@@ -576,11 +595,13 @@ static double in_shared(const struct devmeter *m, int64_t x, int64_t y, int even
         if (k == 0 && from > x) from = x; /* before the oldest change known: as it was then */
         if (m->sw_solo[i]) continue;
         int64_t a = from > x ? from : x, b = to < y ? to : y;
-        if (b > a) part += events ? ev_at(m, b) - ev_at(m, a) : (double)(b - a);
+        if (b > a) part += what == 1 ? ev_at(m, b) - ev_at(m, a) : what == 2 ? launches_at(m, b) - launches_at(m, a)
+                                                                           : (double)(b - a);
     }
     return part;
 }
 static double ev_shared(const struct devmeter *m, int64_t x, int64_t y) { return in_shared(m, x, y, 1); }
+static double launches_shared(const struct devmeter *m, int64_t x, int64_t y) { return in_shared(m, x, y, 2); }
 /* The share of (x, y] that was shared time (for a sample the events say nothing about). */
 static double time_shared(const struct devmeter *m, int64_t x, int64_t y) {
     return y > x ? in_shared(m, x, y, 0) / (double)(y - x) : 0;
@@ -674,6 +695,20 @@ static int newcomer(struct devmeter *m, int64_t now, const int64_t *pids, int np
     return fresh;
 }
 
+/* The pod's device time over the shared part of (x, now] that NVML has not covered yet. Its launches times
+ * g (the device time per launch NVML showed over the pod's shared samples), never more than its events
+ * (which also count the time its work waited for others' slices: an upper bound); before g is learnt, its
+ * events times f. Why launches and not events: while the pod shares the GPU with work queued its events
+ * run with the wall clock whatever it gets, so f x events says nothing of what it does now, only what it
+ * got over the samples f came from (with 1 s samples, a second and more ago); a launch's device time is
+ * its own, whoever shares the GPU. */
+static double provisional(const struct devmeter *m, int64_t x, int64_t now, double f, double g) {
+    double e = ev_shared(m, x, now);
+    if (g <= 0) return f * e;
+    double l = g * launches_shared(m, x, now);
+    return l < e ? l : e;
+}
+
 static void measure(int li, struct gp_shared *s, int64_t now) {
     static util_fn get;
     if (get == NULL) get = (util_fn)gp_nvml_sym("nvmlDeviceGetProcessUtilization");
@@ -699,6 +734,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     uint64_t evb = __atomic_load_n(&s->ev_busy_ns[li], __ATOMIC_ACQUIRE);
     m->hist_t[m->nhist % HIST] = now;
     m->hist_ev[m->nhist % HIST] = evb;
+    m->hist_l[m->nhist % HIST] = __atomic_load_n(&d->launches, __ATOMIC_ACQUIRE);
     m->nhist++;
     if (!m->started) { /* a new poller: what ran before now was counted by another, or by nobody */
         m->started = 1;
@@ -769,6 +805,8 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     int64_t last_sw = m->sw_t[(m->nsw - 1) % SWITCHES];
     int was_solo = mode_solo(m);
     double retro = 0;
+    int first_look = !m->listed;
+    int fresh = newcomer(m, now, pids, npids, period_ns);
     if (acc.multi) m->multi_until = now + 2 * period_ns + 50000000LL;
     int others_gone = now - m->other_end > period_ns + period_ns / 2 + 20000000LL;
     /* without per-process samples (MIG) nobody else is busy only if nobody else holds a context there */
@@ -783,7 +821,16 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
         int64_t prev = now - (int64_t)dt;
         if (from < prev) retro = ev_at(m, prev) - ev_at(m, from); /* counted as solo by earlier polls */
         set_mode(m, from, 0);
-    } else if (!was_solo && others_gone && now >= m->multi_until) {
+    } else if (was_solo && (fresh || (first_look && m->nknown > 0))) {
+        /* NVML lists a context of another process (at once; its first sample comes a period and a lag
+         * later): shared from now on until its samples could have shown it, so the pod's events, which
+         * also count its work's wait for that process's slices, are not taken for its device time. With
+         * 1 s samples two tenants starting together each took the other's slices as theirs for a second
+         * and more, and the largest never got back what it left unused (30/70: 29.2/62.0). */
+        set_mode(m, now, 0);
+        /* the period may not be known yet: the longest there is (1 s) then */
+        m->listed_until = now + 2 * (m->period_us ? period_ns : 1000000000LL) + 50000000LL;
+    } else if (!was_solo && others_gone && now >= m->multi_until && now >= m->listed_until) {
         set_mode(m, now, 1); /* nobody else busy for a period and a half after the last sample showing one */
     }
     int solo = mode_solo(m);
@@ -793,7 +840,9 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     if (scale < 0.05 || scale > 20) scale = 0; /* not a scale this library wrote */
     uint64_t agent = gp_cfg.file != NULL ? gp_cfg.file->nvml_scale_ppm[li] : 0;
     if (scale <= 0 && agent >= 50000 && agent <= 20000000) scale = (double)agent / GP_PPM;
-    double keep3 = dt > 0 ? 1.0 - dt / 3e9 : 1.0;
+    /* everyone's NVML busy time against the wall time, over ~3 s, ten sample periods at least */
+    double lo_span = 10.0 * (double)period_ns > 3e9 ? 10.0 * (double)period_ns : 3e9;
+    double keep3 = dt > 0 ? 1.0 - dt / lo_span : 1.0;
     if (keep3 < 0) keep3 = 0;
     m->all_nvml = m->all_nvml * keep3 + pod_raw + other_raw;
     m->all_t = m->all_t * keep3 + dt;
@@ -801,10 +850,13 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
                        * more than the wall time (the GPU cannot be busier than that) */
         scale = 1.0;
         double lo = m->all_t > 0 ? m->all_nvml / m->all_t : 0;
-        if (m->all_t > 1e9 && lo > 1.02) scale = lo;
+        /* NVML's time comes a sample period at a time, the wall time smoothly: right after a period's
+         * samples the sums can be over by up to a period's worth (with 1 s samples a scale of 1.11 was
+         * taken after every sample, and the tenant at 30 of 30/70 ran 35 % for half a second each time) */
+        if (m->all_t > lo_span / 3 && lo > 1.02 + (double)period_ns / lo_span) scale = lo;
     }
 
-    double truth = 0, cal_n = 0, cal_e = 0, f_n = 0, f_e = 0;
+    double truth = 0, cal_n = 0, cal_e = 0, f_n = 0, f_e = 0, f_l = 0;
     for (int i = 0; i < acc.nmine; i++) {
         int64_t sa = acc.mine[i].a, sb = acc.mine[i].b;
         double e = ev_at(m, sb) - ev_at(m, sa), w = ev_shared(m, sa, sb);
@@ -816,6 +868,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
         } else if (part >= 0.999 && e > 0) { /* shared for the whole sample */
             f_n += acc.mine[i].busy;
             f_e += e / acc.mine[i].k; /* the pod's events over it are all its busy processes' */
+            f_l += (launches_at(m, sb) - launches_at(m, sa)) / acc.mine[i].k;
             m->f_samples++;
         }
         if (sb > m->cov_t) m->cov_t = sb;
@@ -826,17 +879,31 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     m->cal_ev = m->cal_ev * keep + cal_e;
     if (m->cal_ev > CAL_MIN_NS && m->cal_nvml > 0)
         __atomic_store_n(&s->scale_ppm[li], (int64_t)(m->cal_nvml / m->cal_ev * GP_PPM), __ATOMIC_RELAXED);
-    double keep2 = dt > 0 ? 1.0 - dt / 2e9 : 1.0; /* f: sums over ~2 s */
+    double keep2 = dt > 0 ? 1.0 - dt / 2e9 : 1.0; /* f and g: sums over ~2 s */
     if (keep2 < 0) keep2 = 0;
     m->f_nvml = m->f_nvml * keep2 + f_n;
     m->f_ev = m->f_ev * keep2 + f_e;
-    double f = 1.0; /* until NVML has shown the pod sharing: counting all its events is the safe side */
-    if (m->f_ev > F_MIN_NS && m->f_samples >= F_MIN_SAMPLES && m->f_nvml > 0) f = m->f_nvml / scale / m->f_ev;
+    m->f_l = m->f_l * keep2 + f_l;
+    int learnt = m->f_ev > F_MIN_NS && m->f_samples >= F_MIN_SAMPLES && m->f_nvml > 0;
+    /* Until NVML has shown the pod sharing, all its events count (an upper bound: the pod paces under its
+     * cap, never over). 1 / the contexts NVML lists (a lower bound where the GPU gives each context with
+     * work queued its slice in turn) was tried with 1 s samples: 30/70 then held from its first second, but
+     * 10/90 lost 12 points, the 90 paying back a debt of 0.4 s that nobody else could use. */
+    double f = 1.0;
+    if (learnt) f = m->f_nvml / scale / m->f_ev;
     if (f > 1.0) f = 1.0;
     if (f < 0.02) f = 0.02;
+    /* g: the pod's device time per launch over the same shared samples (NVML against the launches); before
+     * those, over the pod's solo time (its events against its launches: exact there, once 0.2 s of events
+     * outweigh the queue its first launches filled before any of their events completed) */
+    double g = learnt && m->f_l >= G_MIN_LAUNCHES ? m->f_nvml / scale / m->f_l
+             : !learnt && m->solo_l >= G_MIN_LAUNCHES && m->solo_e > CAL_MIN_NS ? m->solo_e / m->solo_l : 0;
     double solo_ev = dev_ns - ev_shared(m, now - (int64_t)dt, now);
+    double solo_l = (double)dl - launches_shared(m, now - (int64_t)dt, now);
+    m->solo_e = m->solo_e * keep2 + solo_ev;
+    m->solo_l = m->solo_l * keep2 + (solo_l > 0 ? solo_l : 0);
     /* the provisional part: shared time NVML does not cover yet (the pod's newest sample, or none yet) */
-    double prov = f * ev_shared(m, m->cov_t, now);
+    double prov = provisional(m, m->cov_t, now, f, g);
     /* Several processes of the pod busy: NVML covers each only up to its own newest sample, at its own phase.
      * Each one's part of the pod's events since then is taken as 1/k of them (k busy): what f, learnt the
      * same way, makes of it is that process's share of the pod's device time. */
@@ -846,7 +913,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     if (nbusy > 1) {
         prov = 0;
         for (int i = 0; i < m->npbusy; i++)
-            if (m->pbusy[i].b > recent) prov += f * ev_shared(m, m->pbusy[i].cov, now) / nbusy;
+            if (m->pbusy[i].b > recent) prov += provisional(m, m->pbusy[i].cov, now, f, g) / nbusy;
     }
     double pod_ns = truth + solo_ev - retro + prov - m->prov;
     m->prov = prov;
@@ -915,7 +982,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
          * more, and the neighbour's demand never shows in what it gets: so the pod borrows only while nobody
          * else is busy on the GPU (NVML), stops the moment a new process opens a context there (its samples
          * come a period later), and is held at its cap while it shares the GPU. */
-        if (newcomer(m, now, pids, npids, period_ns)) rate = cap;             /* someone new: give back at once */
+        if (fresh) rate = cap;                                               /* someone new: give back at once */
         else if (now < m->hold_until) rate = cap;                            /* until NVML can show what it does */
         else if (m->alone) rate = GP_PPM - ELASTIC_MARGIN_PPM;                /* alone: all but the margin */
         else rate = cap;                                                     /* sharing: its cap */

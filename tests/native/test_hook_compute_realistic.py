@@ -180,3 +180,25 @@ def test_the_debug_trace_stops_at_64_mib(pods: PodFactory, tmp_path: Path) -> No
         probe.close()
     assert full.stat().st_size == 64 << 20
     assert empty.exists() and empty.read_text().startswith("#") and len(empty.read_text().splitlines()) > 1
+
+
+def test_thirty_seventy_with_1s_samples_holds_once_both_have_samples(pods: PodFactory, tmp_path: Path) -> None:
+    """1 s sample periods, 30/70 starting together, from 3.5 s on (both have had three samples of the other):
+    the tenant at 30 within 3 points in every half second, and neither pod ever takes NVML's scale for other
+    than 1 (what the simulated GPU reports). With NVML's busy time arriving a second at a time, the library
+    before this test compared it with the wall time polled so far and took a scale of 1.11 after every
+    sample (its trace), so the tenant at 30 ran 34-37 % every other half second. The first seconds are
+    not held here: a pod learns it shares the GPU only from NVML's samples (docs/concepts.md)."""
+    gpu = GPUS["period-1s"]
+    traces = [tmp_path / "trace-30", tmp_path / "trace-70"]
+    probes = [pods.start(pods.pod(cores=str(c), granted=True, gpu=gpu,
+                                  extra={"GPUPOOL_DEBUG_NVML_TRACE": str(t)}))
+              for c, t in zip((30, 70), traces, strict=True)]
+    run_all(probes, "launch kernel 2000 {s} 16", 7.5)
+    start, end = active_window(pods.device, [p.pid for p in probes], 35 * S // 10, S // 10)
+    halves = [busy_share(pods.device, {probes[0].pid}, t, t + S // 2) for t in range(start, end - S // 2, S // 2)]
+    assert len(halves) >= 6
+    assert all(abs(h - 0.30) <= 0.03 for h in halves), [round(h, 3) for h in halves]
+    for trace in traces:
+        scales = {int(x.split()[3]) for x in trace.read_text().splitlines() if x.startswith("S ")}
+        assert scales == {1_000_000}, (trace.name, sorted(scales)[-3:])
