@@ -72,14 +72,15 @@ def chart_cluster(name: str = RELEASE, namespace: str = NAMESPACE, install: bool
     ensure_project_images()
     try:
         # GPUPOOL_E2E_KEEP=1 keeps the state directory (component logs) for a post-mortem.
-        bed = tb.Testbed(serve_pods=True, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1").start()
+        keep = os.environ.get("GPUPOOL_E2E_KEEP") == "1"  # the cluster's and the nodes' directories stay
+        bed = tb.Testbed(serve_pods=True, keep=keep).start()
     except tb.TestbedError as e:
         pytest.fail(str(e), pytrace=False)
     nodes = None
     try:
         # The default profile places the release's own Deployment and DaemonSet pods, as on any cluster.
         bed.start_default_scheduler()
-        nodes = realnode.RealNodes(bed, 2).start()
+        nodes = realnode.RealNodes(bed, 2, keep=keep).start()
         c = Cluster(bed, nodes, name, namespace)
         if install:
             c.release.install()

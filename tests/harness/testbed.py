@@ -218,6 +218,7 @@ class Testbed:
     binaries: Binaries | None = None
     tokens: dict[str, str] = field(default_factory=dict)
     api_port: int = 0
+    etcd_url: str = ""  # set when etcd starts (tests/harness/faults.py restarts the API server against it)
     processes: dict[str, Process] = field(default_factory=dict)
     # Pods reach the API server through the `kubernetes` Service (module doc); `host` is the address it
     # advertises (default: host_address()).
