@@ -1,5 +1,5 @@
 """The Helm chart: lint, render with default and non-default values, and check every rendered object
-against the Kubernetes schemas of 1.30-1.35 (kubernetes-validate) and against what the components
+against the Kubernetes schemas of 1.34-1.35 (kubernetes-validate) and against what the components
 actually read (their configuration loaders, the CLI commands, the resource names)."""
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from cryptography.x509.oid import ExtensionOID
 from gpupool.api.names import RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
 from tests.deploy.conftest import CHART, NAMESPACE, Render, run_helm
 
-# kubernetes-validate 1.37 ships schemas for 1.25-1.37; the chart supports 1.30 and newer.
-K8S_VERSIONS = ["1.30.0", "1.31.0", "1.32.0", "1.33.0", "1.34.0", "1.35.0"]
+# kubernetes-validate 1.37 ships schemas for 1.25-1.37; the chart supports 1.34 and newer (its kubeVersion).
+K8S_VERSIONS = ["1.34.0", "1.35.0"]
 # CRDs that kubernetes-validate has no schema for; checked field by field below instead.
 CERT_MANAGER = "cert-manager.io/v1"
 
@@ -178,9 +178,9 @@ def test_kube_scheduler_uses_the_loopback_extender(render: Render, variant: str,
 
 
 def test_kube_scheduler_image_follows_the_cluster(helm: Path) -> None:
-    out = run_helm(helm, "template", "gp", str(CHART), "--kube-version", "v1.31.4-eks-1a2b3c")
+    out = run_helm(helm, "template", "gp", str(CHART), "--kube-version", "v1.34.4-eks-1a2b3c")
     assert out.returncode == 0, out.stderr
-    assert "image: registry.k8s.io/kube-scheduler:v1.31.4\n" in out.stdout
+    assert "image: registry.k8s.io/kube-scheduler:v1.34.4\n" in out.stdout
 
 
 def test_kube_scheduler_retries_extender_refusals_as_the_testbed_does(render: Render) -> None:
@@ -355,9 +355,12 @@ def test_values_choices_match_the_code() -> None:
     assert values["isolation"] == AgentConfig.model_fields["isolation"].default
 
 
-def test_kubernetes_older_than_1_30_is_refused(helm: Path) -> None:
-    out = run_helm(helm, "template", "gp", str(CHART), "--kube-version", "v1.29.9")
-    assert out.returncode != 0 and "requires kubeVersion: >=1.30.0-0" in out.stderr
+def test_kubernetes_older_than_1_34_is_refused(helm: Path) -> None:
+    """kubeVersion is the oldest minor the chart's pods were run on (docs/install.md), not the oldest whose
+    APIs would do: the last patch of 1.33 is refused, 1.34.0 itself installs."""
+    out = run_helm(helm, "template", "gp", str(CHART), "--kube-version", "v1.33.9")
+    assert out.returncode != 0 and "requires kubeVersion: >=1.34.0-0" in out.stderr
+    assert run_helm(helm, "template", "gp", str(CHART), "--kube-version", "v1.34.0").returncode == 0
 
 
 # --- disruption budgets -----------------------------------------------------------------------------------

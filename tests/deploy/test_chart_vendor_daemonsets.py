@@ -26,7 +26,7 @@ MIXED_FULL: Obj = {
     "agent": {"vendors": ["nvidia", "amd", "ascend"], "runtimeClassName": "nvidia", "watchdog": {"enabled": True}},
     "dra": {"enabled": True, "remote": {"enabled": True}},
 }
-KUBE = ("--kube-version", "1.37.0")  # what dra.enabled needs; the same render as 1.30's otherwise
+KUBE = ("--kube-version", "1.37.0")  # what dra.enabled needs; the same render as 1.34's otherwise
 NAMES = {"nvidia": "gp-gpupool-agent", "amd": "gp-gpupool-agent-amd", "ascend": "gp-gpupool-agent-ascend"}
 BACKENDS = {"nvidia": "nvml", "amd": "amdsmi", "ascend": "dcmi"}
 GPU_NODE = {"gpupool.io/gpu-node": "true"}
