@@ -56,7 +56,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts" / "k8s"))
 
 import images  # noqa: E402
 import realnode  # noqa: E402
-import release  # noqa: E402
 import testbed as ktb  # noqa: E402  (scripts/k8s/testbed.py: the aggregation layer and KEDA)
 
 pytestmark = pytest.mark.e2e
@@ -309,7 +308,7 @@ class HpaStack:
         self.stops.append(agent.stop)
         rn.wait_for(lambda: self._slots() == rn.GPUS_PER_NODE * rn.SPLIT, 90, "the node advertising its slots",
                     agent.tail)
-        self.keda = keda = ktb.Keda(bed, release.host_address())
+        self.keda = keda = ktb.Keda(bed, tb.host_address())
         self.stops.append(keda.stop)
         keda.start()
         self.prometheus = prom = Prometheus(bed.dir / "prometheus", f"127.0.0.1:{agent.metrics_port}").start()

@@ -35,6 +35,7 @@ build` and `check` run without the project's virtualenv.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -304,8 +305,14 @@ class Testbed:
         API server names the node in the request's user info (`authentication.kubernetes.io/node-name`) as
         it does for the token of a pod running there: what the chart's own-node policy for the agent reads."""
         path = self.dir / f"kubeconfig-sa-{namespace}-{name}{f'-{node}' if node else ''}.yaml"
-        if path.exists():
-            return path
+        issued_for = path.with_suffix(".uid")  # the account's UID the token is bound to
+        account = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
+        if path.exists() and issued_for.exists():
+            # A token outlives neither its account nor its namespace: an earlier module of the session that
+            # deleted them (its release's namespace, say) leaves a token the API server refuses (401).
+            with contextlib.suppress(TestbedError):
+                if self.admin_request("GET", account)["metadata"]["uid"] == issued_for.read_text():
+                    return path
         self.ensure("/api/v1/namespaces", {"metadata": {"name": namespace}})
         self.ensure(f"/api/v1/namespaces/{namespace}/serviceaccounts", {"metadata": {"name": name}})
         spec: dict[str, Any] = {"expirationSeconds": 86400}
@@ -316,6 +323,7 @@ class Testbed:
             "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec,
         })
         self._write_kubeconfig(path, f"sa-{namespace}-{name}", answer["status"]["token"])
+        issued_for.write_text(self.admin_request("GET", account)["metadata"]["uid"])
         return path
 
     def tenant_namespace(self, name: str, labels: dict[str, str] | None = None) -> dict[str, Any]:
