@@ -8,8 +8,6 @@ Status (`status` of the GPUQueue, amounts as in the spec: gpus, gpuMemory in MiB
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -22,6 +20,7 @@ from gpupool.api.times import format_time
 from gpupool.cluster.port import ApiError, ClusterPort
 from gpupool.core.model import MILLI_PER_GPU
 from gpupool.core.queues import UNLIMITED, QueueStatus, Quota, statuses
+from gpupool.scheduler.beat import Beat
 from gpupool.scheduler.queues import GPUQUEUES, QueueCache, namespace_of
 from gpupool.scheduler.squeeze import DEFAULT_HOLD_S, lift_squeezes
 
@@ -52,27 +51,21 @@ class QueueStatusWriter:
         self.active, self.clock, self.interval_s = active, clock, interval_s
         self.squeeze_hold_s = squeeze_hold_s
         self._written: dict[str, dict[str, Any]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._beat = Beat("queue-status", interval_s, lambda: self.active() and self.cache.enabled, self._once, (),
+                          "queue statuses not written")
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._beat.start()
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await self._beat.stop()
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            if self.active() and self.cache.enabled:
-                await self.write_once()
-                try:
-                    await lift_squeezes(self.cluster, self.cache, self.pending, self.clock(), self.squeeze_hold_s)
-                except Exception:  # the next beat tries again; status writing must go on
-                    log.exception("lifting compute squeezes failed")
+    async def _once(self) -> None:
+        await self.write_once()
+        try:
+            await lift_squeezes(self.cluster, self.cache, self.pending, self.clock(), self.squeeze_hold_s)
+        except Exception:  # the next beat tries again; status writing must go on
+            log.exception("lifting compute squeezes failed")
 
     async def write_once(self) -> int:
         """Write the statuses that changed; returns how many were written."""
