@@ -23,6 +23,7 @@ kube-scheduler profile of its own with the chart's extender entry), beside a cla
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -550,17 +551,24 @@ def allocator(dra: DraCluster) -> Iterator[Extender]:
     rules (test_the_scheduler_used_only_the_charts_dra_rules). Only its ClaimAllocator matters here: claim
     pods need no extender entry in kube-scheduler's configuration, since gpupool has decided their node
     before kube-scheduler sees them."""
-    bed = dra.bed
+    with claim_allocator(dra, "gpupool-scheduler-dra.log") as ext:
+        yield ext
+
+
+@contextlib.contextmanager
+def claim_allocator(c: DraCluster, log_name: str) -> Iterator[Extender]:
+    """`gpupool scheduler` under release `gpd`'s scheduler account, placing the claims of gated pods, ready
+    once every node of `c` is in its ledger."""
+    bed = c.bed
     kubeconfig = bed.service_account_kubeconfig(RELEASE_NAMESPACE, SCHEDULER_ACCOUNT)
     # The chart sets GPUPOOL_SCHEDULER_DRA_PLACEMENT with dra.placement (on): only this scheduler places
     # claims, not the session's extender (release gp, DRA off), which leaves gated pods alone.
-    ext = Extender(bed, tb.free_port(), bed.dir / "gpupool-scheduler-dra.log", kubeconfig,
-                   env={"GPUPOOL_SCHEDULER_DRA_PLACEMENT": "true"})
+    ext = Extender(bed, tb.free_port(), bed.dir / log_name, kubeconfig, env={"GPUPOOL_SCHEDULER_DRA_PLACEMENT": "true"})
     ext.start()
     try:
         ext.wait_ready()
-        # The DRA nodes are in its ledger once their agents' inventories are (they were published before).
-        wait_for(lambda: ext.ledger()["ledger"]["nodes"] >= len(dra.agents), 60, "the DRA nodes in the ledger",
+        # The nodes are in its ledger once their agents' inventories are (they were published before).
+        wait_for(lambda: ext.ledger()["ledger"]["nodes"] >= len(c.agents), 60, "the DRA nodes in the ledger",
                  lambda: f"{ext.ledger()['ledger']}\n{ext.tail()}")
         yield ext
     finally:

@@ -39,11 +39,11 @@ from tests.e2e.test_e2e_dra import (
     AGENT_ACCOUNT,
     MANAGER,
     RELEASE_NAMESPACE,
-    SCHEDULER_ACCOUNT,
     DraAgent,
     DraCluster,
     allocation_writers,
     chart_objects,
+    claim_allocator,
     claim_template,
     gated_pod,
     scheduler_config,
@@ -173,20 +173,9 @@ def parts(testbed: tb.Testbed) -> Iterator[DraCluster]:
 
 @pytest.fixture(scope="module")
 def allocator(parts: DraCluster) -> Iterator[Extender]:
-    """`gpupool scheduler` under release `gpd`'s scheduler account, placing claims of gated pods (as in
-    test_e2e_dra.py)."""
-    bed = parts.bed
-    kubeconfig = bed.service_account_kubeconfig(RELEASE_NAMESPACE, SCHEDULER_ACCOUNT)
-    ext = Extender(bed, tb.free_port(), bed.dir / "gpupool-scheduler-parts.log", kubeconfig,
-                   env={"GPUPOOL_SCHEDULER_DRA_PLACEMENT": "true"})
-    ext.start()
-    try:
-        ext.wait_ready()
-        wait_for(lambda: ext.ledger()["ledger"]["nodes"] >= len(parts.agents), 60, "the vendor nodes in the ledger",
-                 lambda: f"{ext.ledger()['ledger']}\n{ext.tail()}")
+    """`gpupool scheduler` placing the claims of gated pods, as in test_e2e_dra.py."""
+    with claim_allocator(parts, "gpupool-scheduler-parts.log") as ext:
         yield ext
-    finally:
-        ext.stop()
 
 
 def seen(c: DraCluster, pod: str) -> tuple[dict[str, str], set[str]]:
