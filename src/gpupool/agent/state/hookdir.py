@@ -49,7 +49,7 @@ import os
 import re
 import shutil
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -397,6 +397,99 @@ def read_limits(directory: Path) -> dict[str, Any] | None:
         "nvml_scale": list(struct.unpack_from(f"<{_MAX_DEV}Q", data, _L_NVML_SCALE)),
         "ndev": ndev,
     }
+
+
+# ---- cu_masks.v1: the CUs each GPU of an AMD container may run on --------------------------------------
+# Beside limits.v1 in the container's limits directory (read-only in the container); the HIP library applies
+# each device's mask to every HSA queue of the process (docs/hook-hip.md, "Compute on AMD"). Little-endian,
+# CU_MASKS_SIZE bytes: u64 magic, u32 version (1), u32 ndev (<= 16, limits.v1's device order), then per
+# device at 16 + 136*i: u32 ncu (the card's CUs; 0 = no mask: every CU), u32 reserved (0), u32 bits[32]
+# (bit j = CU j usable; bit j of the mask is bits[j // 32] >> (j % 32) & 1). native/hip/gph.h has the C side.
+CU_MASKS_FILE = "cu_masks.v1"
+CU_MASKS_MAGIC = 0x314B534D55435047  # "GPCUMSK1"
+CU_MASKS_MAX_CUS = 1024
+_CU_DEV_OFFSET, _CU_DEV_SIZE, _CU_WORDS = 16, 136, 32
+CU_MASKS_SIZE = _CU_DEV_OFFSET + _MAX_DEV * _CU_DEV_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class CuMask:
+    """The compute units of one card a container's queues may run on: CU j of `card_cus` is usable when j is
+    in `cus`."""
+
+    card_cus: int
+    cus: frozenset[int]
+
+    def __post_init__(self) -> None:
+        if not 0 < self.card_cus <= CU_MASKS_MAX_CUS:
+            raise ValueError(f"CU mask: a card of {self.card_cus} CUs is outside 1..{CU_MASKS_MAX_CUS}")
+        if not self.cus:
+            raise ValueError(f"CU mask of a {self.card_cus}-CU card is empty: it would allow no CU at all")
+        bad = sorted(c for c in self.cus if not 0 <= c < self.card_cus)
+        if bad:
+            raise ValueError(f"CU mask names CUs {bad[:8]} outside the card's 0..{self.card_cus - 1}")
+
+
+def cu_masks_bytes(masks: Sequence[CuMask | None]) -> bytes:
+    """cu_masks.v1 for `masks`, one per GPU of the container in limits.v1's order (None: no mask)."""
+    if len(masks) > _MAX_DEV:
+        raise ValueError(f"CU masks for {len(masks)} GPUs: at most {_MAX_DEV}")
+    data = bytearray(CU_MASKS_SIZE)
+    struct.pack_into("<QII", data, 0, CU_MASKS_MAGIC, 1, len(masks))
+    for i, mask in enumerate(masks):
+        if mask is None:
+            continue
+        words = [0] * _CU_WORDS
+        for cu in mask.cus:
+            words[cu // 32] |= 1 << (cu % 32)
+        struct.pack_into(f"<II{_CU_WORDS}I", data, _CU_DEV_OFFSET + _CU_DEV_SIZE * i, mask.card_cus, 0, *words)
+    return bytes(data)
+
+
+def write_cu_masks(limits_dir: Path, masks: Sequence[CuMask | None]) -> None:
+    """Write <limits_dir>/cu_masks.v1 atomically (a process starting meanwhile reads the old file or the new
+    one, never half of one); readable by every user, writable by the agent only, like limits.v1."""
+    data = cu_masks_bytes(masks)
+    limits_dir.mkdir(parents=True, exist_ok=True)
+    limits_dir.chmod(0o755)
+    tmp = limits_dir / f".{CU_MASKS_FILE}.{os.getpid()}.tmp"
+    tmp.write_bytes(data)
+    tmp.chmod(0o644)
+    os.replace(tmp, limits_dir / CU_MASKS_FILE)
+
+
+def parse_cu_masks(data: bytes, where: str = CU_MASKS_FILE) -> tuple[CuMask | None, ...]:
+    """The masks in the bytes of a cu_masks.v1; ValueError naming `where` and the fault for anything the HIP
+    library would refuse as garbled (it then refuses every queue)."""
+    if len(data) != CU_MASKS_SIZE:
+        raise ValueError(f"{where}: {len(data)} bytes, not {CU_MASKS_SIZE}")
+    magic, version, ndev = struct.unpack_from("<QII", data, 0)
+    if magic != CU_MASKS_MAGIC or version != 1:
+        raise ValueError(f"{where}: not a version 1 CU mask file (magic {magic:#x}, version {version})")
+    if ndev > _MAX_DEV:
+        raise ValueError(f"{where}: {ndev} devices, at most {_MAX_DEV}")
+    out: list[CuMask | None] = []
+    for i in range(ndev):
+        ncu, reserved, *words = struct.unpack_from(f"<II{_CU_WORDS}I", data, _CU_DEV_OFFSET + _CU_DEV_SIZE * i)
+        if reserved:
+            raise ValueError(f"{where}: device {i}: reserved word is {reserved:#x}, not 0")
+        cus = frozenset(32 * w + b for w, word in enumerate(words) for b in range(32) if word >> b & 1)
+        if ncu == 0:
+            if cus:
+                raise ValueError(f"{where}: device {i}: CU bits set without a CU count")
+            out.append(None)
+            continue
+        if ncu > CU_MASKS_MAX_CUS or not cus or max(cus) >= ncu:
+            raise ValueError(f"{where}: device {i}: mask of {len(cus)} CUs (highest {max(cus, default=-1)}) "
+                             f"does not fit a card of {ncu} CUs (1..{CU_MASKS_MAX_CUS})")
+        out.append(CuMask(ncu, cus))
+    return tuple(out)
+
+
+def read_cu_masks(path: Path) -> tuple[CuMask | None, ...]:
+    """The masks in the cu_masks.v1 file at `path`, one per GPU (None: no mask). OSError when it cannot be
+    read, ValueError naming the file when it is garbled."""
+    return parse_cu_masks(path.read_bytes(), str(path))
 
 
 def prepare_hook_pod(root: Path, pod: HookPod, pods_on_node: Iterable[Mapping[str, Any]]) -> bool:
