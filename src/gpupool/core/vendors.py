@@ -51,6 +51,11 @@ class CardModel:
     partition_slots: int = 0
     aliases: tuple[str, ...] = ()  # other names the same card goes by (vendor tools, older inventories)
     note: str = ""  # what about this row is inferred or simplified
+    # How the compute units sit on the chip, for CU masks (gpupool.core.cu_masks): compute dies (AMD XCCs) and
+    # shader engines per die; 0 shader engines where gpupool does not mask the card's units (not AMD) or does
+    # not know its layout.
+    xccs: int = 1
+    shader_engines: int = 0
 
     @property
     def runtime(self) -> str:
@@ -90,11 +95,15 @@ _NVIDIA = (
 )
 
 # AMD Instinct (vendors.md; AMD SMI partition guide): MI300X and MI325X are 8 XCDs (one XCC each) of 38 CUs;
-# MI210 is CDNA2 and does not partition.
+# MI210 is CDNA2 and does not partition. Shader engines: 4 per XCC on GC 9.4.3 (MI300X, MI325X: rocminfo shows
+# 32 for the SPX card, and KFD programs only se0-se3 of each XCC's queue on these chips), so 38 CUs sit 10/10/9/9;
+# 8 on the MI210 (KFD programs se0-se7 on its GFX9 generation), 13 CUs each.
 _AMD = (
-    CardModel("MI300X", AMD, _gb(192), 304, PARTITION_XCP, 8, ("AMD Instinct MI300X", "MI300X OAM")),
-    CardModel("MI325X", AMD, _gb(256), 304, PARTITION_XCP, 8, ("AMD Instinct MI325X",)),
-    CardModel("MI210", AMD, _gb(64), 104, aliases=("AMD Instinct MI210",)),
+    CardModel("MI300X", AMD, _gb(192), 304, PARTITION_XCP, 8, ("AMD Instinct MI300X", "MI300X OAM"),
+              xccs=8, shader_engines=4),
+    CardModel("MI325X", AMD, _gb(256), 304, PARTITION_XCP, 8, ("AMD Instinct MI325X",), xccs=8, shader_engines=4),
+    CardModel("MI210", AMD, _gb(64), 104, aliases=("AMD Instinct MI210",), shader_engines=8,
+              note="shader engines: 8, from KFD's per-SE queue registers on GFX9 and 104 = 8 x 13"),
 )
 
 # Ascend. The AI-core counts and memories are named so the partition tables and the docs can say where they
