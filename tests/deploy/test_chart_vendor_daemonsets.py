@@ -131,7 +131,7 @@ def test_three_vendors_three_daemonsets_each_with_its_backend(render: Render) ->
 def test_each_vendor_mounts_only_its_own_library_paths(render: Render) -> None:
     sets = daemonsets(render(MIXED))
     assert vendor_host_paths(sets["nvidia"]) == set()
-    assert vendor_host_paths(sets["amd"]) == {"/dev/kfd", "/dev/dri"}
+    assert vendor_host_paths(sets["amd"]) == {"/dev/kfd", "/dev/dri", "/opt/rocm"}  # ROCm: libamd_smi.so
     assert vendor_host_paths(sets["ascend"]) == {"/dev/davinci0", "/dev/davinci3", "/dev/davinci_manager",
                                                  "/dev/devmm_svm", "/dev/hisi_hdc", "/usr/local/Ascend/driver"}
     mounts = {m["mountPath"]: m for m in agent_container(sets["ascend"])["volumeMounts"]}

@@ -63,10 +63,13 @@ def test_every_object_is_valid_kubernetes(render: Render, values: dict[str, Any]
 
 def test_amd_nodes_get_kfd_and_dri(render: Render) -> None:
     objs = render(AMD)
-    assert host_paths(objs) == {"/dev/kfd": "CharDevice", "/dev/dri": "Directory"}
-    # at the host's own paths, where libamd_smi opens them, and writable (its ioctls need the nodes open rw)
-    assert mounts(objs) == {"/dev/kfd": ("/dev/kfd", False), "/dev/dri": ("/dev/dri", False)}
-    assert "LD_LIBRARY_PATH" not in env_of(container(objs, "agent", "agent"))
+    assert host_paths(objs) == {"/dev/kfd": "CharDevice", "/dev/dri": "Directory", "/opt/rocm": "Directory"}
+    # at the host's own paths, where libamd_smi opens them, and writable (its ioctls need the nodes open rw);
+    # the node's ROCm read-only, where ROCM_PATH tells the amdsmi binding to load libamd_smi.so from
+    assert mounts(objs) == {"/dev/kfd": ("/dev/kfd", False), "/dev/dri": ("/dev/dri", False),
+                            "/opt/rocm": ("/opt/rocm", True)}
+    env = env_of(container(objs, "agent", "agent"))
+    assert env["ROCM_PATH"] == "/opt/rocm" and "LD_LIBRARY_PATH" not in env
 
 
 def test_ascend_nodes_get_each_chip_the_shared_nodes_and_the_driver_read_only(render: Render) -> None:

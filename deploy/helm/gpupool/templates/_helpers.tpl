@@ -50,7 +50,10 @@ app.kubernetes.io/component: {{ .component }}
 {{- $vendors := .Values.agent.vendors | default (list "nvidia") -}}
 {{- $several := gt (len $vendors) 1 -}}
 {{- $nodes := .Values.agent.vendorNodes -}}
-{{- $backends := dict "nvidia" .Values.agent.backend "amd" "amdsmi" "ascend" "dcmi" -}}
+{{- /* NVIDIA's backend is agent.backend (nvml or fake); AMD's and Ascend's their own block's (the vendor
+       library, or fake for testbeds and demos) */ -}}
+{{- $backends := dict "nvidia" .Values.agent.backend "amd" (.Values.agent.amd.backend | default "amdsmi")
+      "ascend" (.Values.agent.ascend.backend | default "dcmi") -}}
 {{- $out := list -}}
 {{- range $vendors -}}
 {{- $nvidia := eq . "nvidia" -}}
