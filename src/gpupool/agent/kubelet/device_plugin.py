@@ -23,6 +23,12 @@ timeout with the same device count makes the calls ambiguous: refused, never gue
 A crash between any two steps leaves a state the restarted agent completes (`recover`): a checkpointed pod
 that is still alive and has every GPU container served gets its marker, and kubelet asking again gets the
 same answer. Before step 3 nothing was written for that container, so kubelet's retry starts over.
+
+A card in partition mode serves its partitions only, whatever its vendor (`partition_rule`, the one place that
+says so): an NVIDIA GPU in MIG mode keeps its slots offered, since this plugin carves MIG instances for
+isolation-mig pods, but refuses any other grant of it; an AMD or Ascend card in partition mode is not offered at
+all (its slots Unhealthy, its grants refused), since its partitions are carved for DRA claims only. The slots
+come back when the card is whole again (its last partition destroyed): ListAndWatch looks every second.
 """
 
 from __future__ import annotations
@@ -38,8 +44,10 @@ from typing import Any
 import grpc
 
 from gpupool.agent.config import AgentConfig
+from gpupool.agent.devices.discovery import DeviceInfo
 from gpupool.agent.devices.mig import MODE_SWITCH_LABEL, MigError, MigManager, mode_switch_allowed
 from gpupool.agent.devices.mps import MpsSupervisor
+from gpupool.agent.devices.partitions import PartitionMigBackend
 from gpupool.agent.devices.slots import preferred, slot_gpu
 from gpupool.agent.devices.table import DeviceTable
 from gpupool.agent.identify import (
@@ -54,10 +62,11 @@ from gpupool.agent.identify import (
     is_candidate,
     which_container,
 )
-from gpupool.agent.isolation.base import STEP_CARVED, Isolation, Refused
+from gpupool.agent.isolation.base import STEP_CARVED, Isolation, Refused, mode_of
 from gpupool.agent.isolation.grant import ContainerGrant, grant_request
 from gpupool.agent.isolation.grant import answer as grant_answer
 from gpupool.agent.isolation.strategies import node_strategies
+from gpupool.agent.isolation.vendors import served_modes
 from gpupool.agent.kubelet.kubelet_checkpoint import recorded_containers
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
@@ -65,9 +74,12 @@ from gpupool.agent.proto import deviceplugin_v1beta1_pb2_grpc as pb_grpc
 from gpupool.agent.state.checkpoint import Checkpoint, Served
 from gpupool.agent.state.hookdir import cores_mode_of
 from gpupool.api.allocation import AllocationError, decode_allocation
+from gpupool.api.isolation import IsolationMode
 from gpupool.api.names import ANN_ALLOCATED, ANN_ALLOCATION
 from gpupool.api.times import format_time
 from gpupool.cluster.port import ApiError, Conflict
+from gpupool.core.geometry import vendor_model
+from gpupool.core.vendors import NVIDIA
 
 log = logging.getLogger("gpupool.agent.plugin")
 
@@ -137,23 +149,38 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
     ) -> pb.DevicePluginOptions:
         return pb.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
+    def withheld(self) -> dict[str, str]:
+        """Cards this plugin offers nothing of, and why (`partition_rule`: AMD / Ascend cards in partition mode)."""
+        out = {}
+        for d in self.table.known.values():
+            why = partition_rule(d, None, self.mig, self.config)
+            if why is not None:
+                out[d.uuid] = why
+        return out
+
     def device_list(self) -> pb.ListAndWatchResponse:
         devices = []
+        withheld = self.withheld()
         for s in self.table.slots():
             topology = pb.TopologyInfo(nodes=[pb.NUMANode(ID=s.numa_node)]) if s.numa_node >= 0 else None
-            devices.append(pb.Device(ID=s.id, health=HEALTHY if s.healthy else UNHEALTHY, topology=topology))
+            healthy = s.healthy and s.uuid not in withheld
+            devices.append(pb.Device(ID=s.id, health=HEALTHY if healthy else UNHEALTHY, topology=topology))
         return pb.ListAndWatchResponse(devices=devices)
 
     async def ListAndWatch(
         self, request: pb.Empty, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[pb.ListAndWatchResponse]:
         seen = self.table.version
-        yield self.device_list()
+        sent = self.device_list()
+        yield sent
         while not self._stopping.is_set():
             version = await self.table.wait_changed(seen, timeout=1.0)
-            if version != seen:
-                seen = version
-                yield self.device_list()
+            # A card's partitions change without the table knowing (a DRA claim carved one, the reaping
+            # destroyed the last): the list is compared every second as well.
+            now = self.device_list()
+            if version != seen or now != sent:
+                seen, sent = version, now
+                yield now
 
     async def PreStartContainer(
         self, request: pb.PreStartContainerRequest, context: grpc.aio.ServicerContext
@@ -297,6 +324,12 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
                 f"kubelet asks for {len(ids)} device(s) for container {container} of pod {label}, which was "
                 f"granted {granted} GPU(s)"
             )
+        mode = mode_of(who.allocation, self.config.isolation)
+        for g in who.allocation.container_gpus(container):
+            dev = self.table.known.get(g.uuid)
+            why = partition_rule(dev, mode, self.mig, self.config) if dev is not None else None
+            if why is not None:
+                return grpc.StatusCode.FAILED_PRECONDITION, f"pod {label} was granted {why}"
         found = grant_request(
             who.allocation, container, self.table.known, self.table.unhealthy(), self.config, label,
             self.isolation, cores_mode_of(pods, who.uid), len(containers), pods,
@@ -456,6 +489,40 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             except ApiError as e:
                 return str(e)
         return "the pod kept changing (repeated conflicts)"
+
+
+def in_partition_mode(dev: DeviceInfo, mig: MigManager | None) -> bool:
+    """Whether card `dev` serves its partitions only: an NVIDIA GPU in MIG mode, a card the node's MIG manager
+    holds partitions of (MIG instances, AMD partitions, Ascend vNPUs; idle ones too, until reaped), or an AMD /
+    Ascend card of a partitionable model where the node's label lets the agent partition idle cards (the DRA
+    driver publishes such a card as its partitions: gpupool.agent.devices.partitions). Read from the manager's
+    records, not the vendor's library: ListAndWatch asks every second, and the manager calls the library
+    from other threads under the Allocate lock."""
+    if dev.mig_enabled:
+        return True
+    if mig is None:
+        return False
+    if any(e.gpu == dev.uuid for e in tuple(mig.entries)):
+        return True
+    backend = mig.backend
+    return isinstance(backend, PartitionMigBackend) and backend.partition_mode and vendor_model(dev.model) is not None
+
+
+def partition_rule(dev: DeviceInfo, mode: str | None, mig: MigManager | None, config: AgentConfig) -> str | None:
+    """The device plugin's one rule for a card in partition mode, every vendor: it is handed out only as one of
+    its partitions, and only where this plugin serves that vendor's partitions to pods (NVIDIA's MIG; AMD and
+    Ascend partitions are carved for DRA claims only, gpupool.agent.isolation.vendors.served_modes). Returns why
+    a pod of isolation `mode` (None: any pod, what ListAndWatch asks) cannot have `dev`; None when it can."""
+    if not in_partition_mode(dev, mig):
+        return None
+    if dev.vendor != NVIDIA and IsolationMode.MIG not in served_modes(dev.vendor, config):
+        return (f"{dev.vendor} card {dev.uuid}, which is in partition mode (its partitions are carved for DRA "
+                "claims only): the device plugin hands it out neither whole nor shared until its last partition "
+                "is destroyed")
+    if mode is None or mode == IsolationMode.MIG:
+        return None
+    return (f"GPU {dev.uuid} under isolation {mode}, but the GPU is in MIG mode: it serves MIG instances "
+            "(isolation mig) only")
 
 
 def _refusal(refused: Refused) -> tuple[grpc.StatusCode, str]:
