@@ -9,7 +9,7 @@ from typing import Any
 
 from gpupool.agent.config import AgentConfig
 from gpupool.agent.isolation.base import GrantRequest, ModeGrant, MountSpec, Prepared, Refused, plain_gpus
-from gpupool.agent.isolation.vendors import request_vendor
+from gpupool.agent.isolation.vendors import CuMaskProblem, amd_cu_masks, cu_lock, request_vendor
 from gpupool.agent.state.hookdir import (
     ANN_CORES_MODE,
     CONTAINER_HIP_LIBRARY,
@@ -32,6 +32,7 @@ from gpupool.agent.state.hookdir import (
     remove_gone,
     valid_container,
     valid_uid,
+    write_cu_masks,
 )
 from gpupool.api.isolation import IsolationMode
 from gpupool.core.vendors import AMD
@@ -77,14 +78,33 @@ class HookIsolation:
         directory = claim_dir(root, uid) if request.claim else container_dir(root, uid, request.container)
         return HookPod(uid, request.pod_label, request.container, gpus, directory, limits)
 
+    def _prepare_files(self, request: GrantRequest, hook_pod: HookPod) -> bool:
+        """The container's directory and limits file; whether they were written (an embedded agent, without the
+        library installed, writes nothing for a pod's container)."""
+        if request.claim:
+            prepare_pod(hook_pod)
+            return True
+        return prepare_hook_pod(request.config.hook_root, hook_pod, request.pods_on_node)
+
+    def _prepare_amd(self, request: GrantRequest, hook_pod: HookPod) -> None:
+        """An AMD container: its CUs chosen from what the card's other holders leave (gpupool.agent.isolation
+        .vendors.amd_cu_masks) and written to cu_masks.v1 beside limits.v1, all under the CU lock so no other
+        prepare picks the same CUs in between."""
+        with cu_lock():
+            masks = amd_cu_masks(request, hook_pod.dir)
+            if self._prepare_files(request, hook_pod):
+                write_cu_masks(limits_dir(hook_pod.dir), masks)
+
     async def prepare(self, request: GrantRequest) -> Prepared | Refused:
         # the container's directories and limits file must exist before kubelet mounts them
+        hook_pod = self._hook_pod(request)
         try:
-            if request.claim:
-                await asyncio.to_thread(prepare_pod, self._hook_pod(request))
+            if request_vendor(request) == AMD:
+                await asyncio.to_thread(self._prepare_amd, request, hook_pod)
             else:
-                await asyncio.to_thread(prepare_hook_pod, request.config.hook_root, self._hook_pod(request),
-                                        request.pods_on_node)
+                await asyncio.to_thread(self._prepare_files, request, hook_pod)
+        except CuMaskProblem as e:
+            return Refused(f"pod {request.pod_label}: its compute share cannot be held: {e.reason}", retry=e.retry)
         except OSError as e:
             return Refused(f"cannot prepare the hook directory of pod {request.pod_label}: {e}", retry=True)
         except ValueError as e:  # limits the file cannot hold (too many GPUs for one container, say)
@@ -94,7 +114,7 @@ class HookIsolation:
     def grant(self, request: GrantRequest, prepared: Prepared) -> ModeGrant | Refused:
         paths = hook_paths(request.config.hook_root)
         library, preload = (CONTAINER_LIBRARY, str(paths.library)), str(paths.preload)
-        if request_vendor(request) == AMD:  # the HIP memory cap (gpupool.agent.isolation.vendors let it through)
+        if request_vendor(request) == AMD:  # the HIP library: memory cap and CU mask (isolation.vendors let it through)
             hip = hip_paths(request.config.hook_root)
             library, preload = (CONTAINER_HIP_LIBRARY, str(hip.library)), str(hip.preload)
         hook_pod = self._hook_pod(request)

@@ -15,9 +15,14 @@ installed here once at start (`install_vendor`). It is installed rather than pas
 builds the strategies without the vendor; one agent process serves one backend, so one source per vendor name.
 
 Isolation modes per vendor (`served_modes`), what this agent does today:
-- AMD: whole cards (none), and shares held by the HIP memory cap (hook: libgpupool_hip.so preloaded, the same
+- AMD: whole cards (none), and shares held by the HIP library (hook: libgpupool_hip.so preloaded, the same
   limits file as the CUDA library) where that library is installed on the node; without it hook shares are
-  refused with the reason. Compute shares on AMD are not capped (the HIP library caps memory only).
+  refused with the reason. Memory is capped as on NVIDIA. Compute shares are CU partitions: the agent gives each
+  share of p % its own floor(p x CUs / 100) compute units of the card (gpupool.core.cu_masks) in cu_masks.v1
+  beside limits.v1, and the library applies that mask to every HSA queue of the container. Hard for the CUs (two
+  shares of a card never share one), soft for memory bandwidth and caches (still shared); not work-conserving
+  (a pod cannot use another's idle CUs); one CU of granularity (0.33 % of an MI300X). `amd_cu_masks` below
+  says which CUs and how the holders are known.
 - Ascend: whole cards only. gpupool has no memory or compute limiter for CANN programs, so a hook or mps share
   of an Ascend card is refused (the scheduler and webhook never send one: this is the second line).
 - No vendor but NVIDIA has MPS.
@@ -32,8 +37,12 @@ whole card (isolation none): there is nothing to hold it to.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import contextlib
+import json
+import threading
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from gpupool.agent.config import AgentConfig
@@ -41,9 +50,23 @@ from gpupool.agent.devices.discovery import DeviceInfo, DiscoveryError
 from gpupool.agent.devices.fake import FakeContainerDevices
 from gpupool.agent.devices.vendor import ContainerDevices, Partition
 from gpupool.agent.isolation.base import DeviceNode, GrantRequest, Refused
-from gpupool.agent.state.hookdir import HIP_LIBRARY, hip_installed
+from gpupool.agent.state.hookdir import (
+    CU_MASKS_FILE,
+    HIP_LIBRARY,
+    POD_FILE,
+    CuMask,
+    claim_roots,
+    hip_installed,
+    hook_dirs,
+    hook_paths,
+    limits_dir,
+    read_cu_masks,
+    valid_uid,
+)
+from gpupool.api.counted import TERMINAL_PHASES
 from gpupool.api.isolation import IsolationMode
-from gpupool.core.vendors import AMD, ASCEND, NVIDIA
+from gpupool.core.cu_masks import CuShortage, choose_cus, geometry_for
+from gpupool.core.vendors import AMD, ASCEND, NVIDIA, card_model
 
 
 class ContainerDevicesSource(Protocol):
@@ -162,3 +185,131 @@ def vendor_part(request: GrantRequest, vendor: str,
             nodes.setdefault(host, DeviceNode(container_path=got.container_path(host), host_path=host))
         envs.append(got.env)
     return VendorPart(merge_env(envs), list(nodes.values()))
+
+
+# --- AMD compute: CU masks ----------------------------------------------------------------------------------
+# Which CUs a card's shares hold is what the cu_masks.v1 files of the hook directories on the node say: the agent
+# keeps no other record of it. So an agent that restarts knows the holders from the same files its containers
+# run under (the directories live under the hook root, which outlives the agent, like everything else a hook
+# container is prepared with), and a share's CUs are free again once its directory is removed: with its pod
+# (hookdir.remove_gone, at the next Allocate or the release sweep) or with its claim (the DRA driver's
+# unprepare). One lock serialises choosing and writing, so two prepares cannot pick the same free CUs (the
+# device plugin and the DRA driver already share the Allocate lock; this also holds for any other caller).
+_CU_LOCK = threading.Lock()
+
+
+class CuMaskProblem(Exception):
+    """Why a share's CUs cannot be chosen or written; `retry` when the node may serve it shortly (holders leave)."""
+
+    def __init__(self, reason: str, retry: bool = False) -> None:
+        super().__init__(reason)
+        self.reason, self.retry = reason, retry
+
+
+def cu_lock() -> threading.Lock:
+    """Held while a container's CUs are chosen and its cu_masks.v1 written (gpupool.agent.isolation.hook)."""
+    return _CU_LOCK
+
+
+def _directories(root: Path, live_pods: Collection[str] | None) -> list[Path]:
+    """The hook directories that may hold CUs: every GPU container's of the pods in `live_pods` (of every pod
+    with a directory when None), every claim's and every remote share's."""
+    out: list[Path] = []
+    with contextlib.suppress(FileNotFoundError):
+        for entry in sorted(hook_paths(root).pods.iterdir()):
+            if entry.is_dir() and valid_uid(entry.name) and (live_pods is None or entry.name in live_pods):
+                out += hook_dirs(root, entry.name)
+    for base in claim_roots(root):
+        with contextlib.suppress(FileNotFoundError):
+            out += [e for e in sorted(base.iterdir()) if e.is_dir() and valid_uid(e.name)]
+    return out
+
+
+def held_cus(root: Path, live_pods: Collection[str] | None, skip: Path | None = None) -> dict[str, set[int]]:
+    """Per card UUID, the CUs the masks on the node hold (the directory `skip` left out: the one being
+    prepared). A mask file that cannot be read is a CuMaskProblem naming it: its CUs are unknown, and guessing
+    them free could hand them out twice."""
+    held: dict[str, set[int]] = {}
+    for directory in _directories(root, live_pods):
+        if directory == skip or not (limits_dir(directory) / CU_MASKS_FILE).exists():
+            continue
+        for uuid, mask in masks_by_card(directory).items():
+            held.setdefault(uuid, set()).update(mask.cus)
+    return held
+
+
+def masks_by_card(directory: Path) -> dict[str, CuMask]:
+    """The masks of a hook directory's cu_masks.v1 by card UUID (its pod.json's GPUs, the same order); {}
+    without the file; CuMaskProblem when it or pod.json cannot be read."""
+    path = limits_dir(directory) / CU_MASKS_FILE
+    try:
+        masks = read_cu_masks(path)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise CuMaskProblem(f"the CU masks held on this node cannot be read ({path}: {e})", retry=True) from e
+    try:
+        info = json.loads((directory / POD_FILE).read_text())
+    except (OSError, ValueError) as e:
+        raise CuMaskProblem(f"which cards {path} masks is unknown ({directory / POD_FILE}: {e})", retry=True) from e
+    gpus = [str(g) for g in info.get("gpus") or []] if isinstance(info, dict) else []
+    if len(gpus) != len(masks):
+        raise CuMaskProblem(f"{path} has {len(masks)} masks for the {len(gpus)} GPUs its {POD_FILE} names; "
+                            "the CUs it holds are unknown", retry=True)
+    return {uuid: mask for uuid, mask in zip(gpus, masks, strict=True) if mask is not None}
+
+
+def card_cus(device: DeviceInfo) -> int:
+    """The card's CUs: what discovery reported, else the catalogue's for its model (0: unknown)."""
+    if device.sm_count > 0:
+        return device.sm_count
+    row = card_model(device.model)
+    return row.compute_units if row is not None else 0
+
+
+def live_pod_uids(request: GrantRequest) -> set[str] | None:
+    """The pods whose directories' masks count: those the ledger counts (bound to the node, not terminal:
+    gpupool.api.counted), and the pod being served. None for a DRA claim's prepare, which is not given the
+    node's pods: every pod directory then counts, which can only hold more CUs than the ledger does, until the
+    pods' clean-up removes the directories of those gone."""
+    if request.claim:
+        return None
+    live = {request.doc.pod_uid}
+    for pod in request.pods_on_node:
+        meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+        if status.get("phase") not in TERMINAL_PHASES:
+            live.add(str(meta.get("uid")))
+    return live
+
+
+def amd_cu_masks(request: GrantRequest, directory: Path) -> list[CuMask | None]:
+    """The CU mask of each of the container's AMD cards, in its card order (limits.v1's): None for a card it is
+    granted whole in compute (cores 100), else its share's CUs (gpupool.core.cu_masks), none held by another
+    directory's mask on the node. A mask the container's own directory already holds (a claim prepared again)
+    is kept when it is still the share's size and overlaps no other holder: running processes applied it."""
+    root = request.config.hook_root
+    held = held_cus(root, live_pod_uids(request), skip=directory)
+    own: dict[str, CuMask] = {}
+    with contextlib.suppress(CuMaskProblem):  # an unreadable file of its own: chosen afresh and rewritten
+        own = masks_by_card(directory)
+    out: list[CuMask | None] = []
+    for g in request.gpus:
+        if g.cores >= 100:
+            out.append(None)
+            continue
+        device = request.devices[g.uuid]
+        cus = card_cus(device)
+        if cus <= 0:
+            raise CuMaskProblem(f"card {g.uuid} ({device.model}) reports no CU count and its model is not in "
+                                "gpupool's catalogue, so its compute share cannot be held to a CU mask")
+        others = held.get(g.uuid, set())
+        geometry = geometry_for(device.model, cus)
+        try:
+            wanted = choose_cus(geometry, g.cores, others)
+        except CuShortage as e:
+            raise CuMaskProblem(f"card {g.uuid}: {e}", retry=True) from e
+        kept = own.get(g.uuid)
+        if kept is not None and kept.card_cus == cus and len(kept.cus) == len(wanted) and not kept.cus & others:
+            wanted = kept.cus
+        out.append(CuMask(cus, wanted))
+    return out
