@@ -6,9 +6,12 @@ container's environment): NVIDIA_VISIBLE_DEVICES on NVIDIA; on AMD and Ascend th
 devices (GPUPOOL_FAKE_DEVICE_NODES, ASCEND_VISIBLE_DEVICES; the testbed host has no /dev/kfd or /dev/davinci*)
 and no NVIDIA variable. A `rocm` pod that names an Ascend model stays unschedulable with the reason.
 
+AMD hook shares (when the package carries libgpupool_hip.so): each share's container reads, from inside, its
+limits file (its memory cap) and its cu_masks.v1 (exactly the CUs gpupool.core.cu_masks gives it: consecutive
+mask bits from 0 on an otherwise empty MI300X, disjoint from the other share's on a shared card).
+
 Not here: carving AMD partitions / Ascend vNPUs for claims (the fake backend has no partition library; the
-agents over the fake vendor libraries carve them in test_e2e_vendor_partitions.py), and AMD hook shares (they
-need libgpupool_hip.so built into the package).
+agents over the fake vendor libraries carve them in test_e2e_vendor_partitions.py).
 """
 
 from __future__ import annotations
@@ -55,6 +58,8 @@ ASCEND_SHARED = "/dev/davinci_manager,/dev/devmm_svm,/dev/hisi_hdc"
 CUDA_LIBRARY = "/usr/local/lib/gpupool/libgpupool_hook.so"
 HIP_LIBRARY = "/usr/local/lib/gpupool/libgpupool_hip.so"
 SHARE_MIB = 65536  # a third of an MI300X
+MI300X_CUS = 304  # the catalogue's (the fake file gives no sm_count)
+CU_MASKS = "/run/gpupool/limits/cu_masks.v1"
 
 
 @dataclass
@@ -152,20 +157,33 @@ def expected_grant(vendor: str, uuid: str, index: int, memory_mib: int, cores: i
              "GPUPOOL_FAKE_DEVICE_NODES": f"/dev/davinci{index},{ASCEND_SHARED}"}, set())
 
 
+def cu_mask_seen(cluster: RealCluster, pod: str) -> tuple[int, frozenset[int]]:
+    """What the container reads from its cu_masks.v1 (hookdir's layout: u64 magic, u32 version, u32 devices,
+    then per device u32 CUs, u32 reserved, u32 bits[32]): its first card's CU count and the CUs it may use."""
+    words = [int(w) for w in cluster.kubectl("exec", "-n", NAMESPACE, pod, "-c", "main", "--", "od", "-v", "-A", "n",
+                                             "-t", "u4", "-N", str(16 + 136), CU_MASKS).split()]
+    assert words[2:4] == [1, 1], words[:6]  # version 1, one device
+    ncu, bits = words[4], words[6:38]
+    return ncu, frozenset(32 * w + b for w, word in enumerate(bits) for b in range(32) if word >> b & 1)
+
+
 def test_each_runtime_lands_on_its_vendor_and_gets_that_vendors_devices(cluster: RealCluster) -> None:
     tag = cluster.nodes.nodes[0].labels[realnode.REAL_NODE_LABEL]
     vendor_of_node = {n.name: VENDORS[i] for i, n in enumerate(cluster.nodes.nodes)}
     wanted = {"cuda": "nvidia", "rocm": "amd", "cann": "ascend"}
     pods = [pod(f"p-{runtime}", runtime, tag) for runtime in (*wanted, "any")]
-    if hip_library_path().is_file():  # an AMD share held by the HIP memory cap
+    shares = hip_library_path().is_file()
+    if shares:  # two AMD shares held by the HIP library: memory cap and CU mask
         pods.append(pod("p-rocm-share", "rocm", tag, limits={RESOURCE_MEMORY: str(SHARE_MIB), RESOURCE_CORES: "50"}))
+        pods.append(pod("p-rocm-quarter", "rocm", tag,
+                        limits={RESOURCE_MEMORY: str(SHARE_MIB // 2), RESOURCE_CORES: "25"}))
     # a ROCm image asking for an Ascend card: no node can run it
     wrong = pod("p-rocm-on-ascend", "rocm", tag, {"gpupool.io/gpu-model": "Ascend910B"})
     cluster.kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
                                                              "items": [*pods, wrong]}))
     running = {p["metadata"]["name"]: p for p in cluster.wait_running([p["metadata"]["name"] for p in pods])}
     for name, got in running.items():
-        runtime = name.removeprefix("p-").removesuffix("-share")
+        runtime = name.split("-")[1]
         vendor, model, mib = vendor_of_node[got["spec"]["nodeName"]]
         assert runtime == "any" or vendor == wanted[runtime], f"{name} on {vendor}: {describe_pod(got)}"
         doc = decode_allocation(got["metadata"]["annotations"][ANN_ALLOCATION])
@@ -178,6 +196,8 @@ def test_each_runtime_lands_on_its_vendor_and_gets_that_vendors_devices(cluster:
                                        doc.isolation or "hook"), name
         if name == "p-rocm-share":  # the limits file the HIP cap reads: exactly the share's memory
             assert card.memory_mib == SHARE_MIB and cluster.limits_seen(name)[0] == SHARE_MIB
+    if shares:
+        check_cu_masks(cluster, running)
 
     def unschedulable() -> str:
         got = cluster.pod("p-rocm-on-ascend") or {}
@@ -190,3 +210,22 @@ def test_each_runtime_lands_on_its_vendor_and_gets_that_vendors_devices(cluster:
     assert "1 no GPU of an allowed model" in message and "2 needs 1 GPU(s) that run rocm" in message, message
     still = cluster.pod("p-rocm-on-ascend")
     assert still is not None and not still["spec"].get("nodeName"), describe_pod(still)
+
+
+def check_cu_masks(cluster: RealCluster, running: dict[str, Obj]) -> None:
+    """Each AMD share's container holds exactly its CUs: floor(p x 304 / 100) of them (50 % = 152, 25 % = 76).
+    Alone on a card, a share gets the lowest bits (KFD spreads those evenly over the XCCs and engines). On one
+    card the two are disjoint and together the lowest 228 bits, whichever was prepared first: bits 0-151 then
+    152-227, or 0-75 then 76-227 (tests/core/test_cu_masks.py works such sequences out by hand)."""
+    seen = {name: cu_mask_seen(cluster, name) for name in ("p-rocm-share", "p-rocm-quarter")}
+    assert {ncu for ncu, _ in seen.values()} == {MI300X_CUS}, seen
+    half, quarter = seen["p-rocm-share"][1], seen["p-rocm-quarter"][1]
+    assert (len(half), len(quarter)) == (152, 76)
+    card = {name: decode_allocation(running[name]["metadata"]["annotations"][ANN_ALLOCATION]).gpus[0].uuid
+            for name in seen}
+    if card["p-rocm-share"] != card["p-rocm-quarter"]:
+        assert half == frozenset(range(152)) and quarter == frozenset(range(76))
+        return
+    assert not half & quarter and half | quarter == frozenset(range(228))
+    for got in (half, quarter):  # each a run of consecutive bits
+        assert got == frozenset(range(min(got), max(got) + 1)), sorted(got)
