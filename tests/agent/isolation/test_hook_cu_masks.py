@@ -192,3 +192,11 @@ async def test_a_garbled_mask_file_on_the_node_refuses_rather_than_guess(cfg: Ag
     got = await prepare(cfg, share("u2", ("A0", 25)), [pod_obj("u1"), pod_obj("u2")])
     assert isinstance(got, Refused) and got.retry and str(path) in got.reason
 
+async def test_a_memory_only_share_gets_no_mask_and_holds_no_cus(cfg: AgentConfig) -> None:
+    """gpu-memory alone is granted 0.1 % (1 milli-GPU) and competes for compute: one CU would starve it."""
+    pods = [pod_obj("u1"), pod_obj("u2")]
+    await prepare(cfg, share("u1", ("A0", 0.1)), pods)
+    assert masks_of(cfg, "u1") == (None,)
+    await prepare(cfg, share("u2", ("A0", 25)), pods)
+    [second] = masks_of(cfg, "u2")
+    assert cus(second) == Q1

@@ -282,11 +282,18 @@ def live_pod_uids(request: GrantRequest) -> set[str] | None:
     return live
 
 
+# A memory-only share (gpupool.io/gpu-memory without gpu-cores) is granted 1 milli-GPU, 0.1 % (gpupool.api.pod):
+# no compute slice of its own, it competes for compute. A mask of floor(0.1 % x CUs), one CU, would starve it, so
+# it gets none and runs on every CU, beside the capped shares (whose CUs are exclusive among capped shares only).
+MEMORY_ONLY_CORES = 0.1
+
+
 def amd_cu_masks(request: GrantRequest, directory: Path) -> list[CuMask | None]:
-    """The CU mask of each of the container's AMD cards, in its card order (limits.v1's): None for a card it is
-    granted whole in compute (cores 100), else its share's CUs (gpupool.core.cu_masks), none held by another
-    directory's mask on the node. A mask the container's own directory already holds (a claim prepared again)
-    is kept when it is still the share's size and overlaps no other holder: running processes applied it."""
+    """The CU mask of each of the container's AMD cards, in its card order (limits.v1's): None for a card whose
+    compute it is not held to (cores 100: the whole card's; a memory-only share), else its share's CUs
+    (gpupool.core.cu_masks), none held by another directory's mask on the node. A mask the container's own
+    directory already holds (a claim prepared again) is kept when it is still the share's size and overlaps no
+    other holder: running processes applied it."""
     root = request.config.hook_root
     held = held_cus(root, live_pod_uids(request), skip=directory)
     own: dict[str, CuMask] = {}
@@ -294,7 +301,7 @@ def amd_cu_masks(request: GrantRequest, directory: Path) -> list[CuMask | None]:
         own = masks_by_card(directory)
     out: list[CuMask | None] = []
     for g in request.gpus:
-        if g.cores >= 100:
+        if g.cores >= 100 or g.cores <= MEMORY_ONLY_CORES:
             out.append(None)
             continue
         device = request.devices[g.uuid]
