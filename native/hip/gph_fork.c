@@ -7,6 +7,7 @@
 static void after_fork_child(void) {
     gp_shared_after_fork();
     gph_mem_after_fork();
+    gph_cu_after_fork();
 }
 
 __attribute__((constructor)) static void gph_constructor(void) { pthread_atfork(NULL, NULL, after_fork_child); }

@@ -1,6 +1,6 @@
-/* Every way a program reaches a HIP entry point the cap wraps ends at the wrapper: the interposed dlsym and
- * dlvsym (a framework that dlopens libamdhip64 and looks its functions up), and hipGetProcAddress (HIP 6.2
- * and later). The linked calls reach the wrappers by symbol interposition: the library is preloaded, so its
+/* Every way a program reaches a HIP or HSA entry point the library wraps ends at the wrapper: the interposed
+ * dlsym and dlvsym (a framework that dlopens libamdhip64 or libhsa-runtime64 and looks its functions up), and
+ * hipGetProcAddress (HIP 6.2 and later). The linked calls reach the wrappers by symbol interposition: the library is preloaded, so its
  * definitions come before the runtime's in every lookup of the program's global scope. The one file that
  * lists the wrappers; nothing below calls up here. */
 #include "gph.h"
@@ -15,7 +15,7 @@ static struct gp_hook lookup_hooks[] = {
     {"hipGetProcAddress", (void *)hipGetProcAddress, NULL},
     {NULL, NULL, NULL},
 };
-static struct gp_hook *tables[] = {lookup_hooks, gph_mem_hooks};
+static struct gp_hook *tables[] = {lookup_hooks, gph_mem_hooks, gph_cu_hooks};
 #define NTABLES (sizeof tables / sizeof tables[0])
 
 GP_UNINSTRUMENTED static void *hook_by_name(const char *name) {
@@ -34,7 +34,8 @@ GP_UNINSTRUMENTED static void *intercepted(const char *name) {
         if (strcmp(name, "dlvsym") == 0) return (void *)dlvsym;
         return NULL;
     }
-    if (name[0] == 'h' && name[1] == 'i' && name[2] == 'p') return hook_by_name(name);
+    if (name[0] == 'h' && ((name[1] == 'i' && name[2] == 'p') || (name[1] == 's' && name[2] == 'a' && name[3] == '_')))
+        return hook_by_name(name);
     return NULL;
 }
 

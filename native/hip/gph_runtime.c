@@ -1,4 +1,4 @@
-/* The HIP runtime's own functions, and which of the limits a HIP device is held to.
+/* The HIP and HSA runtimes' own functions, and which of the limits a HIP device is held to.
  *
  * The runtime is found by its sonames (the one the program loaded, else the first that loads), and its
  * functions through libc's dlsym on that handle: never through the program's global scope, where this
@@ -13,6 +13,12 @@ static const char *const hip_names[] = {"libamdhip64.so", "libamdhip64.so.7", "l
                                         "libamdhip64.so.5", NULL};
 
 void *gph_sym(const char *name) { return gp_lib_sym(&hip_handle, hip_names, name); }
+
+/* The HSA runtime HIP runs on, found the same way (its soname has been .so.1 since ROCm 1.x). */
+static void *hsa_handle;
+static const char *const hsa_names[] = {"libhsa-runtime64.so.1", "libhsa-runtime64.so", NULL};
+
+void *gph_hsa_sym(const char *name) { return gp_lib_sym(&hsa_handle, hsa_names, name); }
 
 int gph_device_index(hipDevice_t dev) {
     gp_init();

@@ -26,6 +26,10 @@ from gpupool.hook import hip_library_path, library_path
 from tests.native.conftest import PodFactory
 from tests.native.native_helpers import CC_FLAGS, FAKES, GIB, LIMITS_DEFINE, MIB, Built, Pod, _cc, have_cc, native_build
 
+# The CU mask file (cu_masks.v1) is handed to the library like the limits file (native_helpers: LIMITS_FD), as a
+# descriptor at a path compiled in; test_hip_compute.py's pods pass it.
+CU_MASKS_FD = 202
+CU_MASKS_DEFINE = f'-DGPH_CU_MASKS_PATH="/proc/self/fd/{CU_MASKS_FD}"'
 OOM = 2  # hipErrorOutOfMemory
 INVALID_VALUE, INVALID_DEVICE_POINTER = 1, 17
 SHARE = 10 * GIB
@@ -34,20 +38,26 @@ KINDS = ["mem", "ext", "managed", "pitch", "mempitch", "async", "pool"]
 PATHS = ["direct", "dlsym", "gpa"]
 WRAPPED = {"hipMalloc", "hipExtMallocWithFlags", "hipMallocManaged", "hipMallocAsync", "hipMallocFromPoolAsync",
            "hipMallocPitch", "hipMemAllocPitch", "hipFree", "hipFreeAsync", "hipMemGetInfo", "hipDeviceTotalMem",
-           "hipGetProcAddress", "dlsym", "dlvsym"}
+           "hipGetProcAddress", "dlsym", "dlvsym",
+           "hsa_queue_create", "hsa_queue_destroy", "hsa_amd_queue_cu_set_mask", "hipExtStreamCreateWithCUMask",
+           "hipExtStreamGetCUMask"}
 
 
 def build_hip(out: Path, extra: list[str] | None = None) -> Built:
-    """The fake runtime (linked -Bsymbolic: its own calls never come back through the library, as a real
-    runtime's do not), the HIP program, and the library under test."""
+    """The fake HSA runtime and the fake HIP runtime over it (each linked -Bsymbolic: their own calls never come
+    back through the library, as a real runtime's do not; HIP's calls into HSA go through the PLT, as ROCclr's
+    do), the HIP program, and the library under test (its CU mask file at a descriptor, like its limits file:
+    CU_MASKS_FD)."""
     assert have_cc(), "no C compiler: the native tests need one (set CC)"
     extra = extra or []
     out.mkdir(parents=True, exist_ok=True)
-    _cc(*CC_FLAGS, *extra, "-fPIC", "-shared", "-Wl,-Bsymbolic", "-o", str(out / "libamdhip64.so"),
-        str(FAKES / "fake_hip.c"), "-lpthread")
+    shared = [*CC_FLAGS, *extra, "-fPIC", "-shared", "-Wl,-Bsymbolic"]
+    _cc(*shared, "-o", str(out / "libhsa-runtime64.so.1"), str(FAKES / "fake_hsa.c"), "-lpthread")
+    _cc(*shared, "-o", str(out / "libamdhip64.so"), str(FAKES / "fake_hip.c"), f"-L{out}",
+        "-l:libhsa-runtime64.so.1", "-lpthread")
     _cc(*CC_FLAGS, *extra, "-o", str(out / "hip_app"), str(FAKES / "hip_app.c"), f"-L{out}", "-l:libamdhip64.so",
-        "-ldl", "-lpthread")
-    lib = native_build().compile_hip_library(out / "libgpupool_hip.so", [*extra, LIMITS_DEFINE])
+        "-l:libhsa-runtime64.so.1", "-ldl", "-lpthread")
+    lib = native_build().compile_hip_library(out / "libgpupool_hip.so", [*extra, LIMITS_DEFINE, CU_MASKS_DEFINE])
     return Built(out, lib, out / "hip_app")
 
 

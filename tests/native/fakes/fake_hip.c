@@ -27,7 +27,28 @@
  * - hipGetProcAddress finds the fake's own entry points by name (hipSuccess; an unknown name sets
  *   HIP_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND and answers hipErrorInvalidValue, the only error the reference
  *   lists). hipFakeEcho(x) = x + 1000: a function the cap does not wrap, to see lookups pass it through.
- * Pointers are addresses of nothing: the fake never touches the memory it "allocates". */
+ * Pointers are addresses of nothing: the fake never touches the memory it "allocates".
+ *
+ * Streams and kernels, on the fake HSA runtime (fake_hsa.c, libhsa-runtime64.so.1, linked: its functions are
+ * called through the PLT, as ROCclr calls HSA's, so a preloaded library sees them):
+ * - hipStreamCreate / hipStreamCreateWithFlags take a hardware queue from the device's pool: up to
+ *   GPU_MAX_HW_QUEUES (default 4) queues per device, made with hsa_queue_create as streams need them and
+ *   then shared round-robin, as ROCclr does. The null stream is one more stream of the device, made on its
+ *   first use, with its queue from the same pool. A queue that cannot be made makes the stream's creation
+ *   (or the null stream's kernel) fail with hipErrorOutOfMemory.
+ * - ROC_GLOBAL_CU_MASK (fake_hsa.h's parser, the documented syntax): HIP sets it on every queue it makes,
+ *   through hsa_amd_queue_cu_set_mask; a failing call is ignored (the queue keeps running on every CU, the
+ *   fail-open that HAMi's notes describe).
+ * - hipExtStreamCreateWithCUMask(stream, n, mask): n dwords (hipErrorInvalidValue for 0 or a NULL mask,
+ *   hipErrorInvalidHandle for a NULL stream); the stream gets a queue of its own, whose mask is set with
+ *   hsa_amd_queue_cu_set_mask(queue, 32 * n, mask AND ROC_GLOBAL_CU_MASK); a status other than success or
+ *   HSA_STATUS_CU_MASK_REDUCED destroys the queue and answers hipErrorInvalidValue.
+ * - hipExtStreamGetCUMask(stream, n, mask): the stream's mask as HIP recorded it (a CU-masked stream's, else
+ *   ROC_GLOBAL_CU_MASK's, else every CU), n dwords, zero beyond the card; hipErrorInvalidValue for n 0 or a
+ *   NULL mask.
+ * - hipLaunchKernel(f, grid, block, args, shmem, stream): the fake's kernels are described by args[0], a
+ *   uint64_t of work in CU-microseconds, run on the stream's queue (fakehsa_dispatch);
+ *   hipErrorLaunchFailure when the HSA runtime cannot run it. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -41,7 +62,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../../../native/hip/gph.h"
+#include "fake_hsa.h"
 
 #define FK_DEVS 8
 #define FK_PROCS 128
@@ -313,6 +334,190 @@ hipError_t hipDeviceTotalMem(size_t *bytes, int dev) {
     return hipSuccess;
 }
 
+/* ---- streams and kernels ---------------------------------------------------------------------------------- */
+#define FK_STREAMS 256
+#define FK_POOL 64
+struct fk_stream {
+    int live;
+    int dev;
+    hsa_queue_t *queue;
+    int own_queue;
+    int has_mask;
+    uint32_t mask[FAKE_CU_WORDS];
+};
+static struct fk_stream streams[FK_STREAMS];
+static struct fk_stream null_streams[FK_DEVS];
+static hsa_queue_t *pool[FK_DEVS][FK_POOL];
+static int pool_next[FK_DEVS];
+static uint32_t roc_mask[FAKE_MAX_GPUS][FAKE_CU_WORDS];
+static int roc_has[FAKE_MAX_GPUS];
+static pthread_once_t hsa_once = PTHREAD_ONCE_INIT;
+static pthread_mutex_t streams_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void hsa_setup(void) {
+    pthread_once(&once, setup);
+    hsa_init();
+    const char *v = getenv("ROC_GLOBAL_CU_MASK");
+    if (v != NULL) fake_cu_parse(v, roc_mask, roc_has);
+}
+
+static hsa_status_t find_gpu(hsa_agent_t agent, void *data) {
+    int *want = data;
+    uint32_t type = 0;
+    if (hsa_agent_get_info(agent, HSA_AGENT_INFO_DEVICE, &type) != HSA_STATUS_SUCCESS || type != HSA_DEVICE_TYPE_GPU)
+        return HSA_STATUS_SUCCESS;
+    if (want[0]-- == 0) {
+        *(hsa_agent_t *)(want + 2) = agent;
+        return HSA_STATUS_INFO_BREAK;
+    }
+    return HSA_STATUS_SUCCESS;
+}
+
+/* A new hardware queue on `dev`, ROC_GLOBAL_CU_MASK applied; NULL when HSA refuses it. */
+static hsa_queue_t *new_queue(int dev) {
+    pthread_once(&hsa_once, hsa_setup);
+    int want[4] = {dev, 0, 0, 0}; /* the ordinal, then room for the agent (8-byte aligned) */
+    if (hsa_iterate_agents(find_gpu, want) != HSA_STATUS_INFO_BREAK) return NULL;
+    hsa_agent_t agent;
+    memcpy(&agent, want + 2, sizeof agent);
+    hsa_queue_t *q = NULL;
+    if (hsa_queue_create(agent, 4096, 0, NULL, NULL, UINT32_MAX, UINT32_MAX, &q) != HSA_STATUS_SUCCESS) return NULL;
+    if (roc_has[dev]) hsa_amd_queue_cu_set_mask(q, 32 * FAKE_CU_WORDS, roc_mask[dev]);
+    return q;
+}
+
+static int max_hw_queues(void) {
+    int n = (int)env_u64("GPU_MAX_HW_QUEUES", 4);
+    return n < 1 ? 1 : n > FK_POOL ? FK_POOL : n;
+}
+
+/* With streams_mu held: a queue of the device's pool. */
+static hsa_queue_t *pooled(int dev) {
+    int i = pool_next[dev]++ % max_hw_queues();
+    if (pool[dev][i] == NULL) pool[dev][i] = new_queue(dev);
+    return pool[dev][i];
+}
+
+hipError_t hipStreamCreateWithFlags(hipStream_t *stream, unsigned int flags) {
+    (void)flags;
+    if (stream == NULL) return hipErrorInvalidValue;
+    pthread_once(&once, setup);
+    pthread_mutex_lock(&streams_mu);
+    hipError_t r = hipErrorOutOfMemory;
+    for (int i = 0; i < FK_STREAMS; i++) {
+        if (streams[i].live) continue;
+        hsa_queue_t *q = pooled(current);
+        if (q != NULL) {
+            memset(&streams[i], 0, sizeof streams[i]);
+            streams[i].live = 1, streams[i].dev = current, streams[i].queue = q;
+            *stream = (hipStream_t)&streams[i];
+            r = hipSuccess;
+        }
+        break;
+    }
+    pthread_mutex_unlock(&streams_mu);
+    return r;
+}
+
+hipError_t hipStreamCreate(hipStream_t *stream) { return hipStreamCreateWithFlags(stream, 0); }
+
+hipError_t hipExtStreamCreateWithCUMask(hipStream_t *stream, uint32_t cuMaskSize, const uint32_t *cuMask) {
+    if (stream == NULL) return hipErrorInvalidHandle;
+    if (cuMaskSize == 0 || cuMask == NULL) return hipErrorInvalidValue;
+    pthread_once(&once, setup);
+    pthread_mutex_lock(&streams_mu);
+    struct fk_stream *s = NULL;
+    for (int i = 0; i < FK_STREAMS && s == NULL; i++)
+        if (!streams[i].live) s = &streams[i];
+    hsa_queue_t *q = s != NULL ? new_queue(current) : NULL;
+    if (q == NULL) {
+        pthread_mutex_unlock(&streams_mu);
+        return hipErrorOutOfMemory;
+    }
+    uint32_t mask[FAKE_CU_WORDS] = {0};
+    for (uint32_t w = 0; w < cuMaskSize && w < FAKE_CU_WORDS; w++)
+        mask[w] = cuMask[w] & (roc_has[current] ? roc_mask[current][w] : 0xFFFFFFFFu);
+    uint32_t n = cuMaskSize < FAKE_CU_WORDS ? cuMaskSize : FAKE_CU_WORDS;
+    hsa_status_t r = hsa_amd_queue_cu_set_mask(q, 32 * n, mask);
+    if (r != HSA_STATUS_SUCCESS && r != HSA_STATUS_CU_MASK_REDUCED) {
+        hsa_queue_destroy(q);
+        pthread_mutex_unlock(&streams_mu);
+        return hipErrorInvalidValue;
+    }
+    memset(s, 0, sizeof *s);
+    s->live = 1, s->dev = current, s->queue = q, s->own_queue = 1, s->has_mask = 1;
+    memcpy(s->mask, mask, sizeof mask);
+    *stream = (hipStream_t)s;
+    pthread_mutex_unlock(&streams_mu);
+    return hipSuccess;
+}
+
+/* The stream behind a handle (NULL: the current device's null stream, made on first use); NULL if none. */
+static struct fk_stream *stream_of(hipStream_t stream) {
+    pthread_once(&once, setup);
+    if (stream != NULL) {
+        struct fk_stream *s = (struct fk_stream *)stream;
+        return s >= streams && s < streams + FK_STREAMS && s->live ? s : NULL;
+    }
+    struct fk_stream *s = &null_streams[current];
+    pthread_mutex_lock(&streams_mu);
+    if (!s->live && (s->queue = pooled(current)) != NULL) s->live = 1, s->dev = current;
+    pthread_mutex_unlock(&streams_mu);
+    return s->live ? s : NULL;
+}
+
+hipError_t hipStreamDestroy(hipStream_t stream) {
+    struct fk_stream *s = stream != NULL ? stream_of(stream) : NULL;
+    if (s == NULL) return hipErrorInvalidHandle;
+    pthread_mutex_lock(&streams_mu);
+    if (s->own_queue) hsa_queue_destroy(s->queue);
+    s->live = 0;
+    pthread_mutex_unlock(&streams_mu);
+    return hipSuccess;
+}
+
+hipError_t hipStreamGetDevice(hipStream_t stream, hipDevice_t *device) {
+    if (device == NULL) return hipErrorInvalidValue;
+    if (stream == NULL) {
+        *device = current;
+        return hipSuccess;
+    }
+    struct fk_stream *s = stream_of(stream);
+    if (s == NULL) return hipErrorInvalidHandle;
+    *device = s->dev;
+    return hipSuccess;
+}
+
+hipError_t hipExtStreamGetCUMask(hipStream_t stream, uint32_t cuMaskSize, uint32_t *cuMask) {
+    if (cuMaskSize == 0 || cuMask == NULL) return hipErrorInvalidValue;
+    struct fk_stream *s = stream_of(stream);
+    if (s == NULL) return stream == NULL ? hipErrorOutOfMemory : hipErrorInvalidHandle;
+    uint32_t cus = (uint32_t)env_u64("FAKE_HSA_CUS", 304);
+    for (uint32_t w = 0; w < cuMaskSize; w++) {
+        uint32_t card = w >= FAKE_CU_WORDS || 32 * w >= cus ? 0 : cus >= 32 * (w + 1) ? 0xFFFFFFFFu : (1u << (cus % 32)) - 1;
+        uint32_t v = s->has_mask ? (w < FAKE_CU_WORDS ? s->mask[w] : 0) : roc_has[s->dev] ? roc_mask[s->dev][w % FAKE_CU_WORDS] : card;
+        cuMask[w] = v & card;
+    }
+    return hipSuccess;
+}
+
+hipError_t hipStreamSynchronize(hipStream_t stream) { return stream_of(stream) != NULL ? hipSuccess : hipErrorInvalidHandle; }
+
+hipError_t hipDeviceSynchronize(void) { return hipSuccess; }
+
+typedef struct {
+    uint32_t x, y, z;
+} dim3;
+
+hipError_t hipLaunchKernel(const void *f, dim3 grid, dim3 block, void **args, size_t shmem, hipStream_t stream) {
+    (void)f, (void)grid, (void)block, (void)shmem;
+    if (args == NULL || args[0] == NULL) return hipErrorInvalidValue;
+    struct fk_stream *s = stream_of(stream);
+    if (s == NULL) return stream == NULL ? hipErrorOutOfMemory : hipErrorInvalidHandle;
+    return fakehsa_dispatch(s->queue, *(const uint64_t *)args[0]) == HSA_STATUS_SUCCESS ? hipSuccess
+                                                                                          : hipErrorLaunchFailure;
+}
+
 int hipFakeEcho(int x) { return x + 1000; }
 
 hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uint64_t flags,
@@ -327,7 +532,8 @@ hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uin
         E(hipMalloc) E(hipExtMallocWithFlags) E(hipMallocManaged) E(hipMallocAsync) E(hipMallocFromPoolAsync)
         E(hipMallocPitch) E(hipMemAllocPitch) E(hipFree) E(hipFreeAsync) E(hipHostMalloc) E(hipHostFree) E(hipMemGetInfo)
         E(hipDeviceTotalMem) E(hipGetDevice) E(hipSetDevice) E(hipGetDeviceCount) E(hipFakeEcho)
-        E(hipDeviceGetDefaultMemPool) E(hipGetProcAddress)
+        E(hipDeviceGetDefaultMemPool) E(hipGetProcAddress) E(hipStreamCreate) E(hipExtStreamCreateWithCUMask)
+        E(hipExtStreamGetCUMask) E(hipLaunchKernel) E(hipStreamDestroy)
 #undef E
     };
     if (symbol == NULL || pfn == NULL) return hipErrorInvalidValue;
@@ -341,3 +547,4 @@ hipError_t hipGetProcAddress(const char *symbol, void **pfn, int hipVersion, uin
     if (status != NULL) *status = HIP_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return hipErrorInvalidValue;
 }
+

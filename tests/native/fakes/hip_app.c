@@ -14,6 +14,13 @@
  *            threads N OPS SEED SIZE... -> "<rc> max_live successes failures other_codes"
  *            stress BYTES -> "started", then never answers (alloc/free forever, for kill -9 tests)
  *            bench N -> "<rc> <nanoseconds per hipMalloc of 1 MiB + hipFree>" (N pairs)
+ * Streams, kernels and CU masks (the CU mask tests; SID 0 is the null stream):
+ *            stream -> "<rc> <sid>" (hipStreamCreate) | custream W... -> "<rc> <sid>" (hipExtStreamCreateWithCUMask
+ *            of the given dwords) | launch SID WORK N -> "<rc>" (N kernels of WORK CU-us, the first error)
+ *            getmask SID -> "<rc> <CUs> w0..w31" (hipExtStreamGetCUMask of 32 dwords)
+ *            and HSA directly, as a tenant that skips HIP would: hsaq -> "<status> <qid>" (a queue on the first GPU)
+ *            | hsaset QID BITS W... -> "<status>" (hsa_amd_queue_cu_set_mask) | hsaget QID -> "<status> <CUs>"
+ *            | hsarun QID WORK N -> "<status>" (N kernels through the fake's dispatch)
  * Allocation KINDs: mem (hipMalloc), ext (hipExtMallocWithFlags, fine-grained), managed (hipMallocManaged),
  * pitch (hipMallocPitch: rows of 1 MiB, or one row of BYTES below that), mempitch (hipMemAllocPitch, the
  * same rows of 4-byte elements), async (hipMallocAsync), pool (hipMallocFromPoolAsync from the device's
@@ -28,7 +35,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "../../../native/hip/gph.h"
+#include "fake_hsa.h"
 
 hipError_t hipMalloc(void **, size_t);
 hipError_t hipExtMallocWithFlags(void **, size_t, unsigned int);
@@ -47,6 +54,29 @@ hipError_t hipDeviceTotalMem(size_t *, int);
 hipError_t hipSetDevice(int);
 hipError_t hipGetProcAddress(const char *, void **, int, uint64_t, hipDriverProcAddressQueryResult *);
 int hipFakeEcho(int);
+hipError_t hipStreamCreate(hipStream_t *);
+hipError_t hipExtStreamCreateWithCUMask(hipStream_t *, uint32_t, const uint32_t *);
+hipError_t hipExtStreamGetCUMask(hipStream_t, uint32_t, uint32_t *);
+typedef struct {
+    uint32_t x, y, z;
+} dim3;
+hipError_t hipLaunchKernel(const void *, dim3, dim3, void **, size_t, hipStream_t);
+
+/* The compute entry points, found on the same path as the memory ones (HSA's by dlsym on its own handle; the
+ * gpa path uses the linked HSA symbols: hipGetProcAddress answers for HIP only). */
+static struct {
+    hipError_t (*stream)(hipStream_t *);
+    hipError_t (*custream)(hipStream_t *, uint32_t, const uint32_t *);
+    hipError_t (*getmask)(hipStream_t, uint32_t, uint32_t *);
+    hipError_t (*launch)(const void *, dim3, dim3, void **, size_t, hipStream_t);
+    hsa_status_t (*init)(void);
+    hsa_status_t (*iterate)(hsa_status_t (*)(hsa_agent_t, void *), void *);
+    hsa_status_t (*info)(hsa_agent_t, int, void *);
+    hsa_status_t (*qcreate)(hsa_agent_t, uint32_t, hsa_queue_type32_t, hsa_queue_callback, void *, uint32_t, uint32_t,
+                            hsa_queue_t **);
+    hsa_status_t (*setmask)(const hsa_queue_t *, uint32_t, const uint32_t *);
+    hsa_status_t (*getqmask)(const hsa_queue_t *, uint32_t, uint32_t *);
+} k;
 
 static struct {
     hipError_t (*malloc_)(void **, size_t);
@@ -69,6 +99,11 @@ static struct {
 
 typedef void *(*resolver)(void *, const char *);
 
+static void link_hsa(void) {
+    k.init = hsa_init, k.iterate = hsa_iterate_agents, k.info = hsa_agent_get_info, k.qcreate = hsa_queue_create;
+    k.setmask = hsa_amd_queue_cu_set_mask, k.getqmask = hsa_amd_queue_cu_get_mask;
+}
+
 static void resolve(const char *mode) {
     if (strcmp(mode, "direct") == 0) {
         h.malloc_ = hipMalloc, h.ext = hipExtMallocWithFlags, h.managed = hipMallocManaged, h.pitch = hipMallocPitch;
@@ -78,6 +113,9 @@ static void resolve(const char *mode) {
         h.mempitch = hipMemAllocPitch;
         void *lib = dlopen("libamdhip64.so", RTLD_NOW);
         h.echo = lib != NULL ? (int (*)(int))dlsym(lib, "hipFakeEcho") : NULL;
+        k.stream = hipStreamCreate, k.custream = hipExtStreamCreateWithCUMask, k.getmask = hipExtStreamGetCUMask;
+        k.launch = hipLaunchKernel;
+        link_hsa();
         return;
     }
     void *lib = dlopen("libamdhip64.so", RTLD_NOW);
@@ -111,6 +149,31 @@ static void resolve(const char *mode) {
         }
     }
     memcpy(&h, found, sizeof h);
+    static const char *const knames[] = {"hipStreamCreate", "hipExtStreamCreateWithCUMask", "hipExtStreamGetCUMask",
+                                         "hipLaunchKernel"};
+    static const char *const hnames[] = {"hsa_init", "hsa_iterate_agents", "hsa_agent_get_info", "hsa_queue_create",
+                                         "hsa_amd_queue_cu_set_mask", "hsa_amd_queue_cu_get_mask"};
+    void *kfound[10];
+    void *hsa = dlopen("libhsa-runtime64.so.1", RTLD_NOW);
+    for (int i = 0; i < 10; i++) {
+        const char *name = i < 4 ? knames[i] : hnames[i - 4];
+        if (strcmp(mode, "gpa") == 0 && i < 4) {
+            hipDriverProcAddressQueryResult status;
+            if (hipGetProcAddress(name, &kfound[i], 602, 0, &status) != hipSuccess) kfound[i] = NULL;
+        } else if (strcmp(mode, "gpa") == 0) {
+            kfound[i] = NULL;
+        } else {
+            kfound[i] = find(i < 4 ? lib : hsa, name);
+        }
+    }
+    memcpy(&k, kfound, sizeof k);
+    if (strcmp(mode, "gpa") == 0) link_hsa();
+    for (int i = 0; i < 10; i++) {
+        if (((void **)&k)[i] == NULL) {
+            fprintf(stderr, "hip_app: %s not found on path %s\n", i < 4 ? knames[i] : hnames[i - 4], mode);
+            exit(2);
+        }
+    }
 }
 
 /* ---- allocations, by id ------------------------------------------------------------------------------- */
@@ -194,6 +257,92 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+/* ---- streams, kernels, CU masks ----------------------------------------------------------------------- */
+#define MAX_STREAMS 256
+static hipStream_t sids[MAX_STREAMS]; /* 0: the null stream */
+static int nsids = 1;
+static hsa_queue_t *qids[MAX_STREAMS];
+static int nqids = 1;
+
+static int words_from(const char *p, uint32_t *w) {
+    int n = 0;
+    char *end;
+    for (;;) {
+        unsigned long v = strtoul(p, &end, 0);
+        if (end == p || n == 32) return n;
+        w[n++] = (uint32_t)v;
+        p = end;
+    }
+}
+
+static int popcount(const uint32_t *w, int n) {
+    int c = 0;
+    for (int i = 0; i < n; i++) c += __builtin_popcount(w[i]);
+    return c;
+}
+
+static hsa_status_t first_gpu(hsa_agent_t agent, void *data) {
+    uint32_t type = 0;
+    if (k.info(agent, HSA_AGENT_INFO_DEVICE, &type) != HSA_STATUS_SUCCESS || type != HSA_DEVICE_TYPE_GPU)
+        return HSA_STATUS_SUCCESS;
+    *(hsa_agent_t *)data = agent;
+    return HSA_STATUS_INFO_BREAK;
+}
+
+/* One compute command; 0 when the line is none of them. */
+static int compute(const char *line) {
+    uint32_t w[32] = {0};
+    unsigned long long work, count;
+    int id, bits;
+    if (strcmp(line, "stream\n") == 0) {
+        hipStream_t s = NULL;
+        hipError_t r = k.stream(&s);
+        if (r == hipSuccess && nsids < MAX_STREAMS) sids[nsids++] = s;
+        printf("%d %d\n", r, r == hipSuccess ? nsids - 1 : 0);
+    } else if (strncmp(line, "custream ", 9) == 0) {
+        int n = words_from(line + 9, w);
+        hipStream_t s = NULL;
+        hipError_t r = k.custream(&s, (uint32_t)n, w);
+        if (r == hipSuccess && nsids < MAX_STREAMS) sids[nsids++] = s;
+        printf("%d %d\n", r, r == hipSuccess ? nsids - 1 : 0);
+    } else if (sscanf(line, "launch %d %llu %llu", &id, &work, &count) == 3) {
+        hipError_t r = id >= 0 && id < nsids ? hipSuccess : hipErrorInvalidHandle;
+        void *args[1] = {&work};
+        dim3 one = {1, 1, 1};
+        for (unsigned long long i = 0; i < count && r == hipSuccess; i++) r = k.launch(NULL, one, one, args, 0, sids[id]);
+        printf("%d\n", r);
+    } else if (sscanf(line, "getmask %d", &id) == 1) {
+        hipError_t r = id >= 0 && id < nsids ? k.getmask(sids[id], 32, w) : hipErrorInvalidHandle;
+        printf("%d %d", r, popcount(w, 32));
+        for (int i = 0; i < 32; i++) printf(" %u", w[i]);
+        printf("\n");
+    } else if (strcmp(line, "hsaq\n") == 0) {
+        hsa_agent_t gpu = {0};
+        hsa_queue_t *q = NULL;
+        hsa_status_t r = k.init();
+        if (r == HSA_STATUS_SUCCESS) r = k.iterate(first_gpu, &gpu) == HSA_STATUS_INFO_BREAK ? HSA_STATUS_SUCCESS : HSA_STATUS_ERROR;
+        if (r == HSA_STATUS_SUCCESS) r = k.qcreate(gpu, 1024, 0, NULL, NULL, UINT32_MAX, UINT32_MAX, &q);
+        if (r == HSA_STATUS_SUCCESS && nqids < MAX_STREAMS) qids[nqids++] = q;
+        printf("%d %d\n", r, r == HSA_STATUS_SUCCESS ? nqids - 1 : 0);
+    } else if (sscanf(line, "hsaset %d %d", &id, &bits) == 2) {
+        const char *p = line + 7;
+        for (int skip = 0; skip < 2; skip++) p = strchr(p, ' ') != NULL ? strchr(p, ' ') + 1 : p + strlen(p);
+        words_from(p, w);
+        hsa_queue_t *q = id > 0 && id < nqids ? qids[id] : (hsa_queue_t *)(uintptr_t)0x1000;
+        printf("%d\n", k.setmask(q, (uint32_t)bits, bits > 0 ? w : NULL));
+    } else if (sscanf(line, "hsaget %d", &id) == 1) {
+        hsa_status_t r = id > 0 && id < nqids ? k.getqmask(qids[id], 1024, w) : HSA_STATUS_ERROR_INVALID_QUEUE;
+        printf("%d %d\n", r, popcount(w, 32));
+    } else if (sscanf(line, "hsarun %d %llu %llu", &id, &work, &count) == 3) {
+        hsa_status_t r = id > 0 && id < nqids ? HSA_STATUS_SUCCESS : HSA_STATUS_ERROR_INVALID_QUEUE;
+        for (unsigned long long i = 0; i < count && r == HSA_STATUS_SUCCESS; i++) r = fakehsa_dispatch(qids[id], work);
+        printf("%d\n", r);
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 int main(int argc, char **argv) {
     resolve(argc > 1 ? argv[1] : "direct");
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -271,6 +420,8 @@ int main(int argc, char **argv) {
             clock_gettime(CLOCK_MONOTONIC, &t1);
             double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
             printf("%d %lld\n", r, (long long)(ns / (double)n));
+        } else if (compute(line)) {
+            continue;
         } else if (sscanf(line, "stress %llu", &n) == 1) {
             printf("started\n");
             for (;;) {
