@@ -160,13 +160,15 @@ async def test_a_claim_holds_cus_beside_pods_and_keeps_its_mask_when_prepared_ag
     path = limits_dir(claim_dir(cfg.hook_root, "c1")) / CU_MASKS_FILE
     [held] = read_cu_masks(path)
     assert cus(held) == Q2
-    # kubelet prepares it again (an agent restart): its own file does not count against it, the bits stay
-    assert isinstance(await prepare(cfg, claim, [], container="claim", claim=True), Prepared)
-    assert read_cu_masks(path) == (held,)
     # a pod share now skips both the pod's and the claim's CUs
     await prepare(cfg, share("u2", ("A0", 25)), [pod_obj("u1"), pod_obj("u2")])
     [second] = masks_of(cfg, "u2")
     assert cus(second) == Q3
+    # u1 leaves, then kubelet prepares the claim again (an agent restart): its own file does not count against
+    # it, and it keeps the bits its processes run on, though a fresh choice would now be bits 0-75
+    await node_strategies(cfg)["hook"].release([pod_obj("u2")], "n")
+    assert isinstance(await prepare(cfg, claim, [], container="claim", claim=True), Prepared)
+    assert read_cu_masks(path) == (held,)
 
 
 async def test_a_whole_card_has_no_mask_and_nvidia_shares_get_no_file(cfg: AgentConfig) -> None:
