@@ -42,7 +42,8 @@ class HookIsolation:
     """`hook`: the interception library and the preload list (read-only), the container's limits file
     (limits.v1, written by the agent before the answer and mounted read-only: the library takes its caps
     from there, never from what the tenant can change) and the container's own accounting directory
-    (read-write; one per GPU container: each is held to its own share)."""
+    (read-write; one per GPU container: each is held to its own share). On AMD cards the limits directory also
+    holds cu_masks.v1, the CUs of each card the container's queues may use (gpupool.agent.isolation.vendors)."""
 
     name = IsolationMode.HOOK
     second_line = True  # interception misses static binaries and direct ioctls: the watchdog backs it
