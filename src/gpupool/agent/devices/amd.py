@@ -570,7 +570,7 @@ class AmdVendor:
 
     def isolation_modes(self) -> frozenset[IsolationMode]:
         """Whole cards (NONE), compute partitions (MIG, the hardware-partition mode of every vendor) and the HIP
-        memory cap of the interception library (HOOK)."""
+        interception library's memory cap and CU mask (HOOK)."""
         return frozenset({IsolationMode.NONE, IsolationMode.MIG, IsolationMode.HOOK})
 
     def container_devices(self, device: DeviceInfo, partition: Partition | None = None) -> ContainerDevices:

@@ -26,8 +26,9 @@ Environment contract (read by the interception shim and by users):
 Cards of another vendor (AMD, Ascend: `DeviceInfo.vendor`, decided in gpupool.agent.isolation.vendors): no
 NVIDIA_VISIBLE_DEVICES and no CDI names; the vendor's device nodes (`devices`: DeviceSpecs of the device
 plugin's answer, deviceNodes of a claim's CDI spec) and its variables (ASCEND_VISIBLE_DEVICES, ...), beside
-the GPUPOOL_* limits above. A share of an AMD card under isolation hook gets the HIP memory cap instead of the
-CUDA library (same limits file and mounts); modes a vendor's cards cannot be held in are refused there.
+the GPUPOOL_* limits above. A share of an AMD card under isolation hook gets the HIP library instead of the
+CUDA library (memory cap, and a CU mask from `cu_masks.v1`; same limits file and mounts); modes a vendor's
+cards cannot be held in are refused there.
 """
 
 from __future__ import annotations
