@@ -221,7 +221,7 @@ GP_EXPORT hsa_status_t hsa_queue_destroy(hsa_queue_t *queue) {
     GPH_REAL_HSA(hsa_status_t (*)(hsa_queue_t *), real, "hsa_queue_destroy");
     if (real == NULL) return HSA_STATUS_ERROR_NOT_INITIALIZED;
     hsa_status_t r = real(queue);
-    if (r == HSA_STATUS_SUCCESS) device_of(queue, 1);
+    if (r == HSA_STATUS_SUCCESS && state() == CU_MASKS) device_of(queue, 1); /* only then were any remembered */
     return r;
 }
 

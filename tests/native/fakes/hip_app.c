@@ -21,6 +21,7 @@
  *            and HSA directly, as a tenant that skips HIP would: hsaq -> "<status> <qid>" (a queue on the first GPU)
  *            | hsaset QID BITS W... -> "<status>" (hsa_amd_queue_cu_set_mask) | hsaget QID -> "<status> <CUs>"
  *            | hsarun QID WORK N -> "<status>" (N kernels through the fake's dispatch)
+ *            | qbench N -> "<status> <nanoseconds per hsa_queue_create + hsa_queue_destroy>" (N pairs)
  * Allocation KINDs: mem (hipMalloc), ext (hipExtMallocWithFlags, fine-grained), managed (hipMallocManaged),
  * pitch (hipMallocPitch: rows of 1 MiB, or one row of BYTES below that), mempitch (hipMemAllocPitch, the
  * same rows of 4-byte elements), async (hipMallocAsync), pool (hipMallocFromPoolAsync from the device's
@@ -333,6 +334,20 @@ static int compute(const char *line) {
     } else if (sscanf(line, "hsaget %d", &id) == 1) {
         hsa_status_t r = id > 0 && id < nqids ? k.getqmask(qids[id], 1024, w) : HSA_STATUS_ERROR_INVALID_QUEUE;
         printf("%d %d\n", r, popcount(w, 32));
+    } else if (sscanf(line, "qbench %llu", &count) == 1 && count > 0) {
+        hsa_agent_t gpu = {0};
+        hsa_status_t r = k.init();
+        if (r == HSA_STATUS_SUCCESS) r = k.iterate(first_gpu, &gpu) == HSA_STATUS_INFO_BREAK ? HSA_STATUS_SUCCESS : HSA_STATUS_ERROR;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        for (unsigned long long i = 0; i < count && r == HSA_STATUS_SUCCESS; i++) {
+            hsa_queue_t *q = NULL;
+            if ((r = k.qcreate(gpu, 1024, 0, NULL, NULL, UINT32_MAX, UINT32_MAX, &q)) == HSA_STATUS_SUCCESS)
+                r = hsa_queue_destroy(q);
+        }
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ns = (double)(t1.tv_sec - t0.tv_sec) * 1e9 + (double)(t1.tv_nsec - t0.tv_nsec);
+        printf("%d %lld\n", r, (long long)(ns / (double)count));
     } else if (sscanf(line, "hsarun %d %llu %llu", &id, &work, &count) == 3) {
         hsa_status_t r = id > 0 && id < nqids ? HSA_STATUS_SUCCESS : HSA_STATUS_ERROR_INVALID_QUEUE;
         for (unsigned long long i = 0; i < count && r == HSA_STATUS_SUCCESS; i++) r = fakehsa_dispatch(qids[id], work);
