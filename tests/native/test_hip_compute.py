@@ -363,3 +363,38 @@ def test_without_a_mask_queues_keep_every_cu(cu: CuPods, masks: tuple[CuMask | N
     assert dev.throughput(app.pid) == CARD
     assert app.alloc("mem", 10 * GIB)[0] == 0
     assert app.alloc("mem", 1)[0] == OOM
+
+
+# ---- the fake, without the library: HSA's documented behaviour ---------------------------------------------
+@pytest.mark.parametrize(("env", "cus"), [
+    ({}, CARD),
+    ({"HSA_CU_MASK": "0:0-37"}, 38),
+    ({"HSA_CU_MASK": "0:0x" + "f" * 10}, 40),
+    ({"HSA_CU_MASK": "0:0-37; 0:40-41"}, 38),  # GPU 0 named again: a syntax error, that set is ignored
+    ({"HSA_CU_MASK": "0:0x0"}, CARD),  # no usable CU: a syntax error, nothing applied
+    ({"HSA_CU_MASK": "1:0-37"}, CARD),  # another GPU's
+])
+def test_the_fake_hsa_runtime_masks_as_documented(cu: CuPods, env: dict[str, str], cus: int) -> None:
+    app = cu.start(cu.cu_pod(masks=None, extra=env, preload=False))
+    rc, q = app.ask("hsaq")
+    assert rc == 0
+    assert app.ask(f"hsaget {q}") == [0, cus]  # a new queue: HSA_CU_MASK, else every CU
+    assert app.ask(f"hsaset {q} 33 0xff") == [INVALID_ARGUMENT]  # not a multiple of 32
+    assert app.ask(f"hsaset {q} 32 0xff") == [0]
+    assert app.ask(f"hsaget {q}") == [0, 8]
+    # every CU and 16 bits past the card: dropped silently, unless a device mask removes some (REDUCED)
+    assert app.ask(f"hsaset {q} 320 {FULL}") == [0 if cus == CARD else REDUCED]
+    assert app.ask(f"hsaget {q}") == [0, cus]
+    assert app.ask(f"hsaset {q} 0") == [0 if cus == CARD else REDUCED]  # count 0: every CU
+    assert app.ask(f"hsaget {q}") == [0, cus]
+
+
+def test_the_fake_hip_runtime_sets_roc_global_cu_mask_on_its_queues_and_records_stream_masks(cu: CuPods) -> None:
+    app = cu.start(cu.cu_pod(masks=None, extra={"ROC_GLOBAL_CU_MASK": "0:0-99"}, preload=False))
+    assert app.ask(f"launch 0 {WORK} 1") == [0]
+    rc, sid = app.ask("custream 0xffff 0xffff 0 0 0xffffffff")  # 32 CUs asked for, 100..127 outside the global
+    assert rc == 0
+    assert app.ask(f"getmask {sid}")[:2] == [0, 32]
+    assert app.ask(f"launch {sid} {WORK} 1") == [0]
+    mine = cu.sim().of(app.pid)
+    assert [len(d.cus) for d in mine] == [100, 32]
