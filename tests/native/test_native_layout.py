@@ -40,7 +40,7 @@ HIP_LAYERS: list[list[str]] = [
     ["gp_config.c"],
     ["gp_shared.c"],
     ["gph_runtime.c"],
-    ["gph_mem.c"],
+    ["gph_mem.c", "gph_cu.c"],
     ["gph_lookup.c", "gph_fork.c"],
 ]
 SERVER_LAYERS: list[list[str]] = [
