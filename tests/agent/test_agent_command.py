@@ -49,7 +49,7 @@ def test_node_state_another_agent_holds_is_a_clear_error_not_a_traceback(tmp_pat
     from gpupool.agent.state.node_state import NodeStateBusy
     from gpupool.commands import agent as command
 
-    async def busy(config: object, backend: object) -> None:
+    async def busy(config: object, backend: object, vendors: object) -> None:
         raise NodeStateBusy("another gpupool agent (pid 4242) holds the node state in /x")
 
     monkeypatch.setattr(command, "_run", busy)
@@ -63,28 +63,38 @@ def test_node_state_another_agent_holds_is_a_clear_error_not_a_traceback(tmp_pat
 
 
 # --- other vendors' backends (issue 40) ---------------------------------------------------------------------
-def test_dcmi_backend_discovers_ascend_chips_and_installs_their_container_devices(
+def test_dcmi_backend_discovers_ascend_chips_and_hands_the_agent_their_container_devices(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from gpupool.agent.config import AgentConfig
     from gpupool.agent.devices.discovery import DeviceInfo
-    from gpupool.agent.isolation.vendors import devices_source, uninstall_vendor
+    from gpupool.agent.isolation.vendors import devices_source
+    from gpupool.commands import agent as command
     from tests.agent.fakes import ascend as dcmi_fake
 
     state = dcmi_fake.write_state(tmp_path / "dcmi.json", [{"card_id": 0, "chips": [dcmi_fake.card_910b(2)]}])
     monkeypatch.setenv(dcmi_fake.STATE_ENV, str(state))
     monkeypatch.setenv("GPUPOOL_DCMI_LIBRARY", str(dcmi_fake.library()))
-    try:
-        result = CliRunner().invoke(main, ["agent", "--node-name", "n", "--backend", "dcmi", "--dry-run"])
-        assert result.exit_code == 0, result.output
-        plan = json.loads(result.output[result.output.index("{"):])
-        assert [(g["model"], g["vendor"]) for g in plan["inventory"]["gpus"]] == [("Ascend910B", "ascend")]
-        source = devices_source(AgentConfig(node_name="n", backend="dcmi"), "ascend")
-        assert source is not None
-        chip = DeviceInfo(uuid=plan["inventory"]["gpus"][0]["uuid"], index=0, model="Ascend910B", memory_mib=1,
-                          vendor="ascend")
-        assert source.container_devices(chip).env == {"ASCEND_VISIBLE_DEVICES": "2"}  # physical id 2
-    finally:
-        uninstall_vendor("ascend")
+    result = CliRunner().invoke(main, ["agent", "--node-name", "n", "--backend", "dcmi", "--dry-run"])
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output[result.output.index("{"):])
+    assert [(g["model"], g["vendor"]) for g in plan["inventory"]["gpus"]] == [("Ascend910B", "ascend")]
+
+    handed: list[object] = []  # what the command gives the Agent it would run (the Agent itself is not started)
+
+    async def run(config: object, backend: object, vendors: object) -> None:
+        handed.append(vendors)
+
+    monkeypatch.setattr(command, "_run", run)
+    result = CliRunner().invoke(main, ["agent", "--node-name", "n", "--backend", "dcmi"],
+                                env={"GPUPOOL_AGENT_HOOK_ROOT": str(tmp_path / "hook")})
+    assert result.exit_code == 0, result.output
+    [vendors] = handed
+    assert isinstance(vendors, dict) and set(vendors) == {"ascend"}
+    source = devices_source(AgentConfig(node_name="n", backend="dcmi"), "ascend", vendors)
+    assert source is not None
+    chip = DeviceInfo(uuid=plan["inventory"]["gpus"][0]["uuid"], index=0, model="Ascend910B", memory_mib=1,
+                      vendor="ascend")
+    assert source.container_devices(chip).env == {"ASCEND_VISIBLE_DEVICES": "2"}  # physical id 2
 
 
 def test_dcmi_backend_without_the_library_is_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,16 +106,12 @@ def test_dcmi_backend_without_the_library_is_a_clear_error(tmp_path: Path, monke
 
 def test_amdsmi_backend_discovers_amd_cards_through_the_binding(tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    from gpupool.agent.isolation.vendors import uninstall_vendor
     from tests.agent.fakes.amd import amd_fake
 
     amd_fake.load_binding(tmp_path / "rocm")
     state = amd_fake.write_state(tmp_path / "amd.json", [amd_fake.card("MI300X", 0)])
     monkeypatch.setenv(amd_fake.STATE_ENV, str(state))
-    try:
-        result = CliRunner().invoke(main, ["agent", "--node-name", "n", "--backend", "amdsmi", "--dry-run"])
-    finally:
-        uninstall_vendor("amd")
+    result = CliRunner().invoke(main, ["agent", "--node-name", "n", "--backend", "amdsmi", "--dry-run"])
     assert result.exit_code == 0, result.output
     plan = json.loads(result.output[result.output.index("{"):])
     assert [(g["model"], g["vendor"]) for g in plan["inventory"]["gpus"]] == [("MI300X", "amd")]

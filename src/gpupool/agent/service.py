@@ -51,6 +51,7 @@ from gpupool.agent.enforce.squeeze import follow_squeezes
 from gpupool.agent.enforce.watchdog import Limit, Watchdog
 from gpupool.agent.isolation.base import merged_inventory
 from gpupool.agent.isolation.strategies import node_strategies
+from gpupool.agent.isolation.vendors import NO_VENDOR_DEVICES, VendorDevices
 from gpupool.agent.kubelet.device_plugin import DevicePluginService, PluginServer, register
 from gpupool.agent.kubelet.dra_service import DraServer
 from gpupool.agent.port import AgentCluster
@@ -92,8 +93,10 @@ class Agent:
         mps: MpsSupervisor | None = None,
         mig: MigManager | None = None,
         killer: Killer | None = None,
+        vendors: VendorDevices = NO_VENDOR_DEVICES,
     ) -> None:
         self.config = config
+        self.vendors = vendors  # the vendor object `gpupool agent` built: its cards' container devices
         self.mig = mig  # carves MIG instances for isolation mig pods (None: no GPU of the node is in MIG mode)
         self.mps = mps  # one MPS control daemon per GPU, supervised here (None: none run, MPS shares are refused)
         self.step = step  # the Allocate step hook (tests inject crashes between steps)
@@ -164,7 +167,7 @@ class Agent:
         await asyncio.to_thread(checkpoint.load)  # one it cannot trust stops the agent here
         self.service = DevicePluginService(
             self.config, self.table, self.cluster, self.wall_clock, checkpoint=checkpoint, mps=self.mps,
-            mig=self.mig, changed=self._inventory_dirty.set, isolation=self.isolation,
+            mig=self.mig, changed=self._inventory_dirty.set, isolation=self.isolation, vendors=self.vendors,
         )
         if self.step is not None:
             self.service.step = self.step
@@ -174,7 +177,7 @@ class Agent:
             # as the pods the device plugin served do (both are holders there, whichever form serves them).
             # Prepare and Allocate take the one lock, so the two never hand out one GPU's state at once.
             self.dra = dra = DraDriver(self.config, table_, self.cluster, self.isolation, self.wall_clock,
-                                       mig=self.mig, lock=self.service.allocate_lock)
+                                       mig=self.mig, lock=self.service.allocate_lock, vendors=self.vendors)
             await asyncio.to_thread(dra.load)
             for done in await dra.recover():  # before anything counts the prepared claims or serves kubelet
                 log.warning("node state: %s", done)

@@ -90,7 +90,7 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
     from gpupool.agent.checks.toolkit_check import warn_if_unsafe
 
     warn_if_unsafe(cdi=config.cdi)  # NVIDIA_VISIBLE_DEVICES=all from any pod: see docs/install.md
-    backend = _backend(config)
+    backend, vendors = _backend(config)
     if dry_run:
         _print_plan(config, backend)
         return
@@ -105,7 +105,7 @@ def agent(config_file: Path | None, dry_run: bool, **flags: Any) -> None:
     from gpupool.agent.state.checkpoint import CheckpointError
 
     try:
-        asyncio.run(_run(config, backend))
+        asyncio.run(_run(config, backend, vendors))
     except CheckpointError as e:  # node state another agent holds, or one it cannot trust: the reason, no trace
         raise click.ClickException(str(e)) from None
 
@@ -124,35 +124,32 @@ def _check_remote(config: Any, log: logging.Logger) -> None:
         log.error("claims of isolation remote cannot start on this node: %s", problem)
 
 
-def _backend(config: Any) -> Any:
-    """The discovery backend of the configured vendor. The vendor object (NvidiaVendor, AmdVendor, AscendVendor)
-    is installed as the source of its cards' container devices (gpupool.agent.isolation.vendors); a fake
-    backend's cards get the fake's environment-only devices there."""
+def _backend(config: Any) -> tuple[Any, dict[str, Any]]:
+    """The discovery backend of the configured vendor, and the vendor object (NvidiaVendor, AmdVendor,
+    AscendVendor) by name: the source of its cards' container devices, which the Agent hands the device plugin
+    and the DRA driver (gpupool.agent.isolation.vendors). A fake backend has none: its cards get the fake's
+    environment-only devices there."""
     from gpupool.agent.devices.discovery import DiscoveryError
-    from gpupool.agent.isolation.vendors import install_vendor
 
     try:
         if config.backend == "fake":
             from gpupool.agent.devices.fake import FakeBackend
 
-            return FakeBackend.from_file(config.fake_file, node=config.node_name)
+            return FakeBackend.from_file(config.fake_file, node=config.node_name), {}
         if config.backend == "amdsmi":
             from gpupool.agent.devices.amd import AmdVendor
 
             amd = AmdVendor()
-            install_vendor(amd.name, amd)
-            return amd.discovery
+            return amd.discovery, {amd.name: amd}
         if config.backend == "dcmi":
             from gpupool.agent.devices.ascend import AscendBackend, AscendVendor
 
             ascend = AscendVendor(AscendBackend())
-            install_vendor(ascend.name, ascend)
-            return ascend.discovery
+            return ascend.discovery, {ascend.name: ascend}
         from gpupool.agent.devices.nvidia import NvidiaVendor
 
         nvidia = NvidiaVendor(cdi_kind=config.cdi_kind if config.cdi else None)
-        install_vendor(nvidia.name, nvidia)
-        return nvidia.discovery
+        return nvidia.discovery, {nvidia.name: nvidia}
     except DiscoveryError as e:
         raise click.ClickException(str(e)) from None
 
@@ -190,13 +187,13 @@ def _print_plan(config: Any, backend: Any) -> None:
     backend.close()
 
 
-async def _run(config: Any, backend: Any) -> None:
+async def _run(config: Any, backend: Any, vendors: Any) -> None:
     from gpupool.agent.port import ClusterPortAgent
     from gpupool.agent.service import Agent
 
     port = _cluster_port(config)
     node_agent = Agent(config, backend, ClusterPortAgent(port), mps=_mps_supervisor(config, backend),
-                       mig=await _mig_manager(config, backend, ClusterPortAgent(port)))
+                       mig=await _mig_manager(config, backend, ClusterPortAgent(port)), vendors=vendors)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, node_agent.request_stop)

@@ -265,20 +265,18 @@ def test_for_any_grant_the_vendors_devices_are_what_grant_hands_out(
 
 
 # --- `gpupool agent --backend nvml` builds the vendor ------------------------------------------------------------
-def test_the_agent_builds_nvidias_vendor_for_nvml_and_installs_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_agent_builds_nvidias_vendor_for_nvml_and_hands_it_on(monkeypatch: pytest.MonkeyPatch) -> None:
     from gpupool.agent.devices import nvml
-    from gpupool.agent.isolation.vendors import devices_source, uninstall_vendor
+    from gpupool.agent.isolation.vendors import devices_source
     from gpupool.commands.agent import _backend
 
     stand_in = fake_backend(mig=False)
     monkeypatch.setattr(nvml, "NvmlBackend", lambda: stand_in)  # no NVML here: the vendor wraps what it is given
     config = AgentConfig(node_name="n", backend="nvml", cdi=True, cdi_kind="example.com/gpu")
-    try:
-        assert _backend(config) is stand_in  # the agent runs on the vendor's discovery, as before
-        source = devices_source(config, "nvidia")
-        assert isinstance(source, NvidiaVendor)
-        got = source.container_devices(CARD)
-        assert isinstance(got, ContainerDevices)
-        assert (dict(got.env), got.cdi_devices) == ({"NVIDIA_VISIBLE_DEVICES": "void"}, (f"example.com/gpu={GPU}",))
-    finally:
-        uninstall_vendor("nvidia")
+    backend, vendors = _backend(config)
+    assert backend is stand_in  # the agent runs on the vendor's discovery, as before
+    source = devices_source(config, "nvidia", vendors)
+    assert isinstance(source, NvidiaVendor)
+    got = source.container_devices(CARD)
+    assert isinstance(got, ContainerDevices)
+    assert (dict(got.env), got.cdi_devices) == ({"NVIDIA_VISIBLE_DEVICES": "void"}, (f"example.com/gpu={GPU}",))

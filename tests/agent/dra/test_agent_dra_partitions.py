@@ -22,7 +22,6 @@ from gpupool.agent.devices.amd import AmdBackend, AmdVendor
 from gpupool.agent.devices.ascend import AscendBackend, AscendVendor
 from gpupool.agent.devices.discovery import DiscoveryBackend
 from gpupool.agent.devices.mig import agent_mig_manager
-from gpupool.agent.isolation.vendors import install_vendor, uninstall_vendor
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.proto import dra_v1_pb2 as v1
 from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
@@ -74,8 +73,7 @@ async def partition_rig(vendor: str, backend: DiscoveryBackend, source: Any, dir
                           fake_file=None)
     manager = agent_mig_manager(backend, directory, idle_after_s=0, clock=lambda: 1000.0, allow_mode_switch=True)
     assert manager is not None
-    install_vendor(vendor, source)
-    agent = Agent(config, backend, ClusterPortAgent(cluster), mig=manager)
+    agent = Agent(config, backend, ClusterPortAgent(cluster), mig=manager, vendors={vendor: source})
     await agent.start()
     try:
         info = await _register(config.kubelet_root)
@@ -84,7 +82,6 @@ async def partition_rig(vendor: str, backend: DiscoveryBackend, source: Any, dir
         await channel.close()
     finally:
         await agent.stop()
-        uninstall_vendor(vendor)
 
 
 @pytest.fixture

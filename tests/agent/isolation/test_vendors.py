@@ -3,7 +3,7 @@ modes each vendor's cards are served in, and the NVIDIA answer left as it was.""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,7 +18,7 @@ from gpupool.agent.devices.vendor import ContainerDevices, Partition
 from gpupool.agent.dra.cdi import cdi_spec
 from gpupool.agent.isolation.base import DeviceNode, GrantRequest
 from gpupool.agent.isolation.grant import ContainerGrant, Refused, build_grant
-from gpupool.agent.isolation.vendors import install_vendor, merge_env, uninstall_vendor, vendor_mode
+from gpupool.agent.isolation.vendors import NO_VENDOR_DEVICES, VendorDevices, merge_env, vendor_mode
 from gpupool.agent.kubelet.device_plugin import _to_proto
 from gpupool.agent.state.hookdir import CONTAINER_HIP_LIBRARY, hip_installed, install_hip_library
 from gpupool.api.allocation import AllocationDoc, GrantDoc
@@ -46,18 +46,20 @@ def config(tmp_path: Path, backend: str = "fake", **kw: object) -> AgentConfig:
     return AgentConfig(node_name="n", backend=backend, hook_root=tmp_path / "hook", **fake, **kw)  # type: ignore[arg-type]
 
 
-def grant(d: AllocationDoc, cfg: AgentConfig, devices: Mapping[str, DeviceInfo] = DEVICES) -> ContainerGrant | Refused:
-    return build_grant(d, "main", devices, {}, cfg, "ns/p")
+def grant(d: AllocationDoc, cfg: AgentConfig, devices: Mapping[str, DeviceInfo] = DEVICES,
+          vendors: VendorDevices = NO_VENDOR_DEVICES) -> ContainerGrant | Refused:
+    return build_grant(d, "main", devices, {}, cfg, "ns/p", vendors=vendors)
 
 
-def served(d: AllocationDoc, cfg: AgentConfig, devices: Mapping[str, DeviceInfo] = DEVICES) -> ContainerGrant:
-    g = grant(d, cfg, devices)
+def served(d: AllocationDoc, cfg: AgentConfig, devices: Mapping[str, DeviceInfo] = DEVICES,
+           vendors: VendorDevices = NO_VENDOR_DEVICES) -> ContainerGrant:
+    g = grant(d, cfg, devices, vendors)
     assert isinstance(g, ContainerGrant), g
     return g
 
 
-def refused(d: AllocationDoc, cfg: AgentConfig) -> str:
-    g = grant(d, cfg)
+def refused(d: AllocationDoc, cfg: AgentConfig, vendors: VendorDevices = NO_VENDOR_DEVICES) -> str:
+    g = grant(d, cfg, vendors=vendors)
     assert isinstance(g, Refused), g
     return g.reason
 
@@ -165,15 +167,11 @@ class _Renaming:
                                 renames={host: f"/dev/davinci{100 + device.index}"})
 
 
-@pytest.fixture
-def renaming() -> Iterator[None]:
-    install_vendor("amd", _Renaming())
-    yield
-    uninstall_vendor("amd")
+RENAMING: VendorDevices = {"amd": _Renaming()}
 
 
-def test_installed_vendor_devices_become_device_specs_and_cdi_device_nodes(tmp_path: Path, renaming: None) -> None:
-    g = served(doc(("A0", MI300X_MIB, 100.0), isolation="none"), config(tmp_path, backend="amdsmi"))
+def test_the_vendors_devices_become_device_specs_and_cdi_device_nodes(tmp_path: Path) -> None:
+    g = served(doc(("A0", MI300X_MIB, 100.0), isolation="none"), config(tmp_path, backend="amdsmi"), vendors=RENAMING)
     assert g.devices == [DeviceNode("/dev/davinci100", "/dev/vdavinci100"),
                          DeviceNode("/dev/davinci_manager", "/dev/davinci_manager")]
     assert g.envs["X_VISIBLE"] == "0" and "NVIDIA_VISIBLE_DEVICES" not in g.envs
@@ -187,14 +185,48 @@ def test_installed_vendor_devices_become_device_specs_and_cdi_device_nodes(tmp_p
     ]
 
 
-def test_a_vendor_library_that_cannot_name_the_nodes_gives_a_retryable_refusal(tmp_path: Path, renaming: None) -> None:
-    g = grant(doc(("A1", MI300X_MIB, 100.0), isolation="none"), config(tmp_path, backend="amdsmi"))
+def test_a_vendor_library_that_cannot_name_the_nodes_gives_a_retryable_refusal(tmp_path: Path) -> None:
+    g = grant(doc(("A1", MI300X_MIB, 100.0), isolation="none"), config(tmp_path, backend="amdsmi"), vendors=RENAMING)
     assert isinstance(g, Refused) and g.retry and "no render node for A1" in g.reason
 
 
-def test_without_an_installed_vendor_a_real_backend_refuses_other_vendors_cards(tmp_path: Path) -> None:
+def test_without_the_vendor_a_real_backend_refuses_other_vendors_cards(tmp_path: Path) -> None:
     reason = refused(doc(("H0", ASCEND_MIB, 100.0), isolation="none"), config(tmp_path, backend="nvml"))
     assert reason == "pod ns/p: the agent on n (backend nvml) cannot hand out ascend cards' devices"
+
+
+class _Numbered:
+    """A vendor stand-in handing each card one node, `prefix` and `base` + the card's index: which agent's
+    vendor answered shows in the node."""
+
+    def __init__(self, prefix: str, base: int) -> None:
+        self.prefix, self.base = prefix, base
+
+    def container_devices(self, device: DeviceInfo, partition: Partition | None = None) -> ContainerDevices:
+        return ContainerDevices((f"{self.prefix}{self.base + device.index}",))
+
+
+def test_two_agents_in_one_process_each_hand_out_their_own_vendors_devices(tmp_path: Path) -> None:
+    """Three agents' vendors built side by side, as tests build agents: two AMD agents whose vendors number
+    render nodes differently and an Ascend agent. Each grant is its own agent's vendor's answer, whichever was
+    built last; an agent asked for a vendor it was not built with refuses. (A registry of one source per
+    vendor name, filled as each agent starts, would answer both AMD agents with the last one's nodes and let
+    the AMD agents hand out Ascend chips.)"""
+    first: VendorDevices = {"amd": _Numbered("/dev/dri/renderD", 128)}
+    second: VendorDevices = {"amd": _Numbered("/dev/dri/renderD", 200)}
+    ascend: VendorDevices = {"ascend": _Numbered("/dev/davinci", 0)}
+    amdsmi, dcmi = config(tmp_path, backend="amdsmi"), config(tmp_path, backend="dcmi")
+    whole_a1 = doc(("A1", MI300X_MIB, 100.0), isolation="none")
+    whole_h1 = doc(("H1", ASCEND_MIB, 100.0), isolation="none")
+
+    assert [d.host_path for d in served(whole_a1, amdsmi, vendors=first).devices] == ["/dev/dri/renderD129"]
+    assert [d.host_path for d in served(whole_a1, amdsmi, vendors=second).devices] == ["/dev/dri/renderD201"]
+    assert [d.host_path for d in served(whole_h1, dcmi, vendors=ascend).devices] == ["/dev/davinci1"]
+    for vendors in (first, second):
+        assert refused(whole_h1, amdsmi, vendors) == ("pod ns/p: the agent on n (backend amdsmi) cannot hand out "
+                                                      "ascend cards' devices")
+    assert refused(whole_a1, dcmi, ascend) == ("pod ns/p: the agent on n (backend dcmi) cannot hand out amd "
+                                               "cards' devices")
 
 
 def test_ascend_over_the_dcmi_library_hands_the_chips_node_by_physical_id(
@@ -203,12 +235,8 @@ def test_ascend_over_the_dcmi_library_hands_the_chips_node_by_physical_id(
     monkeypatch.setenv(dcmi_fake.STATE_ENV, str(path))
     vendor = AscendVendor(AscendBackend(str(dcmi_fake.library()), numa_reader=lambda bus: -1))
     chip = vendor.discovery.discover().devices[0]
-    install_vendor(vendor.name, vendor)
-    try:
-        g = served(doc((chip.uuid, chip.memory_mib, 100.0), isolation="none"), config(tmp_path, backend="dcmi"),
-                   {chip.uuid: chip})
-    finally:
-        uninstall_vendor(vendor.name)
+    g = served(doc((chip.uuid, chip.memory_mib, 100.0), isolation="none"), config(tmp_path, backend="dcmi"),
+               {chip.uuid: chip}, {vendor.name: vendor})
     assert g.envs["ASCEND_VISIBLE_DEVICES"] == "4"  # the physical id, not the index (0)
     assert [d.host_path for d in g.devices] == ["/dev/davinci4", *ASCEND_SHARED.split(",")]
     assert all(d.container_path == d.host_path for d in g.devices)

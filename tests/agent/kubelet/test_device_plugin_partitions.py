@@ -25,7 +25,6 @@ from gpupool.agent.devices.amd import AmdBackend, AmdVendor
 from gpupool.agent.devices.ascend import AscendBackend, AscendVendor
 from gpupool.agent.devices.discovery import DeviceInfo, DiscoveryBackend
 from gpupool.agent.devices.mig import agent_mig_manager
-from gpupool.agent.isolation.vendors import install_vendor, uninstall_vendor
 from gpupool.agent.port import ClusterPortAgent
 from gpupool.agent.proto import dra_v1_pb2 as v1
 from gpupool.agent.proto import dra_v1_pb2_grpc as v1_grpc
@@ -121,10 +120,9 @@ async def both(vendor: str, backend: DiscoveryBackend, source: Any, label: bool 
     clock = Clock()
     manager = agent_mig_manager(backend, directory, idle_after_s=IDLE_AFTER_S, clock=clock, allow_mode_switch=label)
     assert manager is not None
-    install_vendor(vendor, source)
     kubelet = StandInKubelet(directory)
     await kubelet.start()
-    agent = Agent(config, backend, ClusterPortAgent(cluster), mig=manager)
+    agent = Agent(config, backend, ClusterPortAgent(cluster), mig=manager, vendors={vendor: source})
     await agent.start()
     try:
         await kubelet.wait_for(lambda k: RESOURCE in k.plugins and k.plugins[RESOURCE].updates > 0)
@@ -134,7 +132,6 @@ async def both(vendor: str, backend: DiscoveryBackend, source: Any, label: bool 
     finally:
         await agent.stop()
         await kubelet.stop()
-        uninstall_vendor(vendor)
         shutil.rmtree(directory, ignore_errors=True)
 
 

@@ -70,7 +70,7 @@ from gpupool.agent.isolation.remote import (
     remote_claim_dir,
     write_address,
 )
-from gpupool.agent.isolation.vendors import request_vendor, vendor_part
+from gpupool.agent.isolation.vendors import NO_VENDOR_DEVICES, VendorDevices, request_vendor, vendor_part
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.remote.client import remote_address
 from gpupool.agent.state.checkpoint import KIND_CLAIMS, CheckpointError, read_state, untrusted, write_state
@@ -114,13 +114,15 @@ class DraDriver(SlicePublishing):
 
     def __init__(self, config: AgentConfig, table: DeviceTable, cluster: AgentCluster,
                  strategies: Mapping[str, Isolation], wall_clock: Callable[[], float] = time.time,
-                 mig: MigManager | None = None, lock: asyncio.Lock | None = None) -> None:
+                 mig: MigManager | None = None, lock: asyncio.Lock | None = None,
+                 vendors: VendorDevices = NO_VENDOR_DEVICES) -> None:
         self.config = config
         self.table = table
         self.cluster = cluster
         self.strategies = strategies
         self.wall_clock = wall_clock
         self.mig = mig  # carves the MIG partitions claims are prepared on (None: no GPU in MIG mode)
+        self.vendors = vendors  # the node's vendor object: what a container gets for a non-NVIDIA card
         self.path = config.checkpoint_path / CHECKPOINT_FILE
         self.prepared: dict[str, PreparedClaim] = {}  # completed: what kubelet was answered
         self.pending: dict[str, Pending] = {}  # started and not completed (only between start and `recover`)
@@ -438,7 +440,7 @@ class DraDriver(SlicePublishing):
         if made.step is not None:
             self.step(made.step)
         self.step(STEP_NODE_PREPARED)
-        grant = answer(strategy, request, made)
+        grant = answer(strategy, request, made, self.vendors)
         if isinstance(grant, Refused):
             return grant
         if isolation == IsolationMode.MIG:
@@ -472,8 +474,8 @@ class DraDriver(SlicePublishing):
                 return Refused(f"claim {request.pod_label}: card {g.uuid} shows no partition at "
                                f"{g.mig.start if g.mig is not None else '?'}", retry=True)
             found[g.uuid] = partition
-        whole = vendor_part(request, vendor)
-        part = vendor_part(request, vendor, found)
+        whole = vendor_part(request, vendor, self.vendors)
+        part = vendor_part(request, vendor, self.vendors, found)
         if isinstance(whole, Refused):
             return whole
         if isinstance(part, Refused):

@@ -51,7 +51,7 @@ from gpupool.agent.isolation.base import (
     mode_of,
 )
 from gpupool.agent.isolation.strategies import node_strategies
-from gpupool.agent.isolation.vendors import request_vendor, vendor_mode, vendor_part
+from gpupool.agent.isolation.vendors import NO_VENDOR_DEVICES, VendorDevices, request_vendor, vendor_mode, vendor_part
 from gpupool.agent.state.hookdir import HookPod
 from gpupool.api.allocation import AllocationDoc, GrantDoc
 from gpupool.api.dra import ClaimShares, DeviceShare
@@ -126,8 +126,10 @@ def grant_request(
     return refused if refused is not None else (strategy, request)
 
 
-def answer(strategy: Isolation, request: GrantRequest, prepared: Prepared) -> ContainerGrant | Refused:
-    """The container's answer: the limits of every mode plus the mode's own part."""
+def answer(strategy: Isolation, request: GrantRequest, prepared: Prepared,
+           vendors: VendorDevices = NO_VENDOR_DEVICES) -> ContainerGrant | Refused:
+    """The container's answer: the limits of every mode plus the mode's own part (non-NVIDIA cards: the devices
+    the node's vendor object, in `vendors`, hands out)."""
     mode = strategy.grant(request, prepared)
     if isinstance(mode, Refused):
         return mode
@@ -141,7 +143,7 @@ def answer(strategy: Isolation, request: GrantRequest, prepared: Prepared) -> Co
     if isinstance(vendor, Refused):
         return vendor
     if vendor != NVIDIA:
-        part = vendor_part(request, vendor)
+        part = vendor_part(request, vendor, vendors)
         if isinstance(part, Refused):
             return part
         envs.update(part.envs)
@@ -165,15 +167,17 @@ def build_grant(
     pod_label: str,
     cores_mode: str = "hard",
     mig_devices: Mapping[str, str] | None = None,
+    vendors: VendorDevices = NO_VENDOR_DEVICES,
 ) -> ContainerGrant | Refused:
     """The grant of container `container` of the pod, without touching the node: its own part of the
     allocation (version 2), or the pod's whole grant (version 1: one GPU container). Isolation `mig` needs
-    `mig_devices`: the MIG device UUID the MIG manager gave each granted GPU (what its `prepare` carves)."""
+    `mig_devices`: the MIG device UUID the MIG manager gave each granted GPU (what its `prepare` carves); other
+    vendors' cards need their vendor object in `vendors` (unless the backend is fake)."""
     found = grant_request(doc, container, devices, unhealthy, config, pod_label, node_strategies(config), cores_mode)
     if isinstance(found, Refused):
         return found
     strategy, request = found
-    return answer(strategy, request, Prepared(visible=dict(mig_devices or {})))
+    return answer(strategy, request, Prepared(visible=dict(mig_devices or {})), vendors)
 
 
 def share_grant(dev: DeviceInfo, s: DeviceShare, shares: ClaimShares) -> GrantDoc | str:

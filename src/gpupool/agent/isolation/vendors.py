@@ -11,8 +11,8 @@ The one place a grant looks at `DeviceInfo.vendor`:
 Where the devices come from (`devices_source`): with `backend: fake` the fake's own provider
 (gpupool.agent.devices.fake.FakeContainerDevices: environment only, since a testbed host has no /dev/kfd or
 /dev/davinci*); otherwise the vendor object `gpupool agent` built for its backend (AmdVendor, AscendVendor),
-installed here once at start (`install_vendor`). It is installed rather than passed because the composition root
-builds the strategies without the vendor; one agent process serves one backend, so one source per vendor name.
+which it hands the Agent as `VendorDevices` and the Agent hands whatever builds answers (the device plugin, the
+DRA driver). It is passed, not kept here, so two agents' objects in one process (tests) never see each other's.
 
 Isolation modes per vendor (`served_modes`), what this agent does today:
 - AMD: whole cards (none), and shares held by the HIP library (hook: libgpupool_hip.so preloaded, the same
@@ -43,6 +43,7 @@ import threading
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 from gpupool.agent.config import AgentConfig
@@ -75,23 +76,16 @@ class ContainerDevicesSource(Protocol):
     def container_devices(self, device: DeviceInfo, partition: Partition | None = None) -> ContainerDevices: ...
 
 
-_INSTALLED: dict[str, ContainerDevicesSource] = {}
+# The agent's vendor objects by vendor name (one agent serves one backend: at most one entry).
+VendorDevices = Mapping[str, ContainerDevicesSource]
+NO_VENDOR_DEVICES: VendorDevices = MappingProxyType({})  # none: only a fake backend's cards get devices
 
 
-def install_vendor(name: str, source: ContainerDevicesSource) -> None:
-    """The agent's vendor (built by `gpupool agent` for backend amdsmi or dcmi) hands out its cards' devices."""
-    _INSTALLED[name] = source
-
-
-def uninstall_vendor(name: str) -> None:
-    _INSTALLED.pop(name, None)
-
-
-def devices_source(config: AgentConfig, vendor: str) -> ContainerDevicesSource | None:
+def devices_source(config: AgentConfig, vendor: str, sources: VendorDevices) -> ContainerDevicesSource | None:
     """Who says what a container gets for a card of `vendor` on this node (None: nobody can)."""
     if config.backend == "fake":
         return FakeContainerDevices(vendor)
-    return _INSTALLED.get(vendor)
+    return sources.get(vendor)
 
 
 def request_vendor(request: GrantRequest) -> str | Refused:
@@ -166,11 +160,11 @@ def merge_env(parts: Sequence[Mapping[str, str]]) -> dict[str, str]:
     return {k: ",".join(v) for k, v in items.items()}
 
 
-def vendor_part(request: GrantRequest, vendor: str,
+def vendor_part(request: GrantRequest, vendor: str, sources: VendorDevices,
                 partitions: Mapping[str, Partition] | None = None) -> VendorPart | Refused:
-    """The device nodes (each once, in card order) and environment of the container's `vendor` cards, or of
-    the partition `partitions` names for a card (card UUID -> the partition carved for the container)."""
-    source = devices_source(request.config, vendor)
+    """The device nodes (each once, in card order) and environment of the container's `vendor` cards (as
+    `sources` hands them out), or of the partition `partitions` names for a card (card UUID -> its partition)."""
+    source = devices_source(request.config, vendor, sources)
     if source is None:
         return Refused(f"pod {request.pod_label}: the agent on {request.config.node_name} (backend "
                        f"{request.config.backend}) cannot hand out {vendor} cards' devices")

@@ -66,7 +66,7 @@ from gpupool.agent.isolation.base import STEP_CARVED, Isolation, Refused, mode_o
 from gpupool.agent.isolation.grant import ContainerGrant, grant_request
 from gpupool.agent.isolation.grant import answer as grant_answer
 from gpupool.agent.isolation.strategies import node_strategies
-from gpupool.agent.isolation.vendors import served_modes
+from gpupool.agent.isolation.vendors import NO_VENDOR_DEVICES, VendorDevices, served_modes
 from gpupool.agent.kubelet.kubelet_checkpoint import recorded_containers
 from gpupool.agent.port import AgentCluster
 from gpupool.agent.proto import deviceplugin_v1beta1_pb2 as pb
@@ -117,6 +117,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         mig: MigManager | None = None,
         changed: Callable[[], None] = lambda: None,
         isolation: Mapping[str, Isolation] | None = None,
+        vendors: VendorDevices = NO_VENDOR_DEVICES,
     ) -> None:
         self.config = config
         self.table = table
@@ -127,6 +128,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
         self.mps = mps  # the node's MPS daemons, when the agent runs them (None: MPS is not gpupool's to run)
         self.mig = mig  # the node's MIG manager, when a GPU is in MIG mode (None: isolation mig is refused)
         self.changed = changed  # called when the inventory should be published again (a MIG instance changed)
+        self.vendors = vendors  # the node's vendor object: what a container gets for a non-NVIDIA card
         self.mig_reconciled = False
         # one strategy per isolation mode: Allocate, the watchdog and the inventory ask them, never the name
         self.isolation: Mapping[str, Isolation] = isolation or node_strategies(
@@ -342,7 +344,7 @@ class DevicePluginService(pb_grpc.DevicePluginServicer):
             return _refusal(prepared)
         if prepared.step is not None:
             self.step(prepared.step)
-        grant = grant_answer(strategy, request, prepared)
+        grant = grant_answer(strategy, request, prepared, self.vendors)
         if isinstance(grant, Refused):
             return _refusal(grant)
         response = _to_proto(grant)
