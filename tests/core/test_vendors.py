@@ -111,6 +111,6 @@ def test_runs_on() -> None:
 
 def test_known_models_by_vendor() -> None:
     assert known_models(AMD) == ["MI210", "MI300X", "MI325X"]
-    assert known_models(ASCEND) == ["Ascend310P", "Ascend910B"]
+    assert known_models(ASCEND) == ["Ascend310P", "Ascend910B", "Ascend910B2", "Ascend910B3", "Ascend910B4"]
     assert set(known_models()) == set(vendors.MODELS)
     assert all(vendors.MODELS[n].vendor == NVIDIA for n in known_models(NVIDIA))

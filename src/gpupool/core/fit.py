@@ -14,7 +14,7 @@ import numpy as np
 
 from gpupool.core.model import MILLI_PER_GPU, RUNTIMES, GPURequest, Node, PodRequest
 from gpupool.core.state import BoolArray, ClusterState, IntArray
-from gpupool.core.vendors import RUNTIME_OF_VENDOR
+from gpupool.core.vendors import ISOLATION_OF_VENDOR, RUNTIME_OF_VENDOR, SHARE_MODES, share_holders
 
 OK = 0
 BAD_REQUEST = 1
@@ -25,6 +25,7 @@ NO_GPU_SHARE = 5
 NO_GPU_COUNT = 6
 NO_GPU_LARGE_ENOUGH = 7  # even empty, no allowed GPU of the node could hold the share: waiting will not help
 NO_RUNTIME = 8  # too few GPUs whose vendor runs the pod's runtime (cuda on NVIDIA, rocm on AMD, cann on Ascend)
+NO_SHARE_MODE = 9  # too few GPUs whose vendor holds a share in the pod's isolation mode (none on Ascend cards)
 
 _TEXT = {
     NO_CPU: "insufficient CPU",
@@ -59,41 +60,61 @@ class Fit:
             return f"needs {pod.gpu.count} healthy GPU(s); the node has fewer"
         if code == NO_RUNTIME:
             return f"needs {pod.gpu.count} GPU(s) that run {pod.gpu.runtime}; the node has fewer"
+        if code == NO_SHARE_MODE:
+            mode = pod.gpu.share_mode or ""
+            return (f"needs {pod.gpu.count} GPU(s) that hold a share under isolation {mode} "
+                    f"({', '.join(share_holders(mode) or ())} cards); the node has fewer")
         if code == NO_GPU_LARGE_ENOUGH:
             return (f"needs {pod.gpu.count} x a GPU with {pod.gpu.memory_mib} MiB; "
                     "no GPU of this node is that large")
         return _TEXT.get(code, "fits")
 
 
-# The runtime of every GPU slot of a state, as an index into RUNTIMES (-1: padding, or a vendor gpupool has no
-# runtime for, which only an "any" request may use). A state's nodes never change after it is built and its
-# copies share the same list (ClusterState.copy), so the array is kept per node list: built once per ledger
-# or replay, not once per question. The list itself is held, so its id cannot be reused while cached.
+# Per GPU slot of a state, two codes from its card's vendor: the runtime it runs, as an index into RUNTIMES (-1:
+# padding, or a vendor gpupool has no runtime for, which only an "any" request may use), and the share modes it
+# holds, one bit per core.vendors.SHARE_MODES entry (0: padding, an unknown vendor, or Ascend). A state's nodes
+# never change after it is built and its copies share the same list (ClusterState.copy), so the arrays are kept
+# per node list: built once per ledger or replay, not once per question. The list itself is held, so its id
+# cannot be reused while cached.
 _RUNTIME_CODE = {r: k for k, r in enumerate(RUNTIMES)}
+_MODE_BIT = {m: 1 << k for k, m in enumerate(SHARE_MODES)}
+_VENDOR_BITS = {v: sum(_MODE_BIT[m] for m in SHARE_MODES if m in modes) for v, modes in ISOLATION_OF_VENDOR.items()}
 _RUNTIMES_KEPT = 32  # the ledger's and a replay's states stay: what-if copies of one node come and go
-_runtimes: dict[int, tuple[list[Node], IntArray]] = {}
+_runtimes: dict[int, tuple[list[Node], IntArray, IntArray]] = {}
 _runtimes_lock = threading.Lock()
 
 
-def gpu_runtimes(state: ClusterState) -> IntArray:
-    """[N, width]: per GPU slot the index in RUNTIMES of the runtime its vendor runs (-1: none)."""
+def _slot_codes(state: ClusterState) -> tuple[IntArray, IntArray]:
+    """[N, width] runtime codes and [N, width] share-mode bits of every GPU slot (see above)."""
     key = id(state.nodes)
     with _runtimes_lock:
         kept = _runtimes.pop(key, None)
         if kept is not None and kept[0] is state.nodes:
             _runtimes[key] = kept  # most recently used last: the eviction below takes the least recent
-            return kept[1]
-    out = np.full((len(state), state.width), -1, dtype=np.int64)
+            return kept[1], kept[2]
+    runtimes = np.full((len(state), state.width), -1, dtype=np.int64)
+    modes = np.zeros((len(state), state.width), dtype=np.int64)
     for i, node in enumerate(state.nodes):
         for j, gpu in enumerate(node.gpus):
             runtime = RUNTIME_OF_VENDOR.get(gpu.vendor)
             if runtime is not None:
-                out[i, j] = _RUNTIME_CODE[runtime]
+                runtimes[i, j] = _RUNTIME_CODE[runtime]
+            modes[i, j] = _VENDOR_BITS.get(gpu.vendor, 0)
     with _runtimes_lock:
         while len(_runtimes) >= _RUNTIMES_KEPT:
             del _runtimes[next(iter(_runtimes))]  # the least recently used: dicts keep insertion order
-        _runtimes[key] = (state.nodes, out)
-    return out
+        _runtimes[key] = (state.nodes, runtimes, modes)
+    return runtimes, modes
+
+
+def gpu_runtimes(state: ClusterState) -> IntArray:
+    """[N, width]: per GPU slot the index in RUNTIMES of the runtime its vendor runs (-1: none)."""
+    return _slot_codes(state)[0]
+
+
+def gpu_share_modes(state: ClusterState) -> IntArray:
+    """[N, width]: per GPU slot the share modes its vendor holds, bit k for core.vendors.SHARE_MODES[k]."""
+    return _slot_codes(state)[1]
 
 
 def _runtime_allowed(state: ClusterState, g: GPURequest, nodes: IntArray) -> BoolArray | None:
@@ -105,11 +126,25 @@ def _runtime_allowed(state: ClusterState, g: GPURequest, nodes: IntArray) -> Boo
     return runs
 
 
+def _share_allowed(state: ClusterState, g: GPURequest, nodes: IntArray) -> BoolArray | None:
+    """Which GPU slots of `nodes` hold the request's share in its isolation mode (a hook share on NVIDIA and
+    AMD cards, never on Ascend, where nothing would enforce it: core.vendors.ISOLATION_OF_VENDOR); None when
+    any card will do (a whole card, a partition, no mode said)."""
+    mode = g.share_mode
+    if mode is None:
+        return None
+    held: BoolArray = (gpu_share_modes(state)[nodes] & _MODE_BIT[mode]) != 0
+    return held
+
+
 def _allowed_gpus(state: ClusterState, g: GPURequest, nodes: IntArray) -> BoolArray:
     ok = state.gpu_present[nodes] & state.gpu_healthy[nodes]
     runs = _runtime_allowed(state, g, nodes)
     if runs is not None:
         ok &= runs
+    held = _share_allowed(state, g, nodes)
+    if held is not None:
+        ok &= held
     if g.models:
         ids = [state.model_id(m) for m in g.models]
         ok &= np.isin(state.gpu_model[nodes], ids)
@@ -150,6 +185,14 @@ def gpu_rows(state: ClusterState, g: GPURequest, idx: IntArray) -> tuple[BoolArr
         # runtime is the reason. A node with too few GPUs of any kind keeps the reason it had before runtimes.
         usable = state.gpu_present[idx] & state.gpu_healthy[idx]
         code[((runs & usable).sum(axis=1) < g.count) & (usable.sum(axis=1) >= g.count)] = NO_RUNTIME
+    held = _share_allowed(state, g, idx)
+    if held is not None:
+        # Enough GPUs that run the runtime, too few of them whose vendor holds the share's mode (an "any" share
+        # on an Ascend node): the mode is the reason, whatever else fails on the node's other cards.
+        usable = state.gpu_present[idx] & state.gpu_healthy[idx]
+        if runs is not None:
+            usable = usable & runs
+        code[((usable & held).sum(axis=1) < g.count) & (usable.sum(axis=1) >= g.count)] = NO_SHARE_MODE
     return gpu_fit, code
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from gpupool.core.vendors import ANY_RUNTIME, RUNTIME_OF_VENDOR
+from gpupool.core.vendors import ANY_RUNTIME, RUNTIME_OF_VENDOR, SHARE_MODES
 
 MILLI_PER_GPU = 1000
 # What a pod may say it needs (GPURequest.runtime): a vendor's runtime, or "any" for an image that carries
@@ -58,11 +58,24 @@ class GPURequest:
     # The runtime the pod's image needs (cuda, rocm, cann) or "any"; None = not said, which placement reads
     # as "any" (api.pod decides what a pod that says nothing gets).
     runtime: str | None = None
+    # The isolation mode its share is held in (hook, mps, remote, none, mig: gpupool.api.isolation); None = not
+    # said, which placement reads as "no vendor rule" (the trace's and tests' requests). A share under a mode
+    # that holds shares (core.vendors.SHARE_MODES) is placed only on cards whose vendor holds that mode.
+    isolation: str | None = None
 
     @property
     def runs_anywhere(self) -> bool:
         """True when the request does not limit the cards' runtime."""
         return self.runtime is None or self.runtime == ANY_RUNTIME
+
+    @property
+    def share_mode(self) -> str | None:
+        """The mode a share of this request must be held in on its card, None when any vendor's card will do:
+        a whole-card request (nothing shares the card), no isolation said, or a mode that restricts no vendor
+        (none: nothing enforced anywhere; mig: a partition, placed by the partition geometry)."""
+        if self.whole or self.isolation not in SHARE_MODES:
+            return None
+        return self.isolation
 
     @property
     def cores_percent(self) -> float:

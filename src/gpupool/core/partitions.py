@@ -22,7 +22,9 @@ and has no hardware position; `start` is its vNPU index on the card (0, 1, ...),
 (the 910 class: vir02/vir04/vir08/vir16, the number being AI Cores) may carve until the AI Cores are used up,
 at most one vNPU per two AI Cores (15 on a 30-core card). The 310P (vir01/vir02/vir04 and the fewer-AI-CPU
 variants vir02_1c, vir04_3c) has 8 AI Cores, 7 AI CPUs, at most 4 vGroups (each at least 2 AI Cores: one or
-two vir01 share a 2-core vGroup by time slicing) and at most 7 vNPUs.
+two vir01 share a 2-core vGroup by time slicing) and at most 7 vNPUs. The real 910B variants (910B2, 910B3,
+910B4: gpupool.core.vendors.ASCEND_910B_VARIANTS) have their own templates, each naming its AI Cores, AI CPUs and
+memory (vir10_3c_32g), carved from the chip's three capacities with no vGroup rule.
 
 Layouts are tuples of `gpupool.core.mig.PlacedInstance` as for MIG, and `fragmentation` scores a card the
 way `gpupool.core.mig_placement.fragmentation` scores a MIG GPU (idle units the expected demand could not
@@ -39,7 +41,16 @@ from functools import cache, lru_cache
 
 from gpupool.core.mig import PlacedInstance
 from gpupool.core.mig_placement import MigChoice, MigInstance, MigOption, MigRefusal
-from gpupool.core.vendors import AMD, ASCEND, PARTITION_VNPU, PARTITION_XCP, CardModel, card_model
+from gpupool.core.vendors import (
+    AMD,
+    ASCEND,
+    ASCEND_910B_VARIANTS,
+    PARTITION_VNPU,
+    PARTITION_XCP,
+    AscendVariant,
+    CardModel,
+    card_model,
+)
 
 Layout = Sequence[PlacedInstance]
 Demand = Mapping[str, float]  # profile name -> share of the expected partition pods (sums to 1)
@@ -62,7 +73,7 @@ class PartitionProfile:
     max_count: int  # most partitions of this profile on one card
     slots: int = 0  # AMD: XCCs one partition spans; Ascend: 0 (no position)
     starts: tuple[int, ...] = ()  # AMD: allowed first XCCs; Ascend: () (any free vNPU index)
-    ai_cpus: int = 0  # Ascend 310P: AI CPUs the template takes (0 where not limited)
+    ai_cpus: int = 0  # Ascend 310P and 910B variants: AI CPUs the template takes (0 where not limited)
     note: str = ""  # what about this row is inferred
 
     def mask(self, start: int) -> int:
@@ -82,7 +93,7 @@ class PartitionModel:
     profiles: tuple[PartitionProfile, ...]
     max_partitions: int  # most partitions of any mix on one card
     slots: int = 0  # AMD: XCCs; Ascend: 0
-    ai_cpus: int = 0  # Ascend 310P: AI CPUs vNPUs draw from (0: not a limit)
+    ai_cpus: int = 0  # Ascend 310P and 910B variants: AI CPUs vNPUs draw from (0: not a limit)
     vgroups: int = 0  # Ascend 310P: most vGroups (0: not a limit)
     note: str = ""
 
@@ -173,11 +184,31 @@ def _inference_310p(name: str) -> PartitionModel:
                           note="the DVPP variants (vir04_3c_ndvpp, vir04_4c_dvpp) are not modelled")
 
 
+# A real 910B variant's vNPU ids span 16 per chip (npu-smi create-vnpu: phy_id*16+100 onwards), the most vNPUs
+# one chip can hold whatever its templates; its AI Cores, AI CPUs and memory bind long before.
+VARIANT_MAX_VNPUS = 16
+
+
+def _variant(variant: AscendVariant) -> PartitionModel:
+    """A 910B variant (gpupool.core.vendors.ASCEND_910B_VARIANTS): its own templates, each naming its AI Cores,
+    AI CPUs and memory, carved from the chip's three capacities like the 310P's, without vGroups."""
+    row = _row(variant.model, PARTITION_VNPU)
+    cores, memory, cpus = row.compute_units, row.memory_mib, variant.ai_cpus
+    profiles = tuple(
+        PartitionProfile(t.name, t.ai_cores, t.memory_mib,
+                         min(cores // t.ai_cores, cpus // t.ai_cpus, memory // t.memory_mib), ai_cpus=t.ai_cpus)
+        for t in variant.templates)
+    most = min(VARIANT_MAX_VNPUS, max(p.max_count for p in profiles))
+    return PartitionModel(row.name, ASCEND, PARTITION_VNPU, cores, memory, profiles, most, ai_cpus=cpus,
+                          note=f"{variant.chip_name} templates as HAMi's Ascend table gives them")
+
+
 MODELS: dict[str, PartitionModel] = {
     m.name: m for m in (
         _amd("MI300X"),
         _amd("MI325X", "compute/memory pairs taken equal to MI300X's (same amdgpu rule for both chips)"),
         _training("Ascend910B"),
+        *(_variant(v) for v in ASCEND_910B_VARIANTS),
         _inference_310p("Ascend310P"),
     )
 }

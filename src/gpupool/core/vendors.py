@@ -36,6 +36,32 @@ PARTITION_VNPU = "vnpu"  # Ascend vNPU templates: core.partitions
 # What a compute unit is called on each vendor's cards (CardModel.compute_units counts these).
 UNIT_OF_VENDOR: dict[str, str] = {NVIDIA: "SM", AMD: "CU", ASCEND: "AI Core"}
 
+# Isolation modes (the wire values of gpupool.api.isolation.IsolationMode, spelled here because core imports no
+# api module; tests/core/test_vendors.py keeps the two in step).
+ISOLATION_NONE = "none"
+ISOLATION_HOOK = "hook"
+ISOLATION_MPS = "mps"
+ISOLATION_MIG = "mig"
+ISOLATION_REMOTE = "remote"
+
+# The isolation modes each vendor's cards are served in: the one table the scheduler's filter (core.fit), the
+# webhook and the node agent (gpupool.agent.isolation.vendors.served_modes) read, so they cannot disagree.
+# - NVIDIA: every mode (the CUDA library's hook, MPS, MIG on the models that have it, remote shares through
+#   the forwarding library, which speaks CUDA).
+# - AMD: whole cards, hook (the HIP library: a memory cap and the share's own CUs) and compute partitions (mig,
+#   for DRA claims; MI300X/MI325X). No MPS, no remote forwarding (its library is a CUDA one).
+# - Ascend: whole cards and vNPUs (mig, for DRA claims). gpupool has no memory or compute limiter for CANN
+#   programs, so no hook or mps share: a share placed there would hold nothing.
+ISOLATION_OF_VENDOR: dict[str, frozenset[str]] = {
+    NVIDIA: frozenset({ISOLATION_NONE, ISOLATION_HOOK, ISOLATION_MPS, ISOLATION_MIG, ISOLATION_REMOTE}),
+    AMD: frozenset({ISOLATION_NONE, ISOLATION_HOOK, ISOLATION_MIG}),
+    ASCEND: frozenset({ISOLATION_NONE, ISOLATION_MIG}),
+}
+# The modes that hold a *share* (less than a whole card) to its size. A share asked under one of them may only
+# go to a card whose vendor holds that mode. Not in it: `none` (nothing is enforced on any vendor, the pod
+# said so) and `mig` (a hardware partition, placed by the vendor's partition geometry, not as a share).
+SHARE_MODES: tuple[str, ...] = (ISOLATION_HOOK, ISOLATION_MPS, ISOLATION_REMOTE)
+
 
 @dataclass(frozen=True, slots=True)
 class CardModel:
@@ -115,9 +141,65 @@ ASCEND_310P_MEMORY_MIB = _gb(24)
 """Atlas 300I Pro / 300V Pro (one 310P chip each): 24 GB LPDDR4X per chip in Huawei's product pages; the
 dual-chip 300I Duo reports each chip separately."""
 
+
+
+@dataclass(frozen=True, slots=True)
+class VnpuTemplate:
+    """One vNPU template of an Ascend chip whose templates name all three resources (`vir10_3c_32g`: 10 AI Cores,
+    3 AI CPUs, 32 GB)."""
+
+    name: str
+    ai_cores: int
+    ai_cpus: int
+    memory_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class AscendVariant:
+    """A real 910B variant (Atlas A2 training series) and its vNPU templates: what the chip reports as its name
+    through DCMI ("910B3"), its AI CPUs and the templates npu-smi create-vnpu accepts on it."""
+
+    model: str  # the catalogue name (MODELS)
+    chip_name: str  # DCMI's dcmi_get_device_chip_info chip_name, npu-smi's "Name"
+    ai_cpus: int
+    templates: tuple[VnpuTemplate, ...]  # smallest first
+
+
+# The 910B variants (Atlas 800T A2 class). Source: HAMi's Ascend device configuration (Project-HAMi/
+# ascend-device-plugin, ascend-device-configmap.yaml: per chip name its AI Cores, AI CPUs, HBM and templates with
+# their AI Cores, AI CPUs and memory), checked for the 910B3 against npu-smi's own output in Huawei's forum
+# (`npu-smi info -t info-vnpu` on 910B3 chips carved into two vir10_3c_32g: AI Cores 0/20 free, memory 0/64 GB,
+# AI CPUs 1/7, vNPU ids 164 and 165 on physical chip 4). The template names carry the AI Cores (vir<N>), AI CPUs
+# (<N>c) and memory (<N>g) themselves. Not modelled: the 910B1 (no template table found) and HAMi's "910B4-1"
+# (a 64 GB 910B4 whose DCMI chip name was not found in a public source).
+ASCEND_910B_VARIANTS: tuple[AscendVariant, ...] = (
+    AscendVariant("Ascend910B2", "910B2", 6, (
+        VnpuTemplate("vir03_1c_8g", 3, 1, _gb(8)),
+        VnpuTemplate("vir06_1c_16g", 6, 1, _gb(16)),
+        VnpuTemplate("vir12_3c_32g", 12, 3, _gb(32)),
+    )),
+    AscendVariant("Ascend910B3", "910B3", 7, (
+        VnpuTemplate("vir05_1c_16g", 5, 1, _gb(16)),
+        VnpuTemplate("vir10_3c_32g", 10, 3, _gb(32)),
+    )),
+    AscendVariant("Ascend910B4", "910B4", 7, (
+        VnpuTemplate("vir05_1c_8g", 5, 1, _gb(8)),
+        VnpuTemplate("vir10_3c_16g", 10, 3, _gb(16)),
+    )),
+)
+
 _ASCEND = (
+    # The first catalogue row: the Atlas training series' generic 910 templates (vir02-vir16 on 30 or 32 AI Cores)
+    # on a 64 GB card. No real chip is exactly this (the 32 GB 910 has these templates, the 64 GB 910B variants
+    # have the rows below); kept so that existing inventories, traces and tests that name "Ascend910B" still run.
     CardModel("Ascend910B", ASCEND, _gb(64), ASCEND_910B_AI_CORES, PARTITION_VNPU, 0, ("910B", "Ascend 910B"),
-              "AI cores: the smaller of vendors.md's 30 or 32"),
+              "AI cores: the smaller of vendors.md's 30 or 32; generic 910-class templates, not a real variant"),
+    CardModel("Ascend910B2", ASCEND, _gb(64), 24, PARTITION_VNPU, 0, ("910B2", "Ascend 910B2"),
+              "HAMi's Ascend table: 24 AI Cores, 6 AI CPUs, 64 GB"),
+    CardModel("Ascend910B3", ASCEND, _gb(64), 20, PARTITION_VNPU, 0, ("910B3", "Ascend 910B3"),
+              "HAMi's Ascend table and npu-smi output: 20 AI Cores, 7 AI CPUs, 64 GB"),
+    CardModel("Ascend910B4", ASCEND, _gb(32), 20, PARTITION_VNPU, 0, ("910B4", "Ascend 910B4"),
+              "HAMi's Ascend table: 20 AI Cores, 7 AI CPUs, 32 GB"),
     CardModel("Ascend310P", ASCEND, ASCEND_310P_MEMORY_MIB, 8, PARTITION_VNPU, 0,
               ("310P", "310P3", "Ascend 310P", "Ascend310P3")),
 )
@@ -136,6 +218,12 @@ def _key(name: str) -> str:
 
 # Every name and alias is unique after _key (tests/core/test_vendors.py checks it).
 _BY_KEY: dict[str, CardModel] = {_key(n): m for m in MODELS.values() for n in (m.name, *m.aliases)}
+
+
+def ascend_variant(model: str) -> AscendVariant | None:
+    """The 910B variant (its templates) of a catalogued model, None for any other card."""
+    row = card_model(model)
+    return next((v for v in ASCEND_910B_VARIANTS if row is not None and v.model == row.name), None)
 
 
 def card_model(name: str) -> CardModel | None:
@@ -164,6 +252,19 @@ def runtime_of_model(model: str) -> str | None:
     """The runtime of a catalogued model's cards, None for an unknown model."""
     vendor = vendor_of_model(model)
     return runtime_of(vendor) if vendor is not None else None
+
+
+def holds(vendor: str, isolation: str) -> bool:
+    """Whether `vendor`'s cards are served in `isolation` (False for a vendor gpupool does not know)."""
+    return isolation in ISOLATION_OF_VENDOR.get(vendor.strip().lower(), frozenset())
+
+
+def share_holders(isolation: str) -> tuple[str, ...] | None:
+    """The vendors whose cards hold a share asked under `isolation`, in VENDORS order; None when the mode
+    restricts no vendor (not a share mode: `none`, `mig`, or a mode gpupool does not know)."""
+    if isolation not in SHARE_MODES:
+        return None
+    return tuple(v for v in VENDORS if isolation in ISOLATION_OF_VENDOR[v])
 
 
 def runs_on(runtime: str, vendor: str) -> bool:
