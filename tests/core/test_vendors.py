@@ -114,3 +114,44 @@ def test_known_models_by_vendor() -> None:
     assert known_models(ASCEND) == ["Ascend310P", "Ascend910B", "Ascend910B2", "Ascend910B3", "Ascend910B4"]
     assert set(known_models()) == set(vendors.MODELS)
     assert all(vendors.MODELS[n].vendor == NVIDIA for n in known_models(NVIDIA))
+
+
+# --- isolation modes per vendor -----------------------------------------------------------------------------------
+
+
+def test_the_isolation_table_speaks_the_wire_values() -> None:
+    from gpupool.api.isolation import IsolationMode
+
+    named = {vendors.ISOLATION_NONE, vendors.ISOLATION_HOOK, vendors.ISOLATION_MPS, vendors.ISOLATION_MIG,
+             vendors.ISOLATION_REMOTE}
+    assert named == {m.value for m in IsolationMode}
+    assert set(vendors.ISOLATION_OF_VENDOR) == set(vendors.VENDORS)
+    assert all(modes <= named for modes in vendors.ISOLATION_OF_VENDOR.values())
+
+
+def test_which_vendors_hold_a_share_in_each_mode() -> None:
+    assert vendors.share_holders("hook") == (NVIDIA, AMD)
+    assert vendors.share_holders("mps") == (NVIDIA,)
+    assert vendors.share_holders("remote") == (NVIDIA,)
+    # Modes that restrict no vendor: nothing enforced (none), a partition (mig), and an unknown word.
+    assert [vendors.share_holders(m) for m in ("none", "mig", "bogus")] == [None, None, None]
+    assert vendors.holds("Ascend", "mig") and not vendors.holds(ASCEND, "hook") and not vendors.holds("hygon", "none")
+
+
+# --- the 910B variants ---------------------------------------------------------------------------------------------
+
+
+def test_each_910b_variant_is_catalogued_with_its_chip_name_and_templates() -> None:
+    for variant in vendors.ASCEND_910B_VARIANTS:
+        row = card_model(variant.chip_name)  # DCMI's chip name finds its row
+        assert row is not None and row.name == variant.model and row.vendor == ASCEND
+        assert row.partitioning == PARTITION_VNPU
+        for t in variant.templates:
+            # vir<cores>_<cpus>c_<GB>g: the name states its resources; each fits the chip
+            cores, cpus, gb = t.name.removeprefix("vir").replace("c", "").replace("g", "").split("_")
+            assert (t.ai_cores, t.ai_cpus, t.memory_mib) == (int(cores), int(cpus), int(gb) * 1024)
+            assert t.ai_cores <= row.compute_units and t.ai_cpus <= variant.ai_cpus and t.memory_mib <= row.memory_mib
+    shown = {v.model: (card_model(v.model).compute_units, card_model(v.model).memory_mib, v.ai_cpus)  # type: ignore[union-attr]
+             for v in vendors.ASCEND_910B_VARIANTS}
+    assert shown == {"Ascend910B2": (24, 65536, 6), "Ascend910B3": (20, 65536, 7), "Ascend910B4": (20, 32768, 7)}
+    assert vendors.ascend_variant("Ascend910B") is None and vendors.ascend_variant("910b3") is not None

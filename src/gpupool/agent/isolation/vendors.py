@@ -67,7 +67,7 @@ from gpupool.agent.state.hookdir import (
 from gpupool.api.counted import TERMINAL_PHASES
 from gpupool.api.isolation import IsolationMode
 from gpupool.core.cu_masks import CuShortage, choose_cus, geometry_for
-from gpupool.core.vendors import AMD, ASCEND, NVIDIA, card_model
+from gpupool.core.vendors import AMD, ASCEND, ISOLATION_OF_VENDOR, NVIDIA, card_model
 
 
 class ContainerDevicesSource(Protocol):
@@ -100,12 +100,14 @@ def request_vendor(request: GrantRequest) -> str | Refused:
 # --- modes ---------------------------------------------------------------------------------------------------
 def served_modes(vendor: str, config: AgentConfig, claim: bool = False) -> frozenset[IsolationMode]:
     """The isolation modes this agent serves a non-NVIDIA vendor's cards in, for a DRA claim (`claim`) or a
-    device-plugin pod (the module's docstring says why)."""
-    modes = {IsolationMode.NONE}
-    if vendor == AMD and hip_installed(config.hook_root):
-        modes.add(IsolationMode.HOOK)
-    if claim and vendor in (AMD, ASCEND):
-        modes.add(IsolationMode.MIG)
+    device-plugin pod (the module's docstring says why). What a vendor's cards can hold at all is the catalogue's
+    (gpupool.core.vendors.ISOLATION_OF_VENDOR, the table the scheduler places by); this node narrows it: hook
+    only where the vendor's library is installed (AMD: libgpupool_hip.so), partitions only for DRA claims."""
+    modes = {IsolationMode(m) for m in ISOLATION_OF_VENDOR.get(vendor, frozenset({IsolationMode.NONE.value}))}
+    if vendor == AMD and not hip_installed(config.hook_root):
+        modes.discard(IsolationMode.HOOK)
+    if not claim and vendor != NVIDIA:  # NVIDIA's device plugin carves MIG instances for pods itself
+        modes.discard(IsolationMode.MIG)
     return frozenset(modes)
 
 
