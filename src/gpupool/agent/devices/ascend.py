@@ -23,8 +23,10 @@ subscription needs a callback thread inside the library. DCMI health is 0 ok, 1 
 `probe` fails at major alarm and above, so a chip recovers (after the quarantine) once DCMI reports it at
 most minor again.
 
-vNPUs (`AscendPartitions`). An Ascend chip is split by templates (vir02 ... vir16 on training cards; vir01,
-vir02, vir04 and their AI-CPU / DVPP variants on the 310P), each a number of AI Cores, memory and AI CPUs.
+vNPUs (`AscendPartitions`). An Ascend chip is split by templates (vir02 ... vir16 on training cards; each 910B
+variant's own, such as vir05_1c_16g and vir10_3c_32g on a 910B3; vir01, vir02, vir04 and their AI-CPU / DVPP
+variants on the 310P), each a number of AI Cores, memory and AI CPUs. The chip's name (dcmi_get_device_chip_info)
+picks its catalogue row (`model_name`), and the row's geometry its templates (`templates_for`).
 Unlike MIG they have no placement position: AI Cores are a capacity (any vir04 uses 4 of the chip's cores).
 `Partition.start` is therefore the vNPU's slot on the chip: its id's offset in the chip's vNPU id range,
 which starts at phy_id*16+100 (npu-smi create-vnpu's documented range); `create(..., start)` asks DCMI for
@@ -60,7 +62,7 @@ from gpupool.agent.devices.discovery import (
 from gpupool.agent.devices.vendor import ContainerDevices, Partition, PartitionError
 from gpupool.api.isolation import IsolationMode
 from gpupool.core.partitions import partition_model
-from gpupool.core.vendors import PARTITION_VNPU
+from gpupool.core.vendors import ASCEND, PARTITION_VNPU, card_model
 
 LIBRARY_ENV = "GPUPOOL_DCMI_LIBRARY"
 STANDARD_PATHS = (
@@ -299,10 +301,15 @@ def _sysfs_numa(bus_id: str) -> int:
 
 
 def model_name(chip_name: str) -> str:
-    """DCMI's chip name ("910B", "910B3", "310P3") -> gpupool's model ("Ascend910B", "Ascend310P")."""
-    for family in ("910B", "310P"):
-        if chip_name.startswith(family):
-            return f"Ascend{family}"
+    """DCMI's chip name -> gpupool's model: a catalogued chip by its own row ("910B3" -> "Ascend910B3", with its
+    own vNPU templates; "910B" -> "Ascend910B"), any 310P by the 310P row ("310P3" -> "Ascend310P"), anything
+    else by its own name ("910B1" -> "Ascend910B1": not catalogued, so served whole, never carved by templates
+    it may not have). Until the variants were catalogued every "910B*" chip was reported as "Ascend910B"."""
+    row = card_model(f"Ascend{chip_name}")
+    if row is not None and row.vendor == ASCEND:
+        return row.name
+    if chip_name.startswith("310P"):
+        return "Ascend310P"
     return f"Ascend{chip_name}"
 
 

@@ -15,7 +15,8 @@
  *       { "card_id": 0,                 (required) DCMI's card (NPU management unit) id; ids need not
  *                                       be contiguous, as on real servers
  *         "chips": [                    device_id = index in this list (the NPU chips of the card)
- *           { "chip_name": "910B",      (required) "910B*" = training card, "310P*" = inference card
+ *           { "chip_name": "910B",      (required) "910B*" = training card, "310P*" = inference card;
+ *                                       "910B2" / "910B3" / "910B4": a variant (below)
  *             "phy_id": 0, "logic_id": 0,   physical id (/dev/davinci<phy_id>) and logic id
  *             "aicore": 32,             AI Cores (training: 30 or 32 per the vNPU guides; 310P: 8)
  *             "aicpu": 14,              AI CPUs (310P: 7)
@@ -44,6 +45,16 @@
  *     template_memory_mib names it. This reproduces the published figures (310P, 24 GiB: vir01 3 GiB,
  *     vir02 6 GiB, vir04 12 GiB; 30-core training card, 32 GiB: vir02 2184 MiB ... vir16 17476 MiB) but
  *     the 64 GB 910B figures are not published: an assumption, hence the override.
+ *
+ * Variants: a chip named exactly "910B2", "910B3" or "910B4" (what DCMI's chip info reports for the Atlas
+ * A2 training chips) has its own templates instead of vir02-vir16, each naming its AI Cores, AI CPUs and
+ * memory ("vir10_3c_32g": 10 AI Cores, 3 AI CPUs, 32 GiB), and its own defaults for aicore / aicpu /
+ * memory_mib (HAMi's Ascend device table; npu-smi's vNPU output for the 910B3):
+ *   910B2: 24 AI Cores, 6 AI CPUs, 64 GiB: vir03_1c_8g, vir06_1c_16g, vir12_3c_32g
+ *   910B3: 20 AI Cores, 7 AI CPUs, 64 GiB: vir05_1c_16g, vir10_3c_32g
+ *   910B4: 20 AI Cores, 7 AI CPUs, 32 GiB: vir05_1c_8g, vir10_3c_16g
+ *   A template's memory is the one its name gives (template_memory_mib still overrides it). AI CPUs are
+ *   accounted as on the 310P: a create that would take more than the chip's is refused.
  *
  * Behaviour (the documented semantics; where the documents only say "nonzero on failure" the code
  * chosen is named here and the adapter must not depend on it beyond the mapping it documents):

@@ -28,13 +28,42 @@ struct tpl {
     const char *name;
     unsigned aicore;
     unsigned aicpu;
+    unsigned long long mem_mib; /* 0: in proportion to the chip's AI Cores (template_memory) */
 };
 
 static const struct tpl TRAINING_TEMPLATES[] = {
-    {"vir02", 2, 0}, {"vir04", 4, 0}, {"vir08", 8, 0}, {"vir16", 16, 0}, {NULL, 0, 0}};
+    {"vir02", 2, 0, 0}, {"vir04", 4, 0, 0}, {"vir08", 8, 0, 0}, {"vir16", 16, 0, 0}, {NULL, 0, 0, 0}};
 static const struct tpl INFERENCE_TEMPLATES[] = {
-    {"vir01", 1, 1},    {"vir02", 2, 2},          {"vir02_1c", 2, 1},      {"vir04", 4, 4},
-    {"vir04_3c", 4, 3}, {"vir04_3c_ndvpp", 4, 3}, {"vir04_4c_dvpp", 4, 4}, {NULL, 0, 0}};
+    {"vir01", 1, 1, 0},    {"vir02", 2, 2, 0},          {"vir02_1c", 2, 1, 0},      {"vir04", 4, 4, 0},
+    {"vir04_3c", 4, 3, 0}, {"vir04_3c_ndvpp", 4, 3, 0}, {"vir04_4c_dvpp", 4, 4, 0}, {NULL, 0, 0, 0}};
+
+/* The 910B variants (dcmi_fake.h, "Variants"): each template names its AI Cores, AI CPUs and memory. */
+static const struct tpl B2_TEMPLATES[] = {
+    {"vir03_1c_8g", 3, 1, 8192}, {"vir06_1c_16g", 6, 1, 16384}, {"vir12_3c_32g", 12, 3, 32768}, {NULL, 0, 0, 0}};
+static const struct tpl B3_TEMPLATES[] = {
+    {"vir05_1c_16g", 5, 1, 16384}, {"vir10_3c_32g", 10, 3, 32768}, {NULL, 0, 0, 0}};
+static const struct tpl B4_TEMPLATES[] = {
+    {"vir05_1c_8g", 5, 1, 8192}, {"vir10_3c_16g", 10, 3, 16384}, {NULL, 0, 0, 0}};
+
+struct variant {
+    const char *chip_name;
+    unsigned aicore, aicpu;
+    unsigned long long mem_mib;
+    const struct tpl *templates;
+};
+
+static const struct variant VARIANTS[] = {
+    {"910B2", 24, 6, 65536, B2_TEMPLATES},
+    {"910B3", 20, 7, 65536, B3_TEMPLATES},
+    {"910B4", 20, 7, 32768, B4_TEMPLATES},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static const struct variant *find_variant(const char *chip_name) {
+    for (const struct variant *v = VARIANTS; v->chip_name; v++)
+        if (strcmp(v->chip_name, chip_name) == 0) return v;
+    return NULL;
+}
 
 struct vnpu {
     unsigned vdev_id;
@@ -128,11 +157,12 @@ static char *read_all(int fd) {
 static void load_chip(const struct fj *j, struct chip *c, unsigned index) {
     memset(c, 0, sizeof *c);
     fj_str(j, "chip_name", "910B", c->name, sizeof c->name);
+    const struct variant *v = find_variant(c->name);
     c->phy_id = (unsigned)fj_num(j, "phy_id", index);
     c->logic_id = (unsigned)fj_num(j, "logic_id", c->phy_id);
-    c->aicore = (unsigned)fj_num(j, "aicore", is_training(c) ? 32 : 8);
-    c->aicpu = (unsigned)fj_num(j, "aicpu", is_training(c) ? 14 : 7);
-    c->mem_mib = (unsigned long long)fj_num(j, "memory_mib", is_training(c) ? 65536 : 24576);
+    c->aicore = (unsigned)fj_num(j, "aicore", v ? v->aicore : is_training(c) ? 32 : 8);
+    c->aicpu = (unsigned)fj_num(j, "aicpu", v ? v->aicpu : is_training(c) ? 14 : 7);
+    c->mem_mib = (unsigned long long)fj_num(j, "memory_mib", v ? (double)v->mem_mib : is_training(c) ? 65536 : 24576);
     c->mem_used_mib = (unsigned long long)fj_num(j, "memory_used_mib", 0);
     c->health = (unsigned)fj_num(j, "health", 0);
     c->dynamic_vnpu = (int)fj_num(j, "dynamic_vnpu", is_training(c) ? 0 : 1);
@@ -262,8 +292,14 @@ static struct chip *find_chip(struct state *s, int card_id, int device_id) {
     return &card->chips[device_id];
 }
 
+static const struct tpl *templates_of(const struct chip *c) {
+    const struct variant *v = find_variant(c->name);
+    if (v) return v->templates;
+    return is_training(c) ? TRAINING_TEMPLATES : INFERENCE_TEMPLATES;
+}
+
 static const struct tpl *find_template(const struct chip *c, const char *name) {
-    for (const struct tpl *t = is_training(c) ? TRAINING_TEMPLATES : INFERENCE_TEMPLATES; t->name; t++)
+    for (const struct tpl *t = templates_of(c); t->name; t++)
         if (strcmp(t->name, name) == 0) return t;
     return NULL;
 }
@@ -271,6 +307,7 @@ static const struct tpl *find_template(const struct chip *c, const char *name) {
 static unsigned long long template_memory(const struct chip *c, const struct tpl *t) {
     for (int i = 0; i < c->noverrides; i++)
         if (strcmp(c->overrides[i].tpl, t->name) == 0) return c->overrides[i].mem_mib;
+    if (t->mem_mib) return t->mem_mib;
     return c->aicore ? c->mem_mib * t->aicore / c->aicore : 0;
 }
 
