@@ -113,3 +113,16 @@ def test_every_problem_is_in_the_one_message() -> None:
 def test_an_unknown_runtime_is_refused_by_the_reader() -> None:
     assert "annotation gpupool.io/runtime='opencl': use one of cuda, rocm, cann, any" in refused(
         decide(WHOLE, {ANN_RUNTIME: "opencl"}))
+
+
+@pytest.mark.parametrize("annotations", [{ANN_RUNTIME: "any", ANN_ISOLATION: "hook"}, {ANN_ISOLATION: "hook"}, {}])
+def test_an_any_or_unsaid_share_is_admitted_and_left_to_placement(annotations: dict[str, str]) -> None:
+    """Such a share may run on NVIDIA or AMD cards; placement keeps it off the Ascend ones (core.fit: a share only
+    on cards whose vendor holds its mode), so there is nothing to refuse here."""
+    assert decide(SHARE, annotations).allowed
+
+
+def test_a_cann_share_is_refused_once_whatever_its_isolation() -> None:
+    for isolation in ("hook", "mps"):
+        message = refused(decide(SHARE, {ANN_RUNTIME: "cann", ANN_ISOLATION: isolation}))
+        assert message.count("Ascend cards are not shared by gpupool") == 1, message

@@ -60,7 +60,7 @@ from gpupool.core.mig import known_models, mig_model
 from gpupool.core.mig_request import ProfileRefusal, profile_for
 from gpupool.core.model import MILLI_PER_GPU, GPURequest
 from gpupool.core.policies import policy_names
-from gpupool.core.vendors import ANY_RUNTIME, CANN, CUDA, RUNTIME_OF_VENDOR, runtime_of_model
+from gpupool.core.vendors import ANY_RUNTIME, ASCEND, CUDA, RUNTIME_OF_VENDOR, SHARE_MODES, holds, runtime_of_model
 from gpupool.webhook.forbidden import pod_problems
 from gpupool.webhook.inventory import Limits
 from gpupool.webhook.patch import Patcher
@@ -333,9 +333,11 @@ def _runtime_problems(pod: Mapping[str, Any], parsed: ParsedPod) -> list[str]:
     - a vendor's own resource (nvidia.com/gpu, amd.com/gpu, huawei.com/Ascend*) whose cards do not run it;
     - models that are all gpupool-catalogued cards of other runtimes (the pod would fit no card);
     - isolation mps on anything but CUDA: MPS is NVIDIA's daemon (an "any" pod could land on other cards);
-    - a compute or memory share with cann: Ascend has no sharing mechanism gpupool owns, only vNPU partitions
-      (partition isolation) and whole cards. A whole card under the default hook is accepted: nothing shares
-      it, so nothing needs enforcing."""
+    - a compute or memory share with a runtime whose cards hold no share in any mode (the catalogue's
+      core.vendors.ISOLATION_OF_VENDOR: cann, since Ascend has no sharing mechanism gpupool owns, only vNPU
+      partitions and whole cards). A whole card under the default hook is accepted: nothing shares it, so
+      nothing needs enforcing. An "any" share is accepted: placement keeps it to cards whose vendor holds its
+      mode (core.fit), and it waits with that reason where none is free."""
     request = parsed.request
     runtime = request.gpu.runtime if request is not None else None
     if request is None or runtime is None:
@@ -355,10 +357,21 @@ def _runtime_problems(pod: Mapping[str, Any], parsed: ParsedPod) -> list[str]:
     if parsed.isolation == IsolationMode.MPS and runtime != CUDA:
         out.append(f"{said} with {ANN_ISOLATION}=mps: MPS is NVIDIA's and runs CUDA programs on NVIDIA cards only"
                    + ("; say runtime cuda for a pod that needs MPS" if runtime == ANY_RUNTIME else ""))
-    if runtime == CANN and request.gpu.count and not request.gpu.whole:
-        out.append(f"{said} with a share of a card ({RESOURCE_CORES}/{RESOURCE_MEMORY}): Ascend cards are not "
-                   "shared by gpupool; ask for whole cards or a vNPU partition")
+    unshared = _unshared_vendor(runtime)
+    if unshared is not None and request.gpu.count and not request.gpu.whole:
+        out.append(f"{said} with a share of a card ({RESOURCE_CORES}/{RESOURCE_MEMORY}): {unshared} cards are not "
+                   "shared by gpupool; ask for whole cards" + (" or a vNPU partition" if unshared == "Ascend" else ""))
     return out
+
+
+def _unshared_vendor(runtime: str) -> str | None:
+    """The vendor (as written in messages) whose cards alone run `runtime` when they hold no share in any mode
+    (the catalogue's ISOLATION_OF_VENDOR: Ascend, for cann); None when some card that runs it holds shares, or
+    for "any", whose shares placement keeps to the cards that hold them (core.fit)."""
+    vendors = [v for v, r in RUNTIME_OF_VENDOR.items() if r == runtime]
+    if runtime == ANY_RUNTIME or not vendors or any(holds(v, m) for v in vendors for m in SHARE_MODES):
+        return None
+    return "Ascend" if vendors == [ASCEND] else ", ".join(vendors)
 
 
 def _annotation_problems(pod: Mapping[str, Any], user: str, settings: Settings) -> list[str]:
