@@ -110,7 +110,12 @@ def test_pod_runtimes_are_drawn_with_the_shares() -> None:
     # 4.5 standard deviations of each binomial draw.
     for runtime, expected, p in (("any", 1200, 0.2), ("cuda", 2880, 0.48), ("rocm", 1440, 0.24), ("cann", 480, 0.08)):
         assert abs(counts[runtime] - expected) < 4.5 * (6000 * p * (1 - p)) ** 0.5, (runtime, counts)
-    assert [(p.key, p.gpu.count, p.gpu.milli) for p in mixed] == [(p.key, p.gpu.count, p.gpu.milli) for p in pods]
+    # Shapes are kept, but for a share drawn cann: Ascend cards hold no share, so it asks for the whole card.
+    pairs = list(zip(pods, mixed, strict=True))
+    assert [(p.key, p.gpu.count, 1000 if q.gpu.runtime == "cann" else p.gpu.milli) for p, q in pairs] == [
+        (q.key, q.gpu.count, q.gpu.milli) for q in mixed]
+    assert sum(1 for p, q in pairs if q.gpu.runtime == "cann" and p.gpu.milli < 1000) > 0
+    assert {q.gpu.isolation for q in mixed[:-1]} == {"hook"} and mixed[-1].gpu.isolation is None
     assert mix_pods(pods, parse_mix("amd=0.3,ascend=0.1,any=0.2")) == mixed
 
 
@@ -218,3 +223,44 @@ def test_compare_on_a_small_cluster_routes_every_pod_and_reports_both() -> None:
 def test_vendor_mix_text_round_trips() -> None:
     mix = VendorMix(((NVIDIA, 0.6), (AMD, 0.4), (ASCEND, 0.0)), 0.1)
     assert parse_mix(mix.text()) == mix
+
+
+def test_misrouted_counts_a_share_on_a_card_that_cannot_hold_it() -> None:
+    node = Node("m", 1000, 1000, (GPU("m-0", 0, "MI300X", 196608, vendor=AMD),
+                                  GPU("m-1", 1, "Ascend910B", 65536, vendor=ASCEND)))
+    submitted = [PodRequest("any-share-amd", 0, 0, GPURequest(1, 300, runtime="any", isolation="hook")),
+                 PodRequest("any-share-ascend", 0, 0, GPURequest(1, 300, runtime="any", isolation="hook")),
+                 PodRequest("unsaid-share-ascend", 0, 0, GPURequest(1, 300)),  # the simulator's shares are hook
+                 PodRequest("mps-share-amd", 0, 0, GPURequest(1, 300, runtime="any", isolation="mps")),
+                 PodRequest("any-whole-ascend", 0, 0, GPURequest(1, runtime="any", isolation="hook")),
+                 PodRequest("none-share-ascend", 0, 0, GPURequest(1, 300, isolation="none")),  # nothing to hold
+                 PodRequest("cann-share-ascend", 0, 0, GPURequest(1, 300, runtime="cann", isolation="hook"))]
+    log = log_of([0] * 7, [0b01, 0b10, 0b10, 0b01, 0b10, 0b10, 0b10], [0] * 7, [0] * 7, 2000)
+    # any-share-ascend, unsaid-share-ascend, mps-share-amd and cann-share-ascend
+    assert misrouted([node], submitted, log) == 4
+
+
+def test_shares_that_run_anywhere_never_go_to_the_ascend_island() -> None:
+    mix = parse_mix("amd=0.3,ascend=0.2,any=1")
+    shares = [PodRequest(f"s{k}", 0, 0, GPURequest(1, 300, runtime="any", isolation="hook")) for k in range(600)]
+    wholes = [PodRequest(f"w{k}", 0, 0, GPURequest(1, runtime="any", isolation="hook")) for k in range(600)]
+    where = island_of(shares + wholes, [NVIDIA, AMD, ASCEND], mix, 0)
+    drawn_shares, drawn_wholes = Counter(where[:600]), Counter(where[600:])
+    assert set(drawn_shares) == {NVIDIA, AMD} and drawn_shares[NVIDIA] > drawn_shares[AMD]
+    assert set(drawn_wholes) == {NVIDIA, AMD, ASCEND}
+    # an mps share: NVIDIA only; with no NVIDIA island it fits nowhere
+    mps = [PodRequest(f"m{k}", 0, 0, GPURequest(1, 300, runtime="any", isolation="mps")) for k in range(50)]
+    assert set(island_of(mps, [NVIDIA, AMD, ASCEND], mix, 0)) == {NVIDIA}
+    assert set(island_of(mps, [AMD, ASCEND], mix, 0)) == {None}
+
+
+def test_one_pool_keeps_any_shares_off_ascend_cards() -> None:
+    mix = parse_mix("amd=0.3,ascend=0.3,any=0.6")
+    nodes, pods = mix_nodes(trace_nodes(10), mix), mix_pods(trace_pods(300), mix)
+    log = replay(nodes, pods, "gpupool", 42)
+    submitted = setup(nodes, pods, 42).submitted
+    assert log.node is not None and log.gpus is not None
+    on_ascend = [p for k, p in enumerate(submitted) if log.node[k] >= 0
+                 and nodes[int(log.node[k])].gpus[0].vendor == ASCEND]
+    assert on_ascend and all(p.gpu.whole for p in on_ascend)  # Ascend cards took whole-card pods only
+    assert misrouted(nodes, submitted, log) == 0

@@ -10,17 +10,24 @@ unless told otherwise), so every policy and replay seed sees the same cluster an
   the catalogue (gpupool.core.vendors: MODEL_OF_VENDOR), with its memory and compute units.
 - Pods: a GPU pod's runtime is drawn per pod; a pod of another runtime than cuda loses the NVIDIA models the
   trace or --constrain-models named (they are NVIDIA cards it could never use). Pods without GPUs run anywhere.
+  Every GPU pod is held in the cluster's default isolation, hook (SIM_ISOLATION): its share may only go to a card
+  whose vendor holds hook shares (NVIDIA, AMD: core.fit's rule, core.vendors.ISOLATION_OF_VENDOR). A pod drawn a
+  runtime whose cards hold no share at all (cann: Ascend) that asks a share of a card asks for the whole card
+  instead, as the webhook's refusal tells such a pod to (vNPUs are not replayed).
 - One pool: the replay on every node at once; routing by runtime is placement's own rule (core.fit), and
   fragmentation scoring sees vendors only as data.
 - Islands: the same pods in the same order as the one-pool replay of that seed (its shuffle and top-up to
   130 % of the whole capacity), each sent to its vendor's cluster, placed there by the same policy apart from
   the others (its own fit, typical workload for scoring, and the one pool's tie-break ranks of its nodes), as
   separate per-vendor pools would place them; a pod that runs anywhere, or has no GPU, goes to one island
-  drawn with the node shares. The combined unallocated % is measured exactly as the replay measures one
+  drawn with the node shares (a share among the islands whose cards hold it). The combined unallocated % is
+  measured exactly as the replay measures one
   cluster: allocated GPU over all islands at the pod where the arrived demand reaches 100 % of the summed
   capacity (ReplayLog.allocated_at).
-- Misrouted: pods placed on a card whose vendor does not run their runtime, counted from the final placement
-  with the vendors' runtimes (RUNTIME_OF_VENDOR), not with placement's code. Placement's rule keeps it at 0.
+- Misrouted: pods placed on a card whose vendor does not run their runtime, or a share of a card whose vendor does
+  not hold its isolation mode (hook when the pod says none, the simulator's shares being hook shares), counted
+  from the final placement with the vendors' runtimes and modes (RUNTIME_OF_VENDOR, ISOLATION_OF_VENDOR), not with
+  placement's code. Placement's rules keep it at 0.
 """
 
 from __future__ import annotations
@@ -38,7 +45,18 @@ from gpupool.core.model import GPU, MILLI_PER_GPU, Node, PodRequest
 from gpupool.core.policies import get_policy
 from gpupool.core.policy import PolicyContext
 from gpupool.core.state import ClusterState
-from gpupool.core.vendors import AMD, ANY_RUNTIME, ASCEND, NVIDIA, RUNTIME_OF_VENDOR, VENDORS, card_model
+from gpupool.core.vendors import (
+    AMD,
+    ANY_RUNTIME,
+    ASCEND,
+    ISOLATION_HOOK,
+    NVIDIA,
+    RUNTIME_OF_VENDOR,
+    SHARE_MODES,
+    VENDORS,
+    card_model,
+    holds,
+)
 from gpupool.sim.engine import Placer
 from gpupool.sim.parallel import Job
 from gpupool.sim.replay import TUNE, ReplayLog, replay, setup
@@ -47,6 +65,7 @@ MIX_SEED = 0
 ANY = ANY_RUNTIME  # the mix's key for pods that run anywhere
 MODEL_OF_VENDOR = {AMD: "MI300X", ASCEND: "Ascend910B"}  # the card a mixed-in node of the vendor gets
 MAX_ENTRIES = 8  # a mix names each vendor and "any" at most once; more entries are an error, not parsed
+SIM_ISOLATION = ISOLATION_HOOK  # the isolation of every replayed GPU pod: the cluster's default (api.names)
 
 # run(fn, nodes, pods, jobs, **options): fn(nodes, pods, job.policy, job.seed, progress=..., **options) per job
 # (gpupool.sim.parallel.run_all's contract, so that the caller chooses processes and progress bars).
@@ -153,9 +172,16 @@ def mix_nodes(nodes: Sequence[Node], mix: VendorMix, seed: int = MIX_SEED) -> li
     return out
 
 
+def _unshared(runtime: str) -> bool:
+    """Whether the cards that run `runtime` hold no share in any mode (cann: Ascend); never for "any"."""
+    vendors = [v for v, r in RUNTIME_OF_VENDOR.items() if r == runtime]
+    return bool(vendors) and not any(holds(v, m) for v in vendors for m in SHARE_MODES)
+
+
 def mix_pods(pods: Sequence[PodRequest], mix: VendorMix, seed: int = MIX_SEED) -> list[PodRequest]:
     """Each GPU pod with a runtime drawn from the mix ("any" first with `any_share`, else a vendor's runtime
-    with its share); a pod not drawn cuda loses the NVIDIA models it named."""
+    with its share) and the isolation SIM_ISOLATION; a pod not drawn cuda loses the NVIDIA models it named; a
+    share drawn a runtime whose cards hold no share (cann) becomes a whole card (the module's text says why)."""
     rng = np.random.default_rng([seed, 1])
     runtimes = [RUNTIME_OF_VENDOR[v] for v, _ in mix.shares]
     weights = np.array([s for _, s in mix.shares])
@@ -168,7 +194,10 @@ def mix_pods(pods: Sequence[PodRequest], mix: VendorMix, seed: int = MIX_SEED) -
             continue
         runtime = ANY if anywhere[k] else runtimes[int(drawn[k])]
         models = pod.gpu.models if runtime == RUNTIME_OF_VENDOR[NVIDIA] else frozenset()
-        out.append(replace(pod, gpu=replace(pod.gpu, runtime=runtime, models=models)))
+        gpu = replace(pod.gpu, runtime=runtime, models=models, isolation=SIM_ISOLATION)
+        if not gpu.whole and _unshared(runtime):
+            gpu = replace(gpu, milli=MILLI_PER_GPU, memory_mib=None)
+        out.append(replace(pod, gpu=gpu))
     return out
 
 
@@ -183,14 +212,23 @@ def vendor_nodes(nodes: Sequence[Node]) -> dict[str, list[int]]:
 
 def island_of(pods: Sequence[PodRequest], vendors: Sequence[str], mix: VendorMix, seed: int) -> list[str | None]:
     """The island (vendor) of each pod: its runtime's vendor; a pod that runs anywhere, or has no GPU, one drawn
-    with the node shares; None for a pod whose runtime no island's cards run (it fits nowhere in one pool
+    with the node shares (a share that runs anywhere: among the islands whose cards hold its mode); None for a
+    pod whose runtime no island's cards run, or a share no island's cards hold (it fits nowhere in one pool
     either)."""
     weights = np.array([mix.share(v) for v in vendors])
     pick = np.random.default_rng([seed, 2]).choice(len(vendors), size=len(pods), p=weights / weights.sum())
+    # A share that runs anywhere is drawn among the islands whose cards hold its mode, from a stream of its own
+    # so that every other pod's draw is the same as without the rule.
+    share_rng = np.random.default_rng([seed, 3])
     vendor_of_runtime = {r: v for v, r in RUNTIME_OF_VENDOR.items()}
     out: list[str | None] = []
     for k, pod in enumerate(pods):
         vendor = vendor_of_runtime.get(pod.gpu.runtime or "") if pod.gpu.count else None
+        mode = pod.gpu.share_mode if pod.gpu.count else None
+        if vendor is None and mode is not None:
+            held = np.array([mix.share(v) if holds(v, mode) else 0.0 for v in vendors])
+            out.append(vendors[int(share_rng.choice(len(vendors), p=held / held.sum()))] if held.sum() > 0 else None)
+            continue
         out.append(vendors[int(pick[k])] if vendor is None else vendor if vendor in vendors else None)
     return out
 
@@ -239,17 +277,20 @@ def replay_islands(nodes: Sequence[Node], pods: Sequence[PodRequest], policy_nam
 
 def misrouted(nodes: Sequence[Node], submitted: Sequence[PodRequest], log: ReplayLog) -> int:
     """Pods of `submitted` (a replay's pods in order) that the replay placed on at least one card whose vendor
-    does not run their runtime."""
+    does not run their runtime, or, for a share, does not hold its isolation mode (hook when none is said)."""
     if log.node is None or log.gpus is None:
         raise ValueError("the replay log has no placements (node and GPUs per pod)")
     out = 0
     for k, pod in enumerate(submitted):
         i, bits = int(log.node[k]), int(log.gpus[k])
-        runtime = pod.gpu.runtime
-        if i < 0 or not pod.gpu.count or runtime is None or runtime == ANY:
+        if i < 0 or not pod.gpu.count:
             continue
+        runtime = pod.gpu.runtime
+        mode = None if pod.gpu.whole else pod.gpu.isolation or SIM_ISOLATION
         cards = [g for g in nodes[i].gpus if bits >> g.index & 1]
-        if any(RUNTIME_OF_VENDOR.get(g.vendor) != runtime for g in cards):
+        wrong_runtime = runtime not in (None, ANY) and any(RUNTIME_OF_VENDOR.get(g.vendor) != runtime for g in cards)
+        unheld = mode in SHARE_MODES and any(not holds(g.vendor, mode) for g in cards)
+        if wrong_runtime or unheld:
             out += 1
     return out
 
