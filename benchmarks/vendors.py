@@ -3,12 +3,15 @@ on the default trace.
 
 By default 30 % of the trace's GPU nodes become AMD MI300X nodes and 10 % Ascend 910B nodes (the catalogue's
 memory and compute units, each node keeping its number of GPUs), and each GPU pod's runtime is drawn with the
-same shares (gpupool.sim.vendor_mix, seeded; --mix ...,any=0.3 adds pods that run anywhere). Per replay seed,
+same shares (gpupool.sim.vendor_mix, seeded; --mix ...,any=0.3 adds pods that run anywhere). Every GPU pod is
+held in isolation hook, the cluster's default: its share may only go to cards whose vendor holds hook shares
+(NVIDIA, AMD), and a share drawn cann asks for the whole card (Ascend cards hold no share). Per replay seed,
 the static FGD replay of one policy on one pool (every pod placed only on cards of its runtime, core.fit's
 routing) and on the islands (the same pods in the same order, each placed in its vendor's cluster alone);
 unallocated GPU % at arrived demand = 100 % of the whole capacity for each. Misrouted: pods either replay
-placed on a card whose vendor does not run their runtime, counted from the final placement, not by
-placement's own rule (goal 0).
+placed on a card whose vendor does not run their runtime, or a share on a card whose vendor does not hold its
+isolation mode (an "any" share on an Ascend card), counted from the final placement, not by placement's own
+rule (goal 0).
 Prints the machine's cores, a line per seed, the medians, and as its last line one JSON object.
 Usage: python benchmarks/vendors.py [--mix amd=0.3,ascend=0.1] [--num-seeds 3] [--seeds 42,43]
        [--policy gpupool] [--jobs N] [--trace default] [--nodes NODES.csv]
