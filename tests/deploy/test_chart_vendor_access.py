@@ -186,3 +186,23 @@ def test_no_agent_is_privileged_or_gains_capabilities(render: Render, values: Ob
         sc = agent_container(ds)["securityContext"]
         assert sc.get("privileged") is not True and sc["capabilities"] == {"drop": ["ALL"]}, vendor
         assert sc["allowPrivilegeEscalation"] is False and sc["runAsUser"] == 0, vendor
+
+
+def test_the_vendor_values_in_docs_install_render(render: Render) -> None:
+    """docs/install.md's helm values for AMD and Ascend nodes (every vendor, with the vendors' runtimes or on
+    fake cards) are values this chart takes, and do what the text says."""
+    import re
+
+    text = (CHART.parents[2] / "docs" / "install.md").read_text()
+    blocks = [yaml.safe_load(b) for b in re.findall(r"```yaml\n(.*?)```", text, re.S)]
+    vendor_blocks = [b for b in blocks if isinstance(b, dict) and "amd" in (b.get("agent") or {})]
+    assert len(vendor_blocks) == 2, len(vendor_blocks)
+    for values in vendor_blocks:
+        sets = daemonsets(render(values))
+        assert sorted(sets) == sorted(THREE)
+    runtimes, fake = vendor_blocks
+    sets = daemonsets(render(runtimes))
+    assert sets["amd"]["spec"]["template"]["spec"]["runtimeClassName"] == "amd"
+    assert sets["ascend"]["spec"]["template"]["spec"]["securityContext"]["supplementalGroups"] == [1000]
+    assert {v: env_of(agent_container(ds))["GPUPOOL_AGENT_BACKEND"] for v, ds in daemonsets(render(fake)).items()} \
+        == dict.fromkeys(THREE, "fake")
