@@ -10,7 +10,12 @@ annotation and ResourceSlice list exactly its vendor's cards; a `cuda`, a `rocm`
 (gpupool.io/runtime), written as a tenant writes them (no schedulerName: the webhook pod sets it), are placed
 by the chart's scheduler pod on a node whose cards run them and start with that vendor's environment
 (NVIDIA_VISIBLE_DEVICES on NVIDIA; the fake's would-be device nodes and ASCEND_VISIBLE_DEVICES elsewhere: the
-testbed host has no /dev/kfd or /dev/davinci*); `gpupool doctor` passes the release.
+testbed host has no /dev/kfd or /dev/davinci*); `gpupool doctor` passes the release. And what a device node
+needs to be opened by a container with the agent's security settings as the chart renders them (uid 0, no
+capabilities, not privileged): a node owned by another group (as Ascend's HwHiAiUser owns its nodes) opens
+only with that group in supplementalGroups (agent.ascend.supplementalGroups), and a node the container's
+allowed devices lack is refused even to its owner, which is why the chart takes the vendors' device nodes
+from their container runtimes (agent.amd/ascend.runtimeClassName) rather than relying on hostPath mounts.
 
 Not here: real AMD or Ascend libraries (the fake backend stands for the cards; test_e2e_vendor_partitions.py
 runs the agents over the fake vendor libraries, outside the chart) and the vendors' container runtimes.
@@ -21,9 +26,11 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -235,3 +242,85 @@ def test_gpupool_doctor_passes_the_three_vendor_release(cluster: Cluster) -> Non
     # it looked at every node's agent, AMD's and Ascend's included
     subjects = " ".join(f["subject"] for f in report["findings"])
     assert all(n.name in subjects for n in c.nodes.nodes), report["findings"]
+
+
+# --- device access as the chart runs the agent ------------------------------------------------------------
+STANDIN_GROUP = 1000  # the group owning the stand-in, as HwHiAiUser (often 1000) owns Ascend's nodes
+# Opens the node read-write (what the vendor libraries do) in a subshell (a failed redirection of a special
+# built-in would end the shell itself) and says how that went, then waits.
+TRY_OPEN = "exec 2>&1; if (: <> {path}); then echo OPEN-OK; else echo OPEN-REFUSED; fi; exec sleep 1000000"
+
+
+def device_pod(ds: Obj, name: str, host_path: str, inside: str, groups: list[int] | None) -> Obj:
+    """A pod with the agent container's and pod's security settings of DaemonSet `ds` (the chart's render),
+    `host_path` mounted as the chart mounts a vendor's device node, on node 0, in the release's namespace
+    (where the agent runs; tenants' namespaces forbid hostPath)."""
+    template = ds["spec"]["template"]["spec"]
+    pod_sc = dict(template.get("securityContext") or {})
+    if groups is not None:
+        pod_sc["supplementalGroups"] = groups
+    return {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {
+            "nodeName": "", "terminationGracePeriodSeconds": 1, "restartPolicy": "Never", "securityContext": pod_sc,
+            "containers": [{"name": "main", "image": realnode.images.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                            "command": ["sh", "-c", TRY_OPEN.format(path=inside)],
+                            "securityContext": template["containers"][0]["securityContext"],
+                            "volumeMounts": [{"name": "dev", "mountPath": inside}]}],
+            "volumes": [{"name": "dev", "hostPath": {"path": host_path, "type": "CharDevice"}}],
+        },
+    }
+
+
+def test_a_device_node_opens_for_the_agent_only_through_its_group_and_its_allowed_devices(
+        cluster: Cluster) -> None:
+    c = cluster
+    assert c.nodes.root is not None
+    # A stand-in for /dev/davinci0: /dev/null's numbers (every container's allowed devices have it), owned
+    # by another group, mode 0660 (Ascend's driver makes its nodes HwHiAiUser:HwHiAiUser 0660).
+    standin = c.nodes.root / "davinci0-standin"
+    os.mknod(standin, 0o660 | stat.S_IFCHR, os.makedev(1, 3))
+    os.chown(standin, STANDIN_GROUP, STANDIN_GROUP)
+    os.chmod(standin, 0o660)  # mknod's mode is masked by the umask
+    ds = json.loads(c.kubectl("-n", NAMESPACE, "get", "daemonset", f"{c.release.fullname}-agent-ascend",
+                              "-o", "json").stdout)
+    sc = ds["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    assert sc["runAsUser"] == 0 and sc["capabilities"] == {"drop": ["ALL"]} and not sc.get("privileged"), sc
+    pods = [device_pod(ds, "dev-no-group", str(standin), "/dev/davinci0", None),
+            device_pod(ds, "dev-group", str(standin), "/dev/davinci0", [STANDIN_GROUP])]
+    expected = {"dev-no-group": "OPEN-REFUSED", "dev-group": "OPEN-OK"}
+    # A node the container's allowed devices lack: root's own, so only the device cgroup refuses it
+    # (/dev/loop-control, 10:237, root:disk 0660 on this host; mounted where AMD SMI opens /dev/kfd).
+    loop = Path("/dev/loop-control")
+    if loop.exists() and loop.stat().st_uid == 0 and stat.S_ISCHR(loop.stat().st_mode):
+        pods.append(device_pod(ds, "dev-not-allowed", str(loop), "/dev/kfd", None))
+        expected["dev-not-allowed"] = "OPEN-REFUSED"
+    node = c.nodes.nodes[0].name
+    for pod in pods:
+        pod["spec"]["nodeName"] = node
+        created = c.kubectl("create", "-f", "-", stdin=json.dumps(pod))
+        assert created.returncode == 0, created.stderr
+
+    def said(name: str) -> str:
+        out = c.kubectl("-n", NAMESPACE, "logs", name).stdout
+        return out if "OPEN-" in out else ""
+
+    try:
+        for name, want in expected.items():
+            def state(name: str = name) -> str:
+                got = c.kubectl("-n", NAMESPACE, "get", "pod", name, "-o", "json")
+                status = (json.loads(got.stdout).get("status") or {}) if got.returncode == 0 else got.stderr
+                events = c.kubectl("-n", NAMESPACE, "get", "events", "--field-selector",
+                                   f"involvedObject.name={name}", "-o", "custom-columns=R:.reason,M:.message")
+                return f"{name}: {json.dumps(status)}\n{events.stdout}"
+
+            out = wait_for(lambda name=name: said(name), 120, f"{name} trying its device node",  # type: ignore[misc]
+                           state)
+            assert want in out, (name, out)
+            if name == "dev-no-group":
+                assert "Permission denied" in out, out  # the file's mode: EACCES
+            if name == "dev-not-allowed":
+                assert "Operation not permitted" in out, out  # the device cgroup: EPERM, owner or not
+    finally:
+        c.kubectl("-n", NAMESPACE, "delete", "pod", *expected, "--grace-period=1", "--wait=true")
+        standin.unlink()
