@@ -59,11 +59,13 @@ void gp_mem_after_fork(void);
  *       from max(the previous event's completion, the first launch after it) to the event's completion;
  *       added_ns what it added to the pod's event-measured busy time (overlap with the process's own
  *       earlier spans counted once; the pod's processes are summed)
- *   S t_ns li scale_ppm solo pod_ns f truth_ns solo_ns prov_ns
+ *   S t_ns li scale_ppm solo pod_ns f truth_ns solo_ns prov_ns tokens_ns credit_ns
  *       one measurement of the pod's poller: the smUtil scale in use (ppm), whether the pod is solo on the
  *       GPU (1) or shares it (0), the busy time this measurement counted (pod_ns = truth_ns + solo_ns + the
  *       change of prov_ns), f, the part from NVML's samples (truth_ns), from the events while solo
- *       (solo_ns), and the provisional part for shared time NVML does not cover yet (prov_ns) */
+ *       (solo_ns), the provisional part for shared time NVML does not cover yet (prov_ns), and the pod's
+ *       bucket before this measurement's correction: its tokens and the credit kept beside them (a launch
+ *       waits while their sum is below zero) */
 extern struct gp_hook gp_compute_hooks[];
 void gp_compute_after_fork(void);
 

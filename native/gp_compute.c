@@ -9,7 +9,9 @@
  * however deep the device queue is (only the running totals are compared, never one poll window's launches
  * with the same window's busy time). The per-launch estimate is the ratio of two decaying sums; a waiting
  * launch re-reads the bucket every few ms; credit from corrections is kept apart from the bucket's burst
- * bound (credit_ns), so credit the pod was over-charged is given back in full.
+ * bound (credit_ns), so credit the pod was over-charged is given back in full. Unused budget is kept up to
+ * 40 ms of the rate across idle time, and up to 200 ms across time in which the pod's own work was still on
+ * the device (it waited for the device, not for budget: refill()).
  *
  * What measures the pod (issue 38). NVML's per-process samples alone cannot be made exact on a real GPU
  * (nvidia-facts.md 4.5): the driver samples each process on its own clock (1/6 s on recent datacenter GPUs,
@@ -44,22 +46,24 @@
  *   for 1/k of the pod's launches and events (k of them busy), and f and g weigh a sample of one of them
  *   against 1/k of them too. A context of another process that NVML lists (at once, a period and a lag
  *   before its first sample) makes the time shared from then on, until its samples could have shown it.
- * - no per-process samples (MIG mode): the events, alone or not. Tenants sharing one MIG device are
- *   paced by events that also count the others' slices, so each gets less than its cap, never more:
- *   nothing the pod can see says how much of its events was its own (no samples; the process list says
- *   who holds a context, not who is busy), and any estimate below the events that nothing checks later
- *   (a per-launch cost learnt alone, 1 / the contexts listed) lets a tenant widen its share by changing
- *   its kernels. Exact shares there need a signal from outside the pod (each pod's events published to
- *   the others through the node's accounting), which this library does not have.
+ *   Until the pod's first shared samples all its events count there (an upper bound: under its cap, never
+ *   over), and the credit those samples give back is paid out at most 3 % of the GPU above the cap.
+ * - no per-process samples (MIG mode): the events, their spans united across the pod's processes (ev_add),
+ *   exact on an instance the pod has to itself. gpupool never runs this library on a MIG device (isolation
+ *   `mig` pods and claims get the instance, without the library, one per pod or claim; a `hook` share is
+ *   never placed on a MIG-mode GPU), so tenants of different pods never share one; were they to, each would
+ *   count the others' slices in its events and get less than its cap, never more.
  * - CUDA graphs made by stream capture (torch.cuda.graph): nothing is recorded on a stream while it
  *   captures (its launches run nothing then, and an event captured with them would invalidate the capture
  *   when queried), and the poller thread runs in relaxed capture mode, so its event calls never invalidate a
  *   capture begun in global mode on another thread (tests/native/test_hook_capture.py).
  * Limits: a pod that never runs alone on a GPU whose smUtil scale is not 1, and whose agent gave none, is
- * measured at scale 1 while it shares the GPU (its error is the scale's); the processes of a pod of
- * several are summed, their overlap corrected by f. On a time-sliced GPU each context switch costs device
- * time nobody gets, so caps adding up to 100 cannot all be met: what the switches cost comes out of the
- * tenant that would take the rest.
+ * measured at scale 1 while it shares the GPU (its error is the scale's); with per-process samples the
+ * processes of a pod of several are summed, their overlap corrected by f. Between samples the measure is
+ * provisional (launches times g): with kernels of very different lengths and 1 s samples the tenant at 30
+ * of 30/70 ran 23-40 % in single 1 s windows, put right when the samples come. On a time-sliced GPU each
+ * context switch costs device time nobody gets, so caps adding up to 100 cannot all be met: what the
+ * switches cost comes out of the tenant that would take the rest.
  *
  * elastic: the rate rises above the cap into time nobody else wants, only while NVML shows nobody else busy
  * on the GPU (on a time-sliced GPU a borrower with queued work takes half the slices from a neighbour that
@@ -95,6 +99,8 @@
 #define BURST_WINDOW_NS 40000000   /* credit kept across idle time: 40 ms of the rate (what a pod that was
                                     * held back by others' time slices may burst by: 1 point of a 4 s window) */
 #define ELASTIC_MARGIN_PPM 50000   /* elastic alone leaves 5 % free: a neighbour's first kernels find room */
+#define BUSY_WINDOW_NS 200000000LL /* ... and across time in which its own work was on the device (refill) */
+#define RELEASE_PPM 30000          /* start-up credit is paid out at most 3 % of the GPU above the cap */
 #define WAIT_SLICE_NS 4000000      /* a waiting launch re-reads the bucket this often */
 #define MAX_WAIT_NS 2000000000LL   /* a bounded wait: a stale debt never hangs a launch */
 
@@ -115,8 +121,13 @@ static int64_t burst_of(int64_t rate, int64_t cost) {
 }
 
 /* Credit for the wall time since the last refill, up to the burst; credit above the burst (given back by a
- * correction) is left alone. */
-static void refill(struct gp_devstate *d, int64_t now, int64_t rate, int64_t cost) {
+ * correction) is left alone. Wall time in which the pod's own work was still on the device (until
+ * `busy_until`) is not idle time: the pod waited for the device, not for its budget (a stream sync behind
+ * long kernels time-sliced with a neighbour's), and it refills up to BUSY_WINDOW_NS of the rate. With the
+ * 40 ms bound alone, the 70 of 30/70 with kernels of 0.1-20 ms lost what it could not spend in such waits
+ * (1.1 s of its 7 s in a 10 s run, its share 59-61 % with 1 s NVML periods) and then waited for budget
+ * while the device stood idle. */
+static void refill(struct gp_devstate *d, int64_t now, int64_t rate, int64_t cost, int64_t busy_until) {
     int64_t last = __atomic_load_n(&d->refill_at, __ATOMIC_ACQUIRE);
     if (last == 0) {
         __atomic_compare_exchange_n(&d->refill_at, &last, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
@@ -124,12 +135,18 @@ static void refill(struct gp_devstate *d, int64_t now, int64_t rate, int64_t cos
     }
     if (now <= last || !__atomic_compare_exchange_n(&d->refill_at, &last, now, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
         return;
-    int64_t add = (int64_t)((__int128)(now - last) * rate / GP_PPM);
-    int64_t burst = burst_of(rate, cost);
+    int64_t busy_end = busy_until < now ? busy_until : now;
+    int64_t busy = busy_end > last ? busy_end - last : 0;
+    int64_t add_busy = (int64_t)((__int128)busy * rate / GP_PPM);
+    int64_t add = (int64_t)((__int128)(now - last) * rate / GP_PPM) - add_busy;
+    int64_t burst = burst_of(rate, cost), busy_burst = BUSY_WINDOW_NS / GP_PPM * rate;
+    if (busy_burst < burst) busy_burst = burst;
     int64_t t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE);
     for (;;) {
-        if (t >= burst) return;
-        int64_t nt = t + add > burst ? burst : t + add;
+        int64_t nt = t;
+        if (nt < busy_burst) nt = nt + add_busy > busy_burst ? busy_burst : nt + add_busy;
+        if (nt < burst) nt = nt + add > burst ? burst : nt + add;
+        if (nt <= t) return;
         if (__atomic_compare_exchange_n(&d->tokens, &t, nt, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) return;
     }
 }
@@ -175,7 +192,8 @@ static struct {
     CUstream anchor_stream[GP_MAX_DEV];
     CUcontext ctx[GP_MAX_DEV];
     CUcontext poller_ctx;
-    int active; /* events were recorded in this process */
+    int active;   /* events were recorded in this process */
+    int inflight; /* one of them has not completed yet (the poller's last look) */
 } ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 static struct {
@@ -229,7 +247,8 @@ static void trace(const char *fmt, ...) {
             char head[256];
             int n = snprintf(head, sizeof head,
                              "# gpupool trace pid %d: t_ns pid ts_us sm_util pod charged_ns | E t_ns li start_ns "
-                             "end_ns added_ns | S t_ns li scale_ppm solo pod_ns f truth_ns solo_ns prov_ns (native/gp.h)\n",
+                             "end_ns added_ns | S t_ns li scale_ppm solo pod_ns f truth_ns solo_ns prov_ns "
+                             "tokens_ns credit_ns (native/gp.h)\n",
                              (int)getpid());
             if (write(trace_fd, head, (size_t)n) < 0) {
                 close(trace_fd);
@@ -385,15 +404,45 @@ static void ev_forget_stream(CUstream s) {
     pthread_mutex_unlock(&ev.mu);
 }
 
-/* The part of [a, b] beyond what this process has counted already (its streams' spans overlap when their
- * work waits on one another), added to the pod's total. The pod's processes are summed, not united: their
- * spans overlap while they wait for each other's time slices, an over-count that f corrects (measure()). */
+typedef nvmlReturn_t (*util_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *, unsigned long long);
+
+/* Whether NVML gives per-process samples on the GPU (not in MIG mode, nor without NVML): asked once (the
+ * handles are final once gp_nvml_device has opened NVML). */
+static int per_process_samples(int li) {
+    static int known[GP_MAX_DEV]; /* 0 not asked yet, 1 yes, 2 no */
+    if (known[li] == 0) {
+        util_fn get = (util_fn)gp_nvml_sym("nvmlDeviceGetProcessUtilization");
+        nvmlDevice_t h = gp_nvml_device(li);
+        unsigned int n = 0;
+        nvmlReturn_t r = get != NULL && h != NULL ? get(h, NULL, &n, 0) : NVML_ERROR_NOT_SUPPORTED;
+        known[li] = r == NVML_ERROR_NOT_SUPPORTED || r == NVML_ERROR_FUNCTION_NOT_FOUND ? 2 : 1;
+    }
+    return known[li] == 1;
+}
+
+/* The part of [a, b] not counted yet, added to the pod's total. With per-process samples, the part beyond
+ * what this process has counted already (its streams' spans overlap when their work waits on one another):
+ * the pod's processes are summed, not united, and NVML's samples of each correct the overlap (f, measure()).
+ * Without them (MIG mode) nothing would: two busy processes each counted the time their work waited for the
+ * other's slices, and a pod of two at 40 alone ran 34 %. There the spans are united across the pod's
+ * processes through the pod's frontier (ev_until, the end of the newest span counted): exact on an instance
+ * the pod has to itself, as long as spans are read in the order they end (each process reads its own every
+ * millisecond; one read later than another process's newer span loses the part that span covers). */
 static int64_t ev_add(struct gp_shared *sh, int li, int64_t a, int64_t b) {
     static int64_t until[GP_MAX_DEV]; /* the poller thread's only */
-    if (b <= until[li]) return 0;
-    int64_t from = a > until[li] ? a : until[li];
-    until[li] = b;
-    __atomic_store_n(&sh->ev_until[li], b, __ATOMIC_RELEASE);
+    int64_t from;
+    if (per_process_samples(li)) {
+        if (b <= until[li]) return 0;
+        from = a > until[li] ? a : until[li];
+        until[li] = b;
+        __atomic_store_n(&sh->ev_until[li], b, __ATOMIC_RELEASE);
+    } else {
+        int64_t old = __atomic_load_n(&sh->ev_until[li], __ATOMIC_ACQUIRE);
+        do {
+            if (b <= old) return 0;
+        } while (!__atomic_compare_exchange_n(&sh->ev_until[li], &old, b, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE));
+        from = a > old ? a : old;
+    }
     __atomic_add_fetch(&sh->ev_busy_ns[li], (uint64_t)(b - from), __ATOMIC_RELAXED);
     return b - from;
 }
@@ -428,6 +477,7 @@ static void ev_poll(struct gp_shared *sh, int64_t now) {
         ev_free(r->li, r->e);
         ev.tail++;
     }
+    __atomic_store_n(&ev.inflight, ev.tail != ev.head, __ATOMIC_RELEASE);
     /* a fresh anchor now and then (cuEventElapsedTime's float keeps microseconds only over minutes) */
     for (int li = 0; li < gp_cfg.ndev && li < GP_MAX_DEV; li++) {
         if (ev.anchor[li] == NULL) continue;
@@ -498,6 +548,8 @@ struct devmeter {
     struct deferred { unsigned long long ts; unsigned util; int mine; int64_t pid; } defer[16]; /* held back */
     int64_t known[MAX_SEEN_PIDS]; /* the other processes with a context on the GPU at the last look (elastic) */
     int nknown, listed;
+    int upper;                    /* shared time was counted as all of the events since the last samples */
+    double held;                  /* credit the first samples gave back, paid out at RELEASE_PPM */
     int64_t hold_until;           /* elastic holds its cap until then: a newcomer's samples are not in yet */
     int64_t listed_until;         /* shared because NVML lists another context: until its samples could show */
     double solo_e, solo_l;        /* decaying sums over solo time: the pod's events and launches (g before
@@ -516,8 +568,6 @@ struct acc {
     struct { int64_t a, b; double busy; int k; } mine[64]; /* the pod's samples: (a, b], busy time, and how
                                                             * many of the pod's processes were busy over it */
 };
-
-typedef nvmlReturn_t (*util_fn)(nvmlDevice_t, nvmlProcessUtilizationSample_t *, unsigned int *, unsigned long long);
 
 static int cmp_ts(const void *a, const void *b) {
     const nvmlProcessUtilizationSample_t *x = a, *y = b;
@@ -885,12 +935,15 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     m->f_ev = m->f_ev * keep2 + f_e;
     m->f_l = m->f_l * keep2 + f_l;
     int learnt = m->f_ev > F_MIN_NS && m->f_samples >= F_MIN_SAMPLES && m->f_nvml > 0;
-    /* Until NVML has shown the pod sharing, all its events count (an upper bound: the pod paces under its
-     * cap, never over). 1 / the contexts NVML lists (a lower bound where the GPU gives each context with
-     * work queued its slice in turn) was tried with 1 s samples: 30/70 then held from its first second, but
-     * 10/90 lost 12 points, the 90 paying back a debt of 0.4 s that nobody else could use. */
+    /* Before NVML has shown the pod sharing (and with no device time per launch from solo time, g below),
+     * all its events count: an upper bound, so the pod runs under its cap until its first samples, never
+     * over (docs/concepts.md: why no lower estimate holds every case there). The credit those samples
+     * then give back is paid out at most RELEASE_PPM of the GPU's time above the cap (`held`). */
     double f = 1.0;
+    int upper = !learnt && m->nknown > 0;
     if (learnt) f = m->f_nvml / scale / m->f_ev;
+    int first_truth = m->upper && truth > 0;
+    if (first_truth) m->upper = 0;
     if (f > 1.0) f = 1.0;
     if (f < 0.02) f = 0.02;
     /* g: the pod's device time per launch over the same shared samples (NVML against the launches); before
@@ -898,6 +951,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
      * outweigh the queue its first launches filled before any of their events completed) */
     double g = learnt && m->f_l >= G_MIN_LAUNCHES ? m->f_nvml / scale / m->f_l
              : !learnt && m->solo_l >= G_MIN_LAUNCHES && m->solo_e > CAL_MIN_NS ? m->solo_e / m->solo_l : 0;
+    if (upper && g <= 0) m->upper = 1;
     double solo_ev = dev_ns - ev_shared(m, now - (int64_t)dt, now);
     double solo_l = (double)dl - launches_shared(m, now - (int64_t)dt, now);
     m->solo_e = m->solo_e * keep2 + solo_ev;
@@ -918,8 +972,9 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     double pod_ns = truth + solo_ev - retro + prov - m->prov;
     m->prov = prov;
     double other_ns = other_raw / scale;
-    trace("S %lld %d %lld %d %.0f %.4f %.0f %.0f %.0f\n", (long long)now, li, (long long)(scale * GP_PPM), solo,
-          pod_ns, f, truth, solo_ev - retro, prov);
+    trace("S %lld %d %lld %d %.0f %.4f %.0f %.0f %.0f %lld %lld\n", (long long)now, li, (long long)(scale * GP_PPM),
+          solo, pod_ns, f, truth, solo_ev - retro, prov, (long long)__atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE),
+          (long long)__atomic_load_n(&s->credit_ns[li], __ATOMIC_ACQUIRE));
 
     /* the agent's busy-time metric: the signed running total (a provisional part replaced by a smaller truth
      * is taken back), published without ever going down */
@@ -942,6 +997,19 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     }
     if (m->trust && m->paced && cap < GP_PPM) {
         int64_t c = __atomic_add_fetch(&s->credit_ns[li], (int64_t)dc - (int64_t)pod_ns, __ATOMIC_ACQ_REL);
+        /* The first samples after counting all of the events (an over-count while sharing) give back what
+         * the pod left unused: as a burst the tenant at 30 of 30/70 ran 40-48 % for a second with 1 s
+         * samples. It is held back and paid out at most RELEASE_PPM above the cap. */
+        if (first_truth && c > 0) {
+            __atomic_sub_fetch(&s->credit_ns[li], c, __ATOMIC_ACQ_REL);
+            m->held += (double)c;
+            c = 0;
+        }
+        if (m->held > 0 && dt > 0) {
+            double out = dt * RELEASE_PPM / GP_PPM < m->held ? dt * RELEASE_PPM / GP_PPM : m->held;
+            m->held -= out;
+            c = __atomic_add_fetch(&s->credit_ns[li], (int64_t)out, __ATOMIC_ACQ_REL);
+        }
         /* A debt goes into the bucket itself, which refills it; credit first pays any debt of the bucket.
          * Only credit beyond that stays apart from the burst bound. */
         int64_t t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE);
@@ -1078,6 +1146,14 @@ static CUresult gp_launch_gate(int li) {
     return CUDA_SUCCESS;
 }
 
+/* Until when the pod's work was on the device, as far as this process knows: its work is still there while
+ * one of its events has not completed (a batch of long kernels may be covered by a single event), else it
+ * was there until the pod's newest event completed. */
+static int64_t busy_until(struct gp_shared *sh, int li) {
+    if (__atomic_load_n(&ev.inflight, __ATOMIC_ACQUIRE)) return INT64_MAX;
+    return __atomic_load_n(&sh->ev_until[li], __ATOMIC_ACQUIRE);
+}
+
 static void pace(int li) {
     if (li < 0) return;
     ensure_poller(); /* also measures uncapped pods, for the agent's busy-time metric */
@@ -1092,7 +1168,7 @@ static void pace(int li) {
     if (rate <= 0 || gp_cfg.mode != GP_ELASTIC || rate < cap) rate = cap;
     int64_t cost = __atomic_load_n(&d->cost_ns, __ATOMIC_RELAXED);
     if (cost <= 0) cost = DEFAULT_COST_NS;
-    refill(d, gp_now_ns(), rate, cost);
+    refill(d, gp_now_ns(), rate, cost, busy_until(sh, li));
     __atomic_add_fetch(&d->charged_ns, (uint64_t)cost, __ATOMIC_RELAXED);
     int64_t t = __atomic_sub_fetch(&d->tokens, cost, __ATOMIC_ACQ_REL) + __atomic_load_n(&sh->credit_ns[li], __ATOMIC_ACQUIRE);
     if (t < 0) ev_close_open();
@@ -1106,7 +1182,7 @@ static void pace(int li) {
         if (gp_cfg.mode == GP_ELASTIC && r2 > cap) rate = r2;
         else rate = gp_cap_ppm(li) < GP_PPM ? gp_cap_ppm(li) : GP_PPM;
         if (rate >= GP_PPM) break; /* the squeeze was lifted while waiting */
-        refill(d, gp_now_ns(), rate, cost);
+        refill(d, gp_now_ns(), rate, cost, busy_until(sh, li));
         t = __atomic_load_n(&d->tokens, __ATOMIC_ACQUIRE) + __atomic_load_n(&sh->credit_ns[li], __ATOMIC_ACQUIRE);
     }
 }

@@ -184,11 +184,12 @@ def test_the_debug_trace_stops_at_64_mib(pods: PodFactory, tmp_path: Path) -> No
 
 def test_thirty_seventy_with_1s_samples_holds_once_both_have_samples(pods: PodFactory, tmp_path: Path) -> None:
     """1 s sample periods, 30/70 starting together, from 3.5 s on (both have had three samples of the other):
-    the tenant at 30 within 3 points in every half second, and neither pod ever takes NVML's scale for other
-    than 1 (what the simulated GPU reports). With NVML's busy time arriving a second at a time, the library
-    before this test compared it with the wall time polled so far and took a scale of 1.11 after every
-    sample (its trace), so the tenant at 30 ran 34-37 % every other half second. The first seconds are
-    not held here: a pod learns it shares the GPU only from NVML's samples (docs/concepts.md)."""
+    the tenant at 30 within 3 points in every half second (3 more above while the credit of its start-up is
+    paid out, native/gp_compute.c RELEASE_PPM), and neither pod ever takes NVML's scale for other than 1
+    (what the simulated GPU reports). With NVML's busy time arriving a second at a time, the library before
+    this test compared it with the wall time polled so far and took a scale of 1.11 after every sample (its
+    trace), so the tenant at 30 ran 34-37 % every other half second. The first seconds are not held here: a
+    pod learns it shares the GPU only from NVML's samples (docs/concepts.md)."""
     gpu = GPUS["period-1s"]
     traces = [tmp_path / "trace-30", tmp_path / "trace-70"]
     probes = [pods.start(pods.pod(cores=str(c), granted=True, gpu=gpu,
@@ -198,7 +199,49 @@ def test_thirty_seventy_with_1s_samples_holds_once_both_have_samples(pods: PodFa
     start, end = active_window(pods.device, [p.pid for p in probes], 35 * S // 10, S // 10)
     halves = [busy_share(pods.device, {probes[0].pid}, t, t + S // 2) for t in range(start, end - S // 2, S // 2)]
     assert len(halves) >= 6
-    assert all(abs(h - 0.30) <= 0.03 for h in halves), [round(h, 3) for h in halves]
+    # within 3 points, and 3 more above while the credit its first samples gave back is paid out
+    assert all(0.27 <= h <= 0.36 for h in halves), [round(h, 3) for h in halves]
     for trace in traces:
         scales = {int(x.split()[3]) for x in trace.read_text().splitlines() if x.startswith("S ")}
         assert scales == {1_000_000}, (trace.name, sorted(scales)[-3:])
+
+
+def test_a_pod_of_two_processes_alone_on_a_mig_device(pods: PodFactory) -> None:
+    """MIG mode: no per-process samples, so only the events measure. Each of the pod's two processes counts
+    the time its work waits for the other's slices; summed, the pod counted more than its device time and held
+    itself under its cap (the library before this test: 34.3 % at 40). United across the pod's processes,
+    the spans are the pod's device time on an instance it has to itself."""
+    seconds, skip = timing("mig")
+    pod = pods.pod(cores="40", granted=True, gpu=GPUS["mig"])
+    a, b = pods.start(pod), pods.start(pod)
+    run_all([a, b], "launch kernel 2000 {s} 16", seconds)
+    (got,) = shares(pods, [{a.pid, b.pid}], skip)
+    assert got == pytest.approx(0.40, abs=TOL)
+
+
+def one_second_shares(pods: PodFactory, groups: list[set[int]]) -> list[list[float]]:
+    """Each group's share of every whole second from the last tenant's first kernel to 0.1 s before the first
+    one's last."""
+    start, end = active_window(pods.device, [pid for g in groups for pid in g], 0, S // 10)
+    return [[busy_share(pods.device, g, t, t + S) for t in range(start, end - S + 1, S)] for g in groups]
+
+
+@pytest.mark.parametrize("caps", [[30, 70], [10, 90]], ids=["30-70", "10-90"])
+def test_1s_windows_with_1s_samples_from_the_second_after_the_start(pods: PodFactory, caps: list[int]) -> None:
+    """1 s sample periods, tenants starting together with caps adding up to 100. Before its first samples (a
+    period, the lag and its phase after it starts) a pod knows only that NVML lists another context, counts
+    all its events (they also count the other's slices) and runs under its cap; its first samples give the
+    difference back. The library before this test gave it back at once: the 30 ran 20-22 % in its first
+    second, then 26 and 35 % or 29 and 40 % (two runs). Now it is paid out at most 3 points above the cap:
+    from the second second on the smaller tenant holds 5 points in every 1 s window and the larger at most 5
+    over its cap, and from the third, with both measured by NVML, the two use at least 90 % of the device in
+    each. (10/90 held with that library too: it is here so that the change keeps it.)"""
+    gpu = GPUS["period-1s"]
+    probes = [pods.start(pods.pod(cores=str(c), granted=True, gpu=gpu)) for c in caps]
+    run_all(probes, "launch kernel 2000 {s} 16", 5.0)
+    low, high = one_second_shares(pods, [{p.pid} for p in probes])
+    assert len(low) >= 4
+    assert all(abs(x - caps[0] / 100) <= 0.05 for x in low[1:]), [round(x, 3) for x in low]
+    assert all(x <= caps[1] / 100 + 0.05 for x in high[1:]), [round(x, 3) for x in high]
+    together = [x + y for x, y in zip(low, high, strict=True)]
+    assert all(x >= 0.90 for x in together[2:]), [round(x, 3) for x in together]
