@@ -146,3 +146,17 @@ def test_a_mode_on_holding_cards_changes_nothing(state: ClusterState, runtime: s
                         for n in state.nodes])
     expected = plain.gpu_fit if milli == 1000 else plain.gpu_fit & holders
     assert hooked.gpu_fit.tolist() == expected.tolist()
+
+
+def test_a_mode_every_card_holds_costs_nothing_and_changes_nothing() -> None:
+    """On an all-NVIDIA state every card holds every share mode: the answers are those without a mode."""
+    state = ClusterState([vendor_node(f"n{i}", [NVIDIA] * 3) for i in range(4)])
+    fill(state, "n1")
+    for isolation in ("hook", "mps", "remote"):
+        with_mode, without = check(state, share(isolation=isolation)), check(state, share(isolation=None))
+        assert with_mode.code.tolist() == without.code.tolist() == [OK, NO_GPU_SHARE, OK, OK]
+        assert with_mode.gpu_fit.tolist() == without.gpu_fit.tolist()
+    # one AMD card joins: mps and remote now rule it out, hook does not
+    mixed = ClusterState([vendor_node("n", [NVIDIA, AMD])])
+    assert check(mixed, share(isolation="mps")).gpu_fit.tolist() == [[True, False]]
+    assert check(mixed, share(isolation="hook")).gpu_fit.tolist() == [[True, True]]

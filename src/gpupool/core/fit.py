@@ -80,31 +80,38 @@ _RUNTIME_CODE = {r: k for k, r in enumerate(RUNTIMES)}
 _MODE_BIT = {m: 1 << k for k, m in enumerate(SHARE_MODES)}
 _VENDOR_BITS = {v: sum(_MODE_BIT[m] for m in SHARE_MODES if m in modes) for v, modes in ISOLATION_OF_VENDOR.items()}
 _RUNTIMES_KEPT = 32  # the ledger's and a replay's states stay: what-if copies of one node come and go
-_runtimes: dict[int, tuple[list[Node], IntArray, IntArray]] = {}
+_runtimes: dict[int, tuple[list[Node], IntArray, IntArray, dict[str, BoolArray]]] = {}
 _runtimes_lock = threading.Lock()
 
 
-def _slot_codes(state: ClusterState) -> tuple[IntArray, IntArray]:
-    """[N, width] runtime codes and [N, width] share-mode bits of every GPU slot (see above)."""
+def _slot_codes(state: ClusterState) -> tuple[IntArray, IntArray, dict[str, BoolArray]]:
+    """[N, width] runtime codes and [N, width] share-mode bits of every GPU slot (see above), and the bits as one
+    boolean array per share mode (what the filter reads: one gather per question, no arithmetic)."""
     key = id(state.nodes)
     with _runtimes_lock:
         kept = _runtimes.pop(key, None)
         if kept is not None and kept[0] is state.nodes:
             _runtimes[key] = kept  # most recently used last: the eviction below takes the least recent
-            return kept[1], kept[2]
+            return kept[1], kept[2], kept[3]
     runtimes = np.full((len(state), state.width), -1, dtype=np.int64)
     modes = np.zeros((len(state), state.width), dtype=np.int64)
+    common = sum(_MODE_BIT.values())  # the modes every card holds, narrowed card by card
     for i, node in enumerate(state.nodes):
         for j, gpu in enumerate(node.gpus):
             runtime = RUNTIME_OF_VENDOR.get(gpu.vendor)
             if runtime is not None:
                 runtimes[i, j] = _RUNTIME_CODE[runtime]
-            modes[i, j] = _VENDOR_BITS.get(gpu.vendor, 0)
+            bits = _VENDOR_BITS.get(gpu.vendor, 0)
+            modes[i, j] = bits
+            common &= bits
+    # Per share mode, which slots hold it; a mode every card of the state holds (an all-NVIDIA cluster's hook)
+    # is left out, so the filter asks nothing there.
+    held = {m: (modes & bit) != 0 for m, bit in _MODE_BIT.items() if not common & bit}
     with _runtimes_lock:
         while len(_runtimes) >= _RUNTIMES_KEPT:
             del _runtimes[next(iter(_runtimes))]  # the least recently used: dicts keep insertion order
-        _runtimes[key] = (state.nodes, runtimes, modes)
-    return runtimes, modes
+        _runtimes[key] = (state.nodes, runtimes, modes, held)
+    return runtimes, modes, held
 
 
 def gpu_runtimes(state: ClusterState) -> IntArray:
@@ -130,10 +137,11 @@ def _share_allowed(state: ClusterState, g: GPURequest, nodes: IntArray) -> BoolA
     """Which GPU slots of `nodes` hold the request's share in its isolation mode (a hook share on NVIDIA and
     AMD cards, never on Ascend, where nothing would enforce it: core.vendors.ISOLATION_OF_VENDOR); None when
     any card will do (a whole card, a partition, no mode said)."""
+    by_mode = _slot_codes(state)[2]
     mode = g.share_mode
-    if mode is None:
+    if mode is None or mode not in by_mode:  # no rule, or every card of the state holds the mode
         return None
-    held: BoolArray = (gpu_share_modes(state)[nodes] & _MODE_BIT[mode]) != 0
+    held: BoolArray = by_mode[mode][nodes]
     return held
 
 
@@ -185,14 +193,21 @@ def gpu_rows(state: ClusterState, g: GPURequest, idx: IntArray) -> tuple[BoolArr
         # runtime is the reason. A node with too few GPUs of any kind keeps the reason it had before runtimes.
         usable = state.gpu_present[idx] & state.gpu_healthy[idx]
         code[((runs & usable).sum(axis=1) < g.count) & (usable.sum(axis=1) >= g.count)] = NO_RUNTIME
-    held = _share_allowed(state, g, idx)
-    if held is not None:
+    by_mode = _slot_codes(state)[2]
+    mode = g.share_mode
+    ruled = mode is not None and mode in by_mode
+    # A node the runtime rules out keeps that reason (it has too few cards that run the pod at all).
+    failing = np.flatnonzero(short & (code != NO_RUNTIME)) if ruled else np.zeros(0, dtype=np.int64)
+    if mode is not None and ruled and len(failing):
         # Enough GPUs that run the runtime, too few of them whose vendor holds the share's mode (an "any" share
-        # on an Ascend node): the mode is the reason, whatever else fails on the node's other cards.
-        usable = state.gpu_present[idx] & state.gpu_healthy[idx]
+        # on an Ascend node): the mode is the reason, whatever else fails on the node's other cards. Only nodes
+        # without room can have it (a node with room has enough holding cards), so only they are asked.
+        at = idx[failing]
+        held = by_mode[mode][at]
+        usable = state.gpu_present[at] & state.gpu_healthy[at]
         if runs is not None:
-            usable = usable & runs
-        code[((usable & held).sum(axis=1) < g.count) & (usable.sum(axis=1) >= g.count)] = NO_SHARE_MODE
+            usable &= runs[failing]
+        code[failing[((usable & held).sum(axis=1) < g.count) & (usable.sum(axis=1) >= g.count)]] = NO_SHARE_MODE
     return gpu_fit, code
 
 
