@@ -335,9 +335,12 @@ class RealNode:
     def _pids_in_cgroups(self) -> set[int]:
         pids: set[int] = set()
         for d in self._cgroup_dirs():
-            for procs in d.rglob("cgroup.procs") if d.exists() else []:
-                with contextlib.suppress(OSError):
-                    pids.update(int(x) for x in procs.read_text().split())
+            # os.walk, not rglob: a pod's cgroup may vanish while the walk is inside it, and os.walk skips what is
+            # gone (rglob raised FileNotFoundError there) and goes on with the rest
+            for root, _dirs, files in os.walk(d):
+                if "cgroup.procs" in files:
+                    with contextlib.suppress(OSError):
+                        pids.update(int(x) for x in (Path(root) / "cgroup.procs").read_text().split())
         return pids
 
     def _pids_in_namespace(self, ns: str | None) -> set[int]:

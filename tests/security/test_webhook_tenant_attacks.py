@@ -121,6 +121,8 @@ FORBIDDEN_ENV = [
     ("NVIDIA_VISIBLE_DEVICES", "all"),
     ("NVIDIA_DRIVER_CAPABILITIES", "all"),
     ("CUDA_VISIBLE_DEVICES", "0,1,2,3"),
+    ("AMD_VISIBLE_DEVICES", "all"),  # the AMD and Ascend container runtimes hand over the cards these name
+    ("ASCEND_VISIBLE_DEVICES", "0-7"),
     ("GPUPOOL_MEMORY_LIMIT_MIB", "999999"),
     ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=80G"),
     ("LD_PRELOAD", "/tmp/evil.so"),

@@ -49,6 +49,10 @@ FORBIDDEN_ENV = frozenset({
     "NVIDIA_MIG_CONFIG_DEVICES",
     "NVIDIA_MIG_MONITOR_DEVICES",
     "CUDA_VISIBLE_DEVICES",
+    # the AMD and Ascend container runtimes hand a container the cards these name (docs/install.md, "Device
+    # access"): set by a tenant on a node whose default runtime is the vendor's, they would hand it every card
+    "AMD_VISIBLE_DEVICES",
+    "ASCEND_VISIBLE_DEVICES",
     "LD_PRELOAD",
 })
 FORBIDDEN_ENV_PREFIXES = ("GPUPOOL_", "CUDA_MPS_")
