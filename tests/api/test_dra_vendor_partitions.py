@@ -26,7 +26,8 @@ from gpupool.core.partitions import MODELS, layout_problems
 from gpupool.core.state import ClusterState
 
 MI300X_MIB = 196_592  # what AMD SMI reports for a 192 GiB card
-CARD_MIB = {"MI300X": MI300X_MIB, "MI325X": 262_128, "Ascend910B": 65_536, "Ascend310P": 24_576}
+CARD_MIB = {"MI300X": MI300X_MIB, "MI325X": 262_128, "Ascend910B": 65_536, "Ascend310P": 24_576,
+            "Ascend910B2": 65_536, "Ascend910B3": 65_536, "Ascend910B4": 32_768}
 MIG_CLASS = [{"source": "FromClass", "opaque": {"driver": DRIVER, "parameters": {"isolation": "mig"}}}]
 
 

@@ -81,8 +81,9 @@ _DEVICE = re.compile(r"^gpu-(\d{1,3})$")
 _MIG_DEVICE = re.compile(r"^gpu-(\d{1,3})-(\d{1,2})g(\d{1,4})gb(me)?-(\d{1,2})$")
 _MIG_PROFILE = re.compile(r"^(\d{1,2})g\.(\d{1,4})gb(\+me)?$")
 # AMD partition modes ("CPX/NPS4": gpu-0-cpx-nps4-2) and Ascend vNPU templates ("vir02_1c": gpu-0-vir02-1c-3)
-_VENDOR_PROFILE = re.compile(r"^([SDQC]PX)/(NPS\d)$|^vir(\d{2})(?:_(\d)c)?$")
-_VENDOR_DEVICE = re.compile(r"^gpu-(\d{1,3})-(?:([sdqc]px)-(nps\d)|vir(\d{2})(?:-(\d)c)?)-(\d{1,2})$")
+_VENDOR_PROFILE = re.compile(r"^([SDQC]PX)/(NPS\d)$|^vir(\d{2})(?:_(\d)c)?(?:_(\d{1,3})g)?$")
+_VENDOR_DEVICE = re.compile(
+    r"^gpu-(\d{1,3})-(?:([sdqc]px)-(nps\d)|vir(\d{2})(?:-(\d)c)?(?:-(\d{1,3})g)?)-(\d{1,2})$")
 
 Obj = dict[str, Any]
 
@@ -108,7 +109,8 @@ def mig_device_name(index: int, profile: str, start: int) -> str:
         raise ValueError(f"partition profile {profile!r} has no device name")
     if v.group(1):
         return f"gpu-{index}-{v.group(1).lower()}-{v.group(2).lower()}-{start}"
-    return f"gpu-{index}-vir{v.group(3)}{f'-{v.group(4)}c' if v.group(4) else ''}-{start}"
+    return (f"gpu-{index}-vir{v.group(3)}{f'-{v.group(4)}c' if v.group(4) else ''}"
+            f"{f'-{v.group(5)}g' if v.group(5) else ''}-{start}")
 
 
 def mig_device(name: str) -> tuple[int, MigSlot] | None:
@@ -123,8 +125,8 @@ def mig_device(name: str) -> tuple[int, MigSlot] | None:
     if v.group(2):
         profile = f"{v.group(2).upper()}/{v.group(3).upper()}"
     else:
-        profile = f"vir{v.group(4)}{f'_{v.group(5)}c' if v.group(5) else ''}"
-    return int(v.group(1)), MigSlot(profile, int(v.group(6)))
+        profile = f"vir{v.group(4)}{f'_{v.group(5)}c' if v.group(5) else ''}{f'_{v.group(6)}g' if v.group(6) else ''}"
+    return int(v.group(1)), MigSlot(profile, int(v.group(7)))
 
 
 def counter_set_name(index: int) -> str:

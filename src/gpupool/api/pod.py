@@ -394,6 +394,7 @@ def parse_pod(pod: Mapping[str, Any]) -> ParsedPod:
             include_uuids=annotation_set(annotations, ANN_UUID),
             exclude_uuids=annotation_set(annotations, ANN_EXCLUDE),
             runtime=runtime,
+            isolation=isolation,
         )
     policy = annotations.get(ANN_POLICY)
     request = PodRequest(

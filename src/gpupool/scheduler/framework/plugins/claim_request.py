@@ -50,7 +50,8 @@ class ClaimRequest:
         parsed = parse_pod(cycle.pod).request or PodRequest(key=pod_key(cycle.pod))
         whole = ask.memory_mib is None
         gpu = GPURequest(count=ask.count, milli=MILLI_PER_GPU if whole else max(1, ask.cores * 10),
-                         memory_mib=None if whole else ask.memory_mib, runtime=parsed.gpu.runtime)
+                         memory_mib=None if whole else ask.memory_mib, runtime=parsed.gpu.runtime,
+                         isolation=claim.isolation)
         spill = 0 if ask.memory_mib is None else ask.count * oversub_mib(ask.memory_mib, claim.spill_factor)
         request = replace(parsed, memory_mib=parsed.memory_mib + spill, gpu=gpu)
         problems = request.problems()
