@@ -165,7 +165,7 @@ def library_estimate(run: Run, pod: Pod, pids: set[int]) -> float:
         (busy,) = struct.unpack_from("<Q", (pod.accounting / "usage.v1").read_bytes(), BUSY_NS_OFFSET)
     except (OSError, struct.error):
         return float("nan")
-    return 100 * busy / span
+    return 100 * int(busy) / span
 
 
 def shares(built: Built, tenants: list[Tenant], gpu: dict[str, str], seconds: float,
@@ -238,7 +238,8 @@ def main() -> None:
         built = build_all(Path(tmp) / "build")
         for profile in args.profile or list(PROFILES):
             gpu = PROFILES[profile]
-            print(f"\nsimulated GPU: {profile} {' '.join(f'{k}={v}' for k, v in gpu.items()) or '(defaults)'}")
+            print(f"\nsimulated GPU: {profile} {' '.join(f'{k}={v}' for k, v in gpu.items()) or '(defaults)'} "
+                  f"(load average {os.getloadavg()[0]:.1f})")
             for name, tenants in CASES.items():
                 if not wanted(name):
                     continue
