@@ -505,7 +505,10 @@ static void ev_poll(struct gp_shared *sh, int64_t now) {
 #define MAX_SEEN_PIDS 64
 #define HIST 256     /* the events' running total at each measurement (a few seconds of them) */
 #define SWITCHES 16  /* the last changes between measuring by events (alone) and by NVML (with others) */
-#define CAL_MIN_NS 200000000.0 /* the scale is learnt from at least 0.2 s of the pod's busy time alone */
+#define CAL_MIN_NS 150000000.0 /* the scale is learnt from at least 0.15 s of the pod's busy time alone (at 0.2 s
+                                * a tenant at 30 alone for its first second before another joined did not
+                                * reach it at some phases of its 1/6 s samples, and never learnt the scale) */
+#define SOLO_G_MIN_NS 200000000.0 /* g from solo time once 0.2 s of events outweigh the first queue */
 #define F_MIN_NS 20000000.0    /* f from at least 20 ms of the pod's event-measured time with others ... */
 #define F_MIN_SAMPLES 1        /* ... over one of its samples at least (it only weighs the provisional part) */
 #define G_MIN_LAUNCHES 16.0    /* the device time per launch from 16 launches at least */
@@ -950,7 +953,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
      * those, over the pod's solo time (its events against its launches: exact there, once 0.2 s of events
      * outweigh the queue its first launches filled before any of their events completed) */
     double g = learnt && m->f_l >= G_MIN_LAUNCHES ? m->f_nvml / scale / m->f_l
-             : !learnt && m->solo_l >= G_MIN_LAUNCHES && m->solo_e > CAL_MIN_NS ? m->solo_e / m->solo_l : 0;
+             : !learnt && m->solo_l >= G_MIN_LAUNCHES && m->solo_e > SOLO_G_MIN_NS ? m->solo_e / m->solo_l : 0;
     if (upper && g <= 0) m->upper = 1;
     double solo_ev = dev_ns - ev_shared(m, now - (int64_t)dt, now);
     double solo_l = (double)dl - launches_shared(m, now - (int64_t)dt, now);
@@ -998,7 +1001,7 @@ static void measure(int li, struct gp_shared *s, int64_t now) {
     if (m->trust && m->paced && cap < GP_PPM) {
         int64_t c = __atomic_add_fetch(&s->credit_ns[li], (int64_t)dc - (int64_t)pod_ns, __ATOMIC_ACQ_REL);
         /* The first samples after counting all of the events (an over-count while sharing) give back what
-         * the pod left unused: as a burst the tenant at 30 of 30/70 ran 40-48 % for a second with 1 s
+         * the pod left unused: as a burst the tenant at 30 of 30/70 ran 35-41 % for a second with 1 s
          * samples. It is held back and paid out at most RELEASE_PPM above the cap. */
         if (first_truth && c > 0) {
             __atomic_sub_fetch(&s->credit_ns[li], c, __ATOMIC_ACQ_REL);
