@@ -11,9 +11,10 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import grpc
 import pytest
@@ -49,19 +50,6 @@ from tests.agent.fakes.amd import amd_fake
 @pytest.fixture(scope="module")
 def smi(tmp_path_factory: pytest.TempPathFactory) -> Any:
     return amd_fake.load_binding(tmp_path_factory.mktemp("rocm"))
-
-
-@contextmanager
-def env(name: str, value: str) -> Iterator[None]:
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
 
 
 @asynccontextmanager
@@ -122,7 +110,7 @@ async def published(r: DraRig) -> list[dict[str, Any]]:
 async def test_a_cpx_nps4_claim_is_carved_handed_its_render_node_and_released(smi: Any, directory: Path) -> None:
     state = directory / "amd.json"
     amd_fake.write_state(state, [amd_fake.card("MI300X", 0), amd_fake.card("MI300X", 1)])
-    with env(amd_fake.STATE_ENV, str(state)):
+    with patch.dict(os.environ, {amd_fake.STATE_ENV: str(state)}):
         backend = AmdBackend(amdsmi=smi, numa_reader=lambda bus: -1)
         async with partition_rig(AMD, backend, AmdVendor(backend), directory) as r:
             devices, counters = await published(r)
@@ -178,7 +166,7 @@ async def test_a_vir08_claim_is_carved_as_a_vnpu_handed_its_node_and_destroyed_a
         directory: Path) -> None:
     state = directory / "dcmi.json"
     dcmi_fake.write_state(state, [{"card_id": 0, "chips": [dcmi_fake.card_910b(0)]}])
-    with env(dcmi_fake.STATE_ENV, str(state)):
+    with patch.dict(os.environ, {dcmi_fake.STATE_ENV: str(state)}):
         backend = AscendBackend(str(dcmi_fake.library()), numa_reader=lambda bus: 0)
         async with partition_rig(ASCEND, backend, AscendVendor(backend), directory) as r:
             devices, counters = await published(r)

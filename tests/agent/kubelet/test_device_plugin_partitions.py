@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import grpc
 import pytest
@@ -95,19 +96,6 @@ class Both:
         await self.agent.service.housekeeping()
 
 
-@contextmanager
-def env(name: str, value: str) -> Iterator[None]:
-    before = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = before
-
-
 @asynccontextmanager
 async def both(vendor: str, backend: DiscoveryBackend, source: Any, label: bool = False) -> AsyncIterator[Both]:
     """The agent over `backend` as device plugin and DRA driver together, with the node's MIG manager over the
@@ -158,7 +146,7 @@ async def test_an_ascend_card_with_vnpus_is_withheld_until_its_last_vnpu_is_dest
     vnpu = {"vdev_id": 100, "template": "vir04", "in_use": False}
     dcmi_fake.write_state(state, [{"card_id": 0, "chips": [dcmi_fake.card_910b(0, vnpus=[vnpu])]},
                                   {"card_id": 1, "chips": [dcmi_fake.card_910b(1)]}])
-    with env(dcmi_fake.STATE_ENV, str(state)):
+    with patch.dict(os.environ, {dcmi_fake.STATE_ENV: str(state)}):
         backend = AscendBackend(str(dcmi_fake.library()), numa_reader=lambda bus: 0)
         async with both(ASCEND, backend, AscendVendor(backend)) as r:
             split, whole = r.cards()
@@ -198,7 +186,7 @@ async def test_an_amd_card_in_a_partition_mode_is_withheld_until_it_is_back_in_s
     # card 0 was left in CPX/NPS4 (eight partitions); card 1 is whole (SPX/NPS1)
     amd_fake.write_state(state, [amd_fake.card("MI300X", 0, compute="CPX", memory="NPS4"),
                                  amd_fake.card("MI300X", 1)])
-    with env(amd_fake.STATE_ENV, str(state)):
+    with patch.dict(os.environ, {amd_fake.STATE_ENV: str(state)}):
         backend = AmdBackend(amdsmi=smi, numa_reader=lambda bus: -1)
         async with both(AMD, backend, AmdVendor(backend)) as r:
             split, whole = r.cards()
@@ -229,7 +217,7 @@ async def test_the_label_puts_every_partitionable_amd_card_in_partition_mode(smi
     device plugin does not offer it, while the MI210 (no partition modes) stays a whole card."""
     state = tmp_path / "amd.json"
     amd_fake.write_state(state, [amd_fake.card("MI300X", 0), amd_fake.card("MI210", 1)])
-    with env(amd_fake.STATE_ENV, str(state)):
+    with patch.dict(os.environ, {amd_fake.STATE_ENV: str(state)}):
         backend = AmdBackend(amdsmi=smi, numa_reader=lambda bus: -1)
         async with both(AMD, backend, AmdVendor(backend), label=True) as r:
             mi300x, mi210 = r.cards()
