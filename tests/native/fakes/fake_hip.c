@@ -63,6 +63,7 @@
 #include <unistd.h>
 
 #include "fake_hsa.h"
+#include "fake_shm.h"
 
 #define FK_DEVS 8
 #define FK_PROCS 128
@@ -105,30 +106,7 @@ static void setup(void) {
     if (ndev < 1) ndev = 1;
     if (ndev > FK_DEVS) ndev = FK_DEVS;
     dev_bytes = env_u64("FAKE_HIP_MEM_MIB", 196608) << 20;
-    const char *path = getenv("FAKE_GPU_STATE");
-    void *p = MAP_FAILED;
-    if (path != NULL && *path) {
-        st_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-        if (st_fd >= 0) {
-            flock(st_fd, LOCK_EX);
-            struct stat s;
-            if (fstat(st_fd, &s) == 0 && (s.st_size >= (off_t)sizeof *st || ftruncate(st_fd, sizeof *st) == 0))
-                p = mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_SHARED, st_fd, 0);
-            if (p != MAP_FAILED && ((struct fk_state *)p)->magic != FK_MAGIC) {
-                memset(p, 0, sizeof *st);
-                ((struct fk_state *)p)->magic = FK_MAGIC;
-            }
-            flock(st_fd, LOCK_UN);
-        }
-    }
-    if (p == MAP_FAILED) {
-        if (st_fd >= 0) close(st_fd);
-        st_fd = -1;
-        p = mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) abort();
-        ((struct fk_state *)p)->magic = FK_MAGIC;
-    }
-    st = p;
+    st = fk_map_shared(getenv("FAKE_GPU_STATE"), sizeof *st, FK_MAGIC, &st_fd);
 }
 
 static void lock(void) {

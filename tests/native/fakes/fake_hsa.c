@@ -54,6 +54,7 @@
 #include <unistd.h>
 
 #include "fake_hsa.h"
+#include "fake_shm.h"
 
 #define FK_GPUS 8
 #define FK_QUEUES 128
@@ -93,29 +94,7 @@ static int env_int(const char *name, int fallback) {
 }
 
 static void map_state(void) {
-    const char *path = getenv("FAKE_HSA_STATE");
-    void *p = MAP_FAILED;
-    if (path != NULL && *path) {
-        st_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-        if (st_fd >= 0) {
-            flock(st_fd, LOCK_EX);
-            struct stat s;
-            if (fstat(st_fd, &s) == 0 && (s.st_size >= (off_t)sizeof *st || ftruncate(st_fd, sizeof *st) == 0))
-                p = mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_SHARED, st_fd, 0);
-            if (p != MAP_FAILED && ((struct fk_state *)p)->magic != FK_MAGIC) {
-                memset(p, 0, sizeof *st);
-                ((struct fk_state *)p)->magic = FK_MAGIC;
-            }
-            flock(st_fd, LOCK_UN);
-        }
-    }
-    if (p == MAP_FAILED) {
-        if (st_fd >= 0) close(st_fd);
-        st_fd = -1;
-        p = mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (p == MAP_FAILED) abort();
-    }
-    st = p;
+    st = fk_map_shared(getenv("FAKE_HSA_STATE"), sizeof *st, FK_MAGIC, &st_fd);
 }
 
 static uint32_t words(void) { return (uint32_t)(ncu + 31) / 32; }
