@@ -60,6 +60,25 @@ static const char *check_file(const struct gph_cu_file *f) {
     return NULL;
 }
 
+/* ROCR_VISIBLE_DEVICES makes the HSA runtime hide or reorder the container's GPUs (it reads the variable at
+ * hsa_init), and the masks are matched to GPUs by their order: with it, one card's mask would land on another
+ * card, where its CUs may be a neighbour's, and a card without its own entry would run unmasked. So with masks
+ * for a container of several GPUs, the variable refuses every queue. It is looked at when the library is
+ * loaded (the environment the program was started with) and again at the first queue; a program that sets
+ * it after the one and unsets it before the other is not caught (docs/hook-hip.md). With one GPU the variable
+ * can only keep or hide that GPU. */
+static int rocr_at_start;
+__attribute__((constructor)) static void gph_cu_note_environment(void) {
+    rocr_at_start = getenv("ROCR_VISIBLE_DEVICES") != NULL;
+}
+
+static int masks_several_gpus(const struct gph_cu_file *f) {
+    if (f->ndev < 2) return 0;
+    for (uint32_t d = 0; d < f->ndev; d++)
+        if (f->dev[d].ncu != 0) return 1;
+    return 0;
+}
+
 static void load(void) {
     int fd = open(GPH_CU_MASKS_PATH, O_RDONLY | O_CLOEXEC);
     if (fd < 0 && errno == ENOENT) return; /* no masks granted: queues are left alone */
@@ -69,6 +88,9 @@ static void load(void) {
     else if (fstat(fd, &st) != 0 || st.st_size != (off_t)sizeof cu_file) why = "is not 2192 bytes";
     else if (pread(fd, &cu_file, sizeof cu_file, 0) != (ssize_t)sizeof cu_file) why = "cannot be read";
     else why = check_file(&cu_file);
+    int reordered = rocr_at_start || getenv("ROCR_VISIBLE_DEVICES") != NULL;
+    if (why == NULL && reordered && masks_several_gpus(&cu_file))
+        why = "masks several GPUs by their order, which ROCR_VISIBLE_DEVICES changes (use HIP_VISIBLE_DEVICES)";
     if (fd >= 0) close(fd);
     if (why != NULL) {
         gp_log("the pod's CU mask file %s %s: every GPU queue is refused", GPH_CU_MASKS_PATH, why);

@@ -352,6 +352,27 @@ def test_an_unusable_mask_file_refuses_every_queue(cu: CuPods, tmp_path: Path, c
     assert "AddressSanitizer" not in err and "runtime error" not in err, err
 
 
+@pytest.mark.parametrize("visible", ["1,0", "1", "0,1"])
+def test_rocr_visible_devices_refuses_every_queue_of_a_container_of_several_gpus(cu: CuPods, visible: str) -> None:
+    """The masks are matched to GPUs by HSA's order, which ROCR_VISIBLE_DEVICES can change: card 1's queues would
+    run with card 0's CUs (maybe a neighbour's there), or card 1 would run unmasked. Any value is refused, since
+    the library cannot tell one that keeps the order from one that does not."""
+    masks = (CuMask(CARD, QUARTER), CuMask(CARD, frozenset(range(76, 152))))
+    app = cu.start(cu.cu_pod(masks, gpu={"FAKE_HIP_DEVICES": "2"}, extra={"ROCR_VISIBLE_DEVICES": visible}))
+    assert app.ask(f"launch 0 {WORK} 1") == [OOM]  # the null stream's queue cannot be made
+    assert app.ask("hsaq") == [INVALID_QUEUE_CREATION, 0]
+    assert not cu.log.exists() or not cu.sim().of(app.pid)
+    err = app.close()
+    assert "ROCR_VISIBLE_DEVICES" in err and "refused" in err, err
+
+
+def test_rocr_visible_devices_leaves_a_container_of_one_gpu_alone(cu: CuPods) -> None:
+    """One GPU: the variable can only keep it or hide it, so the one mask still meets its card."""
+    app = cu.start(cu.cu_pod(extra={"ROCR_VISIBLE_DEVICES": "0"}))
+    assert app.ask(f"launch 0 {WORK} 1") == [0]
+    assert {d.cus for d in cu.sim().of(app.pid)} == {QUARTER}
+
+
 # ---- nothing granted: nothing changes -----------------------------------------------------------------------
 @pytest.mark.parametrize("masks", [None, (None,)], ids=["no file", "ncu 0"])
 def test_without_a_mask_queues_keep_every_cu(cu: CuPods, masks: tuple[CuMask | None, ...] | None) -> None:
