@@ -43,12 +43,19 @@ class PodFactory:
         self.probes.append(probe)
         return probe
 
+    def close_all(self, kill: bool = True, check_reports: bool = False) -> None:
+        """Ends every probe started: killed if still running with `kill` (a sanitized probe is left to finish,
+        killing it would lose its report), and with `check_reports` failing on a sanitizer's report."""
+        for probe in self.probes:
+            if kill and probe.proc.poll() is None:
+                probe.proc.kill()
+            err = probe.close()
+            if check_reports:
+                assert "AddressSanitizer" not in err and "runtime error" not in err, err
+
 
 @pytest.fixture
 def pods(built: Built, device: Path, tmp_path: Path) -> Iterator[PodFactory]:
     factory = PodFactory(built, device, tmp_path)
     yield factory
-    for probe in factory.probes:
-        if probe.proc.poll() is None:
-            probe.proc.kill()
-        probe.close()
+    factory.close_all()

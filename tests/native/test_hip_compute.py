@@ -173,11 +173,7 @@ def cu(flavour: tuple[Built, str | None], device: Path, tmp_path: Path) -> Itera
     built, asan = flavour
     factory = CuPods(built, device, tmp_path, asan)
     yield factory
-    for app in factory.probes:
-        if app.proc.poll() is None and asan is None:
-            app.proc.kill()
-        err = app.close()
-        assert "AddressSanitizer" not in err and "runtime error" not in err, err
+    factory.close_all(kill=asan is None, check_reports=True)
 
 
 def run_everything(app: Probe) -> None:

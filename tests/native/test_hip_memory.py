@@ -70,10 +70,7 @@ def hip_built(tmp_path_factory: pytest.TempPathFactory) -> Built:
 def hip(hip_built: Built, device: Path, tmp_path: Path) -> Iterator[PodFactory]:
     factory = PodFactory(hip_built, device, tmp_path)
     yield factory
-    for probe in factory.probes:
-        if probe.proc.poll() is None:
-            probe.proc.kill()
-        probe.close()
+    factory.close_all()
 
 
 @pytest.mark.parametrize(("kind", "path"), [(k, p) for k in KINDS for p in PATHS])

@@ -34,11 +34,7 @@ def tenants(flavour: tuple[Built, str | None], device: Path, tmp_path: Path) -> 
     built, asan = flavour
     factory = PodFactory(built, device, tmp_path)
     yield factory
-    for app in factory.probes:
-        if app.proc.poll() is None and asan is None:
-            app.proc.kill()
-        err = app.close()
-        assert "AddressSanitizer" not in err and "runtime error" not in err, err
+    factory.close_all(kill=asan is None, check_reports=True)
 
 
 def granted(tenants: PodFactory, flavour: tuple[Built, str | None], **kwargs: object) -> Pod:

@@ -40,11 +40,7 @@ def tenants(flavour: tuple[Built, str | None], device: Path, tmp_path: Path) -> 
     built, asan = flavour
     factory = PodFactory(built, device, tmp_path)
     yield factory
-    for probe in factory.probes:
-        if probe.proc.poll() is None and asan is None:
-            probe.proc.kill()
-        err = probe.close()
-        assert "AddressSanitizer" not in err and "runtime error" not in err, err
+    factory.close_all(kill=asan is None, check_reports=True)
 
 
 def granted(tenants: PodFactory, flavour: tuple[Built, str | None], **kwargs: object) -> object:
