@@ -16,15 +16,10 @@ from gpupool.core.policies import get_policy
 from gpupool.core.policy import PolicyContext
 from gpupool.core.state import ClusterState
 from gpupool.core.vendors import AMD, ASCEND, NVIDIA
+from tests.core.test_fit_runtime import mixed_states, vendor_node
 
-MODEL_OF = {NVIDIA: "A100-80GB", AMD: "MI300X", ASCEND: "Ascend910B"}
 # Stated here on their own, not read from the catalogue: which vendors' cards hold a share in each mode.
 HOLDERS = {"hook": {NVIDIA, AMD}, "mps": {NVIDIA}, "remote": {NVIDIA}}
-
-
-def vendor_node(name: str, vendors: list[str]) -> Node:
-    gpus = tuple(GPU(f"{name}-g{j}", j, MODEL_OF[v], 65_536, vendor=v) for j, v in enumerate(vendors))
-    return Node(name, 64_000, 256_000, gpus)
 
 
 def share(runtime: str | None = "any", isolation: str | None = "hook", milli: int = 300,
@@ -100,22 +95,6 @@ def test_share_mode_bits_per_slot() -> None:
 
 # --- property: no share is ever placed on a card whose vendor does not hold its mode ----------------------------
 
-VENDOR_LIST = [NVIDIA, AMD, ASCEND]
-
-
-@st.composite
-def mixed_states(draw: st.DrawFn) -> ClusterState:
-    nodes = [vendor_node(f"n{i}", draw(st.lists(st.sampled_from(VENDOR_LIST), min_size=1, max_size=4)))
-             for i in range(draw(st.integers(1, 6)))]
-    state = ClusterState(nodes)
-    for node in nodes:
-        for g in node.gpus:
-            used = draw(st.sampled_from([0, 0, 300, 700, 1000]))
-            if used:
-                holder = PodRequest(f"h-{g.uuid}", 0, 0, GPURequest(1, used))
-                assert state.allocate(holder, Allocation(holder.key, node.name,
-                                                         (GPUGrant(g.uuid, g.index, used, 0),))) is None
-    return state
 
 
 @settings(max_examples=200, deadline=None)
