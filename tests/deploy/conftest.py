@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -24,6 +25,16 @@ def helm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     # Kept in pytest's cache between runs (extracting takes a few seconds); a temp dir without the cache.
     cache = getattr(request.config, "cache", None)
     return helm_binary(Path(cache.mkdir("gpupool-helm")) if cache is not None else tmp_path_factory.mktemp("helm"))
+
+
+def assert_valid_kubernetes(objs: Iterable[dict[str, Any]], version: str) -> None:
+    """Every object valid against Kubernetes `version`'s schema (strict: no unknown fields), else the test fails
+    naming the first invalid one."""
+    for obj in objs:
+        try:
+            kubernetes_validate.validate(obj, version, strict=True)
+        except kubernetes_validate.ValidationError as e:
+            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {version}: {str(e).splitlines()[0]}")
 
 
 def run_helm(helm: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -17,7 +17,7 @@ import kubernetes_validate
 import pytest
 
 from gpupool.api import dra
-from tests.deploy.conftest import CHART, NAMESPACE, Render, run_helm
+from tests.deploy.conftest import CHART, NAMESPACE, Render, assert_valid_kubernetes, run_helm
 
 Obj = dict[str, Any]
 
@@ -156,11 +156,7 @@ def test_dra_needs_kubernetes_1_36(helm: Path) -> None:
 @pytest.mark.parametrize("version", ["1.36.0", "1.37.0"])
 def test_every_object_is_valid_kubernetes_with_dra(render: Render, version: str) -> None:
     objs = dra_on(render, dra={"extendedResourceName": "gpu.gpupool.io/whole"})
-    for obj in objs:
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {version}: {str(e).splitlines()[0]}")
+    assert_valid_kubernetes(objs, version)
 
 
 def test_lint_passes_with_dra(helm: Path, tmp_path: Path) -> None:

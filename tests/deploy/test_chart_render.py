@@ -8,14 +8,13 @@ import base64
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 from cryptography import x509
 from cryptography.x509.oid import ExtensionOID
 
 from gpupool.api.names import RESOURCE_CORES, RESOURCE_GPU, RESOURCE_MEMORY
-from tests.deploy.conftest import CHART, NAMESPACE, Render, run_helm
+from tests.deploy.conftest import CHART, NAMESPACE, Render, assert_valid_kubernetes, run_helm
 
 # kubernetes-validate 1.37 ships schemas for 1.25-1.37; the chart supports 1.34 and newer (its kubeVersion).
 K8S_VERSIONS = ["1.34.0", "1.35.0"]
@@ -113,15 +112,8 @@ def test_helm_lint_strict(helm: Path, tmp_path: Path, variant: str) -> None:
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_every_object_is_valid_kubernetes(render: Render, variant: str, version: str) -> None:
     objs = objects(render, variant)
-    unchecked = []
-    for obj in objs:
-        if obj["apiVersion"] == CERT_MANAGER:
-            unchecked.append(obj["kind"])
-            continue
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {version}: {str(e).splitlines()[0]}")
+    unchecked = [obj["kind"] for obj in objs if obj["apiVersion"] == CERT_MANAGER]
+    assert_valid_kubernetes((obj for obj in objs if obj["apiVersion"] != CERT_MANAGER), version)
     # Only the cert-manager objects escape schema validation, and only when cert-manager is used.
     expected = [] if variant == "default" else ["Issuer", "Certificate", "Issuer", "Certificate"]
     assert sorted(unchecked) == sorted(expected)

@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy.conftest import CHART, Render, run_helm
+from tests.deploy.conftest import CHART, Render, assert_valid_kubernetes, run_helm
 from tests.deploy.test_chart_render import K8S_VERSIONS, env_of
 from tests.deploy.test_chart_vendor_daemonsets import GPU_NODE, agent_container, daemonsets, runs_on, vendor_host_paths
 
@@ -57,11 +56,7 @@ def test_lint_strict(helm: Path, tmp_path: Path, values: Obj) -> None:
 @pytest.mark.parametrize("version", [K8S_VERSIONS[0], K8S_VERSIONS[-1]])
 @pytest.mark.parametrize("values", [ALL_FAKE, RUNTIMES], ids=["fake", "runtimes"])
 def test_every_object_is_valid_kubernetes(render: Render, values: Obj, version: str) -> None:
-    for obj in render(values):
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {version}: {str(e).splitlines()[0]}")
+    assert_valid_kubernetes(render(values), version)
 
 
 # --- fake cards per vendor --------------------------------------------------------------------------------

@@ -9,11 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy.conftest import CHART, NAMESPACE, Render, run_helm
+from tests.deploy.conftest import CHART, NAMESPACE, Render, assert_valid_kubernetes, run_helm
 from tests.deploy.test_chart_agent_policy import annotated, decide, node
 from tests.deploy.test_chart_render import K8S_VERSIONS, env_of
 
@@ -105,11 +104,7 @@ def test_lint_strict(helm: Path, tmp_path: Path, values: Obj) -> None:
     (MIXED_FULL, "1.36.0"), (MIXED_FULL, "1.37.0"),
 ])
 def test_every_object_is_valid_kubernetes(render: Render, values: Obj, version: str) -> None:
-    for obj in render(values, *KUBE):
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {version}: {str(e).splitlines()[0]}")
+    assert_valid_kubernetes(render(values, *KUBE), version)
 
 
 # --- the DaemonSets ---------------------------------------------------------------------------------------

@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import kubernetes_validate
 import pytest
 import yaml
 
-from tests.deploy.conftest import CHART, Render, run_helm
+from tests.deploy.conftest import CHART, Render, assert_valid_kubernetes, run_helm
 from tests.deploy.test_chart_render import K8S_VERSIONS, container, env_of, pod_specs
 
 # what the agent always has from the host (device-plugin socket, MPS pipes, the interception library)
@@ -54,11 +53,7 @@ def test_lint_strict(helm: Path, tmp_path: Path, values: dict[str, Any]) -> None
 @pytest.mark.parametrize("version", [K8S_VERSIONS[0], K8S_VERSIONS[-1]])
 @pytest.mark.parametrize("values", [AMD, ASCEND_TWO_CHIPS], ids=["amdsmi", "dcmi"])
 def test_every_object_is_valid_kubernetes(render: Render, values: dict[str, Any], version: str) -> None:
-    for obj in render(values):
-        try:
-            kubernetes_validate.validate(obj, version, strict=True)
-        except kubernetes_validate.ValidationError as e:
-            pytest.fail(f"{obj['kind']}/{obj['metadata']['name']} invalid for {version}: {str(e).splitlines()[0]}")
+    assert_valid_kubernetes(render(values), version)
 
 
 def test_amd_nodes_get_kfd_and_dri(render: Render) -> None:
