@@ -98,8 +98,8 @@ class HookIsolation:
 
     async def prepare(self, request: GrantRequest) -> Prepared | Refused:
         # the container's directories and limits file must exist before kubelet mounts them
-        hook_pod = self._hook_pod(request)
         try:
+            hook_pod = self._hook_pod(request)  # in the try, as before: a name it cannot use is a refusal
             if request_vendor(request) == AMD:
                 await asyncio.to_thread(self._prepare_amd, request, hook_pod)
             else:
