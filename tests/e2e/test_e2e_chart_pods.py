@@ -50,9 +50,9 @@ GPUS = release.FAKE_GPU_COUNT
 
 class Cluster:
     def __init__(self, bed: tb.Testbed, nodes: realnode.RealNodes, name: str = RELEASE,
-                 namespace: str = NAMESPACE) -> None:
+                 namespace: str = NAMESPACE, chart: type[release.ChartRelease] = release.ChartRelease) -> None:
         self.bed, self.nodes = bed, nodes
-        self.release = release.ChartRelease(bed, name, namespace, nodes)
+        self.release = chart(bed, name, namespace, nodes)
         self.kubectl_bin = kubectl_binary()
 
     def kubectl(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -65,9 +65,11 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def chart_cluster(name: str = RELEASE, namespace: str = NAMESPACE, install: bool = False) -> Iterator[Cluster]:
-    """A control plane whose pods reach it (serve_pods), a default kube-scheduler, two real nodes, and the
-    chart's release `name` (installed and Ready with `install`; uninstalled at the end in any case)."""
+def chart_cluster(name: str = RELEASE, namespace: str = NAMESPACE, install: bool = False, node_count: int = 2,
+                  chart: type[release.ChartRelease] = release.ChartRelease) -> Iterator[Cluster]:
+    """A control plane whose pods reach it (serve_pods), a default kube-scheduler, `node_count` real nodes, and
+    the chart's release `name` as `chart` installs it (installed and Ready with `install`; uninstalled at the
+    end in any case)."""
     _ensure_tools()
     ensure_project_images()
     try:
@@ -80,8 +82,8 @@ def chart_cluster(name: str = RELEASE, namespace: str = NAMESPACE, install: bool
     try:
         # The default profile places the release's own Deployment and DaemonSet pods, as on any cluster.
         bed.start_default_scheduler()
-        nodes = realnode.RealNodes(bed, 2, keep=keep).start()
-        c = Cluster(bed, nodes, name, namespace)
+        nodes = realnode.RealNodes(bed, node_count, keep=keep).start()
+        c = Cluster(bed, nodes, name, namespace, chart)
         if install:
             c.release.install()
             c.release.wait_ready(timeout_s=420)

@@ -23,7 +23,6 @@ runs the agents over the fake vendor libraries, outside the chart) and the vendo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
@@ -39,8 +38,8 @@ from gpupool.api.allocation import decode_allocation
 from gpupool.api.inventory import decode_inventory
 from gpupool.api.names import ANN_ALLOCATION, ANN_INVENTORY, ANN_RUNTIME
 from tests.e2e.conftest import ROOT
-from tests.e2e.real_node_fixtures import _ensure_tools, ensure_project_images, parse_grant, wait_for
-from tests.e2e.test_e2e_chart_pods import Cluster
+from tests.e2e.real_node_fixtures import parse_grant, wait_for
+from tests.e2e.test_e2e_chart_pods import Cluster, chart_cluster
 from tests.harness import testbed as tb
 
 sys.path.insert(0, str(ROOT / "scripts" / "k8s"))
@@ -108,30 +107,10 @@ class VendorRelease(release.ChartRelease):
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    """test_e2e_chart_pods.chart_cluster's, with three nodes and the vendors' release, installed and Ready."""
-    _ensure_tools()
-    ensure_project_images()
-    keep = os.environ.get("GPUPOOL_E2E_KEEP") == "1"
-    try:
-        bed = tb.Testbed(serve_pods=True, keep=keep).start()
-    except tb.TestbedError as e:
-        pytest.fail(str(e), pytrace=False)
-    nodes = None
-    try:
-        bed.start_default_scheduler()
-        nodes = realnode.RealNodes(bed, len(VENDORS), keep=keep).start()
-        c = Cluster(bed, nodes, RELEASE, NAMESPACE)
-        c.release = VendorRelease(bed, RELEASE, NAMESPACE, nodes)
+    """test_e2e_chart_pods.chart_cluster's, with a node per vendor and the vendors' release, installed and Ready."""
+    with chart_cluster(RELEASE, NAMESPACE, install=True, node_count=len(VENDORS), chart=VendorRelease) as c:
         c.bed.tenant_namespace(TENANT)
-        c.release.install()
-        c.release.wait_ready(timeout_s=420)
         yield c
-        with contextlib.suppress(tb.TestbedError):  # a failed test must not leave the webhooks
-            c.release.helm("uninstall", RELEASE, "-n", NAMESPACE)
-    finally:
-        if nodes is not None:
-            nodes.stop()
-        bed.stop()
 
 
 def vendor_of(c: Cluster) -> dict[str, str]:

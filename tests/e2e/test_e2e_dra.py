@@ -29,7 +29,7 @@ import os
 import re
 import subprocess
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -523,17 +523,24 @@ def stop_dra_cluster(c: DraCluster) -> None:
               stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": c.objects}))
 
 
-@pytest.fixture(scope="module")
-def dra(testbed: tb.Testbed) -> Iterator[DraCluster]:
+@contextlib.contextmanager
+def dra_cluster(testbed: tb.Testbed, start: Callable[..., DraCluster] = start_dra_cluster) -> Iterator[DraCluster]:
+    """A module's cluster from `start(testbed, keep=...)`, stopped at the end; a start that fails fails the test."""
     _ensure_tools()
     try:
-        c = start_dra_cluster(testbed, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1")
+        c = start(testbed, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1")
     except tb.TestbedError as e:
         pytest.fail(str(e), pytrace=False)
     try:
         yield c
     finally:
         stop_dra_cluster(c)
+
+
+@pytest.fixture(scope="module")
+def dra(testbed: tb.Testbed) -> Iterator[DraCluster]:
+    with dra_cluster(testbed) as c:
+        yield c
 
 
 @pytest.fixture(autouse=True)

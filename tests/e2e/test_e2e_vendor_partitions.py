@@ -19,7 +19,6 @@ tests/e2e/test_e2e_dra.py's (release `gpd`, namespace e2e-dra).
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from tests.agent.fakes import ascend as dcmi_fake
 from tests.agent.fakes.amd import amd_fake
 from tests.e2e.conftest import Extender
 from tests.e2e.kubectl_tool import kubectl_binary
-from tests.e2e.real_node_fixtures import _ensure_tools, realnode, wait_for
+from tests.e2e.real_node_fixtures import realnode, wait_for
 from tests.e2e.test_e2e_dra import (
     AGENT_ACCOUNT,
     MANAGER,
@@ -45,6 +44,7 @@ from tests.e2e.test_e2e_dra import (
     chart_objects,
     claim_allocator,
     claim_template,
+    dra_cluster,
     gated_pod,
     scheduler_config,
     stop_dra_cluster,
@@ -160,15 +160,8 @@ def start_cluster(bed: tb.Testbed, keep: bool) -> DraCluster:
 
 @pytest.fixture(scope="module")
 def parts(testbed: tb.Testbed) -> Iterator[DraCluster]:
-    _ensure_tools()
-    try:
-        c = start_cluster(testbed, keep=os.environ.get("GPUPOOL_E2E_KEEP") == "1")
-    except tb.TestbedError as e:
-        pytest.fail(str(e), pytrace=False)
-    try:
+    with dra_cluster(testbed, start_cluster) as c:
         yield c
-    finally:
-        stop_dra_cluster(c)
 
 
 @pytest.fixture(scope="module")
