@@ -140,24 +140,32 @@ class Pod:
             env.pop(key, None)
         return env
 
+    def handed(self) -> list[tuple[Path, int]]:
+        """The agent's files the pod's processes are handed read-only, each at the descriptor the library (built
+        for tests) reads it from: limits.v1 of a granted pod, written first."""
+        if not self.granted:
+            return []
+        limits = self.hook_dir / "limits" / "limits.v1"
+        if not limits.exists():
+            self.write_limits()
+        return [(limits, LIMITS_FD)]
+
     def start(self, mode: str = "direct") -> Probe:
         argv = [str(self.built.probe), mode]
         if self.namespaces:
             argv = ["unshare", "--mount", "--pid", "--fork", "--mount-proc", *argv]
-        if not self.granted:
-            return Probe(subprocess.Popen(argv, env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True, bufsize=1))
-        limits = self.hook_dir / "limits" / "limits.v1"
-        if not limits.exists():
-            self.write_limits()
-        fd = os.open(limits, os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            os.dup2(fd, LIMITS_FD, inheritable=False)  # pass_fds makes it inheritable in the child only
-            return Probe(subprocess.Popen(argv, env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True, bufsize=1, pass_fds=(LIMITS_FD,)))
-        finally:
-            os.close(LIMITS_FD)
+        handed = self.handed()
+        for path, target in handed:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            os.dup2(fd, target, inheritable=False)  # pass_fds makes it inheritable in the child only
             os.close(fd)
+        try:
+            return Probe(subprocess.Popen(argv, env=self.env(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                          stderr=subprocess.PIPE, text=True, bufsize=1,
+                                          pass_fds=tuple(t for _, t in handed)))
+        finally:
+            for _, target in handed:
+                os.close(target)
 
 
 class Probe:

@@ -12,8 +12,6 @@ Every test runs on the plain build and on the ASan/UBSan build."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +20,7 @@ import pytest
 
 from gpupool.agent.state.hookdir import CU_MASKS_FILE, CuMask, limits_dir, write_cu_masks
 from tests.native.conftest import PodFactory
-from tests.native.native_helpers import GIB, LIMITS_FD, Built, Pod, Probe
+from tests.native.native_helpers import GIB, Built, Pod, Probe
 from tests.native.test_hip_memory import CU_MASKS_FD, OOM, build_hip
 from tests.native.test_hook_sanitizers import SANITIZE, runtime
 
@@ -61,27 +59,15 @@ class CuPod(Pod):
     mask_file: Path | None = None
     log: Path = field(default_factory=Path)
 
-    def start(self, mode: str = "direct") -> Probe:
-        limits = limits_dir(self.hook_dir) / "limits.v1"
-        if not limits.exists():
-            self.write_limits()
+    def handed(self) -> list[tuple[Path, int]]:
+        """limits.v1 and, beside it, cu_masks.v1 (or `mask_file` in its place), each at its descriptor."""
+        handed = super().handed()
         if self.masks is not None and not (limits_dir(self.hook_dir) / CU_MASKS_FILE).exists():
             write_cu_masks(limits_dir(self.hook_dir), self.masks)
-        handed = [(limits, LIMITS_FD)]
         masks = self.mask_file or limits_dir(self.hook_dir) / CU_MASKS_FILE
         if masks.exists():
             handed.append((masks, CU_MASKS_FD))
-        for path, target in handed:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            os.dup2(fd, target, inheritable=False)  # pass_fds makes it inheritable in the child only
-            os.close(fd)
-        try:
-            return Probe(subprocess.Popen([str(self.built.probe), mode], env=self.env(), stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
-                                          pass_fds=tuple(t for _, t in handed)))
-        finally:
-            for _, target in handed:
-                os.close(target)
+        return handed
 
 
 @dataclass(frozen=True)

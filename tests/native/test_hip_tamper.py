@@ -2,7 +2,8 @@
 entry points. The pod is granted as the agent grants it (limits.v1 from the agent's writer, handed to the
 process read-only at the library's fixed limits path, the accounting in its own directory) and the tenant
 rewrites what it can write: the environment, the accounting directory's path, the accounting file, the
-lookups. None of it widens the cap. Every test runs on the plain build and on the ASan/UBSan build."""
+lookups. None of it widens the cap. Every test runs on the plain build and on the ASan/UBSan build, each pod in PID
+and mount namespaces of its own with a fresh /proc, as a production container runs."""
 
 from __future__ import annotations
 
@@ -41,6 +42,8 @@ def granted(tenants: PodFactory, flavour: tuple[Built, str | None], **kwargs: ob
     extra = dict(kwargs.pop("extra", {}) or {})  # type: ignore[call-overload]
     if flavour[1] is not None:
         extra.update(ASAN_OPTIONS="halt_on_error=1:detect_leaks=0", UBSAN_OPTIONS="halt_on_error=1")
+    # as in a production container: PID and mount namespaces of its own, with a fresh /proc
+    kwargs.setdefault("namespaces", True)
     return tenants.pod(granted=True, asan_runtime=flavour[1], extra=extra, **kwargs)
 
 
